@@ -1,0 +1,1 @@
+"""Engine stage: thinker runner, segmenter, talker runner, streaming VAE, the GPU thread and its queues."""

@@ -1,0 +1,176 @@
+"""Shared building blocks: RMSNorm, rotary helpers, tensor-parallel linears and embeddings.
+
+Every layer here exists once (style.md §6.12). Tensor parallelism follows gpt-fast/nano-vllm:
+a parallel layer knows its `TPGroup` at construction, its weight carries `tp_dim` (and
+`tp_splits` for fused projections) so the loader narrows each checkpoint tensor to this rank,
+and collectives happen only inside these layers. World size 1 runs the same code, no collectives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = [
+    "TPGroup",
+    "RMSNorm",
+    "rotate_half",
+    "apply_rotary",
+    "rope_inv_freq",
+    "ColumnParallelLinear",
+    "RowParallelLinear",
+    "VocabParallelEmbedding",
+    "ParallelLMHead",
+    "mark_tp",
+]
+
+
+@dataclass(frozen=True)
+class TPGroup:
+    """Tensor-parallel placement of one process: rank, world size, and the NCCL group (None = default)."""
+
+    rank: int = 0
+    size: int = 1
+    group: Any = None
+
+    def __post_init__(self):
+        if not 0 <= self.rank < self.size:
+            raise ValueError(f"tp rank {self.rank} outside world size {self.size}")
+
+    def divide(self, n: int, what: str) -> int:
+        if n % self.size:
+            raise ValueError(f"{what}={n} is not divisible by tensor-parallel size {self.size}")
+        return n // self.size
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        if self.size > 1:
+            torch.distributed.all_reduce(x, group=self.group)
+        return x
+
+    def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
+        """Concatenate every rank's `x` along the last dimension."""
+        if self.size == 1:
+            return x
+        parts = [torch.empty_like(x) for _ in range(self.size)]
+        torch.distributed.all_gather(parts, x.contiguous(), group=self.group)
+        return torch.cat(parts, dim=-1)
+
+
+SINGLE = TPGroup()
+
+
+def mark_tp(param: nn.Parameter, dim: int | None, splits: tuple[int, ...] | None = None) -> nn.Parameter:
+    """Tell the loader how to shard `param`: along `dim`, each of `splits` (full sizes) separately."""
+    param.tp_dim = dim
+    param.tp_splits = splits
+    return param
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm as in HF Qwen2/BailingMoeV2: normalise in fp32, cast back, then multiply the weight."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """NeoX pairing: dim i pairs with dim i + d/2."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE on the last dim of `x` (cos/sin broadcastable, same last dim)."""
+    return x * cos + rotate_half(x) * sin
+
+
+def rope_inv_freq(dim: int, theta: float, device=None) -> torch.Tensor:
+    """HF default inverse frequencies theta^(-2j/dim), j < dim/2, in fp32."""
+    return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64, device=device).float() / dim))
+
+
+class ColumnParallelLinear(nn.Module):
+    """Linear whose output features are split across ranks; `splits` shards fused parts separately."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False, tp: TPGroup = SINGLE,
+                 splits: tuple[int, ...] | None = None):
+        super().__init__()
+        parts = splits or (out_features,)
+        if sum(parts) != out_features:
+            raise ValueError("splits must sum to out_features")
+        local = sum(tp.divide(p, "output features") for p in parts)
+        self.tp = tp
+        self.weight = mark_tp(nn.Parameter(torch.empty(local, in_features)), 0, splits)
+        self.bias = mark_tp(nn.Parameter(torch.empty(local)), 0, splits) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class RowParallelLinear(nn.Module):
+    """Linear whose input features are split across ranks; the partial outputs are all-reduced.
+
+    `reduce=False` leaves the partial sum for a caller that fuses several reductions into one
+    (routed + shared experts share one all-reduce, style.md / issue 4).
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False, tp: TPGroup = SINGLE,
+                 reduce: bool = True):
+        super().__init__()
+        self.tp = tp
+        self.reduce = reduce
+        self.weight = mark_tp(nn.Parameter(torch.empty(out_features, tp.divide(in_features, "input features"))), 1)
+        # the bias is added once, after the reduction, so it is replicated
+        self.bias = mark_tp(nn.Parameter(torch.empty(out_features)), None) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.linear(x, self.weight)
+        if self.reduce:
+            y = self.tp.all_reduce(y)
+        if self.bias is not None:
+            y = y + self.bias
+        return y
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Embedding table split by vocabulary rows; out-of-shard ids contribute zeros, then all-reduce."""
+
+    def __init__(self, num_embeddings: int, dim: int, tp: TPGroup = SINGLE):
+        super().__init__()
+        self.tp = tp
+        self.num_embeddings = num_embeddings
+        self.shard = tp.divide(num_embeddings, "vocab_size")
+        self.weight = mark_tp(nn.Parameter(torch.empty(self.shard, dim)), 0)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.tp.size == 1:
+            return F.embedding(ids, self.weight)
+        start = self.tp.rank * self.shard
+        local = ids - start
+        valid = (local >= 0) & (local < self.shard)
+        out = F.embedding(local.clamp(0, self.shard - 1), self.weight) * valid.unsqueeze(-1).to(self.weight.dtype)
+        return self.tp.all_reduce(out)
+
+
+class ParallelLMHead(nn.Module):
+    """Output projection split by vocabulary; logits gathered so every rank sees the full row."""
+
+    def __init__(self, dim: int, vocab_size: int, tp: TPGroup = SINGLE):
+        super().__init__()
+        self.tp = tp
+        self.weight = mark_tp(nn.Parameter(torch.empty(tp.divide(vocab_size, "vocab_size"), dim)), 0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.tp.all_gather_last(F.linear(x, self.weight))

@@ -1,0 +1,180 @@
+"""Qwen2 decoder stack: the talker LM (`talker/llm`, ming_model.md §5.2–5.3) and the AudioVAE
+backbones (causal sliding-window, §6.2–6.4).
+
+HF Qwen2 math: q/k/v projections with bias, o_proj without, NeoX RoPE over the whole head dim
+(fp32 tables cast to the activation dtype), GQA, SwiGLU MLP, RMSNorm. Caching is explicit:
+`KVCache` is a static ring buffer per layer addressed by absolute positions, so batched rows
+may sit at different positions, shapes never change between steps (graph-capturable), and a
+sliding window is just a mask — streaming in chunks equals one full-sequence pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import Qwen2Config
+from .layers import RMSNorm, apply_rotary, rope_inv_freq
+
+__all__ = ["KVCache", "Qwen2Model", "Qwen2Rotary", "causal_window_mask"]
+
+
+@dataclass
+class KVCache:
+    """Static per-layer K/V ring buffers for `batch` rows and `capacity` slots.
+
+    k, v: [layers, batch, kv_heads, capacity, head_dim]; slot_pos: [batch, capacity] int64 —
+    the absolute position stored in each slot, -1 = empty. A token at position p goes to slot
+    p % capacity; capacity must exceed (window - 1) + the longest chunk fed at once when a
+    window is used, or the longest sequence otherwise.
+    """
+
+    k: torch.Tensor
+    v: torch.Tensor
+    slot_pos: torch.Tensor
+
+    @classmethod
+    def allocate(cls, cfg: Qwen2Config, batch: int, capacity: int, device, dtype) -> "KVCache":
+        shape = (cfg.num_hidden_layers, batch, cfg.num_key_value_heads, capacity, cfg.resolved_head_dim)
+        return cls(
+            torch.zeros(shape, device=device, dtype=dtype),
+            torch.zeros(shape, device=device, dtype=dtype),
+            torch.full((batch, capacity), -1, device=device, dtype=torch.int64),
+        )
+
+    @property
+    def capacity(self) -> int:
+        return self.slot_pos.shape[1]
+
+    def reset(self, rows: torch.Tensor | None = None) -> None:
+        """Forget rows (all when None); K/V bytes stay, the -1 marks make them invisible."""
+        if rows is None:
+            self.slot_pos.fill_(-1)
+        else:
+            self.slot_pos[rows] = -1
+
+    def write_positions(self, positions: torch.Tensor) -> torch.Tensor:
+        """Record `positions` [B, T] (-1 = padding, not written) and return their slots [B, T]."""
+        slots = positions.clamp(min=0) % self.capacity
+        keep = positions >= 0
+        current = self.slot_pos.gather(1, slots)
+        self.slot_pos.scatter_(1, slots, torch.where(keep, positions, current))
+        return slots
+
+
+def causal_window_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> torch.Tensor:
+    """Boolean [B, 1, T, S]: key visible iff 0 <= k_pos <= q_pos and (no window or k_pos > q_pos - window)."""
+    q = q_pos[:, None, :, None]
+    k = k_pos[:, None, None, :]
+    mask = (k >= 0) & (k <= q)
+    if window is not None:
+        mask = mask & (k > q - window)
+    # padding queries (q < 0) see every key: their output is discarded, but must stay finite
+    return mask | (q < 0)
+
+
+class Qwen2Rotary(nn.Module):
+    """Rotary tables for integer positions (HF default rope, theta from the config)."""
+
+    def __init__(self, head_dim: int, theta: float):
+        super().__init__()
+        self.head_dim, self.theta = head_dim, theta
+        self.register_buffer("inv_freq", rope_inv_freq(head_dim, theta), persistent=False)
+
+    def init_buffers(self) -> None:
+        self.inv_freq = rope_inv_freq(self.head_dim, self.theta, device=self.inv_freq.device)
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.clamp(min=0).float()[..., None] * self.inv_freq.float()  # [B, T, d/2] fp32
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]  # [B, 1, T, d]
+
+
+class Qwen2Attention(nn.Module):
+    def __init__(self, cfg: Qwen2Config):
+        super().__init__()
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv = cfg.num_key_value_heads
+        self.head_dim = cfg.resolved_head_dim
+        h = cfg.hidden_size
+        self.q_proj = nn.Linear(h, self.num_heads * self.head_dim, bias=True)
+        self.k_proj = nn.Linear(h, self.num_kv * self.head_dim, bias=True)
+        self.v_proj = nn.Linear(h, self.num_kv * self.head_dim, bias=True)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, h, bias=False)
+
+    def forward(self, x, cos, sin, mask, cache_kv=None, slots=None):
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, self.num_kv, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.num_kv, self.head_dim).transpose(1, 2)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if cache_kv is not None:
+            ck, cv = cache_kv  # [B, kv, S, d] views into the cache
+            idx = slots[:, None, :, None].expand(b, self.num_kv, t, self.head_dim)
+            ck.scatter_(2, idx, k)
+            cv.scatter_(2, idx, v)
+            k, v = ck, cv
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.num_kv != self.num_heads)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+
+class Qwen2MLP(nn.Module):
+    def __init__(self, cfg: Qwen2Config):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Qwen2Layer(nn.Module):
+    def __init__(self, cfg: Qwen2Config):
+        super().__init__()
+        self.self_attn = Qwen2Attention(cfg)
+        self.mlp = Qwen2MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, cos, sin, mask, cache_kv=None, slots=None):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache_kv, slots)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Qwen2Model(nn.Module):
+    """`Qwen2Model` (keys `embed_tokens`, `layers.N.*`, `norm`); returns final-normed hidden states."""
+
+    def __init__(self, cfg: Qwen2Config):
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Qwen2Layer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary = Qwen2Rotary(cfg.resolved_head_dim, cfg.rope_theta)
+
+    def forward(self, inputs_embeds: torch.Tensor, positions: torch.Tensor,
+                cache: KVCache | None = None) -> torch.Tensor:
+        """inputs_embeds [B, T, H]; positions [B, T] int64 (absolute; -1 = padding row/slot).
+
+        Without a cache the T tokens attend causally among themselves; with one, they are written
+        into the cache and attend to everything it holds at earlier positions.
+        """
+        cos, sin = self.rotary(positions, inputs_embeds.dtype)
+        slots = None
+        k_pos = positions
+        if cache is not None:
+            slots = cache.write_positions(positions)
+            k_pos = cache.slot_pos
+        x = inputs_embeds
+        masks: dict[int | None, torch.Tensor] = {}
+        for i, layer in enumerate(self.layers):
+            window = self.cfg.layer_window(i)
+            if window not in masks:
+                masks[window] = causal_window_mask(positions, k_pos, window)
+            kv = (cache.k[i], cache.v[i]) if cache is not None else None
+            x = layer(x, cos, sin, masks[window], kv, slots)
+        return self.norm(x)

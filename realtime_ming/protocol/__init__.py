@@ -1,0 +1,1 @@
+"""Protocol stage: typed OpenAI Realtime events (GA + beta aliases), parse/serialise, error codes."""

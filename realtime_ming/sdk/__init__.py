@@ -1,0 +1,1 @@
+"""Embedding SDK: RealtimeClient (over a socket) and LocalAgent (in-process), one event stream."""

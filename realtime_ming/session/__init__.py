@@ -1,0 +1,1 @@
+"""Session stage: the per-connection Realtime state machine (Sans-I/O)."""
