@@ -1,0 +1,47 @@
+"""Audio stage configuration: turn-detection parameters (server_vad names, realtime_protocol.md §4.3).
+
+Frozen dataclasses; `__post_init__` raises ValueError naming the bad field. The session builds a
+`TurnDetectorConfig` from its own settings and the client's `turn_detection` object.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["TurnDetectorConfig"]
+
+
+@dataclass(slots=True, frozen=True)
+class TurnDetectorConfig:
+    """Parameters of `TurnDetector` (all durations in ms of input audio)."""
+
+    threshold: float = 0.5  # speech when the VAD probability is >= threshold
+    # Silence when the probability is < max(threshold - hysteresis, 0.01) (Silero's own iterator rule).
+    hysteresis: float = 0.15
+    prefix_padding_ms: int = 300  # audio kept before the detected speech start
+    silence_duration_ms: int = 500  # silence that ends the turn
+    # A pause this long inside speech emits SpeechPaused (start a speculative turn); 0 disables.
+    speculative_pause_ms: int = 120
+    # Speech windows (p >= threshold) needed before SpeechStarted: clicks and coughs are not turns.
+    min_speech_ms: int = 64
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.threshold <= 1.0:
+            raise ValueError(f"threshold: must be in [0, 1], got {self.threshold}")
+        if not 0.0 <= self.hysteresis < 1.0:
+            raise ValueError(f"hysteresis: must be in [0, 1), got {self.hysteresis}")
+        for name in ("prefix_padding_ms", "speculative_pause_ms", "min_speech_ms"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
+        if self.silence_duration_ms <= 0:
+            raise ValueError(f"silence_duration_ms: must be > 0, got {self.silence_duration_ms}")
+        if self.speculative_pause_ms >= self.silence_duration_ms:
+            raise ValueError(
+                f"speculative_pause_ms: must be below silence_duration_ms ({self.silence_duration_ms}), "
+                f"got {self.speculative_pause_ms}"
+            )
+
+    @property
+    def silence_threshold(self) -> float:
+        """Probability below which a window counts as silence."""
+        return max(self.threshold - self.hysteresis, 0.01)

@@ -1,0 +1,177 @@
+"""server_vad turn detection: 16 kHz float32 audio in, typed speech events out, clocked by samples.
+
+`TurnDetector` cuts the input into the VAD's fixed windows (chunking never changes the result),
+runs a hysteresis state machine over the window probabilities and reports times in integer ms of
+the input stream (samples fed since construction). It never reads the wall clock.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import numpy as np
+
+from realtime_ming.audio.config import TurnDetectorConfig
+from realtime_ming.audio.vad import VAD_SAMPLE_RATE_HZ, VadBackend
+
+__all__ = [
+    "TurnState",
+    "SpeechStarted",
+    "SpeechPaused",
+    "SpeechResumed",
+    "SpeechStopped",
+    "TurnEvent",
+    "TurnDetector",
+]
+
+_SAMPLES_PER_MS = VAD_SAMPLE_RATE_HZ // 1000
+
+
+class TurnState(enum.Enum):
+    """Where the detector is inside a turn."""
+
+    SILENCE = "silence"  # no speech
+    PENDING = "pending"  # speech heard, shorter than min_speech_ms so far
+    SPEECH = "speech"  # SpeechStarted emitted; possibly inside a short pause
+    PAUSED = "paused"  # SpeechPaused emitted; waiting for SpeechResumed or SpeechStopped
+
+
+@dataclass(slots=True, frozen=True)
+class SpeechStarted:
+    """Speech confirmed. `audio_start_ms` = speech start − prefix_padding_ms, clamped at 0."""
+
+    audio_start_ms: int
+    speech_start_ms: int  # first window with p >= threshold
+
+
+@dataclass(slots=True, frozen=True)
+class SpeechPaused:
+    """Silence for speculative_pause_ms inside a turn; `at_ms` is where the silence began."""
+
+    at_ms: int
+
+
+@dataclass(slots=True, frozen=True)
+class SpeechResumed:
+    """Speech came back after SpeechPaused: any speculative turn must be discarded."""
+
+    at_ms: int
+
+
+@dataclass(slots=True, frozen=True)
+class SpeechStopped:
+    """Silence for silence_duration_ms: the turn is over.
+
+    `audio_end_ms` = `speech_end_ms` + silence_duration_ms (OpenAI's convention: the end of the
+    audio committed to the model includes the silence window); `speech_end_ms` is where the
+    silence began.
+    """
+
+    audio_end_ms: int
+    speech_end_ms: int
+
+
+TurnEvent = SpeechStarted | SpeechPaused | SpeechResumed | SpeechStopped
+
+
+class TurnDetector:
+    """Sample-clocked server_vad state machine over a `VadBackend`.
+
+    Invariants: events come in the order Started (Paused (Resumed | Stopped))* ... ; every
+    SpeechStopped is preceded by exactly one SpeechPaused for that pause when speculation is on
+    (both may come from the same `feed` call); Stopped is emitted once per turn. Not thread-safe.
+    """
+
+    def __init__(self, config: TurnDetectorConfig, vad: VadBackend) -> None:
+        self.config = config
+        self._vad = vad
+        self._window = np.zeros(vad.window_num_samples, dtype=np.float32)  # [window] pending input
+        self._num_buffered = 0
+        self._num_samples = 0  # samples fed since construction (the stream clock)
+        self.reset()
+
+    @property
+    def state(self) -> TurnState:
+        """Current state."""
+        return self._state
+
+    @property
+    def position_ms(self) -> int:
+        """Milliseconds of audio fed so far."""
+        return self._num_samples // _SAMPLES_PER_MS
+
+    def reset(self) -> None:
+        """Forget the current turn, buffered samples and VAD state; the stream clock keeps running."""
+        self._vad.reset()
+        self._state = TurnState.SILENCE
+        self._num_buffered = 0
+        self._speech_start = 0  # sample index of the first speech window of the turn
+        self._num_pending_speech = 0  # speech samples counted while PENDING
+        self._silence_start: int | None = None  # sample index where the current silence began
+
+    def feed(self, pcm_f32: np.ndarray) -> list[TurnEvent]:
+        """Feed float32 16 kHz mono samples [n] (any n); returns the events they complete."""
+        samples = np.asarray(pcm_f32, dtype=np.float32).reshape(-1)
+        events: list[TurnEvent] = []
+        size = self._window.shape[0]
+        pos = 0
+        while pos < samples.shape[0]:
+            take = min(size - self._num_buffered, samples.shape[0] - pos)
+            self._window[self._num_buffered : self._num_buffered + take] = samples[pos : pos + take]
+            self._num_buffered += take
+            self._num_samples += take
+            pos += take
+            if self._num_buffered == size:
+                self._num_buffered = 0
+                end = self._num_samples
+                self._step(self._vad.speech_prob(self._window), end - size, end, events)
+        return events
+
+    def _step(self, prob: float, start: int, end: int, events: list[TurnEvent]) -> None:
+        """Advance the state machine by one window [start, end) (sample indices) of probability `prob`."""
+        cfg = self.config
+        is_speech = prob >= cfg.threshold
+        is_silence = prob < cfg.silence_threshold
+        if self._state is TurnState.SILENCE:
+            if not is_speech:
+                return
+            self._state = TurnState.PENDING
+            self._speech_start = start
+            self._num_pending_speech = 0
+        if self._state is TurnState.PENDING:
+            if is_silence:
+                self._state = TurnState.SILENCE
+                return
+            if is_speech:
+                self._num_pending_speech += end - start
+            if self._num_pending_speech >= cfg.min_speech_ms * _SAMPLES_PER_MS:
+                self._state = TurnState.SPEECH
+                self._silence_start = None
+                start_ms = self._speech_start // _SAMPLES_PER_MS
+                events.append(SpeechStarted(max(0, start_ms - cfg.prefix_padding_ms), start_ms))
+            return
+        # SPEECH or PAUSED. Between the two thresholds the current run (speech or silence) goes on.
+        if is_speech:
+            if self._state is TurnState.PAUSED:
+                events.append(SpeechResumed(start // _SAMPLES_PER_MS))
+                self._state = TurnState.SPEECH
+            self._silence_start = None
+            return
+        if self._silence_start is None:
+            if not is_silence:
+                return
+            self._silence_start = start
+        silence = end - self._silence_start
+        silence_start_ms = self._silence_start // _SAMPLES_PER_MS
+        if (
+            self._state is TurnState.SPEECH
+            and cfg.speculative_pause_ms
+            and silence >= cfg.speculative_pause_ms * _SAMPLES_PER_MS
+        ):
+            self._state = TurnState.PAUSED
+            events.append(SpeechPaused(silence_start_ms))
+        if silence >= cfg.silence_duration_ms * _SAMPLES_PER_MS:
+            events.append(SpeechStopped(silence_start_ms + cfg.silence_duration_ms, silence_start_ms))
+            self._state = TurnState.SILENCE
+            self._silence_start = None
