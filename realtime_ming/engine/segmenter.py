@@ -1,0 +1,294 @@
+"""Segmenter stage: cuts the thinker's streamed text deltas into speakable segments for the talker.
+
+Pure and clock-injected (every call takes `now_ms`; no threads, no wall clock). Policy "reference"
+reproduces sglang-omni's streaming segmenter with its quirks (ming_model.md §7, fixture case 8);
+policy "latency" releases a short first segment early and never cuts inside a word.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import NamedTuple
+
+__all__ = ["POLICIES", "Segment", "SegmentOrigin", "Segmenter", "SegmenterConfig"]
+
+POLICIES = ("reference", "latency")
+# Policy-dependent defaults, used where the config leaves a field as None.
+_POLICY_DEFAULTS = {
+    "reference": {"min_tokens": 8, "first_min_tokens": 4, "first_max_wait_ms": 450.0},
+    "latency": {"min_tokens": 4, "first_min_tokens": 3, "first_max_wait_ms": 300.0},
+}
+
+# reference: the end marks of sglang-omni's streaming_text.py.
+_REFERENCE_END_MARKS = (".", "!", "?", "。", "！", "？", "；", ";")
+# latency: marks that end a sentence or a clause, and closers that may follow them ('done."').
+_SENTENCE_MARKS = frozenset(".!?;…。！？；")
+_CLAUSE_MARKS = frozenset(",:、，：")
+_CLOSERS = "\"'”’»)]}）】」』》〉"
+_NUMBER_SEPARATORS = frozenset(".,:")  # after a digit these may continue a number ("3.14", "1,000")
+
+
+@dataclass(frozen=True, slots=True)
+class SegmenterConfig:
+    """How deltas become segments. Tokens are whitespace words ("reference") or words + CJK characters.
+
+    Fields left as None take the policy's default: reference 8 / 4 tokens / 450 ms (sglang-omni),
+    latency 4 / 3 tokens / 300 ms.
+    """
+
+    policy: str = "reference"  # "reference" (sglang-omni, fixture-exact) | "latency"
+    min_tokens: int | None = None  # a sentence end releases a later segment once it holds this many tokens
+    max_tokens: int = 40  # hard cap: a segment never waits for more tokens than this
+    first_min_tokens: int | None = None  # reference: timeout needs this many; latency: release at this many
+    first_max_wait_ms: float | None = None  # ms after the first text before the first segment is forced out
+    clause_min_tokens: int = 8  # latency: a clause mark (, : 、) releases a later segment at this many tokens
+
+    def __post_init__(self):
+        if self.policy not in POLICIES:
+            raise ValueError(f"segmenter.policy must be one of {POLICIES}, got {self.policy!r}")
+        for name, value in _POLICY_DEFAULTS[self.policy].items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, value)  # frozen: fill the default once, here
+        for name in ("min_tokens", "max_tokens", "first_min_tokens", "clause_min_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"segmenter.{name} must be >= 1")
+        if self.min_tokens > self.max_tokens:
+            raise ValueError("segmenter.min_tokens must be <= segmenter.max_tokens")
+        if self.first_min_tokens > self.max_tokens:
+            raise ValueError("segmenter.first_min_tokens must be <= segmenter.max_tokens")
+        if self.first_max_wait_ms < 0:
+            raise ValueError("segmenter.first_max_wait_ms must be >= 0")
+
+
+class SegmentOrigin(enum.Enum):
+    """What released a segment: a text delta, an idle tick (first-segment timer) or the end of stream."""
+
+    DELTA = "delta"
+    TICK = "tick"
+    FINISH = "finish"
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """One speakable piece of the answer, numbered from 0 in order of release."""
+
+    segment_id: int
+    text: str
+    is_final: bool  # released by finish(); a stream whose text ran out earlier has no final segment
+    origin: SegmentOrigin
+
+
+def _reference_tokens(text: str) -> int:
+    # sglang-omni's count: whitespace words, else characters. Text without spaces (Chinese) is one
+    # token however long it is, so it is never cut before the end of the stream (fixture case 8).
+    return len(text.split()) or len(text)
+
+
+def _is_cjk(ch: str) -> bool:
+    """CJK ideographs and kana: each character is one token and a boundary on both sides."""
+    cp = ord(ch)
+    return (
+        0x3040 <= cp <= 0x30FF  # hiragana, katakana
+        or 0x3400 <= cp <= 0x4DBF
+        or 0x4E00 <= cp <= 0x9FFF
+        or 0xF900 <= cp <= 0xFAFF
+        or 0x20000 <= cp <= 0x3134F
+    )
+
+
+class _Unit(NamedTuple):
+    """A complete piece of the buffer: a word-ish run or one CJK character."""
+
+    end: int  # buffer offset just past the piece (a possible cut)
+    num_tokens: int  # tokens from the buffer start up to and including this piece
+    mark: str  # "sentence", "clause" or "" (by the piece's last character, closers ignored)
+
+
+def _mark_of(run: str) -> str:
+    core = run.rstrip(_CLOSERS)
+    last = core[-1:]
+    if last in _SENTENCE_MARKS:
+        return "sentence"
+    if last in _CLAUSE_MARKS:
+        return "clause"
+    return ""
+
+
+def _run_is_closed(run: str) -> bool:
+    """A run at the end of an open stream is complete only if it ends in a mark that cannot go on."""
+    core = run.rstrip(_CLOSERS)
+    if not core or _mark_of(core) == "":
+        return False  # "Hel" may become "Hello", '"' may open a quote
+    return not (core[-1] in _NUMBER_SEPARATORS and core[-2:-1].isdigit())  # "3." may become "3.14"
+
+
+def _complete_units(text: str, is_stream_end: bool) -> list[_Unit]:
+    """Split `text` into complete units; a trailing run that could still grow is left out."""
+    units: list[_Unit] = []
+    num_tokens = 0
+    i, n = 0, len(text)
+    while i < n:
+        ch = text[i]
+        if ch.isspace():
+            i += 1
+            continue
+        if _is_cjk(ch):
+            num_tokens += 1
+            i += 1
+            units.append(_Unit(i, num_tokens, ""))
+            continue
+        j = i
+        while j < n and not text[j].isspace() and not _is_cjk(text[j]):
+            j += 1
+        run = text[i:j]
+        if j == n and not is_stream_end and not _run_is_closed(run):
+            break
+        if any(c.isalnum() for c in run):
+            num_tokens += 1
+        units.append(_Unit(j, num_tokens, _mark_of(run)))
+        i = j
+    return units
+
+
+def _first_cut(units: list[_Unit], cfg: SegmenterConfig, is_overdue: bool) -> int | None:
+    """latency, segment 0: the earliest mark after a word, else all complete words once enough or late."""
+    for unit in units:
+        if unit.mark and unit.num_tokens >= 1:
+            return unit.end
+    if units and (units[-1].num_tokens >= cfg.first_min_tokens or (is_overdue and units[-1].num_tokens >= 1)):
+        return units[-1].end
+    return None
+
+
+def _later_cut(units: list[_Unit], cfg: SegmenterConfig) -> int | None:
+    """latency, later segments: a sentence end (or a clause mark) late enough, else the hard cap."""
+    for k, unit in enumerate(units):
+        if unit.mark == "sentence" and unit.num_tokens >= cfg.min_tokens:
+            return unit.end
+        if unit.mark == "clause" and unit.num_tokens >= cfg.clause_min_tokens:
+            return unit.end
+        if unit.num_tokens >= cfg.max_tokens:
+            # Absorb punctuation-only pieces that close this word ("end ..." stays together).
+            while k + 1 < len(units) and units[k + 1].num_tokens == unit.num_tokens:
+                k += 1
+            return units[k].end
+    return None
+
+
+class Segmenter:
+    """Per-turn segmenter state. Not thread-safe: one owner (the engine thread) calls it.
+
+    `push` takes each thinker delta, `tick` is the idle check (call it at `deadline_ms()`, or at any
+    time), `finish` ends the stream and flushes. Each returns the segments released, in order.
+    """
+
+    def __init__(self, config: SegmenterConfig | None = None) -> None:
+        self.config = config if config is not None else SegmenterConfig()
+        self._buffer = ""
+        self._next_id = 0
+        self._first_text_ms: float | None = None  # arrival of the oldest unreleased text
+        self._is_finished = False
+
+    @property
+    def num_segments(self) -> int:
+        """Segments released so far."""
+        return self._next_id
+
+    @property
+    def is_finished(self) -> bool:
+        return self._is_finished
+
+    def push(self, delta: str, now_ms: float) -> list[Segment]:
+        """Append a thinker text delta; raises RuntimeError after finish()."""
+        if self._is_finished:
+            raise RuntimeError("segmenter: push() after finish()")
+        if not delta:
+            return []
+        if self._first_text_ms is None:
+            self._first_text_ms = now_ms
+        self._buffer += delta
+        if self.config.policy == "reference":
+            return self._reference_release(now_ms, SegmentOrigin.DELTA)
+        return self._latency_release(now_ms, SegmentOrigin.DELTA)
+
+    def tick(self, now_ms: float) -> list[Segment]:
+        """Idle check: releases the first segment once it has waited `first_max_wait_ms`."""
+        if self._is_finished or self._next_id != 0 or not self._is_overdue(now_ms):
+            return []
+        if self.config.policy == "reference":
+            # sglang-omni re-runs push("") from its 100 ms idle tick once the first segment is overdue.
+            if _reference_tokens(self._buffer) < self.config.first_min_tokens:
+                return []
+            return self._reference_release(now_ms, SegmentOrigin.TICK)
+        return self._latency_release(now_ms, SegmentOrigin.TICK)
+
+    def finish(self, now_ms: float) -> list[Segment]:
+        """End of stream: the remaining text becomes a final segment. Idempotent."""
+        if self._is_finished:
+            return []
+        self._is_finished = True
+        if self.config.policy == "reference":
+            # Any leftover, even whitespace; nothing at all when the last segment took the whole buffer.
+            return [self._release(len(self._buffer), True, SegmentOrigin.FINISH)] if self._buffer else []
+        segments = self._latency_release(now_ms, SegmentOrigin.FINISH)
+        if self._buffer.strip():
+            segments.append(self._release(len(self._buffer), True, SegmentOrigin.FINISH))
+        self._buffer = ""  # trailing whitespace is not worth a talker run
+        return segments
+
+    def deadline_ms(self) -> float | None:
+        """When a tick could next release something (None: only more input or finish() can)."""
+        if self._is_finished or self._next_id != 0 or self._first_text_ms is None:
+            return None
+        if self.config.policy == "reference":
+            has_enough = _reference_tokens(self._buffer) >= self.config.first_min_tokens
+        else:
+            units = _complete_units(self._buffer, is_stream_end=False)
+            has_enough = bool(units) and units[-1].num_tokens >= 1
+        return self._first_text_ms + self.config.first_max_wait_ms if has_enough else None
+
+    def _is_overdue(self, now_ms: float) -> bool:
+        return self._first_text_ms is not None and now_ms - self._first_text_ms >= self.config.first_max_wait_ms
+
+    def _release(self, cut: int, is_final: bool, origin: SegmentOrigin, text: str | None = None) -> Segment:
+        """Emit buffer[:cut] (or `text`) and keep buffer[cut:]; the kept text's clock starts now."""
+        segment = Segment(self._next_id, self._buffer[:cut] if text is None else text, is_final, origin)
+        self._next_id += 1
+        self._buffer = self._buffer[cut:]
+        return segment
+
+    def _reference_release(self, now_ms: float, origin: SegmentOrigin) -> list[Segment]:
+        cfg = self.config
+        num_tokens = _reference_tokens(self._buffer)
+        if num_tokens >= cfg.max_tokens:
+            # One capped segment per call, even if the remainder is still over the cap.
+            words = self._buffer.split()
+            if len(words) <= cfg.max_tokens:  # exactly at the cap, or one long spaceless "token"
+                segment = self._release(len(self._buffer), False, origin)
+            else:  # the rest is re-joined with single spaces (its leading space is lost)
+                segment = self._release(len(self._buffer), False, origin, " ".join(words[: cfg.max_tokens]))
+                self._buffer = " ".join(words[cfg.max_tokens :])
+            self._first_text_ms = now_ms if self._buffer else None
+            return [segment]
+        ends_sentence = self._buffer.rstrip().endswith(_REFERENCE_END_MARKS)
+        first_is_due = self._next_id == 0 and num_tokens >= cfg.first_min_tokens and self._is_overdue(now_ms)
+        if (num_tokens >= cfg.min_tokens and ends_sentence) or first_is_due:
+            self._first_text_ms = None
+            return [self._release(len(self._buffer), False, origin)]
+        return []
+
+    def _latency_release(self, now_ms: float, origin: SegmentOrigin) -> list[Segment]:
+        is_stream_end = origin is SegmentOrigin.FINISH
+        segments = []
+        while True:
+            units = _complete_units(self._buffer, is_stream_end)
+            if self._next_id == 0:
+                cut = _first_cut(units, self.config, self._is_overdue(now_ms))
+            else:
+                cut = _later_cut(units, self.config)
+            if cut is None:
+                return segments
+            segments.append(self._release(cut, False, origin))
+            # The kept text waits from now; no deadline applies after the first segment anyway.
+            self._first_text_ms = now_ms if self._buffer.strip() else None
