@@ -1,0 +1,211 @@
+"""Thinker feed-forward blocks: dense SwiGLU MLP and the BailingMoeV2 sparse MoE with MultiRouter.
+
+Reproduces `BailingMoeV2MLP`, `BailingMoeV2Gate` and `BailingMoeV2SparseMoeBlock` (ming_model.md §1.4):
+fp32 sigmoid router, `expert_bias` for selection only, group-limited top-k, renormalised weights
+× routed_scaling_factor, expert outputs weighted and summed in fp32, shared expert added. Experts are
+stacked tensors ([E, 2·I, D] gate|up and [E, D, I] down, I sharded under TP) filled from the
+per-expert checkpoint keys through `weight_loader`s; routed and shared partial sums share one all-reduce.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ThinkerConfig
+from .layers import SINGLE, ColumnParallelLinear, RowParallelLinear, TPGroup, mark_tp
+from .loader import TensorSource, narrow_for_rank
+
+__all__ = [
+    "DenseMLP",
+    "MoEGate",
+    "SparseMoeBlock",
+    "Routing",
+    "select_experts",
+    "experts_gathered",
+    "experts_grouped",
+    "GATHER_MAX_ROWS",
+]
+
+# (token, expert) pairs up to which the experts' weights are gathered per token (no host sync,
+# static shapes: the decode path). Above it, tokens are sorted by expert and each expert that
+# received tokens runs once (prefill). The GPU path replaces both with fused kernels.
+GATHER_MAX_ROWS = 16
+
+
+class Routing(NamedTuple):
+    """Experts chosen for every token of one MoE layer: ids [B, T, k] int64, weights [B, T, k] fp32."""
+
+    layer: int
+    expert_ids: torch.Tensor
+    weights: torch.Tensor
+
+
+class DenseMLP(nn.Module):
+    """SwiGLU `down(silu(gate(x)) * up(x))`; `reduce=False` leaves the TP partial sum to the caller."""
+
+    def __init__(self, hidden: int, intermediate: int, tp: TPGroup = SINGLE, reduce: bool = True):
+        super().__init__()
+        self.gate_proj = ColumnParallelLinear(hidden, intermediate, tp=tp)
+        self.up_proj = ColumnParallelLinear(hidden, intermediate, tp=tp)
+        self.down_proj = RowParallelLinear(intermediate, hidden, tp=tp, reduce=reduce)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def select_experts(
+    logits: torch.Tensor, expert_bias: torch.Tensor, top_k: int, n_group: int, topk_group: int, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Group-limited sigmoid routing: logits [N, E] fp32 -> (ids [N, k] int64, weights [N, k] fp32).
+
+    Selection uses sigmoid + bias; group score = sum of the group's top-2; the top `topk_group`
+    groups stay eligible; weights are the unbiased sigmoid scores renormalised × `scale`.
+    """
+    n, e = logits.shape
+    scores = torch.sigmoid(logits)
+    biased = scores + expert_bias.float()
+    group_scores = biased.view(n, n_group, e // n_group).topk(2, dim=-1).values.sum(-1)  # [N, G]
+    groups = group_scores.topk(topk_group, dim=-1, sorted=False).indices
+    keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, groups, True)
+    keep = keep.unsqueeze(-1).expand(n, n_group, e // n_group).reshape(n, e)
+    ids = biased.masked_fill(~keep, float("-inf")).topk(top_k, dim=-1, sorted=False).indices
+    weights = scores.gather(1, ids)
+    if top_k > 1:
+        weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+    return ids, weights * scale
+
+
+def _swiglu(h: torch.Tensor) -> torch.Tensor:
+    gate, up = h.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def experts_gathered(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
+                     w_gate_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
+    """Per-token gather of the chosen experts' weights: x [N, D] -> [N, D] fp32 (sync-free)."""
+    h = (w_gate_up[ids] @ x[:, None, :, None]).squeeze(-1)  # [N, k, 2I]
+    y = (w_down[ids] @ _swiglu(h)[..., None]).squeeze(-1)  # [N, k, D] model dtype
+    return (y.float() * weights[..., None]).sum(1)
+
+
+def experts_grouped(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
+                    w_gate_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
+    """Sort (token, expert) pairs by expert and run each used expert once: x [N, D] -> [N, D] fp32.
+
+    Reads the per-expert counts on the host (prefill only).
+    """
+    n, k = ids.shape
+    flat = ids.reshape(-1)
+    order = flat.argsort(stable=True)
+    counts = torch.bincount(flat, minlength=w_gate_up.shape[0]).tolist()
+    rows = x[order // k]  # [N*k, D] grouped by expert
+    out = torch.empty_like(rows)
+    start = 0
+    for expert, count in enumerate(counts):
+        if count == 0:
+            continue
+        seg = rows[start:start + count]
+        out[start:start + count] = _swiglu(seg @ w_gate_up[expert].t()) @ w_down[expert].t()
+        start += count
+    y = torch.empty_like(out)
+    y[order] = out
+    return (y.view(n, k, -1).float() * weights[..., None]).sum(1)
+
+
+class MoEGate(nn.Module):
+    """One router (`gate`, `image_gate` or `audio_gate`): weight [E, D], selection bias [E]."""
+
+    def __init__(self, cfg: ThinkerConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.weight = nn.Parameter(torch.empty(cfg.num_experts, cfg.hidden_size))
+        # a Parameter (not a buffer) like the reference, so dummy init fills it N(0, 0.05²)
+        self.expert_bias = nn.Parameter(torch.empty(cfg.num_experts), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [N, D] -> (ids [N, k] int64, weights [N, k] fp32); logits in fp32 whatever the dtype."""
+        c = self.cfg
+        logits = F.linear(x.float(), self.weight.float())
+        return select_experts(logits, self.expert_bias, c.num_experts_per_tok, c.n_group, c.topk_group,
+                              c.routed_scaling_factor)
+
+
+def _stacked_loader(tp: TPGroup, intermediate: int):
+    """weight_loader for `experts_gate_up` (shard (e, 0|1)) and `experts_down` (shard e)."""
+    local = tp.divide(intermediate, "moe_intermediate_size")
+
+    def load(param: torch.Tensor, src: TensorSource, shard_id) -> None:
+        if isinstance(shard_id, tuple):  # gate_proj / up_proj [I, D] -> rows of param[e]
+            expert, part = shard_id
+            value = narrow_for_rank(src, 0, None, tp)
+            target_shape = (local, param.shape[2])
+        else:  # down_proj [D, I] -> param[e]
+            expert, part = shard_id, None
+            value = narrow_for_rank(src, 1, None, tp)
+            target_shape = tuple(param.shape[1:])
+        if not 0 <= expert < param.shape[0]:
+            raise ValueError(f"expert index {expert} outside 0..{param.shape[0] - 1}")
+        if tuple(value.shape) != target_shape:
+            raise ValueError(f"checkpoint {tuple(src.shape)} -> rank part {tuple(value.shape)}, expected {target_shape}")
+        with torch.no_grad():
+            if part is None:
+                param[expert].copy_(value)
+            else:
+                param[expert, part * local:(part + 1) * local].copy_(value)
+
+    return load
+
+
+class SparseMoeBlock(nn.Module):
+    """Routed experts (stacked) + shared expert; MultiRouter picks a gate per token from the masks."""
+
+    def __init__(self, cfg: ThinkerConfig, tp: TPGroup = SINGLE):
+        super().__init__()
+        self.cfg, self.tp = cfg, tp
+        e, d = cfg.num_experts, cfg.hidden_size
+        local = tp.divide(cfg.moe_intermediate_size, "moe_intermediate_size")
+        self.gate = MoEGate(cfg)
+        if cfg.is_multi_router:
+            self.image_gate = MoEGate(cfg)
+            self.audio_gate = MoEGate(cfg)
+        loader = _stacked_loader(tp, cfg.moe_intermediate_size)
+        self.experts_gate_up = nn.Parameter(torch.empty(e, 2 * local, d))  # [E, gate|up, D]
+        self.experts_down = nn.Parameter(torch.empty(e, d, local))  # [E, D, I_local]
+        for p, shards in ((self.experts_gate_up, 2 * e), (self.experts_down, e)):
+            mark_tp(p, None)
+            p.weight_loader, p.num_shards, p.stacked = loader, shards, True
+        self.shared_experts = DenseMLP(d, cfg.moe_intermediate_size * cfg.num_shared_experts, tp, reduce=False)
+
+    def route(self, x: torch.Tensor, image_mask: torch.Tensor | None = None,
+              audio_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [N, D]; masks [N] bool or None -> (ids [N, k], weights [N, k] fp32) per token's gate."""
+        ids, weights = self.gate(x)
+        for mask, gate in ((image_mask, "image_gate"), (audio_mask, "audio_gate")):
+            if mask is None or not self.cfg.is_multi_router:
+                continue
+            m_ids, m_weights = getattr(self, gate)(x)
+            ids = torch.where(mask[:, None], m_ids, ids)
+            weights = torch.where(mask[:, None], m_weights, weights)
+        return ids, weights
+
+    def forward(self, x: torch.Tensor, image_mask: torch.Tensor | None = None,
+                audio_mask: torch.Tensor | None = None, routing: list | None = None,
+                layer: int = -1) -> torch.Tensor:
+        """x [B, T, D]; masks [B, T] bool (prefill only; None = text gate) -> [B, T, D]."""
+        b, t, d = x.shape
+        flat = x.reshape(b * t, d)
+        ids, weights = self.route(
+            flat,
+            image_mask.reshape(-1) if image_mask is not None else None,
+            audio_mask.reshape(-1) if audio_mask is not None else None,
+        )
+        if routing is not None:
+            routing.append(Routing(layer, ids.view(b, t, -1), weights.view(b, t, -1)))
+        experts = experts_gathered if ids.numel() <= GATHER_MAX_ROWS else experts_grouped
+        routed = experts(flat, ids, weights, self.experts_gate_up, self.experts_down)
+        out = routed.to(x.dtype) + self.shared_experts(flat)
+        return self.tp.all_reduce(out).view(b, t, d)

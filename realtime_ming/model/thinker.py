@@ -1,0 +1,219 @@
+"""Thinker LM: BailingMoeV2 (Ling-2.0 flash MoE) in pure PyTorch, with a static multi-slot KV cache.
+
+Reproduces `BailingMoeV2ForCausalLM` (ming_model.md §1.2–1.5, keys §1.7; loaded with prefix
+`model.`): fused QKV split [Q heads | K heads | V heads], per-head q/k RMSNorm before partial 3-D
+RoPE, GQA causal attention, dense layer 0, sparse MoE layers (moe.py), final RMSNorm, untied lm_head.
+`ThinkerKVCache` holds every slot's K/V addressed by absolute cache position, so slots at different
+lengths decode together and a conversation's earlier turns stay cached between turns.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ThinkerConfig, load_checkpoint_config
+from .layers import (
+    SINGLE,
+    ColumnParallelLinear,
+    ParallelLMHead,
+    RMSNorm,
+    RowParallelLinear,
+    TPGroup,
+    VocabParallelEmbedding,
+)
+from .loader import load_weights, read_weight_map
+from .moe import DenseMLP, SparseMoeBlock
+from .qwen2 import causal_window_mask
+from .rope3d import ThinkerRotary, apply_partial_rotary
+
+__all__ = ["Thinker", "ThinkerKVCache", "load_thinker"]
+
+_EXPERT_KEY = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+
+
+@dataclass
+class ThinkerKVCache:
+    """Static K/V for `num_slots` conversations: k, v [layers, slots, kv_heads_local, capacity + 1, head_dim].
+
+    Index p holds the token at cache position p (no ring: positions must stay < capacity). The extra
+    last column is a sink for padding rows (cache position -1), so padded batch rows never touch a
+    real slot. No per-slot state or reset is needed: a query at position q sees exactly indices
+    0..q of its slot, all of which the slot's own prefill/decode wrote.
+    """
+
+    k: torch.Tensor
+    v: torch.Tensor
+
+    @classmethod
+    def allocate(cls, cfg: ThinkerConfig, num_slots: int, capacity: int, *, device="cpu",
+                 dtype: torch.dtype = torch.float32, tp: TPGroup = SINGLE) -> "ThinkerKVCache":
+        kv_heads = tp.divide(cfg.num_key_value_heads, "num_key_value_heads")
+        shape = (cfg.num_hidden_layers, num_slots, kv_heads, capacity + 1, cfg.resolved_head_dim)
+        return cls(torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype))
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[3] - 1
+
+    @property
+    def num_slots(self) -> int:
+        return self.k.shape[1]
+
+
+class ThinkerAttention(nn.Module):
+    """`BailingMoeV2Attention`: keys query_key_value / q_norm / k_norm / dense."""
+
+    def __init__(self, cfg: ThinkerConfig, tp: TPGroup = SINGLE):
+        super().__init__()
+        hd = cfg.resolved_head_dim
+        self.head_dim = hd
+        self.num_heads = tp.divide(cfg.num_attention_heads, "num_attention_heads")
+        self.num_kv = tp.divide(cfg.num_key_value_heads, "num_key_value_heads")
+        q, kv = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
+        self.query_key_value = ColumnParallelLinear(cfg.hidden_size, q + 2 * kv, bias=cfg.use_qkv_bias, tp=tp,
+                                                    splits=(q, kv, kv))
+        self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
+        self.dense = RowParallelLinear(q, cfg.hidden_size, bias=cfg.use_bias, tp=tp)
+
+    def forward(self, x, cos, sin, mask, kv=None, slots=None, write_idx=None, kv_len=None):
+        b, t, _ = x.shape
+        qkv = self.query_key_value(x).view(b, t, self.num_heads + 2 * self.num_kv, self.head_dim)
+        q, k, v = qkv.split([self.num_heads, self.num_kv, self.num_kv], dim=2)
+        q = apply_partial_rotary(self.q_norm(q).transpose(1, 2), cos, sin)  # [B, H, T, hd]
+        k = apply_partial_rotary(self.k_norm(k).transpose(1, 2), cos, sin)
+        v = v.transpose(1, 2)
+        if kv is not None:
+            ck, cv = kv  # [slots, kv, capacity + 1, hd] views into the cache
+            index = (slots[:, None, None], torch.arange(self.num_kv, device=x.device)[None, :, None],
+                     write_idx[:, None, :])
+            ck.index_put_(index, k)
+            cv.index_put_(index, v)
+            k = ck[:, :, :kv_len].index_select(0, slots)
+            v = cv[:, :, :kv_len].index_select(0, slots)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.num_kv != self.num_heads)
+        return self.dense(out.transpose(1, 2).reshape(b, t, -1))
+
+
+class ThinkerLayer(nn.Module):
+    """Pre-norm block: x + attention(norm(x)), then x + ffn(norm(x)); ffn dense (layer < k) or MoE."""
+
+    def __init__(self, cfg: ThinkerConfig, index: int, tp: TPGroup = SINGLE):
+        super().__init__()
+        self.index = index
+        self.attention = ThinkerAttention(cfg, tp)
+        self.is_moe = index >= cfg.first_k_dense_replace
+        self.mlp = SparseMoeBlock(cfg, tp) if self.is_moe else DenseMLP(cfg.hidden_size, cfg.intermediate_size, tp)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, cos, sin, mask, kv, slots, write_idx, kv_len, image_mask, audio_mask, routing):
+        x = x + self.attention(self.input_layernorm(x), cos, sin, mask, kv, slots, write_idx, kv_len)
+        h = self.post_attention_layernorm(x)
+        if self.is_moe:
+            return x + self.mlp(h, image_mask, audio_mask, routing, self.index)
+        return x + self.mlp(h)
+
+
+class ThinkerModel(nn.Module):
+    """`BailingMoeV2Model` body: keys word_embeddings / layers.N / norm."""
+
+    def __init__(self, cfg: ThinkerConfig, tp: TPGroup = SINGLE):
+        super().__init__()
+        self.word_embeddings = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
+        self.layers = nn.ModuleList(ThinkerLayer(cfg, i, tp) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary = ThinkerRotary(cfg.rotary_dim, cfg.rope_theta, cfg.is_video_rope)
+
+
+class Thinker(nn.Module):
+    """`BailingMoeV2ForCausalLM` (load with prefix `model.`): forward -> final-normed hidden states."""
+
+    def __init__(self, cfg: ThinkerConfig, tp: TPGroup = SINGLE):
+        super().__init__()
+        self.cfg, self.tp = cfg, tp
+        self.model = ThinkerModel(cfg, tp)
+        self.lm_head = ParallelLMHead(cfg.hidden_size, cfg.vocab_size, tp)
+
+    @staticmethod
+    def checkpoint_key_map(key: str) -> tuple[str | None, object]:
+        """Per-expert checkpoint keys -> the stacked parameters (shard (e, 0|1) for gate|up, e for down)."""
+        m = _EXPERT_KEY.match(key)
+        if m is None:
+            return key, None
+        layer, expert, proj = m.group(1), int(m.group(2)), m.group(3)
+        base = f"model.layers.{layer}.mlp."
+        if proj == "down_proj":
+            return base + "experts_down", expert
+        return base + "experts_gate_up", (expert, 0 if proj == "gate_proj" else 1)
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """Token ids [B, T] -> embeddings [B, T, D] (ids clamped to [0, vocab-1] as the reference does)."""
+        return self.model.word_embeddings(ids.clamp(0, self.cfg.vocab_size - 1))
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """lm_head in the model dtype, returned as fp32 [..., vocab] (full vocab on every TP rank)."""
+        return self.lm_head(hidden).float()
+
+    def forward(
+        self,
+        inputs_embeds: torch.Tensor,
+        position_ids: torch.Tensor,
+        *,
+        cache: ThinkerKVCache | None = None,
+        slots: torch.Tensor | None = None,
+        cache_positions: torch.Tensor | None = None,
+        kv_len: int | None = None,
+        image_mask: torch.Tensor | None = None,
+        audio_mask: torch.Tensor | None = None,
+        routing: list | None = None,
+    ) -> torch.Tensor:
+        """Run the decoder stack; returns final-normed hidden states [B, T, D].
+
+        inputs_embeds [B, T, D]; position_ids [3, B, T] int64 rotary positions (t, h, w).
+        cache_positions [B, T] int64: absolute index of each token in its slot (-1 = padding row,
+        written to the sink, its output is garbage); default 0..T-1. With `cache`, `slots` [B] int64
+        names each row's slot: the tokens are written at their positions and attend to indices
+        0..position of that slot; only the first `kv_len` indices are read (default: capacity; must
+        exceed every position in the batch). Without a cache the T tokens attend causally among
+        themselves. image_mask / audio_mask [B, T] bool select the image/audio router per token
+        (multimodal prefill only; None = text gate, as in decode). `routing`, if a list, receives
+        one moe.Routing per MoE layer.
+        """
+        b, t, _ = inputs_embeds.shape
+        device = inputs_embeds.device
+        if cache_positions is None:
+            cache_positions = torch.arange(t, device=device).expand(b, t)
+        cos, sin = self.model.rotary(position_ids, inputs_embeds.dtype)
+        write_idx = None
+        if cache is None:
+            k_pos = cache_positions
+        else:
+            if slots is None:
+                raise ValueError("slots are required with a cache")
+            kv_len = cache.capacity if kv_len is None else kv_len
+            write_idx = torch.where(cache_positions >= 0, cache_positions, cache.capacity)
+            k_pos = torch.arange(kv_len, device=device).expand(b, kv_len)
+        mask = causal_window_mask(cache_positions, k_pos, None)
+        x = inputs_embeds
+        for i, layer in enumerate(self.model.layers):
+            kv = (cache.k[i], cache.v[i]) if cache is not None else None
+            x = layer(x, cos, sin, mask, kv, slots, write_idx, kv_len, image_mask, audio_mask, routing)
+        return self.model.norm(x)
+
+
+def load_thinker(checkpoint_dir: str | Path, *, dtype: torch.dtype = torch.float32, device="cpu",
+                 tp: TPGroup = SINGLE) -> Thinker:
+    """Build the thinker of a checkpoint folder on meta and load its `model.*` weights (strict)."""
+    cfg = load_checkpoint_config(checkpoint_dir).thinker
+    with torch.device("meta"):
+        thinker = Thinker(cfg, tp)
+    load_weights(thinker, read_weight_map(checkpoint_dir), prefix="model.", dtype=dtype, device=device, tp=tp,
+                 what="thinker")
+    return thinker.eval()

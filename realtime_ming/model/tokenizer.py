@@ -1,0 +1,208 @@
+"""Thinker tokenizer: `tokenizer.json` lookup, the Ming chat template, and UTF-8-safe streaming decode.
+
+Reproduces `BailingTokenizer` (fast tokenizer, no BOS/EOS added) and the Python processor's chat
+format (`processing_bailingmm2.BailingMM2Processor.apply_chat_template`, ming_model.md §1.6, §4),
+not the Jinja template. Prompts come out as ids plus media bookkeeping (multimodal.py). The tiny
+byte-level tokenizers for the CPU default live in tiny_tokenizer.py.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from tokenizers import Tokenizer
+
+from .multimodal import AudioInput, ImageInput, MediaTokenIds, MultimodalPrompt, PromptBuilder, VideoInput
+
+__all__ = [
+    "ChatMessage",
+    "ThinkerTokenizer",
+    "IncrementalDecoder",
+    "TokenizerNotFoundError",
+    "resolve_tokenizer",
+    "DEFAULT_SYSTEM_PROMPT",
+    "ASSETS_DIR",
+    "MING_TOKENIZER_DIR",
+    "HF_TOKENIZER_REPO",
+]
+
+ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
+MING_TOKENIZER_DIR = ASSETS_DIR / "ming_tokenizer"  # tokenizer_config.json, special_tokens_map.json (MIT)
+HF_TOKENIZER_REPO = "inclusionAI/Ming-flash-omni-Preview"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+DEFAULT_SYSTEM_PROMPT = "你是一个友好的AI助手。"
+_THINKING = "\n\ndetailed thinking {}"
+_ROLE_TAGS = {"user": "HUMAN", "assistant": "ASSISTANT"}
+_REQUIRED = ("<role>", "</role>", "<|role_end|>")
+
+
+class TokenizerNotFoundError(FileNotFoundError):
+    """No thinker tokenizer.json where we looked; the message says what to download and where."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    """One conversation turn: role "user" or "assistant"; content text or text/media items in order."""
+
+    role: str
+    content: str | tuple[str | ImageInput | AudioInput | VideoInput, ...]
+
+    def __post_init__(self):
+        if self.role not in _ROLE_TAGS:
+            raise ValueError(f"chat role must be 'user' or 'assistant', got {self.role!r}")
+
+
+class IncrementalDecoder:
+    """Streaming detokenizer: feed ids one by one, get text deltas that never end inside a character.
+
+    A delta is released only when the decoded window does not end with U+FFFD (an incomplete UTF-8
+    sequence); `flush()` releases whatever is left at the end. Special tokens are skipped by default.
+    Not thread-safe: one instance per stream.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True):
+        self._tok = tokenizer
+        self._skip = skip_special_tokens
+        self._ids: list[int] = []
+        self._prefix = 0  # window start: the last emitted token boundary
+        self._read = 0  # tokens up to here are already in `text`
+        self.text = ""
+
+    def _decode(self, ids: list[int]) -> str:
+        return self._tok.decode(ids, skip_special_tokens=self._skip) if ids else ""
+
+    def _advance(self, final: bool) -> str:
+        done = self._decode(self._ids[self._prefix:self._read])
+        window = self._decode(self._ids[self._prefix:])
+        if len(window) <= len(done) or (not final and window.endswith("\ufffd")):
+            return ""
+        delta = window[len(done):]
+        self._prefix, self._read = self._read, len(self._ids)
+        self.text += delta
+        return delta
+
+    def push(self, token_id: int) -> str:
+        """Add one generated id; returns the newly complete text ("" while a character is incomplete)."""
+        self._ids.append(int(token_id))
+        return self._advance(final=False)
+
+    def flush(self) -> str:
+        """End of stream: return any withheld text (an incomplete character decodes as U+FFFD)."""
+        return self._advance(final=True)
+
+
+def _token_name(value) -> str | None:
+    if isinstance(value, dict):
+        return value.get("content")
+    return value
+
+
+class ThinkerTokenizer:
+    """The Ming thinker tokenizer over a `tokenizers.Tokenizer` (real or tiny; same token names)."""
+
+    def __init__(self, tokenizer: Tokenizer, *, eos_token: str = "<|role_end|>", pad_token: str = "<|endoftext|>"):
+        self.tokenizer = tokenizer
+        missing = [t for t in (*_REQUIRED, eos_token) if tokenizer.token_to_id(t) is None]
+        if missing:
+            raise ValueError(f"tokenizer lacks Ming tokens: {', '.join(missing)}")
+        self.media = MediaTokenIds.from_token_map(tokenizer.token_to_id)
+        self.eos_id = tokenizer.token_to_id(eos_token)
+        pad = tokenizer.token_to_id(pad_token)
+        self.pad_id = self.eos_id if pad is None else pad
+        self._role, self._role_close, self._role_end = (tokenizer.token_to_id(t) for t in _REQUIRED)
+        # user/assistant text is literal: "<role>" typed by a user must not become a control token
+        self._literal = Tokenizer.from_str(tokenizer.to_str())
+        self._literal.encode_special_tokens = True
+        added = tokenizer.get_added_tokens_decoder()
+        self.special_ids = frozenset(i for i, tok in added.items() if tok.special)
+
+    @classmethod
+    def from_file(cls, tokenizer_json: str | Path) -> "ThinkerTokenizer":
+        """Load tokenizer.json; eos/pad names come from a tokenizer_config.json beside it, else the shipped one."""
+        path = Path(tokenizer_json)
+        config_path = path.parent / "tokenizer_config.json"
+        if not config_path.is_file():
+            config_path = MING_TOKENIZER_DIR / "tokenizer_config.json"
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+        try:
+            tok = Tokenizer.from_file(str(path))
+        except Exception as exc:  # the tokenizers library raises a bare Exception on bad JSON
+            raise ValueError(f"cannot read tokenizer {path}: {exc}") from exc
+        return cls(tok, eos_token=_token_name(config.get("eos_token")) or "<|role_end|>")
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size()
+
+    def token_id(self, token: str) -> int:
+        """Id of a token by name; KeyError if absent."""
+        tid = self.tokenizer.token_to_id(token)
+        if tid is None:
+            raise KeyError(token)
+        return tid
+
+    def encode(self, text: str) -> list[int]:
+        """Literal text -> ids (special-token spellings inside `text` are not parsed)."""
+        return self._literal.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def incremental_decoder(self, skip_special_tokens: bool = True) -> IncrementalDecoder:
+        return IncrementalDecoder(self.tokenizer, skip_special_tokens)
+
+    def build_prompt(self, messages: Sequence[ChatMessage], *, system: str | None = None, thinking: bool = False,
+                     add_generation_prompt: bool = True) -> MultimodalPrompt:
+        """Chat prompt in the official processor format (§1.6), media expanded in content order (§4).
+
+        `<role>SYSTEM</role>{system}\\n\\ndetailed thinking off<|role_end|>` (system defaults to
+        你是一个友好的AI助手。), then `<role>HUMAN</role>…<|role_end|>` / `<role>ASSISTANT</role>…<|role_end|>`
+        per message, then `<role>ASSISTANT</role>` when `add_generation_prompt`.
+        """
+        b = PromptBuilder(self.encode, self.media)
+        self._turn(b, "SYSTEM")
+        b.text(DEFAULT_SYSTEM_PROMPT if system is None else system).text(_THINKING.format("on" if thinking else "off"))
+        b.special(self._role_end)
+        for msg in messages:
+            self._turn(b, _ROLE_TAGS[msg.role])
+            for item in (msg.content,) if isinstance(msg.content, str) else msg.content:
+                b.add(item)
+            b.special(self._role_end)
+        if add_generation_prompt:
+            self._turn(b, "ASSISTANT")
+        return b.build()
+
+    def _turn(self, b: PromptBuilder, tag: str) -> None:
+        b.special(self._role).text(tag).special(self._role_close)
+
+
+def _missing_message(looked: list[Path]) -> str:
+    files = ", ".join(TOKENIZER_FILES)
+    where = "\n  ".join(str(p) for p in looked) or "(no checkpoint folder or --tokenizer path given)"
+    target = looked[0].parent if looked else Path("<checkpoint folder>")
+    return (
+        f"thinker tokenizer not found; looked for:\n  {where}\n"
+        f"Download {files} from the Hugging Face repo {HF_TOKENIZER_REPO}, e.g.\n"
+        f"  huggingface-cli download {HF_TOKENIZER_REPO} {' '.join(TOKENIZER_FILES)} --local-dir {target}\n"
+        f"and put them in the checkpoint folder ({target}), or pass --tokenizer <folder or tokenizer.json>."
+    )
+
+
+def resolve_tokenizer(checkpoint_dir: str | Path | None, tokenizer_path: str | Path | None = None) -> ThinkerTokenizer:
+    """Find and load the thinker tokenizer: `<checkpoint_dir>/tokenizer.json`, then `tokenizer_path`
+    (a tokenizer.json file or a folder holding one). Raises TokenizerNotFoundError saying which files
+    to download and where."""
+    looked: list[Path] = []
+    if checkpoint_dir is not None:
+        looked.append(Path(checkpoint_dir) / "tokenizer.json")
+    if tokenizer_path is not None:
+        p = Path(tokenizer_path)
+        looked.append(p / "tokenizer.json" if p.is_dir() or p.suffix != ".json" else p)
+    for path in looked:
+        if path.is_file():
+            return ThinkerTokenizer.from_file(path)
+    raise TokenizerNotFoundError(_missing_message(looked))
