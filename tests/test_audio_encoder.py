@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from realtime_ming.model.audio_encoder import (
     AudioProjector,
@@ -14,6 +15,7 @@ from realtime_ming.model.audio_encoder import (
     unwrap_feats,
     whisper_sinusoids,
 )
+from realtime_ming.model.audio_encoder import _conv1d_as_linear
 from realtime_ming.model.config import load_checkpoint_config
 from realtime_ming.model.loader import init_dummy, load_weights, read_weight_map
 
@@ -104,6 +106,17 @@ def test_per_clip_option_equals_each_clip_alone(model, case):
     torch.testing.assert_close(out.embeds[:, n_first:], alone, **EMBED_TOL)
     reference_second = case["twoclip_audio_embeds"][:, n_first:]
     assert (reference_second - alone).abs().max() > 1e-3
+
+
+@torch.no_grad()
+def test_convolutions_equal_torch_conv1d(model, case):
+    """conv2 and the projector conv (run as unfolded matmuls) equal F.conv1d with the same weights."""
+    _, encoder, projector = model
+    x = case["whisper_encoder_out"]
+    for conv in (encoder.conv2, projector._modules["0"]):
+        ref = F.conv1d(x.transpose(1, 2), conv.weight, conv.bias, stride=conv.stride, padding=conv.padding)
+        ours = _conv1d_as_linear(x, conv)
+        torch.testing.assert_close(ours, ref.transpose(1, 2), rtol=1e-5, atol=1e-5)
 
 
 def test_positional_embedding_is_whisper_sinusoids(fixture_root):

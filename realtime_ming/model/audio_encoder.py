@@ -65,6 +65,17 @@ def audio_token_lengths(mel_lengths, cfg: AudioEncoderConfig):
     return projector_output_lengths(encoder_output_lengths(mel_lengths), cfg)
 
 
+def _conv1d_as_linear(x: torch.Tensor, conv: nn.Conv1d) -> torch.Tensor:
+    """`conv` on channel-last x [B, T, C] → [B, T_out, out], as a Linear over unfolded k-frame windows.
+
+    Same math as Conv1d, but a plain matmul: cuDNN convolutions default to TF32 on GPU
+    (`torch.backends.cudnn.allow_tf32`), which moves fp32 results by ~1e-4 off the reference.
+    """
+    k, stride, pad = conv.kernel_size[0], conv.stride[0], conv.padding[0]
+    windows = F.pad(x, (0, 0, pad, pad)).unfold(1, k, stride)  # [B, T_out, C, k]
+    return F.linear(windows.flatten(2), conv.weight.flatten(1), conv.bias)
+
+
 class _FP32LayerNorm(nn.LayerNorm):
     """Whisper `LayerNorm`: normalise in fp32, cast back to the input dtype."""
 
@@ -133,9 +144,9 @@ class WhisperEncoder(nn.Module):
         Every row is attended in full (no mask): padded rows see their padding, as in the reference.
         Raises ValueError when the encoder output would exceed `n_ctx` positions.
         """
-        x = mel.to(self.conv1.weight.dtype).transpose(1, 2)
-        x = F.gelu(self.conv1(x))
-        x = F.gelu(self.conv2(x)).transpose(1, 2)
+        x = mel.to(self.conv1.weight.dtype)
+        x = F.gelu(_conv1d_as_linear(x, self.conv1))
+        x = F.gelu(_conv1d_as_linear(x, self.conv2))
         if x.shape[1] > self.n_ctx:
             raise ValueError(f"audio too long: {x.shape[1]} encoder frames > n_ctx {self.n_ctx}")
         x = (x + self.positional_embedding[: x.shape[1]]).to(x.dtype)
@@ -167,7 +178,7 @@ class AudioProjector(nn.Module):
     def project(self, x: torch.Tensor) -> torch.Tensor:
         """Encoder output [B, T1, n_state] → [B, T2, hidden] before the L2 normalisation."""
         conv, linear = self._modules["0"], self._modules["3"]
-        return linear(F.gelu(conv(x.transpose(1, 2)).transpose(1, 2)))
+        return linear(F.gelu(_conv1d_as_linear(x, conv)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """[B, T1, n_state] → [B, T2, hidden], unit-norm per token when `norm_query_embeds`."""
