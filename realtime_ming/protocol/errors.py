@@ -1,0 +1,211 @@
+"""Error codes and the protocol exception of the Realtime event layer.
+
+`ErrorCode` is the only source of `error.code` strings the server sends; every entry fixes its
+error type and message template. Codes are API: add freely, never rename or reuse.
+`ProtocolError` carries one code plus the `param` path and the client `event_id` to echo.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+__all__ = ["ErrorCode", "ErrorType", "ProtocolError"]
+
+
+class ErrorType(StrEnum):
+    """The `error.type` values of `realtime_protocol.md` §10."""
+
+    INVALID_REQUEST = "invalid_request_error"
+    SERVER = "server_error"
+
+
+_INVALID = ErrorType.INVALID_REQUEST
+_SERVER = ErrorType.SERVER
+
+
+class ErrorCode(StrEnum):
+    """Stable error codes; each member carries `error_type` and a `str.format` message template."""
+
+    error_type: ErrorType
+    template: str
+
+    def __new__(cls, value: str, error_type: ErrorType, template: str) -> ErrorCode:
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member.error_type = error_type
+        member.template = template
+        return member
+
+    # Framing and event shape (produced by `codec.parse`).
+    INVALID_JSON = ("invalid_json", _INVALID, "The frame is not valid JSON: {detail}.")
+    INVALID_EVENT = ("invalid_event", _INVALID, "Invalid event: {detail}.")
+    INVALID_VALUE = ("invalid_value", _INVALID, "Invalid value for '{param}': {detail}.")
+    UNKNOWN_PARAMETER = (
+        "unknown_parameter",
+        _INVALID,
+        "Unknown parameter '{param}': it is not part of the {dialect} session shape.",
+    )
+    UNKNOWN_EVENT = ("unknown_event", _INVALID, "Unknown event type '{event_type}'.")
+    UNSUPPORTED_EVENT = (
+        "unsupported_event",
+        _INVALID,
+        "Event type '{event_type}' is not supported by this server.",
+    )
+    BINARY_FRAME_UNSUPPORTED = (
+        "binary_frame_unsupported",
+        _INVALID,
+        "Binary frames are not supported; send events as JSON text frames.",
+    )
+    FRAME_TOO_LARGE = (
+        "frame_too_large",
+        _INVALID,
+        "The frame of {num_bytes} bytes exceeds the limit of {max_bytes} bytes.",
+    )
+    # Session configuration.
+    UNSUPPORTED_SESSION_TYPE = (
+        "unsupported_session_type",
+        _INVALID,
+        "Unsupported session type '{session_type}'; this server only runs 'realtime' sessions.",
+    )
+    UNSUPPORTED_AUDIO_FORMAT = (
+        "unsupported_audio_format",
+        _INVALID,
+        "Unsupported audio format '{audio_format}'; supported formats: {supported}.",
+    )
+    UNSUPPORTED_SAMPLE_RATE = (
+        "unsupported_sample_rate",
+        _INVALID,
+        "Unsupported sample rate {rate} Hz for audio/pcm; supported rates: {supported}.",
+    )
+    UNSUPPORTED_TURN_DETECTION = (
+        "unsupported_turn_detection",
+        _INVALID,
+        "Unsupported turn detection type '{kind}'; supported types: {supported}.",
+    )
+    UNKNOWN_VOICE = ("unknown_voice", _INVALID, "Unknown voice '{voice}'; available voices: {voices}.")
+    CANNOT_UPDATE_VOICE = (
+        "cannot_update_voice",
+        _INVALID,
+        "The voice cannot be changed after the model has responded with audio.",
+    )
+    # Audio input buffer.
+    INVALID_AUDIO = ("invalid_audio", _INVALID, "Invalid audio: {detail}.")
+    INPUT_AUDIO_BUFFER_COMMIT_EMPTY = (
+        "input_audio_buffer_commit_empty",
+        _INVALID,
+        "Error committing input audio buffer: buffer too small. Expected at least {min_ms}ms"
+        " of audio, but buffer only has {buffered_ms:.2f}ms of audio.",
+    )
+    INPUT_AUDIO_BUFFER_TOO_LARGE = (
+        "input_audio_buffer_too_large",
+        _INVALID,
+        "The input audio buffer holds more than {max_s} s of audio; commit or clear it.",
+    )
+    # Conversation items.
+    INVALID_IMAGE = ("invalid_image", _INVALID, "Invalid image: {detail}.")
+    UNSUPPORTED_CONTENT = (
+        "unsupported_content",
+        _INVALID,
+        "Content of type '{content_type}' cannot be created in a {role} message.",
+    )
+    ITEM_RETRIEVE_INVALID_ITEM_ID = (
+        "item_retrieve_invalid_item_id",
+        _INVALID,
+        "Item with item_id '{item_id}' not found.",
+    )
+    ITEM_DELETE_INVALID_ITEM_ID = (
+        "item_delete_invalid_item_id",
+        _INVALID,
+        "Item with item_id '{item_id}' not found.",
+    )
+    ITEM_TRUNCATE_INVALID_ITEM_ID = (
+        "item_truncate_invalid_item_id",
+        _INVALID,
+        "Item with item_id '{item_id}' not found.",
+    )
+    ITEM_CREATE_INVALID_PREVIOUS_ITEM_ID = (
+        "item_create_invalid_previous_item_id",
+        _INVALID,
+        "Previous item with item_id '{item_id}' not found.",
+    )
+    DUPLICATE_ITEM_ID = ("duplicate_item_id", _INVALID, "Item with item_id '{item_id}' already exists.")
+    TRUNCATE_CONTENT_INDEX_INVALID = (
+        "truncate_content_index_invalid",
+        _INVALID,
+        "Item '{item_id}' has no audio content at content_index {content_index}.",
+    )
+    TRUNCATE_AUDIO_END_MS_INVALID = (
+        "truncate_audio_end_ms_invalid",
+        _INVALID,
+        "audio_end_ms {audio_end_ms} exceeds the {duration_ms} ms of audio in item '{item_id}'.",
+    )
+    EVENT_OUT_OF_ORDER = ("event_out_of_order", _INVALID, "'{event_type}' cannot be applied now: {detail}.")
+    # Responses.
+    CONVERSATION_ALREADY_HAS_ACTIVE_RESPONSE = (
+        "conversation_already_has_active_response",
+        _INVALID,
+        "Conversation already has an active response in progress: {response_id}. Wait until the"
+        " response is finished before creating a new one.",
+    )
+    RESPONSE_CANCEL_NOT_ACTIVE = (
+        "response_cancel_not_active",
+        _INVALID,
+        "Cancellation failed: no active response found.",
+    )
+    # Connection lifetime and server faults.
+    SESSION_LIMIT_REACHED = (
+        "session_limit_reached",
+        _SERVER,
+        "The server is at its limit of {max_sessions} concurrent sessions; try again later.",
+    )
+    IDLE_TIMEOUT = ("idle_timeout", _INVALID, "Session closed after {idle_s} s without client events.")
+    SERVER_ERROR = ("server_error", _SERVER, "The server had an error while processing your request.")
+    ENGINE_ERROR = (
+        "engine_error",
+        _SERVER,
+        "The model engine failed while generating response '{response_id}'.",
+    )
+
+    def render(self, **values: object) -> str:
+        """Fill the message template; raises `KeyError` when a placeholder has no value."""
+        return self.template.format(**values)
+
+
+class ProtocolError(Exception):
+    """A client-visible error: `code`, rendered `message`, `param` path, echoed client `event_id`.
+
+    Raised inside the protocol layer and by `apply_update`; `codec.parse` returns it instead of
+    raising. `server_events.Error.from_protocol_error` turns it into the wire `error` event.
+    """
+
+    code: ErrorCode
+    message: str
+    param: str | None
+    event_id: str | None
+
+    def __init__(
+        self,
+        code: ErrorCode,
+        *,
+        param: str | None = None,
+        event_id: str | None = None,
+        **values: object,
+    ) -> None:
+        message = code.render(param=param, **values)
+        super().__init__(message)
+        self.code, self.message, self.param, self.event_id = code, message, param, event_id
+
+    def with_event_id(self, event_id: str | None) -> ProtocolError:
+        """Return a copy that echoes `event_id` (the offending client event)."""
+        clone = ProtocolError.__new__(ProtocolError)
+        Exception.__init__(clone, self.message)
+        clone.code, clone.message, clone.param, clone.event_id = (
+            self.code,
+            self.message,
+            self.param,
+            event_id,
+        )
+        return clone
+
+    def __repr__(self) -> str:
+        return f"ProtocolError({self.code.value!r}, param={self.param!r}, event_id={self.event_id!r})"

@@ -1,0 +1,341 @@
+"""Conversation items and their content parts (`realtime_protocol.md` §6), typed both ways.
+
+Items are parsed from `conversation.item.create` / `response.create` and rendered inside server
+events. Audio stays a base64 string here; the session/audio layer decodes it. Assistant content
+uses GA names (`output_text`, `output_audio`); `dialect.content_type_to_wire` renames them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, ClassVar, Final, TypeAlias, cast
+
+from realtime_ming.protocol.dialect import Dialect, content_type_from_wire, content_type_to_wire
+from realtime_ming.protocol.errors import ErrorCode, ProtocolError
+from realtime_ming.protocol.wire import (
+    Codec,
+    JsonValue,
+    expect_choice,
+    expect_list,
+    expect_object,
+    expect_str,
+    invalid_value,
+    join,
+)
+
+__all__ = [
+    "ITEM",
+    "ITEMS_OR_REFERENCES",
+    "ContentPart",
+    "ConversationItem",
+    "FunctionCallItem",
+    "FunctionCallOutputItem",
+    "ImageDetail",
+    "InputAudio",
+    "InputImage",
+    "InputText",
+    "ItemReference",
+    "ItemStatus",
+    "MessageItem",
+    "OutputAudio",
+    "OutputText",
+    "Role",
+]
+
+
+class Role(StrEnum):
+    """Message author."""
+
+    SYSTEM = "system"
+    USER = "user"
+    ASSISTANT = "assistant"
+
+
+class ItemStatus(StrEnum):
+    """Item lifecycle state."""
+
+    IN_PROGRESS = "in_progress"
+    COMPLETED = "completed"
+    INCOMPLETE = "incomplete"
+
+
+class ImageDetail(StrEnum):
+    """Requested image resolution."""
+
+    AUTO = "auto"
+    LOW = "low"
+    HIGH = "high"
+
+
+def _part_wire(part_type: str, dialect: Dialect, **values: str | None) -> dict[str, JsonValue]:
+    wire: dict[str, JsonValue] = {"type": content_type_to_wire(part_type, dialect)}
+    wire.update((key, value) for key, value in values.items() if value is not None)
+    return wire
+
+
+@dataclass(frozen=True, slots=True)
+class InputText:
+    """User or system text."""
+
+    type: ClassVar[str] = "input_text"
+    text: str
+
+    def to_wire(self, dialect: Dialect) -> JsonValue:
+        """Wire content part."""
+        return _part_wire(self.type, dialect, text=self.text)
+
+
+@dataclass(frozen=True, slots=True)
+class InputAudio:
+    """User audio: base64 in the session input format (omitted in added/done events)."""
+
+    type: ClassVar[str] = "input_audio"
+    audio: str | None = None
+    transcript: str | None = None
+
+    def to_wire(self, dialect: Dialect) -> JsonValue:
+        """Wire content part."""
+        return _part_wire(self.type, dialect, audio=self.audio, transcript=self.transcript)
+
+
+@dataclass(frozen=True, slots=True)
+class InputImage:
+    """User image as a `data:image/...;base64,...` URL (the server fetches nothing)."""
+
+    type: ClassVar[str] = "input_image"
+    image_url: str
+    detail: ImageDetail | None = None
+
+    def to_wire(self, dialect: Dialect) -> JsonValue:
+        """Wire content part."""
+        detail = None if self.detail is None else self.detail.value
+        return _part_wire(self.type, dialect, image_url=self.image_url, detail=detail)
+
+
+@dataclass(frozen=True, slots=True)
+class OutputText:
+    """Assistant text (beta: `text`)."""
+
+    type: ClassVar[str] = "output_text"
+    text: str
+
+    def to_wire(self, dialect: Dialect) -> JsonValue:
+        """Wire content part."""
+        return _part_wire(self.type, dialect, text=self.text)
+
+
+@dataclass(frozen=True, slots=True)
+class OutputAudio:
+    """Assistant audio (beta: `audio`): its transcript; base64 audio only when retrieved."""
+
+    type: ClassVar[str] = "output_audio"
+    transcript: str | None = None
+    audio: str | None = None
+
+    def to_wire(self, dialect: Dialect) -> JsonValue:
+        """Wire content part."""
+        return _part_wire(self.type, dialect, transcript=self.transcript, audio=self.audio)
+
+
+ContentPart: TypeAlias = InputText | InputAudio | InputImage | OutputText | OutputAudio
+
+_PARTS_BY_ROLE: Final[dict[Role, tuple[type[ContentPart], ...]]] = {
+    Role.SYSTEM: (InputText,),
+    Role.USER: (InputText, InputAudio, InputImage),
+    Role.ASSISTANT: (OutputText, OutputAudio),
+}
+_PART_TYPES: Final = {cls.type: cls for cls in (InputText, InputAudio, InputImage, OutputText, OutputAudio)}
+
+
+def _opt_str(obj: Any, key: str, param: str) -> str | None:
+    value = obj.get(key)
+    return None if value is None else expect_str(value, join(param, key))
+
+
+def _decode_image(obj: Any, param: str, dialect: Dialect) -> InputImage:
+    if dialect is Dialect.BETA:
+        raise invalid_value(join(param, "type"), "input_image is not part of the beta protocol")
+    url_param = join(param, "image_url")
+    url = expect_str(obj.get("image_url"), url_param)
+    if not url.startswith("data:image/") or ";base64," not in url:
+        raise ProtocolError(
+            ErrorCode.INVALID_IMAGE,
+            param=url_param,
+            detail="image_url must be a data URL of the form data:image/<type>;base64,<data>",
+        )
+    detail = obj.get("detail")
+    choices = tuple(d.value for d in ImageDetail)
+    return InputImage(
+        url, None if detail is None else ImageDetail(expect_choice(detail, join(param, "detail"), choices))
+    )
+
+
+def _decode_part(value: Any, param: str, role: Role, dialect: Dialect) -> ContentPart:
+    obj = expect_object(value, param)
+    type_param = join(param, "type")
+    part_type = content_type_from_wire(expect_str(obj.get("type"), type_param))
+    cls = _PART_TYPES.get(part_type)
+    if cls is None:
+        raise invalid_value(type_param, f"unknown content type '{part_type}'")
+    if cls not in _PARTS_BY_ROLE[role]:
+        raise ProtocolError(
+            ErrorCode.UNSUPPORTED_CONTENT, param=type_param, content_type=part_type, role=role.value
+        )
+    if cls is InputImage:
+        return _decode_image(obj, param, dialect)
+    if cls is InputText or cls is OutputText:
+        return cls(expect_str(obj.get("text"), join(param, "text")))
+    audio, transcript = _opt_str(obj, "audio", param), _opt_str(obj, "transcript", param)
+    if cls is InputAudio and audio is None and transcript is None:
+        raise invalid_value(param, "input_audio needs 'audio' or 'transcript'")
+    return cls(audio=audio, transcript=transcript)
+
+
+def _item_wire(item_type: str, item_id: str | None, status: ItemStatus | None) -> dict[str, JsonValue]:
+    wire: dict[str, JsonValue] = {"type": item_type, "object": "realtime.item"}
+    if item_id is not None:
+        wire["id"] = item_id
+    if status is not None:
+        wire["status"] = status.value
+    return wire
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MessageItem:
+    """A system, user or assistant message; `id`/`status` are unset until the server assigns them."""
+
+    type: ClassVar[str] = "message"
+    role: Role
+    content: tuple[ContentPart, ...]
+    id: str | None = None
+    status: ItemStatus | None = None
+
+    def to_wire(self, dialect: Dialect) -> JsonValue:
+        """Wire item with `object: "realtime.item"`."""
+        wire = _item_wire(self.type, self.id, self.status)
+        wire["role"] = self.role.value
+        wire["content"] = [part.to_wire(dialect) for part in self.content]
+        return wire
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FunctionCallItem:
+    """A function call emitted by the model; `arguments` is a JSON string."""
+
+    type: ClassVar[str] = "function_call"
+    name: str
+    arguments: str
+    call_id: str | None = None
+    id: str | None = None
+    status: ItemStatus | None = None
+
+    def to_wire(self, _dialect: Dialect) -> JsonValue:
+        """Wire item with `object: "realtime.item"`."""
+        wire = _item_wire(self.type, self.id, self.status)
+        if self.call_id is not None:
+            wire["call_id"] = self.call_id
+        wire.update(name=self.name, arguments=self.arguments)
+        return wire
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FunctionCallOutputItem:
+    """The client's result for `call_id`."""
+
+    type: ClassVar[str] = "function_call_output"
+    call_id: str
+    output: str
+    id: str | None = None
+    status: ItemStatus | None = None
+
+    def to_wire(self, _dialect: Dialect) -> JsonValue:
+        """Wire item with `object: "realtime.item"`."""
+        wire = _item_wire(self.type, self.id, self.status)
+        wire.update(call_id=self.call_id, output=self.output)
+        return wire
+
+
+@dataclass(frozen=True, slots=True)
+class ItemReference:
+    """A reference to an existing item, allowed only in `response.create` `input`."""
+
+    type: ClassVar[str] = "item_reference"
+    id: str
+
+    def to_wire(self, _dialect: Dialect) -> JsonValue:
+        """Wire reference."""
+        return {"type": self.type, "id": self.id}
+
+
+ConversationItem: TypeAlias = MessageItem | FunctionCallItem | FunctionCallOutputItem
+
+
+def _decode_message(
+    obj: Any, param: str, dialect: Dialect, item_id: str | None, status: ItemStatus | None
+) -> MessageItem:
+    role = Role(expect_choice(obj.get("role"), join(param, "role"), tuple(r.value for r in Role)))
+    content_param = join(param, "content")
+    raw_parts = expect_list(obj.get("content"), content_param)
+    if not raw_parts:
+        raise invalid_value(content_param, "a message needs at least one content part")
+    parts = tuple(
+        _decode_part(part, join(content_param, i), role, dialect) for i, part in enumerate(raw_parts)
+    )
+    return MessageItem(role=role, content=parts, id=item_id, status=status)
+
+
+def _decode_item(
+    value: Any, param: str, dialect: Dialect, *, allow_reference: bool
+) -> ConversationItem | ItemReference:
+    obj = expect_object(value, param)
+    kinds = ["message", "function_call", "function_call_output"] + (
+        ["item_reference"] if allow_reference else []
+    )
+    # Beta items may omit `type`; a `role` makes them messages.
+    raw_type = obj.get("type", "message" if dialect is Dialect.BETA and "role" in obj else None)
+    kind = expect_choice(raw_type, join(param, "type"), kinds)
+    item_id = _opt_str(obj, "id", param)
+    if kind == "item_reference":
+        return ItemReference(expect_str(obj.get("id"), join(param, "id")))
+    raw_status = obj.get("status")
+    status = (
+        None
+        if raw_status is None
+        else ItemStatus(expect_choice(raw_status, join(param, "status"), tuple(s.value for s in ItemStatus)))
+    )
+    if kind == "message":
+        return _decode_message(obj, param, dialect, item_id, status)
+    if kind == "function_call":
+        return FunctionCallItem(
+            name=expect_str(obj.get("name"), join(param, "name")),
+            arguments=expect_str(obj.get("arguments"), join(param, "arguments")),
+            call_id=_opt_str(obj, "call_id", param),
+            id=item_id,
+            status=status,
+        )
+    return FunctionCallOutputItem(
+        call_id=expect_str(obj.get("call_id"), join(param, "call_id")),
+        output=expect_str(obj.get("output"), join(param, "output")),
+        id=item_id,
+        status=status,
+    )
+
+
+def _decode_conversation_item(value: Any, param: str, dialect: Dialect) -> ConversationItem:
+    # allow_reference=False keeps `item_reference` out of the accepted kinds.
+    return cast(ConversationItem, _decode_item(value, param, dialect, allow_reference=False))
+
+
+def _decode_items(value: Any, param: str, dialect: Dialect) -> tuple[ConversationItem | ItemReference, ...]:
+    return tuple(
+        _decode_item(item, join(param, i), dialect, allow_reference=True)
+        for i, item in enumerate(expect_list(value, param))
+    )
+
+
+ITEM: Final[Codec[ConversationItem]] = Codec(_decode_conversation_item, lambda v, d: v.to_wire(d))
+# `response.create` `input`: out-of-band items and references to existing items.
+ITEMS_OR_REFERENCES: Final[Codec[tuple[ConversationItem | ItemReference, ...]]] = Codec(
+    _decode_items, lambda v, d: [item.to_wire(d) for item in v]
+)

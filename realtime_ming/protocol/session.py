@@ -1,0 +1,450 @@
+"""The effective session (`SessionConfig`) and `session.update` semantics (`realtime_protocol.md` §4).
+
+One field table per dialect maps `SessionConfig` attributes to wire paths (GA nested
+`audio.input.format`, beta flat `input_audio_format`); it drives both `parse_session_update` and
+`session_to_wire`. Updates are partial: only fields present change; `""` clears instructions,
+`[]` clears tools, `null` clears turn detection / transcription / noise reduction. Nested
+objects (a format, turn detection, transcription) are replaced as a whole, missing sub-fields
+taking their defaults. Any bad value raises `ProtocolError` before anything changes.
+Extension: `realtime_ming: {"timing_events": true}` opts in to `realtime_ming.response.timings`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import Any, Final, TypeAlias
+
+from realtime_ming.protocol.dialect import Dialect
+from realtime_ming.protocol.errors import ErrorCode, ProtocolError
+from realtime_ming.protocol.ids import IdPrefix, new_id
+from realtime_ming.protocol.values import (
+    AUDIO_FORMAT,
+    MAX_OUTPUT_TOKENS,
+    MODALITIES,
+    TOOL_CHOICE,
+    TOOLS,
+    VOICE,
+    AudioFormat,
+    FunctionTool,
+    MaxOutputTokens,
+    Modality,
+    ToolChoice,
+    ToolChoiceMode,
+)
+from realtime_ming.protocol.wire import (
+    BOOL,
+    STRING,
+    Codec,
+    JsonValue,
+    WireField,
+    decode_fields,
+    encode_fields,
+    enum_codec,
+    expect_choice,
+    expect_int,
+    expect_list,
+    expect_number,
+    expect_object,
+    expect_str,
+    invalid_value,
+    join,
+    nullable,
+    number_codec,
+)
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "DEFAULT_VOICE",
+    "SESSION_PATCH",
+    "SPEED",
+    "TEMPERATURE",
+    "Eagerness",
+    "InputTranscription",
+    "NoiseReduction",
+    "NoiseReductionType",
+    "SemanticVad",
+    "ServerVad",
+    "SessionConfig",
+    "SessionPatch",
+    "TurnDetection",
+    "apply_patch",
+    "apply_update",
+    "parse_session_update",
+    "session_to_wire",
+]
+
+DEFAULT_MODEL: Final = "Ming-flash-omni-2.0"
+DEFAULT_VOICE: Final = "DB30"  # Ming's default talker voice (ming_model.md §5.4)
+
+
+class Eagerness(StrEnum):
+    """`semantic_vad` eagerness; `auto` equals `medium` (max waits 8 s / 4 s / 2 s)."""
+
+    LOW = "low"
+    MEDIUM = "medium"
+    HIGH = "high"
+    AUTO = "auto"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerVad:
+    """Energy/VAD-based turns with OpenAI's defaults; `idle_timeout_ms` `None` = off (GA only)."""
+
+    threshold: float = 0.5
+    prefix_padding_ms: int = 300
+    silence_duration_ms: int = 500
+    create_response: bool = True
+    interrupt_response: bool = True
+    idle_timeout_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SemanticVad:
+    """Model-based end-of-turn detection."""
+
+    eagerness: Eagerness = Eagerness.AUTO
+    create_response: bool = True
+    interrupt_response: bool = True
+
+
+TurnDetection: TypeAlias = ServerVad | SemanticVad | None
+
+_NON_NEGATIVE_MS = Codec(lambda v, p, _d: expect_int(v, p, minimum=0), lambda v, _d: v)
+_SERVER_VAD_FIELDS: Final = (
+    WireField.at("threshold", number_codec(0.0, 1.0)),
+    WireField.at("prefix_padding_ms", _NON_NEGATIVE_MS),
+    WireField.at("silence_duration_ms", _NON_NEGATIVE_MS),
+    WireField.at("create_response", BOOL),
+    WireField.at("interrupt_response", BOOL),
+    WireField.at("idle_timeout_ms", nullable(_NON_NEGATIVE_MS)),
+)
+_SEMANTIC_VAD_FIELDS: Final = (
+    WireField.at("eagerness", enum_codec(Eagerness)),
+    WireField.at("create_response", BOOL),
+    WireField.at("interrupt_response", BOOL),
+)
+_TURN_DETECTION_KINDS: Final = {
+    "server_vad": (ServerVad, _SERVER_VAD_FIELDS),
+    "semantic_vad": (SemanticVad, _SEMANTIC_VAD_FIELDS),
+}
+
+
+def _decode_turn_detection(value: Any, param: str, dialect: Dialect) -> ServerVad | SemanticVad:
+    obj = expect_object(value, param)
+    kind = expect_str(obj.get("type", "server_vad"), join(param, "type"))
+    if kind not in _TURN_DETECTION_KINDS:
+        raise ProtocolError(
+            ErrorCode.UNSUPPORTED_TURN_DETECTION,
+            param=join(param, "type"),
+            kind=kind,
+            supported=", ".join(_TURN_DETECTION_KINDS),
+        )
+    cls, table = _TURN_DETECTION_KINDS[kind]
+    return cls(**decode_fields(obj, table, dialect, param))
+
+
+def _encode_turn_detection(value: ServerVad | SemanticVad, dialect: Dialect) -> JsonValue:
+    kind = "server_vad" if isinstance(value, ServerVad) else "semantic_vad"
+    table = _TURN_DETECTION_KINDS[kind][1]
+    if dialect is Dialect.BETA:  # idle_timeout_ms is GA only
+        table = tuple(f for f in table if f.name != "idle_timeout_ms")
+    values = {f.name: getattr(value, f.name) for f in table}
+    return {"type": kind, **encode_fields(values, table, dialect)}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InputTranscription:
+    """Requested input transcription (accepted and echoed; the server picks its own ASR)."""
+
+    model: str | None = None
+    language: str | None = None
+    prompt: str | None = None
+
+
+_TRANSCRIPTION_FIELDS: Final = tuple(
+    WireField.at(name, nullable(STRING)) for name in ("model", "language", "prompt")
+)
+
+
+class NoiseReductionType(StrEnum):
+    """Microphone distance class for input noise reduction."""
+
+    NEAR_FIELD = "near_field"
+    FAR_FIELD = "far_field"
+
+
+@dataclass(frozen=True, slots=True)
+class NoiseReduction:
+    """Input noise reduction; `strength` `None` = server default."""
+
+    type: NoiseReductionType
+    strength: float | None = None
+
+
+_NOISE_REDUCTION_FIELDS: Final = (
+    WireField.at("type", enum_codec(NoiseReductionType), required=True),
+    WireField.at("strength", nullable(number_codec(0.0, 1.0))),
+)
+
+
+def _record_codec(cls: type, table: tuple[WireField, ...]) -> Codec[Any]:
+    """Codec for a flat dataclass described by `table`; unset (`None`) fields are left out."""
+
+    def decode(value: Any, param: str, dialect: Dialect) -> Any:
+        return cls(**decode_fields(expect_object(value, param), table, dialect, param))
+
+    def encode(value: Any, dialect: Dialect) -> JsonValue:
+        values = {f.name: getattr(value, f.name) for f in table}
+        return encode_fields({k: v for k, v in values.items() if v is not None}, table, dialect)
+
+    return Codec(decode, encode)
+
+
+TRANSCRIPTION: Final = _record_codec(InputTranscription, _TRANSCRIPTION_FIELDS)
+NOISE_REDUCTION: Final = _record_codec(NoiseReduction, _NOISE_REDUCTION_FIELDS)
+TURN_DETECTION: Final[Codec[ServerVad | SemanticVad]] = Codec(_decode_turn_detection, _encode_turn_detection)
+SPEED: Final = number_codec(0.25, 1.5)
+TEMPERATURE: Final = number_codec(0.6, 1.2)
+
+
+def _decode_instructions(value: Any, param: str, _dialect: Dialect) -> str:
+    return "" if value is None else expect_str(value, param)
+
+
+def _decode_tools_or_null(value: Any, param: str, dialect: Dialect) -> tuple[FunctionTool, ...]:
+    return () if value is None else TOOLS.decode(value, param, dialect)
+
+
+def _decode_tracing(value: Any, param: str, _dialect: Dialect) -> str | Mapping[str, JsonValue] | None:
+    if value is None or value == "auto":
+        return value
+    if isinstance(value, str):
+        raise invalid_value(param, f"'{value}' is neither 'auto' nor a tracing object")
+    return _plain(expect_object(value, param))
+
+
+def _decode_truncation(value: Any, param: str, _dialect: Dialect) -> str | Mapping[str, JsonValue]:
+    if isinstance(value, str):
+        return expect_choice(value, param, ("auto", "disabled"))
+    obj = expect_object(value, param)
+    expect_choice(obj.get("type"), join(param, "type"), ("retention_ratio",))
+    expect_number(obj.get("retention_ratio"), join(param, "retention_ratio"), minimum=0.0, maximum=1.0)
+    return _plain(obj)
+
+
+def _decode_include(value: Any, param: str, _dialect: Dialect) -> tuple[str, ...]:
+    allowed = ("item.input_audio_transcription.logprobs",)
+    return tuple(expect_choice(v, join(param, i), allowed) for i, v in enumerate(expect_list(value, param)))
+
+
+def _decode_prompt(value: Any, param: str, _dialect: Dialect) -> Mapping[str, JsonValue]:
+    obj = expect_object(value, param)
+    expect_str(obj.get("id"), join(param, "id"))
+    return _plain(obj)
+
+
+def _plain(value: Any, _dialect: Dialect | None = None) -> JsonValue:
+    """A fresh plain-JSON copy (dicts and lists) of an echoed value."""
+    if isinstance(value, Mapping):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, tuple | list):
+        return [_plain(item) for item in value]
+    return value
+
+
+_INSTRUCTIONS = Codec(_decode_instructions, lambda v, _d: v)
+_TOOLS = Codec(_decode_tools_or_null, TOOLS.encode)
+# Echo-through GA extras: validated lightly, stored and rendered verbatim.
+_TRACING = Codec(_decode_tracing, _plain)
+_TRUNCATION = Codec(_decode_truncation, _plain)
+_INCLUDE = nullable(Codec(_decode_include, _plain))
+_PROMPT = nullable(Codec(_decode_prompt, _plain))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionConfig:
+    """The full effective session of one connection (dialect-free, GA semantics).
+
+    `output_modalities` is `(AUDIO,)` (audio plus transcript) or `(TEXT,)`. `temperature` is
+    beta-only on the wire. `tracing`, `truncation`, `include` and `prompt` are echoed only.
+    `timing_events` is our opt-in for `realtime_ming.response.timings`.
+    """
+
+    id: str = field(default_factory=lambda: new_id(IdPrefix.SESSION))
+    model: str = DEFAULT_MODEL
+    instructions: str = ""
+    output_modalities: tuple[Modality, ...] = (Modality.AUDIO,)
+    input_format: AudioFormat = AudioFormat()
+    output_format: AudioFormat = AudioFormat()
+    voice: str = DEFAULT_VOICE
+    speed: float = 1.0
+    turn_detection: TurnDetection = ServerVad()
+    transcription: InputTranscription | None = None
+    noise_reduction: NoiseReduction | None = None
+    tools: tuple[FunctionTool, ...] = ()
+    tool_choice: ToolChoice = ToolChoiceMode.AUTO
+    max_output_tokens: MaxOutputTokens = "inf"
+    temperature: float = 0.8
+    tracing: str | Mapping[str, JsonValue] | None = None
+    truncation: str | Mapping[str, JsonValue] = "auto"
+    include: tuple[str, ...] | None = None
+    prompt: Mapping[str, JsonValue] | None = None
+    timing_events: bool = False
+
+    def to_wire(self, dialect: Dialect) -> dict[str, JsonValue]:
+        """Same as `session_to_wire(self, dialect)`."""
+        return session_to_wire(self, dialect)
+
+    @property
+    def is_audio_output(self) -> bool:
+        """Whether responses speak (audio + transcript) rather than write text."""
+        return Modality.AUDIO in self.output_modalities
+
+
+_TIMING_EVENTS = WireField.at("timing_events", BOOL, "realtime_ming.timing_events")
+_SESSION_FIELDS: Final[dict[Dialect, tuple[WireField, ...]]] = {
+    Dialect.GA: (
+        WireField.at("model", STRING),
+        WireField.at("instructions", _INSTRUCTIONS),
+        WireField.at("output_modalities", MODALITIES),
+        WireField.at("input_format", AUDIO_FORMAT, "audio.input.format"),
+        WireField.at("transcription", nullable(TRANSCRIPTION), "audio.input.transcription"),
+        WireField.at("noise_reduction", nullable(NOISE_REDUCTION), "audio.input.noise_reduction"),
+        WireField.at("turn_detection", nullable(TURN_DETECTION), "audio.input.turn_detection"),
+        WireField.at("output_format", AUDIO_FORMAT, "audio.output.format"),
+        WireField.at("voice", VOICE, "audio.output.voice"),
+        WireField.at("speed", SPEED, "audio.output.speed"),
+        WireField.at("tools", _TOOLS),
+        WireField.at("tool_choice", TOOL_CHOICE),
+        WireField.at("max_output_tokens", MAX_OUTPUT_TOKENS),
+        WireField.at("tracing", _TRACING),
+        WireField.at("truncation", _TRUNCATION),
+        WireField.at("include", _INCLUDE),
+        WireField.at("prompt", _PROMPT),
+        _TIMING_EVENTS,
+    ),
+    Dialect.BETA: (
+        WireField.at("model", STRING),
+        WireField.at("instructions", _INSTRUCTIONS),
+        WireField.at("output_modalities", MODALITIES, "modalities"),
+        WireField.at("input_format", AUDIO_FORMAT, "input_audio_format"),
+        WireField.at("transcription", nullable(TRANSCRIPTION), "input_audio_transcription"),
+        WireField.at("noise_reduction", nullable(NOISE_REDUCTION), "input_audio_noise_reduction"),
+        WireField.at("turn_detection", nullable(TURN_DETECTION)),
+        WireField.at("output_format", AUDIO_FORMAT, "output_audio_format"),
+        WireField.at("voice", VOICE),
+        WireField.at("speed", SPEED),
+        WireField.at("tools", _TOOLS),
+        WireField.at("tool_choice", TOOL_CHOICE),
+        WireField.at("max_output_tokens", MAX_OUTPUT_TOKENS, "max_response_output_tokens"),
+        WireField.at("temperature", TEMPERATURE),
+        WireField.at("tracing", _TRACING),
+        _TIMING_EVENTS,
+    ),
+}
+
+
+def _top_level_keys(dialect: Dialect) -> frozenset[str]:
+    return frozenset(f.path[0] for f in _SESSION_FIELDS[dialect])
+
+
+# Keys that belong only to the other shape: a client sending them has the dialect wrong, and
+# silently ignoring e.g. `input_audio_format` on a GA connection would misread its audio.
+_FOREIGN_KEYS: Final = {
+    Dialect.GA: _top_level_keys(Dialect.BETA) - _top_level_keys(Dialect.GA),
+    Dialect.BETA: _top_level_keys(Dialect.GA) - _top_level_keys(Dialect.BETA),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class SessionPatch:
+    """A validated `session.update`: `SessionConfig` attribute -> new typed value, for the
+    fields the client sent (in `dialect`). Apply with `apply_patch`."""
+
+    changes: Mapping[str, Any]
+    dialect: Dialect
+
+    def to_wire(self, dialect: Dialect) -> JsonValue:
+        """The update as a client would send it (fields absent from `dialect` are left out)."""
+        wire = encode_fields(self.changes, _SESSION_FIELDS[dialect], dialect)
+        return {"type": "realtime", **wire} if dialect is Dialect.GA else wire
+
+    def param(self, name: str) -> str:
+        """Wire param path of attribute `name` in this patch's dialect, e.g. `session.voice`."""
+        path = next(f.path for f in _SESSION_FIELDS[self.dialect] if f.name == name)
+        return ".".join(("session", *path))
+
+
+def _check_session_type(obj: Mapping[str, Any], param: str) -> None:
+    session_type = obj.get("type", "realtime")
+    type_param = join(param, "type")
+    if expect_str(session_type, type_param) != "realtime":
+        raise ProtocolError(ErrorCode.UNSUPPORTED_SESSION_TYPE, param=type_param, session_type=session_type)
+
+
+def parse_session_update(value: Any, dialect: Dialect, param: str = "session") -> SessionPatch:
+    """Validate the `session` object of a `session.update`; raises `ProtocolError`.
+
+    Unknown keys are ignored (clients echo `id`, `object`, newer fields), except keys of the
+    other dialect's shape, which give `unknown_parameter`.
+    """
+    obj = expect_object(value, param)
+    foreign = sorted(_FOREIGN_KEYS[dialect] & obj.keys())
+    if foreign:
+        raise ProtocolError(ErrorCode.UNKNOWN_PARAMETER, param=join(param, foreign[0]), dialect=dialect.name)
+    if dialect is Dialect.GA:
+        _check_session_type(obj, param)
+    return SessionPatch(decode_fields(obj, _SESSION_FIELDS[dialect], dialect, param), dialect)
+
+
+def apply_patch(
+    current: SessionConfig, patch: SessionPatch, *, voices: Collection[str] | None = None
+) -> SessionConfig:
+    """Return `current` with `patch` applied; `voices` (if given) lists the accepted voices.
+
+    Raises `ProtocolError` (`unknown_voice`) without any change.
+    """
+    voice = patch.changes.get("voice")
+    if voices is not None and voice is not None and voice not in voices:
+        raise ProtocolError(
+            ErrorCode.UNKNOWN_VOICE, param=patch.param("voice"), voice=voice, voices=", ".join(sorted(voices))
+        )
+    return replace(current, **patch.changes)
+
+
+def apply_update(
+    current: SessionConfig,
+    update: Mapping[str, Any],
+    dialect: Dialect,
+    *,
+    voices: Collection[str] | None = None,
+) -> SessionConfig:
+    """Validate the wire `session` object `update` and apply it to `current` (§4.4).
+
+    Raises `ProtocolError` carrying the code and param path; `current` is never modified (it is
+    immutable, and a new config is returned only when every field is valid).
+    """
+    return apply_patch(current, parse_session_update(update, dialect), voices=voices)
+
+
+def session_to_wire(config: SessionConfig, dialect: Dialect) -> dict[str, JsonValue]:
+    """The full effective session: GA nested shape with `type: "realtime"`, or beta flat shape.
+
+    Raises `ValueError` for beta when the config uses a PCM rate other than 24 kHz.
+    """
+    table = _SESSION_FIELDS[dialect]
+    if dialect is Dialect.BETA:
+        # The beta SDK types `session.model` as a literal list of OpenAI model ids; leave ours out.
+        table = tuple(f for f in table if f.name != "model")
+    values = {f.name: getattr(config, f.name) for f in table}
+    header: dict[str, JsonValue] = {"id": config.id, "object": "realtime.session"}
+    if dialect is Dialect.GA:
+        header = {"type": "realtime", **header}
+    return {**header, **encode_fields(values, table, dialect)}
+
+
+SESSION_PATCH: Final[Codec[SessionPatch]] = Codec(
+    lambda v, p, d: parse_session_update(v, d, p), lambda v, d: v.to_wire(d)
+)

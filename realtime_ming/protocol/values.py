@@ -1,0 +1,293 @@
+"""Value types shared by the session config, `response.create` and the response object.
+
+Output modalities, audio formats, voices, function tools, tool choice and token limits, each with
+one dialect-aware `Codec` (GA objects vs beta strings, `realtime_protocol.md` §4.2, §11).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Final, Literal, TypeAlias
+
+from realtime_ming.protocol.dialect import Dialect
+from realtime_ming.protocol.errors import ErrorCode, ProtocolError
+from realtime_ming.protocol.wire import (
+    Codec,
+    JsonValue,
+    expect_choice,
+    expect_int,
+    expect_list,
+    expect_object,
+    expect_str,
+    invalid_value,
+    join,
+)
+
+__all__ = [
+    "AUDIO_FORMAT",
+    "G711_SAMPLE_RATE_HZ",
+    "GA_PCM_SAMPLE_RATE_HZ",
+    "MAX_OUTPUT_TOKENS",
+    "METADATA",
+    "MODALITIES",
+    "PCM_SAMPLE_RATES_HZ",
+    "TOOLS",
+    "TOOL_CHOICE",
+    "VOICE",
+    "AudioEncoding",
+    "AudioFormat",
+    "FunctionChoice",
+    "FunctionTool",
+    "MaxOutputTokens",
+    "Modality",
+    "ToolChoice",
+    "ToolChoiceMode",
+]
+
+GA_PCM_SAMPLE_RATE_HZ: Final = 24000
+G711_SAMPLE_RATE_HZ: Final = 8000
+# GA allows only 24 kHz PCM; 16 kHz and 44.1 kHz (Ming's native output rate) are our extension.
+PCM_SAMPLE_RATES_HZ: Final = (16000, 24000, 44100)
+MAX_OUTPUT_TOKENS_LIMIT: Final = 4096
+
+
+class Modality(StrEnum):
+    """An output modality; `AUDIO` always comes with its transcript."""
+
+    TEXT = "text"
+    AUDIO = "audio"
+
+
+class AudioEncoding(StrEnum):
+    """GA audio format types."""
+
+    PCM = "audio/pcm"
+    PCMU = "audio/pcmu"
+    PCMA = "audio/pcma"
+
+
+_BETA_FORMAT_NAMES: Final = {
+    "pcm16": AudioEncoding.PCM,
+    "g711_ulaw": AudioEncoding.PCMU,
+    "g711_alaw": AudioEncoding.PCMA,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class AudioFormat:
+    """Wire audio: 16-bit LE mono PCM at `sample_rate_hz`, or G.711 µ-law / A-law at 8 kHz."""
+
+    encoding: AudioEncoding = AudioEncoding.PCM
+    sample_rate_hz: int = GA_PCM_SAMPLE_RATE_HZ
+
+    def __post_init__(self) -> None:
+        allowed = PCM_SAMPLE_RATES_HZ if self.encoding is AudioEncoding.PCM else (G711_SAMPLE_RATE_HZ,)
+        if self.sample_rate_hz not in allowed:
+            raise ValueError(f"sample_rate_hz {self.sample_rate_hz} is invalid for {self.encoding.value}")
+
+    @classmethod
+    def pcmu(cls) -> AudioFormat:
+        """G.711 µ-law at 8 kHz."""
+        return cls(AudioEncoding.PCMU, G711_SAMPLE_RATE_HZ)
+
+    @classmethod
+    def pcma(cls) -> AudioFormat:
+        """G.711 A-law at 8 kHz."""
+        return cls(AudioEncoding.PCMA, G711_SAMPLE_RATE_HZ)
+
+    def to_wire(self, dialect: Dialect) -> JsonValue:
+        """GA `{"type": "audio/pcm", "rate": 24000}`; beta `"pcm16"` (24 kHz PCM only)."""
+        if dialect is Dialect.GA:
+            if self.encoding is AudioEncoding.PCM:
+                return {"type": self.encoding.value, "rate": self.sample_rate_hz}
+            return {"type": self.encoding.value}
+        if self.encoding is AudioEncoding.PCM and self.sample_rate_hz != GA_PCM_SAMPLE_RATE_HZ:
+            raise ValueError(f"the beta dialect cannot express {self.sample_rate_hz} Hz PCM")
+        return next(name for name, enc in _BETA_FORMAT_NAMES.items() if enc is self.encoding)
+
+
+def _unsupported_format(param: str, name: str, dialect: Dialect) -> ProtocolError:
+    supported = (
+        ", ".join(_BETA_FORMAT_NAMES)
+        if dialect is Dialect.BETA
+        else ", ".join(encoding.value for encoding in AudioEncoding)
+    )
+    return ProtocolError(
+        ErrorCode.UNSUPPORTED_AUDIO_FORMAT, param=param, audio_format=name, supported=supported
+    )
+
+
+def _decode_format(value: Any, param: str, dialect: Dialect) -> AudioFormat:
+    if dialect is Dialect.BETA:
+        name = expect_str(value, param)
+        if name not in _BETA_FORMAT_NAMES:
+            raise _unsupported_format(param, name, dialect)
+        encoding = _BETA_FORMAT_NAMES[name]
+        return AudioFormat() if encoding is AudioEncoding.PCM else AudioFormat(encoding, G711_SAMPLE_RATE_HZ)
+    obj = expect_object(value, param)
+    type_param = join(param, "type")
+    name = expect_str(obj.get("type", AudioEncoding.PCM.value), type_param)
+    if name not in AudioEncoding.__members__.values():
+        raise _unsupported_format(type_param, name, dialect)
+    encoding = AudioEncoding(name)
+    default_rate = GA_PCM_SAMPLE_RATE_HZ if encoding is AudioEncoding.PCM else G711_SAMPLE_RATE_HZ
+    rate_param = join(param, "rate")
+    rate = expect_int(obj.get("rate", default_rate), rate_param)
+    allowed = PCM_SAMPLE_RATES_HZ if encoding is AudioEncoding.PCM else (G711_SAMPLE_RATE_HZ,)
+    if rate not in allowed:
+        raise ProtocolError(
+            ErrorCode.UNSUPPORTED_SAMPLE_RATE,
+            param=rate_param,
+            rate=rate,
+            supported=", ".join(str(r) for r in allowed),
+        )
+    return AudioFormat(encoding, rate)
+
+
+AUDIO_FORMAT: Final[Codec[AudioFormat]] = Codec(_decode_format, lambda v, d: v.to_wire(d))
+
+
+def _decode_modalities(value: Any, param: str, dialect: Dialect) -> tuple[Modality, ...]:
+    names = {
+        expect_choice(item, join(param, i), tuple(m.value for m in Modality))
+        for i, item in enumerate(expect_list(value, param))
+    }
+    if not names:
+        raise invalid_value(param, "at least one modality is required")
+    if dialect is Dialect.GA and len(names) > 1:
+        raise invalid_value(param, "GA sessions take either ['audio'] or ['text'], not both")
+    return (Modality.AUDIO,) if Modality.AUDIO in names else (Modality.TEXT,)
+
+
+def _encode_modalities(value: tuple[Modality, ...], dialect: Dialect) -> JsonValue:
+    if dialect is Dialect.BETA and Modality.AUDIO in value:
+        return [Modality.TEXT.value, Modality.AUDIO.value]
+    return [modality.value for modality in value]
+
+
+# GA `["audio"]` / `["text"]`; beta `["text", "audio"]` / `["text"]`. Stored as a 1-tuple.
+MODALITIES: Final[Codec[tuple[Modality, ...]]] = Codec(_decode_modalities, _encode_modalities)
+
+
+def _decode_voice(value: Any, param: str, _dialect: Dialect) -> str:
+    if isinstance(value, dict):
+        param = join(param, "id")
+        value = value.get("id")
+    voice = expect_str(value, param)
+    if not voice:
+        raise invalid_value(param, "the voice must not be empty")
+    return voice
+
+
+# A voice name, or the GA custom-voice object `{"id": ...}`; always written as a string.
+VOICE: Final[Codec[str]] = Codec(_decode_voice, lambda v, _d: v)
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionTool:
+    """A function the model may call; `parameters` is its JSON schema, kept verbatim."""
+
+    name: str
+    description: str = ""
+    parameters: Mapping[str, JsonValue] = field(default_factory=dict)
+
+    def to_wire(self, _dialect: Dialect) -> JsonValue:
+        """`{"type": "function", name, description, parameters}` in both dialects."""
+        return {
+            "type": "function",
+            "name": self.name,
+            "description": self.description,
+            "parameters": dict(self.parameters),
+        }
+
+
+def _decode_tool(value: Any, param: str) -> FunctionTool:
+    obj = expect_object(value, param)
+    kind = expect_str(obj.get("type", "function"), join(param, "type"))
+    if kind != "function":
+        raise invalid_value(join(param, "type"), f"only function tools are supported, got '{kind}'")
+    name = expect_str(obj.get("name"), join(param, "name"))
+    if not name:
+        raise invalid_value(join(param, "name"), "the tool name must not be empty")
+    raw_description = obj.get("description")
+    description = "" if raw_description is None else expect_str(raw_description, join(param, "description"))
+    parameters = obj.get("parameters")
+    if parameters is not None:
+        expect_object(parameters, join(param, "parameters"))
+    return FunctionTool(name, description, parameters or {})
+
+
+def _decode_tools(value: Any, param: str, _dialect: Dialect) -> tuple[FunctionTool, ...]:
+    tools = tuple(_decode_tool(item, join(param, i)) for i, item in enumerate(expect_list(value, param)))
+    names = [tool.name for tool in tools]
+    for index, name in enumerate(names):
+        if name in names[:index]:
+            raise invalid_value(join(join(param, index), "name"), f"duplicate tool name '{name}'")
+    return tools
+
+
+TOOLS: Final[Codec[tuple[FunctionTool, ...]]] = Codec(_decode_tools, lambda v, d: [t.to_wire(d) for t in v])
+
+
+class ToolChoiceMode(StrEnum):
+    """String tool-choice modes."""
+
+    AUTO = "auto"
+    NONE = "none"
+    REQUIRED = "required"
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionChoice:
+    """Force a call of the named function."""
+
+    name: str
+
+
+ToolChoice: TypeAlias = ToolChoiceMode | FunctionChoice
+
+
+def _decode_tool_choice(value: Any, param: str, dialect: Dialect) -> ToolChoice:
+    modes = tuple(mode.value for mode in ToolChoiceMode)
+    if isinstance(value, str):
+        if value in modes:
+            return ToolChoiceMode(value)
+        if dialect is Dialect.BETA and value:
+            return FunctionChoice(value)  # beta names a forced function by a bare string
+        raise invalid_value(param, f"'{value}' is not one of {', '.join(modes)}")
+    obj = expect_object(value, param)
+    expect_choice(obj.get("type"), join(param, "type"), ("function",))
+    name = expect_str(obj.get("name"), join(param, "name"))
+    return FunctionChoice(name)
+
+
+def _encode_tool_choice(value: ToolChoice, dialect: Dialect) -> JsonValue:
+    if isinstance(value, ToolChoiceMode):
+        return value.value
+    return {"type": "function", "name": value.name} if dialect is Dialect.GA else value.name
+
+
+TOOL_CHOICE: Final[Codec[ToolChoice]] = Codec(_decode_tool_choice, _encode_tool_choice)
+
+MaxOutputTokens: TypeAlias = int | Literal["inf"]
+
+
+def _decode_max_tokens(value: Any, param: str, _dialect: Dialect) -> MaxOutputTokens:
+    if value == "inf":
+        return "inf"
+    if isinstance(value, str):
+        raise invalid_value(param, f"'{value}' is neither an integer nor 'inf'")
+    return expect_int(value, param, minimum=1, maximum=MAX_OUTPUT_TOKENS_LIMIT)
+
+
+MAX_OUTPUT_TOKENS: Final[Codec[MaxOutputTokens]] = Codec(_decode_max_tokens, lambda v, _d: v)
+
+
+def _decode_metadata(value: Any, param: str, _dialect: Dialect) -> Mapping[str, str]:
+    obj = expect_object(value, param)
+    return {key: expect_str(item, join(param, key)) for key, item in obj.items()}
+
+
+METADATA: Final[Codec[Mapping[str, str]]] = Codec(_decode_metadata, lambda v, _d: dict(v))

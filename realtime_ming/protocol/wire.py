@@ -1,0 +1,272 @@
+"""Checked access to decoded JSON and the field tables that map typed values to wire paths.
+
+Every `expect_*` helper raises `ProtocolError` naming the offending `param` path
+(`session.audio.input.format.rate`, `item.content[0].text`): wrong JSON types are
+`invalid_event`, well-typed but unacceptable values are `invalid_value`. A `WireField` table
+drives both decoding and encoding of one object, so the two directions cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, fields, is_dataclass
+from enum import StrEnum
+from typing import Any, Final, Generic, TypeAlias, TypeVar
+
+from realtime_ming.protocol.dialect import Dialect
+from realtime_ming.protocol.errors import ErrorCode, ProtocolError
+
+__all__ = [
+    "BOOL",
+    "NON_NEGATIVE_INT",
+    "STRING",
+    "Codec",
+    "JsonValue",
+    "WireField",
+    "decode_fields",
+    "encode_fields",
+    "enum_codec",
+    "expect_bool",
+    "expect_choice",
+    "expect_int",
+    "expect_list",
+    "expect_number",
+    "expect_object",
+    "expect_str",
+    "invalid_value",
+    "join",
+    "nullable",
+    "number_codec",
+    "to_json",
+]
+
+JsonValue: TypeAlias = None | bool | int | float | str | list["JsonValue"] | dict[str, "JsonValue"]
+
+T = TypeVar("T")
+E = TypeVar("E", bound=StrEnum)
+
+_MISSING: Final = object()
+
+_JSON_TYPE_NAMES: Final = {
+    type(None): "null",
+    bool: "a boolean",
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    list: "an array",
+    dict: "an object",
+}
+
+
+def join(path: str, key: str | int) -> str:
+    """Extend a param path with an object key or an array index."""
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    return f"{path}.{key}" if path else key
+
+
+def _wrong_type(value: object, param: str, expected: str) -> ProtocolError:
+    got = _JSON_TYPE_NAMES.get(type(value), type(value).__name__)
+    return ProtocolError(
+        ErrorCode.INVALID_EVENT, param=param, detail=f"'{param}' must be {expected}, got {got}"
+    )
+
+
+def invalid_value(param: str, detail: str) -> ProtocolError:
+    """A well-typed value that is out of range or not one of the allowed choices."""
+    return ProtocolError(ErrorCode.INVALID_VALUE, param=param, detail=detail)
+
+
+def expect_str(value: object, param: str) -> str:
+    """Return `value` if it is a JSON string."""
+    if not isinstance(value, str):
+        raise _wrong_type(value, param, "a string")
+    return value
+
+
+def expect_bool(value: object, param: str) -> bool:
+    """Return `value` if it is a JSON boolean."""
+    if not isinstance(value, bool):
+        raise _wrong_type(value, param, "a boolean")
+    return value
+
+
+def expect_int(value: object, param: str, *, minimum: int | None = None, maximum: int | None = None) -> int:
+    """Return `value` if it is an integer (an integral float such as `300.0` is accepted) in range."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _wrong_type(value, param, "an integer")
+    _check_range(value, param, minimum, maximum)
+    return value
+
+
+def expect_number(
+    value: object, param: str, *, minimum: float | None = None, maximum: float | None = None
+) -> float:
+    """Return `value` as a float if it is a finite JSON number in range."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise _wrong_type(value, param, "a finite number")
+    _check_range(value, param, minimum, maximum)
+    return float(value)
+
+
+def _check_range(value: float, param: str, minimum: float | None, maximum: float | None) -> None:
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        low = "-inf" if minimum is None else minimum
+        high = "inf" if maximum is None else maximum
+        raise invalid_value(param, f"{value} is outside the range [{low}, {high}]")
+
+
+def expect_object(value: object, param: str) -> Mapping[str, Any]:
+    """Return `value` if it is a JSON object."""
+    if not isinstance(value, dict):
+        raise _wrong_type(value, param, "an object")
+    return value
+
+
+def expect_list(value: object, param: str) -> list[Any]:
+    """Return `value` if it is a JSON array."""
+    if not isinstance(value, list):
+        raise _wrong_type(value, param, "an array")
+    return value
+
+
+def expect_choice(value: object, param: str, choices: Collection[str]) -> str:
+    """Return `value` if it is one of the string `choices`."""
+    text = expect_str(value, param)
+    if text not in choices:
+        raise invalid_value(param, f"'{text}' is not one of {', '.join(repr(c) for c in choices)}")
+    return text
+
+
+@dataclass(frozen=True, slots=True)
+class Codec(Generic[T]):
+    """How one typed value is read from (`decode(raw, param, dialect)`) and written to JSON."""
+
+    decode: Callable[[Any, str, Dialect], T]
+    encode: Callable[[T, Dialect], JsonValue]
+
+
+def _identity(value: Any, _dialect: Dialect) -> Any:
+    return value
+
+
+STRING: Final[Codec[str]] = Codec(lambda v, p, _d: expect_str(v, p), _identity)
+BOOL: Final[Codec[bool]] = Codec(lambda v, p, _d: expect_bool(v, p), _identity)
+NON_NEGATIVE_INT: Final[Codec[int]] = Codec(lambda v, p, _d: expect_int(v, p, minimum=0), _identity)
+
+
+def number_codec(minimum: float, maximum: float) -> Codec[float]:
+    """A float within `[minimum, maximum]`."""
+    return Codec(lambda v, p, _d: expect_number(v, p, minimum=minimum, maximum=maximum), _identity)
+
+
+def enum_codec(enum_type: type[E]) -> Codec[E]:
+    """A string enum, written as its value."""
+    choices = tuple(member.value for member in enum_type)
+    return Codec(lambda v, p, _d: enum_type(expect_choice(v, p, choices)), lambda v, _d: v.value)
+
+
+def nullable(codec: Codec[T]) -> Codec[T | None]:
+    """`codec`, or JSON null meaning `None` (for fields where null clears or means default)."""
+
+    def decode(value: Any, param: str, dialect: Dialect) -> T | None:
+        return None if value is None else codec.decode(value, param, dialect)
+
+    def encode(value: T | None, dialect: Dialect) -> JsonValue:
+        return None if value is None else codec.encode(value, dialect)
+
+    return Codec(decode, encode)
+
+
+@dataclass(frozen=True, slots=True)
+class WireField:
+    """One typed attribute `name`, found at the key `path` (dotted for nested objects)."""
+
+    name: str
+    codec: Codec[Any]
+    path: tuple[str, ...] = ()
+    required: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.path:
+            object.__setattr__(self, "path", (self.name,))
+
+    @classmethod
+    def at(
+        cls, name: str, codec: Codec[Any], path: str | None = None, *, required: bool = False
+    ) -> WireField:
+        """Build a field from a dotted `path` (default: the attribute name)."""
+        return cls(name, codec, tuple(path.split(".")) if path else (name,), required)
+
+
+def _lookup(obj: Mapping[str, Any], path: tuple[str, ...], param: str) -> Any:
+    """Value at `path`, or `_MISSING` when a key is absent or a parent object is null."""
+    value: Any = obj
+    for depth, key in enumerate(path):
+        if depth:
+            if value is None:
+                return _MISSING
+            expect_object(value, param)
+        param = join(param, key)
+        value = value.get(key, _MISSING)
+        if value is _MISSING:
+            return _MISSING
+    return value
+
+
+def decode_fields(
+    obj: Mapping[str, Any], fields: Sequence[WireField], dialect: Dialect, param: str = ""
+) -> dict[str, Any]:
+    """Decode the fields present in `obj`; absent optional fields are left out of the result."""
+    values: dict[str, Any] = {}
+    for field in fields:
+        raw = _lookup(obj, field.path, param)
+        field_param = ".".join(filter(None, (param, *field.path)))
+        if raw is _MISSING:
+            if field.required:
+                raise ProtocolError(
+                    ErrorCode.INVALID_EVENT,
+                    param=field_param,
+                    detail=f"missing required field '{field_param}'",
+                )
+            continue
+        values[field.name] = field.codec.decode(raw, field_param, dialect)
+    return values
+
+
+def encode_fields(
+    values: Mapping[str, Any], fields: Sequence[WireField], dialect: Dialect
+) -> dict[str, JsonValue]:
+    """Write the `values` that have a field in `fields` at their (possibly nested) paths."""
+    wire: dict[str, Any] = {}
+    for field in fields:
+        if field.name not in values:
+            continue
+        parent = wire
+        for key in field.path[:-1]:
+            parent = parent.setdefault(key, {})
+        parent[field.path[-1]] = field.codec.encode(values[field.name], dialect)
+    return wire
+
+
+def to_json(value: Any, dialect: Dialect) -> JsonValue:
+    """Encode a typed value: objects with `to_wire(dialect)`, enums, dataclasses, tuples, mappings."""
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    if isinstance(value, StrEnum):
+        return value.value
+    if isinstance(value, str):
+        return value
+    to_wire = getattr(value, "to_wire", None)
+    if to_wire is not None:
+        return to_wire(dialect)
+    if isinstance(value, Mapping):
+        return {str(key): to_json(item, dialect) for key, item in value.items()}
+    if isinstance(value, tuple | list):
+        return [to_json(item, dialect) for item in value]
+    if is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_json(getattr(value, f.name), dialect) for f in fields(value)}
+    raise TypeError(f"cannot encode {type(value).__name__} as JSON")

@@ -1,0 +1,329 @@
+"""Bad client frames: each class of bad input gives one `ProtocolError` with a stable code, param
+path, echoed `event_id` and message; the `ErrorCode` list itself is frozen API."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from realtime_ming.protocol import Dialect, ErrorCode, ErrorType, ProtocolError, parse
+
+PNG = "data:image/png;base64,iVBORw0KGgo="
+TOOL_WIRE = {"type": "function", "name": "lookup", "description": "", "parameters": {"type": "object"}}
+
+
+def _update(session: dict[str, Any]) -> str:
+    return json.dumps({"type": "session.update", "event_id": "u1", "session": session})
+
+
+def _item(item: dict[str, Any]) -> str:
+    return json.dumps({"type": "conversation.item.create", "event_id": "i1", "item": item})
+
+
+def _user(part: dict[str, Any]) -> str:
+    return _item({"type": "message", "role": "user", "content": [part]})
+
+
+GA, BETA = Dialect.GA, Dialect.BETA
+# (frame, dialect, code, param, echoed event_id)
+BAD_FRAMES: list[tuple[str | bytes, Dialect, ErrorCode, str | None, str | None]] = [
+    (b'{"type":"response.create"}', GA, ErrorCode.BINARY_FRAME_UNSUPPORTED, None, None),
+    ('{"type": ', GA, ErrorCode.INVALID_JSON, None, None),
+    ('{"type": "response.create", "x": NaN}', GA, ErrorCode.INVALID_JSON, None, None),
+    ("[" * 100_000, GA, ErrorCode.INVALID_JSON, None, None),
+    ("[1, 2]", GA, ErrorCode.INVALID_EVENT, None, None),
+    ('"response.create"', BETA, ErrorCode.INVALID_EVENT, None, None),
+    ('{"event_id": "e1"}', GA, ErrorCode.INVALID_EVENT, "type", "e1"),
+    ('{"type": 5, "event_id": "e2"}', GA, ErrorCode.INVALID_EVENT, "type", "e2"),
+    ('{"type": "response.create", "event_id": 7}', GA, ErrorCode.INVALID_EVENT, "event_id", None),
+    ('{"type": "response.text.delta", "event_id": "e3"}', GA, ErrorCode.UNKNOWN_EVENT, "type", "e3"),
+    ('{"type": "input_audio_buffer.append", "event_id": "e4"}', GA, ErrorCode.INVALID_EVENT, "audio", "e4"),
+    ('{"type": "input_audio_buffer.append", "audio": 12}', BETA, ErrorCode.INVALID_EVENT, "audio", None),
+    (
+        '{"type": "conversation.item.truncate", "item_id": "i", "content_index": "0", "audio_end_ms": 5}',
+        GA,
+        ErrorCode.INVALID_EVENT,
+        "content_index",
+        None,
+    ),
+    (
+        '{"type": "conversation.item.truncate", "item_id": "i", "content_index": 0, "audio_end_ms": -1}',
+        GA,
+        ErrorCode.INVALID_VALUE,
+        "audio_end_ms",
+        None,
+    ),
+    ('{"type": "conversation.item.delete", "item_id": null}', GA, ErrorCode.INVALID_EVENT, "item_id", None),
+    (
+        _item({"type": "message", "role": "robot", "content": []}),
+        GA,
+        ErrorCode.INVALID_VALUE,
+        "item.role",
+        "i1",
+    ),
+    (
+        _item({"type": "message", "role": "user", "content": []}),
+        GA,
+        ErrorCode.INVALID_VALUE,
+        "item.content",
+        "i1",
+    ),
+    (_item({"type": "reasoning"}), GA, ErrorCode.INVALID_VALUE, "item.type", "i1"),
+    (_item({"type": "item_reference", "id": "x"}), GA, ErrorCode.INVALID_VALUE, "item.type", "i1"),
+    (_item({"type": "function_call", "name": "f"}), GA, ErrorCode.INVALID_EVENT, "item.arguments", "i1"),
+    (
+        _item({"type": "message", "role": "assistant", "content": [{"type": "input_audio", "audio": "AA"}]}),
+        GA,
+        ErrorCode.UNSUPPORTED_CONTENT,
+        "item.content[0].type",
+        "i1",
+    ),
+    (_user({"type": "input_text", "text": 5}), GA, ErrorCode.INVALID_EVENT, "item.content[0].text", "i1"),
+    (_user({"type": "input_audio"}), GA, ErrorCode.INVALID_VALUE, "item.content[0]", "i1"),
+    (_user({"type": "video"}), GA, ErrorCode.INVALID_VALUE, "item.content[0].type", "i1"),
+    (
+        _user({"type": "input_image", "image_url": "https://example.com/cat.png"}),
+        GA,
+        ErrorCode.INVALID_IMAGE,
+        "item.content[0].image_url",
+        "i1",
+    ),
+    (
+        _user({"type": "input_image", "image_url": PNG}),
+        BETA,
+        ErrorCode.INVALID_VALUE,
+        "item.content[0].type",
+        "i1",
+    ),
+    ('{"type": "session.update", "session": "x"}', GA, ErrorCode.INVALID_EVENT, "session", None),
+    ('{"type": "session.update"}', GA, ErrorCode.INVALID_EVENT, "session", None),
+    (
+        _update({"audio": {"input": {"format": {"type": "audio/pcm", "rate": 8000}}}}),
+        GA,
+        ErrorCode.UNSUPPORTED_SAMPLE_RATE,
+        "session.audio.input.format.rate",
+        "u1",
+    ),
+    (
+        _update({"audio": {"output": {"format": {"type": "audio/opus"}}}}),
+        GA,
+        ErrorCode.UNSUPPORTED_AUDIO_FORMAT,
+        "session.audio.output.format.type",
+        "u1",
+    ),
+    (
+        _update({"input_audio_format": "opus"}),
+        BETA,
+        ErrorCode.UNSUPPORTED_AUDIO_FORMAT,
+        "session.input_audio_format",
+        "u1",
+    ),
+    (
+        _update({"audio": {"input": {"turn_detection": {"type": "vad_v2"}}}}),
+        GA,
+        ErrorCode.UNSUPPORTED_TURN_DETECTION,
+        "session.audio.input.turn_detection.type",
+        "u1",
+    ),
+    (_update({"type": "transcription"}), GA, ErrorCode.UNSUPPORTED_SESSION_TYPE, "session.type", "u1"),
+    (_update({"voice": "alloy"}), GA, ErrorCode.UNKNOWN_PARAMETER, "session.voice", "u1"),
+    (
+        _update({"audio": {"output": {"voice": "ash"}}}),
+        BETA,
+        ErrorCode.UNKNOWN_PARAMETER,
+        "session.audio",
+        "u1",
+    ),
+    (
+        _update({"output_modalities": ["text", "audio"]}),
+        GA,
+        ErrorCode.INVALID_VALUE,
+        "session.output_modalities",
+        "u1",
+    ),
+    (
+        _update({"output_modalities": ["video"]}),
+        GA,
+        ErrorCode.INVALID_VALUE,
+        "session.output_modalities[0]",
+        "u1",
+    ),
+    (
+        _update({"audio": {"input": {"turn_detection": {"type": "server_vad", "threshold": 1.5}}}}),
+        GA,
+        ErrorCode.INVALID_VALUE,
+        "session.audio.input.turn_detection.threshold",
+        "u1",
+    ),
+    (
+        _update({"turn_detection": {"type": "semantic_vad", "eagerness": "eager"}}),
+        BETA,
+        ErrorCode.INVALID_VALUE,
+        "session.turn_detection.eagerness",
+        "u1",
+    ),
+    (_update({"max_output_tokens": 5000}), GA, ErrorCode.INVALID_VALUE, "session.max_output_tokens", "u1"),
+    (
+        _update({"audio": {"output": {"speed": 3}}}),
+        GA,
+        ErrorCode.INVALID_VALUE,
+        "session.audio.output.speed",
+        "u1",
+    ),
+    (_update({"audio": {"input": "pcm"}}), GA, ErrorCode.INVALID_EVENT, "session.audio.input", "u1"),
+    (_update({"temperature": 2.0}), BETA, ErrorCode.INVALID_VALUE, "session.temperature", "u1"),
+    (
+        _update({"tools": [{"type": "mcp", "server_label": "x"}]}),
+        GA,
+        ErrorCode.INVALID_VALUE,
+        "session.tools[0].type",
+        "u1",
+    ),
+    (_update({"tools": [TOOL_WIRE, TOOL_WIRE]}), GA, ErrorCode.INVALID_VALUE, "session.tools[1].name", "u1"),
+    (_update({"tool_choice": "sometimes"}), GA, ErrorCode.INVALID_VALUE, "session.tool_choice", "u1"),
+    (
+        _update({"realtime_ming": {"timing_events": "yes"}}),
+        GA,
+        ErrorCode.INVALID_EVENT,
+        "session.realtime_ming.timing_events",
+        "u1",
+    ),
+    (
+        '{"type": "response.create", "response": {"conversation": "conv_1"}}',
+        GA,
+        ErrorCode.INVALID_VALUE,
+        "response.conversation",
+        None,
+    ),
+    (
+        '{"type": "response.create", "response": {"metadata": {"k": 1}}}',
+        GA,
+        ErrorCode.INVALID_EVENT,
+        "response.metadata.k",
+        None,
+    ),
+]
+
+
+@pytest.mark.parametrize(("frame", "dialect", "code", "param", "event_id"), BAD_FRAMES)
+def test_parse_bad_frame_gives_code_and_param(
+    frame: str | bytes, dialect: Dialect, code: ErrorCode, param: str | None, event_id: str | None
+) -> None:
+    """Each class of bad input yields one ProtocolError with a stable code, param path and echoed event_id."""
+    error = parse(frame, dialect)
+    assert isinstance(error, ProtocolError)
+    assert (error.code, error.param, error.event_id) == (code, param, event_id)
+    assert error.message == str(error)
+
+
+def test_parse_error_messages_are_stable() -> None:
+    """Error messages render from the code's template exactly."""
+    messages = {
+        b"\x00": "Binary frames are not supported; send events as JSON text frames.",
+        '{"type": "foo"}': "Unknown event type 'foo'.",
+        "[]": "Invalid event: the frame must be a JSON object.",
+        '{"type": "input_audio_buffer.append"}': "Invalid event: missing required field 'audio'.",
+        '{"type": "input_audio_buffer.append", "audio": 1}': "Invalid event: 'audio' must be a string, got an integer.",
+        _update({"audio": {"input": {"format": {"type": "audio/pcm", "rate": 8000}}}}): (
+            "Unsupported sample rate 8000 Hz for audio/pcm; supported rates: 16000, 24000, 44100."
+        ),
+        _update({"voice": "x"}): "Unknown parameter 'session.voice': it is not part of the GA session shape.",
+        '{"type": "conversation.item.truncate", "item_id": "i", "content_index": 0, "audio_end_ms": -1}': (
+            "Invalid value for 'audio_end_ms': -1 is outside the range [0, inf]."
+        ),
+    }
+    for frame, message in messages.items():
+        error = parse(frame, Dialect.GA)
+        assert isinstance(error, ProtocolError)
+        assert error.message == message
+    invalid_json = parse("{", Dialect.GA)
+    assert isinstance(invalid_json, ProtocolError)
+    assert invalid_json.message.startswith("The frame is not valid JSON: Expecting property name")
+
+
+FROZEN_CODES = {
+    "invalid_json": ErrorType.INVALID_REQUEST,
+    "invalid_event": ErrorType.INVALID_REQUEST,
+    "invalid_value": ErrorType.INVALID_REQUEST,
+    "unknown_parameter": ErrorType.INVALID_REQUEST,
+    "unknown_event": ErrorType.INVALID_REQUEST,
+    "unsupported_event": ErrorType.INVALID_REQUEST,
+    "binary_frame_unsupported": ErrorType.INVALID_REQUEST,
+    "frame_too_large": ErrorType.INVALID_REQUEST,
+    "unsupported_session_type": ErrorType.INVALID_REQUEST,
+    "unsupported_audio_format": ErrorType.INVALID_REQUEST,
+    "unsupported_sample_rate": ErrorType.INVALID_REQUEST,
+    "unsupported_turn_detection": ErrorType.INVALID_REQUEST,
+    "unknown_voice": ErrorType.INVALID_REQUEST,
+    "cannot_update_voice": ErrorType.INVALID_REQUEST,
+    "invalid_audio": ErrorType.INVALID_REQUEST,
+    "input_audio_buffer_commit_empty": ErrorType.INVALID_REQUEST,
+    "input_audio_buffer_too_large": ErrorType.INVALID_REQUEST,
+    "invalid_image": ErrorType.INVALID_REQUEST,
+    "unsupported_content": ErrorType.INVALID_REQUEST,
+    "item_retrieve_invalid_item_id": ErrorType.INVALID_REQUEST,
+    "item_delete_invalid_item_id": ErrorType.INVALID_REQUEST,
+    "item_truncate_invalid_item_id": ErrorType.INVALID_REQUEST,
+    "item_create_invalid_previous_item_id": ErrorType.INVALID_REQUEST,
+    "duplicate_item_id": ErrorType.INVALID_REQUEST,
+    "truncate_content_index_invalid": ErrorType.INVALID_REQUEST,
+    "truncate_audio_end_ms_invalid": ErrorType.INVALID_REQUEST,
+    "event_out_of_order": ErrorType.INVALID_REQUEST,
+    "conversation_already_has_active_response": ErrorType.INVALID_REQUEST,
+    "response_cancel_not_active": ErrorType.INVALID_REQUEST,
+    "session_limit_reached": ErrorType.SERVER,
+    "idle_timeout": ErrorType.INVALID_REQUEST,
+    "server_error": ErrorType.SERVER,
+    "engine_error": ErrorType.SERVER,
+}
+
+
+def test_error_codes_are_frozen_api() -> None:
+    """The ErrorCode values and their error types are exactly the published list (never renamed)."""
+    assert {code.value: code.error_type for code in ErrorCode} == FROZEN_CODES
+
+
+def test_error_messages_of_session_level_codes() -> None:
+    """Codes raised by the session layer render the messages clients rely on (OpenAI wording where known)."""
+    commit = ProtocolError(
+        ErrorCode.INPUT_AUDIO_BUFFER_COMMIT_EMPTY, min_ms=100, buffered_ms=40.0, event_id="c"
+    )
+    assert commit.message == (
+        "Error committing input audio buffer: buffer too small. Expected at least 100ms of audio,"
+        " but buffer only has 40.00ms of audio."
+    )
+    assert commit.event_id == "c"
+    active = ProtocolError(ErrorCode.CONVERSATION_ALREADY_HAS_ACTIVE_RESPONSE, response_id="resp_1")
+    assert active.message.startswith("Conversation already has an active response in progress: resp_1.")
+    assert ProtocolError(ErrorCode.RESPONSE_CANCEL_NOT_ACTIVE).message == (
+        "Cancellation failed: no active response found."
+    )
+    truncate = ProtocolError(
+        ErrorCode.TRUNCATE_AUDIO_END_MS_INVALID,
+        param="audio_end_ms",
+        audio_end_ms=900,
+        duration_ms=640,
+        item_id="i",
+    )
+    assert truncate.message == "audio_end_ms 900 exceeds the 640 ms of audio in item 'i'."
+
+
+def test_error_missing_template_value_raises() -> None:
+    """Building an error without a value its template needs is a programming error (KeyError)."""
+    with pytest.raises(KeyError):
+        ProtocolError(ErrorCode.UNKNOWN_VOICE, voice="x")
+
+
+def test_error_with_event_id_copies() -> None:
+    """with_event_id returns a copy echoing the id and leaves the original untouched."""
+    original = ProtocolError(ErrorCode.INVALID_EVENT, param="type", detail="x")
+    echoed = original.with_event_id("e9")
+    assert (echoed.code, echoed.param, echoed.message, echoed.event_id) == (
+        original.code,
+        "type",
+        original.message,
+        "e9",
+    )
+    assert original.event_id is None
