@@ -36,7 +36,7 @@ from realtime_ming.protocol.wire import (
     JsonValue,
     WireField,
     decode_fields,
-    encode_fields,
+    encode_attributes,
     enum_codec,
     expect_object,
     nullable,
@@ -174,9 +174,7 @@ class ResponseParams:
 
     def to_wire(self, dialect: Dialect) -> JsonValue:
         """The `response` object as a client sends it."""
-        table = _RESPONSE_FIELDS[dialect]
-        values = {f.name: getattr(self, f.name) for f in table}
-        return encode_fields({k: v for k, v in values.items() if v is not None}, table, dialect)
+        return encode_attributes(self, _RESPONSE_FIELDS[dialect], dialect, skip_none=True)
 
 
 def _shared_response_fields() -> tuple[WireField, ...]:

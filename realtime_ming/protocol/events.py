@@ -14,7 +14,7 @@ from types import MappingProxyType
 from typing import Any, ClassVar, Final, TypeVar
 
 from realtime_ming.protocol.dialect import Dialect
-from realtime_ming.protocol.wire import JsonValue, WireField, decode_fields, encode_fields, to_json
+from realtime_ming.protocol.wire import JsonValue, WireField, decode_fields, encode_attributes, to_json
 
 __all__ = ["CLIENT_EVENTS", "SERVER_EVENTS", "ClientEvent", "ServerEvent", "class_name_for", "register"]
 
@@ -34,8 +34,7 @@ class ClientEvent:
 
     def to_wire(self, dialect: Dialect) -> dict[str, JsonValue]:
         """The event as a client sends it (unset optional fields left out)."""
-        values = {f.name: getattr(self, f.name) for f in self.wire_fields}
-        body = encode_fields({k: v for k, v in values.items() if v is not None}, self.wire_fields, dialect)
+        body = encode_attributes(self, self.wire_fields, dialect, skip_none=True)
         head: dict[str, JsonValue] = {"type": self.type}
         if self.event_id is not None:
             head["event_id"] = self.event_id

@@ -40,6 +40,7 @@ from realtime_ming.protocol.wire import (
     JsonValue,
     WireField,
     decode_fields,
+    encode_attributes,
     encode_fields,
     enum_codec,
     expect_choice,
@@ -150,8 +151,7 @@ def _encode_turn_detection(value: ServerVad | SemanticVad, dialect: Dialect) -> 
     table = _TURN_DETECTION_KINDS[kind][1]
     if dialect is Dialect.BETA:  # idle_timeout_ms is GA only
         table = tuple(f for f in table if f.name != "idle_timeout_ms")
-    values = {f.name: getattr(value, f.name) for f in table}
-    return {"type": kind, **encode_fields(values, table, dialect)}
+    return {"type": kind, **encode_attributes(value, table, dialect, skip_none=False)}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -196,8 +196,7 @@ def _record_codec(cls: type, table: tuple[WireField, ...]) -> Codec[Any]:
         return cls(**decode_fields(expect_object(value, param), table, dialect, param))
 
     def encode(value: Any, dialect: Dialect) -> JsonValue:
-        values = {f.name: getattr(value, f.name) for f in table}
-        return encode_fields({k: v for k, v in values.items() if v is not None}, table, dialect)
+        return encode_attributes(value, table, dialect, skip_none=True)
 
     return Codec(decode, encode)
 
@@ -438,11 +437,10 @@ def session_to_wire(config: SessionConfig, dialect: Dialect) -> dict[str, JsonVa
     if dialect is Dialect.BETA:
         # The beta SDK types `session.model` as a literal list of OpenAI model ids; leave ours out.
         table = tuple(f for f in table if f.name != "model")
-    values = {f.name: getattr(config, f.name) for f in table}
     header: dict[str, JsonValue] = {"id": config.id, "object": "realtime.session"}
     if dialect is Dialect.GA:
         header = {"type": "realtime", **header}
-    return {**header, **encode_fields(values, table, dialect)}
+    return {**header, **encode_attributes(config, table, dialect, skip_none=False)}
 
 
 SESSION_PATCH: Final[Codec[SessionPatch]] = Codec(

@@ -25,6 +25,7 @@ __all__ = [
     "JsonValue",
     "WireField",
     "decode_fields",
+    "encode_attributes",
     "encode_fields",
     "enum_codec",
     "expect_bool",
@@ -270,3 +271,13 @@ def to_json(value: Any, dialect: Dialect) -> JsonValue:
     if is_dataclass(value) and not isinstance(value, type):
         return {f.name: to_json(getattr(value, f.name), dialect) for f in fields(value)}
     raise TypeError(f"cannot encode {type(value).__name__} as JSON")
+
+
+def encode_attributes(
+    obj: object, fields: Sequence[WireField], dialect: Dialect, *, skip_none: bool
+) -> dict[str, JsonValue]:
+    """`encode_fields` over the attributes of `obj`; `skip_none` leaves unset (`None`) ones out."""
+    values = {f.name: getattr(obj, f.name) for f in fields}
+    if skip_none:
+        values = {name: value for name, value in values.items() if value is not None}
+    return encode_fields(values, fields, dialect)
