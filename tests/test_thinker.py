@@ -32,7 +32,7 @@ def _sorted_routing(record):
 def prefill(thinker, cache, slot, embeds, position_ids, cache_positions, splits=(), **masks):
     """Feed one slot's prompt in chunks cut at `splits`; returns the last position's logits [1, V]."""
     bounds = [0, *splits, embeds.shape[1]]
-    slots = torch.tensor([slot])
+    slots = torch.tensor([slot], device=embeds.device)
     for a, b in zip(bounds, bounds[1:]):
         chunk_masks = {k: v[:, a:b] for k, v in masks.items() if v is not None}
         h = thinker(embeds[:, a:b], position_ids[:, :, a:b], cache=cache, slots=slots,
