@@ -1,0 +1,96 @@
+"""Command line: `realtime-ming serve [...]` (and further subcommands registered in `_COMMANDS`).
+
+Options that name a config key (`--model-path`, `--host`, ...) are shorthands for `--set` and
+win over the config file (explicit `--set` wins over both); unset options change nothing, so
+defaults stay in the dataclasses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Callable
+
+__all__ = ["build_parser", "main", "serve_config"]
+
+# `--flag` -> dotted config key it overrides.
+_SERVE_SHORTHANDS = (
+    ("--model-path", "engine.model_path", str, "model checkpoint folder (default: the embedded tiny model)"),
+    ("--tokenizer", "engine.tokenizer_path", str, "tokenizer folder or file (default: from the checkpoint)"),
+    ("--host", "server.host", str, "interface to listen on"),
+    ("--port", "server.port", int, "TCP port (0 = any free port)"),
+)
+
+
+def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE", help="YAML or JSON config (see configs/)")
+    for flag, key, kind, text in _SERVE_SHORTHANDS:
+        parser.add_argument(flag, type=kind, metavar="VALUE", help=f"{text}; same as --set {key}=VALUE")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        help="override one config key, e.g. --set session.vad.backend=webrtc (repeatable)",
+    )
+    parser.add_argument("--log-level", default="INFO", help="logging level (default: INFO)")
+
+
+def serve_config(args: argparse.Namespace):
+    """The `ServerConfig` of parsed `serve` arguments (file, then shorthands, then --set)."""
+    from .server.config import load_config
+
+    overrides = []
+    for flag, key, _, _ in _SERVE_SHORTHANDS:
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is not None:
+            # JSON is valid YAML: the value arrives verbatim (a path with ': ' stays a string).
+            overrides.append(f"{key}={json.dumps(value)}")
+    return load_config(args.config, overrides + list(args.overrides))
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    from .server.app import run_server
+    from .server.config import ConfigError
+
+    try:
+        cfg = serve_config(args)
+    except (ConfigError, OSError) as exc:
+        print(f"realtime-ming: config error: {exc}", file=sys.stderr)
+        return 2
+    return run_server(cfg)
+
+
+# name -> (help, add_arguments, run). Other subcommands (bench) add an entry here.
+_COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
+    "serve": ("run the /v1/realtime server", _add_serve_arguments, _run_serve),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `realtime-ming` parser with one subparser per entry of `_COMMANDS`."""
+    parser = argparse.ArgumentParser(prog="realtime-ming", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (text, add_arguments, run) in _COMMANDS.items():
+        command = sub.add_parser(name, help=text, description=text)
+        add_arguments(command)
+        command.set_defaults(run=run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `realtime-ming` script; returns the process exit code."""
+    args = build_parser().parse_args(argv)
+    level = getattr(args, "log_level", "INFO")
+    logging.basicConfig(
+        level=getattr(logging, str(level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,191 @@
+"""One `/v1/realtime` connection: reader, session and writer tasks in one TaskGroup.
+
+The reader parses frames into client events (oversize frames become `frame_too_large` errors),
+the session task runs the `SessionRunner`, the writer sends serialised events with a send
+timeout. A clean end (client gone, idle timeout, slow client) is raised by the task that saw it
+as `SessionEnded`; the handler then closes with that code and frees the engine turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from websockets.asyncio.server import ServerConnection
+from websockets.exceptions import ConnectionClosed
+from websockets.frames import CloseCode
+
+from ..audio.vad import VadBackend
+from ..engine.api import EngineHandle
+from ..protocol.codec import parse, serialise
+from ..protocol.errors import ErrorCode, ProtocolError
+from ..protocol.events import ServerEvent
+from ..protocol.server_events import Error
+from ..session import (
+    Action,
+    ConfirmTurn,
+    DiscardTurn,
+    ResponseFinished,
+    Send,
+    Session,
+    SessionRunner,
+)
+from ..session.config import SessionSettings
+from .config import LimitsConfig
+from .handshake import HandshakeInfo
+from .metrics import ServerMetrics
+
+__all__ = ["ConnectionContext", "SessionEnded", "serve_connection"]
+
+log = logging.getLogger(__name__)
+
+
+class SessionEnded(Exception):
+    """A task saw the session end; `code` None = the socket is already closed."""
+
+    def __init__(self, code: CloseCode | None, reason: str = "") -> None:
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class _Close:
+    """Writer sentinel: flush everything queued before it, then close with `code`."""
+
+    code: CloseCode
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionContext:
+    """What every connection of one server shares."""
+
+    engine: EngineHandle
+    settings: SessionSettings
+    limits: LimitsConfig
+    metrics: ServerMetrics
+    model_id: str
+    voices: tuple[str, ...]
+    default_voice: str
+    make_vad: Callable[[str], VadBackend]
+
+
+def _observe(metrics: ServerMetrics) -> Callable[[Action], None]:
+    def on_action(action: Action) -> None:
+        if isinstance(action, Send) and isinstance(action.event, Error):
+            metrics.errors.labels(action.event.error.code or "none").inc()
+        elif isinstance(action, ResponseFinished):
+            metrics.turns.labels(action.status.value).inc()
+            if action.ttfa_s is not None:
+                metrics.ttfa.observe(action.ttfa_s)
+            for stage, seconds in action.stage_s.items():
+                metrics.stage.labels(stage).observe(seconds)
+        elif isinstance(action, ConfirmTurn):
+            metrics.speculative.labels("confirmed").inc()
+        elif isinstance(action, DiscardTurn):
+            metrics.speculative.labels("discarded").inc()
+
+    return on_action
+
+
+async def _read(ws: ServerConnection, runner: SessionRunner, outbound: asyncio.Queue, ctx: ConnectionContext,
+                info: HandshakeInfo) -> None:
+    limits = ctx.limits
+    while True:
+        try:
+            async with asyncio.timeout(limits.idle_timeout_s):
+                message = await ws.recv()
+        except TimeoutError:
+            error = ProtocolError(ErrorCode.IDLE_TIMEOUT, idle_s=limits.idle_timeout_s)
+            ctx.metrics.errors.labels(error.code.value).inc()
+            await outbound.put(serialise(Error.from_protocol_error(error), info.dialect))
+            await outbound.put(_Close(CloseCode.NORMAL_CLOSURE, f"idle timeout: no client events for {limits.idle_timeout_s:g} s"))
+            return
+        except ConnectionClosed:
+            raise SessionEnded(None) from None
+        if len(message) > limits.max_frame_bytes:
+            event = ProtocolError(ErrorCode.FRAME_TOO_LARGE, num_bytes=len(message), max_bytes=limits.max_frame_bytes)
+        else:
+            event = parse(message, info.dialect)
+        await runner.put_client(event)
+
+
+async def _write(ws: ServerConnection, outbound: asyncio.Queue, limits: LimitsConfig) -> None:
+    while True:
+        item = await outbound.get()
+        if isinstance(item, _Close):
+            raise SessionEnded(item.code, item.reason)
+        try:
+            async with asyncio.timeout(limits.send_timeout_s):
+                await ws.send(item)
+        except TimeoutError:
+            raise SessionEnded(CloseCode.POLICY_VIOLATION, "client is not reading") from None
+        except ConnectionClosed:
+            raise SessionEnded(None) from None
+
+
+async def _send_quietly(ws: ServerConnection, frame: str | None) -> None:
+    """Best-effort last message before a 1011 close (the peer may be gone already)."""
+    if frame is None:
+        return
+    try:
+        async with asyncio.timeout(1.0):
+            await ws.send(frame)
+    except (TimeoutError, ConnectionClosed):
+        pass
+
+
+async def serve_connection(ws: ServerConnection, ctx: ConnectionContext, info: HandshakeInfo) -> None:
+    """Run one accepted realtime connection to its end (the caller has counted it as a session)."""
+    session = Session(
+        ctx.settings,
+        dialect=info.dialect,
+        model=ctx.model_id,
+        voices=ctx.voices,
+        default_voice=ctx.default_voice,
+        make_vad=ctx.make_vad,
+    )
+    logger = logging.LoggerAdapter(log, {"session": session.config.id})
+    # Overflow policy: the session task blocks on a full queue (so it stops consuming its
+    # inbox); the writer drains it; a client that stops reading hits send_timeout_s.
+    outbound: asyncio.Queue[str | _Close] = asyncio.Queue(maxsize=ctx.limits.max_outbound_events)
+
+    async def emit(event: ServerEvent) -> None:
+        frame = serialise(event, info.dialect, timing_events=session.config.timing_events)
+        if frame is not None:
+            await outbound.put(frame)
+
+    runner = SessionRunner(
+        session, ctx.engine, emit=emit, on_action=_observe(ctx.metrics),
+        max_pending_client=ctx.limits.max_inbound_frames,
+    )
+    code: CloseCode | None = CloseCode.NORMAL_CLOSURE
+    reason = ""
+    started = time.monotonic()
+    logger.info("session %s opened (%s, origin=%s)", session.config.id, info.dialect.value, info.origin)
+    try:
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(_read(ws, runner, outbound, ctx, info))
+            tg.create_task(runner.run())
+            tg.create_task(_write(ws, outbound, ctx.limits))
+    except Exception as group:  # a TaskGroup raises only ExceptionGroups
+        ended, failed = group.split(SessionEnded)
+        if ended is not None:
+            first = ended.exceptions[0]
+            code, reason = first.code, first.reason
+        if failed is not None:
+            logger.error("session %s failed", session.config.id, exc_info=failed)
+            code, reason = CloseCode.INTERNAL_ERROR, "internal server error"
+            ctx.metrics.errors.labels(ErrorCode.SERVER_ERROR.value).inc()
+            error = Error.from_protocol_error(ProtocolError(ErrorCode.SERVER_ERROR))
+            await _send_quietly(ws, serialise(error, info.dialect))
+    finally:
+        runner.close()  # the engine frees the active turn even when this task is cancelled
+    if code is not None:
+        await ws.close(code, reason)
+    logger.info("session %s closed after %.1f s (%s)", session.config.id, time.monotonic() - started,
+                reason or (code.name if code is not None else "client gone"))

@@ -1,0 +1,85 @@
+"""What a `Session` asks its driver to do: send a server event, command the engine, record metrics.
+
+The session never performs I/O; each handler returns a list of these values in the order they
+must happen (e.g. `CancelTurn` before the cancelled `response.done` is sent).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from ..engine.api import TurnRequest
+from ..protocol.events import ServerEvent
+from ..protocol.responses import ResponseStatus
+
+__all__ = [
+    "Action",
+    "CancelTurn",
+    "CloseConversation",
+    "ConfirmTurn",
+    "DiscardTurn",
+    "ResponseFinished",
+    "Send",
+    "SubmitTurn",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Send `event` to the client (the driver serialises it for the connection's dialect)."""
+
+    event: ServerEvent
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitTurn:
+    """Start `request` in the engine (speculative requests hold their output until confirmed)."""
+
+    request: TurnRequest
+
+
+@dataclass(frozen=True, slots=True)
+class ConfirmTurn:
+    """Release a speculative turn's output: it is now the active response."""
+
+    turn_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class DiscardTurn:
+    """Drop a speculative turn without a trace (the user kept talking)."""
+
+    turn_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class CancelTurn:
+    """Stop a running turn; the session has already ended its response on the wire."""
+
+    turn_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class CloseConversation:
+    """Free the engine's cached KV slot of a conversation (session end)."""
+
+    conversation_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseFinished:
+    """A response ended (for metrics). Seconds; `ttfa_s` is None when no audio was sent.
+
+    `ttfa_s` runs from the end of user input (speech stop, or `response.create`) to the first
+    audio delta; `stage_s` maps engine stages to seconds after the turn's submission.
+    """
+
+    response_id: str
+    status: ResponseStatus
+    ttfa_s: float | None
+    was_speculative: bool
+    stage_s: Mapping[str, float] = field(default_factory=dict)
+
+
+Action = Send | SubmitTurn | ConfirmTurn | DiscardTurn | CancelTurn | CloseConversation | ResponseFinished

@@ -1,0 +1,211 @@
+"""One response on the wire: `response.created` … deltas … every `.done`, then `response.done`.
+
+`ActiveResponse` turns engine output (text deltas, 44.1 kHz audio, stage marks) into the GA
+event sequence of realtime_protocol.md §8 and guarantees that `finish` emits each pending
+`.done` exactly once, for completed, cancelled and failed responses alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..engine.api import Stage
+from ..protocol.events import ServerEvent
+from ..protocol.items import ItemStatus, OutputAudio, OutputText
+from ..protocol.responses import (
+    ErrorDetail,
+    Response,
+    ResponseStatus,
+    StatusDetails,
+    StatusReason,
+    Usage,
+)
+from ..protocol.server_events import (
+    ConversationItemAdded,
+    ConversationItemDone,
+    RealtimeMingResponseTimings,
+    ResponseContentPartAdded,
+    ResponseContentPartDone,
+    ResponseCreated,
+    ResponseDone,
+    ResponseOutputAudioDelta,
+    ResponseOutputAudioDone,
+    ResponseOutputAudioTranscriptDelta,
+    ResponseOutputAudioTranscriptDone,
+    ResponseOutputItemAdded,
+    ResponseOutputItemDone,
+    ResponseOutputTextDelta,
+    ResponseOutputTextDone,
+)
+from ..protocol.values import AudioFormat, MaxOutputTokens, Modality
+from .actions import ResponseFinished
+from .audio_io import OutputEncoder
+from .conversation import AssistantItem
+
+__all__ = ["ActiveResponse", "ResponseSpec"]
+
+_ITEM_STATUS = {ResponseStatus.COMPLETED: ItemStatus.COMPLETED}  # anything else: incomplete
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseSpec:
+    """The effective parameters of one response (session values with `response.create` overrides)."""
+
+    response_id: str
+    voice: str
+    output_modalities: tuple[Modality, ...]
+    output_format: AudioFormat
+    max_output_tokens: MaxOutputTokens
+    temperature: float
+    conversation_id: str | None  # None: out of band, not added to the conversation
+    metadata: Mapping[str, str] | None = None
+
+    @property
+    def is_audio(self) -> bool:
+        """Spoken (audio + transcript) rather than text."""
+        return Modality.AUDIO in self.output_modalities
+
+
+class ActiveResponse:
+    """Event builder and bookkeeping of the response currently generating.
+
+    Times are `time.monotonic()` seconds (the engine's `StageMark.t` uses the same clock).
+    """
+
+    def __init__(
+        self,
+        spec: ResponseSpec,
+        item: AssistantItem,
+        *,
+        engine_rate_hz: int,
+        frame_ms: int,
+        input_end_at: float,
+        is_speculative: bool,
+    ) -> None:
+        self.spec = spec
+        self.item = item
+        self.input_end_at = input_end_at
+        self.is_speculative = is_speculative
+        self.first_audio_at: float | None = None
+        self.stages: dict[Stage, float] = {}
+        self._encoder = OutputEncoder(spec.output_format, engine_rate_hz, frame_ms) if spec.is_audio else None
+        if self._encoder is not None:
+            item.codec = self._encoder.codec
+            item.audio = self._encoder.audio  # shared: the item always holds exactly what was sent
+        self._ids = {"response_id": spec.response_id, "item_id": item.id, "output_index": 0, "content_index": 0}
+
+    @property
+    def id(self) -> str:
+        """Response id (also the engine turn id)."""
+        return self.spec.response_id
+
+    def _response(self, status: ResponseStatus, details: StatusDetails | None, usage: Usage | None) -> Response:
+        output = () if status is ResponseStatus.IN_PROGRESS else (self.item.view(),)
+        return Response(
+            id=self.id,
+            voice=self.spec.voice,
+            status=status,
+            status_details=details,
+            output=output,
+            usage=usage,
+            conversation_id=self.spec.conversation_id,
+            output_modalities=self.spec.output_modalities,
+            output_format=self.spec.output_format,
+            max_output_tokens=self.spec.max_output_tokens,
+            metadata=self.spec.metadata,
+            temperature=self.spec.temperature,
+        )
+
+    def _part(self) -> OutputAudio | OutputText:
+        if self.spec.is_audio:
+            return OutputAudio(transcript=self.item.text)
+        return OutputText(self.item.text)
+
+    def created_events(self, previous_item_id: str | None) -> list[ServerEvent]:
+        """`response.created`, the output item and its content part (all empty)."""
+        events: list[ServerEvent] = [
+            ResponseCreated(response=self._response(ResponseStatus.IN_PROGRESS, None, None)),
+            ResponseOutputItemAdded(response_id=self.id, output_index=0, item=self.item.view(empty=True)),
+        ]
+        if self.spec.conversation_id is not None:
+            events.append(ConversationItemAdded(item=self.item.view(empty=True), previous_item_id=previous_item_id))
+        empty_part = OutputAudio(transcript="") if self.spec.is_audio else OutputText("")
+        events.append(ResponseContentPartAdded(**self._ids, part=empty_part))
+        return events
+
+    def on_text(self, text: str) -> list[ServerEvent]:
+        """A thinker text delta: transcript delta (audio) or text delta (text-only)."""
+        if not text:
+            return []
+        self.item.text += text
+        if self.spec.is_audio:
+            return [ResponseOutputAudioTranscriptDelta(**self._ids, delta=text)]
+        return [ResponseOutputTextDelta(**self._ids, delta=text)]
+
+    def on_audio(self, pcm: np.ndarray, now: float) -> list[ServerEvent]:
+        """Engine PCM (float32 at the engine rate) → audio deltas of at most `frame_ms`."""
+        if self._encoder is None:
+            return []
+        return self._deltas(self._encoder.push(pcm), now)
+
+    def _deltas(self, frames: list[str], now: float) -> list[ServerEvent]:
+        if frames and self.first_audio_at is None:
+            self.first_audio_at = now
+        return [ResponseOutputAudioDelta(**self._ids, delta=frame) for frame in frames]
+
+    def on_stage(self, stage: Stage, t: float) -> None:
+        """Record an engine stage timestamp."""
+        self.stages.setdefault(stage, t)
+
+    def finish(
+        self,
+        status: ResponseStatus,
+        now: float,
+        *,
+        reason: StatusReason | None = None,
+        error: ErrorDetail | None = None,
+        usage: Usage | None = None,
+        timing_events: bool = False,
+    ) -> tuple[list[ServerEvent], ResponseFinished]:
+        """All closing events (each `.done` once, then `response.done`) and the metrics record.
+
+        A completed response first flushes the resampler's tail; a cancelled one drops it.
+        """
+        events: list[ServerEvent] = []
+        if status is ResponseStatus.COMPLETED and self._encoder is not None:
+            events += self._deltas(self._encoder.flush(), now)
+        self.item.status = _ITEM_STATUS.get(status, ItemStatus.INCOMPLETE)
+        if self.spec.is_audio:
+            events.append(ResponseOutputAudioDone(**self._ids))
+            events.append(ResponseOutputAudioTranscriptDone(**self._ids, transcript=self.item.text))
+        else:
+            events.append(ResponseOutputTextDone(**self._ids, text=self.item.text))
+        events.append(ResponseContentPartDone(**self._ids, part=self._part()))
+        events.append(ResponseOutputItemDone(response_id=self.id, output_index=0, item=self.item.view()))
+        if self.spec.conversation_id is not None:
+            events.append(ConversationItemDone(item=self.item.view()))
+        details = None if status is ResponseStatus.COMPLETED else StatusDetails(type=status, reason=reason, error=error)
+        events.append(ResponseDone(response=self._response(status, details, usage)))
+        if timing_events:
+            events.append(RealtimeMingResponseTimings(response_id=self.id, timings=self._timings_ms(now)))
+        return events, self._record(status)
+
+    def _timings_ms(self, now: float) -> dict[str, float]:
+        """Milliseconds relative to the end of user input (negative: before it, e.g. speculation)."""
+        origin = self.input_end_at
+        timings = {stage.value: round((t - origin) * 1000.0, 3) for stage, t in self.stages.items()}
+        if self.first_audio_at is not None:
+            timings["first_audio_delta"] = round((self.first_audio_at - origin) * 1000.0, 3)
+        timings["response_done"] = round((now - origin) * 1000.0, 3)
+        return timings
+
+    def _record(self, status: ResponseStatus) -> ResponseFinished:
+        submitted = self.stages.get(Stage.SUBMITTED)
+        stage_s = {}
+        if submitted is not None:
+            stage_s = {s.value: t - submitted for s, t in self.stages.items() if s is not Stage.SUBMITTED}
+        ttfa = None if self.first_audio_at is None else self.first_audio_at - self.input_end_at
+        return ResponseFinished(self.id, status, ttfa, self.is_speculative, stage_s)

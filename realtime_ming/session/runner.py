@@ -1,0 +1,133 @@
+"""asyncio driver of one `Session`: client events and engine events in, actions carried out.
+
+Transport-neutral (the WebSocket handler and the in-process SDK both use it): the owner feeds
+client events with `put_client`, hands `engine_sink` to the engine (which calls it from its own
+thread), runs `run()` as the session task and calls `close()` when the connection ends.
+Server events leave through the owner's `emit` coroutine, so its queue sets the backpressure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from ..engine.api import EngineHandle, TurnEvent
+from ..protocol.errors import ProtocolError
+from ..protocol.events import ClientEvent, ServerEvent
+from .actions import (
+    Action,
+    CancelTurn,
+    CloseConversation,
+    ConfirmTurn,
+    DiscardTurn,
+    Send,
+    SubmitTurn,
+)
+from .session import Session
+
+__all__ = ["SessionRunner"]
+
+log = logging.getLogger(__name__)
+
+_Inbound = ClientEvent | ProtocolError
+
+
+class _EngineInput:
+    """An engine event on the inbox (distinguishes it from client input)."""
+
+    __slots__ = ("event",)
+
+    def __init__(self, event: TurnEvent) -> None:
+        self.event = event
+
+
+class SessionRunner:
+    """Moves one session's inputs and actions; all methods except `engine_sink` run on `loop`.
+
+    Inbox policy: client input is admitted while fewer than `max_pending_client` client events
+    wait (`put_client` blocks beyond, which stops the socket reader); engine events are always
+    accepted because the engine thread must never block. Their backlog is bounded in time by
+    the owner's send timeout: a client that stops reading is disconnected and the turn cancelled.
+    """
+
+    def __init__(
+        self,
+        session: Session,
+        engine: EngineHandle,
+        *,
+        emit: Callable[[ServerEvent], Awaitable[None]],
+        on_action: Callable[[Action], None] | None = None,
+        max_pending_client: int = 16,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        self.session = session
+        self._engine = engine
+        self._emit = emit
+        self._on_action = on_action
+        self._loop = loop or asyncio.get_running_loop()
+        self._inbox: asyncio.Queue[_Inbound | _EngineInput] = asyncio.Queue()
+        self._client_slots = asyncio.Semaphore(max_pending_client)
+        self._is_closed = False
+
+    def engine_sink(self, event: TurnEvent) -> None:
+        """Thread-safe: called by the engine thread for every event of this session's turns."""
+        if self._is_closed:
+            return
+        try:
+            self._loop.call_soon_threadsafe(self._inbox.put_nowait, _EngineInput(event))
+        except RuntimeError:  # the loop is closed: the session is gone, nobody wants the event
+            pass
+
+    async def put_client(self, event: _Inbound) -> None:
+        """Queue a parsed client event (or its parse error); waits while the inbox is full.
+
+        Cancel-safe: a cancelled call queues nothing.
+        """
+        await self._client_slots.acquire()
+        self._inbox.put_nowait(event)
+
+    async def run(self) -> None:
+        """The session task: start the session, then apply inputs in arrival order until cancelled."""
+        await self._dispatch(self.session.start())
+        while True:
+            item = await self._inbox.get()
+            now = time.monotonic()
+            if isinstance(item, _EngineInput):
+                actions = self.session.handle_engine_event(item.event, now)
+            else:
+                self._client_slots.release()
+                actions = self.session.handle_client_event(item, now)
+            await self._dispatch(actions)
+
+    def close(self) -> None:
+        """Synchronous teardown (safe in `finally`): cancel the active turn, discard a speculative
+        one and free the conversation's KV slot in the engine. Idempotent."""
+        if self._is_closed:
+            return
+        self._is_closed = True
+        for action in self.session.close():
+            self._command(action)
+
+    async def _dispatch(self, actions: list[Action]) -> None:
+        for action in actions:
+            if self._on_action is not None:
+                self._on_action(action)
+            if isinstance(action, Send):
+                await self._emit(action.event)
+            else:
+                self._command(action)
+
+    def _command(self, action: Action) -> None:
+        engine = self._engine
+        if isinstance(action, SubmitTurn):
+            engine.submit(action.request, self.engine_sink)
+        elif isinstance(action, ConfirmTurn):
+            engine.confirm(action.turn_id)
+        elif isinstance(action, DiscardTurn):
+            engine.discard(action.turn_id)
+        elif isinstance(action, CancelTurn):
+            engine.cancel(action.turn_id)
+        elif isinstance(action, CloseConversation):
+            engine.close_conversation(action.conversation_id)

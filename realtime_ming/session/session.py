@@ -1,0 +1,607 @@
+"""The per-connection Realtime state machine (Sans-I/O).
+
+`Session` takes parsed client events (or the `ProtocolError` a frame became), engine
+`TurnEvent`s and the current monotonic time, and returns `Action`s: server events to send and
+engine commands. It owns the input buffer, server_vad turns (speculative turns started at a
+pause, confirmed at speech stop, discarded on resume), the conversation, the one active response,
+barge-in and truncation. Nothing here touches a socket, a thread or a GPU.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ..audio.config import TurnDetectorConfig
+from ..audio.pcm import AudioFormatError, b64decode_audio
+from ..audio.turns import (
+    SpeechPaused,
+    SpeechResumed,
+    SpeechStarted,
+    SpeechStopped,
+    TurnDetector,
+    TurnState,
+)
+from ..audio.vad import VadBackend
+from ..engine.api import (
+    OUTPUT_SAMPLE_RATE_HZ,
+    AudioChunk,
+    Content,
+    FinishReason,
+    Message,
+    SamplingParams,
+    StageMark,
+    TextDelta,
+    TurnCancelled,
+    TurnDone,
+    TurnEvent,
+    TurnFailed,
+    TurnRequest,
+)
+from ..protocol import client_events as ce
+from ..protocol.dialect import Dialect
+from ..protocol.errors import ErrorCode, ErrorType, ProtocolError
+from ..protocol.events import ClientEvent
+from ..protocol.ids import IdPrefix, new_id
+from ..protocol.items import InputAudio, ItemReference, ItemStatus, MessageItem, Role
+from ..protocol.responses import ErrorDetail, ResponseStatus, StatusReason, Usage
+from ..protocol.server_events import (
+    ConversationItemAdded,
+    ConversationItemDeleted,
+    ConversationItemDone,
+    ConversationItemRetrieved,
+    ConversationItemTruncated,
+    Error,
+    InputAudioBufferCleared,
+    InputAudioBufferCommitted,
+    InputAudioBufferSpeechStarted,
+    InputAudioBufferSpeechStopped,
+    SessionCreated,
+    SessionUpdated,
+)
+from ..protocol.session import (
+    Eagerness,
+    SemanticVad,
+    ServerVad,
+    SessionConfig,
+    apply_patch,
+)
+from .actions import (
+    Action,
+    CancelTurn,
+    CloseConversation,
+    ConfirmTurn,
+    DiscardTurn,
+    Send,
+    SubmitTurn,
+)
+from .audio_io import MODEL_SAMPLE_RATE_HZ, InputAudioBuffer, InputDecoder
+from .config import SessionSettings
+from .content import part_to_content, strip_audio
+from .conversation import AssistantItem, Conversation, StoredItem
+from .response import ActiveResponse, ResponseSpec
+
+__all__ = ["Session"]
+
+log = logging.getLogger(__name__)
+
+_SAMPLES_PER_MS = MODEL_SAMPLE_RATE_HZ // 1000
+# semantic_vad has no model here: it runs as server_vad with an eagerness-dependent silence window.
+_EAGERNESS_SILENCE_MS = {Eagerness.HIGH: 300, Eagerness.MEDIUM: 500, Eagerness.AUTO: 500, Eagerness.LOW: 800}
+# Input kept before a possible speech start while the detector hears silence (prefix padding + slack).
+_SILENCE_KEEP_MS = 500
+
+
+@dataclass(slots=True)
+class _Speculation:
+    """A speculative turn submitted at a pause: its id and the exact user audio it heard."""
+
+    turn_id: str
+    audio: np.ndarray  # [n] float32 16 kHz
+
+
+class Session:
+    """One Realtime session. Call `start()` once, then the `handle_*` methods; each returns the
+    actions to perform, in order. Not thread-safe: drive it from one event loop."""
+
+    def __init__(
+        self,
+        settings: SessionSettings,
+        *,
+        dialect: Dialect,
+        model: str,
+        voices: Sequence[str],
+        default_voice: str,
+        make_vad: Callable[[str], VadBackend],
+    ) -> None:
+        self.settings = settings
+        self.dialect = dialect
+        self.voices = tuple(voices)
+        self._make_vad = make_vad
+        vad = settings.vad
+        turn_detection = (
+            ServerVad(
+                threshold=vad.detector.threshold,
+                prefix_padding_ms=vad.detector.prefix_padding_ms,
+                silence_duration_ms=vad.detector.silence_duration_ms,
+                create_response=vad.create_response,
+                interrupt_response=vad.interrupt_response,
+            )
+            if vad.enabled
+            else None
+        )
+        self.config = SessionConfig(
+            model=model,
+            instructions=settings.instructions,
+            voice=default_voice,
+            turn_detection=turn_detection,
+            temperature=settings.temperature,
+        )
+        self.conversation_id = new_id(IdPrefix.CONVERSATION)
+        self.conversation = Conversation(settings.max_items)
+        self._buffer = InputAudioBuffer()
+        self._decoder = InputDecoder(self.config.input_format)
+        self._detector: TurnDetector | None = None
+        self._vad_origin = 0  # session sample index where the detector's clock starts
+        self._speech_item_id: str | None = None  # id announced by speech_started
+        self._speech_start = 0  # session sample index of the turn's audio start (with padding)
+        self._speculation: _Speculation | None = None
+        self._response: ActiveResponse | None = None
+        self._has_spoken = False  # the voice is fixed after the first audio response
+        self._oob_used = False
+        self._rebuild_detector()
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> list[Action]:
+        """The first server event: `session.created` with the default session."""
+        return [Send(SessionCreated(session=self.config))]
+
+    def close(self) -> list[Action]:
+        """The connection is gone: stop and free everything this session holds in the engine."""
+        actions: list[Action] = self._discard_speculation()
+        if self._response is not None:
+            actions.append(CancelTurn(self._response.id))
+            self._response = None
+        actions.append(CloseConversation(self.conversation_id))
+        if self._oob_used:
+            actions.append(CloseConversation(self._oob_conversation_id))
+        return actions
+
+    @property
+    def active_response_id(self) -> str | None:
+        """Id of the response being generated, if any."""
+        return None if self._response is None else self._response.id
+
+    @property
+    def _oob_conversation_id(self) -> str:
+        # Out-of-band responses get their own KV slot so they do not evict the main prefix.
+        return self.conversation_id + "_oob"
+
+    # ---- client events -----------------------------------------------------------------------
+    def handle_client_event(self, event: ClientEvent | ProtocolError, now: float) -> list[Action]:
+        """Apply one parsed client event (or report the error its frame became)."""
+        if isinstance(event, ProtocolError):
+            return [Send(Error.from_protocol_error(event))]
+        handler = _HANDLERS.get(type(event))
+        if handler is None:
+            return self._error(ErrorCode.UNSUPPORTED_EVENT, event.event_id, event_type=event.type)
+        try:
+            return handler(self, event, now)
+        except ProtocolError as error:
+            return [Send(Error.from_protocol_error(error.with_event_id(event.event_id)))]
+
+    def _error(self, code: ErrorCode, event_id: str | None, *, param: str | None = None, **values: object) -> list[Action]:
+        return [Send(Error.from_protocol_error(ProtocolError(code, param=param, event_id=event_id, **values)))]
+
+    def _on_session_update(self, event: ce.SessionUpdate, now: float) -> list[Action]:
+        new = apply_patch(self.config, event.session, voices=self.voices)
+        if new.voice != self.config.voice and self._has_spoken:
+            return self._error(ErrorCode.CANNOT_UPDATE_VOICE, event.event_id, param=event.session.param("voice"))
+        old, self.config = self.config, new
+        actions = self._discard_speculation()
+        if new.input_format != old.input_format:
+            self._decoder = InputDecoder(new.input_format)
+        if new.turn_detection != old.turn_detection:
+            self._rebuild_detector()
+        actions.append(Send(SessionUpdated(session=new)))
+        return actions
+
+    def _on_append(self, event: ce.InputAudioBufferAppend, now: float) -> list[Action]:
+        try:
+            data = b64decode_audio(event.audio)
+            duration_ms = self._decoder.duration_ms(len(data))
+        except AudioFormatError as exc:
+            return self._error(ErrorCode.INVALID_AUDIO, event.event_id, param="audio", detail=str(exc))
+        buffered_ms = self._buffer.num_samples / _SAMPLES_PER_MS
+        if buffered_ms + duration_ms > self.settings.max_input_audio_s * 1000.0:
+            return self._error(
+                ErrorCode.INPUT_AUDIO_BUFFER_TOO_LARGE, event.event_id, param="audio",
+                max_s=self.settings.max_input_audio_s,
+            )
+        samples = self._decoder.decode(data)
+        self._buffer.append(samples)
+        if self._detector is None:
+            return []
+        actions: list[Action] = []
+        for turn_event in self._detector.feed(samples):
+            actions += self._on_turn_event(turn_event, now)
+        if self._detector.state is TurnState.SILENCE:
+            keep = (self._detector.config.prefix_padding_ms + _SILENCE_KEEP_MS) * _SAMPLES_PER_MS
+            self._buffer.drop_before(self._buffer.end_sample - keep)
+        return actions
+
+    def _on_commit(self, event: ce.InputAudioBufferCommit, now: float) -> list[Action]:
+        buffered_ms = self._buffer.num_samples / _SAMPLES_PER_MS
+        if buffered_ms < self.settings.min_commit_ms:
+            return self._error(
+                ErrorCode.INPUT_AUDIO_BUFFER_COMMIT_EMPTY, event.event_id,
+                min_ms=self.settings.min_commit_ms, buffered_ms=buffered_ms,
+            )
+        audio = self._buffer.take(0, self._buffer.end_sample)
+        item_id = self._speech_item_id or new_id(IdPrefix.ITEM)
+        actions = self._discard_speculation()
+        self._reset_turn()
+        actions += self._commit_audio(item_id, audio)
+        return actions
+
+    def _on_clear(self, event: ce.InputAudioBufferClear, now: float) -> list[Action]:
+        actions = self._discard_speculation()
+        self._reset_turn()
+        self._decoder.reset()
+        return actions + [Send(InputAudioBufferCleared())]
+
+    def _reset_turn(self) -> None:
+        """Empty the input buffer and restart turn detection (the sample clock keeps running)."""
+        self._buffer.clear()
+        self._speech_item_id = None
+        if self._detector is not None:
+            self._detector.reset()
+
+    def _on_item_create(self, event: ce.ConversationItemCreate, now: float) -> list[Action]:
+        item = event.item
+        if item.id is not None and item.id in self.conversation:
+            return self._error(ErrorCode.DUPLICATE_ITEM_ID, event.event_id, param="item.id", item_id=item.id)
+        previous = event.previous_item_id
+        if previous is not None and previous != "root" and previous not in self.conversation:
+            return self._error(
+                ErrorCode.ITEM_CREATE_INVALID_PREVIOUS_ITEM_ID, event.event_id, param="previous_item_id",
+                item_id=previous,
+            )
+        stored = self._store_item(item, "item")
+        actions = self._discard_speculation()
+        previous_id = self.conversation.insert(stored, previous)
+        view = stored.view()
+        return actions + [
+            Send(ConversationItemAdded(item=view, previous_item_id=previous_id)),
+            Send(ConversationItemDone(item=view, previous_item_id=previous_id)),
+        ]
+
+    def _store_item(self, item, param: str) -> StoredItem:
+        """Assign id/status and decode the model view of a client item; raises ProtocolError."""
+        item = replace(item, id=item.id or new_id(IdPrefix.ITEM), status=ItemStatus.COMPLETED)
+        if not isinstance(item, MessageItem):
+            return StoredItem(item)
+        contents = tuple(
+            part_to_content(part, self.config.input_format, f"{param}.content[{i}]")
+            for i, part in enumerate(item.content)
+        )
+        return StoredItem(replace(item, content=tuple(strip_audio(p) for p in item.content)), contents)
+
+    def _on_item_retrieve(self, event: ce.ConversationItemRetrieve, now: float) -> list[Action]:
+        entry = self.conversation.get(event.item_id)
+        if entry is None:
+            return self._error(
+                ErrorCode.ITEM_RETRIEVE_INVALID_ITEM_ID, event.event_id, param="item_id", item_id=event.item_id
+            )
+        if isinstance(entry, AssistantItem):
+            view = entry.view(with_audio=True)
+        else:
+            view = entry.view(input_format=self.config.input_format)
+        return [Send(ConversationItemRetrieved(item=view))]
+
+    def _on_item_delete(self, event: ce.ConversationItemDelete, now: float) -> list[Action]:
+        if not self.conversation.delete(event.item_id):
+            return self._error(
+                ErrorCode.ITEM_DELETE_INVALID_ITEM_ID, event.event_id, param="item_id", item_id=event.item_id
+            )
+        return self._discard_speculation() + [Send(ConversationItemDeleted(item_id=event.item_id))]
+
+    def _on_item_truncate(self, event: ce.ConversationItemTruncate, now: float) -> list[Action]:
+        entry = self.conversation.get(event.item_id)
+        if entry is None:
+            return self._error(
+                ErrorCode.ITEM_TRUNCATE_INVALID_ITEM_ID, event.event_id, param="item_id", item_id=event.item_id
+            )
+        if not isinstance(entry, AssistantItem) or not entry.is_audio or event.content_index != 0:
+            return self._error(
+                ErrorCode.TRUNCATE_CONTENT_INDEX_INVALID, event.event_id, param="content_index",
+                item_id=event.item_id, content_index=event.content_index,
+            )
+        actions: list[Action] = []
+        if self._response is not None and self._response.item is entry:
+            # The client stopped playing this item: the rest of its response is unwanted.
+            actions += self._cancel_response(StatusReason.CLIENT_CANCELLED, now)
+        duration_ms = entry.audio_ms
+        if event.audio_end_ms > duration_ms + 1.0:  # 1 ms: clients round the played time up
+            return actions + self._error(
+                ErrorCode.TRUNCATE_AUDIO_END_MS_INVALID, event.event_id, param="audio_end_ms",
+                audio_end_ms=event.audio_end_ms, duration_ms=int(duration_ms), item_id=event.item_id,
+            )
+        entry.truncate(min(event.audio_end_ms, int(duration_ms)))
+        actions += self._discard_speculation()
+        return actions + [
+            Send(ConversationItemTruncated(
+                item_id=event.item_id, content_index=event.content_index, audio_end_ms=event.audio_end_ms
+            ))
+        ]
+
+    def _on_response_create(self, event: ce.ResponseCreate, now: float) -> list[Action]:
+        if self._response is not None:
+            return self._error(
+                ErrorCode.CONVERSATION_ALREADY_HAS_ACTIVE_RESPONSE, event.event_id, response_id=self._response.id
+            )
+        params = event.response
+        voice = params.voice or self.config.voice
+        if voice not in self.voices:
+            return self._error(
+                ErrorCode.UNKNOWN_VOICE, event.event_id, param="response.voice", voice=voice,
+                voices=", ".join(sorted(self.voices)),
+            )
+        history = None if params.input is None else self._history_from(params.input)
+        actions = self._discard_speculation()
+        return actions + self._start_response(now, params=params, history=history)
+
+    def _history_from(self, items) -> tuple[Message, ...]:
+        """Engine messages for `response.create` `input` (references and inline items)."""
+        messages = []
+        for i, item in enumerate(items):
+            if isinstance(item, ItemReference):
+                entry = self.conversation.get(item.id)
+                if entry is None:
+                    raise ProtocolError(
+                        ErrorCode.ITEM_RETRIEVE_INVALID_ITEM_ID, param=f"response.input[{i}].id", item_id=item.id
+                    )
+            else:
+                entry = self._store_item(item, f"response.input[{i}]")
+            message = entry.message()
+            if message is not None:
+                messages.append(message)
+        return tuple(messages)
+
+    def _on_response_cancel(self, event: ce.ResponseCancel, now: float) -> list[Action]:
+        if self._response is None or (event.response_id is not None and event.response_id != self._response.id):
+            return self._error(ErrorCode.RESPONSE_CANCEL_NOT_ACTIVE, event.event_id)
+        return self._cancel_response(StatusReason.CLIENT_CANCELLED, now)
+
+    def _on_output_audio_clear(self, event: ce.OutputAudioBufferClear, now: float) -> list[Action]:
+        # WebSocket sessions have no server-side playout buffer; there is nothing to clear and
+        # `output_audio_buffer.cleared` must not reach a WebSocket client (realtime_protocol.md §7.1).
+        return []
+
+    # ---- turns -------------------------------------------------------------------------------
+    def _rebuild_detector(self) -> None:
+        """Create the turn detector for the current `turn_detection` (None when manual)."""
+        td = self.config.turn_detection
+        self._speech_item_id = None
+        if td is None:
+            self._detector = None
+            return
+        base: TurnDetectorConfig = self.settings.vad.detector
+        if isinstance(td, ServerVad):
+            threshold, prefix_ms, silence_ms = td.threshold, td.prefix_padding_ms, td.silence_duration_ms
+        else:
+            threshold, prefix_ms = base.threshold, base.prefix_padding_ms
+            silence_ms = _EAGERNESS_SILENCE_MS[td.eagerness]
+        silence_ms = max(silence_ms, 1)
+        cfg = replace(
+            base,
+            threshold=threshold,
+            prefix_padding_ms=prefix_ms,
+            silence_duration_ms=silence_ms,
+            speculative_pause_ms=min(base.speculative_pause_ms, silence_ms - 1),
+        )
+        self._detector = TurnDetector(cfg, self._make_vad(self.settings.vad.backend))
+        self._vad_origin = self._buffer.end_sample
+
+    def _abs_sample(self, ms: int) -> int:
+        return self._vad_origin + ms * _SAMPLES_PER_MS
+
+    def _on_turn_event(self, event, now: float) -> list[Action]:
+        td = self.config.turn_detection
+        assert isinstance(td, ServerVad | SemanticVad)
+        if isinstance(event, SpeechStarted):
+            self._speech_item_id = new_id(IdPrefix.ITEM)
+            self._speech_start = self._abs_sample(event.audio_start_ms)
+            actions: list[Action] = [Send(InputAudioBufferSpeechStarted(
+                audio_start_ms=self._speech_start // _SAMPLES_PER_MS, item_id=self._speech_item_id
+            ))]
+            if self._response is not None and td.interrupt_response:
+                actions += self._cancel_response(StatusReason.TURN_DETECTED, now)
+            return actions
+        if isinstance(event, SpeechPaused):
+            if td.create_response and self._response is None and self._speculation is None:
+                return self._speculate(now)
+            return []
+        if isinstance(event, SpeechResumed):
+            return self._discard_speculation()
+        assert isinstance(event, SpeechStopped)
+        return self._on_speech_stopped(event, td, now)
+
+    def _speculate(self, now: float) -> list[Action]:
+        """Submit the turn as heard so far; its output is held until speech stop confirms it."""
+        audio = self._buffer.take(self._speech_start, self._buffer.end_sample)
+        turn_id = new_id(IdPrefix.RESPONSE)
+        self._speculation = _Speculation(turn_id, audio)
+        user = Message(Role.USER.value, (Content.of_audio(audio, MODEL_SAMPLE_RATE_HZ),))
+        request = self._turn_request(turn_id, self._spec(turn_id, None), self.conversation.history() + (user,), None)
+        return [SubmitTurn(replace(request, speculative=True))]
+
+    def _discard_speculation(self) -> list[Action]:
+        if self._speculation is None:
+            return []
+        turn_id, self._speculation = self._speculation.turn_id, None
+        return [DiscardTurn(turn_id)]
+
+    def _on_speech_stopped(self, event: SpeechStopped, td: ServerVad | SemanticVad, now: float) -> list[Action]:
+        item_id = self._speech_item_id or new_id(IdPrefix.ITEM)
+        end = self._abs_sample(event.audio_end_ms)
+        actions: list[Action] = [
+            Send(InputAudioBufferSpeechStopped(audio_end_ms=end // _SAMPLES_PER_MS, item_id=item_id))
+        ]
+        speculation, self._speculation = self._speculation, None
+        # The user item holds exactly the audio a speculative turn heard, so the engine's cached
+        # prefix matches the history of the next turn.
+        audio = speculation.audio if speculation is not None else self._buffer.take(self._speech_start, end)
+        self._buffer.drop_before(end)
+        self._speech_item_id = None
+        actions += self._commit_audio(item_id, audio)
+        if not td.create_response or self._response is not None:
+            if speculation is not None:
+                actions.append(DiscardTurn(speculation.turn_id))
+            return actions
+        if speculation is not None:
+            actions.append(ConfirmTurn(speculation.turn_id))
+            return actions + self._start_response(now, turn_id=speculation.turn_id)
+        return actions + self._start_response(now)
+
+    def _commit_audio(self, item_id: str, audio: np.ndarray) -> list[Action]:
+        item = MessageItem(role=Role.USER, content=(InputAudio(),), id=item_id, status=ItemStatus.COMPLETED)
+        stored = StoredItem(item, (Content.of_audio(audio, MODEL_SAMPLE_RATE_HZ),))
+        previous = self.conversation.insert(stored)
+        return [
+            Send(InputAudioBufferCommitted(item_id=item_id, previous_item_id=previous)),
+            Send(ConversationItemAdded(item=item, previous_item_id=previous)),
+            Send(ConversationItemDone(item=item, previous_item_id=previous)),
+        ]
+
+    # ---- responses ---------------------------------------------------------------------------
+    def _spec(self, response_id: str, params: ce.ResponseParams | None) -> ResponseSpec:
+        p = params or ce.ResponseParams()
+        oob = p.conversation is ce.ConversationMode.NONE
+        return ResponseSpec(
+            response_id=response_id,
+            voice=p.voice or self.config.voice,
+            output_modalities=p.output_modalities or self.config.output_modalities,
+            output_format=p.output_format or self.config.output_format,
+            max_output_tokens=p.max_output_tokens or self.config.max_output_tokens,
+            temperature=p.temperature if p.temperature is not None else self.config.temperature,
+            conversation_id=None if oob else self.conversation_id,
+            metadata=p.metadata,
+        )
+
+    def _turn_request(
+        self, turn_id: str, spec: ResponseSpec, history: tuple[Message, ...], params: ce.ResponseParams | None
+    ) -> TurnRequest:
+        instructions = params.instructions if params is not None and params.instructions is not None else None
+        if instructions is None:
+            instructions = self.config.instructions
+        max_tokens = spec.max_output_tokens
+        return TurnRequest(
+            turn_id=turn_id,
+            conversation_id=spec.conversation_id or self._oob_conversation_id,
+            history=history,
+            system=instructions or None,
+            sampling=SamplingParams(
+                temperature=spec.temperature,
+                max_tokens=self.settings.max_output_tokens if max_tokens == "inf" else max_tokens,
+            ),
+            voice=spec.voice if spec.is_audio else None,
+            with_audio=spec.is_audio,
+            speed=self.config.speed,
+        )
+
+    def _start_response(
+        self,
+        now: float,
+        *,
+        params: ce.ResponseParams | None = None,
+        history: tuple[Message, ...] | None = None,
+        turn_id: str | None = None,
+    ) -> list[Action]:
+        """Create the active response; submit its turn unless it is a confirmed speculation."""
+        spec = self._spec(turn_id or new_id(IdPrefix.RESPONSE), params)
+        actions: list[Action] = []
+        if turn_id is None:
+            if spec.conversation_id is None:
+                self._oob_used = True
+            turn_history = history if history is not None else self.conversation.history()
+            actions.append(SubmitTurn(self._turn_request(spec.response_id, spec, turn_history, params)))
+        item = AssistantItem(new_id(IdPrefix.ITEM), is_audio=spec.is_audio)
+        previous = self.conversation.last_id()
+        if spec.conversation_id is not None:
+            self.conversation.insert(item)
+        self._response = ActiveResponse(
+            spec, item, engine_rate_hz=OUTPUT_SAMPLE_RATE_HZ, frame_ms=self.settings.output_frame_ms,
+            input_end_at=now, is_speculative=turn_id is not None,
+        )
+        if spec.is_audio:
+            self._has_spoken = True
+        actions += [Send(e) for e in self._response.created_events(previous)]
+        return actions
+
+    def _finish_response(self, status: ResponseStatus, now: float, **details) -> list[Action]:
+        response, self._response = self._response, None
+        assert response is not None
+        events, record = response.finish(status, now, timing_events=self.config.timing_events, **details)
+        return [Send(e) for e in events] + [record]
+
+    def _cancel_response(self, reason: StatusReason, now: float) -> list[Action]:
+        """Barge-in or client cancel: stop the engine turn and end the response at once."""
+        assert self._response is not None
+        turn_id = self._response.id
+        return [CancelTurn(turn_id)] + self._finish_response(ResponseStatus.CANCELLED, now, reason=reason)
+
+    # ---- engine events -----------------------------------------------------------------------
+    def handle_engine_event(self, event: TurnEvent, now: float) -> list[Action]:
+        """Apply one engine event; output of turns that are no longer active is dropped."""
+        response = self._response
+        if response is None or event.turn_id != response.id:
+            return []
+        if isinstance(event, TextDelta):
+            return [Send(e) for e in response.on_text(event.text)]
+        if isinstance(event, AudioChunk):
+            return [Send(e) for e in response.on_audio(event.pcm, now)]
+        if isinstance(event, StageMark):
+            response.on_stage(event.stage, event.t)
+            return []
+        if isinstance(event, TurnDone):
+            usage = Usage(
+                input_text_tokens=event.prompt_tokens,
+                input_cached_tokens=event.cached_tokens,
+                output_text_tokens=event.output_tokens,
+            )
+            for stage, t in event.stages.items():
+                response.on_stage(stage, t)
+            if event.finish_reason is FinishReason.LENGTH:
+                return self._finish_response(
+                    ResponseStatus.INCOMPLETE, now, reason=StatusReason.MAX_OUTPUT_TOKENS, usage=usage
+                )
+            return self._finish_response(ResponseStatus.COMPLETED, now, usage=usage)
+        if isinstance(event, TurnCancelled):
+            return self._finish_response(ResponseStatus.CANCELLED, now)
+        assert isinstance(event, TurnFailed)
+        log.warning("response %s failed in the engine: %s", response.id, event.message)
+        error = ErrorDetail(
+            type=ErrorType.SERVER.value,
+            code=ErrorCode.ENGINE_ERROR.value,
+            message=ErrorCode.ENGINE_ERROR.render(response_id=response.id),
+        )
+        return self._finish_response(ResponseStatus.FAILED, now, error=error)
+
+
+_HANDLERS: dict[type, Callable[[Session, ClientEvent, float], list[Action]]] = {
+    ce.SessionUpdate: Session._on_session_update,
+    ce.InputAudioBufferAppend: Session._on_append,
+    ce.InputAudioBufferCommit: Session._on_commit,
+    ce.InputAudioBufferClear: Session._on_clear,
+    ce.ConversationItemCreate: Session._on_item_create,
+    ce.ConversationItemRetrieve: Session._on_item_retrieve,
+    ce.ConversationItemDelete: Session._on_item_delete,
+    ce.ConversationItemTruncate: Session._on_item_truncate,
+    ce.ResponseCreate: Session._on_response_create,
+    ce.ResponseCancel: Session._on_response_cancel,
+    ce.OutputAudioBufferClear: Session._on_output_audio_clear,
+}
