@@ -295,3 +295,20 @@ async def _disconnect_mid_response(server: RealtimeServer, engine: StubEngine) -
     client.ws.transport.abort()
     await asyncio.wait_for(server.wait_idle(), seconds(5))
     assert engine.num_turns() == 0
+
+
+def test_serves_on_uvloop(engine, web_dir):
+    """The server runs on a uvloop event loop (as `realtime-ming serve` does): HTTP and a session work."""
+    import uvloop
+
+    async def scenario() -> tuple[int, str]:
+        async with RealtimeServer(_config(web_dir), engine) as srv:
+            status, _, _ = await http_request(srv.port, "/health")
+            client = await _open(srv)
+            await _still_serving(client)
+            await client.ws.close()
+            return status, type(asyncio.get_running_loop()).__module__
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        status, loop_module = runner.run(scenario())
+    assert status == 200 and loop_module.startswith("uvloop")

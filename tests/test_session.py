@@ -620,3 +620,34 @@ def test_beta_connection_gets_beta_names():
             "response.audio_transcript.delta", "response.audio_transcript.done"} <= types
     assert not types & {"conversation.item.added", "conversation.item.done", "response.output_audio.delta"}
     assert h.last("response.done")["response"]["output"][0]["content"][0]["type"] == "audio"
+
+
+def test_g711_input_is_decoded_to_16k():
+    """µ-law input at 8 kHz: a 0.5 s commit reaches the engine as 8000 samples at 16 kHz, close to the tone."""
+    from realtime_ming.audio.pcm import float_to_int16, ulaw_encode
+
+    h = Harness()
+    h.send(type="session.update", session={
+        "type": "realtime", "audio": {"input": {"format": {"type": "audio/pcmu"}, "turn_detection": None}}})
+    codes = ulaw_encode(float_to_int16(tone(0.5, 8000)))
+    h.send(type="input_audio_buffer.append", audio=base64.b64encode(codes.tobytes()).decode())
+    h.send(type="input_audio_buffer.commit")
+    h.send(type="response.create")
+    audio = h.submitted()[0].history[-1].content[0].audio
+    # The commit flushes the resampler's held-back tail: every input sample is in the turn.
+    assert audio.size == 8000
+    expected = tone(0.5, MODEL_HZ)
+    corr = np.dot(audio[500:7500], expected[500:7500])
+    assert corr / (np.linalg.norm(audio[500:7500]) * np.linalg.norm(expected[500:7500])) > 0.99
+
+
+def test_vad_without_create_response_only_commits():
+    """create_response false: the VAD turn is committed, but no engine turn or response starts."""
+    h = _vad_harness()
+    h.send(type="session.update", session={"type": "realtime", "audio": {"input": {"turn_detection": {
+        "type": "server_vad", "create_response": False}}}})
+    h.append(silence(0.5, MODEL_HZ))
+    h.append(tone(0.6, MODEL_HZ))
+    h.append(silence(1.0, MODEL_HZ))
+    assert "input_audio_buffer.committed" in h.types()
+    assert "response.created" not in h.types() and h.submitted() == []

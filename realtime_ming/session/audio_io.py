@@ -66,6 +66,10 @@ class InputDecoder:
         """Wire bytes → float32 [m] at 16 kHz (m follows the resampler's delay)."""
         return self._resampler.process(self._codec.decode(data))
 
+    def flush(self) -> np.ndarray:
+        """End of an input stream (a commit): the samples the resampler still holds."""
+        return self._resampler.flush()
+
     def reset(self) -> None:
         """Forget resampler history (after `input_audio_buffer.clear`)."""
         self._resampler.reset()

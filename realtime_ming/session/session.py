@@ -221,7 +221,11 @@ class Session:
                 ErrorCode.INPUT_AUDIO_BUFFER_TOO_LARGE, event.event_id, param="audio",
                 max_s=self.settings.max_input_audio_s,
             )
-        samples = self._decoder.decode(data)
+        return self._append_samples(self._decoder.decode(data), now)
+
+    def _append_samples(self, samples: np.ndarray, now: float) -> list[Action]:
+        """Buffer 16 kHz input and run turn detection on it (every buffered sample is fed to the
+        detector, so its clock stays aligned with the buffer's)."""
         self._buffer.append(samples)
         if self._detector is None:
             return []
@@ -234,6 +238,10 @@ class Session:
         return actions
 
     def _on_commit(self, event: ce.InputAudioBufferCommit, now: float) -> list[Action]:
+        # The resampler holds back its filter delay (up to 85 ms for 8 kHz G.711): the commit
+        # ends the stream, so that tail belongs to this turn. Detector events of the tail are
+        # moot: the commit resets turn detection.
+        self._append_samples(self._decoder.flush(), now)
         buffered_ms = self._buffer.num_samples / _SAMPLES_PER_MS
         if buffered_ms < self.settings.min_commit_ms:
             return self._error(
