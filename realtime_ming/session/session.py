@@ -15,16 +15,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..audio.config import TurnDetectorConfig
-from ..audio.pcm import AudioFormatError, b64decode_audio
-from ..audio.turns import (
-    SpeechPaused,
-    SpeechResumed,
-    SpeechStarted,
-    SpeechStopped,
-    TurnDetector,
-    TurnState,
-)
+from ..audio.pcm import AudioFormatError
+from ..audio.turns import SpeechPaused, SpeechResumed
 from ..audio.vad import VadBackend
 from ..engine.api import (
     OUTPUT_SAMPLE_RATE_HZ,
@@ -63,7 +55,6 @@ from ..protocol.server_events import (
     SessionUpdated,
 )
 from ..protocol.session import (
-    Eagerness,
     SemanticVad,
     ServerVad,
     SessionConfig,
@@ -78,21 +69,16 @@ from .actions import (
     Send,
     SubmitTurn,
 )
-from .audio_io import MODEL_SAMPLE_RATE_HZ, InputAudioBuffer, InputDecoder
+from .audio_io import MODEL_SAMPLE_RATE_HZ
 from .config import SessionSettings
 from .content import part_to_content, strip_audio
 from .conversation import AssistantItem, Conversation, StoredItem
+from .input import BufferFull, InputTurns, SpeechBegan, SpeechEnded, TurnSignal
 from .response import ActiveResponse, ResponseSpec
 
 __all__ = ["Session"]
 
 log = logging.getLogger(__name__)
-
-_SAMPLES_PER_MS = MODEL_SAMPLE_RATE_HZ // 1000
-# semantic_vad has no model here: it runs as server_vad with an eagerness-dependent silence window.
-_EAGERNESS_SILENCE_MS = {Eagerness.HIGH: 300, Eagerness.MEDIUM: 500, Eagerness.AUTO: 500, Eagerness.LOW: 800}
-# Input kept before a possible speech start while the detector hears silence (prefix padding + slack).
-_SILENCE_KEEP_MS = 500
 
 
 @dataclass(slots=True)
@@ -120,7 +106,6 @@ class Session:
         self.settings = settings
         self.dialect = dialect
         self.voices = tuple(voices)
-        self._make_vad = make_vad
         vad = settings.vad
         turn_detection = (
             ServerVad(
@@ -142,17 +127,12 @@ class Session:
         )
         self.conversation_id = new_id(IdPrefix.CONVERSATION)
         self.conversation = Conversation(settings.max_items)
-        self._buffer = InputAudioBuffer()
-        self._decoder = InputDecoder(self.config.input_format)
-        self._detector: TurnDetector | None = None
-        self._vad_origin = 0  # session sample index where the detector's clock starts
-        self._speech_item_id: str | None = None  # id announced by speech_started
-        self._speech_start = 0  # session sample index of the turn's audio start (with padding)
+        self._input = InputTurns(vad, make_vad, settings.max_input_audio_s)
+        self._input.configure(self.config.input_format, self.config.turn_detection)
         self._speculation: _Speculation | None = None
         self._response: ActiveResponse | None = None
         self._has_spoken = False  # the voice is fixed after the first audio response
         self._oob_used = False
-        self._rebuild_detector()
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def start(self) -> list[Action]:
@@ -202,71 +182,42 @@ class Session:
             return self._error(ErrorCode.CANNOT_UPDATE_VOICE, event.event_id, param=event.session.param("voice"))
         old, self.config = self.config, new
         actions = self._discard_speculation()
-        if new.input_format != old.input_format:
-            self._decoder = InputDecoder(new.input_format)
-        if new.turn_detection != old.turn_detection:
-            self._rebuild_detector()
+        if (new.input_format, new.turn_detection) != (old.input_format, old.turn_detection):
+            self._input.configure(new.input_format, new.turn_detection)
         actions.append(Send(SessionUpdated(session=new)))
         return actions
 
     def _on_append(self, event: ce.InputAudioBufferAppend, now: float) -> list[Action]:
         try:
-            data = b64decode_audio(event.audio)
-            duration_ms = self._decoder.duration_ms(len(data))
+            signals = self._input.append(event.audio)
         except AudioFormatError as exc:
             return self._error(ErrorCode.INVALID_AUDIO, event.event_id, param="audio", detail=str(exc))
-        buffered_ms = self._buffer.num_samples / _SAMPLES_PER_MS
-        if buffered_ms + duration_ms > self.settings.max_input_audio_s * 1000.0:
+        except BufferFull:
             return self._error(
                 ErrorCode.INPUT_AUDIO_BUFFER_TOO_LARGE, event.event_id, param="audio",
                 max_s=self.settings.max_input_audio_s,
             )
-        return self._append_samples(self._decoder.decode(data), now)
-
-    def _append_samples(self, samples: np.ndarray, now: float) -> list[Action]:
-        """Buffer 16 kHz input and run turn detection on it (every buffered sample is fed to the
-        detector, so its clock stays aligned with the buffer's)."""
-        self._buffer.append(samples)
-        if self._detector is None:
-            return []
         actions: list[Action] = []
-        for turn_event in self._detector.feed(samples):
-            actions += self._on_turn_event(turn_event, now)
-        if self._detector.state is TurnState.SILENCE:
-            keep = (self._detector.config.prefix_padding_ms + _SILENCE_KEEP_MS) * _SAMPLES_PER_MS
-            self._buffer.drop_before(self._buffer.end_sample - keep)
+        for signal in signals:
+            actions += self._on_turn_signal(signal, now)
         return actions
 
     def _on_commit(self, event: ce.InputAudioBufferCommit, now: float) -> list[Action]:
         # The resampler holds back its filter delay (up to 85 ms for 8 kHz G.711): the commit
-        # ends the stream, so that tail belongs to this turn. Detector events of the tail are
-        # moot: the commit resets turn detection.
-        self._append_samples(self._decoder.flush(), now)
-        buffered_ms = self._buffer.num_samples / _SAMPLES_PER_MS
+        # ends the stream, so that tail belongs to this turn.
+        self._input.flush()
+        buffered_ms = self._input.buffered_ms
         if buffered_ms < self.settings.min_commit_ms:
             return self._error(
                 ErrorCode.INPUT_AUDIO_BUFFER_COMMIT_EMPTY, event.event_id,
                 min_ms=self.settings.min_commit_ms, buffered_ms=buffered_ms,
             )
-        audio = self._buffer.take(0, self._buffer.end_sample)
-        item_id = self._speech_item_id or new_id(IdPrefix.ITEM)
-        actions = self._discard_speculation()
-        self._reset_turn()
-        actions += self._commit_audio(item_id, audio)
-        return actions
+        item_id, audio = self._input.commit()
+        return self._discard_speculation() + self._commit_audio(item_id, audio)
 
     def _on_clear(self, event: ce.InputAudioBufferClear, now: float) -> list[Action]:
-        actions = self._discard_speculation()
-        self._reset_turn()
-        self._decoder.reset()
-        return actions + [Send(InputAudioBufferCleared())]
-
-    def _reset_turn(self) -> None:
-        """Empty the input buffer and restart turn detection (the sample clock keeps running)."""
-        self._buffer.clear()
-        self._speech_item_id = None
-        if self._detector is not None:
-            self._detector.reset()
+        self._input.clear(reset_decoder=True)
+        return self._discard_speculation() + [Send(InputAudioBufferCleared())]
 
     def _on_item_create(self, event: ce.ConversationItemCreate, now: float) -> list[Action]:
         item = event.item
@@ -390,57 +341,28 @@ class Session:
         return []
 
     # ---- turns -------------------------------------------------------------------------------
-    def _rebuild_detector(self) -> None:
-        """Create the turn detector for the current `turn_detection` (None when manual)."""
-        td = self.config.turn_detection
-        self._speech_item_id = None
-        if td is None:
-            self._detector = None
-            return
-        base: TurnDetectorConfig = self.settings.vad.detector
-        if isinstance(td, ServerVad):
-            threshold, prefix_ms, silence_ms = td.threshold, td.prefix_padding_ms, td.silence_duration_ms
-        else:
-            threshold, prefix_ms = base.threshold, base.prefix_padding_ms
-            silence_ms = _EAGERNESS_SILENCE_MS[td.eagerness]
-        silence_ms = max(silence_ms, 1)
-        cfg = replace(
-            base,
-            threshold=threshold,
-            prefix_padding_ms=prefix_ms,
-            silence_duration_ms=silence_ms,
-            speculative_pause_ms=min(base.speculative_pause_ms, silence_ms - 1),
-        )
-        self._detector = TurnDetector(cfg, self._make_vad(self.settings.vad.backend))
-        self._vad_origin = self._buffer.end_sample
-
-    def _abs_sample(self, ms: int) -> int:
-        return self._vad_origin + ms * _SAMPLES_PER_MS
-
-    def _on_turn_event(self, event, now: float) -> list[Action]:
+    def _on_turn_signal(self, signal: TurnSignal, now: float) -> list[Action]:
         td = self.config.turn_detection
         assert isinstance(td, ServerVad | SemanticVad)
-        if isinstance(event, SpeechStarted):
-            self._speech_item_id = new_id(IdPrefix.ITEM)
-            self._speech_start = self._abs_sample(event.audio_start_ms)
+        if isinstance(signal, SpeechBegan):
             actions: list[Action] = [Send(InputAudioBufferSpeechStarted(
-                audio_start_ms=self._speech_start // _SAMPLES_PER_MS, item_id=self._speech_item_id
+                audio_start_ms=signal.audio_start_ms, item_id=signal.item_id
             ))]
             if self._response is not None and td.interrupt_response:
                 actions += self._cancel_response(StatusReason.TURN_DETECTED, now)
             return actions
-        if isinstance(event, SpeechPaused):
+        if isinstance(signal, SpeechPaused):
             if td.create_response and self._response is None and self._speculation is None:
                 return self._speculate(now)
             return []
-        if isinstance(event, SpeechResumed):
+        if isinstance(signal, SpeechResumed):
             return self._discard_speculation()
-        assert isinstance(event, SpeechStopped)
-        return self._on_speech_stopped(event, td, now)
+        assert isinstance(signal, SpeechEnded)
+        return self._on_speech_ended(signal, td, now)
 
     def _speculate(self, now: float) -> list[Action]:
         """Submit the turn as heard so far; its output is held until speech stop confirms it."""
-        audio = self._buffer.take(self._speech_start, self._buffer.end_sample)
+        audio = self._input.speech_so_far()
         turn_id = new_id(IdPrefix.RESPONSE)
         self._speculation = _Speculation(turn_id, audio)
         user = Message(Role.USER.value, (Content.of_audio(audio, MODEL_SAMPLE_RATE_HZ),))
@@ -453,19 +375,15 @@ class Session:
         turn_id, self._speculation = self._speculation.turn_id, None
         return [DiscardTurn(turn_id)]
 
-    def _on_speech_stopped(self, event: SpeechStopped, td: ServerVad | SemanticVad, now: float) -> list[Action]:
-        item_id = self._speech_item_id or new_id(IdPrefix.ITEM)
-        end = self._abs_sample(event.audio_end_ms)
+    def _on_speech_ended(self, signal: SpeechEnded, td: ServerVad | SemanticVad, now: float) -> list[Action]:
         actions: list[Action] = [
-            Send(InputAudioBufferSpeechStopped(audio_end_ms=end // _SAMPLES_PER_MS, item_id=item_id))
+            Send(InputAudioBufferSpeechStopped(audio_end_ms=signal.audio_end_ms, item_id=signal.item_id))
         ]
         speculation, self._speculation = self._speculation, None
         # The user item holds exactly the audio a speculative turn heard, so the engine's cached
         # prefix matches the history of the next turn.
-        audio = speculation.audio if speculation is not None else self._buffer.take(self._speech_start, end)
-        self._buffer.drop_before(end)
-        self._speech_item_id = None
-        actions += self._commit_audio(item_id, audio)
+        audio = speculation.audio if speculation is not None else signal.audio
+        actions += self._commit_audio(signal.item_id, audio)
         if not td.create_response or self._response is not None:
             if speculation is not None:
                 actions.append(DiscardTurn(speculation.turn_id))

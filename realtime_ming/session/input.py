@@ -1,0 +1,174 @@
+"""The session's input side: wire audio → uncommitted 16 kHz buffer → server_vad turn signals.
+
+`InputTurns` owns the decoder, the buffer and the turn detector, all on one sample clock
+(16 kHz samples appended since the session started), and reports what the session acts on:
+speech began (with the future user item id), paused, resumed, ended (with the turn's audio).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ..audio.pcm import b64decode_audio
+from ..audio.turns import (
+    SpeechPaused,
+    SpeechResumed,
+    SpeechStarted,
+    SpeechStopped,
+    TurnDetector,
+    TurnState,
+)
+from ..audio.vad import VadBackend
+from ..protocol.ids import IdPrefix, new_id
+from ..protocol.session import Eagerness, ServerVad, TurnDetection
+from ..protocol.values import AudioFormat
+from .audio_io import MODEL_SAMPLE_RATE_HZ, InputAudioBuffer, InputDecoder
+from .config import VadSettings
+
+__all__ = ["BufferFull", "InputTurns", "SpeechBegan", "SpeechEnded", "TurnSignal"]
+
+_SAMPLES_PER_MS = MODEL_SAMPLE_RATE_HZ // 1000
+# semantic_vad has no model here: it runs as server_vad with an eagerness-dependent silence window.
+_EAGERNESS_SILENCE_MS = {Eagerness.HIGH: 300, Eagerness.MEDIUM: 500, Eagerness.AUTO: 500, Eagerness.LOW: 800}
+# Input kept before a possible speech start while the detector hears silence (prefix padding + slack).
+_SILENCE_KEEP_MS = 500
+
+
+class BufferFull(Exception):
+    """An append would exceed the buffer limit; nothing was buffered."""
+
+
+@dataclass(frozen=True, slots=True)
+class SpeechBegan:
+    """Speech confirmed; `audio_start_ms` (session clock) includes prefix padding."""
+
+    item_id: str
+    audio_start_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class SpeechEnded:
+    """The silence window completed: the turn's audio [16 kHz float32] and where it ends."""
+
+    item_id: str
+    audio_end_ms: int
+    audio: np.ndarray
+
+
+TurnSignal = SpeechBegan | SpeechPaused | SpeechResumed | SpeechEnded
+
+
+class InputTurns:
+    """Input buffer plus turn detection for one session (not thread-safe)."""
+
+    def __init__(self, vad: VadSettings, make_vad: Callable[[str], VadBackend], max_buffer_s: float) -> None:
+        self._vad = vad
+        self._make_vad = make_vad
+        self._max_buffer_ms = max_buffer_s * 1000.0
+        self._buffer = InputAudioBuffer()
+        self._decoder: InputDecoder | None = None
+        self._detector: TurnDetector | None = None
+        self._origin = 0  # session sample index where the detector's clock starts
+        self._speech_item_id: str | None = None  # id announced with SpeechBegan
+        self._speech_start = 0  # session sample index of the turn's audio start (with padding)
+
+    @property
+    def buffered_ms(self) -> float:
+        """Uncommitted audio held."""
+        return self._buffer.num_samples / _SAMPLES_PER_MS
+
+    def configure(self, fmt: AudioFormat, turn_detection: TurnDetection) -> None:
+        """Set the input format and turn detection (a new detector starts on the current clock)."""
+        if self._decoder is None or self._decoder.format != fmt:
+            self._decoder = InputDecoder(fmt)
+        self._speech_item_id = None
+        if turn_detection is None:
+            self._detector = None
+            return
+        base = self._vad.detector
+        if isinstance(turn_detection, ServerVad):
+            threshold, prefix_ms = turn_detection.threshold, turn_detection.prefix_padding_ms
+            silence_ms = turn_detection.silence_duration_ms
+        else:
+            threshold, prefix_ms = base.threshold, base.prefix_padding_ms
+            silence_ms = _EAGERNESS_SILENCE_MS[turn_detection.eagerness]
+        silence_ms = max(silence_ms, 1)
+        cfg = replace(
+            base,
+            threshold=threshold,
+            prefix_padding_ms=prefix_ms,
+            silence_duration_ms=silence_ms,
+            speculative_pause_ms=min(base.speculative_pause_ms, silence_ms - 1),
+        )
+        self._detector = TurnDetector(cfg, self._make_vad(self._vad.backend))
+        self._origin = self._buffer.end_sample
+
+    def append(self, b64: str) -> list[TurnSignal]:
+        """Decode and buffer one base64 append; raises pcm.AudioFormatError or BufferFull."""
+        assert self._decoder is not None
+        data = b64decode_audio(b64)
+        if self.buffered_ms + self._decoder.duration_ms(len(data)) > self._max_buffer_ms:
+            raise BufferFull
+        return self._append(self._decoder.decode(data))
+
+    def _append(self, samples: np.ndarray) -> list[TurnSignal]:
+        # Every buffered sample is fed to the detector, so its clock stays aligned with the buffer's.
+        self._buffer.append(samples)
+        if self._detector is None:
+            return []
+        signals = [self._signal(event) for event in self._detector.feed(samples)]
+        if self._detector.state is TurnState.SILENCE:
+            keep = (self._detector.config.prefix_padding_ms + _SILENCE_KEEP_MS) * _SAMPLES_PER_MS
+            self._buffer.drop_before(self._buffer.end_sample - keep)
+        return signals
+
+    def _abs_sample(self, ms: int) -> int:
+        return self._origin + ms * _SAMPLES_PER_MS
+
+    def _signal(self, event) -> TurnSignal:
+        if isinstance(event, SpeechStarted):
+            self._speech_item_id = new_id(IdPrefix.ITEM)
+            self._speech_start = self._abs_sample(event.audio_start_ms)
+            return SpeechBegan(self._speech_item_id, self._speech_start // _SAMPLES_PER_MS)
+        if isinstance(event, SpeechStopped):
+            item_id = self._speech_item_id or new_id(IdPrefix.ITEM)
+            end = self._abs_sample(event.audio_end_ms)
+            audio = self._buffer.take(self._speech_start, end)
+            self._buffer.drop_before(end)
+            self._speech_item_id = None
+            return SpeechEnded(item_id, end // _SAMPLES_PER_MS, audio)
+        return event
+
+    def speech_so_far(self) -> np.ndarray:
+        """The current turn's audio from its (padded) start to now (for a speculative turn)."""
+        return self._buffer.take(self._speech_start, self._buffer.end_sample)
+
+    def flush(self) -> None:
+        """End of the input stream (a manual commit): buffer what the resampler still holds.
+
+        Detector events of this tail are moot: a commit resets turn detection.
+        """
+        assert self._decoder is not None
+        self._append(self._decoder.flush())
+
+    def commit(self) -> tuple[str, np.ndarray]:
+        """Take everything buffered as one user turn: (item id, 16 kHz audio); resets detection.
+
+        The item id is the one announced by speech_started, if speech is in progress.
+        """
+        item_id = self._speech_item_id or new_id(IdPrefix.ITEM)
+        audio = self._buffer.take(0, self._buffer.end_sample)
+        self.clear()
+        return item_id, audio
+
+    def clear(self, *, reset_decoder: bool = False) -> None:
+        """Drop buffered audio and restart turn detection (the sample clock keeps running)."""
+        self._buffer.clear()
+        self._speech_item_id = None
+        if self._detector is not None:
+            self._detector.reset()
+        if reset_decoder and self._decoder is not None:
+            self._decoder.reset()
