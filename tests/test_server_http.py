@@ -312,3 +312,36 @@ def test_serves_on_uvloop(engine, web_dir):
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         status, loop_module = runner.run(scenario())
     assert status == 200 and loop_module.startswith("uvloop")
+
+
+class _CrashOnTextEngine(StubEngine):
+    """Injected fault: `submit` raises for a turn whose last user text is "crash"."""
+
+    def submit(self, request, sink) -> None:
+        last = request.history[-1].content[0] if request.history else None
+        if last is not None and last.text == "crash":
+            raise RuntimeError("injected engine fault")
+        super().submit(request, sink)
+
+
+async def _text_turn(client: WsClient, text: str) -> None:
+    await client.send(type="conversation.item.create", item={
+        "type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]})
+    await client.send(type="response.create")
+
+
+async def test_internal_failure_closes_only_that_session(web_dir):
+    """A fault inside one session: server_error event and close 1011 there; another session completes its turn."""
+    engine = _CrashOnTextEngine()
+    async with RealtimeServer(_config(web_dir), engine) as srv:
+        healthy, doomed = await _open(srv), await _open(srv)
+        await _text_turn(doomed, "crash")
+        frames = await doomed.recv_until("error")
+        assert frames[-1]["error"]["code"] == "server_error"
+        with pytest.raises(ConnectionClosed) as info:
+            await asyncio.wait_for(doomed.ws.recv(), seconds(5))
+        assert info.value.rcvd.code == CloseCode.INTERNAL_ERROR
+        await _text_turn(healthy, "hello")
+        assert (await healthy.recv_until("response.done"))[-1]["response"]["status"] == "completed"
+        await healthy.ws.close()
+    engine.close()

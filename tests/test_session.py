@@ -651,3 +651,16 @@ def test_vad_without_create_response_only_commits():
     h.append(silence(1.0, MODEL_HZ))
     assert "input_audio_buffer.committed" in h.types()
     assert "response.created" not in h.types() and h.submitted() == []
+
+
+def test_openai_voice_names_are_accepted_as_aliases():
+    """OpenAI voice names (openai-agents sends "ash") are accepted, echoed, and spoken with the default voice."""
+    h = Harness()
+    h.send(type="session.update", session={"type": "realtime", "audio": {"output": {"voice": "ash"}}})
+    assert h.last("session.updated")["session"]["audio"]["output"]["voice"] == "ash"
+    h.manual_audio_turn()
+    h.send(type="response.create")
+    h.send(type="response.cancel")
+    h.send(type="response.create", response={"audio": {"output": {"voice": "other"}}})
+    first, second = h.submitted()
+    assert (first.voice, second.voice) == ("DB30", "other")

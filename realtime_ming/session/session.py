@@ -76,9 +76,13 @@ from .conversation import AssistantItem, Conversation, StoredItem
 from .input import BufferFull, InputTurns, SpeechBegan, SpeechEnded, TurnSignal
 from .response import ActiveResponse, ResponseSpec
 
-__all__ = ["Session"]
+__all__ = ["OPENAI_VOICE_ALIASES", "Session"]
 
 log = logging.getLogger(__name__)
+
+# OpenAI's built-in voice names (realtime_protocol.md §4.1). Clients send them by default
+# (openai-agents: "ash"), so they are accepted and spoken with the session's default voice.
+OPENAI_VOICE_ALIASES = ("alloy", "ash", "ballad", "coral", "echo", "sage", "shimmer", "verse", "marin", "cedar")
 
 
 @dataclass(slots=True)
@@ -106,6 +110,8 @@ class Session:
         self.settings = settings
         self.dialect = dialect
         self.voices = tuple(voices)
+        self._default_voice = default_voice
+        self._accepted_voices = self.voices + tuple(v for v in OPENAI_VOICE_ALIASES if v not in self.voices)
         vad = settings.vad
         turn_detection = (
             ServerVad(
@@ -177,7 +183,7 @@ class Session:
         return [Send(Error.from_protocol_error(ProtocolError(code, param=param, event_id=event_id, **values)))]
 
     def _on_session_update(self, event: ce.SessionUpdate, now: float) -> list[Action]:
-        new = apply_patch(self.config, event.session, voices=self.voices)
+        new = apply_patch(self.config, event.session, voices=self._accepted_voices)
         if new.voice != self.config.voice and self._has_spoken:
             return self._error(ErrorCode.CANNOT_UPDATE_VOICE, event.event_id, param=event.session.param("voice"))
         old, self.config = self.config, new
@@ -304,10 +310,10 @@ class Session:
             )
         params = event.response
         voice = params.voice or self.config.voice
-        if voice not in self.voices:
+        if voice not in self._accepted_voices:
             return self._error(
                 ErrorCode.UNKNOWN_VOICE, event.event_id, param="response.voice", voice=voice,
-                voices=", ".join(sorted(self.voices)),
+                voices=", ".join(sorted(self._accepted_voices)),
             )
         history = None if params.input is None else self._history_from(params.input)
         actions = self._discard_speculation()
@@ -434,10 +440,14 @@ class Session:
                 temperature=spec.temperature,
                 max_tokens=self.settings.max_output_tokens if max_tokens == "inf" else max_tokens,
             ),
-            voice=spec.voice if spec.is_audio else None,
+            voice=self._engine_voice(spec.voice) if spec.is_audio else None,
             with_audio=spec.is_audio,
             speed=self.config.speed,
         )
+
+    def _engine_voice(self, voice: str) -> str:
+        """The checkpoint voice that speaks `voice` (OpenAI aliases use the default voice)."""
+        return voice if voice in self.voices else self._default_voice
 
     def _start_response(
         self,
