@@ -157,7 +157,6 @@ def test_prefill_and_decode_batched_rows_equal_single_rows(talker, case):
     _batched_vs_single(talker, rows, positions, tensors["next_embed"][:2, 0])
 
 
-@pytest.mark.xfail(strict=True, reason="qwen2.KVCache scatters -1 padding K/V into slot 0 of the row")
 def test_prefill_right_padded_rows_equal_single_rows(talker, case):
     """Right-padded batched prefill (rows of different lengths) equals per-row runs."""
     tensors, _ = case

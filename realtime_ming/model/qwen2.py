@@ -26,10 +26,11 @@ __all__ = ["KVCache", "Qwen2Model", "Qwen2Rotary", "causal_window_mask"]
 class KVCache:
     """Static per-layer K/V ring buffers for `batch` rows and `capacity` slots.
 
-    k, v: [layers, batch, kv_heads, capacity, head_dim]; slot_pos: [batch, capacity] int64 —
-    the absolute position stored in each slot, -1 = empty. A token at position p goes to slot
-    p % capacity; capacity must exceed (window - 1) + the longest chunk fed at once when a
-    window is used, or the longest sequence otherwise.
+    k, v: [layers, batch, kv_heads, capacity + 1, head_dim]; slot_pos: [batch, capacity + 1]
+    int64 — the absolute position stored in each slot, -1 = empty. A token at position p goes to
+    slot p % capacity; capacity must exceed (window - 1) + the longest chunk fed at once when a
+    window is used, or the longest sequence otherwise. Padding tokens (position -1) write into
+    the extra last slot, whose position stays -1, so their K/V are never visible.
     """
 
     k: torch.Tensor
@@ -38,16 +39,26 @@ class KVCache:
 
     @classmethod
     def allocate(cls, cfg: Qwen2Config, batch: int, capacity: int, device, dtype) -> "KVCache":
-        shape = (cfg.num_hidden_layers, batch, cfg.num_key_value_heads, capacity, cfg.resolved_head_dim)
+        shape = (cfg.num_hidden_layers, batch, cfg.num_key_value_heads, capacity + 1, cfg.resolved_head_dim)
         return cls(
             torch.zeros(shape, device=device, dtype=dtype),
             torch.zeros(shape, device=device, dtype=dtype),
-            torch.full((batch, capacity), -1, device=device, dtype=torch.int64),
+            torch.full((batch, capacity + 1), -1, device=device, dtype=torch.int64),
         )
 
     @property
     def capacity(self) -> int:
-        return self.slot_pos.shape[1]
+        return self.slot_pos.shape[1] - 1
+
+    def rows(self, start: int, stop: int) -> "KVCache":
+        """A view of rows [start, stop) (writes go to this cache)."""
+        return KVCache(self.k[:, start:stop], self.v[:, start:stop], self.slot_pos[start:stop])
+
+    def copy_row(self, src: int, dst: int) -> None:
+        """Move row `src`'s contents into row `dst` (stream compaction)."""
+        self.k[:, dst].copy_(self.k[:, src])
+        self.v[:, dst].copy_(self.v[:, src])
+        self.slot_pos[dst].copy_(self.slot_pos[src])
 
     def reset(self, rows: torch.Tensor | None = None) -> None:
         """Forget rows (all when None); K/V bytes stay, the -1 marks make them invisible."""
@@ -58,10 +69,9 @@ class KVCache:
 
     def write_positions(self, positions: torch.Tensor) -> torch.Tensor:
         """Record `positions` [B, T] (-1 = padding, not written) and return their slots [B, T]."""
-        slots = positions.clamp(min=0) % self.capacity
         keep = positions >= 0
-        current = self.slot_pos.gather(1, slots)
-        self.slot_pos.scatter_(1, slots, torch.where(keep, positions, current))
+        slots = torch.where(keep, positions.clamp(min=0) % self.capacity, self.capacity)
+        self.slot_pos.scatter_(1, slots, torch.where(keep, positions, -1))
         return slots
 
 

@@ -1,0 +1,222 @@
+"""The engine's public contract, shared by the server's session layer and the SDK.
+
+A caller submits a `TurnRequest` and receives an ordered stream of `TurnEvent`s for it
+(text deltas, 44.1 kHz PCM chunks, stage timestamps, then exactly one terminal event:
+`TurnDone`, `TurnCancelled` or `TurnFailed`). Speculative turns run fully but hold their
+output until `confirm`; `discard` drops them without a trace. Values only — no asyncio,
+no torch tensors cross this boundary (audio is float32 numpy).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Protocol, Union
+
+import numpy as np
+
+__all__ = [
+    "ContentKind",
+    "Content",
+    "Message",
+    "SamplingParams",
+    "TurnRequest",
+    "TextDelta",
+    "AudioChunk",
+    "StageMark",
+    "TurnDone",
+    "TurnCancelled",
+    "TurnFailed",
+    "TurnEvent",
+    "Stage",
+    "FinishReason",
+    "EngineHandle",
+]
+
+OUTPUT_SAMPLE_RATE_HZ = 44100
+
+
+class ContentKind(enum.Enum):
+    TEXT = "text"
+    AUDIO = "audio"  # float32 mono PCM, `sample_rate_hz` given
+    IMAGE = "image"  # uint8 HWC RGB array
+    VIDEO = "video"  # uint8 [frames, H, W, 3] already sampled, with `fps`
+
+
+@dataclass(frozen=True, slots=True)
+class Content:
+    """One piece of a message: exactly one of text / audio / image / video is set."""
+
+    kind: ContentKind
+    text: str | None = None
+    audio: np.ndarray | None = None  # [samples] float32
+    sample_rate_hz: int | None = None
+    image: np.ndarray | None = None  # [H, W, 3] uint8
+    video: np.ndarray | None = None  # [F, H, W, 3] uint8
+    fps: float | None = None
+
+    def __post_init__(self):
+        if self.kind is ContentKind.TEXT and self.text is None:
+            raise ValueError("text content needs text")
+        if self.kind is ContentKind.AUDIO and (self.audio is None or not self.sample_rate_hz):
+            raise ValueError("audio content needs audio and sample_rate_hz")
+        if self.kind is ContentKind.IMAGE and self.image is None:
+            raise ValueError("image content needs image")
+        if self.kind is ContentKind.VIDEO and (self.video is None or not self.fps):
+            raise ValueError("video content needs video and fps")
+
+    @classmethod
+    def of_text(cls, text: str) -> "Content":
+        return cls(ContentKind.TEXT, text=text)
+
+    @classmethod
+    def of_audio(cls, audio: np.ndarray, sample_rate_hz: int) -> "Content":
+        return cls(ContentKind.AUDIO, audio=np.asarray(audio, dtype=np.float32), sample_rate_hz=sample_rate_hz)
+
+    @classmethod
+    def of_image(cls, image: np.ndarray) -> "Content":
+        return cls(ContentKind.IMAGE, image=np.asarray(image, dtype=np.uint8))
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A conversation message; role is "system", "user" or "assistant"."""
+
+    role: str
+    content: tuple[Content, ...]
+
+    def __post_init__(self):
+        if self.role not in ("system", "user", "assistant"):
+            raise ValueError(f"unknown role {self.role!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """Thinker sampling; temperature 0 = greedy. `seed` makes sampling reproducible per turn."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    max_tokens: int = 512
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False  # benchmarks: fixed output lengths
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ValueError("temperature must be >= 0")
+        if not 0 < self.top_p <= 1:
+            raise ValueError("top_p must be in (0, 1]")
+        if self.top_k < 0:
+            raise ValueError("top_k must be >= 0")
+        if self.max_tokens < 1:
+            raise ValueError("max_tokens must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class TurnRequest:
+    """One response to generate.
+
+    `conversation_id` names the thinker KV slot to reuse: when `history` extends what that
+    conversation already has cached, only the new tokens are prefilled. `history` is the full
+    conversation so far (earlier turns + the new user message) ending with the user turn.
+    """
+
+    turn_id: str
+    conversation_id: str
+    history: tuple[Message, ...]
+    system: str | None = None
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    voice: str | None = None  # None = the checkpoint's default voice
+    with_audio: bool = True
+    speculative: bool = False
+    speed: float = 1.0
+
+
+class Stage(enum.Enum):
+    """Per-turn timestamps (engine monotonic clock, seconds) in pipeline order."""
+
+    SUBMITTED = "submitted"
+    CONFIRMED = "confirmed"
+    ENCODERS_DONE = "encoders_done"
+    PREFILL_DONE = "prefill_done"
+    FIRST_TOKEN = "first_token"
+    FIRST_SEGMENT = "first_segment"
+    FIRST_TALKER_STEP = "first_talker_step"
+    FIRST_PCM = "first_pcm"
+    THINKER_DONE = "thinker_done"
+    DONE = "done"
+
+
+class FinishReason(enum.Enum):
+    STOP = "stop"  # end of turn token / stop string
+    LENGTH = "length"  # max_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    turn_id: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class AudioChunk:
+    """PCM at `sample_rate_hz` (44.1 kHz from the talker); `text` = the segment being spoken."""
+
+    turn_id: str
+    pcm: np.ndarray  # [samples] float32 in [-1, 1]
+    sample_rate_hz: int = OUTPUT_SAMPLE_RATE_HZ
+    segment_id: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class StageMark:
+    turn_id: str
+    stage: Stage
+    t: float  # engine clock (time.monotonic), seconds
+
+
+@dataclass(frozen=True, slots=True)
+class TurnDone:
+    turn_id: str
+    text: str
+    finish_reason: FinishReason
+    prompt_tokens: int
+    cached_tokens: int
+    output_tokens: int
+    audio_samples: int
+    stages: dict  # Stage -> t
+
+
+@dataclass(frozen=True, slots=True)
+class TurnCancelled:
+    turn_id: str
+    text: str  # what had been generated when the cancel applied
+
+
+@dataclass(frozen=True, slots=True)
+class TurnFailed:
+    turn_id: str
+    message: str
+
+
+TurnEvent = Union[TextDelta, AudioChunk, StageMark, TurnDone, TurnCancelled, TurnFailed]
+
+
+class EngineHandle(Protocol):
+    """What the session layer needs from an engine (thread-safe; callbacks on the caller's loop)."""
+
+    def submit(self, request: TurnRequest, sink) -> None:
+        """Start `request`; `sink(event: TurnEvent)` is called (on the caller's event loop) per event."""
+
+    def confirm(self, turn_id: str) -> None:
+        """Release a speculative turn's held output and keep it running."""
+
+    def discard(self, turn_id: str) -> None:
+        """Drop a speculative turn silently and free everything it holds (no terminal event)."""
+
+    def cancel(self, turn_id: str) -> None:
+        """Stop a turn at the next step boundary; emits TurnCancelled."""
+
+    def close_conversation(self, conversation_id: str) -> None:
+        """Free the conversation's cached KV slot."""

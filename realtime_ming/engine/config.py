@@ -1,0 +1,82 @@
+"""Engine configuration: model source, placement, capacities and stage policies (one frozen dataclass tree)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .segmenter import SegmenterConfig
+
+__all__ = ["EngineConfig", "PlacementConfig", "ThinkerRunnerConfig", "TalkerRunnerConfig"]
+
+_DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementConfig:
+    """Which device runs each stage. The thinker spans `thinker_devices` with tensor parallelism."""
+
+    thinker_devices: tuple[str, ...] = ("cpu",)
+    talker_device: str = "cpu"
+    encoder_device: str = "cpu"
+    vae_device: str = "cpu"
+
+    @property
+    def tp_size(self) -> int:
+        return len(self.thinker_devices)
+
+
+@dataclass(frozen=True, slots=True)
+class ThinkerRunnerConfig:
+    max_slots: int = 16  # concurrent conversations with a cached KV slot
+    max_seq_len: int = 4096  # tokens per slot (prompt + history + output)
+    max_batch: int = 16  # decode rows per step
+    prefill_chunk_tokens: int = 256  # chunked prefill: at most this many prompt tokens per step
+    decode_buckets: tuple[int, ...] = (1, 2, 4, 8, 16)
+
+    def __post_init__(self):
+        for name in ("max_slots", "max_seq_len", "max_batch", "prefill_chunk_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"engine.thinker.{name} must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class TalkerRunnerConfig:
+    max_streams: int = 16  # talker streams stepped together
+    max_prompt_len: int = 512  # talker LM prompt + generated steps per fragment
+    min_new_token: int = 10  # stop rule (ming_model.md §5.9; sglang-omni uses 3)
+    cfg_strength: float = 2.0
+    sigma: float = 0.25
+    temperature: float = 0.0
+    buckets: tuple[int, ...] = (1, 2, 4, 8, 16)
+    steps_per_word: int = 0  # >0: benchmarks fix the talker length (ignore the stop head)
+
+    def __post_init__(self):
+        if self.max_streams < 1:
+            raise ValueError("engine.talker.max_streams must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Everything the engine needs. `model_path=None` serves the embedded tiny random-weight model."""
+
+    model_path: str | None = None
+    tokenizer_path: str | None = None
+    weights: str = "checkpoint"  # "checkpoint" | "dummy" (seeded random weights, any preset)
+    preset: str | None = None  # with weights="dummy": "tiny" | "ming-flash-omni-2.0"
+    dtype: str = "float32"
+    seed: int = 0
+    default_voice: str | None = None
+    enforce_eager: bool = True  # CUDA graphs off (CPU always eager)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
+    thinker: ThinkerRunnerConfig = field(default_factory=ThinkerRunnerConfig)
+    talker: TalkerRunnerConfig = field(default_factory=TalkerRunnerConfig)
+    segmenter: SegmenterConfig = field(default_factory=SegmenterConfig)
+    max_queued_turns: int = 64  # submitted but not yet admitted; beyond -> TurnFailed("engine busy")
+
+    def __post_init__(self):
+        if self.weights not in ("checkpoint", "dummy"):
+            raise ValueError("engine.weights must be 'checkpoint' or 'dummy'")
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"engine.dtype must be one of {_DTYPES}")
+        if self.weights == "checkpoint" and self.preset is not None and self.model_path is not None:
+            raise ValueError("engine.preset applies only to weights='dummy' or the embedded default")

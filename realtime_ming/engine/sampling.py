@@ -1,0 +1,60 @@
+"""Batched, host-sync-free token sampling (greedy, temperature, top-k, top-p) with per-row seeds."""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["SamplingBatch", "sample"]
+
+
+class SamplingBatch:
+    """Per-row sampling parameters as device tensors, plus one seeded generator per sampled row.
+
+    Greedy rows (temperature 0) never touch a generator, so they are reproducible regardless
+    of their neighbours in the batch.
+    """
+
+    def __init__(self, temperatures, top_ps, top_ks, generators, device):
+        self.temperature = torch.tensor(temperatures, dtype=torch.float32, device=device)  # [B]
+        self.top_p = torch.tensor(top_ps, dtype=torch.float32, device=device)  # [B]
+        self.top_k = torch.tensor(top_ks, dtype=torch.int64, device=device)  # [B], 0 = off
+        self.generators = generators  # list[torch.Generator | None], None for greedy rows
+        self.all_greedy = all(t == 0 for t in temperatures)
+
+
+def _exponential_noise(batch: SamplingBatch, shape, device) -> torch.Tensor:
+    rows = []
+    for gen in batch.generators:
+        if gen is None:
+            rows.append(torch.ones(shape[1:], device=device))
+        else:
+            rows.append(torch.empty(shape[1:], device=device).exponential_(generator=gen))
+    return torch.stack(rows)
+
+
+def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """Next token per row from logits [B, V] (any float dtype) -> [B] int64 on the same device.
+
+    Sampling divides probabilities by exponential noise and takes the argmax (the gpt-fast
+    trick), which equals a multinomial draw without a host sync.
+    """
+    logits = logits.float()
+    greedy = logits.argmax(dim=-1)
+    if batch.all_greedy:
+        return greedy
+    temp = batch.temperature.clamp(min=1e-5)[:, None]
+    scaled = logits / temp
+    vocab = scaled.shape[-1]
+    k = torch.where(batch.top_k > 0, batch.top_k.clamp(max=vocab), torch.full_like(batch.top_k, vocab))
+    sorted_logits, sorted_idx = scaled.sort(dim=-1, descending=True)
+    ranks = torch.arange(vocab, device=logits.device)[None]
+    drop = ranks >= k[:, None]
+    probs = sorted_logits.softmax(dim=-1)
+    cum = probs.cumsum(dim=-1) - probs  # mass strictly before each token
+    drop |= cum > batch.top_p[:, None]
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    filtered = torch.full_like(scaled, float("-inf")).scatter(-1, sorted_idx, sorted_logits)
+    probs = filtered.softmax(dim=-1)
+    noise = _exponential_noise(batch, probs.shape, probs.device)
+    sampled = (probs / noise).argmax(dim=-1)
+    return torch.where(batch.temperature > 0, sampled, greedy)
