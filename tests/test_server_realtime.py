@@ -105,7 +105,10 @@ async def test_openai_sdk_completes_a_spoken_turn(server, speech):
              "input_audio_buffer.committed", "response.created", "response.output_audio.delta", "response.done"]
     positions = [types.index(t) for t in order]
     assert positions == sorted(positions)
-    assert frames[-1]["response"]["status"] == "completed"
+    # the tiny random model rarely emits its end token: a max_output_tokens stop is a normal end here
+    status = frames[-1]["response"]["status"]
+    assert status == "completed" or (status == "incomplete"
+                                     and frames[-1]["response"]["status_details"]["reason"] == "max_output_tokens")
     item_ids = {f["item_id"] for f in frames if f["type"].startswith("input_audio_buffer.")}
     assert len(item_ids) == 1
     _, _, body = await http_request(server.port, "/metrics")

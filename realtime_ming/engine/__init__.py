@@ -1,1 +1,5 @@
-"""Engine stage: thinker runner, segmenter, talker runner, streaming VAE, the GPU thread and its queues."""
+"""Engine stage: thinker runner, segmenter, talker runner, streaming VAE, the engine thread and its queues."""
+
+from .engine import Engine, EngineStats
+
+__all__ = ["Engine", "EngineStats"]

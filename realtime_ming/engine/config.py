@@ -27,7 +27,7 @@ class PlacementConfig:
 
 @dataclass(frozen=True, slots=True)
 class ThinkerRunnerConfig:
-    max_slots: int = 16  # concurrent conversations with a cached KV slot
+    max_slots: int = 32  # concurrent conversations with a cached KV slot
     max_seq_len: int = 4096  # tokens per slot (prompt + history + output)
     max_batch: int = 16  # decode rows per step
     prefill_chunk_tokens: int = 256  # chunked prefill: at most this many prompt tokens per step
@@ -49,6 +49,7 @@ class TalkerRunnerConfig:
     temperature: float = 0.0
     buckets: tuple[int, ...] = (1, 2, 4, 8, 16)
     steps_per_word: int = 0  # >0: benchmarks fix the talker length (ignore the stop head)
+    silence_holder: bool = True  # the reference's trailing-silence holder on each stream (§6.4)
 
     def __post_init__(self):
         if self.max_streams < 1:

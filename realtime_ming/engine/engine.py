@@ -1,0 +1,317 @@
+"""The engine: one thread that steps thinker → segmenter → talker → VAE for every active turn.
+
+Callers (the session layer, the SDK) submit `TurnRequest`s from any thread; commands enter
+through a thread-safe inbox and are applied at step boundaries, so a cancel never interrupts a
+kernel. Each turn's events go to its `sink`, called on the engine thread (the sink must be
+cheap and thread-safe, e.g. `loop.call_soon_threadsafe(queue.put_nowait, event)`).
+Speculative turns run normally but their events are held until `confirm`; `discard` drops them.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .api import (
+    AudioChunk,
+    FinishReason,
+    Stage,
+    StageMark,
+    TextDelta,
+    TurnCancelled,
+    TurnDone,
+    TurnEvent,
+    TurnFailed,
+    TurnRequest,
+)
+from .config import EngineConfig
+from .models import ModelBundle
+from .segmenter import Segmenter
+from .talker_runner import TalkerRunner
+from .thinker_runner import ThinkerRunner
+
+__all__ = ["Engine", "EngineStats"]
+
+log = logging.getLogger(__name__)
+
+Sink = Callable[[TurnEvent], None]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    """Occupancy snapshot (tests assert that cancels leak nothing)."""
+
+    turns: int
+    thinker_rows: int
+    talker_streams: int
+    cached_conversations: int
+    queued_commands: int
+
+
+@dataclass
+class _Turn:
+    request: TurnRequest
+    sink: Sink
+    held: list | None  # events of an unconfirmed speculative turn
+    segmenter: Segmenter | None
+    stages: dict = field(default_factory=dict)
+    text: str = ""
+    thinker_done: bool = False
+    finish: FinishReason | None = None
+    usage: tuple[int, int, int] = (0, 0, 0)  # prompt, cached, output tokens
+    audio_samples: int = 0
+    t0_ms: float = 0.0
+
+
+class Engine:
+    """Owns the models and the engine thread. Create with `Engine.create(cfg)`; thread-safe API."""
+
+    def __init__(self, cfg: EngineConfig, bundle: ModelBundle):
+        self.cfg = cfg
+        self.bundle = bundle
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._turns: dict[str, _Turn] = {}
+        self._parked: dict[str, _Turn] = {}  # speculative turns that ended before confirm/discard
+        self._thinker = ThinkerRunner(bundle, cfg)
+        self._talker = TalkerRunner(bundle, cfg) if bundle.has_talker else None
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="realtime-ming-engine", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def create(cls, cfg: EngineConfig, progress: Callable[[str, int, int], None] | None = None) -> "Engine":
+        """Load the models (blocking; run off the event loop) and start the engine thread."""
+        return cls(cfg, ModelBundle.load(cfg, progress=progress))
+
+    # ---- thread-safe API -------------------------------------------------------------------
+    def submit(self, request: TurnRequest, sink: Sink) -> None:
+        self._inbox.put(("submit", request, sink))
+
+    def confirm(self, turn_id: str) -> None:
+        self._inbox.put(("confirm", turn_id))
+
+    def discard(self, turn_id: str) -> None:
+        self._inbox.put(("discard", turn_id))
+
+    def cancel(self, turn_id: str) -> None:
+        self._inbox.put(("cancel", turn_id))
+
+    def close_conversation(self, conversation_id: str) -> None:
+        self._inbox.put(("close_conversation", conversation_id))
+
+    def info(self) -> dict:
+        return self.bundle.info()
+
+    def voices(self) -> list[str]:
+        return list(self.bundle.voices)
+
+    def stats(self) -> EngineStats:
+        """Snapshot after every command sent so far has been applied (blocks up to 10 s)."""
+        done = threading.Event()
+        box: list[EngineStats] = []
+        self._inbox.put(("stats", box, done))
+        done.wait(10.0)
+        return box[0] if box else EngineStats(-1, -1, -1, -1, -1)
+
+    def close(self) -> None:
+        """Stop the thread; active turns end with TurnFailed("engine stopped"). Idempotent."""
+        if self._thread.is_alive():
+            self._inbox.put(("stop",))
+            self._thread.join(timeout=30)
+
+    # ---- engine thread -----------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stopping:
+            busy = bool(self._turns) and (self._thinker.has_work() or (self._talker and self._talker.has_work()))
+            self._drain(block=not busy, timeout=self._idle_timeout())
+            if self._stopping:
+                break
+            try:
+                self._step()
+            except Exception as exc:  # a model failure fails the turns in flight, not the engine
+                log.exception("engine step failed")
+                for turn_id in list(self._turns):
+                    self._fail(turn_id, f"engine error: {exc}")
+        for turn_id in list(self._turns):
+            self._fail(turn_id, "engine stopped")
+        self._parked.clear()
+
+    def _idle_timeout(self) -> float | None:
+        deadlines = [t.segmenter.deadline_ms() for t in self._turns.values() if t.segmenter is not None]
+        deadlines = [d for d in deadlines if d is not None]
+        if not deadlines:
+            return None
+        return max(0.0, (min(deadlines) - self._now_ms()) / 1000.0)
+
+    @staticmethod
+    def _now_ms() -> float:
+        return time.monotonic() * 1000.0
+
+    def _drain(self, block: bool, timeout: float | None) -> None:
+        try:
+            cmd = self._inbox.get(block=block, timeout=timeout if block else None)
+        except queue.Empty:
+            return
+        while True:
+            self._apply(cmd)
+            try:
+                cmd = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _apply(self, cmd: tuple) -> None:
+        kind = cmd[0]
+        if kind == "submit":
+            self._admit(cmd[1], cmd[2])
+        elif kind == "confirm":
+            parked = self._parked.pop(cmd[1], None)
+            if parked is not None:
+                for event in parked.held:
+                    parked.sink(event)
+                return
+            turn = self._turns.get(cmd[1])
+            if turn is not None and turn.held is not None:
+                held, turn.held = turn.held, None
+                self._mark(turn, Stage.CONFIRMED)
+                for event in held:
+                    turn.sink(event)
+        elif kind == "discard":
+            self._parked.pop(cmd[1], None)
+            turn = self._turns.pop(cmd[1], None)
+            if turn is not None:
+                self._release(cmd[1])
+        elif kind == "cancel":
+            self._parked.pop(cmd[1], None)
+            turn = self._turns.pop(cmd[1], None)
+            if turn is not None:
+                self._release(cmd[1])
+                self._emit_terminal(turn, TurnCancelled(cmd[1], turn.text))
+        elif kind == "close_conversation":
+            self._thinker.close_conversation(cmd[1])
+        elif kind == "stats":
+            cmd[1].append(EngineStats(
+                len(self._turns) + len(self._parked), self._thinker.num_rows(), self._talker.num_streams() if self._talker else 0,
+                self._thinker.num_cached(), self._inbox.qsize()))
+            cmd[2].set()
+        elif kind == "stop":
+            self._stopping = True
+
+    def _admit(self, request: TurnRequest, sink: Sink) -> None:
+        if request.turn_id in self._turns or request.turn_id in self._parked:
+            sink(TurnFailed(request.turn_id, "duplicate turn id"))
+            return
+        if len(self._turns) >= self.cfg.max_queued_turns + self.cfg.thinker.max_batch:
+            sink(TurnFailed(request.turn_id, "engine busy: too many active turns"))
+            return
+        with_audio = request.with_audio and self._talker is not None
+        if request.voice is not None and with_audio and request.voice not in self.bundle.voices:
+            sink(TurnFailed(request.turn_id, f"unknown voice {request.voice!r}"))
+            return
+        turn = _Turn(request, sink, [] if request.speculative else None,
+                     Segmenter(self.cfg.segmenter) if with_audio else None)
+        turn.t0_ms = self._now_ms()
+        self._turns[request.turn_id] = turn
+        self._mark(turn, Stage.SUBMITTED)
+        try:
+            self._thinker.admit(request)
+        except (ValueError, RuntimeError) as exc:
+            self._fail(request.turn_id, str(exc))
+            return
+        self._mark(turn, Stage.ENCODERS_DONE)
+
+    def _step(self) -> None:
+        for out in self._thinker.step():
+            turn = self._turns.get(out.turn_id)
+            if turn is None:
+                continue
+            if out.prefill_done:
+                turn.usage = (out.prompt_tokens, out.cached_tokens, 0)
+                self._mark(turn, Stage.PREFILL_DONE)
+            if out.text:
+                if Stage.FIRST_TOKEN not in turn.stages:
+                    self._mark(turn, Stage.FIRST_TOKEN)
+                turn.text += out.text
+                self._emit(turn, TextDelta(turn.request.turn_id, out.text))
+                if turn.segmenter is not None:
+                    self._route_segments(turn, turn.segmenter.push(out.text, self._now_ms()))
+            if out.finish is not None:
+                turn.thinker_done = True
+                turn.finish = out.finish
+                turn.usage = (turn.usage[0], turn.usage[1], out.output_tokens)
+                self._mark(turn, Stage.THINKER_DONE)
+                if turn.segmenter is not None:
+                    self._route_segments(turn, turn.segmenter.finish(self._now_ms()))
+        now = self._now_ms()
+        for turn in list(self._turns.values()):
+            if turn.segmenter is not None and not turn.thinker_done:
+                self._route_segments(turn, turn.segmenter.tick(now))
+        if self._talker is not None:
+            for out in self._talker.step():
+                turn = self._turns.get(out.turn_id)
+                if turn is None:
+                    continue
+                if out.error is not None:
+                    self._fail(out.turn_id, out.error)
+                    continue
+                if out.first_step and Stage.FIRST_TALKER_STEP not in turn.stages:
+                    self._mark(turn, Stage.FIRST_TALKER_STEP)
+                if out.pcm is not None and out.pcm.size:
+                    if Stage.FIRST_PCM not in turn.stages:
+                        self._mark(turn, Stage.FIRST_PCM)
+                    turn.audio_samples += int(out.pcm.size)
+                    self._emit(turn, AudioChunk(turn.request.turn_id, out.pcm, segment_id=out.segment_id))
+        for turn_id, turn in list(self._turns.items()):
+            if turn.thinker_done and (self._talker is None or not self._talker.pending(turn_id)):
+                self._finish(turn_id, turn)
+
+    def _route_segments(self, turn: _Turn, segments) -> None:
+        for seg in segments:
+            if Stage.FIRST_SEGMENT not in turn.stages:
+                self._mark(turn, Stage.FIRST_SEGMENT)
+            self._talker.enqueue(turn.request.turn_id, seg.segment_id, seg.text,
+                                 turn.request.voice, turn.request.speed, turn.request.sampling.seed)
+
+    def _mark(self, turn: _Turn, stage: Stage) -> None:
+        t = time.monotonic()
+        turn.stages[stage] = t
+        self._emit(turn, StageMark(turn.request.turn_id, stage, t))
+
+    def _emit(self, turn: _Turn, event: TurnEvent) -> None:
+        if turn.held is not None:
+            turn.held.append(event)
+        else:
+            turn.sink(event)
+
+    def _emit_terminal(self, turn: _Turn, event: TurnEvent) -> None:
+        if turn.held is None:  # an unconfirmed speculative turn ends silently
+            turn.sink(event)
+
+    def _release(self, turn_id: str) -> None:
+        self._thinker.cancel(turn_id)
+        if self._talker is not None:
+            self._talker.forget(turn_id)
+
+    def _finish(self, turn_id: str, turn: _Turn) -> None:
+        self._mark(turn, Stage.DONE)
+        prompt, cached, output = turn.usage
+        self._end(turn_id, turn, TurnDone(turn_id, turn.text, turn.finish or FinishReason.STOP, prompt, cached,
+                                          output, turn.audio_samples, dict(turn.stages)))
+
+    def _fail(self, turn_id: str, message: str) -> None:
+        turn = self._turns.get(turn_id)
+        if turn is not None:
+            self._end(turn_id, turn, TurnFailed(turn_id, message))
+
+    def _end(self, turn_id: str, turn: _Turn, event: TurnEvent) -> None:
+        """Free the turn's rows and deliver its terminal event (parked while speculative)."""
+        self._turns.pop(turn_id, None)
+        self._release(turn_id)
+        if turn.held is not None:
+            turn.held.append(event)
+            self._parked[turn_id] = turn
+        else:
+            turn.sink(event)

@@ -1,0 +1,248 @@
+"""Loading every model the engine runs, and the media encoders' serving entry points.
+
+`ModelBundle.load(cfg)` resolves the checkpoint (a folder, or the embedded tiny default),
+loads or dummy-initialises the thinker + encoders, talker and AudioVAE on their devices,
+resolves both tokenizers and registers the voice presets (VAE latents of the prompt wav,
+CAMPPlus speaker vector when `talker/campplus.onnx` is present).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+
+from ..model.audio_encoder import AudioProjector, WhisperEncoder, audio_token_lengths
+from ..model.campplus import CampPlus
+from ..model.config import CheckpointConfig, load_checkpoint_config
+from ..model.image_processing import VisionInput, preprocess_image
+from ..model.layers import TPGroup
+from ..model.loader import init_dummy, load_weights, read_weight_map
+from ..model.presets import preset_config
+from ..model.talker import Talker, TalkerSpecialIds, VoicePrompt
+from ..model.thinker import Thinker
+from ..model.tiny_tokenizer import tiny_talker_special_ids, tiny_thinker_special_ids, tiny_thinker_tokenizer, tiny_tokenizer_path
+from ..model.tokenizer import ThinkerTokenizer, resolve_tokenizer
+from ..model.vae import AudioVAE
+from ..model.vision import VisionProjector, VisionTransformer
+from .config import EngineConfig
+
+__all__ = ["ModelBundle", "TINY_NOTICE"]
+
+log = logging.getLogger(__name__)
+
+TINY_NOTICE = ("serving the embedded TINY random-weight Ming model: its text and audio are random noise, "
+               "not meaningful speech (use --model-path for the real checkpoint)")
+
+Progress = Callable[[str, int, int], None]
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _build(cls, *args, weights=None, prefix="", device, dtype, seed, what, progress=None):
+    with torch.device("meta"):
+        module = cls(*args)
+    if weights is None:
+        init_dummy(module, seed=seed, device=device, dtype=dtype)
+    else:
+        cb = (lambda d, t: progress(what, d, t)) if progress else None
+        load_weights(module, weights, prefix=prefix, device=device, dtype=dtype, what=what, progress=cb)
+    return module.eval()
+
+
+@dataclass
+class ModelBundle:
+    """Everything loaded, on its device, in eval mode."""
+
+    name: str
+    cfg: CheckpointConfig
+    dtype: torch.dtype
+    thinker: Thinker
+    audio_encoder: WhisperEncoder
+    audio_projector: AudioProjector
+    vision: VisionTransformer
+    vision_projector: VisionProjector
+    talker: Talker
+    vae: AudioVAE
+    tokenizer: ThinkerTokenizer
+    talker_tokenizer: Tokenizer
+    talker_special: TalkerSpecialIds
+    voices: dict = field(default_factory=dict)  # name -> (VoicePrompt, prompt_text)
+    default_voice: str = ""
+    is_tiny_default: bool = False
+    devices: dict = field(default_factory=dict)
+
+    has_talker = True
+
+    # ---- loading ---------------------------------------------------------------------------
+    @classmethod
+    def load(cls, cfg: EngineConfig, progress: Progress | None = None) -> "ModelBundle":
+        dtype = _DTYPES[cfg.dtype]
+        place = cfg.placement
+        if place.tp_size != 1:
+            raise ValueError("tensor-parallel thinker placement needs the TP worker launcher (not in this build)")
+        devices = {"thinker": place.thinker_devices[0], "talker": place.talker_device,
+                   "encoder": place.encoder_device, "vae": place.vae_device}
+        tiny = cfg.model_path is None and cfg.preset in (None, "tiny")
+        if tiny:
+            thinker_tok = tiny_thinker_tokenizer()
+            talker_tok = Tokenizer.from_file(str(tiny_tokenizer_path("talker")))
+            ck = preset_config("tiny", thinker_ids=tiny_thinker_special_ids(), talker_ids=tiny_talker_special_ids(),
+                               vocab=thinker_tok.vocab_size)
+            name = "ming-tiny-random"
+            dummy = True
+        elif cfg.model_path is None:
+            # real shapes, random weights: byte-level tokenizers placed on the real special ids
+            ck = preset_config(cfg.preset)
+            thinker_tok, talker_tok = _byte_tokenizers(ck)
+            name = f"{cfg.preset}-dummy"
+            dummy = True
+        else:
+            ck = load_checkpoint_config(cfg.model_path)
+            thinker_tok = resolve_tokenizer(cfg.model_path, cfg.tokenizer_path)
+            talker_tok = _talker_tokenizer(Path(cfg.model_path), None)
+            name = Path(cfg.model_path).name
+            dummy = cfg.weights == "dummy"
+        root_w = talker_w = vae_w = None
+        if not dummy:
+            folder = Path(cfg.model_path)
+            root_w = read_weight_map(folder)
+            talker_w = read_weight_map(folder / "talker" / "model.safetensors")
+            vae_w = read_weight_map(folder / "talker" / "vae" / "model.safetensors")
+        common = dict(dtype=dtype, seed=cfg.seed, progress=progress)
+        ming = ck.ming
+        hidden = ming.llm_config.hidden_size
+        thinker = _build(Thinker, ming.llm_config, TPGroup(), weights=root_w, prefix="model.",
+                         device=devices["thinker"], what="thinker", **common)
+        audio_encoder = _build(WhisperEncoder, ming.audio_config, weights=root_w, prefix="audio.",
+                               device=devices["encoder"], what="audio encoder", **common)
+        audio_projector = _build(AudioProjector, ming.audio_config, hidden, weights=root_w,
+                                 prefix="linear_proj_audio.", device=devices["encoder"], what="audio projector", **common)
+        vision = _build(VisionTransformer, ming.vision_config, weights=root_w, prefix="vision.",
+                        device=devices["encoder"], what="vision", **common)
+        vision_projector = _build(VisionProjector, ming.vision_config, hidden, weights=root_w, prefix="linear_proj.",
+                                  device=devices["encoder"], what="vision projector", **common)
+        talker = _build(Talker, ck.talker, weights=talker_w, device=devices["talker"], what="talker", **common)
+        vae = _build(AudioVAE, ck.vae, weights=vae_w, device=devices["vae"], what="vae", **common)
+        special = TalkerSpecialIds(**{
+            f: _token_id(talker_tok, tok) for f, tok in (
+                ("im_start", "<|im_start|>"), ("im_end", "<|im_end|>"), ("vision_start", "<|vision_start|>"),
+                ("vision_pad", "<|vision_pad|>"), ("vision_end", "<|vision_end|>"), ("audio", "<audio>"),
+                ("audio_patch", "<audioPatch>"))})
+        bundle = cls(name, ck, dtype, thinker, audio_encoder, audio_projector, vision, vision_projector, talker, vae,
+                     thinker_tok, talker_tok, special, is_tiny_default=tiny, devices=devices)
+        bundle._register_voices(progress)
+        bundle.default_voice = cfg.default_voice or next(iter(bundle.voices))
+        if bundle.default_voice not in bundle.voices:
+            raise ValueError(f"default voice {bundle.default_voice!r} not among {sorted(bundle.voices)}")
+        if tiny:
+            log.warning(TINY_NOTICE)
+        return bundle
+
+    def _register_voices(self, progress: Progress | None) -> None:
+        from ..audio.fbank import speaker_fbank
+        from ..audio.resample import resample_torchaudio_compatible
+
+        campplus = None
+        onnx = Path(self.cfg.root) / "talker" / "campplus.onnx" if self.cfg.root else None
+        if onnx is not None and onnx.is_file():
+            campplus = CampPlus(onnx)
+        elif not self.is_tiny_default:
+            log.warning("talker/campplus.onnx not found: voices are used without a speaker embedding")
+        talker, dev = self.talker, self.devices["talker"]
+        for i, (name, preset) in enumerate(self.cfg.voices.items()):
+            if progress:
+                progress("voices", i, len(self.cfg.voices))
+            if preset.prompt_wav_path is None or not Path(preset.prompt_wav_path).is_file():
+                if preset.prompt_wav_path is not None:
+                    log.warning("voice %s: prompt wav %s missing; using it without a voice prompt", name,
+                                preset.prompt_wav_path)
+                empty = torch.zeros(1, 0, talker.latent_dim, device=dev, dtype=self.dtype)
+                self.voices[name] = (VoicePrompt(None, empty, torch.zeros(1, 0, talker.hidden_size, device=dev,
+                                                                         dtype=self.dtype)), "")
+                continue
+            import soundfile
+
+            wav, sr = soundfile.read(str(preset.prompt_wav_path), dtype="float32", always_2d=True)
+            wave = torch.from_numpy(np.ascontiguousarray(wav[:, 0]))
+            spk = None
+            if campplus is not None:
+                feats = speaker_fbank(resample_torchaudio_compatible(wave, sr, 16000))
+                spk = torch.as_tensor(campplus(feats)).to(dev, self.dtype)
+            wave44 = resample_torchaudio_compatible(wave, sr, self.cfg.vae.sample_rate) if sr != self.cfg.vae.sample_rate else wave
+            with torch.no_grad():
+                posterior, _ = self.vae.encode_prompt(wave44[None].to(self.devices["vae"]), self.cfg.talker.patch_size)
+                # the reference samples the posterior; the mean keeps the voice deterministic (ming_model.md §6.3)
+                voice = talker.register_voice(spk, posterior.mean.to(dev, self.dtype))
+            self.voices[name] = (voice, preset.prompt_text)
+
+    # ---- serving helpers -------------------------------------------------------------------
+    @torch.no_grad()
+    def encode_audio(self, wave_16k: np.ndarray) -> torch.Tensor:
+        """16 kHz float32 mono -> projected, L2-normalised audio embeddings [N, D] on the thinker device."""
+        from ..audio.mel import log_mel_spectrogram
+
+        mel = log_mel_spectrogram(np.asarray(wave_16k, dtype=np.float32))  # [T, 128]
+        dev = self.devices["encoder"]
+        enc = self.audio_encoder(mel[None].to(dev, self.dtype))
+        return self.audio_projector(enc)[0].to(self.devices["thinker"])
+
+    def audio_tokens(self, num_samples_16k: int) -> int:
+        return int(audio_token_lengths(num_samples_16k // 160, self.cfg.ming.audio_config))
+
+    def vision_input(self, image: np.ndarray) -> VisionInput:
+        return preprocess_image(image, self.cfg.preprocessor)
+
+    @torch.no_grad()
+    def encode_image(self, pixel_values: torch.Tensor, grid_thw) -> torch.Tensor:
+        """Pixel rows of one image (or one video frame) -> projected embeddings [N, D] on the thinker device."""
+        dev = self.devices["encoder"]
+        out = self.vision(pixel_values.to(dev, self.dtype), [tuple(int(v) for v in grid_thw)])
+        return self.vision_projector(out).to(self.devices["thinker"])
+
+    def info(self) -> dict:
+        return {
+            "model": self.name,
+            "device": self.devices["thinker"],
+            "devices": dict(self.devices),
+            "dtype": str(self.dtype).replace("torch.", ""),
+            "voices": list(self.voices),
+            "default_voice": self.default_voice,
+            "is_tiny_default": self.is_tiny_default,
+            "notice": TINY_NOTICE if self.is_tiny_default else None,
+        }
+
+
+def _token_id(tok: Tokenizer, token: str) -> int:
+    i = tok.token_to_id(token)
+    if i is None:
+        raise ValueError(f"talker tokenizer lacks the special token {token}")
+    return i
+
+
+def _byte_tokenizers(ck: CheckpointConfig) -> tuple[ThinkerTokenizer, Tokenizer]:
+    """Byte-level tokenizers whose special tokens sit on `ck`'s real ids (dummy-weight benchmarks)."""
+    from ..model.tiny_tokenizer import build_tiny_tokenizer
+
+    shift = ck.thinker.eos_token_id - tiny_thinker_special_ids()["<|role_end|>"]
+    thinker_ids = {t: i + shift for t, i in tiny_thinker_special_ids().items()}
+    thinker = ThinkerTokenizer(build_tiny_tokenizer(thinker_ids, ck.thinker.vocab_size))
+    talker_ids = {t: i + 151500 for t, i in tiny_talker_special_ids().items()}
+    talker_ids["<audio>"], talker_ids["<audioPatch>"] = 151665, 151666
+    return thinker, build_tiny_tokenizer(talker_ids, ck.talker.llm.vocab_size)
+
+
+def _talker_tokenizer(root: Path | None, tokenizer_path: str | None) -> Tokenizer:
+    candidates = []
+    if root is not None:
+        candidates.append(root / "talker" / "llm" / "tokenizer.json")
+    for path in candidates:
+        if path.is_file():
+            return Tokenizer.from_file(str(path))
+    raise FileNotFoundError(
+        "talker tokenizer not found: expected talker/llm/tokenizer.json in the checkpoint "
+        f"(looked at {', '.join(map(str, candidates)) or 'no checkpoint folder'})")

@@ -1,0 +1,263 @@
+"""Talker runner: every active talker stream advances together, one AR step per engine step.
+
+A text segment from the segmenter is cut by the reference text front-end into fragments; each
+fragment is one talker stream (fresh LM cache and latent history, the voice prompt re-used,
+ming_model.md §5.9/§5.11), and a turn's fragments run one after another so its audio stays in
+order, while streams of different turns share every batched step: talker-LM decode, CFM + CFG +
+aggregator + stop head (`Talker.tail_step`), then the streaming AudioVAE chunk and the silence
+holder. Active streams occupy rows 0..n-1 of the static state; a finished stream's row is
+refilled from the last row (compaction), so each step runs exactly n rows.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..model.cfm import CFMParams, sway_time_grid
+from ..model.qwen2 import KVCache
+from ..model.talker import build_talker_prompt, duration_step_cap, history_update, initial_history, should_stop
+from ..model.talker_text import talker_job_texts
+from ..model.vae_stream import SilenceHolder, VAEStreamState, decode_chunk
+from .config import EngineConfig
+from .models import ModelBundle
+
+__all__ = ["TalkerRunner", "TalkerOutput", "stream_seed"]
+
+_SECONDS_PER_STEP = 0.32  # 4 latents × 4 frames × 882 samples at 44.1 kHz
+
+
+@dataclass(frozen=True, slots=True)
+class TalkerOutput:
+    turn_id: str
+    segment_id: int
+    pcm: np.ndarray | None  # float32 44.1 kHz, may be empty
+    first_step: bool = False
+    error: str | None = None  # this turn's talker work failed (other turns unaffected)
+
+
+@dataclass
+class _Job:
+    turn_id: str
+    segment_id: int
+    text: str
+    voice: str
+    seed: int
+
+
+def stream_seed(turn_seed: int, job_index: int) -> int:
+    """Noise seed of a turn's `job_index`-th talker job: its audio does not depend on other streams."""
+    return (turn_seed * 1_000_003 + job_index) % (2**63)
+
+
+@dataclass
+class _Stream:
+    job: _Job
+    pos: int  # next talker-LM position
+    max_steps: int
+    step: int = 0
+    fresh: bool = True  # prefilled this step: its h is ready, no LM decode needed
+    silence: SilenceHolder | None = None
+    generator: torch.Generator | None = None
+
+
+class TalkerRunner:
+    """Runs on the engine thread only."""
+
+    def __init__(self, bundle: ModelBundle, cfg: EngineConfig):
+        self.bundle = bundle
+        self.cfg = cfg.talker
+        self.talker = bundle.talker
+        self.vae = bundle.vae
+        tcfg = bundle.cfg.talker
+        self.device = torch.device(bundle.devices["talker"])
+        self.vae_device = torch.device(bundle.devices["vae"])
+        self.dtype = bundle.dtype
+        rows, hid, lat = self.cfg.max_streams, self.talker.hidden_size, self.talker.latent_dim
+        self.patch = tcfg.patch_size
+        self.steps = tcfg.steps
+        self.cache = KVCache.allocate(tcfg.llm, rows, self.cfg.max_prompt_len, self.device, self.dtype)
+        self.his = torch.zeros(rows, tcfg.history_patch_size, lat, device=self.device, dtype=self.dtype)  # [B, 32, C]
+        self.h = torch.zeros(rows, 1, hid, device=self.device, dtype=self.dtype)  # LM hidden for the next tail step
+        self.next_embed = torch.zeros(rows, 1, hid, device=self.device, dtype=self.dtype)  # aggregator output
+        self.vae_state = VAEStreamState.allocate(self.vae, rows, chunk_latents=self.patch)
+        self.t_grid = sway_time_grid(self.steps, self.dtype, self.device)
+        self.sde_args = CFMParams(self.cfg.cfg_strength, self.cfg.sigma, self.cfg.temperature).tensor(self.device, self.dtype)
+        self.seed = cfg.seed
+        self.streams: list[_Stream] = []
+        self.queues: dict[str, deque[_Job]] = {}
+        self._job_count: dict[str, int] = {}  # jobs queued so far per turn (noise seeds)
+        tok = bundle.talker_tokenizer
+        self._encode = lambda text: tok.encode(text, add_special_tokens=False).ids
+
+    # ---- bookkeeping --------------------------------------------------------------------------
+    def enqueue(self, turn_id: str, segment_id: int, text: str, voice: str | None, speed: float = 1.0,
+                seed: int | None = None) -> None:
+        """Queue a segment: the reference front-end cuts it into talker jobs (may be none).
+
+        `seed` (default: the engine seed) and the job's index within the turn fix its noise.
+        """
+        voice = voice or self.bundle.default_voice
+        jobs = self.queues.setdefault(turn_id, deque())
+        counter = self._job_count.get(turn_id, 0)
+        for piece in talker_job_texts(text):
+            jobs.append(_Job(turn_id, segment_id, piece, voice, stream_seed(self.seed if seed is None else seed, counter)))
+            counter += 1
+        self._job_count[turn_id] = counter
+
+    def has_work(self) -> bool:
+        return bool(self.streams) or any(self.queues.values())
+
+    def pending(self, turn_id: str) -> bool:
+        return bool(self.queues.get(turn_id)) or any(s.job.turn_id == turn_id for s in self.streams)
+
+    def num_streams(self) -> int:
+        return len(self.streams)
+
+    def forget(self, turn_id: str) -> None:
+        """Drop a finished or cancelled turn's bookkeeping."""
+        self.cancel(turn_id)
+        self._job_count.pop(turn_id, None)
+
+    def cancel(self, turn_id: str) -> None:
+        self.queues.pop(turn_id, None)
+        gone = [i for i, s in enumerate(self.streams) if s.job.turn_id == turn_id]
+        if gone:
+            self._remove(gone, reset=True)
+
+    # ---- stepping ----------------------------------------------------------------------------
+    def step(self) -> list[TalkerOutput]:
+        outputs = self._admit()
+        if not self.streams:
+            return outputs
+        with torch.no_grad():
+            outputs += self._advance()
+        return outputs
+
+    def _admit(self) -> list[TalkerOutput]:
+        """Start the next job of every turn that has none running, while rows are free (FIFO by turn)."""
+        started = []
+        running = {s.job.turn_id for s in self.streams}
+        for turn_id, jobs in list(self.queues.items()):
+            if not jobs:
+                del self.queues[turn_id]
+                continue
+            if turn_id in running or len(self.streams) >= self.cfg.max_streams:
+                continue
+            job = jobs.popleft()
+            try:
+                with torch.no_grad():
+                    self._start(job, jobs)
+            except (ValueError, RuntimeError) as exc:
+                self.queues.pop(turn_id, None)
+                started.append(TalkerOutput(turn_id, job.segment_id, None, error=f"talker: {exc}"))
+                continue
+            started.append(TalkerOutput(turn_id, job.segment_id, None, first_step=True))
+        return started
+
+    def _start(self, job: _Job, queue: deque) -> None:
+        voice, prompt_text = self.bundle.voices[job.voice]
+        patches = voice.num_patches
+        while True:
+            prompt = build_talker_prompt(self._encode, self.bundle.talker_special, job.text,
+                                         num_speakers=0 if voice.spk_embed is None else 1,
+                                         prompt_text=prompt_text if patches else None, prompt_patches=patches)
+            # text the reference front-end could not cut (no spaces, no punctuation) may not fit the
+            # talker cache: speak it in halves rather than fail
+            if len(prompt.input_ids) <= self.cfg.max_prompt_len // 2 or len(job.text) < 2:
+                break
+            half = len(job.text) // 2
+            queue.appendleft(_Job(job.turn_id, job.segment_id, job.text[half:], job.voice, job.seed + 1))
+            job = _Job(job.turn_id, job.segment_id, job.text[:half], job.voice, job.seed)
+        spk = [] if voice.spk_embed is None else [voice.spk_embed]
+        embeds = self.talker.prompt_embeds(prompt, spk, voice.prompt_emb if patches else None)
+        t = embeds.shape[1]
+        if t >= self.cfg.max_prompt_len - 2:
+            raise ValueError(f"talker prompt of {t} tokens exceeds engine.talker.max_prompt_len")
+        r = len(self.streams)
+        rows = self.cache.rows(r, r + 1)
+        rows.reset()
+        positions = torch.arange(t, device=self.device)[None]
+        self.h[r] = self.talker.prefill(embeds, positions, rows)[0]
+        self.his[r] = initial_history(voice.prompt_lat, self.his.shape[1], self.his.shape[2],
+                                      device=self.device, dtype=self.dtype)[0]
+        self.vae_state.reset(torch.tensor([r], device=self.vae_device))
+        if self.cfg.steps_per_word > 0:  # benchmarks: fixed length, stop head ignored
+            max_steps = max(1, len(job.text.split()) * self.cfg.steps_per_word)
+        else:
+            max_steps = duration_step_cap(len(job.text), _SECONDS_PER_STEP)
+        max_steps = min(max_steps, self.cfg.max_prompt_len - t - 1)
+        silence = SilenceHolder(self.vae.cfg.sample_rate) if self.cfg.silence_holder else None
+        generator = torch.Generator(device=self.device).manual_seed(job.seed)
+        self.streams.append(_Stream(job, t, max_steps, silence=silence, generator=generator))
+
+    def _advance(self) -> list[TalkerOutput]:
+        n = len(self.streams)
+        fresh = torch.tensor([s.fresh for s in self.streams], device=self.device)
+        if not bool(fresh.all()):
+            pos = torch.tensor([[-1 if s.fresh else s.pos] for s in self.streams], device=self.device)  # [n, 1]
+            h_new = self.talker.decode_lm(self.next_embed[:n], pos, self.cache.rows(0, n))
+            self.h[:n] = torch.where(fresh[:, None, None], self.h[:n], h_new)
+        lat = self.talker.latent_dim
+        # per-stream noise, drawn in the reference order (y0, then the SDE noise): batching changes nothing
+        y0, sde_rnd = [], []
+        for s in self.streams:
+            y0.append(torch.randn(1, self.patch, lat, generator=s.generator, device=self.device, dtype=self.dtype))
+            sde_rnd.append(torch.randn(self.steps, 1, self.patch, lat, generator=s.generator, device=self.device,
+                                       dtype=self.dtype))
+        y0, sde_rnd = torch.cat(y0), torch.cat(sde_rnd, dim=1)
+        gen_lat, next_embed, stop_prob = self.talker.tail_step(self.h[:n], self.his[:n], y0, sde_rnd, self.t_grid,
+                                                               self.sde_args)
+        self.his[:n] = history_update(self.his[:n], gen_lat)
+        self.next_embed[:n] = next_embed
+        p_stop = stop_prob[:, 1].float().tolist()  # host sync: the stop decision needs it
+        last = []
+        for i, s in enumerate(self.streams):
+            if not s.fresh:
+                s.pos += 1
+            s.fresh = False
+            ends = s.step + 1 >= s.max_steps
+            if self.cfg.steps_per_word <= 0:
+                ends = ends or should_stop(s.step, p_stop[i], self.cfg.min_new_token)
+            last.append(ends)
+            s.step += 1
+        rows = self.vae_state.batch
+        latents = torch.zeros(rows, self.patch, lat, device=self.vae_device, dtype=gen_lat.dtype)
+        latents[:n] = gen_lat.to(self.vae_device)
+        active = torch.arange(rows, device=self.vae_device) < n
+        is_last = torch.zeros(rows, dtype=torch.bool, device=self.vae_device)
+        is_last[:n] = torch.tensor(last, device=self.vae_device)
+        chunk = decode_chunk(self.vae, latents, self.vae_state, is_last if any(last) else False, active)
+        pcm_rows = chunk.rows()
+        outputs = []
+        for i, s in enumerate(self.streams):
+            pcm = s.silence.push(pcm_rows[i], last[i]) if s.silence is not None else pcm_rows[i]
+            outputs.append(TalkerOutput(s.job.turn_id, s.job.segment_id, pcm.numpy().astype(np.float32, copy=False)))
+        done = [i for i, end in enumerate(last) if end]
+        if done:
+            self._remove(done, reset=False)
+        return outputs
+
+    def _remove(self, indices: list[int], reset: bool) -> None:
+        """Drop streams at `indices`, refilling each hole from the last row (descending order keeps it valid)."""
+        for i in sorted(indices, reverse=True):
+            last = len(self.streams) - 1
+            if reset:
+                self.vae_state.reset(torch.tensor([i], device=self.vae_device))
+            if i != last:
+                self._move_row(last, i)
+                self.streams[i] = self.streams[last]
+            self.streams.pop()
+            self.vae_state.reset(torch.tensor([last], device=self.vae_device))
+
+    def _move_row(self, src: int, dst: int) -> None:
+        self.cache.copy_row(src, dst)
+        for t in (self.his, self.h, self.next_embed):
+            t[dst] = t[src]
+        st = self.vae_state
+        st.cache.copy_row(src, dst)
+        for t in (st.held, st.left_ctx, st.has_held, st.frame_pos, st.audio_buf, st.env_buf):
+            t[dst] = t[src]

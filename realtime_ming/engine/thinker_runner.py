@@ -1,0 +1,336 @@
+"""Thinker runner: KV slots per conversation, prefix reuse, chunked prefill, batched decode, sampling.
+
+Each conversation owns a KV slot holding the token ids already computed; a new turn renders the
+whole chat prompt, reuses the longest common prefix with the slot (backed off to a text token, so
+no media block is split), encodes only the media in the new tail and prefills the tail in chunks
+of `prefill_chunk_tokens`, one chunk per step, interleaved with one decode step for every row
+that is generating. One device-to-host copy per step brings the sampled ids back.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..model.multimodal import AudioInput, ImageInput, MediaKind, VideoInput, prepare_prefill, rope_index_3d
+from ..model.thinker import ThinkerKVCache
+from ..model.tokenizer import ChatMessage
+from .api import ContentKind, FinishReason, TurnRequest
+from .config import EngineConfig
+from .models import ModelBundle
+from .sampling import SamplingBatch, sample
+
+__all__ = ["ThinkerRunner", "ThinkerOutput"]
+
+_KV_BLOCK = 64  # attention reads the first kv_len cache positions, rounded up to this
+
+
+@dataclass(frozen=True, slots=True)
+class ThinkerOutput:
+    turn_id: str
+    text: str = ""
+    finish: FinishReason | None = None
+    prefill_done: bool = False
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+
+
+@dataclass
+class _Slot:
+    index: int
+    conversation_id: str | None = None
+    ids: list = field(default_factory=list)  # token ids whose K/V sit at cache positions 0..len-1
+    busy: str | None = None  # turn id using the slot
+    last_used: int = 0
+
+
+@dataclass
+class _Row:
+    request: TurnRequest
+    slot: _Slot
+    prefill: object  # multimodal.PrefillInputs of the tail still to run
+    tail_ids: list
+    offset: int
+    rope_delta: int
+    prompt_tokens: int
+    cached_tokens: int
+    decoder: object
+    generator: torch.Generator | None
+    generated: list = field(default_factory=list)
+    next_token: int | None = None
+    text: str = ""
+    emitted: int = 0  # characters of `text` already handed out (stop-string hold-back)
+
+
+def _to_16k(audio: np.ndarray, rate: int) -> np.ndarray:
+    if rate == 16000:
+        return np.asarray(audio, dtype=np.float32)
+    from ..audio.resample import resample_torchaudio_compatible
+
+    return resample_torchaudio_compatible(torch.from_numpy(np.asarray(audio, dtype=np.float32)), rate, 16000).numpy()
+
+
+class ThinkerRunner:
+    """Runs on the engine thread only."""
+
+    def __init__(self, bundle: ModelBundle, cfg: EngineConfig):
+        self.bundle = bundle
+        self.cfg = cfg.thinker
+        self.model = bundle.thinker
+        self.tok = bundle.tokenizer
+        self.device = torch.device(bundle.devices["thinker"])
+        self.cache = ThinkerKVCache.allocate(bundle.cfg.thinker, self.cfg.max_slots, self.cfg.max_seq_len,
+                                             device=self.device, dtype=bundle.dtype)
+        self.slots = [_Slot(i) for i in range(self.cfg.max_slots)]
+        self.rows: dict[str, _Row] = {}
+        self._prefill_queue: deque[str] = deque()
+        self._clock = 0
+
+    # ---- bookkeeping --------------------------------------------------------------------------
+    def has_work(self) -> bool:
+        return bool(self.rows)
+
+    def num_rows(self) -> int:
+        return len(self.rows)
+
+    def num_cached(self) -> int:
+        return sum(1 for s in self.slots if s.conversation_id is not None)
+
+    def close_conversation(self, conversation_id: str) -> None:
+        for slot in self.slots:
+            if slot.conversation_id == conversation_id and slot.busy is None:
+                slot.conversation_id, slot.ids = None, []
+
+    def cancel(self, turn_id: str) -> None:
+        row = self.rows.pop(turn_id, None)
+        if row is not None:
+            row.slot.busy = None
+            if turn_id in self._prefill_queue:
+                self._prefill_queue.remove(turn_id)
+
+    def _acquire_slot(self, conversation_id: str) -> _Slot:
+        self._clock += 1
+        own = [s for s in self.slots if s.conversation_id == conversation_id and s.busy is None]
+        if own:
+            slot = own[0]
+        else:
+            idle = [s for s in self.slots if s.busy is None]
+            if not idle:
+                raise RuntimeError("engine busy: every thinker KV slot is in use")
+            slot = min(idle, key=lambda s: (s.conversation_id is not None, s.last_used))  # free first, then LRU
+            slot.ids = []
+        slot.conversation_id = conversation_id
+        slot.last_used = self._clock
+        return slot
+
+    # ---- admission: prompt, prefix reuse, media encoding ----------------------------------------
+    def _chat(self, request: TurnRequest):
+        system_parts, messages, payloads = [], [], []
+        if request.system is not None:
+            system_parts.append(request.system)
+        for msg in request.history:
+            items = []
+            for c in msg.content:
+                if c.kind is ContentKind.TEXT:
+                    items.append(c.text)
+                elif c.kind is ContentKind.AUDIO:
+                    wave = _to_16k(c.audio, c.sample_rate_hz)
+                    items.append(AudioInput(self.bundle.audio_tokens(len(wave))))
+                    payloads.append((MediaKind.AUDIO, wave))
+                elif c.kind is ContentKind.IMAGE:
+                    vi = self.bundle.vision_input(c.image)
+                    items.append(ImageInput(tuple(int(v) for v in vi.grid_thw)))
+                    payloads.append((MediaKind.IMAGE, vi))
+                elif c.kind is ContentKind.VIDEO:
+                    from ..model.image_processing import preprocess_video
+
+                    vi, kept = preprocess_video(c.video, c.fps, self.bundle.cfg.preprocessor)
+                    t, h, w = (int(v) for v in vi.grid_thw)
+                    stamps = tuple(kept[2 * k] / c.fps for k in range(t))
+                    items.append(VideoInput((h, w), stamps))
+                    payloads.append((MediaKind.VIDEO_FRAME, vi))
+            if msg.role == "system":
+                system_parts.extend(i for i in items if isinstance(i, str))
+            elif items:
+                messages.append(ChatMessage(msg.role, tuple(items)))
+        system = "\n".join(system_parts) if system_parts else None
+        return self.tok.build_prompt(messages, system=system), payloads
+
+    def admit(self, request: TurnRequest) -> None:
+        """Tokenise, reuse the slot's cached prefix, encode new media; queue the tail's prefill."""
+        prompt, payloads = self._chat(request)
+        ids = list(prompt.input_ids)
+        if len(ids) + request.sampling.max_tokens > self.cfg.max_seq_len:
+            if len(ids) + 1 >= self.cfg.max_seq_len:
+                raise ValueError(f"prompt of {len(ids)} tokens exceeds engine.thinker.max_seq_len")
+        slot = self._acquire_slot(request.conversation_id)
+        p = 0
+        for a, b in zip(slot.ids, ids):
+            if a != b:
+                break
+            p += 1
+        p = min(p, len(ids) - 1)  # at least one token to prefill: its logits start the reply
+        for span in prompt.spans:  # never split a media block: restart at its start token
+            if span.start - 1 <= p < span.start + span.length:
+                p = min(p, span.start - 1)
+        media = self.tok.media
+        pos, _ = rope_index_3d(ids, media, prompt.image_grid_thw, prompt.video_grid_thw, start=0)
+        tail = prompt.tail(p)
+        embeds = self._encode_tail(prompt.spans, payloads, p)
+        prep = prepare_prefill(self.model.embed, tail, media, cache_start=p, rope_delta=int(pos[0, p]) - p,
+                               device=self.device, **embeds)
+        slot.ids = ids[:p]
+        slot.busy = request.turn_id
+        gen = None
+        if request.sampling.temperature > 0:
+            seed = request.sampling.seed if request.sampling.seed is not None else random.getrandbits(63)
+            gen = torch.Generator(device=self.device).manual_seed(seed)
+        self.rows[request.turn_id] = _Row(request, slot, prep, list(tail.input_ids), 0, prep.rope_delta,
+                                          len(ids), p, self.tok.incremental_decoder(), gen)
+        self._prefill_queue.append(request.turn_id)
+
+    def _encode_tail(self, spans, payloads, start: int) -> dict:
+        """Encoder outputs for the media whose placeholders lie in the tail (from token `start`)."""
+        images, frames, audio = [], [], []
+        for span, (kind, payload) in zip(spans, _expand(payloads, spans)):
+            if span.start < start:
+                continue
+            if kind is MediaKind.AUDIO:
+                audio.append(self.bundle.encode_audio(payload))
+            elif kind is MediaKind.IMAGE:
+                images.append(self.bundle.encode_image(payload.pixel_values, payload.grid_thw))
+            else:
+                frames.append(self.bundle.encode_image(*payload))
+        out = {"audio_clips": audio}
+        if images:
+            out["image_embeds"] = torch.cat(images)
+        if frames:
+            out["video_embeds"] = torch.cat(frames)
+        return out
+
+    # ---- stepping ----------------------------------------------------------------------------
+    def step(self) -> list[ThinkerOutput]:
+        """One prefill chunk (the oldest pending prompt) and one decode step for every generating row."""
+        outputs: list[ThinkerOutput] = []
+        decoding = [r for r in self.rows.values() if r.next_token is not None]
+        if self._prefill_queue:
+            outputs += self._prefill_chunk(self.rows[self._prefill_queue[0]])
+        if decoding:
+            outputs += self._decode(decoding)
+        return outputs
+
+    @torch.no_grad()
+    def _prefill_chunk(self, row: _Row) -> list[ThinkerOutput]:
+        prep, start = row.prefill, row.offset
+        end = min(start + self.cfg.prefill_chunk_tokens, len(row.tail_ids))
+        part = slice(start, end)
+        cache_pos = prep.cache_positions[:, part]
+        kv_len = self._kv_len(int(cache_pos[0, -1]) + 1)
+        hidden = self.model(
+            prep.inputs_embeds[:, part], prep.position_ids[:, :, part], cache=self.cache,
+            slots=torch.tensor([row.slot.index], device=self.device), cache_positions=cache_pos, kv_len=kv_len,
+            image_mask=None if prep.image_mask is None else prep.image_mask[:, part],
+            audio_mask=None if prep.audio_mask is None else prep.audio_mask[:, part])
+        row.slot.ids.extend(row.tail_ids[part])
+        row.offset = end
+        if end < len(row.tail_ids):
+            return []
+        self._prefill_queue.popleft()
+        row.prefill = None
+        logits = self.model.logits(hidden[:, -1])
+        token = sample(logits, self._sampling([row])).tolist()[0]  # the step's one device-to-host copy
+        first = ThinkerOutput(row.request.turn_id, prefill_done=True, prompt_tokens=row.prompt_tokens,
+                              cached_tokens=row.cached_tokens)
+        return [first, self._accept(row, token)]
+
+    @torch.no_grad()
+    def _decode(self, rows: list[_Row]) -> list[ThinkerOutput]:
+        tokens = torch.tensor([[r.next_token] for r in rows], device=self.device)  # [B, 1]
+        cache_pos = torch.tensor([[len(r.slot.ids)] for r in rows], device=self.device)  # [B, 1]
+        deltas = torch.tensor([[r.rope_delta] for r in rows], device=self.device)
+        positions = (cache_pos + deltas).unsqueeze(0).expand(3, -1, -1)  # [3, B, 1] text positions
+        kv_len = self._kv_len(max(len(r.slot.ids) for r in rows) + 1)
+        hidden = self.model(self.model.embed(tokens), positions, cache=self.cache,
+                            slots=torch.tensor([r.slot.index for r in rows], device=self.device),
+                            cache_positions=cache_pos, kv_len=kv_len)
+        for r in rows:
+            r.slot.ids.append(r.next_token)
+        sampled = sample(self.model.logits(hidden[:, -1]), self._sampling(rows)).tolist()  # one D2H copy
+        return [self._accept(r, t) for r, t in zip(rows, sampled)]
+
+    def _kv_len(self, needed: int) -> int:
+        return min(-(-needed // _KV_BLOCK) * _KV_BLOCK, self.cfg.max_seq_len)
+
+    def _sampling(self, rows: list[_Row]) -> SamplingBatch:
+        sp = [r.request.sampling for r in rows]
+        return SamplingBatch([s.temperature for s in sp], [s.top_p for s in sp], [s.top_k for s in sp],
+                             [r.generator for r in rows], self.device)
+
+    def _accept(self, row: _Row, token: int) -> ThinkerOutput:
+        """Account a sampled token: stream its text, apply eos / stop strings / length limits."""
+        sp = row.request.sampling
+        finish = None
+        if token == self.tok.eos_id and not sp.ignore_eos:
+            finish = FinishReason.STOP
+        else:
+            row.generated.append(token)
+            row.text += row.decoder.push(token)
+            if len(row.generated) >= sp.max_tokens or len(row.slot.ids) + 1 >= self.cfg.max_seq_len:
+                finish = FinishReason.LENGTH
+        if finish is not None:
+            row.text += row.decoder.flush()
+        cut = _stop_cut(row.text, sp.stop)
+        if cut is not None:
+            row.text, finish = row.text[:cut], FinishReason.STOP
+        safe = len(row.text) if finish is not None else len(row.text) - _stop_holdback(row.text, sp.stop)
+        delta = row.text[row.emitted:safe]
+        row.emitted = max(row.emitted, safe)
+        if finish is None:
+            row.next_token = token
+            return ThinkerOutput(row.request.turn_id, text=delta)
+        self.rows.pop(row.request.turn_id, None)
+        row.slot.busy = None
+        return ThinkerOutput(row.request.turn_id, text=delta, finish=finish, output_tokens=len(row.generated))
+
+
+def _expand(payloads, spans):
+    """Media payloads aligned with prompt spans: a video contributes one span per frame."""
+    out = []
+    it = iter(payloads)
+    pending_video: list = []
+    for span in spans:
+        if span.kind is MediaKind.VIDEO_FRAME:
+            if not pending_video:
+                kind, vi = next(it)
+                pending_video = _video_frames(vi)
+            out.append((MediaKind.VIDEO_FRAME, pending_video.pop(0)))
+        else:
+            out.append(next(it))
+    return out
+
+
+def _video_frames(vi) -> list:
+    t, h, w = (int(v) for v in vi.grid_thw)
+    per = h * w
+    return [(vi.pixel_values[k * per:(k + 1) * per], (1, h, w)) for k in range(t)]
+
+
+def _stop_cut(text: str, stops) -> int | None:
+    hits = [text.find(s) for s in stops if s and s in text]
+    return min(hits) if hits else None
+
+
+def _stop_holdback(text: str, stops) -> int:
+    """Length of the longest suffix of `text` that could still grow into a stop string."""
+    best = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), 0, -1):
+            if text.endswith(s[:k]):
+                best = max(best, k)
+                break
+    return best
