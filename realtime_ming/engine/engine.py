@@ -83,9 +83,26 @@ class Engine:
         self._thread.start()
 
     @classmethod
-    def create(cls, cfg: EngineConfig, progress: Callable[[str, int, int], None] | None = None) -> "Engine":
-        """Load the models (blocking; run off the event loop) and start the engine thread."""
-        return cls(cfg, ModelBundle.load(cfg, progress=progress))
+    def create(cls, cfg: EngineConfig, progress: Callable[[str, int, int], None] | None = None,
+               warmup: bool = True) -> "Engine":
+        """Load the models (blocking; run off the event loop), start the engine thread, warm it up."""
+        engine = cls(cfg, ModelBundle.load(cfg, progress=progress))
+        if warmup:
+            engine.warmup()
+        return engine
+
+    def warmup(self, timeout_s: float = 300.0) -> None:
+        """Run one short spoken turn end to end so first-call costs (allocator growth, kernel selection,
+        lazy imports) are paid at startup, not by the first user (moshi's `warmup`)."""
+        from .api import Content, Message, SamplingParams
+
+        done = threading.Event()
+        request = TurnRequest("warmup", "__warmup__", (Message("user", (Content.of_text("Hello, warm up."),)),),
+                              sampling=SamplingParams(max_tokens=8, ignore_eos=True))
+        self.submit(request, lambda ev: done.set() if isinstance(ev, (TurnDone, TurnFailed, TurnCancelled)) else None)
+        if not done.wait(timeout_s):
+            log.warning("engine warmup did not finish within %.0f s", timeout_s)
+        self.close_conversation("__warmup__")
 
     # ---- thread-safe API -------------------------------------------------------------------
     def submit(self, request: TurnRequest, sink: Sink) -> None:
