@@ -8,6 +8,8 @@ model modules (style.md §6.3):
 * a root module may define `checkpoint_key_map(key) -> (target_name, shard_id) | None` for fused
   or stacked tensors (None = drop the key on purpose); the target parameter then carries
   `weight_loader(param, source: TensorSource, shard_id)` and `num_shards` (how many keys fill it);
+* such a root may also define `checkpoint_sources(name, shape) -> {key: shape} | None`, the inverse
+  (used by `checkpoint_keys` and to name the missing keys of a partly filled parameter);
 * parameters carry `tp_dim` / `tp_splits` (see `layers.mark_tp`) for tensor-parallel narrowing;
 * every module whose tensors are functions of the config (rotary tables, sinusoids, windows)
   implements `init_buffers()`, called after materialisation; checkpoint values then overwrite
@@ -37,6 +39,7 @@ __all__ = [
     "load_weights",
     "init_dummy",
     "narrow_for_rank",
+    "checkpoint_keys",
 ]
 
 _MAX_LISTED = 25
@@ -119,8 +122,8 @@ def materialize(module: nn.Module, device: torch.device | str, dtype: torch.dtyp
     # to_empty/to replace Parameter objects across devices, dropping the loader attributes
     # (tp_dim, weight_loader, ...) that layers attach: carry them over by name.
     attrs = {name: dict(vars(p)) for name, p in module.named_parameters() if vars(p)}
+    module.to(dtype=dtype)  # still on meta: free, so storage is allocated once, in `dtype`
     module.to_empty(device=device)
-    module.to(dtype=dtype)
     for name, p in module.named_parameters():
         for k, v in attrs.get(name, {}).items():
             setattr(p, k, v)
@@ -217,6 +220,7 @@ def load_weights(
                     (getattr(param, "weight_loader", None) or default)(param, src, shard_id)
                 except ValueError as exc:
                     report.shape.append(f"{key}: {exc}")
+                    filled.setdefault(target, set()).add(shard_id)  # present, wrong shape: not also "missing"
                     continue
                 except Exception as exc:  # corrupt data inside a readable header
                     report.errors.append(f"{key} in {path.name}: {exc}")
@@ -228,11 +232,51 @@ def load_weights(
     missing = []
     for name, param in targets.items():
         need = getattr(param, "num_shards", 1)
-        got = len(filled.get(name, ()))
-        if got < need:
-            missing.append(prefix + name if need == 1 else f"{prefix}{name} ({got}/{need} parts)")
+        got = filled.get(name, set())
+        if len(got) >= need:
+            continue
+        if need == 1:
+            missing.append(prefix + name)
+            continue
+        sources = _sources(module, name, param) if key_map else None
+        absent = [prefix + k for k in sources or () if key_map(k)[1] not in got]
+        listed = f": {', '.join(absent[:_MAX_LISTED])}" if absent and len(absent) < need else ""
+        missing.append(f"{prefix}{name} ({len(got)}/{need} parts){listed}")
     report.raise_if_any(missing, what)
     return module
+
+
+def _sources(module: nn.Module, name: str, tensor: torch.Tensor) -> dict[str, tuple[int, ...]] | None:
+    """Checkpoint keys filling fused/stacked target `name` (root's `checkpoint_sources`); None = the name itself."""
+    expand = getattr(module, "checkpoint_sources", None)
+    return expand(name, tuple(tensor.shape)) if expand else None
+
+
+def checkpoint_keys(module: nn.Module) -> dict[str, tuple[int, ...]]:
+    """Every checkpoint key `module` (a load root) consumes, with its shape.
+
+    Parameters and persistent buffers stand for themselves unless the root's
+    `checkpoint_sources(name, shape) -> {key: shape} | None` names the keys of a fused/stacked
+    one; each such key must map back to that parameter through `checkpoint_key_map` and the
+    distinct shard ids must number its `num_shards` (else ValueError: the module's maps disagree).
+    Shapes are the module's as built, i.e. the checkpoint's for tensor-parallel size 1. Works on meta.
+    """
+    key_map = getattr(module, "checkpoint_key_map", None)
+    keys: dict[str, tuple[int, ...]] = {}
+    for name, tensor in _targets(module).items():
+        found = _sources(module, name, tensor)
+        if found is None:
+            found = {name: tuple(tensor.shape)}
+        shards = set()
+        for key in found:
+            target, shard = key_map(key) if key_map else (key, None)
+            if target != name:
+                raise ValueError(f"checkpoint key {key} maps to {target}, not to {name}")
+            shards.add(shard)
+        if len(shards) != getattr(tensor, "num_shards", 1):
+            raise ValueError(f"{name}: {len(shards)} checkpoint shards, num_shards {getattr(tensor, 'num_shards', 1)}")
+        keys.update(found)
+    return keys
 
 
 def _seed_for(name: str, seed: int) -> int:
