@@ -61,7 +61,8 @@ class EngineConfig:
     """Everything the engine needs. `model_path=None` serves the embedded tiny random-weight model."""
 
     model_path: str | None = None
-    tokenizer_path: str | None = None
+    tokenizer_path: str | None = None  # thinker tokenizer.json (file or folder) when the checkpoint lacks one
+    talker_tokenizer_path: str | None = None  # talker tokenizer.json when talker/llm/ lacks one
     weights: str = "checkpoint"  # "checkpoint" | "dummy" (seeded random weights, any preset)
     preset: str | None = None  # with weights="dummy": "tiny" | "ming-flash-omni-2.0"
     dtype: str = "float32"

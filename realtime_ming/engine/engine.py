@@ -139,6 +139,7 @@ class Engine:
         if self._thread.is_alive():
             self._inbox.put(("stop",))
             self._thread.join(timeout=30)
+        self.bundle.close()
 
     # ---- engine thread -----------------------------------------------------------------------
     def _run(self) -> None:

@@ -26,7 +26,7 @@ from ..model.loader import init_dummy, load_weights, read_weight_map
 from ..model.presets import preset_config
 from ..model.talker import Talker, TalkerSpecialIds, VoicePrompt
 from ..model.thinker import Thinker
-from ..model.tiny_tokenizer import tiny_talker_special_ids, tiny_thinker_special_ids, tiny_thinker_tokenizer, tiny_tokenizer_path
+from ..model.tiny_tokenizer import TINY_VOCAB_SIZE, tiny_talker_special_ids, tiny_thinker_special_ids, tiny_thinker_tokenizer, tiny_tokenizer_path
 from ..model.tokenizer import ThinkerTokenizer, resolve_tokenizer
 from ..model.vae import AudioVAE
 from ..model.vision import VisionProjector, VisionTransformer
@@ -83,8 +83,6 @@ class ModelBundle:
     def load(cls, cfg: EngineConfig, progress: Progress | None = None) -> "ModelBundle":
         dtype = _DTYPES[cfg.dtype]
         place = cfg.placement
-        if place.tp_size != 1:
-            raise ValueError("tensor-parallel thinker placement needs the TP worker launcher (not in this build)")
         devices = {"thinker": place.thinker_devices[0], "talker": place.talker_device,
                    "encoder": place.encoder_device, "vae": place.vae_device}
         tiny = cfg.model_path is None and cfg.preset in (None, "tiny")
@@ -92,7 +90,7 @@ class ModelBundle:
             thinker_tok = tiny_thinker_tokenizer()
             talker_tok = Tokenizer.from_file(str(tiny_tokenizer_path("talker")))
             ck = preset_config("tiny", thinker_ids=tiny_thinker_special_ids(), talker_ids=tiny_talker_special_ids(),
-                               vocab=thinker_tok.vocab_size)
+                               vocab=TINY_VOCAB_SIZE)
             name = "ming-tiny-random"
             dummy = True
         elif cfg.model_path is None:
@@ -104,7 +102,7 @@ class ModelBundle:
         else:
             ck = load_checkpoint_config(cfg.model_path)
             thinker_tok = resolve_tokenizer(cfg.model_path, cfg.tokenizer_path)
-            talker_tok = _talker_tokenizer(Path(cfg.model_path), None)
+            talker_tok = _talker_tokenizer(Path(cfg.model_path), cfg.talker_tokenizer_path)
             name = Path(cfg.model_path).name
             dummy = cfg.weights == "dummy"
         root_w = talker_w = vae_w = None
@@ -116,8 +114,14 @@ class ModelBundle:
         common = dict(dtype=dtype, seed=cfg.seed, progress=progress)
         ming = ck.ming
         hidden = ming.llm_config.hidden_size
-        thinker = _build(Thinker, ming.llm_config, TPGroup(), weights=root_w, prefix="model.",
-                         device=devices["thinker"], what="thinker", **common)
+        if place.tp_size > 1:
+            from .tp import start_tp
+
+            thinker = start_tp(ck, place.thinker_devices, None if dummy else cfg.model_path, dtype, cfg.seed,
+                               cfg.thinker.max_slots, cfg.thinker.max_seq_len)
+        else:
+            thinker = _build(Thinker, ming.llm_config, TPGroup(), weights=root_w, prefix="model.",
+                             device=devices["thinker"], what="thinker", **common)
         audio_encoder = _build(WhisperEncoder, ming.audio_config, weights=root_w, prefix="audio.",
                                device=devices["encoder"], what="audio encoder", **common)
         audio_projector = _build(AudioProjector, ming.audio_config, hidden, weights=root_w,
@@ -204,10 +208,17 @@ class ModelBundle:
         out = self.vision(pixel_values.to(dev, self.dtype), [tuple(int(v) for v in grid_thw)])
         return self.vision_projector(out).to(self.devices["thinker"])
 
+    def close(self) -> None:
+        """Stop tensor-parallel workers, if any."""
+        close = getattr(self.thinker, "close", None)
+        if callable(close):
+            close()
+
     def info(self) -> dict:
         return {
             "model": self.name,
             "device": self.devices["thinker"],
+            "tp_size": self.thinker.tp.size,
             "devices": dict(self.devices),
             "dtype": str(self.dtype).replace("torch.", ""),
             "voices": list(self.voices),
@@ -240,9 +251,13 @@ def _talker_tokenizer(root: Path | None, tokenizer_path: str | None) -> Tokenize
     candidates = []
     if root is not None:
         candidates.append(root / "talker" / "llm" / "tokenizer.json")
+    if tokenizer_path is not None:
+        p = Path(tokenizer_path)
+        candidates.append(p / "tokenizer.json" if p.is_dir() else p)
     for path in candidates:
         if path.is_file():
             return Tokenizer.from_file(str(path))
     raise FileNotFoundError(
         "talker tokenizer not found: expected talker/llm/tokenizer.json in the checkpoint "
-        f"(looked at {', '.join(map(str, candidates)) or 'no checkpoint folder'})")
+        f"(looked at {', '.join(map(str, candidates)) or 'no checkpoint folder'}); "
+        "pass engine.talker_tokenizer_path to use another file")

@@ -85,7 +85,7 @@ class ThinkerRunner:
         self.tok = bundle.tokenizer
         self.device = torch.device(bundle.devices["thinker"])
         self.cache = ThinkerKVCache.allocate(bundle.cfg.thinker, self.cfg.max_slots, self.cfg.max_seq_len,
-                                             device=self.device, dtype=bundle.dtype)
+                                             device=self.device, dtype=bundle.dtype, tp=self.model.tp)
         self.slots = [_Slot(i) for i in range(self.cfg.max_slots)]
         self.rows: dict[str, _Row] = {}
         self._prefill_queue: deque[str] = deque()
