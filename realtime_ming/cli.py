@@ -64,9 +64,29 @@ def _run_serve(args: argparse.Namespace) -> int:
     return run_server(cfg)
 
 
+def _bench(name: str):
+    """`bench.<name>`: the benchmark is the repo's top-level bench/ (a source checkout, not the wheel)."""
+    import importlib
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parent.parent)
+    if (Path(root) / "bench" / "__init__.py").exists() and root not in sys.path:
+        sys.path.insert(0, root)
+    return getattr(importlib.import_module("bench"), name)
+
+
+def _add_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    try:
+        _bench("add_arguments")(parser)
+    except ImportError:  # installed without the checkout: `serve` must still build its parser
+        parser.description = "unavailable here: bench/ ships with the source checkout only"
+
+
 # name -> (help, add_arguments, run). Other subcommands (bench) add an entry here.
 _COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
     "serve": ("run the /v1/realtime server", _add_serve_arguments, _run_serve),
+    "bench": ("TTFA benchmark against a /v1/realtime server (needs the source checkout's bench/)",
+              _add_bench_arguments, lambda args: _bench("run")(args)),
 }
 
 

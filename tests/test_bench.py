@@ -1,0 +1,167 @@
+"""bench/ end to end against our server on loopback.
+
+A short concurrency sweep on the real engine (embedded tiny model, CPU; c = 1, 2; one warmup and
+one measured espeak-ng turn per session) must write the JSON, the Markdown summary and the plots
+with every turn successful, and the client's TTFA_server must agree with the server's own timing
+event. Barge-in and a two-target comparison run on the scripted StubEngine, whose answers always
+speak and last long enough to interrupt. Turns are limited to the short utterances to stay fast.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from server_support import StubEngine, seconds
+
+from bench.config import BenchConfig, Target, TurnMode
+from bench.report import write_results
+from bench.runner import run_benchmark
+from bench.turns import load_turns
+from realtime_ming.server import RealtimeServer, load_config
+
+pytestmark = [
+    pytest.mark.timeout(240),
+    pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng not installed (apt-get install -y espeak-ng)"),
+]
+
+_PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def engine():
+    """The real engine on the embedded tiny default (loaded once for the module)."""
+    try:
+        from realtime_ming.engine import Engine
+        from realtime_ming.engine.config import EngineConfig
+    except ImportError as exc:
+        pytest.skip(f"realtime_ming.engine.Engine is not available yet: {exc}")
+    eng = Engine.create(EngineConfig())
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="module")
+def turns_cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("bench-turns")
+
+
+@pytest.fixture
+async def server(engine):
+    async with RealtimeServer(load_config(None, ["server.port=0"]), engine) as srv:
+        yield srv
+
+
+def _config(url: str, out: Path, cache: Path, **overrides) -> BenchConfig:
+    values = {
+        "targets": (Target("A", url),),
+        "concurrency": (1,),
+        "num_turns": 1,
+        "num_warmup_turns": 0,
+        "max_output_tokens": 16,
+        "max_turn_s": 1.5,
+        "pause_s": 0.2,
+        "stagger_s": 0.2,
+        "turn_timeout_s": seconds(60),
+        "turns_cache_dir": str(cache),
+        "out_dir": str(out),
+        "show_progress": False,
+    }
+    values.update(overrides)
+    return BenchConfig(**values)
+
+
+async def _run(cfg: BenchConfig, *, plots: bool = True):
+    turns = load_turns(use_default=True, wav_dir=None, cache_dir=cfg.turns_cache_dir, wire_rate_hz=cfg.sample_rate_hz,
+                       silence_dbfs=cfg.silence_dbfs, max_turn_s=cfg.max_turn_s)
+    results = await run_benchmark(cfg, turns, "pytest")
+    return results, write_results(results, Path(cfg.out_dir), plots=plots)
+
+
+def _failures(results) -> list[str]:
+    return [f"{lv['target']} c={lv['concurrency']} s{s['session']} {s['turn']}: {s['failure']}"
+            for lv in results["levels"] for s in lv["samples"] if not s["ok"]]
+
+
+async def test_bench_sweep_writes_results_and_every_turn_succeeds(server, engine, tmp_path, turns_cache):
+    """c=1,2 sweep: results.json, summary.md and 3 PNGs written; all 6 turns ok; client TTFA_server ≈ server's."""
+    url = f"ws://127.0.0.1:{server.port}/v1/realtime"
+    cfg = _config(url, tmp_path / "run", turns_cache, concurrency=(1, 2), num_warmup_turns=1, max_turn_s=1.0,
+                  allow_silent=True)
+    _, paths = await _run(cfg)
+
+    assert {p.name for p in paths.values()} == {"results.json", "summary.md", "ttfa_cdf.png",
+                                                "ttfa_vs_concurrency.png", "stages.png"}
+    for name in ("ttfa_cdf", "ttfa_vs_concurrency", "stages"):
+        assert paths[name].read_bytes()[:8] == _PNG_MAGIC
+    saved = json.loads(paths["json"].read_text())
+    assert saved["schema"] == "realtime-ming-bench/1" and saved["config"]["concurrency"] == [1, 2]
+    assert [(lv["concurrency"], len(lv["samples"])) for lv in saved["levels"]] == [(1, 2), (2, 4)]
+    assert _failures(saved) == []
+    assert sum(s["is_warmup"] for lv in saved["levels"] for s in lv["samples"]) == 3
+
+    info = saved["targets"]["A"]
+    assert info["models"]["data"][0]["id"] == engine.info()["model"]
+    assert info["health"]["status"] == "ok"
+    assert info["timings_enabled"] is True and info["session"]["max_output_tokens"] == 16
+    # The random-weight tiny model sometimes says nothing speakable: such turns pass as silent.
+    audible = [s for lv in saved["levels"] for s in lv["samples"] if not s["is_silent"]]
+    assert audible, "every response of the tiny model was silent"
+    for s in audible:
+        assert s["ttfa_server_from"] == "speech_stopped"
+        # Both clocks time speech_stopped → first audio delta; loopback transport cancels out.
+        assert abs(s["ttfa_server_s"] - s["ttfa_server_reported_s"]) < seconds(0.1)
+        assert s["num_chunks"] == len(s["chunks"]["at_ms"]) > 0
+        assert s["stages_ms"]["first_audio_delta"] == pytest.approx(s["ttfa_server_reported_s"] * 1000.0)
+
+    summary = saved["summary"]["A"]
+    assert [(summary[c]["num_turns"], summary[c]["num_ok"]) for c in ("1", "2")] == [(1, 1), (2, 2)]
+    markdown = paths["markdown"].read_text()
+    assert "| A | 1 | 1/1" in markdown and "| A | 2 | 2/2" in markdown
+    assert "## Server stages" in markdown and "![ttfa_cdf](ttfa_cdf.png)" in markdown
+
+
+@pytest.fixture
+async def stub_server():
+    """Our server on the scripted StubEngine: 40 words, each 0.1 s of tone every 30 ms (never silent)."""
+    stub = StubEngine(words=("word ",) * 40, chunk_s=0.1, step_s=0.03)
+    try:
+        async with RealtimeServer(load_config(None, ["server.port=0"]), stub) as srv:
+            yield srv
+    finally:
+        stub.close()
+
+
+async def test_bench_barge_in_measures_the_stop(stub_server, tmp_path, turns_cache):
+    """Barge-in: the interrupted response ends cancelled, no delta follows its done, stop latency is measured."""
+    cfg = _config(f"ws://127.0.0.1:{stub_server.port}/v1/realtime", tmp_path / "barge", turns_cache, barge_in=True,
+                  barge_in_after_ms=100.0)
+    results, paths = await _run(cfg, plots=False)
+    assert _failures(results) == []
+    (sample,) = results["levels"][0]["samples"]
+    barge = sample["barge"]
+    assert (sample["response_status"], sample["response_reason"]) == ("cancelled", "turn_detected")
+    assert (barge["cancelled"], barge["missed"], barge["num_deltas_after_done"]) == (True, False, 0)
+    assert 0.0 <= barge["stop_last_delta_s"] <= barge["stop_done_s"]
+    assert barge["followup_status"] == "completed"
+    assert results["summary"]["A"]["1"]["barge"]["num_measured"] == 1
+    assert "## Barge-in" in paths["markdown"].read_text()
+
+
+async def test_bench_comparison_interleaves_two_targets(stub_server, tmp_path, turns_cache):
+    """Manual mode, two targets, two rounds: level runs go A, B, B, A and the ratios are B's over A's."""
+    url = f"ws://127.0.0.1:{stub_server.port}/v1/realtime"
+    cfg = _config(url, tmp_path / "cmp", turns_cache, mode=TurnMode.MANUAL, max_turn_s=1.0, num_rounds=2,
+                  targets=(Target("A", url), Target("B", url, session={"instructions": "Be brief."})))
+    results, paths = await _run(cfg, plots=False)
+    assert _failures(results) == []
+    assert [lv["target"] for lv in results["levels"]] == ["A", "B", "B", "A"]
+    assert {s["ttfa_server_from"] for lv in results["levels"] for s in lv["samples"]} == {"committed"}
+    assert results["targets"]["B"]["session"]["instructions"] == "Be brief."
+    summary = results["summary"]
+    assert summary["A"]["1"]["num_turns"] == summary["B"]["1"]["num_turns"] == 2
+    ratio = results["comparison"]["ratios"]["1"]["ttfa_user_s.p50"]
+    assert ratio == pytest.approx(summary["B"]["1"]["ttfa_user_s"]["p50"] / summary["A"]["1"]["ttfa_user_s"]["p50"])
+    assert "## Comparison: B / A" in paths["markdown"].read_text()
