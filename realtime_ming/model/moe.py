@@ -28,12 +28,23 @@ __all__ = [
     "experts_gathered",
     "experts_grouped",
     "GATHER_MAX_ROWS",
+    "set_expert_kernel",
 ]
 
 # (token, expert) pairs up to which the experts' weights are gathered per token (no host sync,
 # static shapes: the decode path). Above it, tokens are sorted by expert and each expert that
 # received tokens runs once (prefill). The GPU path replaces both with fused kernels.
 GATHER_MAX_ROWS = 16
+
+
+# Opt-in fused expert kernel for CUDA tensors (moe_triton.enable()); None = the PyTorch paths below.
+_EXPERT_KERNEL = None
+
+
+def set_expert_kernel(kernel) -> None:
+    """Install `kernel(x, ids, weights, w_gate_up, w_down) -> [N, D] fp32` for CUDA inputs (None = off)."""
+    global _EXPERT_KERNEL
+    _EXPERT_KERNEL = kernel
 
 
 class Routing(NamedTuple):
@@ -206,6 +217,8 @@ class SparseMoeBlock(nn.Module):
         if routing is not None:
             routing.append(Routing(layer, ids.view(b, t, -1), weights.view(b, t, -1)))
         experts = experts_gathered if ids.numel() <= GATHER_MAX_ROWS else experts_grouped
+        if _EXPERT_KERNEL is not None and flat.is_cuda:
+            experts = _EXPERT_KERNEL
         routed = experts(flat, ids, weights, self.experts_gate_up, self.experts_down)
         out = routed.to(x.dtype) + self.shared_experts(flat)
         return self.tp.all_reduce(out).view(b, t, d)

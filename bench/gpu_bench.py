@@ -1,0 +1,482 @@
+"""GPU component benchmark at the real Ming-flash-omni-2.0 shapes with dummy weights (issue 4).
+
+    python bench/gpu_bench.py --out DIR [--thinker-layers 5] [--budget-s 420]
+
+Stages (each writes its numbers before the next starts; stages past --budget-s are skipped):
+thinker one MoE layer and an N-layer stack per decode bucket (eager PyTorch, graphed PyTorch
+gather, eager/graphed Triton experts, the bytes-moved floor) extrapolated to 32 layers; thinker
+prefill (40-token prompt + 1 s of audio); talker `decode_lm` and `tail_step` graphed per bucket
+and RTF; streaming VAE `decode_chunk` graphed; audio / vision encoders; a DERIVED TTFA_server
+estimate for c=1 and c=16 composed from the component times (not an end-to-end measurement).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import platform
+import sys
+import time
+from functools import partial
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gpu_timing import Results, cuda_ms, measure_ceilings, param_bytes
+
+from realtime_ming.engine.graphs import BucketedGraph, GraphInput
+from realtime_ming.model import moe, moe_triton
+from realtime_ming.model.audio_encoder import AudioProjector, WhisperEncoder
+from realtime_ming.model.cfm import CFMParams, sway_time_grid
+from realtime_ming.model.loader import init_dummy
+from realtime_ming.model.presets import preset_config
+from realtime_ming.model.qwen2 import KVCache, causal_window_mask
+from realtime_ming.model.talker import Talker
+from realtime_ming.model.thinker import Thinker, ThinkerKVCache
+from realtime_ming.model.vae import AudioVAE
+from realtime_ming.model.vae_stream import VAEStreamState, decode_chunk
+from realtime_ming.model.vision import VisionProjector, VisionTransformer
+
+BF16 = torch.bfloat16
+THINKER_BUCKETS = (1, 2, 4, 8, 16)
+TALKER_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+STEP_AUDIO_S = 0.32  # one talker step = 4 VAE latents × 80 ms
+PROMPT_TOKENS, AUDIO_TOKENS = 40, 27  # ~40-token prompt + 1 s audio (25 audio tokens + 2 markers)
+KV_CAP = 512
+DEV = "cuda"  # --dry-cpu: "cpu" with the tiny preset (plumbing check, eager only)
+
+
+def build(cls, *args, seed=0):
+    """Construct on meta and fill with seeded dummy bf16 weights on the device."""
+    with torch.device("meta"):
+        module = cls(*args)
+    return init_dummy(module, seed=seed, device=DEV, dtype=BF16).eval()
+
+
+def set_triton(on: bool) -> None:
+    """Switch moe.py's CUDA experts to the Triton kernel (no-op where Triton is missing: dry runs)."""
+    if moe_triton.available():
+        moe_triton.enable() if on else moe_triton.disable()
+
+
+def bench_config(dry: bool):
+    if not dry:
+        return preset_config("ming-flash-omni-2.0")
+    from realtime_ming.model.presets import tiny_config
+    from realtime_ming.model.tiny_tokenizer import (
+        TINY_VOCAB_SIZE,
+        tiny_talker_special_ids,
+        tiny_thinker_special_ids,
+    )
+
+    return tiny_config(tiny_thinker_special_ids(), tiny_talker_special_ids(), TINY_VOCAB_SIZE)
+
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.cfg = bench_config(args.dry_cpu)
+        name = torch.cuda.get_device_name() if DEV == "cuda" else "cpu (dry run, tiny preset)"
+        meta = {"device": name, "date": datetime.date.today().isoformat(), "torch": torch.__version__,
+                "python": platform.python_version(), "command": " ".join(sys.argv),
+                "weights": "dummy (loader.init_dummy, seeded), bf16",
+                "thinker_layers_built": args.thinker_layers}
+        self.res = Results(Path(args.out), meta)
+        self.t0 = time.time()
+        self.bw = None
+        self.times: dict = {}
+
+    def over_budget(self, stage: str) -> bool:
+        spent = time.time() - self.t0
+        if spent > self.args.budget_s:
+            self.res.note(f"stage {stage} skipped: {spent:.0f} s spent > budget {self.args.budget_s} s")
+            return True
+        print(f"== {stage} (t={spent:.0f} s)", flush=True)
+        return False
+
+    # ---- ceilings ----------------------------------------------------------------------------
+
+    def ceilings(self):
+        c = measure_ceilings(DEV)
+        self.bw = c["copy_GBps"] * 1e9
+        self.res.stage("ceilings", c)
+        print(c, flush=True)
+
+    # ---- thinker -----------------------------------------------------------------------------
+
+    def thinker_inputs(self, thinker, b: int, t: int = 1, pos0: int = 200):
+        d = thinker.cfg.hidden_size
+        ids = torch.randint(0, thinker.cfg.vocab_size, (b, t), device=DEV)
+        cpos = (pos0 + torch.arange(t, device=DEV)).expand(b, t).contiguous()
+        return {"x": thinker.embed(ids).reshape(b, t, d), "pos3": cpos[None].expand(3, b, t).contiguous(),
+                "cpos": cpos, "slots": torch.arange(b, device=DEV)}
+
+    def layer_fn(self, thinker, cache, layers: range, routing: list | None = None):
+        """A thinker step restricted to `layers` (rotary/mask prep as Thinker.forward), no lm_head."""
+        def step(x, pos3, cpos, slots):
+            b = x.shape[0]
+            cos, sin = thinker.model.rotary(pos3, x.dtype)
+            write_idx = torch.where(cpos >= 0, cpos, cache.capacity)
+            mask = causal_window_mask(cpos, torch.arange(KV_CAP, device=x.device).expand(b, KV_CAP), None)
+            for i in layers:
+                x = thinker.model.layers[i](x, cos, sin, mask, (cache.k[i], cache.v[i]), slots, write_idx, KV_CAP,
+                                            None, None, routing)
+            return x
+        return step
+
+    def stack_fn(self, thinker, cache):
+        def step(x, pos3, cpos, slots):
+            h = thinker(x, pos3, cache=cache, slots=slots, cache_positions=cpos, kv_len=KV_CAP)
+            return thinker.logits(h[:, -1])
+        return step
+
+    def thinker_specs(self, d: int) -> dict:
+        top = max(THINKER_BUCKETS)
+        return {"x": GraphInput((top, 1, d), BF16), "pos3": GraphInput((3, top, 1), torch.int64, batch_dim=1),
+                "cpos": GraphInput((top, 1), torch.int64, pad=-1), "slots": GraphInput((top,), torch.int64)}
+
+    def floor_bytes(self, thinker, layers: range, inputs, lm_head: bool) -> int:
+        """Fewest bytes a decode step must read: dense weights once, each used expert once, the KV read."""
+        routing: list = []
+        with torch.no_grad():  # rerun the layers eagerly to see which experts each layer picks
+            self.layer_fn(thinker, self.cache, layers, routing)(**inputs)
+        b = inputs["x"].shape[0]
+        cfg = thinker.cfg
+        per_expert = 3 * cfg.hidden_size * cfg.moe_intermediate_size * 2
+        skip = ("experts_gate_up", "experts_down", "image_gate", "audio_gate")
+        total = sum(param_bytes(thinker.model.layers[i], skip=skip) for i in layers)
+        total += sum(int(r.expert_ids.unique().numel()) * per_expert for r in routing)
+        total += len(layers) * b * cfg.num_key_value_heads * cfg.resolved_head_dim * KV_CAP * 2 * 2
+        if lm_head:
+            total += param_bytes(thinker.lm_head) + param_bytes(thinker.model.norm)
+        return total
+
+    def decode_variants(self, thinker, fn, label: str) -> dict:
+        """Per bucket: eager torch, graphed torch (gather forced), eager Triton, graphed Triton (ms)."""
+        d = thinker.cfg.hidden_size
+        out = {b: {} for b in THINKER_BUCKETS}
+        for variant in ("eager_torch", "graph_torch_gather", "eager_triton", "graph_triton"):
+            if self.over_budget(f"{label}/{variant}"):
+                break
+            triton_on = variant.endswith("triton")
+            set_triton(triton_on)
+            moe.GATHER_MAX_ROWS = 10 ** 9 if variant == "graph_torch_gather" else 16
+            graph = None
+            if variant.startswith("graph"):
+                # own pool per variant: a pool must not outlive the graphs that were captured into it
+                graph = BucketedGraph(fn, self.thinker_specs(d), THINKER_BUCKETS, device=DEV)
+                t = time.time()
+                graph.capture()
+                out.setdefault("capture_s", {})[variant] = round(time.time() - t, 2)
+            for b in THINKER_BUCKETS:
+                inp = self.thinker_inputs(thinker, b)
+                call = partial(graph.step, **inp) if graph else partial(fn, **inp)
+                with torch.no_grad():
+                    out[b][variant] = cuda_ms(call, reps=self.args.reps)["median_ms"]
+                print(f"  {label} {variant} B={b}: {out[b][variant]:.3f} ms", flush=True)
+            del graph
+            torch.cuda.empty_cache()
+        set_triton(False)
+        moe.GATHER_MAX_ROWS = 16
+        return out
+
+    def thinker(self):
+        n = self.args.thinker_layers
+        tcfg = dataclasses.replace(self.cfg.thinker, num_hidden_layers=n)
+        thinker = build(Thinker, tcfg)
+        self.cache = ThinkerKVCache.allocate(tcfg, max(THINKER_BUCKETS), KV_CAP, device=DEV, dtype=BF16)
+        self.thinker_model = thinker
+        full_layers = self.cfg.thinker.num_hidden_layers
+        # one MoE decoder layer (layer 1: attention + routed/shared experts)
+        one = self.decode_variants(thinker, self.layer_fn(thinker, self.cache, range(1, 2)), "moe_layer")
+        rows = []
+        for b in THINKER_BUCKETS:
+            fb = self.floor_bytes(thinker, range(1, 2), self.thinker_inputs(thinker, b), lm_head=False)
+            one[b]["floor_ms"] = fb / self.bw * 1e3
+            one[b]["floor_MB"] = fb / 1e6
+            rows.append([b] + [one[b].get(k) for k in ("eager_torch", "graph_torch_gather", "eager_triton",
+                                                       "graph_triton", "floor_ms")])
+        self.res.stage("thinker_moe_layer_decode", one)
+        self.res.table("Thinker: one MoE decoder layer, decode step (ms)",
+                       ["B", "eager torch", "graph torch-gather", "eager triton", "graph triton", "floor"], rows)
+        self.times["moe_layer"] = one
+        # the N-layer stack with lm_head, extrapolated to the full depth
+        stack = self.decode_variants(thinker, self.stack_fn(thinker, self.cache), f"stack{n}")
+        rows = []
+        for b in THINKER_BUCKETS:
+            fb = self.floor_bytes(thinker, range(n), self.thinker_inputs(thinker, b), lm_head=True)
+            stack[b]["floor_ms"] = fb / self.bw * 1e3
+            extra = full_layers - n
+            full = {k: stack[b][k] + extra * one[b][k] for k in stack[b] if k in one[b] and k != "floor_MB"}
+            stack[b]["full32_est"] = full
+            tps = 1e3 / full["graph_triton"] if "graph_triton" in full else None
+            rows.append([b, stack[b].get("eager_torch"), stack[b].get("graph_triton"), stack[b]["floor_ms"],
+                         full.get("eager_torch"), full.get("graph_triton"), full.get("floor_ms"), tps])
+        self.res.stage("thinker_stack_decode", stack)
+        self.res.table(f"Thinker decode step: {n}-layer stack + lm_head measured, 32 layers extrapolated "
+                       f"(+{full_layers - n} × one MoE layer); single-GPU equivalent (ms)",
+                       ["B", f"eager torch ({n}L)", f"graph triton ({n}L)", f"floor ({n}L)", "eager torch (32L est)",
+                        "graph triton (32L est)", "floor (32L est)", "tok/s per stream (graph triton)"], rows)
+        self.times["stack"] = stack
+
+    def thinker_prefill(self):
+        thinker, n = self.thinker_model, self.args.thinker_layers
+        t = PROMPT_TOKENS + AUDIO_TOKENS
+        out = {}
+        for b in (1, 16):
+            inp = self.thinker_inputs(thinker, b, t=t, pos0=0)
+            for variant in ("torch", "triton"):
+                set_triton(variant == "triton")
+                with torch.no_grad():
+                    one = cuda_ms(partial(self.layer_fn(thinker, self.cache, range(1, 2)), **inp), reps=5)["median_ms"]
+                    stack = cuda_ms(partial(self.stack_fn(thinker, self.cache), **inp), reps=5)["median_ms"]
+                out[f"B{b}_{variant}"] = {"one_moe_layer_ms": one, f"stack{n}_ms": stack,
+                                          "full32_est_ms": stack + (self.cfg.thinker.num_hidden_layers - n) * one}
+                print(f"  prefill B={b} T={t} {variant}: {out[f'B{b}_{variant}']}", flush=True)
+        set_triton(False)
+        self.res.stage("thinker_prefill", out)
+        self.res.table(f"Thinker prefill, {t} tokens per stream ({PROMPT_TOKENS} prompt + 1 s audio) (ms)",
+                       ["case", "one MoE layer", f"{n}-layer stack", "32 layers est"],
+                       [[k, v["one_moe_layer_ms"], v[f"stack{n}_ms"], v["full32_est_ms"]] for k, v in out.items()])
+        self.times["prefill"] = out
+        del self.thinker_model, self.cache
+        torch.cuda.empty_cache()
+
+    # ---- talker ------------------------------------------------------------------------------
+
+    def talker(self):
+        tc = self.cfg.talker
+        talker = build(Talker, tc, seed=1)
+        top = max(TALKER_BUCKETS)
+        h, c, p, s, hh = talker.hidden_size, talker.latent_dim, tc.patch_size, tc.steps, tc.history_patch_size
+        cache = KVCache.allocate(tc.llm, top, KV_CAP, DEV, BF16)
+        t_grid = sway_time_grid(s, BF16, DEV)
+
+        def lm(e, pos):
+            return talker.decode_lm(e, pos, cache.rows(0, e.shape[0]))
+
+        def tail(h_, his, y0, rnd, sde):
+            return talker.tail_step(h_, his, y0, rnd, t_grid, sde)
+
+        pool = (torch.cuda.graph_pool_handle() if DEV == "cuda" else None)
+        g_lm = BucketedGraph(lm, {"e": GraphInput((top, 1, h), BF16), "pos": GraphInput((top, 1), torch.int64, pad=-1)},
+                             TALKER_BUCKETS, device=DEV, pool=pool)
+        g_tail = BucketedGraph(tail, {"h_": GraphInput((top, 1, h), BF16), "his": GraphInput((top, hh, c), BF16),
+                                      "y0": GraphInput((top, p, c), BF16),
+                                      "rnd": GraphInput((s, top, p, c), BF16, batch_dim=1),
+                                      "sde": GraphInput((top, 3), BF16)}, TALKER_BUCKETS, device=DEV, pool=pool)
+        t = time.time()
+        g_lm.capture()
+        g_tail.capture()
+        capture_s = time.time() - t
+
+        def inputs(b):
+            sde = CFMParams().tensor(DEV, BF16).expand(b, 3).contiguous()
+            return ({"e": torch.randn(b, 1, h, device=DEV, dtype=BF16), "pos": torch.full((b, 1), 100, device=DEV)},
+                    {"h_": torch.randn(b, 1, h, device=DEV, dtype=BF16),
+                     "his": torch.randn(b, hh, c, device=DEV, dtype=BF16),
+                     "y0": torch.randn(b, p, c, device=DEV, dtype=BF16),
+                     "rnd": torch.randn(s, b, p, c, device=DEV, dtype=BF16), "sde": sde})
+
+        out, rows = {"capture_s": round(capture_s, 2)}, []
+        with torch.no_grad():
+            li, ti = inputs(1)
+            out["eager_B1"] = {"decode_lm_ms": cuda_ms(lambda: lm(**li), reps=5)["median_ms"],
+                               "tail_step_ms": cuda_ms(lambda: tail(**ti), reps=3, warmup=1)["median_ms"]}
+            for b in TALKER_BUCKETS:
+                li, ti = inputs(b)
+                r = {"decode_lm_ms": cuda_ms(partial(g_lm.step, **li), reps=self.args.reps)["median_ms"],
+                     "tail_step_ms": cuda_ms(partial(g_tail.step, **ti), reps=self.args.reps)["median_ms"]}
+                r["step_ms"] = r["decode_lm_ms"] + r["tail_step_ms"]
+                r["rtf_per_stream"] = r["step_ms"] / 1e3 / STEP_AUDIO_S
+                r["audio_s_per_s"] = b * STEP_AUDIO_S / (r["step_ms"] / 1e3)
+                out[b] = r
+                rows.append([b, r["decode_lm_ms"], r["tail_step_ms"], r["step_ms"], r["rtf_per_stream"], r["audio_s_per_s"]])
+                print(f"  talker B={b}: {r}", flush=True)
+            for b in (1, 16):  # talker prefill (~64-token prompt), eager
+                e = torch.randn(b, 64, h, device=DEV, dtype=BF16)
+                pos = torch.arange(64, device=DEV).expand(b, 64)
+                out[f"prefill_B{b}_ms"] = cuda_ms(partial(talker.prefill, e, pos, cache.rows(0, b)), reps=5)["median_ms"]
+        rows.insert(0, ["1 (eager)", out["eager_B1"]["decode_lm_ms"], out["eager_B1"]["tail_step_ms"],
+                        sum(out["eager_B1"].values()), sum(out["eager_B1"].values()) / 1e3 / STEP_AUDIO_S, None])
+        self.res.stage("talker", out)
+        self.res.table("Talker step per bucket, CUDA graphs (decode_lm + tail_step = CFM 10 steps CFG + aggregator + "
+                       "stop head); one step = 0.32 s audio per stream",
+                       ["B", "decode_lm ms", "tail_step ms", "step ms", "RTF per stream", "audio s / s"], rows)
+        self.times["talker"] = out
+        self.talker_model, self.talker_pool = talker, pool
+        self._talker_graphs = (g_lm, g_tail, tail, inputs)
+
+    def talker_compiled(self):
+        """Optional: leaf modules through torch.compile (Inductor fuses norms/rotary/GELU), graphed at B=1/16.
+
+        Cumulative: (a) the CFM DiT blocks, (b) + the aggregator blocks, (c) the talker-LM layers.
+        """
+        talker = self.talker_model
+        g_lm, g_tail, _, inputs = self._talker_graphs
+        out = {}
+
+        def small(graph):  # the same step, buckets 1 and 16 only
+            specs = {n: dataclasses.replace(sp, shape=tuple(16 if i == sp.batch_dim else v for i, v in enumerate(sp.shape)))
+                     for n, sp in graph.specs.items()}
+            return BucketedGraph(graph.fn, specs, (1, 16), device=DEV, pool=self.talker_pool)
+
+        steps = (("dit_blocks", talker.cfm.model.blocks, g_tail, 1),
+                 ("dit_and_aggregator_blocks", talker.aggregator.blocks, g_tail, 1),
+                 ("lm_layers", talker.model.layers, g_lm, 0))
+        for name, blocks, graph, which in steps:
+            if self.over_budget(f"talker_compiled/{name}"):
+                break
+            for blk in blocks:
+                blk.forward = torch.compile(blk.forward, dynamic=False)
+            g = small(graph)
+            t = time.time()
+            g.capture()
+            r = {"compile_and_capture_s": round(time.time() - t, 1)}
+            with torch.no_grad():
+                for b in (1, 16):
+                    ins = inputs(b)[which]
+                    r[f"B{b}_ms"] = cuda_ms(partial(g.step, **ins), reps=self.args.reps)["median_ms"]
+            out[name] = r
+            print(f"  compiled {name}: {r}", flush=True)
+        self.res.stage("talker_compiled", out)
+        base = self.times["talker"]
+        self.res.table("Talker with torch.compile'd leaf modules, CUDA graphs (ms; cumulative)",
+                       ["what", "B=1", "B=16", "graph without compile B=1", "B=16"],
+                       [[k, v["B1_ms"], v["B16_ms"], base[1]["decode_lm_ms" if k == "lm_layers" else "tail_step_ms"],
+                         base[16]["decode_lm_ms" if k == "lm_layers" else "tail_step_ms"]] for k, v in out.items()])
+
+    # ---- VAE -----------------------------------------------------------------------------------
+
+    def vae(self):
+        vae = build(AudioVAE, self.cfg.vae, seed=2)
+        top = max(TALKER_BUCKETS)
+        st = VAEStreamState.allocate(vae, top, chunk_latents=4)
+        c = self.cfg.vae.dec_kwargs.latent_dim
+
+        def rows(b):
+            return VAEStreamState(st.chunk_latents, st.cache.rows(0, b), st.held[:b], st.left_ctx[:b],
+                                  st.has_held[:b], st.frame_pos[:b], st.audio_buf[:b], st.env_buf[:b])
+
+        def chunk(lat, last, active):
+            out = decode_chunk(vae, lat, rows(lat.shape[0]), last, active)
+            return out.audio, out.num_samples
+
+        g = BucketedGraph(chunk, {"lat": GraphInput((top, 4, c), BF16), "last": GraphInput((top,), torch.bool),
+                                  "active": GraphInput((top,), torch.bool)}, TALKER_BUCKETS, device=DEV)
+        g.capture()
+        out, table = {}, []
+        with torch.no_grad():
+            for b in TALKER_BUCKETS:
+                inp = {"lat": torch.randn(b, 4, c, device=DEV, dtype=BF16),
+                       "last": torch.zeros(b, dtype=torch.bool, device=DEV),
+                       "active": torch.ones(b, dtype=torch.bool, device=DEV)}
+                r = {"graph_ms": cuda_ms(partial(g.step, **inp), reps=self.args.reps)["median_ms"]}
+                if b in (1, 16):
+                    r["eager_ms"] = cuda_ms(partial(chunk, **inp), reps=5)["median_ms"]
+                out[b] = r
+                table.append([b, r.get("eager_ms"), r["graph_ms"]])
+        self.res.stage("vae_decode_chunk", out)
+        self.res.table("AudioVAE streaming decode_chunk (4 latents = 0.32 s per stream) (ms)",
+                       ["B", "eager", "graph"], table)
+        self.times["vae"] = out
+
+    # ---- encoders ----------------------------------------------------------------------------
+
+    def encoders(self):
+        ac, vc, d = self.cfg.ming.audio_config, self.cfg.ming.vision_config, self.cfg.thinker.hidden_size
+        whisper, proj = build(WhisperEncoder, ac, seed=3), build(AudioProjector, ac, d, seed=4)
+        n_mels = ac.whisper_encoder_config.n_mels
+
+        def audio(mel):
+            return proj(whisper(mel))
+
+        g = BucketedGraph(audio, {"mel": GraphInput((16, 100, n_mels), BF16)}, (1, 16), device=DEV)
+        g.capture()
+        out = {}
+        with torch.no_grad():
+            for b in (1, 16):
+                mel = torch.randn(b, 100, n_mels, device=DEV, dtype=BF16)
+                out[f"audio_1s_B{b}"] = {"eager_ms": cuda_ms(partial(audio, mel), reps=5)["median_ms"],
+                                         "graph_ms": cuda_ms(partial(g.step, mel=mel), reps=self.args.reps)["median_ms"]}
+            vit, vproj = build(VisionTransformer, vc, seed=5), build(VisionProjector, vc, d, seed=6)
+            side = 28  # 448 × 448 image: 28 × 28 patches of 16 → 196 merged tokens
+            patch_dim = vc.in_channels * vc.temporal_patch_size * vc.patch_size ** 2
+            pix = torch.randn(side * side, patch_dim, device=DEV, dtype=BF16)
+            out["image_448_eager_ms"] = cuda_ms(lambda: vproj(vit(pix, [(1, side, side)])), reps=5)["median_ms"]
+        self.res.stage("encoders", out)
+        self.res.table("Encoders (ms)", ["input", "eager", "graph"],
+                       [[k, v["eager_ms"], v["graph_ms"]] for k, v in out.items() if isinstance(v, dict)]
+                       + [["image 448×448 (196 tokens)", out["image_448_eager_ms"], None]])
+        self.times["encoders"] = out
+
+    # ---- derived TTFA ------------------------------------------------------------------------
+
+    def derived_ttfa(self):
+        """TTFA_server composed from component medians (DERIVED, not measured end to end)."""
+        tm = self.times
+        rows, out = [], {}
+        for c in (1, 16):
+            key = 1 if c == 1 else 16
+            parts = {
+                "audio_encoder": tm["encoders"][f"audio_1s_B{key}"]["graph_ms"],
+                "thinker_prefill_32L": tm["prefill"][f"B{key}_triton"]["full32_est_ms"],
+                f"thinker_decode_{self.args.segment_tokens}_tokens_32L":
+                    self.args.segment_tokens * tm["stack"][key]["full32_est"]["graph_triton"],
+                "talker_prefill": tm["talker"][f"prefill_B{key}_ms"],
+                "talker_2_steps": 2 * tm["talker"][key]["step_ms"],
+                "vae_2_chunks": 2 * tm["vae"][key]["graph_ms"],
+            }
+            total = sum(parts.values())
+            out[c] = {"parts_ms": parts, "total_ms": total}
+            rows += [[f"c={c}", k, v] for k, v in parts.items()] + [[f"c={c}", "TOTAL (derived)", total]]
+        self.res.stage("ttfa_server_derived", out)
+        self.res.table("DERIVED TTFA_server estimate from component medians (single-GPU-equivalent thinker, "
+                       "all c streams batched in lockstep; not an end-to-end measurement) (ms)",
+                       ["concurrency", "stage", "ms"], rows)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--thinker-layers", type=int, default=7, help="layers built (1 dense + N-1 MoE); 32 extrapolated")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--budget-s", type=float, default=420.0, help="skip stages that start after this many seconds")
+    ap.add_argument("--segment-tokens", type=int, default=5, help="thinker decode steps to a ~3-word first segment")
+    ap.add_argument("--compile-talker", action="store_true", help="also time talker leaf modules under torch.compile")
+    ap.add_argument("--stages", default="", help="comma-separated subset of stages to run (default: all)")
+    ap.add_argument("--dry-cpu", action="store_true", help="plumbing check on CPU with the tiny preset")
+    args = ap.parse_args()
+    global DEV
+    if args.dry_cpu:
+        DEV = "cpu"
+    elif not torch.cuda.is_available():
+        sys.exit("gpu_bench needs a CUDA GPU (or --dry-cpu)")
+    elif not moe_triton.available():
+        sys.exit("gpu_bench needs Triton")
+    bench = Bench(args)
+    stages = ["ceilings", "thinker", "thinker_prefill", "talker", "vae", "encoders", "derived_ttfa"]
+    if args.compile_talker:
+        stages.append("talker_compiled")
+    if args.stages:
+        stages = [st for st in stages if st in args.stages.split(",")]
+    for name in stages:
+        if bench.over_budget(name):
+            continue
+        try:
+            getattr(bench, name)()
+        except Exception as exc:  # noqa: BLE001 - keep going: one broken stage must not lose the others' numbers
+            import traceback
+
+            traceback.print_exc()
+            bench.res.note(f"stage {name} failed: {type(exc).__name__}: {exc}")
+    bench.res.save()
+    print(bench.res.markdown(), flush=True)
+
+
+if __name__ == "__main__":
+    main()
