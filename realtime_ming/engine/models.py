@@ -139,6 +139,14 @@ class ModelBundle:
                 ("audio_patch", "<audioPatch>"))})
         bundle = cls(name, ck, dtype, thinker, audio_encoder, audio_projector, vision, vision_projector, talker, vae,
                      thinker_tok, talker_tok, special, is_tiny_default=tiny, devices=devices)
+        if torch.device(devices["thinker"]).type == "cuda":
+            # fused Triton experts: no gathered weight copies, no host sync, graph-capturable
+            from ..model import moe_triton
+
+            try:
+                moe_triton.enable()
+            except RuntimeError as exc:
+                log.warning("Triton MoE kernel unavailable (%s); using the PyTorch expert paths", exc)
         bundle._register_voices(progress)
         bundle.default_voice = cfg.default_voice or next(iter(bundle.voices))
         if bundle.default_voice not in bundle.voices:
