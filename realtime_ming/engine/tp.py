@@ -84,6 +84,13 @@ def _run(thinker: Thinker, cache: ThinkerKVCache, method: str, args: tuple, kwar
 
 def _worker(rank: int, launch: TPLaunch) -> None:
     tp = _init(rank, launch)
+    if torch.device(launch.devices[rank]).type == "cuda":
+        from ..model import moe_triton
+
+        try:
+            moe_triton.enable()  # same expert kernel as rank 0
+        except RuntimeError:
+            pass
     thinker = _build_shard(launch, tp)
     cache = ThinkerKVCache.allocate(launch.ck.thinker, launch.max_slots, launch.max_seq_len,
                                     device=launch.devices[rank], dtype=launch.dtype, tp=tp)
