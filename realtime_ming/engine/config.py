@@ -32,6 +32,9 @@ class ThinkerRunnerConfig:
     max_batch: int = 16  # decode rows per step
     prefill_chunk_tokens: int = 256  # chunked prefill: at most this many prompt tokens per step
     decode_buckets: tuple[int, ...] = (1, 2, 4, 8, 16)
+    # benchmarks with dummy weights: emit this text's tokens (cycled) instead of the sampled ones, so
+    # segmenter and talker see real words; every model computation still runs. None = off.
+    forced_reply: str | None = None
 
     def __post_init__(self):
         for name in ("max_slots", "max_seq_len", "max_batch", "prefill_chunk_tokens"):

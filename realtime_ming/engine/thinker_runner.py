@@ -90,6 +90,7 @@ class ThinkerRunner:
         self.rows: dict[str, _Row] = {}
         self._prefill_queue: deque[str] = deque()
         self._clock = 0
+        self._forced = self.tok.encode(self.cfg.forced_reply) if self.cfg.forced_reply else None
 
     # ---- bookkeeping --------------------------------------------------------------------------
     def has_work(self) -> bool:
@@ -275,6 +276,8 @@ class ThinkerRunner:
         """Account a sampled token: stream its text, apply eos / stop strings / length limits."""
         sp = row.request.sampling
         finish = None
+        if self._forced:
+            token = self._forced[len(row.generated) % len(self._forced)]
         if token == self.tok.eos_id and not sp.ignore_eos:
             finish = FinishReason.STOP
         else:
