@@ -46,7 +46,7 @@ _OPTIONS = (
     ("--max-turn-s", "max_turn_s", float, "skip utterances longer than this"),
     ("--silence-dbfs", "silence_dbfs", float, "below this a sample is silence (finds the end of speech)"),
     ("--seed", "seed", int, "seed of the session start offsets"),
-    ("--out", "out_dir", str, "output folder (default: bench/results/run-<UTC time>)"),
+    ("--out", "out_dir", str, "output folder (default: bench/out/run-<UTC time>, git-ignored)"),
 )
 
 
@@ -105,7 +105,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     values = {name: getattr(args, name) for _, name, _, _ in _OPTIONS if getattr(args, name) is not None}
     if values.get("out_dir") is None:
         stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-        values["out_dir"] = str(Path(__file__).resolve().parent / "results" / f"run-{stamp}")
+        values["out_dir"] = str(Path(__file__).resolve().parent / "out" / f"run-{stamp}")  # git-ignored
     return BenchConfig(
         targets=tuple(targets),
         barge_in=args.barge_in,
@@ -120,7 +120,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 def _command_line() -> str:
     """The invoking command with API keys redacted."""
     prog = "python -m bench" if sys.argv[0].endswith("__main__.py") else Path(sys.argv[0]).name
-    argv = [prog, *sys.argv[1:]]
+    argv = sys.argv[1:]
     out = []
     for i, arg in enumerate(argv):
         if i and argv[i - 1] in _SECRET_FLAGS:
@@ -128,7 +128,7 @@ def _command_line() -> str:
         elif any(arg.startswith(f"{flag}=") for flag in _SECRET_FLAGS):
             arg = arg.split("=", 1)[0] + "=<redacted>"
         out.append(arg)
-    return shlex.join(out)
+    return f"{prog} {shlex.join(out)}"
 
 
 def _event_loop_factory():

@@ -20,10 +20,12 @@ from .trace import ResponseTrace, TurnTrace
 
 __all__ = [
     "PERCENTILES",
+    "STAGE_ORDER",
     "UNDERRUN_THRESHOLDS_MS",
     "compare",
     "percentiles",
     "play",
+    "stage_order",
     "summarise",
     "turn_sample",
 ]
@@ -32,6 +34,10 @@ PERCENTILES = (50, 90, 99)
 UNDERRUN_THRESHOLDS_MS = (50, 100, 200)
 _SUMMARY_METRICS = ("ttfa_user_s", "ttfa_server_s", "ttft_user_s", "ttfa_server_reported_s", "vad_delay_s",
                     "max_gap_s", "underrun_max_s", "rtf", "stream_rtf", "audio_s")
+# Our server's timing-event keys along the data path; `confirmed` is the VAD's end-of-turn decision
+# (a speculative turn starts before it), `response_done` the session's response.done.
+STAGE_ORDER = ("submitted", "encoders_done", "prefill_done", "first_token", "first_segment", "first_talker_step",
+               "first_pcm", "first_audio_delta", "thinker_done", "done", "response_done", "confirmed")
 _BARGE_METRICS = ("stop_last_delta_s", "stop_done_s", "detect_s")
 
 
@@ -187,14 +193,20 @@ def percentiles(values: Iterable[float | None]) -> dict[str, float | None]:
     return out
 
 
+def stage_order(names: Iterable[str]) -> list[str]:
+    """`names` in data-path order (`STAGE_ORDER`), unknown stages after it in their given order."""
+    names = list(dict.fromkeys(names))
+    known = [n for n in STAGE_ORDER if n in names]
+    return known + [n for n in names if n not in STAGE_ORDER]
+
+
 def _stage_medians(samples: Sequence[dict[str, Any]]) -> dict[str, float]:
-    """Median ms of every server stage seen, ordered by that median (pipeline order)."""
+    """Median ms of every server stage seen, in data-path order."""
     by_stage: dict[str, list[float]] = {}
     for s in samples:
         for stage, ms in (s.get("stages_ms") or {}).items():
             by_stage.setdefault(stage, []).append(ms)
-    medians = {stage: float(np.median(v)) for stage, v in by_stage.items()}
-    return dict(sorted(medians.items(), key=lambda kv: kv[1]))
+    return {stage: float(np.median(by_stage[stage])) for stage in stage_order(by_stage)}
 
 
 def summarise(samples: Sequence[dict[str, Any]], wall_s: float) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .metrics import PERCENTILES, UNDERRUN_THRESHOLDS_MS
+from .metrics import PERCENTILES, UNDERRUN_THRESHOLDS_MS, stage_order
 
 __all__ = ["markdown_summary", "plot_results", "write_results"]
 
@@ -83,10 +83,7 @@ def _barge_rows(results: dict[str, Any]) -> list[list[str]]:
 
 
 def _stage_lines(results: dict[str, Any]) -> list[str]:
-    stages: list[str] = []
-    for by_c in results["summary"].values():
-        for s in by_c.values():
-            stages += [k for k in s["stages_ms_p50"] if k not in stages]
+    stages = stage_order(k for by_c in results["summary"].values() for s in by_c.values() for k in s["stages_ms_p50"])
     if not stages:
         return []
     rows = [[target, c, *(_num(s["stages_ms_p50"].get(k), "{:.0f}") for k in stages)]
@@ -120,7 +117,8 @@ def markdown_summary(results: dict[str, Any], plots: Sequence[str] = ()) -> str:
         f"{cfg['frame_ms']} ms frames at real time; max_output_tokens `{cfg['max_output_tokens']}`; "
         f"{len(results['turns'])} utterances "
         f"({min(t['speech_end_s'] for t in results['turns']):.1f}–{max(t['speech_end_s'] for t in results['turns']):.1f} s)."),
-        (f"Client: `{client['host']}` ({client['processor']}, Python {client['python']}), commit "
+        (f"Client: `{client['host']}` ({client.get('cpu_model') or client['processor']}, {client.get('num_cpus')} CPUs, "
+         f"load {_num(client.get('load_avg_1m'))} at start, Python {client['python']}), commit "
         f"`{(client['git_commit'] or '?')[:12]}`{' (dirty)' if client['git_dirty'] else ''}."),
         "",
         *(_server_line(name, info) for name, info in results["targets"].items()),
@@ -217,18 +215,16 @@ def _plot_stages(results, targets, levels, colors, out_dir: Path, plt) -> Path |
     fig, axes = plt.subplots(1, len(with_stages), figsize=(7 * len(with_stages), 4.5), squeeze=False)
     for ax, target in zip(axes[0], with_stages):
         by_c = results["summary"][target]
-        stages: list[str] = []
-        for s in by_c.values():
-            stages += [k for k in s["stages_ms_p50"] if k not in stages]
-        order = sorted(stages, key=lambda k: np.nanmedian([by_c[str(c)]["stages_ms_p50"].get(k, np.nan)
-                                                           for c in levels]))
+        order = stage_order(k for s in by_c.values() for k in s["stages_ms_p50"] if k != "confirmed")
         x = np.arange(len(order))
         for li, c in enumerate(levels):
-            ys = [by_c[str(c)]["stages_ms_p50"].get(k, np.nan) for k in order]
-            ax.plot(x, ys, marker="o", color=colors[li], label=f"c={c}")
+            medians = by_c[str(c)]["stages_ms_p50"]
+            ax.plot(x, [medians.get(k, np.nan) for k in order], marker="o", color=colors[li], label=f"c={c}")
+            if "confirmed" in medians:  # the VAD's decision: a horizontal mark, not a pipeline step
+                ax.axhline(medians["confirmed"], color=colors[li], linestyle=":", linewidth=1.0)
         ax.set_xticks(x, order, rotation=35, ha="right", fontsize=8)
         ax.axhline(0.0, color="grey", linewidth=0.8)
-        ax.set_ylabel("ms after end of input (p50)")
+        ax.set_ylabel("ms after end of input (p50; dotted: VAD confirm)")
         ax.set_title(f"{target}: server stages")
         ax.grid(alpha=0.3)
         _legend(ax)

@@ -11,6 +11,7 @@ import asyncio
 import datetime as dt
 import json
 import logging
+import os
 import platform
 import random
 import subprocess
@@ -65,8 +66,17 @@ def client_info() -> dict[str, Any]:
                                     text=True, timeout=5, check=True).stdout.strip())
     except (OSError, subprocess.SubprocessError):
         commit, dirty = None, None
+    cpu_model = None
+    try:
+        cpu_model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                          if line.startswith("model name")), None)
+    except OSError:
+        pass
     return {
         "host": platform.node(),
+        "cpu_model": cpu_model,
+        "num_cpus": os.cpu_count(),
+        "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "platform": platform.platform(),
         "python": platform.python_version(),
         "processor": platform.processor() or platform.machine(),

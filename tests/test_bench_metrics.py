@@ -199,3 +199,12 @@ def test_realtime_ming_cli_dispatches_bench(monkeypatch):
     args = build_parser().parse_args(["bench", "--url", "ws://h:1/v1/realtime", "--mode", "manual"])
     assert args.mode is TurnMode.MANUAL
     assert args.run(args) == 7 and seen == [args]
+
+
+def test_command_line_redacts_api_keys(monkeypatch):
+    """The command recorded in results hides --api-key values in both spellings."""
+    from bench.cli import _command_line
+
+    monkeypatch.setattr("sys.argv", ["/r/bench/__main__.py", "--url", "ws://h", "--api-key", "k1",
+                                     "--compare-api-key=k2"])
+    assert _command_line() == "python -m bench --url ws://h --api-key '<redacted>' '--compare-api-key=<redacted>'"
