@@ -1,0 +1,285 @@
+"""The browser demo (web/) in headless Debian Chromium against the real server and tiny engine.
+
+Chromium's fake microphone plays espeak-ng speech (`--use-file-for-fake-audio-capture`). What is
+asserted is what the page itself observed and shows (`window.__demo`, the DOM): server-VAD turns,
+audio deltas played out by the playback worklet, TTFA, a barge-in that stops playback, truncates
+to the played length and sees the response cancelled, the error banners, typed and image turns,
+and the shared worklet resampler against soxr.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import socket
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+import soxr
+from server_support import StubEngine, espeak, seconds
+
+from realtime_ming.server import RealtimeServer, load_config
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
+
+CHROMIUM = Path(os.environ.get("REALTIME_MING_CHROMIUM", "/usr/bin/chromium"))
+FINISHED = ("completed", "incomplete")
+SCREENSHOT_ENV = "REALTIME_MING_SCREENSHOT"  # set to a path to save the README screenshot there
+MIC_RATE_HZ = 48000
+OUTPUT_RATE_HZ = 44100  # the page asks for the model's native rate
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+    "--autoplay-policy=no-user-gesture-required",
+    "--use-fake-device-for-media-stream",
+]
+
+
+def _ms(value_s: float) -> float:
+    """Playwright timeouts are in ms; scaled like every other wait in the tests."""
+    return seconds(value_s) * 1000.0
+
+
+@pytest.fixture(scope="module")
+def engine():
+    """The real engine on the embedded tiny default (loaded once for the module)."""
+    from realtime_ming.engine import Engine
+    from realtime_ming.engine.config import EngineConfig
+
+    eng = Engine.create(EngineConfig())
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="module")
+def stub_engine():
+    """A scripted engine for tests that need a server but no model output."""
+    eng = StubEngine()
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="module")
+def speech(tmp_path_factory) -> np.ndarray:
+    """About 1.3 s of espeak-ng speech at the fake microphone's 48 kHz."""
+    return espeak("What time is it now?", tmp_path_factory.mktemp("speech"), MIC_RATE_HZ)
+
+
+def _mic_file(folder: Path, speech: np.ndarray, gap_s: float) -> str:
+    """A looping fake-microphone WAV (48 kHz mono PCM16): 0.3 s silence, the speech, `gap_s` silence."""
+    path = folder / f"mic_{gap_s:g}s.wav"
+    silence = np.zeros(round(0.3 * MIC_RATE_HZ), np.float32)
+    gap = np.zeros(round(gap_s * MIC_RATE_HZ), np.float32)
+    sf.write(path, np.concatenate([silence, 0.8 * speech, gap]), MIC_RATE_HZ, subtype="PCM_16")
+    return str(path)
+
+
+@asynccontextmanager
+async def _server(engine, *overrides: str):
+    async with RealtimeServer(load_config(None, ["server.port=0", *overrides]), engine) as srv:
+        yield srv
+
+
+@asynccontextmanager
+async def _page(mic_wav: str | None = None, *, grant_mic: bool = True):
+    """A fresh headless Chromium page; `mic_wav` feeds the fake microphone (looped)."""
+    playwright_api = pytest.importorskip("playwright.async_api")
+    if not CHROMIUM.is_file():
+        pytest.skip(f"{CHROMIUM} not found (apt-get install -y chromium)")
+    args = list(CHROMIUM_ARGS)
+    if grant_mic:
+        args.append("--use-fake-ui-for-media-stream")
+    if mic_wav is not None:
+        args.append(f"--use-file-for-fake-audio-capture={mic_wav}")
+    async with playwright_api.async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=args)
+        try:
+            page = await browser.new_page(viewport={"width": 1280, "height": 800})
+            page.errors = []
+            page.on("pageerror", lambda exc: page.errors.append(str(exc)))
+            yield page
+        finally:
+            await browser.close()
+
+
+async def _open(page, srv: RealtimeServer) -> None:
+    """Load the demo from the server and wait until it has listed the model's voices."""
+    await page.goto(f"http://127.0.0.1:{srv.port}/")
+    # A reply ends completed, or incomplete when it reaches the (small) max_output_tokens.
+    await page.evaluate(f"window.FINISHED = {json.dumps(FINISHED)}")
+    await page.wait_for_function("() => Array.isArray(window.__demo.voices)", timeout=_ms(10))
+
+
+async def test_web_spoken_turn_is_played_and_timed(engine, speech, tmp_path):
+    """Fake-mic speech: a server-VAD turn, a finished reply whose every received sample the worklet
+    played, states listening → user speaking → thinking → speaking → listening, and the TTFA shown."""
+    mic = _mic_file(tmp_path, speech, gap_s=8.0)
+    async with _server(engine, "session.max_output_tokens=32") as srv, _page(mic) as page:
+        await _open(page, srv)
+        await page.click("#connect-btn")
+        await page.wait_for_function(
+            """() => __demo.playback.state === 'idle' && Object.values(__demo.responses).some(
+                 r => FINISHED.includes(r.status) && r.audioDeltas > 0 && r.playedSamples === r.receivedSamples)""",
+            timeout=_ms(180),
+        )
+        demo = await page.evaluate("window.__demo")
+        ttfa_text = await page.text_content("#ttfa-value")
+        chart_label = await page.get_attribute("#latency-chart", "aria-label")
+        bubbles = await page.locator(".msg-assistant").count()
+    played = [r for r in demo["responses"].values() if r["status"] in FINISHED and r["audioDeltas"] > 0]
+    reply = played[0]
+    assert demo["speechStarted"] >= 1 and demo["speechStopped"] >= 1 and demo["committed"] >= 1
+    assert demo["outputRate"] == OUTPUT_RATE_HZ
+    assert demo["sent"]["input_audio_buffer.append"] >= 50  # at least a second of 20 ms frames
+    assert reply["playedSamples"] == reply["receivedSamples"] > 0
+    assert demo["events"]["response.output_audio.delta"] >= reply["audioDeltas"]
+    assert demo["ttfaMs"] and all(ms > 0 for ms in demo["ttfaMs"])
+    assert ttfa_text == f"{demo['ttfaMs'][-1]} ms"
+    assert f"latest {demo['ttfaMs'][-1]} ms" in chart_label
+    assert bubbles >= 1
+    log = demo["stateLog"]
+    flow = ["listening", "user_speaking", "thinking", "speaking", "listening"]
+    positions = [log.index(flow[0])]
+    for state in flow[1:]:
+        positions.append(log.index(state, positions[-1] + 1))
+    assert positions == sorted(positions)
+    assert demo["errors"] == [] and page.errors == []
+
+
+async def test_web_barge_in_stops_playback_and_cancels(engine, speech, tmp_path):
+    """The looping fake mic talks over a long reply: playback stops at once (player idle), the item
+    is truncated to exactly the samples played, the server acknowledges it and cancels the response."""
+    mic = _mic_file(tmp_path, speech, gap_s=2.5)
+    found = """() => __demo.bargeIns.flatMap(b => b.items.map(i => ({...i, playbackState: b.playbackState})))
+                 .find(i => { const r = __demo.responses[i.responseId];
+                              return r.status === 'cancelled' && r.playedSamples > 0
+                                  && __demo.truncated.some(t => t.itemId === i.itemId); })"""
+    async with _server(engine) as srv, _page(mic) as page:
+        await _open(page, srv)
+        await page.click("#connect-btn")
+        handle = await page.wait_for_function(found, timeout=_ms(180))
+        cut = await handle.json_value()
+        demo = await page.evaluate("window.__demo")
+        if os.environ.get(SCREENSHOT_ENV):
+            # README picture: the reply to the interrupting turn half a second into playback.
+            await page.set_viewport_size({"width": 1280, "height": 960})
+            await page.wait_for_function(
+                """() => __demo.state === 'speaking' && Object.values(__demo.responses)
+                     .some(r => r.status === 'in_progress' && r.playedSamples > 22050)""",
+                timeout=_ms(60),
+            )
+            await page.screenshot(path=os.environ[SCREENSHOT_ENV])
+    reply = demo["responses"][cut["responseId"]]
+    assert (reply["status"], reply["reason"]) == ("cancelled", "turn_detected")
+    assert cut["playbackState"] == "idle"
+    assert cut["audioEndMs"] == reply["playedSamples"] * 1000 // OUTPUT_RATE_HZ
+    assert cut["audioEndMs"] <= cut["receivedMs"]
+    assert {"itemId": cut["itemId"], "audioEndMs": cut["audioEndMs"]} in demo["truncated"]
+    assert demo["speechStarted"] >= 2
+    assert demo["errors"] == [] and page.errors == []
+
+
+async def test_web_banners_auth_and_unreachable(stub_engine):
+    """Wrong key: 'Authentication failed' banner, still disconnected; the right key (subprotocol)
+    connects; an address with no server: 'Server unreachable'."""
+    with socket.socket() as probe:  # a port that was free a moment ago: nothing listens there
+        probe.bind(("127.0.0.1", 0))
+        closed_port = probe.getsockname()[1]
+    async with _server(stub_engine, "server.auth.api_keys=[s3cret-key]") as srv, _page() as page:
+        await _open(page, srv)
+        await page.fill("#api-key", "wrong-key")
+        await page.click("#connect-btn")
+        await page.wait_for_selector("#banner:not([hidden])", timeout=_ms(10))
+        auth_title = await page.text_content("#banner-title")
+        state_after_refusal = await page.evaluate("__demo.state")
+        await page.fill("#api-key", "s3cret-key")
+        await page.click("#connect-btn")
+        await page.wait_for_function("() => __demo.state === 'listening'", timeout=_ms(10))
+        pill = await page.text_content("#conn-text")
+        banner_hidden = await page.is_hidden("#banner")
+        await page.click("#connect-btn")  # disconnect
+        await page.wait_for_function("() => __demo.state === 'disconnected'", timeout=_ms(10))
+        await page.fill("#server-url", f"http://127.0.0.1:{closed_port}")
+        await page.click("#connect-btn")
+        await page.wait_for_selector("#banner:not([hidden])", timeout=_ms(10))
+        unreachable_title = await page.text_content("#banner-title")
+    assert (auth_title, state_after_refusal) == ("Authentication failed", "disconnected")
+    assert (pill, banner_hidden) == ("Connected", True)
+    assert unreachable_title == "Server unreachable"
+
+
+async def test_web_mic_denied_still_types_and_attaches_images(engine, tmp_path):
+    """Microphone denied: a 'Microphone blocked' warning, the session stays up; an attached image is
+    accepted by the server and a typed message gets a spoken reply that is played."""
+    from PIL import Image
+
+    image_path = tmp_path / "red.png"
+    Image.new("RGB", (64, 48), (220, 40, 40)).save(image_path)
+    async with _server(engine, "session.max_output_tokens=16") as srv, _page(grant_mic=False) as page:
+        await _open(page, srv)
+        await page.click("#connect-btn")
+        await page.wait_for_selector("#banner:not([hidden])", timeout=_ms(10))
+        mic_title = await page.text_content("#banner-title")
+        await page.set_input_files("#image-input", str(image_path))
+        await page.wait_for_selector(".msg-image", timeout=_ms(10))
+        await page.fill("#composer-input", "What colour is this picture?")
+        await page.press("#composer-input", "Enter")
+        await page.wait_for_function(
+            "() => Object.values(__demo.responses).some(r => FINISHED.includes(r.status) && r.playedSamples > 0)",
+            timeout=_ms(120),
+        )
+        demo = await page.evaluate("window.__demo")
+    assert mic_title == "Microphone blocked" and demo["micError"] == "denied"
+    assert demo["state"] != "disconnected"
+    assert demo["sent"]["conversation.item.create"] == 2 and demo["sent"]["response.create"] == 1
+    assert demo["events"]["conversation.item.done"] >= 2  # image item and text item accepted
+    assert len(demo["ttfaMs"]) == 1
+    assert demo["errors"] == [] and page.errors == []
+
+
+RESAMPLE_SCRIPT = """async ([inHz, outHz, b64]) => {
+  const { StreamResampler } = await import('/js/worklets/resampler.js');
+  const bytes = Uint8Array.from(atob(b64), c => c.charCodeAt(0));
+  const x = new Float32Array(bytes.buffer);
+  const whole = new StreamResampler(inHz, outHz);
+  const a = [...whole.push(x), ...whole.flush()];
+  const chunked = new StreamResampler(inHz, outHz);
+  const b = [];
+  for (let i = 0, k = 1; i < x.length; k++) {
+    const size = Math.min(x.length - i, (k * 37) % 300 + 1);
+    b.push(...chunked.push(x.subarray(i, i + size)));
+    i += size;
+  }
+  b.push(...chunked.flush());
+  return [a, b];
+}"""
+
+
+async def test_web_resampler_matches_soxr(stub_engine):
+    """The worklets' streaming resampler, fed in uneven chunks, equals its one-shot output exactly
+    and soxr VHQ within 1e-3 (2 + 5 kHz tones, 64 edge samples excluded), for each rate pair used."""
+    pairs = [(48000, 24000), (44100, 24000), (24000, 44100), (44100, 48000)]
+    results = {}
+    async with _server(stub_engine) as srv, _page() as page:
+        await page.goto(f"http://127.0.0.1:{srv.port}/")
+        for in_hz, out_hz in pairs:
+            t = np.arange(in_hz // 4) / in_hz
+            x = (0.4 * np.sin(2 * np.pi * 2000 * t) + 0.3 * np.sin(2 * np.pi * 5000 * t)).astype(np.float32)
+            whole, chunked = await page.evaluate(RESAMPLE_SCRIPT, [in_hz, out_hz, base64.b64encode(x.tobytes()).decode()])
+            results[in_hz, out_hz] = (x, np.asarray(whole), np.asarray(chunked))
+    for (in_hz, out_hz), (x, whole, chunked) in results.items():
+        reference = soxr.resample(x, in_hz, out_hz, quality="VHQ")
+        assert whole.size == chunked.size == -(-x.size * out_hz // in_hz), (in_hz, out_hz)
+        assert np.array_equal(whole, chunked), (in_hz, out_hz)
+        m = min(whole.size, reference.size)
+        error = np.max(np.abs(whole[64 : m - 64] - reference[64 : m - 64]))
+        assert error < 1e-3, (in_hz, out_hz, error)

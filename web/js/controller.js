@@ -1,0 +1,412 @@
+/**
+ * The conversation logic of the demo, free of DOM code: one Realtime session, the turn state
+ * (listening / user speaking / thinking / speaking), per-turn TTFA, and barge-in (stop playback at
+ * once, then `conversation.item.truncate` with the milliseconds actually played). Everything the
+ * page observes is mirrored into `demo` (window.__demo) for the headless-browser tests.
+ */
+import { AudioIO } from "./audio.js";
+import { base64ToPcm16, pcm16ToBase64 } from "./pcm.js";
+import { RealtimeClient } from "./realtime.js";
+
+export const State = Object.freeze({
+  DISCONNECTED: "disconnected",
+  CONNECTING: "connecting",
+  LISTENING: "listening",
+  USER_SPEAKING: "user_speaking",
+  THINKING: "thinking",
+  SPEAKING: "speaking",
+});
+
+export const INPUT_RATE_HZ = 24000; // the session's input PCM rate (the GA default)
+export const FRAME_MS = 20; // one input_audio_buffer.append per 20 ms of microphone audio
+// Races a user need not hear about: a cancel that met a reply which had just finished.
+const BENIGN_ERRORS = new Set(["response_cancel_not_active"]);
+const REASON_TEXT = { turn_detected: "you spoke", client_cancelled: "stopped", max_output_tokens: "length limit" };
+
+/** The observable record of a session; `window.__demo` points at one. */
+export function newDemoRecord() {
+  return {
+    state: State.DISCONNECTED,
+    stateLog: [State.DISCONNECTED], // every state entered, consecutive repeats collapsed
+    sessionId: null,
+    inputRate: INPUT_RATE_HZ,
+    outputRate: null,
+    contextRate: null,
+    micError: null,
+    micFrames: 0,
+    sentAudioMs: 0,
+    speechStarted: 0,
+    speechStopped: 0,
+    committed: 0,
+    receivedSamples: 0,
+    playedSamples: 0,
+    droppedDeltas: 0,
+    playback: { state: "idle", bufferedMs: 0, underruns: 0, prebufferMs: 0 },
+    ttfaMs: [],
+    serverTtfaMs: [],
+    responses: {},
+    bargeIns: [],
+    truncates: [],
+    truncated: [],
+    errors: [],
+    events: {},
+    sent: {},
+  };
+}
+
+export class VoiceChat {
+  /**
+   * @param {object} ui view callbacks (see main.js): setState, transcript, latency, level, error,
+   *   setVoiceLocked
+   * @param {object} demo the record from newDemoRecord(), updated in place
+   */
+  constructor(ui, demo) {
+    this.ui = ui;
+    this.demo = demo;
+    this.client = null;
+    this.audio = null;
+    this.isMuted = false;
+    this._reset();
+  }
+
+  _reset() {
+    this.activeResponse = null;
+    this.turnEndAt = null; // when the user's turn ended (speech_stopped), the TTFA origin
+    this.textSentAt = null; // or when a typed turn's response.create went out
+    this.itemResponse = new Map(); // assistant item id -> response id
+    this.itemPlayed = new Map(); // assistant item id -> source samples played
+    this.interrupted = new Set(); // response ids whose late audio is dropped
+    this.userSpeech = new Map(); // user item id -> {startMs, seconds} from the VAD events
+    this.hasSpoken = false;
+    this.lastTimedResponse = null; // the response whose TTFA the page shows
+  }
+
+  get isConnected() {
+    return this.client !== null && this.client.isOpen;
+  }
+
+  _setState(state) {
+    if (this.demo.state !== state) this.demo.stateLog.push(state);
+    this.demo.state = state;
+    this.ui.setState(state);
+  }
+
+  /** Open audio, connect, configure the session, start the microphone; false on failure. */
+  async connect({ serverUrl, apiKey, voice, outputRate, model }) {
+    this._reset();
+    this._setState(State.CONNECTING);
+    this.audio = new AudioIO({
+      onFrame: (pcm, rms) => this._onMicFrame(pcm, rms),
+      onPlayback: (msg) => this._onPlayback(msg),
+    });
+    this.client = new RealtimeClient({
+      onEvent: (ev) => this._onEvent(ev),
+      onClose: (err) => this._onClosed(err),
+    });
+    try {
+      await this.audio.open();
+      this.demo.contextRate = this.audio.sampleRate;
+      await this.client.connect(serverUrl, { apiKey, model });
+    } catch (err) {
+      await this._teardown();
+      this.ui.error(err.kind === "auth" ? "Authentication failed"
+        : err.kind === "unreachable" ? "Server unreachable" : "Could not connect", err.message, err.kind);
+      return false;
+    }
+    this.client.send(this._sessionUpdate(voice, outputRate));
+    this.demo.sent = this.client.sentCounts;
+    try {
+      await this.audio.startMic({ targetRate: INPUT_RATE_HZ, frameMs: FRAME_MS });
+    } catch (err) {
+      this.demo.micError = err.kind;
+      this.ui.error(err.kind === "denied" ? "Microphone blocked" : "Microphone unavailable", err.message, `mic-${err.kind}`);
+    }
+    if (this.isConnected) this._setState(State.LISTENING);
+    return this.isConnected;
+  }
+
+  _sessionUpdate(voice, outputRate) {
+    const output = { format: { type: "audio/pcm", rate: outputRate } };
+    if (voice) output.voice = voice;
+    return {
+      type: "session.update",
+      session: {
+        type: "realtime",
+        output_modalities: ["audio"],
+        audio: {
+          input: {
+            format: { type: "audio/pcm", rate: INPUT_RATE_HZ },
+            turn_detection: { type: "server_vad", create_response: true, interrupt_response: true },
+          },
+          // 44.1 kHz is this server's extension (the model's native rate); 24 kHz is standard.
+          output,
+        },
+        realtime_ming: { timing_events: true },
+      },
+    };
+  }
+
+  /** Close the session and release the microphone. */
+  async disconnect() {
+    await this._teardown();
+  }
+
+  async _teardown() {
+    const { client, audio } = this;
+    this.client = this.audio = null;
+    if (client) client.close();
+    if (audio) await audio.close();
+    this.activeResponse = null;
+    this.ui.level(0, true);
+    this._setState(State.DISCONNECTED);
+  }
+
+  async _onClosed(err) {
+    await this._teardown();
+    this.ui.error("Disconnected", err.message, "closed");
+  }
+
+  /** Mute or unmute the microphone (muted: nothing is sent). */
+  setMuted(isMuted) {
+    this.isMuted = isMuted;
+    if (isMuted) this.ui.level(0, true);
+  }
+
+  /** Change the voice; the server fixes it after the first spoken reply. */
+  setVoice(voice) {
+    if (this.isConnected && !this.hasSpoken) {
+      this.client.send({ type: "session.update", session: { type: "realtime", audio: { output: { voice } } } });
+    }
+  }
+
+  /** Send a typed message and ask for a reply (interrupting a reply in progress). */
+  async sendText(text) {
+    if (!this.isConnected) return;
+    await this._interrupt(true);
+    this.client.send({
+      type: "conversation.item.create",
+      item: { type: "message", role: "user", content: [{ type: "input_text", text }] },
+    });
+    this.textSentAt = performance.now();
+    this.client.send({ type: "response.create" });
+    this.ui.transcript.userTyped(text);
+    this._setState(State.THINKING);
+  }
+
+  /** Add an image (a data URL) to the conversation; the next turn can talk about it. */
+  attachImage(dataUrl, name) {
+    if (!this.isConnected) return;
+    this.client.send({
+      type: "conversation.item.create",
+      item: { type: "message", role: "user", content: [{ type: "input_image", image_url: dataUrl }] },
+    });
+    this.ui.transcript.image(dataUrl, name);
+  }
+
+  _onMicFrame(pcm, rms) {
+    const d = this.demo;
+    d.micFrames++;
+    if (this.isMuted || !this.isConnected) return;
+    this.ui.level(rms, false);
+    this.client.send({ type: "input_audio_buffer.append", audio: pcm16ToBase64(pcm) });
+    d.sentAudioMs += (1000 * pcm.length) / INPUT_RATE_HZ;
+  }
+
+  _onEvent(ev) {
+    const d = this.demo;
+    d.events[ev.type] = (d.events[ev.type] || 0) + 1;
+    switch (ev.type) {
+      case "session.created":
+        d.sessionId = ev.session.id;
+        break;
+      case "session.updated":
+        d.outputRate = ev.session.audio?.output?.format?.rate ?? 24000;
+        break;
+      case "input_audio_buffer.speech_started":
+        d.speechStarted++;
+        this.userSpeech.set(ev.item_id, { startMs: ev.audio_start_ms, seconds: null });
+        this.ui.transcript.userTurn(ev.item_id);
+        this._setState(State.USER_SPEAKING);
+        this._interrupt(false);
+        break;
+      case "input_audio_buffer.speech_stopped":
+        d.speechStopped++;
+        this.turnEndAt = performance.now();
+        if (this.userSpeech.has(ev.item_id)) {
+          const speech = this.userSpeech.get(ev.item_id);
+          speech.seconds = (ev.audio_end_ms - speech.startMs) / 1000;
+        }
+        this._setState(State.THINKING);
+        break;
+      case "input_audio_buffer.committed":
+        d.committed++;
+        this.ui.transcript.userCommitted(ev.item_id, this.userSpeech.get(ev.item_id)?.seconds ?? null);
+        this.userSpeech.delete(ev.item_id);
+        break;
+      case "conversation.item.input_audio_transcription.delta":
+        this.ui.transcript.userText(ev.item_id, ev.delta, false);
+        break;
+      case "conversation.item.input_audio_transcription.completed":
+        this.ui.transcript.userText(ev.item_id, ev.transcript, true);
+        break;
+      case "response.created":
+        this._onResponseCreated(ev.response);
+        break;
+      case "response.output_item.added":
+        if (ev.item.type === "message") {
+          this.itemResponse.set(ev.item.id, ev.response_id);
+          d.responses[ev.response_id]?.itemIds.push(ev.item.id);
+          this.ui.transcript.assistantTurn(ev.item.id);
+        }
+        break;
+      case "response.output_audio.delta":
+        this._onAudioDelta(ev);
+        break;
+      case "response.output_audio.done":
+        this.audio?.endItem(ev.item_id);
+        break;
+      case "response.output_audio_transcript.delta":
+      case "response.output_text.delta":
+        if (!this.interrupted.has(ev.response_id)) {
+          this.ui.transcript.assistantDelta(ev.item_id, ev.delta);
+          const r = d.responses[ev.response_id];
+          if (r) r.transcript += ev.delta;
+        }
+        break;
+      case "response.done":
+        this._onResponseDone(ev.response);
+        break;
+      case "realtime_ming.response.timings":
+        this._onServerTimings(ev);
+        break;
+      case "conversation.item.truncated":
+        d.truncated.push({ itemId: ev.item_id, audioEndMs: ev.audio_end_ms });
+        this.ui.transcript.assistantEnd(ev.item_id, "interrupted", `heard ${(ev.audio_end_ms / 1000).toFixed(1)} s`);
+        break;
+      case "error":
+        d.errors.push({ code: ev.error.code, message: ev.error.message });
+        if (BENIGN_ERRORS.has(ev.error.code)) break;
+        this.ui.error("The server reported an error", `${ev.error.message}${ev.error.code ? ` (${ev.error.code})` : ""}`, ev.error.code);
+        break;
+      default:
+        break;
+    }
+  }
+
+  _onResponseCreated(response) {
+    const startedAt = this.turnEndAt ?? this.textSentAt ?? performance.now();
+    this.turnEndAt = this.textSentAt = null;
+    this.demo.responses[response.id] = {
+      id: response.id,
+      status: response.status,
+      reason: null,
+      itemIds: [],
+      audioDeltas: 0,
+      receivedSamples: 0,
+      playedSamples: 0,
+      ttfaMs: null,
+      serverTtfaMs: null,
+      transcript: "",
+      startedAt,
+    };
+    this.activeResponse = response.id;
+    if (this.demo.state !== State.USER_SPEAKING) this._setState(State.THINKING);
+  }
+
+  _onAudioDelta(ev) {
+    const d = this.demo;
+    const r = d.responses[ev.response_id];
+    if (!r || this.interrupted.has(ev.response_id) || !this.audio) {
+      d.droppedDeltas++; // late audio of a response the user already talked over
+      return;
+    }
+    const pcm = base64ToPcm16(ev.delta);
+    r.audioDeltas++;
+    r.receivedSamples += pcm.length;
+    d.receivedSamples += pcm.length;
+    if (r.ttfaMs === null) {
+      r.ttfaMs = Math.round(performance.now() - r.startedAt);
+      d.ttfaMs.push(r.ttfaMs);
+      this.lastTimedResponse = r.id;
+      this.ui.latency(r.ttfaMs, null);
+      if (!this.hasSpoken) {
+        this.hasSpoken = true;
+        this.ui.setVoiceLocked(true);
+      }
+    }
+    this.audio.play(ev.item_id, pcm, d.outputRate ?? 24000);
+  }
+
+  _onResponseDone(response) {
+    const r = this.demo.responses[response.id];
+    if (r) {
+      r.status = response.status;
+      r.reason = response.status_details?.reason ?? null;
+    }
+    if (this.activeResponse === response.id) this.activeResponse = null;
+    for (const item of response.output || []) {
+      this.audio?.endItem(item.id);
+      this.ui.transcript.assistantEnd(item.id, response.status, REASON_TEXT[r?.reason] ?? r?.reason);
+    }
+    if (this.demo.state === State.THINKING && this.demo.playback.state === "idle") this._setState(State.LISTENING);
+  }
+
+  _onServerTimings(ev) {
+    const ms = ev.timings.first_audio_delta;
+    const r = this.demo.responses[ev.response_id];
+    if (ms === undefined || !r) return;
+    r.serverTtfaMs = Math.round(ms);
+    this.demo.serverTtfaMs.push(r.serverTtfaMs);
+    // The server's figure arrives with response.done; show it only next to its own turn.
+    if (r.id === this.lastTimedResponse) this.ui.latency(null, r.serverTtfaMs);
+  }
+
+  _onPlayback(msg) {
+    const d = this.demo;
+    d.playback = { state: msg.state, bufferedMs: msg.bufferedMs, underruns: msg.underruns, prebufferMs: msg.prebufferMs };
+    for (const it of msg.items) {
+      const played = Math.max(it.played, this.itemPlayed.get(it.itemId) ?? 0);
+      this.itemPlayed.set(it.itemId, played);
+      const r = d.responses[this.itemResponse.get(it.itemId)];
+      if (r) r.playedSamples = played;
+    }
+    let total = 0;
+    for (const played of this.itemPlayed.values()) total += played;
+    d.playedSamples = total;
+    if (msg.type !== "stats" || d.state === State.USER_SPEAKING || !this.isConnected) return;
+    if (msg.state === "playing") this._setState(State.SPEAKING);
+    else if (msg.state === "idle" && d.state === State.SPEAKING) {
+      this._setState(this.activeResponse ? State.THINKING : State.LISTENING);
+    }
+  }
+
+  /**
+   * Barge-in: stop playback at once and truncate the assistant item to what was heard. The server
+   * cancels the active response itself on speech_started (interrupt_response); a typed message
+   * (`cancel`) cancels it explicitly.
+   */
+  async _interrupt(cancel) {
+    if (!this.audio) return;
+    const active = this.activeResponse;
+    if (active) {
+      this.interrupted.add(active);
+      if (cancel) this.client.send({ type: "response.cancel", response_id: active });
+    }
+    const cleared = await this.audio.clear();
+    const record = { responseId: active, at: performance.now(), playbackState: cleared.state, items: [] };
+    for (const it of cleared.items) {
+      const responseId = this.itemResponse.get(it.itemId);
+      const r = this.demo.responses[responseId];
+      // (_onPlayback has already recorded the played counts of this message.)
+      const isUnheard = it.played < it.received || (r && r.status === "in_progress");
+      if (!responseId || !isUnheard) continue;
+      this.interrupted.add(responseId);
+      const audioEndMs = Math.floor((1000 * it.played) / it.rate);
+      this.client?.send({ type: "conversation.item.truncate", item_id: it.itemId, content_index: 0, audio_end_ms: audioEndMs });
+      const entry = { itemId: it.itemId, responseId, audioEndMs, receivedMs: (1000 * it.received) / it.rate };
+      this.demo.truncates.push(entry);
+      record.items.push(entry);
+    }
+    if (active || record.items.length > 0) this.demo.bargeIns.push(record);
+  }
+}
