@@ -21,6 +21,6 @@ for i in $(seq 1 300); do
 done
 echo "server up after ${i}s"; cat "$out/health.json"; echo
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv > "$out/gpus.csv" || true
-python3 -m bench --url ws://127.0.0.1:8765/v1/realtime -c "$levels" --turns 2 --warmup 1 \
+python3 -m bench --url ws://127.0.0.1:8765/v1/realtime -c "$levels" --turns "${TURNS:-2}" --warmup 1 \
   --vad-silence-ms 200 --max-output-tokens 48 --turns-cache .turns --no-progress --out "$out/bench" || true
 tail -20 "$out/server.log"
