@@ -17,6 +17,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import socket
 import subprocess
 import sys
@@ -92,7 +93,8 @@ def _device_info(device: torch.device, rank: int) -> dict:
     for key, cmd in (("nvidia_smi", ["nvidia-smi", "--query-gpu=index,name,memory.total,driver_version",
                                      "--format=csv,noheader"]), ("nvidia_smi_topo", ["nvidia-smi", "topo", "-m"])):
         try:
-            info[key] = subprocess.run(cmd, capture_output=True, text=True, timeout=20, check=False).stdout.strip()
+            text = subprocess.run(cmd, capture_output=True, text=True, timeout=20, check=False).stdout.strip()
+            info[key] = re.sub(r"\x1b\[[0-9;]*m", "", text)  # topo -m underlines its header
         except (OSError, subprocess.SubprocessError) as exc:
             info[key] = f"unavailable: {exc}"
     return info
