@@ -167,7 +167,7 @@ async def test_sdk_audio_turn_event_sequence(transport, server, engine, tone_wav
 
 
 async def test_sdk_client_and_local_agent_give_the_same_turn(server, engine, tone_wav):
-    """The same audio turn through both transports: identical event types (per delta kind), transcript and item shape."""
+    """The same audio turn through both transports: identical event order (delta runs collapsed), transcript delta count, text and usage."""
     turns = {}
     for transport in TRANSPORTS:
         async with open_agent(transport, server, engine) as agent:

@@ -331,9 +331,10 @@ class RealtimeAgent:
         Cancelling stops between appends.
         """
         fmt = self._input_format
-        data = audio if isinstance(audio, bytes) else await asyncio.to_thread(
-            encode_input_audio, audio, fmt, sample_rate_hz
-        )
+        if isinstance(audio, bytes | bytearray | memoryview):
+            data = encode_input_audio(audio, fmt)  # checks whole samples; no work worth a thread
+        else:  # file reads and resampling stay off the event loop
+            data = await asyncio.to_thread(encode_input_audio, audio, fmt, sample_rate_hz)
         codec = wire_format(fmt)
         step_ms = chunk_ms or (20 if realtime else 200)
         step = codec.bytes_per_sample * max(1, codec.sample_rate_hz * step_ms // 1000)
