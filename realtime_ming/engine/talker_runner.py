@@ -224,13 +224,14 @@ class TalkerRunner:
                 ends = ends or should_stop(s.step, p_stop[i], self.cfg.min_new_token)
             last.append(ends)
             s.step += 1
-        rows = self.vae_state.batch
+        # the VAE runs only the smallest bucket of rows holding the n active ones (rows past n are idle)
+        rows = min([b for b in self.cfg.buckets if n <= b <= self.vae_state.batch] or [self.vae_state.batch])
         latents = torch.zeros(rows, self.patch, lat, device=self.vae_device, dtype=gen_lat.dtype)
         latents[:n] = gen_lat.to(self.vae_device)
         active = torch.arange(rows, device=self.vae_device) < n
         is_last = torch.zeros(rows, dtype=torch.bool, device=self.vae_device)
         is_last[:n] = torch.tensor(last, device=self.vae_device)
-        chunk = decode_chunk(self.vae, latents, self.vae_state, is_last if any(last) else False, active)
+        chunk = decode_chunk(self.vae, latents, self._vae_rows(rows), is_last if any(last) else False, active)
         pcm_rows = chunk.rows()
         outputs = []
         for i, s in enumerate(self.streams):
@@ -240,6 +241,14 @@ class TalkerRunner:
         if done:
             self._remove(done, reset=False)
         return outputs
+
+    def _vae_rows(self, rows: int) -> VAEStreamState:
+        """The VAE state of rows 0..rows-1 as views: `decode_chunk` updates them in place."""
+        st = self.vae_state
+        if rows == st.batch:
+            return st
+        return VAEStreamState(st.chunk_latents, st.cache.rows(0, rows), st.held[:rows], st.left_ctx[:rows],
+                              st.has_held[:rows], st.frame_pos[:rows], st.audio_buf[:rows], st.env_buf[:rows])
 
     def _remove(self, indices: list[int], reset: bool) -> None:
         """Drop streams at `indices`, refilling each hole from the last row (descending order keeps it valid)."""
