@@ -224,31 +224,41 @@ class TalkerRunner:
                 ends = ends or should_stop(s.step, p_stop[i], self.cfg.min_new_token)
             last.append(ends)
             s.step += 1
-        # the VAE runs only the smallest bucket of rows holding the n active ones (rows past n are idle)
-        rows = min([b for b in self.cfg.buckets if n <= b <= self.vae_state.batch] or [self.vae_state.batch])
-        latents = torch.zeros(rows, self.patch, lat, device=self.vae_device, dtype=gen_lat.dtype)
-        latents[:n] = gen_lat.to(self.vae_device)
-        active = torch.arange(rows, device=self.vae_device) < n
-        is_last = torch.zeros(rows, dtype=torch.bool, device=self.vae_device)
-        is_last[:n] = torch.tensor(last, device=self.vae_device)
-        chunk = decode_chunk(self.vae, latents, self._vae_rows(rows), is_last if any(last) else False, active)
-        pcm_rows = chunk.rows()
+        # VAE on the n active rows only; a stream that ends now is flushed in a call of its own, so the
+        # others run the 4-latent held block instead of the 8-latent flush block (half the backbone work)
+        lat_vae = gen_lat.to(self.vae_device)
+        ending = [i for i, end in enumerate(last) if end]
+        pcm_rows = [torch.zeros(0)] * n  # host float32, as VAEChunk.rows()
+        if len(ending) < n:
+            going_on = torch.tensor([not end for end in last], device=self.vae_device)
+            pcm_rows = decode_chunk(self.vae, lat_vae, self._vae_rows(n), False, going_on).rows()
+        if ending:
+            idx = torch.tensor(ending, device=self.vae_device)
+            flushed = decode_chunk(self.vae, lat_vae[idx], self._vae_gather(idx), True).rows()
+            for i, pcm in zip(ending, flushed):
+                pcm_rows[i] = pcm
         outputs = []
         for i, s in enumerate(self.streams):
             pcm = s.silence.push(pcm_rows[i], last[i]) if s.silence is not None else pcm_rows[i]
             outputs.append(TalkerOutput(s.job.turn_id, s.job.segment_id, pcm.numpy().astype(np.float32, copy=False)))
-        done = [i for i, end in enumerate(last) if end]
-        if done:
-            self._remove(done, reset=False)
+        if ending:
+            self._remove(ending, reset=False)
         return outputs
 
     def _vae_rows(self, rows: int) -> VAEStreamState:
-        """The VAE state of rows 0..rows-1 as views: `decode_chunk` updates them in place."""
+        """The VAE state of rows 0..rows-1 as views (`decode_chunk` updates them in place)."""
         st = self.vae_state
         if rows == st.batch:
             return st
         return VAEStreamState(st.chunk_latents, st.cache.rows(0, rows), st.held[:rows], st.left_ctx[:rows],
                               st.has_held[:rows], st.frame_pos[:rows], st.audio_buf[:rows], st.env_buf[:rows])
+
+    def _vae_gather(self, idx: torch.Tensor) -> VAEStreamState:
+        """A copy of the VAE state of rows `idx` (streams that end now: `_remove` then clears their rows)."""
+        st = self.vae_state
+        cache = KVCache(st.cache.k[:, idx], st.cache.v[:, idx], st.cache.slot_pos[idx])
+        return VAEStreamState(st.chunk_latents, cache, st.held[idx], st.left_ctx[idx], st.has_held[idx],
+                              st.frame_pos[idx], st.audio_buf[idx], st.env_buf[idx])
 
     def _remove(self, indices: list[int], reset: bool) -> None:
         """Drop streams at `indices`, refilling each hole from the last row (descending order keeps it valid)."""
