@@ -1,0 +1,283 @@
+"""CPU engine benchmark (issue 3): N concurrent turns through `Engine` on the tiny model, N = 1, 4, 16.
+
+    python -m bench.engine_bench [--levels 1,4,16] [--modes spoken,text] [--rounds 3] [--max-tokens 32]
+                                 [--steps-per-word 2] [--threads 0] [--out DIR]
+
+Every turn has a fixed amount of work: the thinker emits `--max-tokens` tokens of a scripted reply
+(`forced_reply`, so the segmenter and talker see real words; every model computation still runs);
+spoken turns add the talker at `--steps-per-word` steps per word, text turns are thinker only.
+Reports per mode and level: medians of each stage mark relative to SUBMITTED, aggregate throughput
+(thinker tokens/s, audio s per wall s, turns/s) and where the engine thread spent its time.
+Writes engine_bench.json and engine_bench.md into --out (default bench/results/cpu-engine-<date>/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+
+from realtime_ming.engine import Engine, talker_runner  # noqa: E402
+from realtime_ming.engine.api import (  # noqa: E402
+    OUTPUT_SAMPLE_RATE_HZ, Content, Message, SamplingParams, Stage, TurnCancelled, TurnDone, TurnFailed, TurnRequest)
+from realtime_ming.engine.config import EngineConfig, TalkerRunnerConfig, ThinkerRunnerConfig  # noqa: E402
+
+__all__ = ["main", "run_level"]
+
+REPLY = ("Sure. The weather today looks sunny, with a light breeze from the west and a high of twenty degrees. "
+         "Later in the evening a few clouds may drift in, but no rain is expected before tomorrow.")
+PROMPTS = ("Hello, how are you today?", "What will the weather be like?", "Tell me something about the sea.",
+           "Can you recommend a good book?")
+STAGES = (Stage.ENCODERS_DONE, Stage.PREFILL_DONE, Stage.FIRST_TOKEN, Stage.FIRST_SEGMENT, Stage.FIRST_TALKER_STEP,
+          Stage.FIRST_PCM, Stage.THINKER_DONE, Stage.DONE)
+
+
+class StepClock:
+    """Wall time of the engine thread's parts, by wrapping the callables it steps (profiling only)."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+        self.rows: dict[str, int] = defaultdict(int)  # talker streams summed over talker steps
+
+    def wrap(self, owner, name: str, label: str, rows=None) -> None:
+        inner = getattr(owner, name)
+
+        def timed(*args, **kwargs):
+            if rows is not None:
+                self.rows[label] += rows()
+            t0 = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self.seconds[label] += time.perf_counter() - t0
+                self.calls[label] += 1
+
+        setattr(owner, name, timed)
+
+    def reset(self) -> None:
+        self.seconds.clear()
+        self.calls.clear()
+        self.rows.clear()
+
+
+def instrument(engine: Engine) -> StepClock:
+    clock = StepClock()
+    thinker, talker = engine._thinker, engine._talker
+    clock.wrap(thinker, "step", "thinker_step")
+    clock.wrap(talker, "step", "talker_step")
+    clock.wrap(talker, "_advance", "talker_advance", rows=talker.num_streams)  # runs only with streams
+    clock.wrap(engine.bundle.talker, "prefill", "talker_prefill")
+    clock.wrap(engine.bundle.talker, "decode_lm", "talker_lm")
+    clock.wrap(engine.bundle.talker, "tail_step", "talker_cfm_tail")
+    clock.wrap(talker_runner, "decode_chunk", "vae_chunk")
+    return clock
+
+
+def _request(turn_id: str, index: int, max_tokens: int, with_audio: bool) -> TurnRequest:
+    text = PROMPTS[index % len(PROMPTS)]
+    return TurnRequest(turn_id, turn_id, (Message("user", (Content.of_text(text),)),), with_audio=with_audio,
+                       sampling=SamplingParams(max_tokens=max_tokens, ignore_eos=True, seed=index))
+
+
+def run_level(engine: Engine, clock: StepClock, mode: str, n: int, round_index: int, max_tokens: int) -> dict:
+    """Submit n turns at once and wait for all of them; returns the level's measurements."""
+    done = threading.Event()
+    results: dict[str, object] = {}
+    lock = threading.Lock()
+
+    def sink(event):
+        if isinstance(event, (TurnDone, TurnFailed, TurnCancelled)):
+            with lock:
+                results[event.turn_id] = event
+                if len(results) == n:
+                    done.set()
+
+    clock.reset()
+    ids = [f"{mode}-r{round_index}-n{n}-{i}" for i in range(n)]
+    t0 = time.monotonic()
+    for i, turn_id in enumerate(ids):
+        engine.submit(_request(turn_id, i, max_tokens, mode == "spoken"), sink)
+    if not done.wait(600):
+        raise RuntimeError(f"{mode} N={n}: only {len(results)} of {n} turns finished")
+    wall = time.monotonic() - t0
+    for turn_id in ids:
+        engine.close_conversation(turn_id)
+    failed = [r for r in results.values() if not isinstance(r, TurnDone)]
+    if failed:
+        raise RuntimeError(f"{mode} N={n}: {failed[0]}")
+    turns = [results[t] for t in ids]
+    stages = {s.value: [1000 * (d.stages[s] - d.stages[Stage.SUBMITTED]) for d in turns if s in d.stages]
+              for s in STAGES}
+    tokens = sum(d.output_tokens for d in turns)
+    # the thinker's own span: first admission to the last turn's final token
+    thinker_span = max(d.stages[Stage.THINKER_DONE] for d in turns) - min(d.stages[Stage.SUBMITTED] for d in turns)
+    audio_s = sum(d.audio_samples for d in turns) / OUTPUT_SAMPLE_RATE_HZ
+    return {
+        "mode": mode, "n": n, "round": round_index, "wall_s": wall, "tokens": tokens, "audio_s": audio_s,
+        "thinker_tok_per_s": tokens / thinker_span, "audio_s_per_wall_s": audio_s / wall, "turns_per_s": n / wall,
+        "stages_ms": stages, "engine_thread_s": dict(clock.seconds), "calls": dict(clock.calls),
+        "mean_talker_streams": clock.rows["talker_advance"] / max(1, clock.calls["talker_advance"]),
+    }
+
+
+def summarise(samples: list[dict]) -> dict:
+    """Per mode and level: medians over rounds of throughput and thread time, over every turn of each stage."""
+    out: dict = {}
+    for mode, n in sorted({(s["mode"], s["n"]) for s in samples}):
+        rows = [s for s in samples if s["mode"] == mode and s["n"] == n]
+        med = lambda key: statistics.median(r[key] for r in rows)  # noqa: E731
+        labels = sorted({k for r in rows for k in r["calls"]})
+        thread = {k: statistics.median(r["engine_thread_s"].get(k, 0.0) for r in rows) for k in labels}
+        calls = {k: statistics.median(r["calls"].get(k, 0) for r in rows) for k in labels}
+        out.setdefault(mode, {})[n] = {
+            "wall_s": med("wall_s"), "thinker_tok_per_s": med("thinker_tok_per_s"),
+            "audio_s_per_wall_s": med("audio_s_per_wall_s"), "turns_per_s": med("turns_per_s"),
+            "audio_s_per_turn": med("audio_s") / n, "mean_talker_streams": med("mean_talker_streams"),
+            "stages_ms": {st: statistics.median(v for r in rows for v in r["stages_ms"][st])
+                          for st in rows[0]["stages_ms"] if any(r["stages_ms"][st] for r in rows)},
+            "engine_thread_s": thread, "calls": calls,
+            "ms_per_call": {k: 1000 * thread[k] / calls[k] for k in labels if calls[k]},
+        }
+    return out
+
+
+_THREAD_KEYS = ("thinker_step", "talker_advance", "talker_prefill", "talker_lm", "talker_cfm_tail", "vae_chunk")
+
+
+def _mode_markdown(mode: str, summary: dict) -> list[str]:
+    levels = sorted(summary)
+    base = summary[levels[0]]
+    lines = [f"## {mode} turns: throughput", "",
+             "| N | wall s | thinker tok/s | audio s / wall s | turns/s | audio s per turn | talker streams/step |",
+             "|---|---|---|---|---|---|---|"]
+    for n in levels:
+        s = summary[n]
+        lines.append(f"| {n} | {s['wall_s']:.2f} | {s['thinker_tok_per_s']:.0f} | {s['audio_s_per_wall_s']:.2f} | "
+                     f"{s['turns_per_s']:.2f} | {s['audio_s_per_turn']:.2f} | {s['mean_talker_streams']:.1f} |")
+    lines += ["", f"vs N = {levels[0]}: " + "; ".join(
+        f"N={n}: thinker tok/s ×{summary[n]['thinker_tok_per_s'] / base['thinker_tok_per_s']:.2f}, "
+        f"turns/s ×{summary[n]['turns_per_s'] / base['turns_per_s']:.2f}" for n in levels[1:]), "",
+              f"## {mode} turns: stage marks (median ms after SUBMITTED, every turn)", "",
+              "| N | " + " | ".join(st.value for st in STAGES) + " |", "|---|" + "---|" * len(STAGES)]
+    for n in levels:
+        st = summary[n]["stages_ms"]
+        lines.append(f"| {n} | " + " | ".join(f"{st[s.value]:.0f}" if s.value in st else "–" for s in STAGES) + " |")
+    lines += ["", f"## {mode} turns: engine thread, ms per call (calls), median round", "",
+              "| N | " + " | ".join(_THREAD_KEYS) + " | busy / wall |", "|---|" + "---|" * (len(_THREAD_KEYS) + 1)]
+    for n in levels:
+        per, calls, thread = summary[n]["ms_per_call"], summary[n]["calls"], summary[n]["engine_thread_s"]
+        busy = (thread.get("thinker_step", 0.0) + thread.get("talker_step", 0.0)) / summary[n]["wall_s"]
+        lines.append(f"| {n} | " + " | ".join(f"{per[k]:.1f} ({calls[k]:.0f})" if k in per else "–" for k in _THREAD_KEYS)
+                     + f" | {busy:.2f} |")
+    return lines + [""]
+
+
+def markdown(meta: dict, summary: dict) -> str:
+    lines = [f"# Engine CPU benchmark — {meta['date']}", "",
+             f"Device: {meta['device']}; torch {meta['torch']} ({meta['torch_threads']} intra-op threads), "
+             f"Python {meta['python']}; commit {meta['commit']}; load average at start {meta['loadavg'][0]:.2f}.", "",
+             f"Command: `{meta['command']}`", "",
+             f"Model: embedded tiny random-weight Ming. Every turn: {meta['max_tokens']} thinker tokens (forced reply, "
+             f"ignore_eos); spoken turns add the talker at {meta['steps_per_word']} steps per word. N turns are "
+             f"submitted at once; {meta['rounds']} rounds per level, levels interleaved; medians.", "",
+             "thinker tok/s = output tokens / (first SUBMITTED → last THINKER_DONE); audio s / wall s and turns/s "
+             "over the level's wall time. `talker_advance` is one batched talker step (it runs only with streams; "
+             "`talker_lm`, `talker_cfm_tail`, `vae_chunk` are its parts); `talker_prefill` starts one talker job.", ""]
+    for mode in summary:
+        lines += _mode_markdown(mode, summary[mode])
+    return "\n".join(lines)
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--levels", default="1,4,16", help="concurrent turns per level, comma separated")
+    ap.add_argument("--modes", default="spoken,text", help="spoken (thinker + talker) and/or text (thinker only)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--steps-per-word", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = leave torch's default)")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    levels = [int(v) for v in args.levels.split(",")]
+    modes = [m for m in args.modes.split(",") if m]
+    if not modes or set(modes) - {"spoken", "text"}:
+        ap.error("--modes takes spoken and/or text")
+    date = datetime.date.today().isoformat()
+    out = Path(args.out) if args.out else REPO / "bench" / "results" / f"cpu-engine-{date}"
+    cfg = EngineConfig(thinker=ThinkerRunnerConfig(max_slots=max(levels), max_seq_len=1024, forced_reply=REPLY),
+                       talker=TalkerRunnerConfig(max_streams=max(levels), steps_per_word=args.steps_per_word))
+    t = time.monotonic()
+    engine = Engine.create(cfg)  # includes one warm-up turn
+    print(f"engine ready in {time.monotonic() - t:.1f} s", flush=True)
+    clock = instrument(engine)
+    samples = []
+    try:
+        for mode in modes:
+            run_level(engine, clock, mode, max(levels), -1, args.max_tokens)  # warm the largest batch shapes too
+        for r in range(args.rounds):
+            for mode in modes:
+                for n in levels:
+                    s = run_level(engine, clock, mode, n, r, args.max_tokens)
+                    samples.append(s)
+                    print(f"round {r} {mode:>6} N={n:>2}: wall {s['wall_s']:.2f} s, thinker {s['thinker_tok_per_s']:.0f} "
+                          f"tok/s, {s['audio_s_per_wall_s']:.2f} audio s/s, {s['turns_per_s']:.2f} turns/s", flush=True)
+    finally:
+        engine.close()
+    summary = summarise(samples)
+    meta = {
+        "date": date, "device": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs visible",
+        "cpu_model": _cpu_model(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(), "commit": _commit(),
+        "command": "python -m bench.engine_bench " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "max_tokens": args.max_tokens, "steps_per_word": args.steps_per_word, "rounds": args.rounds,
+        "levels": levels, "modes": modes, "engine_config": dataclasses.asdict(cfg), "loadavg": os.getloadavg(),
+    }
+    meta["device"] = f"{meta['cpu_model']} ({os.cpu_count()} CPUs visible)"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "engine_bench.json").write_text(json.dumps({"meta": meta, "summary": summary, "samples": samples},
+                                                      indent=1, default=str))
+    (out / "engine_bench.md").write_text(markdown(meta, summary))
+    print(markdown(meta, summary))
+    print(f"wrote {out}/engine_bench.json and engine_bench.md")
+    return 0
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
