@@ -38,11 +38,8 @@ _FORCED_REPLY = "Sure. The weather today looks sunny, with a light breeze from t
 @pytest.fixture(scope="module")
 def engine():
     """The real engine on the embedded tiny default, thinker forced to speak words (loaded once)."""
-    try:
-        from realtime_ming.engine import Engine
-        from realtime_ming.engine.config import EngineConfig, ThinkerRunnerConfig
-    except ImportError as exc:
-        pytest.skip(f"realtime_ming.engine.Engine is not available yet: {exc}")
+    from realtime_ming.engine import Engine
+    from realtime_ming.engine.config import EngineConfig, ThinkerRunnerConfig
     eng = Engine.create(EngineConfig(thinker=ThinkerRunnerConfig(forced_reply=_FORCED_REPLY)))
     yield eng
     eng.close()

@@ -78,11 +78,8 @@ AUDIO_DELTAS = {"response.output_audio.delta", "response.output_audio_transcript
 @pytest.fixture(scope="module")
 def engine():
     """The real engine on the embedded tiny model, answering with FORCED_REPLY (loaded once)."""
-    try:
-        from realtime_ming.engine import Engine
-        from realtime_ming.engine.config import EngineConfig, ThinkerRunnerConfig
-    except ImportError as exc:
-        pytest.skip(f"realtime_ming.engine.Engine is not available: {exc}")
+    from realtime_ming.engine import Engine
+    from realtime_ming.engine.config import EngineConfig, ThinkerRunnerConfig
     eng = Engine.create(EngineConfig(thinker=ThinkerRunnerConfig(forced_reply=FORCED_REPLY)))
     yield eng
     eng.close()

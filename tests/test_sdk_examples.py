@@ -27,11 +27,8 @@ EXAMPLES = REPO / "examples"
 @pytest.fixture(scope="module")
 def engine():
     """The tiny engine answering with a fixed reply (the examples' own demo setting)."""
-    try:
-        from realtime_ming.engine import Engine
-        from realtime_ming.engine.config import EngineConfig, ThinkerRunnerConfig
-    except ImportError as exc:
-        pytest.skip(f"realtime_ming.engine.Engine is not available: {exc}")
+    from realtime_ming.engine import Engine
+    from realtime_ming.engine.config import EngineConfig, ThinkerRunnerConfig
     eng = Engine.create(EngineConfig(thinker=ThinkerRunnerConfig(forced_reply="Hello there, this is a test.")))
     yield eng
     eng.close()

@@ -40,11 +40,8 @@ pytestmark = pytest.mark.timeout(240)
 @pytest.fixture(scope="module")
 def engine():
     """The real engine on the embedded tiny default (loaded once for the module)."""
-    try:
-        from realtime_ming.engine import Engine
-        from realtime_ming.engine.config import EngineConfig
-    except ImportError as exc:
-        pytest.skip(f"realtime_ming.engine.Engine is not available yet: {exc}")
+    from realtime_ming.engine import Engine
+    from realtime_ming.engine.config import EngineConfig
     eng = Engine.create(EngineConfig())
     yield eng
     eng.close()
@@ -223,10 +220,7 @@ def test_cli_serve_starts_reports_and_stops(tmp_path):
     import sys
     import urllib.request
 
-    try:
-        from realtime_ming.engine import Engine  # noqa: F401
-    except ImportError as exc:
-        pytest.skip(f"realtime_ming.engine.Engine is not available yet: {exc}")
+    from realtime_ming.engine import Engine  # noqa: F401
     from realtime_ming.server import TINY_MODEL_NOTICE
 
     repo = Path(__file__).resolve().parent.parent
