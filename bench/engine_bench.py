@@ -31,12 +31,25 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-import torch  # noqa: E402
+import torch
 
-from realtime_ming.engine import Engine, talker_runner  # noqa: E402
-from realtime_ming.engine.api import (  # noqa: E402
-    OUTPUT_SAMPLE_RATE_HZ, Content, Message, SamplingParams, Stage, TurnCancelled, TurnDone, TurnFailed, TurnRequest)
-from realtime_ming.engine.config import EngineConfig, TalkerRunnerConfig, ThinkerRunnerConfig  # noqa: E402
+from realtime_ming.engine import Engine, talker_runner
+from realtime_ming.engine.api import (
+    OUTPUT_SAMPLE_RATE_HZ,
+    Content,
+    Message,
+    SamplingParams,
+    Stage,
+    TurnCancelled,
+    TurnDone,
+    TurnFailed,
+    TurnRequest,
+)
+from realtime_ming.engine.config import (
+    EngineConfig,
+    TalkerRunnerConfig,
+    ThinkerRunnerConfig,
+)
 
 __all__ = ["main", "run_level"]
 
@@ -142,7 +155,7 @@ def summarise(samples: list[dict]) -> dict:
     out: dict = {}
     for mode, n in sorted({(s["mode"], s["n"]) for s in samples}):
         rows = [s for s in samples if s["mode"] == mode and s["n"] == n]
-        med = lambda key: statistics.median(r[key] for r in rows)  # noqa: E731
+        med = lambda key, rows=rows: statistics.median(r[key] for r in rows)
         labels = sorted({k for r in rows for k in r["calls"]})
         thread = {k: statistics.median(r["engine_thread_s"].get(k, 0.0) for r in rows) for k in labels}
         calls = {k: statistics.median(r["calls"].get(k, 0) for r in rows) for k in labels}
@@ -190,18 +203,18 @@ def _mode_markdown(mode: str, summary: dict) -> list[str]:
 
 
 def markdown(meta: dict, summary: dict) -> str:
-    lines = [f"# Engine CPU benchmark — {meta['date']}", "",
-             f"Device: {meta['device']}; torch {meta['torch']} ({meta['torch_threads']} intra-op threads), "
-             f"Python {meta['python']}; commit {meta['commit']}; load average at start {meta['loadavg'][0]:.2f}.", "",
-             f"Command: `{meta['command']}`", "",
-             f"Model: embedded tiny random-weight Ming. Every turn: {meta['max_tokens']} thinker tokens (forced reply, "
-             f"ignore_eos); spoken turns add the talker at {meta['steps_per_word']} steps per word. N turns are "
-             f"submitted at once; {meta['rounds']} rounds per level, levels interleaved; medians.", "",
-             "thinker tok/s = output tokens / (first SUBMITTED → last THINKER_DONE); audio s / wall s and turns/s "
-             "over the level's wall time. `talker_advance` is one batched talker step (it runs only with streams; "
-             "`talker_lm`, `talker_cfm_tail`, `vae_chunk` are its parts); `talker_prefill` starts one talker job.", ""]
-    for mode in summary:
-        lines += _mode_markdown(mode, summary[mode])
+    device = (f"Device: {meta['device']}; torch {meta['torch']} ({meta['torch_threads']} intra-op threads), "
+              f"Python {meta['python']}; commit {meta['commit']}; load average at start {meta['loadavg'][0]:.2f}.")
+    work = (f"Model: embedded tiny random-weight Ming. Every turn: {meta['max_tokens']} thinker tokens (forced reply, "
+            f"ignore_eos); spoken turns add the talker at {meta['steps_per_word']} steps per word. N turns are "
+            f"submitted at once; {meta['rounds']} rounds per level, levels interleaved; medians.")
+    legend = ("thinker tok/s = output tokens / (first SUBMITTED → last THINKER_DONE); audio s / wall s and turns/s "
+              "over the level's wall time. `talker_advance` is one batched talker step (it runs only with streams; "
+              "`talker_lm`, `talker_cfm_tail`, `vae_chunk` are its parts); `talker_prefill` starts one talker job.")
+    lines = [f"# Engine CPU benchmark — {meta['date']}", "", device, "", f"Command: `{meta['command']}`", "",
+             work, "", legend, ""]
+    for mode, levels in summary.items():
+        lines += _mode_markdown(mode, levels)
     return "\n".join(lines)
 
 
@@ -233,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out) if args.out else REPO / "bench" / "results" / f"cpu-engine-{date}"
     cfg = EngineConfig(thinker=ThinkerRunnerConfig(max_slots=max(levels), max_seq_len=1024, forced_reply=REPLY),
                        talker=TalkerRunnerConfig(max_streams=max(levels), steps_per_word=args.steps_per_word))
+    load_at_start = os.getloadavg()
     t = time.monotonic()
     engine = Engine.create(cfg)  # includes one warm-up turn
     print(f"engine ready in {time.monotonic() - t:.1f} s", flush=True)
@@ -252,14 +266,12 @@ def main(argv: list[str] | None = None) -> int:
         engine.close()
     summary = summarise(samples)
     meta = {
-        "date": date, "device": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs visible",
-        "cpu_model": _cpu_model(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
-        "python": platform.python_version(), "commit": _commit(),
+        "date": date, "device": f"{_cpu_model()} ({os.cpu_count()} CPUs visible)", "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(), "python": platform.python_version(), "commit": _commit(),
         "command": "python -m bench.engine_bench " + " ".join(argv if argv is not None else sys.argv[1:]),
         "max_tokens": args.max_tokens, "steps_per_word": args.steps_per_word, "rounds": args.rounds,
-        "levels": levels, "modes": modes, "engine_config": dataclasses.asdict(cfg), "loadavg": os.getloadavg(),
+        "levels": levels, "modes": modes, "engine_config": dataclasses.asdict(cfg), "loadavg": load_at_start,
     }
-    meta["device"] = f"{meta['cpu_model']} ({os.cpu_count()} CPUs visible)"
     out.mkdir(parents=True, exist_ok=True)
     (out / "engine_bench.json").write_text(json.dumps({"meta": meta, "summary": summary, "samples": samples},
                                                       indent=1, default=str))

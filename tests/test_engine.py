@@ -26,7 +26,11 @@ from realtime_ming.engine.api import (
     TurnFailed,
     TurnRequest,
 )
-from realtime_ming.engine.config import EngineConfig, TalkerRunnerConfig, ThinkerRunnerConfig
+from realtime_ming.engine.config import (
+    EngineConfig,
+    TalkerRunnerConfig,
+    ThinkerRunnerConfig,
+)
 from realtime_ming.engine.models import ModelBundle
 from realtime_ming.engine.segmenter import SegmenterConfig
 from realtime_ming.engine.talker_runner import TalkerRunner, stream_seed
