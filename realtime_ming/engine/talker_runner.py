@@ -170,7 +170,8 @@ class TalkerRunner:
             if len(prompt.input_ids) <= self.cfg.max_prompt_len // 2 or len(job.text) < 2:
                 break
             half = len(job.text) // 2
-            queue.appendleft(_Job(job.turn_id, job.segment_id, job.text[half:], job.voice, job.seed + 1))
+            queue.appendleft(_Job(job.turn_id, job.segment_id, job.text[half:], job.voice,
+                                    stream_seed(job.seed, 1)))  # not seed + 1: that is the next job's seed
             job = _Job(job.turn_id, job.segment_id, job.text[:half], job.voice, job.seed)
         spk = [] if voice.spk_embed is None else [voice.spk_embed]
         embeds = self.talker.prompt_embeds(prompt, spk, voice.prompt_emb if patches else None)
