@@ -51,7 +51,8 @@ def _config(fixture_root, **thinker) -> EngineConfig:
     # the first segment waits for text, never for the clock, so segments (hence audio) do not depend on timing
     return EngineConfig(model_path=str(fixture_root), tokenizer_path=str(tiny_tokenizer_path("thinker")),
                         talker_tokenizer_path=str(tiny_tokenizer_path("talker")),
-                        thinker=ThinkerRunnerConfig(max_slots=16, max_seq_len=512, prefill_chunk_tokens=48, **thinker),
+                        thinker=ThinkerRunnerConfig(**(dict(max_slots=16, max_seq_len=512, prefill_chunk_tokens=48)
+                                                       | thinker)),
                         talker=TalkerRunnerConfig(max_streams=4),
                         segmenter=SegmenterConfig(first_max_wait_ms=60_000.0))
 
@@ -310,6 +311,44 @@ def test_engine_two_sessions_concurrently_equal_each_alone(make_engine):
         assert _done_fields(pair.events[-1])[:5] == _done_fields(solo.events[-1])[:5]
         assert pair.pcm().shape == solo.pcm().shape
         np.testing.assert_allclose(pair.pcm(), solo.pcm(), rtol=0, atol=1e-4)
+
+
+def test_engine_batched_prefill_of_mixed_prompts_equals_each_alone(make_engine, bundle):
+    """Prompts of different lengths (one longer than a chunk, one with audio) prefilled together in padded
+    batches give each one's solo greedy text; the batches really hold several prompts."""
+    engine = make_engine(prefill_chunk_tokens=240)
+    long_text = " ".join(["The quick brown fox jumps over the lazy dog."] * 6)
+    audio, _ = _media_turn(bundle, "audio")
+    sampling = SamplingParams(max_tokens=10, ignore_eos=True)
+    requests = [lambda tag: _request(f"a{tag}", PROMPT_A, max_tokens=10, with_audio=False),
+                lambda tag: _request(f"l{tag}", long_text, max_tokens=10, with_audio=False),
+                lambda tag: TurnRequest(f"m{tag}", f"m{tag}", (Message("user", audio),), sampling=sampling,
+                                        with_audio=False),
+                lambda tag: _request(f"b{tag}", PROMPT_B, max_tokens=10, with_audio=False)]
+    alone = [_run(engine, make("-solo")) for make in requests]
+    widths: list[list[int]] = []
+    runner = engine._thinker
+    original = runner._prefill_batch
+
+    def spy():
+        chosen = original()
+        widths.append([end - start for _, start, end in chosen])
+        return chosen
+
+    runner._prefill_batch = spy
+    together = [Recorder() for _ in requests]
+    for make, rec in zip(requests, together):
+        engine.submit(make("-all"), rec)
+    for rec in together:
+        rec.wait()
+    assert any(len(w) >= 2 for w in widths), widths  # several prompts shared a padded batch
+    assert all(max(w) * len(w) <= 240 for w in widths if len(w) > 1)
+    assert alone[1].events[-1].prompt_tokens > 240  # the long prompt needed more than one chunk
+    assert sum(1 for r in alone if r.text()) >= 3  # random-weight bytes: most replies decode to some text
+    for solo, batched in zip(alone, together):
+        assert isinstance(batched.events[-1], TurnDone)
+        assert batched.text() == solo.text()
+        assert _done_fields(batched.events[-1])[:5] == _done_fields(solo.events[-1])[:5]
 
 
 # ---- control: cancel, speculative, failures ---------------------------------------------------------------

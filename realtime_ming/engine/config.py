@@ -30,8 +30,9 @@ class ThinkerRunnerConfig:
     max_slots: int = 32  # concurrent conversations with a cached KV slot
     max_seq_len: int = 4096  # tokens per slot (prompt + history + output)
     max_batch: int = 16  # decode rows per step
-    prefill_chunk_tokens: int = 256  # chunked prefill: at most this many prompt tokens per step
-    decode_buckets: tuple[int, ...] = (1, 2, 4, 8, 16)
+    prefill_chunk_tokens: int = 256  # chunked prefill: at most this many (padded) prompt tokens per step
+    decode_buckets: tuple[int, ...] = (1, 2, 4, 8, 16)  # CUDA-graph batch buckets of the decode step
+    kv_buckets: tuple[int, ...] | None = None  # CUDA-graph attention lengths; None = 512, 1024, ... max_seq_len
     # benchmarks with dummy weights: emit this text's tokens (cycled) instead of the sampled ones, so
     # segmenter and talker see real words; every model computation still runs. None = off.
     forced_reply: str | None = None

@@ -87,9 +87,17 @@ class Engine:
                warmup: bool = True) -> "Engine":
         """Load the models (blocking; run off the event loop), start the engine thread, warm it up."""
         engine = cls(cfg, ModelBundle.load(cfg, progress=progress))
+        engine.capture(progress)
         if warmup:
             engine.warmup()
         return engine
+
+    def capture(self, progress: Callable[[str, int, int], None] | None = None, timeout_s: float = 1800.0) -> None:
+        """Capture the runners' CUDA graphs on the engine thread (no-op on CPU / enforce_eager)."""
+        done = threading.Event()
+        self._inbox.put(("capture", progress, done))
+        if not done.wait(timeout_s):
+            log.warning("CUDA-graph capture did not finish within %.0f s", timeout_s)
 
     def warmup(self, timeout_s: float = 300.0) -> None:
         """Run one short spoken turn end to end so first-call costs (allocator growth, kernel selection,
@@ -215,6 +223,13 @@ class Engine:
                 len(self._turns) + len(self._parked), self._thinker.num_rows(), self._talker.num_streams() if self._talker else 0,
                 self._thinker.num_cached(), self._inbox.qsize()))
             cmd[2].set()
+        elif kind == "capture":
+            try:
+                self._thinker.capture(cmd[1])
+                if self._talker is not None and hasattr(self._talker, "capture"):
+                    self._talker.capture(cmd[1])
+            finally:
+                cmd[2].set()
         elif kind == "stop":
             self._stopping = True
 

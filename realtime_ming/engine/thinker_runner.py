@@ -3,8 +3,9 @@
 Each conversation owns a KV slot holding the token ids already computed; a new turn renders the
 whole chat prompt, reuses the longest common prefix with the slot (backed off to a text token, so
 no media block is split), encodes only the media in the new tail and prefills the tail in chunks
-of `prefill_chunk_tokens`, one chunk per step, interleaved with one decode step for every row
-that is generating. One device-to-host copy per step brings the sampled ids back.
+of `prefill_chunk_tokens` (the chunks of several queued prompts share one padded batch), one
+chunk per step, interleaved with one decode step for every row that is generating (CUDA-graphed,
+`ThinkerDecoder`). One device-to-host copy per step brings the sampled ids back.
 """
 
 from __future__ import annotations
@@ -23,10 +24,9 @@ from .api import ContentKind, FinishReason, TurnRequest
 from .config import EngineConfig
 from .models import ModelBundle
 from .sampling import SamplingBatch, sample
+from .thinker_decode import KV_BLOCK, ThinkerDecoder, default_kv_buckets
 
 __all__ = ["ThinkerRunner", "ThinkerOutput"]
-
-_KV_BLOCK = 64  # attention reads the first kv_len cache positions, rounded up to this
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +91,12 @@ class ThinkerRunner:
         self._prefill_queue: deque[str] = deque()
         self._clock = 0
         self._forced = self.tok.encode(self.cfg.forced_reply) if self.cfg.forced_reply else None
+        buckets = (self.cfg.decode_buckets, self.cfg.kv_buckets or default_kv_buckets(self.cfg.max_seq_len))
+        if hasattr(self.model, "decoder"):  # tensor-parallel proxy: a decoder on every rank
+            self.decoder = self.model.decoder(self.cache, *buckets, enforce_eager=cfg.enforce_eager)
+        else:
+            self.decoder = ThinkerDecoder(self.model, self.cache, *buckets, device=self.device,
+                                          enforce_eager=cfg.enforce_eager)
 
     # ---- bookkeeping --------------------------------------------------------------------------
     def has_work(self) -> bool:
@@ -215,57 +221,89 @@ class ThinkerRunner:
         return out
 
     # ---- stepping ----------------------------------------------------------------------------
+    def capture(self, progress=None) -> None:
+        """Capture the decode CUDA graphs now (startup), not on the first user's turn."""
+        self.decoder.capture(progress)
+
     def step(self) -> list[ThinkerOutput]:
-        """One prefill chunk (the oldest pending prompt) and one decode step for every generating row."""
+        """One batched prefill chunk (the oldest pending prompts) and one decode step for every generating row."""
         outputs: list[ThinkerOutput] = []
         decoding = [r for r in self.rows.values() if r.next_token is not None]
         if self._prefill_queue:
-            outputs += self._prefill_chunk(self.rows[self._prefill_queue[0]])
+            outputs += self._prefill()
         if decoding:
             outputs += self._decode(decoding)
         return outputs
 
-    @torch.no_grad()
-    def _prefill_chunk(self, row: _Row) -> list[ThinkerOutput]:
-        prep, start = row.prefill, row.offset
-        end = min(start + self.cfg.prefill_chunk_tokens, len(row.tail_ids))
-        part = slice(start, end)
-        cache_pos = prep.cache_positions[:, part]
-        kv_len = self._kv_len(int(cache_pos[0, -1]) + 1)
-        hidden = self.model(
-            prep.inputs_embeds[:, part], prep.position_ids[:, :, part], cache=self.cache,
-            slots=torch.tensor([row.slot.index], device=self.device), cache_positions=cache_pos, kv_len=kv_len,
-            image_mask=None if prep.image_mask is None else prep.image_mask[:, part],
-            audio_mask=None if prep.audio_mask is None else prep.audio_mask[:, part])
-        row.slot.ids.extend(row.tail_ids[part])
-        row.offset = end
-        if end < len(row.tail_ids):
-            return []
-        self._prefill_queue.popleft()
-        row.prefill = None
-        logits = self.model.logits(hidden[:, -1])
-        token = sample(logits, self._sampling([row])).tolist()[0]  # the step's one device-to-host copy
-        first = ThinkerOutput(row.request.turn_id, prefill_done=True, prompt_tokens=row.prompt_tokens,
-                              cached_tokens=row.cached_tokens)
-        return [first, self._accept(row, token)]
+    def _prefill_batch(self) -> list[tuple[_Row, int, int]]:
+        """(row, start, end) chunks for this step: queue order, padded width x rows <= prefill_chunk_tokens."""
+        budget, width, chosen = self.cfg.prefill_chunk_tokens, 0, []
+        for turn_id in self._prefill_queue:
+            row = self.rows[turn_id]
+            take = min(len(row.tail_ids) - row.offset, budget)
+            if chosen and (max(width, take) * (len(chosen) + 1) > budget or len(chosen) >= self.cfg.max_batch):
+                break
+            chosen.append((row, row.offset, row.offset + take))
+            width = max(width, take)
+        return chosen
 
     @torch.no_grad()
+    def _prefill(self) -> list[ThinkerOutput]:
+        """Run the chosen chunks as one padded batch (padding: cache position -1, written to the sink)."""
+        chosen = self._prefill_batch()
+        width = max(end - start for _, start, end in chosen)
+        b, dev = len(chosen), self.device
+        first = chosen[0][0].prefill
+        embeds = first.inputs_embeds.new_zeros(b, width, first.inputs_embeds.shape[-1])  # [B, W, D]
+        rotary = torch.zeros(3, b, width, dtype=torch.int64, device=dev)  # [3, B, W]
+        cache_pos = torch.full((b, width), -1, dtype=torch.int64, device=dev)  # [B, W]
+        masks = {}
+        for name in ("image_mask", "audio_mask"):
+            if any(getattr(r.prefill, name) is not None for r, _, _ in chosen):
+                masks[name] = torch.zeros(b, width, dtype=torch.bool, device=dev)
+        for i, (row, start, end) in enumerate(chosen):
+            prep, n = row.prefill, end - start
+            embeds[i, :n] = prep.inputs_embeds[0, start:end]
+            rotary[:, i, :n] = prep.position_ids[:, 0, start:end]
+            cache_pos[i, :n] = prep.cache_positions[0, start:end]
+            for name, mask in masks.items():
+                own = getattr(prep, name)
+                if own is not None:
+                    mask[i, :n] = own[0, start:end]
+        needed = max(int(r.prefill.cache_positions[0, e - 1]) for r, _, e in chosen) + 1
+        hidden = self.model(embeds, rotary, cache=self.cache, slots=torch.tensor([r.slot.index for r, _, _ in chosen],
+                                                                                  device=dev),
+                            cache_positions=cache_pos, kv_len=self._kv_len(needed), **masks)
+        done, last = [], []
+        for i, (row, start, end) in enumerate(chosen):
+            row.slot.ids.extend(row.tail_ids[start:end])
+            row.offset = end
+            if end == len(row.tail_ids):
+                done.append(row)
+                last.append(hidden[i, end - start - 1])
+        if not done:
+            return []
+        for row in done:
+            self._prefill_queue.remove(row.request.turn_id)
+            row.prefill = None
+        tokens = sample(self.model.logits(torch.stack(last)), self._sampling(done)).tolist()  # one D2H copy
+        outputs = []
+        for row, token in zip(done, tokens):
+            outputs.append(ThinkerOutput(row.request.turn_id, prefill_done=True, prompt_tokens=row.prompt_tokens,
+                                         cached_tokens=row.cached_tokens))
+            outputs.append(self._accept(row, token))
+        return outputs
+
     def _decode(self, rows: list[_Row]) -> list[ThinkerOutput]:
-        tokens = torch.tensor([[r.next_token] for r in rows], device=self.device)  # [B, 1]
-        cache_pos = torch.tensor([[len(r.slot.ids)] for r in rows], device=self.device)  # [B, 1]
-        deltas = torch.tensor([[r.rope_delta] for r in rows], device=self.device)
-        positions = (cache_pos + deltas).unsqueeze(0).expand(3, -1, -1)  # [3, B, 1] text positions
-        kv_len = self._kv_len(max(len(r.slot.ids) for r in rows) + 1)
-        hidden = self.model(self.model.embed(tokens), positions, cache=self.cache,
-                            slots=torch.tensor([r.slot.index for r in rows], device=self.device),
-                            cache_positions=cache_pos, kv_len=kv_len)
+        logits = self.decoder.step([r.next_token for r in rows], [len(r.slot.ids) for r in rows],
+                                   [r.rope_delta for r in rows], [r.slot.index for r in rows])
         for r in rows:
             r.slot.ids.append(r.next_token)
-        sampled = sample(self.model.logits(hidden[:, -1]), self._sampling(rows)).tolist()  # one D2H copy
+        sampled = sample(logits, self._sampling(rows)).tolist()  # the step's one device-to-host copy
         return [self._accept(r, t) for r, t in zip(rows, sampled)]
 
     def _kv_len(self, needed: int) -> int:
-        return min(-(-needed // _KV_BLOCK) * _KV_BLOCK, self.cfg.max_seq_len)
+        return min(-(-needed // KV_BLOCK) * KV_BLOCK, self.cfg.max_seq_len)
 
     def _sampling(self, rows: list[_Row]) -> SamplingBatch:
         sp = [r.request.sampling for r in rows]

@@ -1,9 +1,12 @@
 """Tensor-parallel thinker: rank 0 lives in the engine, ranks 1..N-1 are worker processes.
 
-Every thinker call on rank 0 (`embed`, the stack's `forward`, `logits`) is first published to the
-workers with one `broadcast_object_list`, then run locally, so all ranks enter the same NCCL
-collectives in the same order (nano-vllm's `call`). Only rank 0 samples. Each rank owns its own
-KV-cache shard; the proxy swaps the caller's cache for the local one.
+Every thinker call on rank 0 (`embed`, the stack's `forward`, `logits`, the decoder's `step` and
+`capture`) is first published to the workers with one `broadcast_object_list` (the call, with each
+tensor argument replaced by its shape and dtype; the tensors follow as device broadcasts, not
+pickles), then run locally, so all ranks enter the same NCCL collectives in the same order
+(nano-vllm's `call`). Only rank 0 samples. Each rank owns its own KV-cache shard and decoder
+(`ThinkerDecoder`, CUDA graphs captured on every rank together); the proxy swaps the caller's
+cache for the local one.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from ..model.config import CheckpointConfig
 from ..model.layers import TPGroup
 from ..model.loader import init_dummy, load_weights, read_weight_map
 from ..model.thinker import Thinker, ThinkerKVCache
+from .thinker_decode import ThinkerDecoder
 
 __all__ = ["TPLaunch", "ThinkerProxy", "start_tp"]
 
@@ -73,10 +77,50 @@ def _build_shard(launch: TPLaunch, tp: TPGroup) -> Thinker:
     return thinker.eval()
 
 
+@dataclass(frozen=True)
+class _TensorRef:
+    """Stands for the n-th tensor argument of a published call; the tensor follows by `dist.broadcast`."""
+
+    index: int
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+def _publish(method: str, args: tuple, kwargs: dict, device: torch.device) -> None:
+    """Rank 0: send the call (tensors as refs), then every tensor argument from `device`."""
+    tensors: list[torch.Tensor] = []
+
+    def ref(v):
+        if not isinstance(v, torch.Tensor):
+            return v
+        tensors.append(v.to(device).contiguous())
+        return _TensorRef(len(tensors) - 1, tuple(v.shape), v.dtype)
+
+    dist.broadcast_object_list([(method, tuple(ref(a) for a in args), {k: ref(v) for k, v in kwargs.items()})],
+                               src=0)
+    for t in tensors:
+        dist.broadcast(t, src=0)
+
+
+def _receive(device: torch.device) -> tuple[str, tuple, dict]:
+    """Workers: the next published call with its tensors materialised on `device`."""
+    box = [None]
+    dist.broadcast_object_list(box, src=0)
+    method, args, kwargs = box[0]
+    refs = sorted([v for v in (*args, *kwargs.values()) if isinstance(v, _TensorRef)], key=lambda r: r.index)
+    tensors = []
+    for r in refs:
+        buf = torch.empty(r.shape, dtype=r.dtype, device=device)
+        dist.broadcast(buf, src=0)
+        tensors.append(buf)
+
+    def val(v):
+        return tensors[v.index] if isinstance(v, _TensorRef) else v
+
+    return method, tuple(val(a) for a in args), {k: val(v) for k, v in kwargs.items()}
+
+
 def _run(thinker: Thinker, cache: ThinkerKVCache, method: str, args: tuple, kwargs: dict):
-    device = thinker.lm_head.weight.device
-    args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
-    kwargs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
     if method == "forward":
         return thinker(*args, cache=cache, **kwargs)
     return getattr(thinker, method)(*args, **kwargs)
@@ -92,16 +136,23 @@ def _worker(rank: int, launch: TPLaunch) -> None:
         except RuntimeError:
             pass
     thinker = _build_shard(launch, tp)
+    device = torch.device(launch.devices[rank])
     cache = ThinkerKVCache.allocate(launch.ck.thinker, launch.max_slots, launch.max_seq_len,
-                                    device=launch.devices[rank], dtype=launch.dtype, tp=tp)
-    box = [None]
+                                    device=device, dtype=launch.dtype, tp=tp)
+    decoder = None
     with torch.no_grad():
         while True:
-            dist.broadcast_object_list(box, src=0)
-            method, args, kwargs = box[0]
+            method, args, kwargs = _receive(device)
             if method == "stop":
                 break
-            _run(thinker, cache, method, args, kwargs)
+            if method == "decoder_init":
+                decoder = ThinkerDecoder(thinker, cache, *args, device=device, **kwargs)
+            elif method == "decoder_capture":
+                decoder.capture()
+            elif method == "decoder_step":
+                decoder.step(*args)
+            else:
+                _run(thinker, cache, method, args, kwargs)
     dist.destroy_process_group()
 
 
@@ -113,13 +164,21 @@ class ThinkerProxy:
         self.cfg, self.tp = local.cfg, local.tp
         self.lm_head = local.lm_head
 
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
     def _call(self, method: str, *args, **kwargs):
-        # tensors travel to the workers through the CPU (pickled); decode payloads are a few ids
-        cpu_args = tuple(a.cpu() if isinstance(a, torch.Tensor) else a for a in args)
-        cpu_kwargs = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items() if k != "cache"}
-        dist.broadcast_object_list([(method, cpu_args, cpu_kwargs)], src=0)
-        return _run(self.local, kwargs.get("cache"), method, args,
-                    {k: v for k, v in kwargs.items() if k != "cache"})
+        cache = kwargs.pop("cache", None)
+        _publish(method, args, kwargs, self.device)
+        return _run(self.local, cache, method, args, kwargs)
+
+    def decoder(self, cache: ThinkerKVCache, batch_buckets, kv_buckets, *, enforce_eager: bool = False) -> "_ProxyDecoder":
+        """A `ThinkerDecoder` on every rank (each over its own cache shard); calls go to all of them."""
+        args = (tuple(batch_buckets), tuple(kv_buckets))
+        _publish("decoder_init", args, {"enforce_eager": enforce_eager}, self.device)
+        return _ProxyDecoder(ThinkerDecoder(self.local, cache, *args, device=self.device, enforce_eager=enforce_eager),
+                             self.device)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self._call("embed", ids)
@@ -137,6 +196,31 @@ class ThinkerProxy:
                 p.join(timeout=30)
             dist.destroy_process_group()
             self.procs = []
+
+
+class _ProxyDecoder:
+    """Rank 0's decoder: publishes each capture/step, then runs its own (the workers run theirs)."""
+
+    def __init__(self, local: ThinkerDecoder, device: torch.device):
+        self.local, self.device = local, device
+
+    @property
+    def eager(self) -> bool:
+        return self.local.eager
+
+    @property
+    def graphed(self) -> bool:
+        return self.local.graphed
+
+    def capture(self, progress=None) -> None:
+        if not self.local.eager:
+            _publish("decoder_capture", (), {}, self.device)
+            self.local.capture(progress)
+
+    def step(self, tokens: list[int], positions: list[int], deltas: list[int], slots: list[int]) -> torch.Tensor:
+        args = (list(tokens), list(positions), list(deltas), list(slots))
+        _publish("decoder_step", args, {}, self.device)
+        return self.local.step(*args)
 
 
 def start_tp(ck: CheckpointConfig, devices: tuple[str, ...], model_path: str | None, dtype: torch.dtype,

@@ -200,7 +200,10 @@ class Thinker(nn.Module):
             kv_len = cache.capacity if kv_len is None else kv_len
             write_idx = torch.where(cache_positions >= 0, cache_positions, cache.capacity)
             k_pos = torch.arange(kv_len, device=device).expand(b, kv_len)
-        mask = causal_window_mask(cache_positions, k_pos, None)
+        # a padding token (cache position -1) attends to index 0 of its slot: a finite garbage output
+        # instead of the NaN of an all-masked softmax row (NaN would reach the MoE router)
+        q_pos = cache_positions if cache is None else cache_positions.clamp(min=0)
+        mask = causal_window_mask(q_pos, k_pos, None)
         x = inputs_embeds
         for i, layer in enumerate(self.model.layers):
             kv = (cache.k[i], cache.v[i]) if cache is not None else None

@@ -1,0 +1,146 @@
+"""Thinker decode CUDA graphs (engine.thinker_decode) on the golden fixture thinker (CUDA only).
+
+The CPU fp32 engine is the reference: the GPU engine with graphs off and on, at TP=1 and (two
+GPUs) TP=2, must generate exactly its greedy tokens, for a text turn and an audio turn; the graphed
+decoder's logits equal the eager decoder's for every batch size over KV buckets; bf16 stays
+within bf16 tolerance of fp32.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from realtime_ming.engine import Engine
+from realtime_ming.engine.api import Content, Message, SamplingParams, TurnDone, TurnRequest
+from realtime_ming.engine.config import EngineConfig, PlacementConfig, ThinkerRunnerConfig
+from realtime_ming.engine.thinker_decode import ThinkerDecoder, default_kv_buckets
+from realtime_ming.model.thinker import ThinkerKVCache, load_thinker
+from realtime_ming.model.tiny_tokenizer import tiny_tokenizer_path
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+pytestmark = pytest.mark.timeout(600)
+
+
+def test_default_kv_buckets_cover_max_seq_len():
+    assert default_kv_buckets(4096) == (512, 1024, 2048, 4096)
+    assert default_kv_buckets(3000) == (512, 1024, 2048, 3000)
+    assert default_kv_buckets(300) == (300,)
+
+
+def test_eager_decoder_on_cpu_equals_the_plain_forward(fixture_root):
+    """On CPU the decoder is the plain embed -> stack -> lm_head call (same logits, same cache writes)."""
+    thinker = load_thinker(fixture_root)
+    cache = ThinkerKVCache.allocate(thinker.cfg, 2, 256)
+    dec = ThinkerDecoder(thinker, cache, (1, 2), (128, 256), device="cpu")
+    ref_cache = ThinkerKVCache.allocate(thinker.cfg, 2, 256)
+    tok, pos = torch.tensor([[5], [9]]), torch.tensor([[0], [0]])
+    with torch.no_grad():
+        ref = thinker.logits(thinker(thinker.embed(tok), pos.unsqueeze(0).expand(3, -1, -1), cache=ref_cache,
+                                     slots=torch.tensor([1, 0]), cache_positions=pos, kv_len=64)[:, -1])
+    out = dec.step([5, 9], [0, 0], [0, 0], [1, 0])
+    assert not dec.graphed
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(cache.k, ref_cache.k)
+
+
+def _turns(engine: Engine, tag: str) -> list[TurnDone]:
+    rng = np.random.default_rng(3)
+    wave = (0.1 * rng.standard_normal(16000)).astype(np.float32)
+    sampling = SamplingParams(max_tokens=24, ignore_eos=True)
+    requests = [TurnRequest(f"t{tag}", f"t{tag}", (Message("user", (Content.of_text("Hello, how are you today?"),)),),
+                            sampling=sampling, with_audio=False),
+                TurnRequest(f"a{tag}", f"a{tag}", (Message("user", (Content.of_audio(wave, 16000),)),),
+                            sampling=sampling, with_audio=False)]
+    out = []
+    for request in requests:
+        done, events = threading.Event(), []
+
+        def sink(ev, events=events, done=done):
+            events.append(ev)
+            if isinstance(ev, TurnDone):
+                done.set()
+
+        engine.submit(request, sink)
+        assert done.wait(300), events[-3:]
+        out.append(events[-1])
+    return out
+
+
+def _generate(fixture_root, devices, *, eager: bool, dtype: str = "float32") -> list[TurnDone]:
+    device = devices[0]
+    cfg = EngineConfig(model_path=str(fixture_root), tokenizer_path=str(tiny_tokenizer_path("thinker")),
+                       talker_tokenizer_path=str(tiny_tokenizer_path("talker")), dtype=dtype, enforce_eager=eager,
+                       thinker=ThinkerRunnerConfig(max_slots=4, max_seq_len=1024, kv_buckets=(256, 1024)),
+                       placement=PlacementConfig(thinker_devices=devices, talker_device=device, encoder_device=device,
+                                                 vae_device=device))
+    engine = Engine.create(cfg, warmup=False)
+    try:
+        if not eager:
+            assert engine._thinker.decoder.graphed
+        return _turns(engine, "-".join(devices))
+    finally:
+        engine.close()
+
+
+@pytest.fixture(scope="module")
+def cpu_reference(fixture_root) -> list[TurnDone]:
+    return _generate(fixture_root, ("cpu",), eager=True)
+
+
+def _same_tokens(got: list[TurnDone], ref: list[TurnDone]) -> None:
+    for g, r in zip(got, ref):
+        assert isinstance(g, TurnDone) and g.output_tokens == r.output_tokens == 24
+        assert g.text == r.text
+
+
+@cuda
+@pytest.mark.parametrize("eager", [True, False], ids=["eager", "graphs"])
+def test_gpu_tp1_engine_equals_cpu_fp32(fixture_root, cpu_reference, eager):
+    _same_tokens(_generate(fixture_root, ("cuda:0",), eager=eager), cpu_reference)
+
+
+@two_gpus
+def test_gpu_tp2_graphed_engine_equals_cpu_fp32(fixture_root, cpu_reference):
+    _same_tokens(_generate(fixture_root, ("cuda:0", "cuda:1"), eager=False), cpu_reference)
+
+
+@cuda
+def test_graphed_decoder_logits_equal_eager_across_batches_and_kv_buckets(fixture_root):
+    """Every batch 1..5 (buckets 1, 2, 4, 8: padded rows) at positions in both KV buckets: graph == eager."""
+    thinker = load_thinker(fixture_root, device="cuda")
+    caches = [ThinkerKVCache.allocate(thinker.cfg, 8, 512, device="cuda") for _ in range(2)]
+    for c in caches:  # same random history in both caches
+        c.k.normal_(generator=torch.Generator("cuda").manual_seed(0))
+        c.v.normal_(generator=torch.Generator("cuda").manual_seed(1))
+    graphed = ThinkerDecoder(thinker, caches[0], (1, 2, 4, 8), (128, 512), device="cuda")
+    eager = ThinkerDecoder(thinker, caches[1], (1, 2, 4, 8), (128, 512), device="cuda", enforce_eager=True)
+    graphed.capture()
+    assert graphed.graphed and not eager.graphed
+    rng = np.random.default_rng(0)
+    for batch in range(1, 6):
+        for top in (100, 400):  # KV bucket 128, then 512
+            slots = [int(s) for s in rng.permutation(8)[:batch]]
+            args = ([int(t) for t in rng.integers(0, 500, batch)], [int(p) for p in rng.integers(top - 60, top, batch)],
+                    [int(d) for d in rng.integers(-3, 3, batch)], slots)
+            torch.testing.assert_close(graphed.step(*args).clone(), eager.step(*args), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(caches[0].k[:, :, :, :512], caches[1].k[:, :, :, :512], rtol=1e-5, atol=1e-5)
+
+
+@cuda
+def test_bf16_graphed_decoder_within_bf16_tolerance_of_fp32(fixture_root):
+    thinker32 = load_thinker(fixture_root, device="cuda")
+    thinker16 = load_thinker(fixture_root, device="cuda", dtype=torch.bfloat16)
+    outs = []
+    for model, dtype in ((thinker32, torch.float32), (thinker16, torch.bfloat16)):
+        cache = ThinkerKVCache.allocate(model.cfg, 4, 256, device="cuda", dtype=dtype)
+        dec = ThinkerDecoder(model, cache, (1, 4), (256,), device="cuda", enforce_eager=dtype == torch.float32)
+        dec.capture()
+        steps = [dec.step([7 + i, 11 + i, 13 + i], [i, i, i], [0, 0, 0], [0, 2, 3]).clone() for i in range(6)]
+        outs.append(torch.stack(steps))
+    cos = torch.nn.functional.cosine_similarity(outs[0].flatten(0, 1), outs[1].flatten(0, 1), dim=-1)
+    assert float(cos.min()) > 0.99, cos
