@@ -6,7 +6,8 @@ Stages (each writes its numbers before the next starts; stages past --budget-s a
 thinker one MoE layer and an N-layer stack per decode bucket (eager PyTorch, graphed PyTorch
 gather, eager/graphed Triton experts, the bytes-moved floor) extrapolated to 32 layers; thinker
 prefill (40-token prompt + 1 s of audio); talker `decode_lm` and `tail_step` graphed per bucket
-and RTF; streaming VAE `decode_chunk` graphed; audio / vision encoders; a DERIVED TTFA_server
+and RTF; streaming VAE `decode_chunk` graphed; the talker serving rate (req/s and RTF at c=1..16,
+DERIVED from the graphed talker step + VAE chunk); audio / vision encoders; a DERIVED TTFA_server
 estimate for c=1 and c=16 composed from the component times (not an end-to-end measurement).
 """
 
@@ -44,7 +45,9 @@ from realtime_ming.model.vision import VisionProjector, VisionTransformer
 BF16 = torch.bfloat16
 THINKER_BUCKETS = (1, 2, 4, 8, 16)
 TALKER_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
-STEP_AUDIO_S = 0.32  # one talker step = 4 VAE latents × 80 ms
+STEP_AUDIO_S = 0.32  # one talker step = 4 VAE latents × 80 ms = one VAE chunk
+REPLY_STEPS = 19  # a ~6 s spoken reply: 19 talker steps × 0.32 s = 6.08 s of audio
+THROUGHPUT_LEVELS = (1, 2, 4, 8, 16)  # concurrency levels of the talker serving-rate table
 PROMPT_TOKENS, AUDIO_TOKENS = 40, 27  # ~40-token prompt + 1 s audio (25 audio tokens + 2 markers)
 KV_CAP = 512
 DEV = "cuda"  # --dry-cpu: "cpu" with the tiny preset (plumbing check, eager only)
@@ -76,6 +79,29 @@ def bench_config(dry: bool):
     return tiny_config(tiny_thinker_special_ids(), tiny_talker_special_ids(), TINY_VOCAB_SIZE)
 
 
+def talker_throughput(talker: dict, vae: dict, levels: tuple[int, ...] = THROUGHPUT_LEVELS,
+                      reply_steps: int = REPLY_STEPS) -> dict:
+    """Talker serving rate per concurrency c, DERIVED from per-bucket medians (ms).
+
+    `talker[c]["step_ms"]` (graphed decode_lm + tail_step) and `vae[c]["graph_ms"]` (graphed chunk)
+    at batch c. All c streams step in lockstep: one batch step = talker step + VAE chunk and gives
+    each stream 0.32 s of audio, so c replies of `reply_steps` steps finish together after
+    reply_steps × batch step: req/s = c / that. RTF per stream = batch step / 0.32 s (< 1 keeps up
+    with playback). Talker prefill and the thinker are not counted. Levels lacking either time are
+    left out. Returns {c: {talker_step_ms, vae_chunk_ms, batch_step_ms, rtf_per_stream, reply_s, req_per_s}}.
+    """
+    out = {}
+    for c in levels:
+        if c not in talker or c not in vae:
+            continue
+        step_ms = talker[c]["step_ms"] + vae[c]["graph_ms"]
+        reply_s = reply_steps * step_ms / 1e3
+        out[c] = {"talker_step_ms": talker[c]["step_ms"], "vae_chunk_ms": vae[c]["graph_ms"],
+                  "batch_step_ms": step_ms, "rtf_per_stream": step_ms / 1e3 / STEP_AUDIO_S,
+                  "reply_s": reply_s, "req_per_s": c / reply_s}
+    return out
+
+
 class Bench:
     def __init__(self, args):
         self.args = args
@@ -89,6 +115,7 @@ class Bench:
         self.t0 = time.time()
         self.bw = None
         self.times: dict = {}
+        self.talker_buckets = tuple(sorted(args.talker_buckets))
 
     def over_budget(self, stage: str) -> bool:
         spent = time.time() - self.t0
@@ -251,7 +278,7 @@ class Bench:
     def talker(self):
         tc = self.cfg.talker
         talker = build(Talker, tc, seed=1)
-        top = max(TALKER_BUCKETS)
+        top = max(self.talker_buckets)
         h, c, p, s, hh = talker.hidden_size, talker.latent_dim, tc.patch_size, tc.steps, tc.history_patch_size
         cache = KVCache.allocate(tc.llm, top, KV_CAP, DEV, BF16)
         t_grid = sway_time_grid(s, BF16, DEV)
@@ -264,11 +291,11 @@ class Bench:
 
         pool = (torch.cuda.graph_pool_handle() if DEV == "cuda" else None)
         g_lm = BucketedGraph(lm, {"e": GraphInput((top, 1, h), BF16), "pos": GraphInput((top, 1), torch.int64, pad=-1)},
-                             TALKER_BUCKETS, device=DEV, pool=pool)
+                             self.talker_buckets, device=DEV, pool=pool)
         g_tail = BucketedGraph(tail, {"h_": GraphInput((top, 1, h), BF16), "his": GraphInput((top, hh, c), BF16),
                                       "y0": GraphInput((top, p, c), BF16),
                                       "rnd": GraphInput((s, top, p, c), BF16, batch_dim=1),
-                                      "sde": GraphInput((top, 3), BF16)}, TALKER_BUCKETS, device=DEV, pool=pool)
+                                      "sde": GraphInput((top, 3), BF16)}, self.talker_buckets, device=DEV, pool=pool)
         t = time.time()
         g_lm.capture()
         g_tail.capture()
@@ -287,7 +314,7 @@ class Bench:
             li, ti = inputs(1)
             out["eager_B1"] = {"decode_lm_ms": cuda_ms(lambda: lm(**li), reps=5)["median_ms"],
                                "tail_step_ms": cuda_ms(lambda: tail(**ti), reps=3, warmup=1)["median_ms"]}
-            for b in TALKER_BUCKETS:
+            for b in self.talker_buckets:
                 li, ti = inputs(b)
                 r = {"decode_lm_ms": cuda_ms(partial(g_lm.step, **li), reps=self.args.reps)["median_ms"],
                      "tail_step_ms": cuda_ms(partial(g_tail.step, **ti), reps=self.args.reps)["median_ms"]}
@@ -297,7 +324,7 @@ class Bench:
                 out[b] = r
                 rows.append([b, r["decode_lm_ms"], r["tail_step_ms"], r["step_ms"], r["rtf_per_stream"], r["audio_s_per_s"]])
                 print(f"  talker B={b}: {r}", flush=True)
-            for b in (1, 16):  # talker prefill (~64-token prompt), eager
+            for b in (b for b in (1, 16) if b <= top):  # talker prefill (~64-token prompt), eager
                 e = torch.randn(b, 64, h, device=DEV, dtype=BF16)
                 pos = torch.arange(64, device=DEV).expand(b, 64)
                 out[f"prefill_B{b}_ms"] = cuda_ms(partial(talker.prefill, e, pos, cache.rows(0, b)), reps=5)["median_ms"]
@@ -354,7 +381,7 @@ class Bench:
 
     def vae(self):
         vae = build(AudioVAE, self.cfg.vae, seed=2)
-        top = max(TALKER_BUCKETS)
+        top = max(self.talker_buckets)
         st = VAEStreamState.allocate(vae, top, chunk_latents=4)
         c = self.cfg.vae.dec_kwargs.latent_dim
 
@@ -367,11 +394,11 @@ class Bench:
             return out.audio, out.num_samples
 
         g = BucketedGraph(chunk, {"lat": GraphInput((top, 4, c), BF16), "last": GraphInput((top,), torch.bool),
-                                  "active": GraphInput((top,), torch.bool)}, TALKER_BUCKETS, device=DEV)
+                                  "active": GraphInput((top,), torch.bool)}, self.talker_buckets, device=DEV)
         g.capture()
         out, table = {}, []
         with torch.no_grad():
-            for b in TALKER_BUCKETS:
+            for b in self.talker_buckets:
                 inp = {"lat": torch.randn(b, 4, c, device=DEV, dtype=BF16),
                        "last": torch.zeros(b, dtype=torch.bool, device=DEV),
                        "active": torch.ones(b, dtype=torch.bool, device=DEV)}
@@ -384,6 +411,21 @@ class Bench:
         self.res.table("AudioVAE streaming decode_chunk (4 latents = 0.32 s per stream) (ms)",
                        ["B", "eager", "graph"], table)
         self.times["vae"] = out
+
+    def talker_throughput(self):
+        """Talker req/s and RTF at c = 1..16 from the talker and VAE stages' graphed medians (DERIVED)."""
+        if "talker" not in self.times or "vae" not in self.times:
+            self.res.note("stage talker_throughput skipped: needs the talker and vae stages")
+            return
+        out = talker_throughput(self.times["talker"], self.times["vae"])
+        self.res.stage("talker_throughput_derived", {"reply_steps": REPLY_STEPS, "levels": out})
+        self.res.table(f"Talker serving rate, DERIVED: all c streams in lockstep, batch step = graphed talker step "
+                       f"+ VAE chunk (0.32 s audio per stream); a reply = {REPLY_STEPS} steps "
+                       f"({REPLY_STEPS * STEP_AUDIO_S:.2f} s); no talker prefill, no thinker",
+                       ["c", "talker step ms", "VAE chunk ms", "batch step ms", "RTF per stream", "reply wall s",
+                        "req/s"],
+                       [[c, r["talker_step_ms"], r["vae_chunk_ms"], r["batch_step_ms"], r["rtf_per_stream"],
+                         r["reply_s"], r["req_per_s"]] for c, r in out.items()])
 
     # ---- encoders ----------------------------------------------------------------------------
 
@@ -449,6 +491,8 @@ def main() -> None:
     ap.add_argument("--segment-tokens", type=int, default=5, help="thinker decode steps to a ~3-word first segment")
     ap.add_argument("--compile-talker", action="store_true", help="also time talker leaf modules under torch.compile")
     ap.add_argument("--stages", default="", help="comma-separated subset of stages to run (default: all)")
+    ap.add_argument("--talker-buckets", type=lambda v: [int(x) for x in v.split(",")], default=list(TALKER_BUCKETS),
+                    help="batch buckets graphed and timed for the talker and VAE (comma-separated)")
     ap.add_argument("--dry-cpu", action="store_true", help="plumbing check on CPU with the tiny preset")
     args = ap.parse_args()
     global DEV
@@ -459,7 +503,8 @@ def main() -> None:
     elif not moe_triton.available():
         sys.exit("gpu_bench needs Triton")
     bench = Bench(args)
-    stages = ["ceilings", "thinker", "thinker_prefill", "talker", "vae", "encoders", "derived_ttfa"]
+    stages = ["ceilings", "thinker", "thinker_prefill", "talker", "vae", "talker_throughput", "encoders",
+              "derived_ttfa"]
     if args.compile_talker:
         stages.append("talker_compiled")
     if args.stages:
