@@ -4,9 +4,10 @@ A text segment from the segmenter is cut by the reference text front-end into fr
 fragment is one talker stream (fresh LM cache and latent history, the voice prompt re-used,
 ming_model.md §5.9/§5.11), and a turn's fragments run one after another so its audio stays in
 order, while streams of different turns share every batched step: talker-LM decode, CFM + CFG +
-aggregator + stop head (`Talker.tail_step`), then the streaming AudioVAE chunk and the silence
-holder. Active streams occupy rows 0..n-1 of the static state; a finished stream's row is
-refilled from the last row (compaction), so each step runs exactly n rows.
+aggregator + stop head (`Talker.tail_step`) and the history update as one step (`talker_step`,
+one CUDA graph per batch bucket when graphs are on), then the streaming AudioVAE chunk (eager)
+and the silence holder. Active streams occupy rows 0..n-1 of the static state; a finished
+stream's row is refilled from the last row (compaction), so each step runs exactly n rows.
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ import torch
 
 from ..model.cfm import CFMParams, sway_time_grid
 from ..model.qwen2 import KVCache
-from ..model.talker import build_talker_prompt, duration_step_cap, history_update, initial_history, should_stop
+from ..model.talker import build_talker_prompt, duration_step_cap, initial_history, should_stop
 from ..model.talker_text import talker_job_texts
 from ..model.vae_stream import SilenceHolder, VAEStreamState, decode_chunk
 from .config import EngineConfig
 from .models import ModelBundle
+from .talker_step import Progress, TalkerStepper
 
 __all__ = ["TalkerRunner", "TalkerOutput", "stream_seed"]
 
@@ -86,6 +88,8 @@ class TalkerRunner:
         self.vae_state = VAEStreamState.allocate(self.vae, rows, chunk_latents=self.patch)
         self.t_grid = sway_time_grid(self.steps, self.dtype, self.device)
         self.sde_args = CFMParams(self.cfg.cfg_strength, self.cfg.sigma, self.cfg.temperature).tensor(self.device, self.dtype)
+        self.stepper = TalkerStepper(self.talker, self.cache, self.t_grid, self.sde_args, self.cfg.buckets,
+                                     dtype=self.dtype, device=self.device, enforce_eager=cfg.enforce_eager)
         self.seed = cfg.seed
         self.streams: list[_Stream] = []
         self.queues: dict[str, deque[_Job]] = {}
@@ -127,6 +131,11 @@ class TalkerRunner:
         gone = [i for i, s in enumerate(self.streams) if s.job.turn_id == turn_id]
         if gone:
             self._remove(gone, reset=True)
+
+    def capture(self, progress: Progress | None = None) -> None:
+        """Capture the per-bucket step graphs now (startup); no-op when eager. Else the first step does."""
+        with torch.no_grad():
+            self.stepper.capture(progress)
 
     # ---- stepping ----------------------------------------------------------------------------
     def step(self) -> list[TalkerOutput]:
@@ -197,23 +206,16 @@ class TalkerRunner:
 
     def _advance(self) -> list[TalkerOutput]:
         n = len(self.streams)
-        fresh = torch.tensor([s.fresh for s in self.streams], device=self.device)
-        if not bool(fresh.all()):
-            pos = torch.tensor([[-1 if s.fresh else s.pos] for s in self.streams], device=self.device)  # [n, 1]
-            h_new = self.talker.decode_lm(self.next_embed[:n], pos, self.cache.rows(0, n))
-            self.h[:n] = torch.where(fresh[:, None, None], self.h[:n], h_new)
-        lat = self.talker.latent_dim
-        # per-stream noise, drawn in the reference order (y0, then the SDE noise): batching changes nothing
-        y0, sde_rnd = [], []
-        for s in self.streams:
-            y0.append(torch.randn(1, self.patch, lat, generator=s.generator, device=self.device, dtype=self.dtype))
-            sde_rnd.append(torch.randn(self.steps, 1, self.patch, lat, generator=s.generator, device=self.device,
-                                       dtype=self.dtype))
-        y0, sde_rnd = torch.cat(y0), torch.cat(sde_rnd, dim=1)
-        gen_lat, next_embed, stop_prob = self.talker.tail_step(self.h[:n], self.his[:n], y0, sde_rnd, self.t_grid,
-                                                               self.sde_args)
-        self.his[:n] = history_update(self.his[:n], gen_lat)
-        self.next_embed[:n] = next_embed
+        fresh = [s.fresh for s in self.streams]
+        pos = torch.tensor([[-1 if s.fresh else s.pos] for s in self.streams], device=self.device)  # [n, 1]
+        y0, sde_rnd = self._noise()
+        gen_lat, next_embed, stop_prob, h, his = self.stepper(
+            self.next_embed[:n], pos, torch.tensor(fresh, device=self.device), self.h[:n], self.his[:n], y0, sde_rnd,
+            all_fresh=all(fresh))
+        # graphed outputs are graph memory (valid until the next replay): the state keeps copies
+        self.h[:n].copy_(h)
+        self.his[:n].copy_(his)
+        self.next_embed[:n].copy_(next_embed)
         p_stop = stop_prob[:, 1].float().tolist()  # host sync: the stop decision needs it
         last = []
         for i, s in enumerate(self.streams):
@@ -245,6 +247,17 @@ class TalkerRunner:
         if ending:
             self._remove(ending, reset=False)
         return outputs
+
+    def _noise(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """y0 [n, P, C] and sde_rnd [S, n, P, C], each stream's drawn from its own generator in the
+        reference order (y0, then the SDE noise): batching and graphs change nothing."""
+        shape = (1, self.patch, self.talker.latent_dim)
+        y0, sde_rnd = [], []
+        for s in self.streams:
+            y0.append(torch.randn(shape, generator=s.generator, device=self.device, dtype=self.dtype))
+            sde_rnd.append(torch.randn((self.steps, *shape), generator=s.generator, device=self.device,
+                                       dtype=self.dtype))
+        return torch.cat(y0), torch.cat(sde_rnd, dim=1)
 
     def _vae_rows(self, rows: int) -> VAEStreamState:
         """The VAE state of rows 0..rows-1 as views (`decode_chunk` updates them in place)."""
