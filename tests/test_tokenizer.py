@@ -153,3 +153,22 @@ def test_resolve_tokenizer_missing_says_what_to_download(tmp_path):
     for part in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", HF_TOKENIZER_REPO,
                  str(tmp_path / "tokenizer.json"), str(tmp_path / "nowhere" / "tokenizer.json")):
         assert part in message
+
+
+def test_standin_tokenizer_word_pieces_on_real_special_ids():
+    """Dummy full-shape runs: specials keep the real ids, text round-trips, ~1.2 tokens per English word."""
+    from realtime_ming.engine.models import _standin_tokenizers
+    from realtime_ming.model.presets import preset_config
+    from realtime_ming.model.standin_tokenizer import tokens_per_word
+
+    ck = preset_config("ming-flash-omni-2.0")
+    reply = "Sure. The weather today looks sunny, with a light breeze from the west and a high of twenty degrees."
+    thinker, talker = _standin_tokenizers(ck, [reply])
+    assert thinker.eos_id == ck.thinker.eos_token_id
+    assert talker.token_to_id("<audioPatch>") == 151666 and talker.token_to_id("<|im_end|>") == 151645
+    for text in (reply, "Zebras juggle quantum chromodynamics — 42 ünïcödé bytes!"):
+        ids = thinker.encode(text)
+        assert thinker.decode(ids) == text and max(ids) < ck.thinker.vocab_size
+        assert talker.decode(talker.encode(text, add_special_tokens=False).ids) == text
+    assert 1.0 <= tokens_per_word(talker, reply) < 1.5  # a byte-level tokenizer would give ~5
+    assert len(thinker.encode(reply)) < 1.5 * len(reply.split())

@@ -94,9 +94,9 @@ class ModelBundle:
             name = "ming-tiny-random"
             dummy = True
         elif cfg.model_path is None:
-            # real shapes, random weights: byte-level tokenizers placed on the real special ids
+            # real shapes, random weights: stand-in BPE tokenizers placed on the real special ids
             ck = preset_config(cfg.preset)
-            thinker_tok, talker_tok = _byte_tokenizers(ck)
+            thinker_tok, talker_tok = _standin_tokenizers(ck, [cfg.thinker.forced_reply or ""])
             name = f"{cfg.preset}-dummy"
             dummy = True
         else:
@@ -243,16 +243,16 @@ def _token_id(tok: Tokenizer, token: str) -> int:
     return i
 
 
-def _byte_tokenizers(ck: CheckpointConfig) -> tuple[ThinkerTokenizer, Tokenizer]:
-    """Byte-level tokenizers whose special tokens sit on `ck`'s real ids (dummy-weight benchmarks)."""
-    from ..model.tiny_tokenizer import build_tiny_tokenizer
+def _standin_tokenizers(ck: CheckpointConfig, extra_text) -> tuple[ThinkerTokenizer, Tokenizer]:
+    """Word-piece stand-ins whose special tokens sit on `ck`'s real ids (dummy-weight benchmarks)."""
+    from ..model.standin_tokenizer import build_standin_tokenizer
 
     shift = ck.thinker.eos_token_id - tiny_thinker_special_ids()["<|role_end|>"]
     thinker_ids = {t: i + shift for t, i in tiny_thinker_special_ids().items()}
-    thinker = ThinkerTokenizer(build_tiny_tokenizer(thinker_ids, ck.thinker.vocab_size))
+    thinker = ThinkerTokenizer(build_standin_tokenizer(thinker_ids, ck.thinker.vocab_size, extra_text))
     talker_ids = {t: i + 151500 for t, i in tiny_talker_special_ids().items()}
     talker_ids["<audio>"], talker_ids["<audioPatch>"] = 151665, 151666
-    return thinker, build_tiny_tokenizer(talker_ids, ck.talker.llm.vocab_size)
+    return thinker, build_standin_tokenizer(talker_ids, ck.talker.llm.vocab_size, extra_text)
 
 
 def _talker_tokenizer(root: Path | None, tokenizer_path: str | None) -> Tokenizer:
