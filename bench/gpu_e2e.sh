@@ -2,7 +2,7 @@
 # End-to-end TTFA on a GPU machine: our server with the full-size Ming-flash-omni-2.0 shapes (dummy
 # bf16 weights, thinker TP over the listed GPUs) + the realtime TTFA benchmark against it.
 #   bench/gpu_e2e.sh OUT_DIR [CONCURRENCY] [CONFIG]
-# Needs: wheels of the server extras installed (see README "Benchmarks"), espeak-ng turns in .turns/.
+# Needs: `source bench/gpu_setup.sh` first (carried wheels of the server extras), espeak-ng turns in .turns/.
 set -euo pipefail
 out=${1:?out dir}; levels=${2:-1,4,16}; config=${3:-configs/ming-flash-omni-2.0.yaml}
 mkdir -p "$out"
