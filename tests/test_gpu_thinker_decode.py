@@ -48,14 +48,14 @@ def test_eager_decoder_on_cpu_equals_the_plain_forward(fixture_root):
     torch.testing.assert_close(cache.k, ref_cache.k)
 
 
-def _turns(engine: Engine, tag: str) -> list[TurnDone]:
+def _turns(engine: Engine, tag: str, with_audio: bool = False) -> list[TurnDone]:
     rng = np.random.default_rng(3)
     wave = (0.1 * rng.standard_normal(16000)).astype(np.float32)
     sampling = SamplingParams(max_tokens=24, ignore_eos=True)
     requests = [TurnRequest(f"t{tag}", f"t{tag}", (Message("user", (Content.of_text("Hello, how are you today?"),)),),
-                            sampling=sampling, with_audio=False),
+                            sampling=sampling, with_audio=with_audio),
                 TurnRequest(f"a{tag}", f"a{tag}", (Message("user", (Content.of_audio(wave, 16000),)),),
-                            sampling=sampling, with_audio=False)]
+                            sampling=sampling, with_audio=with_audio)]
     out = []
     for request in requests:
         done, events = threading.Event(), []
@@ -71,8 +71,10 @@ def _turns(engine: Engine, tag: str) -> list[TurnDone]:
     return out
 
 
-def _generate(fixture_root, devices, *, eager: bool, dtype: str = "float32") -> list[TurnDone]:
-    device = devices[0]
+def _generate(fixture_root, devices, *, eager: bool, dtype: str = "float32", talker: str | None = None
+              ) -> list[TurnDone]:
+    device = talker or devices[0]
+    with_audio = talker is not None
     cfg = EngineConfig(model_path=str(fixture_root), tokenizer_path=str(tiny_tokenizer_path("thinker")),
                        talker_tokenizer_path=str(tiny_tokenizer_path("talker")), dtype=dtype, enforce_eager=eager,
                        thinker=ThinkerRunnerConfig(max_slots=4, max_seq_len=1024, kv_buckets=(256, 1024)),
@@ -82,7 +84,7 @@ def _generate(fixture_root, devices, *, eager: bool, dtype: str = "float32") -> 
     try:
         if not eager:
             assert engine._thinker.decoder.graphed
-        return _turns(engine, "-".join(devices))
+        return _turns(engine, "-".join(devices), with_audio)
     finally:
         engine.close()
 
@@ -107,6 +109,14 @@ def test_gpu_tp1_engine_equals_cpu_fp32(fixture_root, cpu_reference, eager):
 @two_gpus
 def test_gpu_tp2_graphed_engine_equals_cpu_fp32(fixture_root, cpu_reference):
     _same_tokens(_generate(fixture_root, ("cuda:0", "cuda:1"), eager=False), cpu_reference)
+
+
+@two_gpus
+def test_gpu_thinker_and_talker_on_different_gpus_graphed(fixture_root, cpu_reference):
+    """Thinker graphs on cuda:0, talker/encoder/VAE graphs on cuda:1 (each captured on its own device)."""
+    got = _generate(fixture_root, ("cuda:0",), eager=False, talker="cuda:1")
+    _same_tokens(got, cpu_reference)
+    assert all(d.audio_samples > 0 for d in got)  # the talker graphs on cuda:1 spoke
 
 
 @cuda

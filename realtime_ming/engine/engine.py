@@ -94,10 +94,12 @@ class Engine:
 
     def capture(self, progress: Callable[[str, int, int], None] | None = None, timeout_s: float = 1800.0) -> None:
         """Capture the runners' CUDA graphs on the engine thread (no-op on CPU / enforce_eager)."""
-        done = threading.Event()
-        self._inbox.put(("capture", progress, done))
+        done, errors = threading.Event(), []
+        self._inbox.put(("capture", progress, done, errors))
         if not done.wait(timeout_s):
-            log.warning("CUDA-graph capture did not finish within %.0f s", timeout_s)
+            raise RuntimeError(f"CUDA-graph capture did not finish within {timeout_s:.0f} s")
+        if errors:  # a server must not start half-captured: the caller sees the failure
+            raise RuntimeError(f"CUDA-graph capture failed: {errors[0]}") from errors[0]
 
     def warmup(self, timeout_s: float = 300.0) -> None:
         """Run one short spoken turn end to end so first-call costs (allocator growth, kernel selection,
@@ -226,8 +228,11 @@ class Engine:
         elif kind == "capture":
             try:
                 self._thinker.capture(cmd[1])
-                if self._talker is not None and hasattr(self._talker, "capture"):
+                if self._talker is not None:
                     self._talker.capture(cmd[1])
+            except Exception as exc:  # reported to Engine.capture's caller; the engine thread lives on
+                log.exception("CUDA-graph capture failed")
+                cmd[3].append(exc)
             finally:
                 cmd[2].set()
         elif kind == "stop":

@@ -88,10 +88,14 @@ class BucketedGraph:
         """Allocate the static buffers (filled with padding) and capture every bucket, largest first."""
         if self.eager or self._graphs:
             return
+        with torch.cuda.device(self.device):  # capture on THIS device's stream, whatever the thread's current device
+            self._capture()
+
+    def _capture(self) -> None:
         self._static = {n: torch.full(s.shape, s.pad, dtype=s.dtype, device=self.device) for n, s in self.specs.items()}
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
-        side = torch.cuda.Stream(self.device)
+        side, capture = torch.cuda.Stream(self.device), torch.cuda.Stream(self.device)
         for bucket in sorted(self.buckets, reverse=True):
             args = self._views(bucket)
             side.wait_stream(torch.cuda.current_stream(self.device))
@@ -100,7 +104,9 @@ class BucketedGraph:
                     self.fn(**args)
             torch.cuda.current_stream(self.device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
+            # an explicit capture stream on this device: torch.cuda.graph's default one is created once, on
+            # whichever device was current at its first use (a talker on cuda:1 would capture on cuda:0)
+            with torch.cuda.graph(graph, pool=self.pool, stream=capture):
                 out = self.fn(**args)
             self._graphs[bucket] = (graph, out)
         torch.cuda.synchronize(self.device)
@@ -132,6 +138,10 @@ class BucketedGraph:
             return self.fn(**inputs)
         if not self._graphs:
             self.capture()
+        with torch.cuda.device(self.device):  # replay on this device's current stream
+            return self._replay(bucket, batch, inputs)
+
+    def _replay(self, bucket: int, batch: int, inputs: Mapping[str, torch.Tensor]) -> Outputs:
         for name, value in inputs.items():
             spec, buf = self.specs[name], self._static[name]
             if spec.batch_dim is None:
