@@ -5,8 +5,8 @@ fragment is one talker stream (fresh LM cache and latent history, the voice prom
 ming_model.md §5.9/§5.11), and a turn's fragments run one after another so its audio stays in
 order, while streams of different turns share every batched step: talker-LM decode, CFM + CFG +
 aggregator + stop head (`Talker.tail_step`) and the history update as one step (`talker_step`,
-one CUDA graph per batch bucket when graphs are on), then the streaming AudioVAE chunk (eager)
-and the silence holder. Active streams occupy rows 0..n-1 of the static state; a finished
+one CUDA graph per batch bucket when graphs are on), then the streaming AudioVAE chunk
+(`VAEStepper`, graphed too) and the silence holder. Active streams occupy rows 0..n-1 of the static state; a finished
 stream's row is refilled from the last row (compaction), so each step runs exactly n rows.
 """
 
@@ -22,10 +22,11 @@ from ..model.cfm import CFMParams, sway_time_grid
 from ..model.qwen2 import KVCache
 from ..model.talker import build_talker_prompt, duration_step_cap, initial_history, should_stop
 from ..model.talker_text import talker_job_texts
-from ..model.vae_stream import SilenceHolder, VAEStreamState, decode_chunk
+from ..model.vae_stream import SilenceHolder, VAEStreamState
 from .config import EngineConfig
 from .models import ModelBundle
 from .talker_step import Progress, TalkerStepper
+from .vae_step import VAEStepper
 
 __all__ = ["TalkerRunner", "TalkerOutput", "stream_seed"]
 
@@ -90,6 +91,8 @@ class TalkerRunner:
         self.sde_args = CFMParams(self.cfg.cfg_strength, self.cfg.sigma, self.cfg.temperature).tensor(self.device, self.dtype)
         self.stepper = TalkerStepper(self.talker, self.cache, self.t_grid, self.sde_args, self.cfg.buckets,
                                      dtype=self.dtype, device=self.device, enforce_eager=cfg.enforce_eager)
+        self.vae_step = VAEStepper(self.vae, self.vae_state, self.cfg.buckets, device=self.vae_device,
+                                   enforce_eager=cfg.enforce_eager)
         self.seed = cfg.seed
         self.streams: list[_Stream] = []
         self.queues: dict[str, deque[_Job]] = {}
@@ -133,9 +136,10 @@ class TalkerRunner:
             self._remove(gone, reset=True)
 
     def capture(self, progress: Progress | None = None) -> None:
-        """Capture the per-bucket step graphs now (startup); no-op when eager. Else the first step does."""
+        """Capture the per-bucket step and VAE graphs now (startup); no-op when eager. Else the first step does."""
         with torch.no_grad():
             self.stepper.capture(progress)
+            self.vae_step.capture(progress)
 
     # ---- stepping ----------------------------------------------------------------------------
     def step(self) -> list[TalkerOutput]:
@@ -227,24 +231,13 @@ class TalkerRunner:
                 ends = ends or should_stop(s.step, p_stop[i], self.cfg.min_new_token)
             last.append(ends)
             s.step += 1
-        # VAE on the n active rows only; a stream that ends now is flushed in a call of its own, so the
-        # others run the 4-latent held block instead of the 8-latent flush block (half the backbone work)
-        lat_vae = gen_lat.to(self.vae_device)
-        ending = [i for i, end in enumerate(last) if end]
-        pcm_rows = [torch.zeros(0)] * n  # host float32, as VAEChunk.rows()
-        if len(ending) < n:
-            going_on = torch.tensor([not end for end in last], device=self.vae_device)
-            pcm_rows = decode_chunk(self.vae, lat_vae, self._vae_rows(n), False, going_on).rows()
-        if ending:
-            idx = torch.tensor(ending, device=self.vae_device)
-            flushed = decode_chunk(self.vae, lat_vae[idx], self._vae_gather(idx), True).rows()
-            for i, pcm in zip(ending, flushed):
-                pcm_rows[i] = pcm
+        pcm_rows = self.vae_step(gen_lat, last)  # host float32 per row
         outputs = []
         for i, s in enumerate(self.streams):
             pcm = s.silence.push(pcm_rows[i], last[i]) if s.silence is not None else pcm_rows[i]
             outputs.append(TalkerOutput(s.job.turn_id, s.job.segment_id, pcm.numpy().astype(np.float32, copy=False)))
-        if ending:
+        ending = [i for i, end in enumerate(last) if end]
+        if ending:  # their VAE rows were flushed (and, graphed, reset) by the step
             self._remove(ending, reset=False)
         return outputs
 
@@ -258,21 +251,6 @@ class TalkerRunner:
             sde_rnd.append(torch.randn((self.steps, *shape), generator=s.generator, device=self.device,
                                        dtype=self.dtype))
         return torch.cat(y0), torch.cat(sde_rnd, dim=1)
-
-    def _vae_rows(self, rows: int) -> VAEStreamState:
-        """The VAE state of rows 0..rows-1 as views (`decode_chunk` updates them in place)."""
-        st = self.vae_state
-        if rows == st.batch:
-            return st
-        return VAEStreamState(st.chunk_latents, st.cache.rows(0, rows), st.held[:rows], st.left_ctx[:rows],
-                              st.has_held[:rows], st.frame_pos[:rows], st.audio_buf[:rows], st.env_buf[:rows])
-
-    def _vae_gather(self, idx: torch.Tensor) -> VAEStreamState:
-        """A copy of the VAE state of rows `idx` (streams that end now: `_remove` then clears their rows)."""
-        st = self.vae_state
-        cache = KVCache(st.cache.k[:, idx], st.cache.v[:, idx], st.cache.slot_pos[idx])
-        return VAEStreamState(st.chunk_latents, cache, st.held[idx], st.left_ctx[idx], st.has_held[idx],
-                              st.frame_pos[idx], st.audio_buf[idx], st.env_buf[idx])
 
     def _remove(self, indices: list[int], reset: bool) -> None:
         """Drop streams at `indices`, refilling each hole from the last row (descending order keeps it valid)."""
