@@ -23,7 +23,7 @@ from realtime_ming.model.tiny_tokenizer import tiny_tokenizer_path
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
 two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
-pytestmark = pytest.mark.timeout(600)
+pytestmark = pytest.mark.timeout(300)
 
 
 def test_default_kv_buckets_cover_max_seq_len():
@@ -66,7 +66,7 @@ def _turns(engine: Engine, tag: str, with_audio: bool = False) -> list[TurnDone]
                 done.set()
 
         engine.submit(request, sink)
-        assert done.wait(300), events[-3:]
+        assert done.wait(120), events[-3:]
         out.append(events[-1])
     return out
 
