@@ -6,8 +6,9 @@ ming_model.md §5.9/§5.11), and a turn's fragments run one after another so its
 order, while streams of different turns share every batched step: talker-LM decode, CFM + CFG +
 aggregator + stop head (`Talker.tail_step`) and the history update as one step (`talker_step`,
 one CUDA graph per batch bucket when graphs are on), then the streaming AudioVAE chunk
-(`VAEStepper`, graphed too) and the silence holder. Active streams occupy rows 0..n-1 of the static state; a finished
-stream's row is refilled from the last row (compaction), so each step runs exactly n rows.
+(`VAEStepper`, graphed too) and the silence holder. Active streams occupy rows 0..n-1 of the
+static state; a finished stream's row is refilled from the last row (compaction), so each step
+runs exactly n rows.
 """
 
 from __future__ import annotations

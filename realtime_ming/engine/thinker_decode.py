@@ -18,13 +18,18 @@ import torch
 
 from .graphs import BucketedGraph, GraphInput, pick_bucket
 
-__all__ = ["KV_BLOCK", "ThinkerDecoder", "default_kv_buckets"]
+__all__ = ["KV_BLOCK", "ThinkerDecoder", "default_kv_buckets", "eager_kv_len"]
 
 log = logging.getLogger(__name__)
 
 KV_BLOCK = 64  # eager attention reads the first kv_len cache positions, rounded up to this
 
 Progress = Callable[[str, int, int], None]
+
+
+def eager_kv_len(needed: int, capacity: int) -> int:
+    """Cache positions an eager attention reads: `needed` rounded up to KV_BLOCK, at most `capacity`."""
+    return min(-(-needed // KV_BLOCK) * KV_BLOCK, capacity)
 
 
 def default_kv_buckets(max_seq_len: int, smallest: int = 512) -> tuple[int, ...]:
@@ -94,11 +99,10 @@ class ThinkerDecoder:
 
     @torch.no_grad()
     def step(self, tokens: list[int], positions: list[int], deltas: list[int], slots: list[int]) -> torch.Tensor:
-        packed = torch.tensor([tokens, positions, deltas, slots], dtype=torch.int64).to(self.device, non_blocking=True)
+        packed = torch.tensor([tokens, positions, deltas, slots], dtype=torch.int64, device=self.device)  # [4, B]
         tok, pos, delta = (packed[i].unsqueeze(1) for i in range(3))  # [B, 1] each
         needed = max(positions) + 1
         kv = None if self.eager else pick_bucket(self.kv_buckets, needed)
         if kv is None:  # eager, or longer than every KV bucket
-            kv_len = min(-(-needed // KV_BLOCK) * KV_BLOCK, self.cache.capacity)
-            return self._fn(kv_len)(tok, pos, delta, packed[3])
+            return self._fn(eager_kv_len(needed, self.cache.capacity))(tok, pos, delta, packed[3])
         return self._graphs[kv].step(tok=tok, pos=pos, delta=delta, slots=packed[3])

@@ -24,7 +24,7 @@ from .api import ContentKind, FinishReason, TurnRequest
 from .config import EngineConfig
 from .models import ModelBundle
 from .sampling import SamplingBatch, sample
-from .thinker_decode import KV_BLOCK, ThinkerDecoder, default_kv_buckets
+from .thinker_decode import ThinkerDecoder, default_kv_buckets, eager_kv_len
 
 __all__ = ["ThinkerRunner", "ThinkerOutput"]
 
@@ -273,7 +273,7 @@ class ThinkerRunner:
         needed = max(int(r.prefill.cache_positions[0, e - 1]) for r, _, e in chosen) + 1
         hidden = self.model(embeds, rotary, cache=self.cache, slots=torch.tensor([r.slot.index for r, _, _ in chosen],
                                                                                   device=dev),
-                            cache_positions=cache_pos, kv_len=self._kv_len(needed), **masks)
+                            cache_positions=cache_pos, kv_len=eager_kv_len(needed, self.cfg.max_seq_len), **masks)
         done, last = [], []
         for i, (row, start, end) in enumerate(chosen):
             row.slot.ids.extend(row.tail_ids[start:end])
@@ -301,9 +301,6 @@ class ThinkerRunner:
             r.slot.ids.append(r.next_token)
         sampled = sample(logits, self._sampling(rows)).tolist()  # the step's one device-to-host copy
         return [self._accept(r, t) for r, t in zip(rows, sampled)]
-
-    def _kv_len(self, needed: int) -> int:
-        return min(-(-needed // KV_BLOCK) * KV_BLOCK, self.cfg.max_seq_len)
 
     def _sampling(self, rows: list[_Row]) -> SamplingBatch:
         sp = [r.request.sampling for r in rows]
