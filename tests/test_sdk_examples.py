@@ -98,11 +98,15 @@ async def test_example_barge_in_cancels_and_truncates(url, tmp_path):
 
 
 async def test_example_barge_in_with_speech_uses_server_vad(url, tmp_path):
-    """barge_in.py --speech: the server's VAD hears the recording, cancels (turn_detected) and answers it."""
+    """barge_in.py --speech: the server's VAD hears the recording, cancels (turn_detected) and answers it.
+
+    The reply must still be generating when the VAD fires (~0.5 s into the recording): 16 tokens were
+    generated faster than that on a warm engine, so the reply is long enough to outlast it.
+    """
     sf.write(tmp_path / "stop.wav", espeak("Wait, stop please.", tmp_path), 24000)
-    out = await run_example("barge_in.py", "--url", url, "--speech", "stop.wav", "--max-output-tokens", "16",
+    out = await run_example("barge_in.py", "--url", url, "--speech", "stop.wav", "--max-output-tokens", "96",
                             cwd=tmp_path)
-    assert "response cancelled (turn_detected)" in out
+    assert "response cancelled (turn_detected)" in out, out
     assert "answer to the interruption: incomplete" in out
 
 
