@@ -30,12 +30,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_timing import Results, cuda_ms, measure_ceilings, param_bytes
 
 from realtime_ming.engine.graphs import BucketedGraph, GraphInput
-from realtime_ming.model import moe, moe_triton
+from realtime_ming.model import fused, moe, moe_triton
 from realtime_ming.model.audio_encoder import AudioProjector, WhisperEncoder
 from realtime_ming.model.cfm import CFMParams, sway_time_grid
+from realtime_ming.model.layers import TPGroup
 from realtime_ming.model.loader import init_dummy
 from realtime_ming.model.presets import preset_config
-from realtime_ming.model.qwen2 import KVCache, causal_window_mask
+from realtime_ming.model.qwen2 import KVCache
 from realtime_ming.model.talker import Talker
 from realtime_ming.model.thinker import Thinker, ThinkerKVCache
 from realtime_ming.model.vae import AudioVAE
@@ -110,12 +111,16 @@ class Bench:
         meta = {"device": name, "date": datetime.date.today().isoformat(), "torch": torch.__version__,
                 "python": platform.python_version(), "command": " ".join(sys.argv),
                 "weights": "dummy (loader.init_dummy, seeded), bf16",
-                "thinker_layers_built": args.thinker_layers}
+                "thinker_layers_built": args.thinker_layers,
+                "fused_kernels": not args.no_fused,
+                "thinker_tp_shadow": args.tp_shadow}
         self.res = Results(Path(args.out), meta)
         self.t0 = time.time()
         self.bw = None
         self.times: dict = {}
         self.talker_buckets = tuple(sorted(args.talker_buckets))
+        # the thinker as rank 0 of TP=N alone on this GPU, collectives skipped: one rank's compute
+        self.tp = TPGroup(0, args.tp_shadow, shadow=True) if args.tp_shadow > 1 else TPGroup()
 
     def over_budget(self, stage: str) -> bool:
         spent = time.time() - self.t0
@@ -143,16 +148,10 @@ class Bench:
                 "cpos": cpos, "slots": torch.arange(b, device=DEV)}
 
     def layer_fn(self, thinker, cache, layers: range, routing: list | None = None):
-        """A thinker step restricted to `layers` (rotary/mask prep as Thinker.forward), no lm_head."""
+        """A thinker step restricted to `layers` (Thinker.forward's `layers`), no lm_head."""
         def step(x, pos3, cpos, slots):
-            b = x.shape[0]
-            cos, sin = thinker.model.rotary(pos3, x.dtype)
-            write_idx = torch.where(cpos >= 0, cpos, cache.capacity)
-            mask = causal_window_mask(cpos, torch.arange(KV_CAP, device=x.device).expand(b, KV_CAP), None)
-            for i in layers:
-                x = thinker.model.layers[i](x, cos, sin, mask, (cache.k[i], cache.v[i]), slots, write_idx, KV_CAP,
-                                            None, None, routing)
-            return x
+            return thinker(x, pos3, cache=cache, slots=slots, cache_positions=cpos, kv_len=KV_CAP, routing=routing,
+                           layers=layers)
         return step
 
     def stack_fn(self, thinker, cache):
@@ -173,11 +172,12 @@ class Bench:
             self.layer_fn(thinker, self.cache, layers, routing)(**inputs)
         b = inputs["x"].shape[0]
         cfg = thinker.cfg
-        per_expert = 3 * cfg.hidden_size * cfg.moe_intermediate_size * 2
+        local_inter = thinker.model.layers[cfg.first_k_dense_replace].mlp.experts_down.shape[-1]  # this rank's I
+        per_expert = 3 * cfg.hidden_size * local_inter * 2
         skip = ("experts_gate_up", "experts_down", "image_gate", "audio_gate")
         total = sum(param_bytes(thinker.model.layers[i], skip=skip) for i in layers)
         total += sum(int(r.expert_ids.unique().numel()) * per_expert for r in routing)
-        total += len(layers) * b * cfg.num_key_value_heads * cfg.resolved_head_dim * KV_CAP * 2 * 2
+        total += len(layers) * b * self.tp.divide(cfg.num_key_value_heads, 'kv heads') * cfg.resolved_head_dim * KV_CAP * 2 * 2
         if lm_head:
             total += param_bytes(thinker.lm_head) + param_bytes(thinker.model.norm)
         return total
@@ -186,7 +186,11 @@ class Bench:
         """Per bucket: eager torch, graphed torch (gather forced), eager Triton, graphed Triton (ms)."""
         d = thinker.cfg.hidden_size
         out = {b: {} for b in THINKER_BUCKETS}
-        for variant in ("eager_torch", "graph_torch_gather", "eager_triton", "graph_triton"):
+        # with the fused kernels on, decode batches take thinker_kernels' MoE path whatever moe.py's
+        # switches say: only the Triton variants are distinct
+        variants = ("eager_triton", "graph_triton") if fused.enabled_on(DEV) else (
+            "eager_torch", "graph_torch_gather", "eager_triton", "graph_triton")
+        for variant in variants:
             if self.over_budget(f"{label}/{variant}"):
                 break
             triton_on = variant.endswith("triton")
@@ -214,8 +218,8 @@ class Bench:
     def thinker(self):
         n = self.args.thinker_layers
         tcfg = dataclasses.replace(self.cfg.thinker, num_hidden_layers=n)
-        thinker = build(Thinker, tcfg)
-        self.cache = ThinkerKVCache.allocate(tcfg, max(THINKER_BUCKETS), KV_CAP, device=DEV, dtype=BF16)
+        thinker = build(Thinker, tcfg, self.tp)
+        self.cache = ThinkerKVCache.allocate(tcfg, max(THINKER_BUCKETS), KV_CAP, device=DEV, dtype=BF16, tp=self.tp)
         self.thinker_model = thinker
         full_layers = self.cfg.thinker.num_hidden_layers
         # one MoE decoder layer (layer 1: attention + routed/shared experts)
@@ -238,14 +242,16 @@ class Bench:
             fb = self.floor_bytes(thinker, range(n), self.thinker_inputs(thinker, b), lm_head=True)
             stack[b]["floor_ms"] = fb / self.bw * 1e3
             extra = full_layers - n
-            full = {k: stack[b][k] + extra * one[b][k] for k in stack[b] if k in one[b] and k != "floor_MB"}
+            full = {k: stack[b][k] + extra * one[b][k] for k in stack[b] if k in one[b] and k not in ("floor_MB",)}
             stack[b]["full32_est"] = full
             tps = 1e3 / full["graph_triton"] if "graph_triton" in full else None
             rows.append([b, stack[b].get("eager_torch"), stack[b].get("graph_triton"), stack[b]["floor_ms"],
                          full.get("eager_torch"), full.get("graph_triton"), full.get("floor_ms"), tps])
         self.res.stage("thinker_stack_decode", stack)
         self.res.table(f"Thinker decode step: {n}-layer stack + lm_head measured, 32 layers extrapolated "
-                       f"(+{full_layers - n} × one MoE layer); single-GPU equivalent (ms)",
+                       f"(+{full_layers - n} × one MoE layer); "
+                       + (f"one rank of TP={self.tp.size}, collectives skipped (ms)" if self.tp.shadow
+                          else "single-GPU equivalent (ms)"),
                        ["B", f"eager torch ({n}L)", f"graph triton ({n}L)", f"floor ({n}L)", "eager torch (32L est)",
                         "graph triton (32L est)", "floor (32L est)", "tok/s per stream (graph triton)"], rows)
         self.times["stack"] = stack
@@ -494,7 +500,13 @@ def main() -> None:
     ap.add_argument("--talker-buckets", type=lambda v: [int(x) for x in v.split(",")], default=list(TALKER_BUCKETS),
                     help="batch buckets graphed and timed for the talker and VAE (comma-separated)")
     ap.add_argument("--dry-cpu", action="store_true", help="plumbing check on CPU with the tiny preset")
+    ap.add_argument("--no-fused", action="store_true", help="reference PyTorch ops instead of model.fused / "
+                    "thinker_kernels (A/B)")
+    ap.add_argument("--tp-shadow", type=int, default=1, help="build the thinker as one rank of TP=N with the "
+                    "collectives skipped: per-GPU compute of a TP=N deployment on one GPU")
     args = ap.parse_args()
+    if args.no_fused:
+        fused.set_enabled(False)
     global DEV
     if args.dry_cpu:
         DEV = "cpu"

@@ -69,12 +69,20 @@ def test_fixture_rotary_buffers_match_checkpoint(talker):
 
 
 def test_fixture_dit_cfg_velocity_step0(talker, case):
-    """One batch-2 DiT pass (cond h, uncond 0) at t_sway[0] reproduces both velocities."""
+    """One batch-2 DiT pass (cond h, uncond 0) at t_sway[0] reproduces both velocities, through the
+    per-run context (embeddings of the times, condition and history computed once) and through the
+    plain forward on the doubled batch."""
     tensors, _ = case
     t = sway(tensors["t_grid_fp32"])
+    dit = talker.cfm.model
     with torch.no_grad():
-        v = talker.cfm.model.forward_with_cfg(tensors["y0"], t[0], tensors["h"], tensors["his_lat"])
+        ctx = dit.cfg_context(tensors["h"], tensors["his_lat"], t[:-1])
+        v = dit.forward_with_cfg(tensors["y0"], 0, ctx)
+        y0, h, his = tensors["y0"], tensors["h"], tensors["his_lat"]
+        plain = dit(torch.cat((y0, y0)), t[0].expand(2 * y0.shape[0]), torch.cat((h, torch.zeros_like(h))),
+                    torch.cat((his, his)))
     _close(v, tensors["dit_forward_with_cfg_step0"])
+    _close(plain, tensors["dit_forward_with_cfg_step0"])
 
 
 @pytest.mark.parametrize("temperature,prefix", [(0.0, ""), (1.0, "temp1_")])

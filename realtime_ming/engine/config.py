@@ -78,10 +78,19 @@ class EngineConfig:
     talker: TalkerRunnerConfig = field(default_factory=TalkerRunnerConfig)
     segmenter: SegmenterConfig = field(default_factory=SegmenterConfig)
     max_queued_turns: int = 64  # submitted but not yet admitted; beyond -> TurnFailed("engine busy")
+    # benchmarks only: build the thinker as one rank of a TP=N group alone on its one device, every
+    # collective skipped (dummy weights; output meaningless): the per-GPU cost of a TP=N deployment
+    # measured where N GPUs are not at hand. 1 = off.
+    bench_tp_shadow: int = 1
 
     def __post_init__(self):
         if self.weights not in ("checkpoint", "dummy"):
             raise ValueError("engine.weights must be 'checkpoint' or 'dummy'")
+        if self.bench_tp_shadow < 1:
+            raise ValueError("engine.bench_tp_shadow must be >= 1")
+        if self.bench_tp_shadow > 1 and (self.weights != "dummy" and self.model_path is not None
+                                         or self.placement.tp_size > 1):
+            raise ValueError("engine.bench_tp_shadow needs dummy weights (or a preset) and one thinker device")
         if self.dtype not in _DTYPES:
             raise ValueError(f"engine.dtype must be one of {_DTYPES}")
         if self.weights == "checkpoint" and self.preset is not None and self.model_path is not None:

@@ -120,7 +120,12 @@ class ModelBundle:
             thinker = start_tp(ck, place.thinker_devices, None if dummy else cfg.model_path, dtype, cfg.seed,
                                cfg.thinker.max_slots, cfg.thinker.max_seq_len)
         else:
-            thinker = _build(Thinker, ming.llm_config, TPGroup(), weights=root_w, prefix="model.",
+            shadow = cfg.bench_tp_shadow
+            tp = TPGroup(0, shadow, shadow=True) if shadow > 1 else TPGroup()
+            if shadow > 1:
+                log.warning("bench_tp_shadow=%d: the thinker is rank 0 of TP=%d alone on %s, collectives skipped "
+                            "(benchmark of per-GPU cost; its output is meaningless)", shadow, shadow, devices["thinker"])
+            thinker = _build(Thinker, ming.llm_config, tp, weights=root_w, prefix="model.",
                              device=devices["thinker"], what="thinker", **common)
         audio_encoder = _build(WhisperEncoder, ming.audio_config, weights=root_w, prefix="audio.",
                                device=devices["encoder"], what="audio encoder", **common)

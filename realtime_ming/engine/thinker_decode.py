@@ -1,9 +1,11 @@
 """Thinker decode step: one token per row -> next-token logits, CUDA-graphed per (KV bucket, batch bucket).
 
-Attention reads the first `kv_len` positions of each row's KV slot, and a CUDA graph needs that
-length fixed: the decoder keeps one `BucketedGraph` per KV bucket (the smallest one covering the
-longest row is replayed), each with the batch buckets, all in one memory pool. Eager (CPU, or
-`enforce_eager`): the same function with kv_len rounded up to 64. On a tensor-parallel group every
+With the fused decode attention (CUDA, `model.thinker_kernels`) every row reads its own slot up to
+its own position, so one graph per batch bucket serves every length. Otherwise attention reads the
+first `kv_len` positions of each row's KV slot, and a CUDA graph needs that length fixed: the
+decoder keeps one `BucketedGraph` per KV bucket (the smallest one covering the longest row is
+replayed), each with the batch buckets, all in one memory pool. Eager (CPU, or `enforce_eager`):
+the same function with kv_len rounded up to 64. On a tensor-parallel group every
 rank builds the same decoder over its own shard and cache and replays the same graph, so the NCCL
 all-reduces captured inside line up (see `tp.py`).
 """
@@ -57,6 +59,8 @@ class ThinkerDecoder:
         self.device = torch.device(device)
         self.eager = enforce_eager or self.device.type != "cuda"
         self.batch_buckets = tuple(sorted(set(batch_buckets)))
+        if thinker.decode_reads_exact_lengths(self.device):  # the fused attention reads each row's own length
+            kv_buckets = (cache.capacity,)
         self.kv_buckets = tuple(sorted({min(int(k), cache.capacity) for k in kv_buckets}))
         top = max(self.batch_buckets)
         specs = {"tok": GraphInput((top, 1), torch.int64),  # [B, 1] token ids

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .dit import DiT
+from .dit import CFGContext, DiT
 
 __all__ = ["EPSS_TIMESTEPS", "SWAY_COEF", "CFMParams", "epss_time_grid", "sway", "sway_time_grid", "CFM"]
 
@@ -80,10 +80,9 @@ class CFM(nn.Module):
         super().__init__()
         self.model = model
 
-    def velocity(self, y: torch.Tensor, t: torch.Tensor, cond: torch.Tensor, history: torch.Tensor,
-                 cfg_strength: torch.Tensor) -> torch.Tensor:
+    def velocity(self, y: torch.Tensor, step: int, ctx: CFGContext, cfg_strength: torch.Tensor) -> torch.Tensor:
         """Guided velocity v_c + cfg·(v_c − v_u) from one DiT pass on 2B rows."""
-        both = self.model.forward_with_cfg(y, t, cond, history)
+        both = self.model.forward_with_cfg(y, step, ctx)
         v_c, v_u = both.chunk(2, dim=0)
         return v_c + (v_c - v_u) * _per_row(cfg_strength)
 
@@ -101,9 +100,12 @@ class CFM(nn.Module):
         noise_scale = _per_row(sigma) * _per_row(temperature) ** 0.5
         y = y0
         states = [y0]
-        for i in range(t.shape[0] - 1):
+        steps = t.shape[0] - 1
+        # the step times, condition and history are embedded once for the whole run
+        ctx = self.model.cfg_context(cond, history, t[:steps])
+        for i in range(steps):
             dt = t[i + 1] - t[i]
-            y = y + self.velocity(y, t[i], cond, history, cfg_strength) * dt
+            y = y + self.velocity(y, i, ctx, cfg_strength) * dt
             y = y + noise_scale * (dt.abs() ** 0.5) * sde_rnd[i]
             if trajectory:
                 states.append(y)

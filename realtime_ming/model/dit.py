@@ -9,13 +9,16 @@ Both networks share the block stack; every input is batched (each row its own co
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import fused
 from .config import DiTConfig
-from .layers import RMSNorm
+from .fused import apply_interleaved_rotary
+from .layers import RMSNorm, concat_params
 
 __all__ = [
     "InterleavedRotary",
@@ -25,7 +28,9 @@ __all__ = [
     "TimestepEmbedder",
     "CondEmbedder",
     "DiT",
+    "CFGContext",
     "Aggregator",
+    "run_blocks",
 ]
 
 # The talker RMSNorm (`talker_module/modules.py`) on torch >= 2.10 takes its manual path:
@@ -57,19 +62,22 @@ class InterleavedRotary(nn.Module):
         self.inv_freq = _rotary_inv_freq(self.dim, device=self.inv_freq.device)
 
     def forward(self, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin tables [seq_len, dim] in fp32, each frequency repeated for its pair."""
-        pos = torch.arange(seq_len, device=self.inv_freq.device, dtype=torch.float32)
-        freqs = pos[:, None] * self.inv_freq.float()[None, :]
-        freqs = freqs.repeat_interleave(2, dim=-1)
-        return freqs.cos(), freqs.sin()
+        """cos, sin tables [seq_len, dim] in fp32, each frequency repeated for its pair.
 
-
-def apply_interleaved_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs (x0, x1), (x2, x3), ... of the last dim by the tables; fp32 math, cast back."""
-    xf = x.float()
-    pairs = xf.unflatten(-1, (-1, 2))
-    rotated = torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
-    return (xf * cos + rotated * sin).to(x.dtype)
+        Cached per length (the talker only ever uses two): computed by the first, eager call, so a
+        CUDA-graph capture that follows replays no table math.
+        """
+        key = (seq_len, self.inv_freq.data_ptr(), self.inv_freq._version)
+        cached = self.__dict__.get("_tables")
+        if cached is None or cached[0] != key[1:]:
+            cached = (key[1:], {})
+            self.__dict__["_tables"] = cached
+        if seq_len not in cached[1]:
+            pos = torch.arange(seq_len, device=self.inv_freq.device, dtype=torch.float32)
+            freqs = pos[:, None] * self.inv_freq.float()[None, :]
+            freqs = freqs.repeat_interleave(2, dim=-1)
+            cached[1][seq_len] = (freqs.cos(), freqs.sin())
+        return cached[1][seq_len]
 
 
 class Attention(nn.Module):
@@ -85,9 +93,11 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
-        q, k, v = (proj(x).view(b, t, self.heads, -1).transpose(1, 2) for proj in (self.to_q, self.to_k, self.to_v))
-        q = apply_interleaved_rotary(q, cos, sin)
-        k = apply_interleaved_rotary(k, cos, sin)
+        projs = (self.to_q, self.to_k, self.to_v)
+        qkv = F.linear(x, concat_params(self, "_qkv_w", tuple(p.weight for p in projs)),
+                       concat_params(self, "_qkv_b", tuple(p.bias for p in projs)))
+        q, k, v = fused.head_rotary(qkv, self.heads, self.heads, d // self.heads, cos, sin,
+                                    fused.RotaryStyle.INTERLEAVED_FP32)
         out = F.scaled_dot_product_attention(q, k, v)
         return self.to_out[0](out.transpose(1, 2).reshape(b, t, d))
 
@@ -109,7 +119,7 @@ class FeedForward(nn.Module):
 
 
 class DiTBlock(nn.Module):
-    """Pre-norm block: x += Attn(RMSNorm1(x)); x += FF(RMSNorm2(x))."""
+    """Pre-norm block: x += Attn(RMSNorm1(x)); x += FF(RMSNorm2(x)) (run by `run_blocks`)."""
 
     def __init__(self, dim: int, heads: int, mlp_ratio: float):
         super().__init__()
@@ -118,9 +128,21 @@ class DiTBlock(nn.Module):
         self.norm2 = RMSNorm(dim, _NORM_EPS)
         self.mlp = FeedForward(dim, mlp_ratio)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x), cos, sin)
-        return x + self.mlp(self.norm2(x))
+    def forward(self, x: torch.Tensor, h: torch.Tensor, cos: torch.Tensor,
+                sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x the residual stream, h = norm1(x) -> (x after attention, the FF output still to add)."""
+        h, x = self.norm2.add(x, self.attn(h, cos, sin))
+        return x, self.mlp(h)
+
+
+def run_blocks(blocks: nn.ModuleList, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               final_norm: RMSNorm) -> torch.Tensor:
+    """final_norm(block stack(x)), every residual add fused into the norm that follows it."""
+    h = blocks[0].norm1(x)
+    for i, block in enumerate(blocks):
+        x, delta = block(x, h, cos, sin)
+        h, x = (blocks[i + 1].norm1 if i + 1 < len(blocks) else final_norm).add(x, delta)
+    return h
 
 
 class FinalLayer(nn.Module):
@@ -192,25 +214,38 @@ class DiT(nn.Module):
         """x [N, P, C] noisy patch, t [N], cond [N, 1, Dc], history [N, Hh, C] → velocity [N, P, C]."""
         tokens = self.x_embedder(torch.cat((history, x), dim=1))
         y = self.t_embedder(t).unsqueeze(1) + self.c_embedder(cond)
-        h = torch.cat((y, tokens), dim=1)
+        return self._velocity(torch.cat((y, tokens), dim=1), x.shape[1])
+
+    def _velocity(self, h: torch.Tensor, patch: int) -> torch.Tensor:
         cos, sin = self.rotary_embed(h.shape[1])
-        for block in self.blocks:
-            h = block(h, cos, sin)
+        h = run_blocks(self.blocks, h, cos, sin, self.final_layer.norm_final)
         # the final layer is position-wise: only the patch positions are needed
-        return self.final_layer(h[:, -x.shape[1]:])
+        return self.final_layer.linear(h[:, -patch:])
 
-    def forward_with_cfg(self, x: torch.Tensor, t: torch.Tensor, cond: torch.Tensor,
-                         history: torch.Tensor) -> torch.Tensor:
-        """One pass on 2B rows: [conditional (cond) ; unconditional (cond = 0)] → [2B, P, C].
+    def cfg_context(self, cond: torch.Tensor, history: torch.Tensor, t: torch.Tensor) -> "CFGContext":
+        """What every step of one CFG sampling run shares: cond [B, 1, Dc], history [B, Hh, C], the step
+        times t [S]. Rows are [conditional ; unconditional (cond = 0)]; the embeddings are those
+        `forward` computes (x_embedder is position-wise, so the history's part is the same every step)."""
+        t_emb = self.t_embedder(t)[:, None]  # [S, 1, D]
+        c_emb = self.c_embedder(torch.cat((cond, torch.zeros_like(cond))))  # [2B, 1, D]
+        his = self.x_embedder(history)
+        return CFGContext(t_emb, c_emb, torch.cat((his, his)))
 
-        t is a scalar tensor (shared) or [B]; rows keep their own history and noisy patch.
-        """
-        b = x.shape[0]
-        t2 = t.expand(b) if t.dim() == 0 else t
-        return self.forward(
-            torch.cat((x, x)), torch.cat((t2, t2)), torch.cat((cond, torch.zeros_like(cond))),
-            torch.cat((history, history)),
-        )
+    def forward_with_cfg(self, x: torch.Tensor, step: int, ctx: "CFGContext") -> torch.Tensor:
+        """Velocity of the noisy patch x [B, P, C] at step `step` of `ctx`, for the 2B rows
+        [conditional ; unconditional] in one pass → [2B, P, C]."""
+        tokens = self.x_embedder(x)
+        y = ctx.t_emb[step] + ctx.c_emb  # [2B, 1, D]
+        return self._velocity(torch.cat((y, ctx.history, torch.cat((tokens, tokens))), dim=1), x.shape[1])
+
+
+@dataclass(frozen=True)
+class CFGContext:
+    """Per-call constants of a CFG sampling run (`DiT.cfg_context`)."""
+
+    t_emb: torch.Tensor  # [S, 1, D] time embedding of each step
+    c_emb: torch.Tensor  # [2B, 1, D] condition embedding, conditional then unconditional rows
+    history: torch.Tensor  # [2B, Hh, D] embedded history, both halves
 
 
 class Aggregator(nn.Module):
@@ -237,6 +272,5 @@ class Aggregator(nn.Module):
         cls = self.word_embedder.weight[:1].expand(x.shape[0], 1, -1)
         h = torch.cat((cls, x), dim=1)
         cos, sin = self.rotary_embed(h.shape[1])
-        for block in self.blocks:
-            h = block(h, cos, sin)
-        return self.final_layer(h[:, :1])
+        h = run_blocks(self.blocks, h, cos, sin, self.final_layer.norm_final)
+        return self.final_layer.linear(h[:, :1])

@@ -15,6 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import fused
+from .fused import apply_rotary, rotate_half
+
 __all__ = [
     "TPGroup",
     "RMSNorm",
@@ -26,16 +29,23 @@ __all__ = [
     "VocabParallelEmbedding",
     "ParallelLMHead",
     "mark_tp",
+    "concat_params",
 ]
 
 
 @dataclass(frozen=True)
 class TPGroup:
-    """Tensor-parallel placement of one process: rank, world size, and the NCCL group (None = default)."""
+    """Tensor-parallel placement of one process: rank, world size, and the NCCL group (None = default).
+
+    `shadow=True` (benchmarks only) is one rank of a TP=size group alone on its GPU: shards have that
+    rank's shapes and every collective is skipped (all_gather repeats the local part), so it costs
+    one rank's compute of a deployment whose other GPUs are absent; its outputs are meaningless.
+    """
 
     rank: int = 0
     size: int = 1
     group: Any = None
+    shadow: bool = False
 
     def __post_init__(self):
         if not 0 <= self.rank < self.size:
@@ -47,7 +57,7 @@ class TPGroup:
         return n // self.size
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        if self.size > 1:
+        if self.size > 1 and not self.shadow:
             torch.distributed.all_reduce(x, group=self.group)
         return x
 
@@ -55,6 +65,8 @@ class TPGroup:
         """Concatenate every rank's `x` along the last dimension."""
         if self.size == 1:
             return x
+        if self.shadow:
+            return torch.cat([x] * self.size, dim=-1)
         parts = [torch.empty_like(x) for _ in range(self.size)]
         torch.distributed.all_gather(parts, x.contiguous(), group=self.group)
         return torch.cat(parts, dim=-1)
@@ -79,21 +91,27 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(dtype)
+        return fused.rms_norm(x, self.weight, self.eps)
+
+    def add(self, x: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + delta), x + delta): a residual add fused with the norm that follows it."""
+        return fused.add_rms_norm(x, delta, self.weight, self.eps)
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    """NeoX pairing: dim i pairs with dim i + d/2."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
+def concat_params(owner: nn.Module, name: str, tensors: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """`torch.cat(tensors)` along dim 0, cached on `owner` until any of them changes (fused projections).
 
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE on the last dim of `x` (cos/sin broadcastable, same last dim)."""
-    return x * cos + rotate_half(x) * sin
+    The separate parameters stay the checkpoint's (names, loading, TP narrowing); the fused copy is
+    rebuilt when one is reloaded or moved (its storage or version counter changes).
+    """
+    key = tuple((t.data_ptr(), t._version, t.device) for t in tensors)
+    cached = owner.__dict__.get(name)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    with torch.no_grad():
+        value = torch.cat([t.detach() for t in tensors])
+    owner.__dict__[name] = (key, value)
+    return value
 
 
 def rope_inv_freq(dim: int, theta: float, device=None) -> torch.Tensor:

@@ -15,8 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import fused, thinker_kernels
 from .config import ThinkerConfig
-from .layers import SINGLE, ColumnParallelLinear, RowParallelLinear, TPGroup, mark_tp
+from .layers import SINGLE, ColumnParallelLinear, RowParallelLinear, TPGroup, concat_params, mark_tp
 from .loader import TensorSource, narrow_for_rank
 
 __all__ = [
@@ -65,7 +66,8 @@ class DenseMLP(nn.Module):
         self.down_proj = RowParallelLinear(intermediate, hidden, tp=tp, reduce=reduce)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate_up = F.linear(x, concat_params(self, "_gate_up", (self.gate_proj.weight, self.up_proj.weight)))
+        return self.down_proj(fused.silu_mul(gate_up))
 
 
 def select_experts(
@@ -209,16 +211,30 @@ class SparseMoeBlock(nn.Module):
         """x [B, T, D]; masks [B, T] bool (prefill only; None = text gate) -> [B, T, D]."""
         b, t, d = x.shape
         flat = x.reshape(b * t, d)
-        ids, weights = self.route(
-            flat,
-            image_mask.reshape(-1) if image_mask is not None else None,
-            audio_mask.reshape(-1) if audio_mask is not None else None,
-        )
+        decoded = None
+        if image_mask is None and audio_mask is None:  # text tokens: the fused decode kernels may apply
+            c = self.cfg
+            decoded = thinker_kernels.route(flat, self.gate.weight, self.gate.expert_bias, c.num_experts_per_tok,
+                                            c.n_group, c.topk_group, c.routed_scaling_factor)
+        if decoded is None:
+            ids, weights = self.route(
+                flat,
+                image_mask.reshape(-1) if image_mask is not None else None,
+                audio_mask.reshape(-1) if audio_mask is not None else None,
+            )
+        else:
+            ids, weights = decoded
         if routing is not None:
             routing.append(Routing(layer, ids.view(b, t, -1), weights.view(b, t, -1)))
-        experts = experts_gathered if ids.numel() <= GATHER_MAX_ROWS else experts_grouped
-        if _EXPERT_KERNEL is not None and flat.is_cuda:
-            experts = _EXPERT_KERNEL
-        routed = experts(flat, ids, weights, self.experts_gate_up, self.experts_down)
-        out = routed.to(x.dtype) + self.shared_experts(flat)
+        shared = self.shared_experts
+        out = None
+        if decoded is not None:  # routed + shared experts in two launches
+            out = thinker_kernels.moe_decode(flat, ids, weights, self.experts_gate_up, self.experts_down,
+                                             shared.gate_proj.weight, shared.up_proj.weight, shared.down_proj.weight)
+        if out is None:
+            experts = experts_gathered if ids.numel() <= GATHER_MAX_ROWS else experts_grouped
+            if _EXPERT_KERNEL is not None and flat.is_cuda:
+                experts = _EXPERT_KERNEL
+            routed = experts(flat, ids, weights, self.experts_gate_up, self.experts_down)
+            out = routed.to(x.dtype) + shared(flat)
         return self.tp.all_reduce(out).view(b, t, d)

@@ -16,8 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import fused
 from .config import Qwen2Config
-from .layers import RMSNorm, apply_rotary, rope_inv_freq
+from .layers import RMSNorm, concat_params, rope_inv_freq
 
 __all__ = ["KVCache", "Qwen2Model", "Qwen2Rotary", "causal_window_mask"]
 
@@ -104,6 +105,8 @@ class Qwen2Rotary(nn.Module):
 
 
 class Qwen2Attention(nn.Module):
+    """q/k/v projections (with bias; run as one fused GEMM), NeoX RoPE, GQA attention, o_proj."""
+
     def __init__(self, cfg: Qwen2Config):
         super().__init__()
         self.num_heads = cfg.num_attention_heads
@@ -117,21 +120,24 @@ class Qwen2Attention(nn.Module):
 
     def forward(self, x, cos, sin, mask, cache_kv=None, slots=None):
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, self.num_kv, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, self.num_kv, self.head_dim).transpose(1, 2)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        projs = (self.q_proj, self.k_proj, self.v_proj)
+        qkv = F.linear(x, concat_params(self, "_qkv_w", tuple(p.weight for p in projs)),
+                       concat_params(self, "_qkv_b", tuple(p.bias for p in projs)))
+        style = fused.RotaryStyle.NEOX_ROUND_EACH
         if cache_kv is not None:
-            ck, cv = cache_kv  # [B, kv, S, d] views into the cache
-            idx = slots[:, None, :, None].expand(b, self.num_kv, t, self.head_dim)
-            ck.scatter_(2, idx, k)
-            cv.scatter_(2, idx, v)
+            ck, cv = cache_kv  # [B, kv, S, d] views into the cache: k/v written at their slots
+            q, _, _ = fused.head_rotary(qkv, self.num_heads, self.num_kv, self.head_dim, cos, sin, style,
+                                        k_out=ck, v_out=cv, index=slots)
             k, v = ck, cv
+        else:
+            q, k, v = fused.head_rotary(qkv, self.num_heads, self.num_kv, self.head_dim, cos, sin, style)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.num_kv != self.num_heads)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
 
 class Qwen2MLP(nn.Module):
+    """SwiGLU; gate and up run as one fused GEMM."""
+
     def __init__(self, cfg: Qwen2Config):
         super().__init__()
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
@@ -139,10 +145,15 @@ class Qwen2MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate_up = F.linear(x, concat_params(self, "_gate_up", (self.gate_proj.weight, self.up_proj.weight)))
+        return self.down_proj(fused.silu_mul(gate_up))
 
 
 class Qwen2Layer(nn.Module):
+    """Pre-norm block x += attn(norm1(x)); x += mlp(norm2(x)), the adds fused into the norms after them:
+    `forward` takes the residual x and h = input_layernorm(x), and returns (x after attention, the
+    MLP output) for the caller to add with the next norm (`Qwen2Model.forward`)."""
+
     def __init__(self, cfg: Qwen2Config):
         super().__init__()
         self.self_attn = Qwen2Attention(cfg)
@@ -150,9 +161,9 @@ class Qwen2Layer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, mask, cache_kv=None, slots=None):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache_kv, slots)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, h, cos, sin, mask, cache_kv=None, slots=None):
+        h, x = self.post_attention_layernorm.add(x, self.self_attn(h, cos, sin, mask, cache_kv, slots))
+        return x, self.mlp(h)
 
 
 class Qwen2Model(nn.Module):
@@ -180,11 +191,14 @@ class Qwen2Model(nn.Module):
             slots = cache.write_positions(positions)
             k_pos = cache.slot_pos
         x = inputs_embeds
+        h = self.layers[0].input_layernorm(x) if len(self.layers) else None
         masks: dict[int | None, torch.Tensor] = {}
         for i, layer in enumerate(self.layers):
             window = self.cfg.layer_window(i)
             if window not in masks:
                 masks[window] = causal_window_mask(positions, k_pos, window)
             kv = (cache.k[i], cache.v[i]) if cache is not None else None
-            x = layer(x, cos, sin, masks[window], kv, slots)
-        return self.norm(x)
+            x, delta = layer(x, h, cos, sin, masks[window], kv, slots)
+            nxt = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
+            h, x = nxt.add(x, delta)
+        return h if h is not None else self.norm(x)

@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .layers import apply_rotary, rope_inv_freq
+from .layers import rope_inv_freq
 
-__all__ = ["ThinkerRotary", "apply_partial_rotary", "video_rope_rows", "text_position_ids"]
+__all__ = ["ThinkerRotary", "video_rope_rows", "text_position_ids"]
 
 # mrope_section [8, 12, 12] hard-coded by the reference attention: 8 t-frequencies, 24 h/w ones.
 _MROPE_SECTION = (8, 12, 12)
@@ -58,12 +58,6 @@ class ThinkerRotary(nn.Module):
         freqs = pos.float() * self.inv_freq.float()
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]
-
-
-def apply_partial_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate the first cos.shape[-1] dims of `x` [B, H, T, head_dim] (rotate-half); the rest pass."""
-    rd = cos.shape[-1]
-    return torch.cat((apply_rotary(x[..., :rd], cos, sin), x[..., rd:]), dim=-1)
 
 
 def text_position_ids(cache_positions: torch.Tensor, rope_deltas: torch.Tensor) -> torch.Tensor:

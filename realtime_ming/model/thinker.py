@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import fused, thinker_kernels
 from .config import ThinkerConfig, load_checkpoint_config
 from .layers import (
     SINGLE,
@@ -30,7 +31,7 @@ from .layers import (
 from .loader import load_weights, read_weight_map
 from .moe import DenseMLP, SparseMoeBlock
 from .qwen2 import causal_window_mask
-from .rope3d import ThinkerRotary, apply_partial_rotary
+from .rope3d import ThinkerRotary
 
 __all__ = ["Thinker", "ThinkerKVCache", "load_thinker"]
 
@@ -82,19 +83,20 @@ class ThinkerAttention(nn.Module):
         self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
         self.dense = RowParallelLinear(q, cfg.hidden_size, bias=cfg.use_bias, tp=tp)
 
-    def forward(self, x, cos, sin, mask, kv=None, slots=None, write_idx=None, kv_len=None):
+    def forward(self, x, cos, sin, mask, kv=None, slots=None, write_idx=None, kv_len=None, lengths=None):
+        """`lengths` [B] (decode only: T == 1 and the fused kernels on) = cache indices each query sees."""
         b, t, _ = x.shape
-        qkv = self.query_key_value(x).view(b, t, self.num_heads + 2 * self.num_kv, self.head_dim)
-        q, k, v = qkv.split([self.num_heads, self.num_kv, self.num_kv], dim=2)
-        q = apply_partial_rotary(self.q_norm(q).transpose(1, 2), cos, sin)  # [B, H, T, hd]
-        k = apply_partial_rotary(self.k_norm(k).transpose(1, 2), cos, sin)
-        v = v.transpose(1, 2)
-        if kv is not None:
+        qkv = self.query_key_value(x)
+        args = (qkv, self.num_heads, self.num_kv, self.head_dim, cos, sin, fused.RotaryStyle.NEOX_ROUND_EACH)
+        norms = dict(q_norm=self.q_norm.weight, k_norm=self.k_norm.weight, eps=self.q_norm.eps)
+        if kv is None:
+            q, k, v = fused.head_rotary(*args, **norms)
+        else:
             ck, cv = kv  # [slots, kv, capacity + 1, hd] views into the cache
-            index = (slots[:, None, None], torch.arange(self.num_kv, device=x.device)[None, :, None],
-                     write_idx[:, None, :])
-            ck.index_put_(index, k)
-            cv.index_put_(index, v)
+            q, _, _ = fused.head_rotary(*args, **norms, k_out=ck, v_out=cv, rows=slots, index=write_idx)
+            if lengths is not None:  # decode: every row reads its own slot in place
+                out = thinker_kernels.decode_attention(q, ck, cv, slots, lengths)
+                return self.dense(out.transpose(1, 2).reshape(b, t, -1))
             k = ck[:, :, :kv_len].index_select(0, slots)
             v = cv[:, :, :kv_len].index_select(0, slots)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.num_kv != self.num_heads)
@@ -102,7 +104,11 @@ class ThinkerAttention(nn.Module):
 
 
 class ThinkerLayer(nn.Module):
-    """Pre-norm block: x + attention(norm(x)), then x + ffn(norm(x)); ffn dense (layer < k) or MoE."""
+    """Pre-norm block: x + attention(norm(x)), then x + ffn(norm(x)); ffn dense (layer < k) or MoE.
+
+    `forward` takes the residual x and h = input_layernorm(x) and returns (x after attention, the
+    ffn output): the residual adds run fused with the norm after them (`Thinker.forward`).
+    """
 
     def __init__(self, cfg: ThinkerConfig, index: int, tp: TPGroup = SINGLE):
         super().__init__()
@@ -113,12 +119,12 @@ class ThinkerLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, mask, kv, slots, write_idx, kv_len, image_mask, audio_mask, routing):
-        x = x + self.attention(self.input_layernorm(x), cos, sin, mask, kv, slots, write_idx, kv_len)
-        h = self.post_attention_layernorm(x)
+    def forward(self, x, h, cos, sin, mask, kv, slots, write_idx, kv_len, lengths, image_mask, audio_mask, routing):
+        h, x = self.post_attention_layernorm.add(x, self.attention(h, cos, sin, mask, kv, slots, write_idx, kv_len,
+                                                                  lengths))
         if self.is_moe:
-            return x + self.mlp(h, image_mask, audio_mask, routing, self.index)
-        return x + self.mlp(h)
+            return x, self.mlp(h, image_mask, audio_mask, routing, self.index)
+        return x, self.mlp(h)
 
 
 class ThinkerModel(nn.Module):
@@ -173,6 +179,7 @@ class Thinker(nn.Module):
         image_mask: torch.Tensor | None = None,
         audio_mask: torch.Tensor | None = None,
         routing: list | None = None,
+        layers: range | None = None,
     ) -> torch.Tensor:
         """Run the decoder stack; returns final-normed hidden states [B, T, D].
 
@@ -184,7 +191,7 @@ class Thinker(nn.Module):
         exceed every position in the batch). Without a cache the T tokens attend causally among
         themselves. image_mask / audio_mask [B, T] bool select the image/audio router per token
         (multimodal prefill only; None = text gate, as in decode). `routing`, if a list, receives
-        one moe.Routing per MoE layer.
+        one moe.Routing per MoE layer. `layers` (benchmarks) runs only that range of the stack.
         """
         b, t, _ = inputs_embeds.shape
         device = inputs_embeds.device
@@ -203,12 +210,27 @@ class Thinker(nn.Module):
         # a padding token (cache position -1) attends to index 0 of its slot: a finite garbage output
         # instead of the NaN of an all-masked softmax row (NaN would reach the MoE router)
         q_pos = cache_positions if cache is None else cache_positions.clamp(min=0)
-        mask = causal_window_mask(q_pos, k_pos, None)
+        lengths = mask = None
+        if cache is not None and t == 1 and fused.use_triton(inputs_embeds):
+            lengths = q_pos[:, 0] + 1  # decode: the attention kernel reads indices 0..position in place
+        else:
+            mask = causal_window_mask(q_pos, k_pos, None)
+        stack = self.model.layers
+        run = range(len(stack)) if layers is None else layers
         x = inputs_embeds
-        for i, layer in enumerate(self.model.layers):
+        h = stack[run[0]].input_layernorm(x)
+        for i in run:
             kv = (cache.k[i], cache.v[i]) if cache is not None else None
-            x = layer(x, cos, sin, mask, kv, slots, write_idx, kv_len, image_mask, audio_mask, routing)
-        return self.model.norm(x)
+            x, delta = stack[i](x, h, cos, sin, mask, kv, slots, write_idx, kv_len, lengths, image_mask, audio_mask,
+                                routing)
+            h, x = (stack[i + 1].input_layernorm if i + 1 < len(stack) else self.model.norm).add(x, delta)
+        return h
+
+    @staticmethod
+    def decode_reads_exact_lengths(device: torch.device | str) -> bool:
+        """True when a one-token step on `device` reads each slot up to its own position (the fused
+        attention kernel): `kv_len` is then ignored and one CUDA graph serves every length."""
+        return fused.enabled_on(device)
 
 
 def load_thinker(checkpoint_dir: str | Path, *, dtype: torch.dtype = torch.float32, device="cpu",

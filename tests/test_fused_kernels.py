@@ -1,0 +1,130 @@
+"""model.fused: every Triton kernel equals the reference PyTorch math it replaces.
+
+On a GPU machine the kernels run compiled on CUDA tensors; elsewhere they run in Triton's CPU
+interpreter (conftest sets TRITON_INTERPRET=1), so CI checks the same kernel code. bf16 results
+may differ from the reference by rounding-order ulps only; fp32 results agree to 1e-5.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from realtime_ming.model import fused
+
+pytestmark = pytest.mark.skipif(
+    not (torch.cuda.is_available() or fused.interpreting()),
+    reason="needs a CUDA GPU, or Triton's CPU interpreter (Triton >= 3.7 installed; conftest turns it on)")
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def _close(got: torch.Tensor, want: torch.Tensor) -> None:
+    assert got.dtype == want.dtype and got.shape == want.shape
+    if want.dtype == torch.float32:
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    elif DEVICE == "cuda":  # two bf16 ulps: the reduction order of a norm may flip one rounding
+        torch.testing.assert_close(got.float(), want.float(), atol=1e-3, rtol=2 ** -7)
+    else:  # the interpreter truncates fp32 -> bf16 (the GPU rounds to nearest): a few ulps per chain
+        torch.testing.assert_close(got.float(), want.float(), atol=3e-2, rtol=2 ** -5)
+
+
+def _randn(*shape, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g).to(DEVICE, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dim", [64, 96, 896])
+def test_rms_norm(dtype, dim):
+    x = _randn(3, 5, dim, dtype=dtype) * 3
+    w = 1 + 0.1 * _randn(dim, dtype=dtype, seed=1)
+    _close(fused.rms_norm(x, w, 1e-6, force=True), fused.rms_norm_reference(x, w, 1e-6))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_add_rms_norm_returns_norm_and_sum(dtype):
+    x, d = _randn(4, 7, 128, dtype=dtype), _randn(4, 7, 128, dtype=dtype, seed=2)
+    w = 1 + 0.1 * _randn(128, dtype=dtype, seed=1)
+    y, s = fused.add_rms_norm(x, d, w, 1e-6, force=True)
+    _close(s, x + d)
+    _close(y, fused.rms_norm_reference(x + d, w, 1e-6))
+
+
+def _tables(b, t, rd, dtype, batched=True):
+    pos = torch.arange(t, dtype=torch.float32, device=DEVICE) + 3
+    freqs = pos[:, None] * (1.0 / 10000 ** (torch.arange(0, rd, 2, device=DEVICE).float() / rd))
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos(), emb.sin()
+    if batched:
+        cos, sin = cos.expand(b, 1, t, rd), sin.expand(b, 1, t, rd)
+    return cos.to(dtype).contiguous(), sin.to(dtype).contiguous()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_head_rotary_qwen2_neox(dtype):
+    """Talker LM / VAE: full-head NeoX rotary, GQA layout, q/k/v returned."""
+    b, t, h, kv, hd = 2, 5, 4, 2, 64
+    qkv = _randn(b, t, (h + 2 * kv) * hd, dtype=dtype)
+    cos, sin = _tables(b, t, hd, dtype)
+    style = fused.RotaryStyle.NEOX_ROUND_EACH
+    got = fused.head_rotary(qkv, h, kv, hd, cos, sin, style, force=True)
+    want = fused.head_rotary_reference(qkv, h, kv, hd, cos, sin, style)
+    for g, w in zip(got, want):
+        _close(g, w.contiguous())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_head_rotary_dit_interleaved_fp32_tables(dtype):
+    """DiT / aggregator: interleaved pairs, fp32 tables shared by the batch, one rounding."""
+    b, t, h, hd = 3, 6, 4, 64
+    qkv = _randn(b, t, 3 * h * hd, dtype=dtype)
+    cos, sin = _tables(b, t, hd, torch.float32, batched=False)
+    style = fused.RotaryStyle.INTERLEAVED_FP32
+    got = fused.head_rotary(qkv, h, h, hd, cos, sin, style, force=True)
+    want = fused.head_rotary_reference(qkv, h, h, hd, cos, sin, style)
+    for g, w in zip(got, want):
+        _close(g, w.contiguous())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_head_rotary_thinker_qk_norm_partial_into_cache(dtype):
+    """Thinker: per-head q/k RMSNorm, rotary on the first half of the head, k/v written into a slot cache."""
+    b, t, h, kv, hd, rd = 2, 3, 4, 2, 128, 64
+    qkv = _randn(b, t, (h + 2 * kv) * hd, dtype=dtype)
+    qn, kn = 1 + 0.1 * _randn(hd, dtype=dtype, seed=3), 1 + 0.1 * _randn(hd, dtype=dtype, seed=4)
+    cos, sin = _tables(b, t, rd, dtype)
+    rows = torch.tensor([3, 1], device=DEVICE)
+    index = torch.tensor([[5, 6, 7], [0, 1, 9]], device=DEVICE)  # 9 = the sink column
+    style = fused.RotaryStyle.NEOX_ROUND_EACH
+    caches = [torch.zeros(5, kv, 10, hd, device=DEVICE, dtype=dtype) for _ in range(4)]
+    q, k_none, _ = fused.head_rotary(qkv, h, kv, hd, cos, sin, style, q_norm=qn, k_norm=kn, k_out=caches[0],
+                                     v_out=caches[1], rows=rows, index=index, force=True)
+    q_ref, _, _ = fused.head_rotary(qkv, h, kv, hd, cos, sin, style, q_norm=qn, k_norm=kn, k_out=caches[2],
+                                    v_out=caches[3], rows=rows, index=index)  # CPU/eager: the reference path
+    assert k_none is None
+    _close(q, q_ref.contiguous())
+    _close(caches[0], caches[2])
+    _close(caches[1], caches[3])
+    assert caches[0][3, :, 5:8].abs().sum() > 0 and caches[0][0].abs().sum() == 0
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_mul(dtype):
+    x = _randn(2, 3, 2 * 200, dtype=dtype)
+    gate, up = x.split(200, dim=-1)
+    _close(fused.silu_mul(x, force=True), torch.nn.functional.silu(gate) * up)
+
+
+def test_disabled_means_reference():
+    """set_enabled(False) routes everything to the reference ops (benchmarks A/B the two)."""
+    x = _randn(2, 64, dtype=torch.float32)
+    w = torch.ones(64, device=DEVICE)
+    fused.set_enabled(False)
+    try:
+        assert not fused.use_triton(x, force=True)
+    finally:
+        fused.set_enabled(True)
+    assert fused.use_triton(x, force=True) == (DEVICE == "cuda" or fused.interpreting())
+    _close(fused.rms_norm(x, w, 1e-6, force=True), fused.rms_norm_reference(x, w, 1e-6))

@@ -1,0 +1,97 @@
+"""model.thinker_kernels: decode attention, router and MoE decode kernels equal the reference math.
+
+CUDA when present, else Triton's CPU interpreter (conftest sets TRITON_INTERPRET=1).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from realtime_ming.model import fused, moe, thinker_kernels as tk
+
+pytestmark = pytest.mark.skipif(
+    not (torch.cuda.is_available() or fused.interpreting()),
+    reason="needs a CUDA GPU, or Triton's CPU interpreter (Triton >= 3.7 installed; conftest turns it on)")
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def _tol(dtype) -> float:
+    """Relative L2 bound: fp32 exact math; bf16 on the GPU 1e-2; the interpreter truncates fp32 -> bf16
+    at every rounding point (the GPU rounds to nearest), a bias that compounds to ~2% over a chain."""
+    if dtype == torch.float32:
+        return 1e-5
+    return 1e-2 if DEVICE == "cuda" else 4e-2
+
+
+def _randn(*shape, dtype=torch.float32, seed=0, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=g) * scale).to(DEVICE, dtype)
+
+
+def _rel(a, b) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads,kv,hd", [(4, 2, 128), (16, 2, 128), (8, 8, 64)])
+def test_decode_attention_matches_sdpa(dtype, heads, kv, hd):
+    """Every row reads its own slot up to its own length (1 included), in place."""
+    b, slots, cap = 3, 5, 300
+    q = _randn(b, heads, 1, hd, dtype=dtype)
+    kc = _randn(slots, kv, cap, hd, dtype=dtype, seed=1)
+    vc = _randn(slots, kv, cap, hd, dtype=dtype, seed=2)
+    slot = torch.tensor([4, 0, 2], device=DEVICE)
+    lengths = torch.tensor([1, 257, 40], device=DEVICE)
+    got = tk.decode_attention(q, kc, vc, slot, lengths, force=True)
+    want = tk.decode_attention_reference(q.float(), kc.float(), vc.float(), slot, lengths)
+    assert got.shape == (b, heads, 1, hd) and got.dtype == dtype
+    assert _rel(got, want) < _tol(dtype)
+    # length 1: the output is exactly that slot's first value row (softmax over one key)
+    torch.testing.assert_close(got[0, :, 0].float(), vc[4, :, 0].float().repeat_interleave(heads // kv, 0),
+                               atol=1e-2 if dtype != torch.float32 else 1e-6, rtol=1e-2)
+
+
+@pytest.mark.parametrize("experts,groups,topk_group,top_k", [(256, 8, 4, 8), (16, 4, 2, 4)])
+def test_route_matches_select_experts(experts, groups, topk_group, top_k):
+    """fp32 logits from bf16 weights + group-limited top-k: same experts, same weights."""
+    n, d = 5, 256
+    x = _randn(n, d, dtype=torch.bfloat16)
+    w = _randn(experts, d, dtype=torch.bfloat16, seed=1, scale=d ** -0.5)
+    bias = _randn(experts, seed=2, scale=0.05).to(torch.bfloat16)
+    got_ids, got_w = tk.route(x, w, bias, top_k, groups, topk_group, 2.5, force=True)
+    ref_ids, ref_w = moe.select_experts(F.linear(x.float(), w.float()), bias, top_k, groups, topk_group, 2.5)
+    go, ro = got_ids.sort(dim=-1), ref_ids.sort(dim=-1)
+    assert torch.equal(go.values, ro.values)
+    torch.testing.assert_close(got_w.gather(1, go.indices), ref_w.gather(1, ro.indices), atol=1e-5, rtol=1e-5)
+
+
+def test_route_declines_what_it_cannot_do():
+    """Too many tokens (prefill) or a non-power-of-two group: the caller's reference runs instead."""
+    w, bias = _randn(16, 64), _randn(16)
+    assert tk.route(_randn(tk.MAX_DECODE_TOKENS + 1, 64), w, bias, 2, 4, 2, 1.0, force=True) is None
+    assert tk.route(_randn(2, 64), _randn(12, 64), _randn(12), 2, 4, 2, 1.0, force=True) is None
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_moe_decode_matches_reference(dtype, tokens):
+    """Routed experts (fp32 weighted sum) + shared expert, rounded where SparseMoeBlock rounds."""
+    e, d, inter, k = 12, 128, 96, 4
+    x = _randn(tokens, d, dtype=dtype)
+    w_gu = _randn(e, 2 * inter, d, dtype=dtype, seed=1, scale=d ** -0.5)
+    w_d = _randn(e, d, inter, dtype=dtype, seed=2, scale=inter ** -0.5)
+    sg, su = _randn(inter, d, dtype=dtype, seed=3, scale=d ** -0.5), _randn(inter, d, dtype=dtype, seed=4, scale=d ** -0.5)
+    sd = _randn(d, inter, dtype=dtype, seed=5, scale=inter ** -0.5)
+    ids = torch.stack([torch.randperm(e, generator=torch.Generator().manual_seed(10 + i))[:k] for i in range(tokens)])
+    ids = ids.to(DEVICE)
+    weights = _randn(tokens, k, seed=6).abs() + 0.1
+    got = tk.moe_decode(x, ids, weights, w_gu, w_d, sg, su, sd, force=True)
+    routed = moe.experts_gathered(x, ids, weights, w_gu, w_d)
+    shared = F.linear(F.silu(F.linear(x, sg)) * F.linear(x, su), sd)
+    want = routed.to(dtype) + shared
+    assert got.dtype == dtype and got.shape == (tokens, d)
+    assert _rel(got, want) < _tol(dtype)
