@@ -8,7 +8,7 @@ import pytest
 
 from realtime_ming.engine import Engine
 from realtime_ming.engine.api import Content, Message, SamplingParams, TurnDone, TurnRequest
-from realtime_ming.engine.config import EngineConfig, PlacementConfig
+from realtime_ming.engine.config import EngineConfig, PlacementConfig, ThinkerRunnerConfig
 from realtime_ming.model.tiny_tokenizer import tiny_tokenizer_path
 
 
@@ -41,3 +41,35 @@ def test_engine_tp2_fixture_greedy_equals_tp1(fixture_root):
     two = _greedy_text(fixture_root, ("cpu", "cpu"))
     assert one.output_tokens == two.output_tokens == 10
     assert two.text == one.text
+
+
+def test_bench_tp_shadow_builds_rank0_shards_and_serves(tmp_path):
+    """bench_tp_shadow=2 (benchmarks): one process, rank-0 shard shapes, no collectives; a turn completes."""
+    cfg = EngineConfig(bench_tp_shadow=2, thinker=ThinkerRunnerConfig(max_slots=2, max_seq_len=256))
+    engine = Engine.create(cfg, warmup=False)
+    try:
+        thinker = engine.bundle.thinker
+        full = engine.bundle.cfg.thinker
+        assert thinker.tp.shadow and thinker.tp.size == 2
+        attn = thinker.model.layers[0].attention
+        assert attn.num_heads == full.num_attention_heads // 2 and attn.num_kv == full.num_key_value_heads // 2
+        assert thinker.lm_head.weight.shape[0] == full.vocab_size // 2
+        done, events = threading.Event(), []
+
+        def sink(ev):
+            events.append(ev)
+            if isinstance(ev, TurnDone):
+                done.set()
+
+        request = TurnRequest("t", "c", (Message("user", (Content.of_text("Hello there"),)),),
+                              sampling=SamplingParams(max_tokens=6, ignore_eos=True), with_audio=True)
+        engine.submit(request, sink)
+        assert done.wait(120), events[-3:]
+        assert events[-1].output_tokens == 6 and events[-1].audio_samples > 0
+    finally:
+        engine.close()
+
+
+def test_bench_tp_shadow_refuses_a_real_checkpoint(fixture_root):
+    with pytest.raises(ValueError, match="bench_tp_shadow"):
+        EngineConfig(model_path=str(fixture_root), bench_tp_shadow=2)
