@@ -154,58 +154,70 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 if triton is not None:
 
     @triton.jit
-    def _router_logits_kernel(x_ptr, w_ptr, out_ptr, D, E, stride_x, stride_w,
-                              BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
-        """logits[token, e] = fp32(x) . fp32(W[e]) for BLOCK_E experts of one token."""
+    def _router_logits_kernel(x_ptr, w_ptr, part_ptr, N, D, E, stride_x, stride_w,
+                              SPLITS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
+        """Split-K partial router logits: part[split, token, e] = fp32(x[token, chunk]) . fp32(W[e, chunk])."""
         tok = tl.program_id(0).to(tl.int64)
         e = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
+        split = tl.program_id(2)
         ok = e < E
+        chunk = tl.cdiv(D, SPLITS)
         k = tl.arange(0, BLOCK_K)
         acc = tl.zeros((BLOCK_E, BLOCK_K), tl.float32)
-        for k0 in range(0, D, BLOCK_K):
+        for k0 in range(split * chunk, tl.minimum(D, (split + 1) * chunk), BLOCK_K):
             kk = k0 + k
-            kok = kk < D
+            kok = kk < tl.minimum(D, (split + 1) * chunk)
             x = tl.load(x_ptr + tok * stride_x + kk, mask=kok, other=0.0).to(tl.float32)
             w = tl.load(w_ptr + e[:, None].to(tl.int64) * stride_w + kk[None, :], mask=ok[:, None] & kok[None, :],
                         other=0.0).to(tl.float32)
             acc += w * x[None, :]
-        tl.store(out_ptr + tok * E + e, tl.sum(acc, axis=1), mask=ok)
+        tl.store(part_ptr + (split * N + tok) * E + e, tl.sum(acc, axis=1), mask=ok)
 
     @triton.jit
-    def _router_select_kernel(logits_ptr, bias_ptr, ids_ptr, weights_ptr, scale,
+    def _router_select_kernel(part_ptr, bias_ptr, ids_ptr, weights_ptr, N, scale,
                               E: tl.constexpr, GROUPS: tl.constexpr, TOPK_GROUP: tl.constexpr, TOPK: tl.constexpr,
-                              KP: tl.constexpr):
-        """`moe.select_experts` for one token: sigmoid, +bias, top-2-sum group scores, top groups, top-k."""
+                              KP: tl.constexpr, SPLITS: tl.constexpr):
+        """`moe.select_experts` for one token (after summing the split-K logits): sigmoid, +bias, top-2-sum
+        group scores, the top groups, then top-k among their experts (first index on ties)."""
         tok = tl.program_id(0).to(tl.int64)
         per: tl.constexpr = E // GROUPS
         grp = tl.arange(0, GROUPS)
         col = tl.arange(0, per)
-        idx = grp[:, None] * per + col[None, :]  # [G, per]
-        scores = tl.sigmoid(tl.load(logits_ptr + tok * E + idx))
+        idx = grp[:, None] * per + col[None, :]  # [G, per] expert index
+        logits = tl.zeros((GROUPS, per), tl.float32)
+        for split in tl.static_range(SPLITS):
+            logits += tl.load(part_ptr + (split * N + tok) * E + idx)
+        scores = tl.sigmoid(logits)
         biased = scores + tl.load(bias_ptr + idx).to(tl.float32)
         first = tl.max(biased, axis=1)
-        arg = tl.argmax(biased, axis=1)
+        arg = tl.min(tl.where(biased == first[:, None], col[None, :], per), axis=1)
         second = tl.max(tl.where(col[None, :] == arg[:, None], float("-inf"), biased), axis=1)
         gscore = first + second
-        keep = tl.zeros((GROUPS,), tl.int1)
+        keep = grp < 0
         for _ in tl.static_range(TOPK_GROUP):
-            best = tl.argmax(tl.where(keep, float("-inf"), gscore), axis=0)
+            masked = tl.where(keep, float("-inf"), gscore)
+            top = tl.max(masked, axis=0)
+            best = tl.min(tl.where(masked == top, grp, GROUPS), axis=0)
             keep = keep | (grp == best)
         cand = tl.where(keep[:, None], biased, float("-inf"))
         kk = tl.arange(0, KP)
         ids = tl.zeros((KP,), tl.int64)
         wts = tl.zeros((KP,), tl.float32)
         for j in tl.static_range(TOPK):
-            flat_best = tl.argmax(tl.reshape(cand, (E,)), axis=0)
-            hit = idx == flat_best
+            top = tl.max(tl.max(cand, axis=1), axis=0)
+            best = tl.min(tl.min(tl.where(cand == top, idx, E), axis=1), axis=0)
+            hit = idx == best
             w = tl.sum(tl.sum(tl.where(hit, scores, 0.0), axis=1), axis=0)
-            ids = tl.where(kk == j, flat_best.to(tl.int64), ids)
+            ids = tl.where(kk == j, best.to(tl.int64), ids)
             wts = tl.where(kk == j, w, wts)
             cand = tl.where(hit, float("-inf"), cand)
         if TOPK > 1:
             wts = wts / (tl.sum(wts, axis=0) + 1e-20)
         tl.store(ids_ptr + tok * TOPK + kk, ids, mask=kk < TOPK)
         tl.store(weights_ptr + tok * TOPK + kk, wts * scale, mask=kk < TOPK)
+
+
+_ROUTER_SPLITS = 16  # split-K of the router logits: a decode batch of one still spreads over >= 128 programs
 
 
 def route(x: torch.Tensor, weight: torch.Tensor, expert_bias: torch.Tensor, top_k: int, n_group: int,
@@ -218,13 +230,16 @@ def route(x: torch.Tensor, weight: torch.Tensor, expert_bias: torch.Tensor, top_
     if (not fused.use_triton(x, force) or n > MAX_DECODE_TOKENS or not per or e % n_group or per & (per - 1)
             or n_group & (n_group - 1) or per < 2 or x.stride(-1) != 1 or weight.stride(-1) != 1):
         return None
-    logits = torch.empty(n, e, device=x.device, dtype=torch.float32)
-    _router_logits_kernel[(n, triton.cdiv(e, 8))](x, weight, logits, d, e, x.stride(0), weight.stride(0),
-                                                  BLOCK_E=8, BLOCK_K=512, num_warps=4)
+    splits, block_e = _ROUTER_SPLITS, 32
+    part = torch.empty(splits, n, e, device=x.device, dtype=torch.float32)
+    _router_logits_kernel[(n, triton.cdiv(e, block_e), splits)](
+        x, weight, part, n, d, e, x.stride(0), weight.stride(0), SPLITS=splits, BLOCK_E=block_e,
+        BLOCK_K=min(256, triton.next_power_of_2(triton.cdiv(d, splits))), num_warps=4)
     ids = torch.empty(n, top_k, device=x.device, dtype=torch.int64)
     weights = torch.empty(n, top_k, device=x.device, dtype=torch.float32)
-    _router_select_kernel[(n,)](logits, expert_bias, ids, weights, scale, E=e, GROUPS=n_group,
-                                TOPK_GROUP=topk_group, TOPK=top_k, KP=triton.next_power_of_2(top_k), num_warps=4)
+    _router_select_kernel[(n,)](part, expert_bias, ids, weights, n, scale, E=e, GROUPS=n_group,
+                                TOPK_GROUP=topk_group, TOPK=top_k, KP=triton.next_power_of_2(top_k), SPLITS=splits,
+                                num_warps=4)
     return ids, weights
 
 
@@ -298,7 +313,7 @@ if triton is not None:
 
 def moe_decode(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w_gate_up: torch.Tensor,
                w_down: torch.Tensor, shared_gate: torch.Tensor, shared_up: torch.Tensor, shared_down: torch.Tensor,
-               *, force: bool = False) -> torch.Tensor | None:
+               *, force: bool = False, tune: dict | None = None) -> torch.Tensor | None:
     """Routed experts + shared expert of up to MAX_DECODE_TOKENS tokens: x [N, D] -> [N, D] in x's dtype
     (this rank's partial sum under TP), or None when the kernels do not apply.
 
@@ -314,15 +329,16 @@ def moe_decode(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w_gate
             or shared_gate.stride(0) != shared_up.stride(0)):
         return None
     pairs = n * (k + 1)
+    t = {"gu_n": 16 if pairs * inter // 32 < 512 else 32, "gu_k": 256, "gu_warps": 4,
+         "dn_d": 16 if n * d // 32 < 512 else 32, "dn_k": 256, "dn_warps": 4, **(tune or {})}  # tune: benchmarks
     act = torch.empty(pairs, inter, device=x.device, dtype=x.dtype)
-    block_n = 16 if pairs * inter // 32 < 512 else 32
-    _moe_gate_up_kernel[(pairs, triton.cdiv(inter, block_n))](
+    _moe_gate_up_kernel[(pairs, triton.cdiv(inter, t["gu_n"]))](
         x, ids.contiguous(), w_gate_up, shared_gate, shared_up, act, d, inter, x.stride(0), w_gate_up.stride(0),
-        w_gate_up.stride(1), shared_gate.stride(0), TOPK=k, BLOCK_N=block_n, BLOCK_K=256, num_warps=4)
+        w_gate_up.stride(1), shared_gate.stride(0), TOPK=k, BLOCK_N=t["gu_n"], BLOCK_K=t["gu_k"],
+        num_warps=t["gu_warps"])
     out = torch.empty(n, d, device=x.device, dtype=x.dtype)
-    block_d = 16 if n * d // 32 < 512 else 32
-    _moe_down_kernel[(n, triton.cdiv(d, block_d))](
+    _moe_down_kernel[(n, triton.cdiv(d, t["dn_d"]))](
         act, ids.contiguous(), weights.float().contiguous(), w_down, shared_down, out, d, inter, w_down.stride(0),
-        w_down.stride(1), shared_down.stride(0), out.stride(0), TOPK=k, BLOCK_D=block_d,
-        BLOCK_K=min(256, triton.next_power_of_2(inter)), num_warps=4)
+        w_down.stride(1), shared_down.stride(0), out.stride(0), TOPK=k, BLOCK_D=t["dn_d"],
+        BLOCK_K=min(t["dn_k"], triton.next_power_of_2(inter)), num_warps=t["dn_warps"])
     return out
