@@ -10,7 +10,9 @@ chunk per step, interleaved with one decode step for every row that is generatin
 
 from __future__ import annotations
 
+import logging
 import random
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -27,6 +29,10 @@ from .sampling import SamplingBatch, sample
 from .thinker_decode import ThinkerDecoder, default_kv_buckets, eager_kv_len
 
 __all__ = ["ThinkerRunner", "ThinkerOutput"]
+
+log = logging.getLogger(__name__)
+
+SLOW_ADMISSION_MS = 40.0  # admissions slower than this are logged with their parts
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,7 +176,12 @@ class ThinkerRunner:
 
     def admit(self, request: TurnRequest) -> None:
         """Tokenise, reuse the slot's cached prefix, encode new media; queue the tail's prefill."""
+        marks = [time.perf_counter()]
+        if self.device.type == "cuda":  # GPU work still queued by the last step: its wait is named in the log
+            torch.cuda.synchronize(self.device)
+        marks.append(time.perf_counter())
         prompt, payloads = self._chat(request)
+        marks.append(time.perf_counter())
         ids = list(prompt.input_ids)
         if len(ids) + request.sampling.max_tokens > self.cfg.max_seq_len:
             if len(ids) + 1 >= self.cfg.max_seq_len:
@@ -189,8 +200,14 @@ class ThinkerRunner:
         pos, _ = rope_index_3d(ids, media, prompt.image_grid_thw, prompt.video_grid_thw, start=0)
         tail = prompt.tail(p)
         embeds = self._encode_tail(prompt.spans, payloads, p)
+        marks.append(time.perf_counter())
         prep = prepare_prefill(self.model.embed, tail, media, cache_start=p, rope_delta=int(pos[0, p]) - p,
                                device=self.device, **embeds)
+        marks.append(time.perf_counter())
+        parts = [(b - a) * 1e3 for a, b in zip(marks, marks[1:])]
+        if sum(parts) > SLOW_ADMISSION_MS:
+            log.info("admission of %s took %.0f ms: GPU queue %.0f, prompt + media preprocessing %.0f, encoders "
+                     "%.0f, embed + splice %.0f (%d new tokens)", request.turn_id, sum(parts), *parts, len(ids) - p)
         slot.ids = ids[:p]
         slot.busy = request.turn_id
         gen = None
