@@ -507,6 +507,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.no_fused:
         fused.set_enabled(False)
+    if torch.cuda.is_available():
+        fused.configure_cuda()  # the serving engine's kernel choices (no cuDNN attention plans per length)
     global DEV
     if args.dry_cpu:
         DEV = "cpu"

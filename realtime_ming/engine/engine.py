@@ -103,11 +103,17 @@ class Engine:
 
     def warmup(self, timeout_s: float = 300.0) -> None:
         """Run one short spoken turn end to end so first-call costs (allocator growth, kernel selection,
-        lazy imports) are paid at startup, not by the first user (moshi's `warmup`)."""
+        Triton compiles, lazy imports) are paid at startup, not by the first user (moshi's `warmup`).
+        The turn carries a second of quiet audio too, so the audio encoder and the audio router's
+        prefill path are among them."""
+        import numpy as np
+
         from .api import Content, Message, SamplingParams
 
         done = threading.Event()
-        request = TurnRequest("warmup", "__warmup__", (Message("user", (Content.of_text("Hello, warm up."),)),),
+        audio = (0.01 * np.random.default_rng(0).standard_normal(16000)).astype(np.float32)
+        content = (Content.of_text("Hello, warm up."), Content.of_audio(audio, 16000))
+        request = TurnRequest("warmup", "__warmup__", (Message("user", content),),
                               sampling=SamplingParams(max_tokens=8, ignore_eos=True))
         self.submit(request, lambda ev: done.set() if isinstance(ev, (TurnDone, TurnFailed, TurnCancelled)) else None)
         if not done.wait(timeout_s):

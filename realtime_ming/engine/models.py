@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
+from ..model import fused
 from ..model.audio_encoder import AudioProjector, WhisperEncoder, audio_token_lengths
 from ..model.campplus import CampPlus
 from ..model.config import CheckpointConfig, load_checkpoint_config
@@ -144,14 +145,10 @@ class ModelBundle:
                 ("audio_patch", "<audioPatch>"))})
         bundle = cls(name, ck, dtype, thinker, audio_encoder, audio_projector, vision, vision_projector, talker, vae,
                      thinker_tok, talker_tok, special, is_tiny_default=tiny, devices=devices)
-        if torch.device(devices["thinker"]).type == "cuda":
-            # fused Triton experts: no gathered weight copies, no host sync, graph-capturable
-            from ..model import moe_triton
-
-            try:
-                moe_triton.enable()
-            except RuntimeError as exc:
-                log.warning("Triton MoE kernel unavailable (%s); using the PyTorch expert paths", exc)
+        if any(torch.device(d).type == "cuda" for d in devices.values()):
+            fused.configure_cuda()  # no per-length cuDNN attention plans; Triton MoE experts
+            if not fused.available():
+                log.warning("Triton is not installed: the CUDA models run the reference PyTorch ops (slower)")
         bundle._register_voices(progress)
         bundle.default_voice = cfg.default_voice or next(iter(bundle.voices))
         if bundle.default_voice not in bundle.voices:

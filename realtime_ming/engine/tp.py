@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from ..model import fused
 from ..model.config import CheckpointConfig
 from ..model.layers import TPGroup
 from ..model.loader import init_dummy, load_weights, read_weight_map
@@ -129,12 +130,7 @@ def _run(thinker: Thinker, cache: ThinkerKVCache, method: str, args: tuple, kwar
 def _worker(rank: int, launch: TPLaunch) -> None:
     tp = _init(rank, launch)
     if torch.device(launch.devices[rank]).type == "cuda":
-        from ..model import moe_triton
-
-        try:
-            moe_triton.enable()  # same expert kernel as rank 0
-        except RuntimeError:
-            pass
+        fused.configure_cuda()  # the same kernel choices as rank 0
     thinker = _build_shard(launch, tp)
     device = torch.device(launch.devices[rank])
     cache = ThinkerKVCache.allocate(launch.ck.thinker, launch.max_slots, launch.max_seq_len,

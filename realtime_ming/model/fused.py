@@ -7,6 +7,10 @@ function here is one kernel on CUDA and exactly the reference PyTorch math other
 the fixtures check). The kernels round where the reference rounds (to the activation dtype after
 the norm, after each rotary product, ...), so bf16 results agree with the reference to an ulp.
 
+Integer arguments that change from call to call (rows, tokens) are `do_not_specialize`: Triton would
+otherwise compile a new variant the first time a length is 1 or a multiple of 16, a ~1 s stall in the
+middle of serving.
+
 Dispatch: `use_triton(t)` is true for CUDA tensors when Triton imports and `set_enabled(False)` has
 not been called (benchmarks A/B the two paths). With TRITON_INTERPRET=1 set before Triton is
 imported, the same kernels also run on CPU tensors (`force=True`), which is how CI tests them.
@@ -33,6 +37,7 @@ __all__ = [
     "use_triton",
     "interpret_on_cpu",
     "enabled_on",
+    "configure_cuda",
     "rms_norm",
     "add_rms_norm",
     "head_rotary",
@@ -64,6 +69,21 @@ def set_enabled(on: bool) -> None:
 def enabled_on(device: torch.device | str) -> bool:
     """True when CUDA tensors on `device` take the fused kernels."""
     return triton is not None and _ENABLED and torch.device(device).type == "cuda"
+
+
+def configure_cuda() -> None:
+    """Process-wide CUDA kernel choices for serving (the engine and every tensor-parallel worker call it).
+
+    * cuDNN's SDPA backend off: it builds an execution plan for each new sequence length, 50-130 ms
+      (measured on an H200: the audio encoder's first call at each clip length), which a server pays
+      on nearly every turn. Flash and memory-efficient attention serve any length at once.
+    * The fused Triton MoE experts (`moe_triton`) for prefill-sized batches.
+    """
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    from . import moe_triton
+
+    if moe_triton.available():
+        moe_triton.enable()
 
 
 def use_triton(t: torch.Tensor, force: bool = False) -> bool:
@@ -104,7 +124,7 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tor
 
 if triton is not None:
 
-    @triton.jit
+    @triton.jit(do_not_specialize=['m'])
     def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, m, n, eps, stride_x, stride_r, stride_y, stride_s,
                          HAS_RES: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
         """y = w * round(s * rsqrt(mean(s^2) + eps)) with s = round(x + r) (or x) for ROWS rows; s stored
@@ -198,7 +218,7 @@ class RotaryStyle:
 
 if triton is not None:
 
-    @triton.jit
+    @triton.jit(do_not_specialize=['T'])
     def _head_rotary_kernel(qkv_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, q_ptr, k_ptr, v_ptr, rows_ptr, idx_ptr,
                             T, H, KV, eps,
                             stride_qkv, stride_cb, stride_ct,

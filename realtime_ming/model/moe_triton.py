@@ -62,7 +62,7 @@ def align_pairs(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torc
 
 if triton is not None:
 
-    @triton.jit
+    @triton.jit(do_not_specialize=['num_pairs'])
     def _gate_up_kernel(x_ptr, w_ptr, rows_ptr, blocks_ptr, act_ptr, num_pairs, num_experts, top_k, D, I,
                         stride_xm, stride_we, stride_wn, stride_am,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PREC: tl.constexpr):
@@ -101,7 +101,7 @@ if triton is not None:
         a_ptrs = act_ptr + pair[:, None].to(tl.int64) * stride_am + offs_n[None, :]
         tl.store(a_ptrs, a.to(out_ty), mask=valid[:, None] & n_ok[None, :])
 
-    @triton.jit
+    @triton.jit(do_not_specialize=['num_pairs'])
     def _down_kernel(act_ptr, w_ptr, rows_ptr, blocks_ptr, weight_ptr, y_ptr, num_pairs, num_experts, D, I,
                      stride_am, stride_we, stride_wn, stride_ym,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PREC: tl.constexpr):

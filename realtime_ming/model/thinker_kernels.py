@@ -153,7 +153,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 
 if triton is not None:
 
-    @triton.jit
+    @triton.jit(do_not_specialize=['N'])
     def _router_logits_kernel(x_ptr, w_ptr, part_ptr, N, D, E, stride_x, stride_w,
                               SPLITS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
         """Split-K partial router logits: part[split, token, e] = fp32(x[token, chunk]) . fp32(W[e, chunk])."""
@@ -173,7 +173,7 @@ if triton is not None:
             acc += w * x[None, :]
         tl.store(part_ptr + (split * N + tok) * E + e, tl.sum(acc, axis=1), mask=ok)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=['N'])
     def _router_select_kernel(part_ptr, bias_ptr, ids_ptr, weights_ptr, N, scale,
                               E: tl.constexpr, GROUPS: tl.constexpr, TOPK_GROUP: tl.constexpr, TOPK: tl.constexpr,
                               KP: tl.constexpr, SPLITS: tl.constexpr):

@@ -1,0 +1,129 @@
+"""Where one spoken turn's time goes inside the engine on a GPU (in-process: no server, no VAD, no sockets).
+
+    python bench/engine_profile.py --config bench/configs/shadow-tp2-1gpu.yaml --out DIR [--turns-dir .turns]
+
+For each espeak-ng clip of the turns cache: the audio encoder alone (three calls: the first with a new
+length, then repeats), then whole turns (text prompt + the clip, forced reply, latency segmenter)
+submitted one at a time, with every engine stage in ms after submission. Last, one turn under
+torch.profiler: the ops with the most CPU and the most GPU time. Writes DIR/engine_profile.json and
+prints the tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from realtime_ming.engine import Engine  # noqa: E402
+from realtime_ming.engine.api import (  # noqa: E402
+    AudioChunk,
+    Content,
+    Message,
+    SamplingParams,
+    StageMark,
+    TurnDone,
+    TurnFailed,
+    TurnRequest,
+)
+from realtime_ming.engine.thinker_runner import _to_16k  # noqa: E402
+from realtime_ming.server import load_config  # noqa: E402
+
+REPLY = "Sure. The weather today looks sunny, with a light breeze from the west and a high of twenty degrees. "
+
+
+def run_turn(engine: Engine, turn_id: str, clip: np.ndarray, rate: int) -> dict:
+    """Submit one turn and wait for it; stage times (ms after SUBMITTED) and the first audio chunk."""
+    done, marks, first_audio = threading.Event(), {}, []
+
+    def sink(ev):
+        if isinstance(ev, StageMark):
+            marks[ev.stage.value] = ev.t
+        elif isinstance(ev, AudioChunk) and not first_audio:
+            first_audio.append(time.monotonic())
+        elif isinstance(ev, (TurnDone, TurnFailed)):
+            marks["end"] = time.monotonic()
+            done.set()
+
+    msg = Message("user", (Content.of_text("Answer briefly."), Content.of_audio(clip, rate)))
+    engine.submit(TurnRequest(turn_id, turn_id, (msg,), sampling=SamplingParams(max_tokens=48, ignore_eos=True)),
+                  sink)
+    if not done.wait(120):
+        raise RuntimeError(f"turn {turn_id} did not finish")
+    t0 = marks.pop("submitted")
+    out = {k: round((v - t0) * 1e3, 1) for k, v in marks.items()}
+    if first_audio:
+        out["first_audio_chunk"] = round((first_audio[0] - t0) * 1e3, 1)
+    return out
+
+
+def encoder_times(engine: Engine, clip: np.ndarray, rate: int) -> list[float]:
+    wave = _to_16k(clip, rate)
+    times = []
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    for _ in range(3):
+        sync()
+        t = time.perf_counter()
+        engine.bundle.encode_audio(wave)
+        sync()
+        times.append(round((time.perf_counter() - t) * 1e3, 2))
+    return times
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--turns-dir", default=".turns")
+    ap.add_argument("--set", action="append", default=[], help="extra config overrides a.b=c")
+    args = ap.parse_args()
+    overrides = ["engine.preset=ming-flash-omni-2.0", "engine.weights=dummy", f"engine.thinker.forced_reply={REPLY}",
+                 "engine.segmenter.policy=latency", *args.set]
+    cfg = load_config(args.config, overrides).engine
+    t = time.time()
+    engine = Engine.create(cfg)
+    report = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "command": " ".join(sys.argv),
+              "startup_s": round(time.time() - t, 1), "clips": []}
+    clips = sorted(Path(args.turns_dir).glob("*.wav"), key=lambda p: sf.info(str(p)).duration)
+    try:
+        for i, path in enumerate(clips):
+            clip, rate = sf.read(str(path), dtype="float32")
+            row = {"clip": path.name, "seconds": round(len(clip) / rate, 2), "encoder_ms": encoder_times(engine, clip, rate)}
+            row["turns"] = [run_turn(engine, f"p{i}-{k}", clip, rate) for k in range(2)]
+            report["clips"].append(row)
+            print(json.dumps(row), flush=True)
+        clip, rate = sf.read(str(clips[len(clips) // 2]), dtype="float32")
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        with torch.profiler.profile(activities=activities) as prof:
+            report["profiled_turn"] = run_turn(engine, "profiled", clip, rate)
+        ka = prof.key_averages()
+        report["top_cpu"] = ka.table(sort_by="self_cpu_time_total", row_limit=25)
+        print(report["top_cpu"], flush=True)
+        if torch.cuda.is_available():
+            report["top_cuda"] = ka.table(sort_by="self_cuda_time_total", row_limit=25)
+            print(report["top_cuda"], flush=True)
+    finally:
+        engine.close()
+    stages = ["encoders_done", "prefill_done", "first_segment", "first_talker_step", "first_pcm", "first_audio_chunk"]
+    print("| clip s | encoder ms (3 calls) | " + " | ".join(stages) + " |")
+    for row in report["clips"]:
+        med = {s: statistics.median(t.get(s, float("nan")) for t in row["turns"]) for s in stages}
+        print(f"| {row['seconds']} | {row['encoder_ms']} | " + " | ".join(f"{med[s]:.0f}" for s in stages) + " |")
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "engine_profile.json").write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
