@@ -80,6 +80,37 @@ def encoder_times(engine: Engine, clip: np.ndarray, rate: int) -> list[float]:
     return times
 
 
+def profile_prefill(engine: Engine, tokens: int) -> dict:
+    """One prefill of `tokens` text tokens through the engine's thinker (a free KV slot): wall time
+    (synchronised) vs the GPU time of its kernels, and the kernels with the most GPU time."""
+    runner = engine._thinker
+    thinker, dev = runner.model, runner.device
+    ids = torch.randint(0, 1000, (1, tokens), device=dev)
+    pos = torch.arange(tokens, device=dev)[None]
+    slot = torch.tensor([runner.cache.num_slots - 1], device=dev)
+
+    def run():
+        with torch.no_grad():
+            return thinker(thinker.embed(ids), pos.expand(3, 1, tokens), cache=runner.cache, slots=slot,
+                           cache_positions=pos, kv_len=min(runner.cache.capacity, -(-tokens // 64) * 64))
+
+    run()
+    walls = []
+    for _ in range(3):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        run()
+        torch.cuda.synchronize()
+        walls.append((time.perf_counter() - t) * 1e3)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    ka = prof.key_averages()
+    gpu_ms = sum(e.self_device_time_total for e in ka) / 1e3
+    return {"tokens": tokens, "wall_ms": [round(w, 1) for w in walls], "gpu_kernels_ms": round(gpu_ms, 1),
+            "top": ka.table(sort_by="self_cuda_time_total", row_limit=12)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", required=True)
@@ -102,6 +133,11 @@ def main() -> None:
             row["turns"] = [run_turn(engine, f"p{i}-{k}", clip, rate) for k in range(2)]
             report["clips"].append(row)
             print(json.dumps(row), flush=True)
+        if torch.cuda.is_available():
+            report["prefill"] = [profile_prefill(engine, n) for n in (100, 400)]
+            for row in report["prefill"]:
+                print({k: v for k, v in row.items() if k != "top"}, flush=True)
+                print(row["top"], flush=True)
         clip, rate = sf.read(str(clips[len(clips) // 2]), dtype="float32")
         activities = [torch.profiler.ProfilerActivity.CPU]
         if torch.cuda.is_available():

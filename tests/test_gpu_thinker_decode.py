@@ -1,9 +1,10 @@
-"""Thinker decode CUDA graphs (engine.thinker_decode) on the golden fixture thinker (CUDA only).
+"""Thinker decode and prefill CUDA graphs (engine.thinker_decode / thinker_prefill) on the golden fixture
+thinker (CUDA only).
 
 The CPU fp32 engine is the reference: the GPU engine with graphs off and on, at TP=1 and (two
 GPUs) TP=2, must generate exactly its greedy tokens, for a text turn and an audio turn; the graphed
-decoder's logits equal the eager decoder's for every batch size over KV buckets; bf16 stays
-within bf16 tolerance of fp32.
+decoder's logits equal the eager decoder's for every batch size over KV buckets; the graphed prefill
+equals the eager one at every width bucket; bf16 stays within bf16 tolerance of fp32.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import torch
 from realtime_ming.engine import Engine
 from realtime_ming.engine.api import Content, Message, SamplingParams, TurnDone, TurnRequest
 from realtime_ming.engine.config import EngineConfig, PlacementConfig, ThinkerRunnerConfig
-from realtime_ming.engine.thinker_decode import ThinkerDecoder, default_kv_buckets
+from realtime_ming.engine.thinker_decode import ThinkerDecoder, default_kv_buckets, eager_kv_len
+from realtime_ming.engine.thinker_prefill import ThinkerPrefiller
 from realtime_ming.model.thinker import ThinkerKVCache, load_thinker
 from realtime_ming.model.tiny_tokenizer import tiny_tokenizer_path
 
@@ -154,3 +156,32 @@ def test_bf16_graphed_decoder_within_bf16_tolerance_of_fp32(fixture_root):
         outs.append(torch.stack(steps))
     cos = torch.nn.functional.cosine_similarity(outs[0].flatten(0, 1), outs[1].flatten(0, 1), dim=-1)
     assert float(cos.min()) > 0.99, cos
+
+
+@cuda
+def test_graphed_prefill_equals_eager_prefill(fixture_root):
+    """Padded width buckets (sink-written padding, whole-slot attention) give the eager prefill's hidden
+    states and K/V, for text and audio-routed tokens, after a cached prefix."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    thinker = load_thinker(fixture_root, device="cuda")
+    caches = [ThinkerKVCache.allocate(thinker.cfg, 4, 256, device="cuda") for _ in range(2)]
+    pre = ThinkerPrefiller(thinker, caches[0], (16, 32, 64), dtype=torch.float32, device="cuda")
+    pre.capture()
+    assert pre.graphed and pre.fits(64) and not pre.fits(65)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    slots = torch.tensor([2], device="cuda")
+    for t, start in ((5, 0), (32, 5), (50, 37)):  # a cached prefix grows: each chunk continues the slot
+        ids = torch.randint(0, 400, (1, t), device="cuda", generator=gen)
+        emb = thinker.embed(ids)
+        cpos = torch.arange(start, start + t, device="cuda")[None]
+        rot = cpos[None].expand(3, 1, t)
+        audio = torch.rand(1, t, device="cuda", generator=gen) < 0.5
+        image = torch.zeros_like(audio)
+        with torch.no_grad():
+            got = pre.step(emb, rot, cpos, slots, image, audio).clone()
+            want = thinker(emb, rot, cache=caches[1], slots=slots, cache_positions=cpos,
+                           kv_len=eager_kv_len(start + t, 256), image_mask=image, audio_mask=audio)
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(caches[0].k[:, :, :, :256], caches[1].k[:, :, :, :256], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(caches[0].v[:, :, :, :256], caches[1].v[:, :, :, :256], rtol=1e-5, atol=1e-5)

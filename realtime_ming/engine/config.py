@@ -33,6 +33,8 @@ class ThinkerRunnerConfig:
     prefill_chunk_tokens: int = 256  # chunked prefill: at most this many (padded) prompt tokens per step
     decode_buckets: tuple[int, ...] = (1, 2, 4, 8, 16)  # CUDA-graph batch buckets of the decode step
     kv_buckets: tuple[int, ...] | None = None  # CUDA-graph attention lengths; None = 512, 1024, ... max_seq_len
+    # CUDA-graph widths of a one-row prefill chunk (capped at prefill_chunk_tokens); () = prefill always eager
+    prefill_buckets: tuple[int, ...] = (32, 64, 128, 192, 256, 384, 512)
     # benchmarks with dummy weights: emit this text's tokens (cycled) instead of the sampled ones, so
     # segmenter and talker see real words; every model computation still runs. None = off.
     forced_reply: str | None = None
@@ -52,6 +54,7 @@ class TalkerRunnerConfig:
     sigma: float = 0.25
     temperature: float = 0.0
     buckets: tuple[int, ...] = (1, 2, 4, 8, 16)
+    prefill_buckets: tuple[int, ...] = (32, 64, 96, 128, 192, 256)  # CUDA-graph prompt lengths of a new stream
     steps_per_word: int = 0  # >0: benchmarks fix the talker length (ignore the stop head)
     silence_holder: bool = True  # the reference's trailing-silence holder on each stream (§6.4)
 

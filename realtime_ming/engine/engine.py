@@ -104,21 +104,24 @@ class Engine:
     def warmup(self, timeout_s: float = 300.0) -> None:
         """Run one short spoken turn end to end so first-call costs (allocator growth, kernel selection,
         Triton compiles, lazy imports) are paid at startup, not by the first user (moshi's `warmup`).
-        The turn carries a second of quiet audio too, so the audio encoder and the audio router's
-        prefill path are among them."""
+        Two turns: a short text one, then one with 5 s of quiet audio, so the audio encoder, the audio
+        router's prefill path and both variants of the prefill expert kernel (<= and > 128 tokens) are
+        among them."""
         import numpy as np
 
         from .api import Content, Message, SamplingParams
 
-        done = threading.Event()
-        audio = (0.01 * np.random.default_rng(0).standard_normal(16000)).astype(np.float32)
-        content = (Content.of_text("Hello, warm up."), Content.of_audio(audio, 16000))
-        request = TurnRequest("warmup", "__warmup__", (Message("user", content),),
-                              sampling=SamplingParams(max_tokens=8, ignore_eos=True))
-        self.submit(request, lambda ev: done.set() if isinstance(ev, (TurnDone, TurnFailed, TurnCancelled)) else None)
-        if not done.wait(timeout_s):
-            log.warning("engine warmup did not finish within %.0f s", timeout_s)
-        self.close_conversation("__warmup__")
+        audio = (0.01 * np.random.default_rng(0).standard_normal(5 * 16000)).astype(np.float32)
+        text = Content.of_text("Hello, warm up.")
+        for i, content in enumerate(((text,), (text, Content.of_audio(audio, 16000)))):  # short, then > 128 tokens
+            done = threading.Event()
+            request = TurnRequest(f"warmup-{i}", f"__warmup_{i}__", (Message("user", content),),
+                                  sampling=SamplingParams(max_tokens=8, ignore_eos=True))
+            self.submit(request, lambda ev, done=done: done.set() if isinstance(ev, (TurnDone, TurnFailed,
+                                                                                     TurnCancelled)) else None)
+            if not done.wait(timeout_s):
+                log.warning("engine warmup turn %d did not finish within %.0f s", i, timeout_s)
+            self.close_conversation(f"__warmup_{i}__")
 
     # ---- thread-safe API -------------------------------------------------------------------
     def submit(self, request: TurnRequest, sink: Sink) -> None:

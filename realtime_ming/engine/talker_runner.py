@@ -26,7 +26,7 @@ from ..model.talker_text import talker_job_texts
 from ..model.vae_stream import SilenceHolder, VAEStreamState
 from .config import EngineConfig
 from .models import ModelBundle
-from .talker_step import Progress, TalkerStepper
+from .talker_step import Progress, TalkerPrefiller, TalkerStepper
 from .vae_step import VAEStepper
 
 __all__ = ["TalkerRunner", "TalkerOutput", "stream_seed"]
@@ -94,6 +94,8 @@ class TalkerRunner:
                                      dtype=self.dtype, device=self.device, enforce_eager=cfg.enforce_eager)
         self.vae_step = VAEStepper(self.vae, self.vae_state, self.cfg.buckets, device=self.vae_device,
                                    enforce_eager=cfg.enforce_eager)
+        self.prefiller = TalkerPrefiller(self.talker, self.cfg.max_prompt_len, self.cfg.prefill_buckets,
+                                         dtype=self.dtype, device=self.device, enforce_eager=cfg.enforce_eager)
         self.seed = cfg.seed
         self.streams: list[_Stream] = []
         self.queues: dict[str, deque[_Job]] = {}
@@ -141,6 +143,7 @@ class TalkerRunner:
         with torch.no_grad():
             self.stepper.capture(progress)
             self.vae_step.capture(progress)
+            self.prefiller.capture()
 
     # ---- stepping ----------------------------------------------------------------------------
     def step(self) -> list[TalkerOutput]:
@@ -193,10 +196,7 @@ class TalkerRunner:
         if t >= self.cfg.max_prompt_len - 2:
             raise ValueError(f"talker prompt of {t} tokens exceeds engine.talker.max_prompt_len")
         r = len(self.streams)
-        rows = self.cache.rows(r, r + 1)
-        rows.reset()
-        positions = torch.arange(t, device=self.device)[None]
-        self.h[r] = self.talker.prefill(embeds, positions, rows)[0]
+        self.h[r] = self.prefiller(embeds, self.cache.rows(r, r + 1))[0]
         self.his[r] = initial_history(voice.prompt_lat, self.his.shape[1], self.his.shape[2],
                                       device=self.device, dtype=self.dtype)[0]
         self.vae_state.reset(torch.tensor([r], device=self.vae_device))

@@ -20,7 +20,7 @@ from ..model.qwen2 import KVCache
 from ..model.talker import Talker, history_update
 from .graphs import BucketedGraph, GraphInput, pick_bucket
 
-__all__ = ["TalkerStepper", "talker_step"]
+__all__ = ["TalkerPrefiller", "TalkerStepper", "talker_step"]
 
 log = logging.getLogger(__name__)
 
@@ -119,3 +119,47 @@ class TalkerStepper:
         self.capture()
         with torch.cuda.device(self.device):
             return self.graph.step(next_embed=next_embed, pos=pos, fresh=fresh, h=h, his=his, y0=y0, sde_rnd=sde_rnd)
+
+
+class TalkerPrefiller:
+    """Talker-LM prefill of one new stream's prompt, CUDA-graphed per prompt-length bucket.
+
+    The graph prefills a one-row staging cache (the prompt padded with position -1: its K/V go to
+    the sink slot); the caller's row then receives a copy of that row (~3 MB). Eager (CPU,
+    enforce_eager, longer prompts): `Talker.prefill` straight into the caller's row.
+    """
+
+    def __init__(self, talker: Talker, capacity: int, buckets: Sequence[int], *, dtype: torch.dtype,
+                 device: torch.device | str, enforce_eager: bool = False):
+        self.talker, self.device = talker, torch.device(device)
+        buckets = sorted({min(int(b), capacity) for b in buckets})
+        top, hid = max(buckets), talker.hidden_size
+        self.stage = KVCache.allocate(talker.cfg.llm, 1, capacity, self.device, dtype)
+        specs = {"embeds": GraphInput((1, top, hid), dtype, batch_dim=1),
+                 "positions": GraphInput((1, top), torch.int64, batch_dim=1, pad=-1)}
+        self.graph = BucketedGraph(self._fn, specs, buckets, device=self.device, output_batch_dims=None,
+                                   enforce_eager=enforce_eager)
+
+    def _fn(self, embeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        self.stage.reset()
+        return self.talker.prefill(embeds, positions, self.stage)
+
+    def capture(self) -> None:
+        if not self.graph.eager:
+            with torch.cuda.device(self.device):
+                self.graph.capture()
+
+    @torch.no_grad()
+    def __call__(self, embeds: torch.Tensor, row: KVCache) -> torch.Tensor:
+        """Prefill prompt embeds [1, T, H] into the one-row cache view `row` (reset first) -> h [1, 1, H]."""
+        t = embeds.shape[1]
+        positions = torch.arange(t, device=self.device)[None]
+        if self.graph.eager or pick_bucket(self.graph.buckets, t) is None:
+            row.reset()
+            return self.talker.prefill(embeds, positions, row)
+        with torch.cuda.device(self.device):
+            h = self.graph.step(embeds=embeds, positions=positions)
+        row.k.copy_(self.stage.k)
+        row.v.copy_(self.stage.v)
+        row.slot_pos.copy_(self.stage.slot_pos)
+        return h

@@ -27,6 +27,7 @@ from .config import EngineConfig
 from .models import ModelBundle
 from .sampling import SamplingBatch, sample
 from .thinker_decode import ThinkerDecoder, default_kv_buckets, eager_kv_len
+from .thinker_prefill import ThinkerPrefiller
 
 __all__ = ["ThinkerRunner", "ThinkerOutput"]
 
@@ -98,11 +99,16 @@ class ThinkerRunner:
         self._clock = 0
         self._forced = self.tok.encode(self.cfg.forced_reply) if self.cfg.forced_reply else None
         buckets = (self.cfg.decode_buckets, self.cfg.kv_buckets or default_kv_buckets(self.cfg.max_seq_len))
-        if hasattr(self.model, "decoder"):  # tensor-parallel proxy: a decoder on every rank
+        widths = tuple(w for w in self.cfg.prefill_buckets if w <= self.cfg.prefill_chunk_tokens)
+        graphs = not cfg.enforce_eager and self.device.type == "cuda"
+        if hasattr(self.model, "decoder"):  # tensor-parallel proxy: a decoder (and prefiller) on every rank
             self.decoder = self.model.decoder(self.cache, *buckets, enforce_eager=cfg.enforce_eager)
+            self.prefiller = self.model.prefiller(self.cache, widths) if graphs and widths else None
         else:
             self.decoder = ThinkerDecoder(self.model, self.cache, *buckets, device=self.device,
                                           enforce_eager=cfg.enforce_eager)
+            self.prefiller = (ThinkerPrefiller(self.model, self.cache, widths, dtype=bundle.dtype, device=self.device)
+                              if graphs and widths else None)
 
     # ---- bookkeeping --------------------------------------------------------------------------
     def has_work(self) -> bool:
@@ -239,8 +245,10 @@ class ThinkerRunner:
 
     # ---- stepping ----------------------------------------------------------------------------
     def capture(self, progress=None) -> None:
-        """Capture the decode CUDA graphs now (startup), not on the first user's turn."""
+        """Capture the decode and prefill CUDA graphs now (startup), not on the first user's turn."""
         self.decoder.capture(progress)
+        if self.prefiller is not None:
+            self.prefiller.capture(progress)
 
     def step(self) -> list[ThinkerOutput]:
         """One batched prefill chunk (the oldest pending prompts) and one decode step for every generating row."""
@@ -274,9 +282,10 @@ class ThinkerRunner:
         embeds = first.inputs_embeds.new_zeros(b, width, first.inputs_embeds.shape[-1])  # [B, W, D]
         rotary = torch.zeros(3, b, width, dtype=torch.int64, device=dev)  # [3, B, W]
         cache_pos = torch.full((b, width), -1, dtype=torch.int64, device=dev)  # [B, W]
+        graphed = b == 1 and self.prefiller is not None and self.prefiller.fits(width)
         masks = {}
-        for name in ("image_mask", "audio_mask"):
-            if any(getattr(r.prefill, name) is not None for r, _, _ in chosen):
+        for name in ("image_mask", "audio_mask"):  # the graphs always take both
+            if graphed or any(getattr(r.prefill, name) is not None for r, _, _ in chosen):
                 masks[name] = torch.zeros(b, width, dtype=torch.bool, device=dev)
         for i, (row, start, end) in enumerate(chosen):
             prep, n = row.prefill, end - start
@@ -287,10 +296,13 @@ class ThinkerRunner:
                 own = getattr(prep, name)
                 if own is not None:
                     mask[i, :n] = own[0, start:end]
-        needed = max(int(r.prefill.cache_positions[0, e - 1]) for r, _, e in chosen) + 1
-        hidden = self.model(embeds, rotary, cache=self.cache, slots=torch.tensor([r.slot.index for r, _, _ in chosen],
-                                                                                  device=dev),
-                            cache_positions=cache_pos, kv_len=eager_kv_len(needed, self.cfg.max_seq_len), **masks)
+        slots = torch.tensor([r.slot.index for r, _, _ in chosen], device=dev)
+        if graphed:
+            hidden = self.prefiller.step(embeds, rotary, cache_pos, slots, masks["image_mask"], masks["audio_mask"])
+        else:
+            needed = max(len(r.slot.ids) + e - s for r, s, e in chosen)  # the slot holds its tokens before `s`
+            hidden = self.model(embeds, rotary, cache=self.cache, slots=slots, cache_positions=cache_pos,
+                                kv_len=eager_kv_len(needed, self.cfg.max_seq_len), **masks)
         done, last = [], []
         for i, (row, start, end) in enumerate(chosen):
             row.slot.ids.extend(row.tail_ids[start:end])

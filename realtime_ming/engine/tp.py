@@ -26,6 +26,7 @@ from ..model.layers import TPGroup
 from ..model.loader import init_dummy, load_weights, read_weight_map
 from ..model.thinker import Thinker, ThinkerKVCache
 from .thinker_decode import ThinkerDecoder
+from .thinker_prefill import ThinkerPrefiller
 
 __all__ = ["TPLaunch", "ThinkerProxy", "start_tp"]
 
@@ -135,7 +136,7 @@ def _worker(rank: int, launch: TPLaunch) -> None:
     device = torch.device(launch.devices[rank])
     cache = ThinkerKVCache.allocate(launch.ck.thinker, launch.max_slots, launch.max_seq_len,
                                     device=device, dtype=launch.dtype, tp=tp)
-    decoder = None
+    decoder = prefiller = None
     with torch.no_grad():
         while True:
             method, args, kwargs = _receive(device)
@@ -147,6 +148,12 @@ def _worker(rank: int, launch: TPLaunch) -> None:
                 decoder.capture()
             elif method == "decoder_step":
                 decoder.step(*args)
+            elif method == "prefiller_init":
+                prefiller = ThinkerPrefiller(thinker, cache, *args, dtype=launch.dtype, device=device)
+            elif method == "prefiller_capture":
+                prefiller.capture()
+            elif method == "prefiller_step":
+                prefiller.step(**kwargs)
             else:
                 _run(thinker, cache, method, args, kwargs)
     dist.destroy_process_group()
@@ -175,6 +182,12 @@ class ThinkerProxy:
         _publish("decoder_init", args, {"enforce_eager": enforce_eager}, self.device)
         return _ProxyDecoder(ThinkerDecoder(self.local, cache, *args, device=self.device, enforce_eager=enforce_eager),
                              self.device)
+
+    def prefiller(self, cache: ThinkerKVCache, widths) -> "_ProxyPrefiller":
+        """A `ThinkerPrefiller` on every rank (each over its own cache shard); calls go to all of them."""
+        _publish("prefiller_init", (tuple(widths),), {}, self.device)
+        return _ProxyPrefiller(ThinkerPrefiller(self.local, cache, tuple(widths), dtype=self.launch.dtype,
+                                                device=self.device), self.device)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self._call("embed", ids)
@@ -217,6 +230,31 @@ class _ProxyDecoder:
         args = (list(tokens), list(positions), list(deltas), list(slots))
         _publish("decoder_step", args, {}, self.device)
         return self.local.step(*args)
+
+
+class _ProxyPrefiller:
+    """Rank 0's prefiller: publishes each capture/step (tensors by broadcast), then runs its own."""
+
+    def __init__(self, local: ThinkerPrefiller, device: torch.device):
+        self.local, self.device = local, device
+
+    @property
+    def graphed(self) -> bool:
+        return self.local.graphed
+
+    def fits(self, width: int) -> bool:
+        return self.local.fits(width)
+
+    def capture(self, progress=None) -> None:
+        if not self.local.graph.eager:
+            _publish("prefiller_capture", (), {}, self.device)
+            self.local.capture(progress)
+
+    def step(self, embeds, rotary, cpos, slots, image_mask, audio_mask) -> torch.Tensor:
+        inputs = dict(embeds=embeds, rotary=rotary, cpos=cpos, slots=slots, image_mask=image_mask,
+                      audio_mask=audio_mask)
+        _publish("prefiller_step", (), inputs, self.device)
+        return self.local.step(**inputs)
 
 
 def start_tp(ck: CheckpointConfig, devices: tuple[str, ...], model_path: str | None, dtype: torch.dtype,

@@ -247,9 +247,8 @@ class Talker(nn.Module):
     def prefill(self, embeds: torch.Tensor, positions: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """LM over prompts embeds [B, T, H] at positions [B, T] (-1 = right padding) → h [B, 1, H].
 
-        h is the final-normed hidden state at each row's last valid position. Caveat (qwen2.KVCache
-        as of this commit): -1 padding tokens still scatter their K/V into slot 0 of their row, so a
-        row must not mix real tokens and padding in one call (equal-length rows are exact).
+        h is the final-normed hidden state at each row's last valid position; padding tokens write
+        their K/V to the cache's sink slot, which no query sees.
         """
         hidden = self.model(embeds, positions, cache)
         last = positions.argmax(dim=1)  # positions increase along a row; padding is -1
@@ -258,8 +257,7 @@ class Talker(nn.Module):
     def decode_lm(self, embeds: torch.Tensor, positions: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """One LM position per row: embeds [B, 1, H] (previous aggregator output), positions [B, 1] → h [B, 1, H].
 
-        An idle row may pass position -1; its output is garbage and (see `prefill`) its slot 0 is
-        overwritten, so reset/re-prefill such a row before reuse.
+        An idle row may pass position -1: its output is garbage, its K/V go to the sink slot.
         """
         return self.model(embeds, positions, cache)
 
