@@ -1,7 +1,8 @@
-"""CPU engine benchmark (issue 3): N concurrent turns through `Engine` on the tiny model, N = 1, 4, 16.
+"""Engine benchmark (issue 3): N concurrent turns through `Engine`, N = 1, 4, 16 — the tiny model on the CPU,
+or any engine config (e.g. the full-size shapes on a GPU with --config).
 
     python -m bench.engine_bench [--levels 1,4,16] [--modes spoken,text] [--rounds 3] [--max-tokens 32]
-                                 [--steps-per-word 2] [--threads 0] [--out DIR]
+                                 [--steps-per-word 2] [--threads 0] [--out DIR] [--config FILE --set a.b=c ...]
 
 Every turn has a fixed amount of work: the thinker emits `--max-tokens` tokens of a scripted reply
 (`forced_reply`, so the segmenter and talker see real words; every model computation still runs);
@@ -33,7 +34,7 @@ if str(REPO) not in sys.path:
 
 import torch
 
-from realtime_ming.engine import Engine, talker_runner
+from realtime_ming.engine import Engine
 from realtime_ming.engine.api import (
     OUTPUT_SAMPLE_RATE_HZ,
     Content,
@@ -99,7 +100,7 @@ def instrument(engine: Engine) -> StepClock:
     clock.wrap(engine.bundle.talker, "prefill", "talker_prefill")
     clock.wrap(engine.bundle.talker, "decode_lm", "talker_lm")
     clock.wrap(engine.bundle.talker, "tail_step", "talker_cfm_tail")
-    clock.wrap(talker_runner, "decode_chunk", "vae_chunk")
+    clock.wrap(talker, "vae_step", "vae_chunk")
     return clock
 
 
@@ -211,7 +212,7 @@ def markdown(meta: dict, summary: dict) -> str:
     legend = ("thinker tok/s = output tokens / (first SUBMITTED → last THINKER_DONE); audio s / wall s and turns/s "
               "over the level's wall time. `talker_advance` is one batched talker step (it runs only with streams; "
               "`talker_lm`, `talker_cfm_tail`, `vae_chunk` are its parts); `talker_prefill` starts one talker job.")
-    lines = [f"# Engine CPU benchmark — {meta['date']}", "", device, "", f"Command: `{meta['command']}`", "",
+    lines = [f"# Engine benchmark — {meta['date']}", "", device, "", f"Command: `{meta['command']}`", "",
              work, "", legend, ""]
     for mode, levels in summary.items():
         lines += _mode_markdown(mode, levels)
@@ -235,6 +236,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps-per-word", type=int, default=2)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = leave torch's default)")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--config", default=None, help="a server config whose engine section to use (e.g. "
+                    "bench/configs/shadow-tp2-1gpu.yaml on a GPU); default: the tiny CPU engine")
+    ap.add_argument("--set", action="append", default=[], help="config overrides a.b=c (with --config)")
     args = ap.parse_args(argv)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -244,8 +248,18 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--modes takes spoken and/or text")
     date = datetime.date.today().isoformat()
     out = Path(args.out) if args.out else REPO / "bench" / "results" / f"cpu-engine-{date}"
-    cfg = EngineConfig(thinker=ThinkerRunnerConfig(max_slots=max(levels), max_seq_len=1024, forced_reply=REPLY),
-                       talker=TalkerRunnerConfig(max_streams=max(levels), steps_per_word=args.steps_per_word))
+    if args.config:
+        from realtime_ming.server import load_config
+
+        base = load_config(args.config, args.set).engine
+        cfg = dataclasses.replace(
+            base, thinker=dataclasses.replace(base.thinker, max_slots=max(*levels, base.thinker.max_slots),
+                                              forced_reply=REPLY),
+            talker=dataclasses.replace(base.talker, max_streams=max(*levels, base.talker.max_streams),
+                                       steps_per_word=args.steps_per_word))
+    else:
+        cfg = EngineConfig(thinker=ThinkerRunnerConfig(max_slots=max(levels), max_seq_len=1024, forced_reply=REPLY),
+                           talker=TalkerRunnerConfig(max_streams=max(levels), steps_per_word=args.steps_per_word))
     load_at_start = os.getloadavg()
     t = time.monotonic()
     engine = Engine.create(cfg)  # includes one warm-up turn
@@ -266,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
         engine.close()
     summary = summarise(samples)
     meta = {
-        "date": date, "device": f"{_cpu_model()} ({os.cpu_count()} CPUs visible)", "torch": torch.__version__,
+        "date": date, "device": (torch.cuda.get_device_name() + f", host {_cpu_model()}" if torch.cuda.is_available()
+                                 else f"{_cpu_model()} ({os.cpu_count()} CPUs visible)"), "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(), "python": platform.python_version(), "commit": _commit(),
         "command": "python -m bench.engine_bench " + " ".join(argv if argv is not None else sys.argv[1:]),
         "max_tokens": args.max_tokens, "steps_per_word": args.steps_per_word, "rounds": args.rounds,

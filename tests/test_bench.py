@@ -163,3 +163,16 @@ async def test_bench_comparison_interleaves_two_targets(stub_server, tmp_path, t
     ratio = results["comparison"]["ratios"]["1"]["ttfa_user_s.p50"]
     assert ratio == pytest.approx(summary["B"]["1"]["ttfa_user_s"]["p50"] / summary["A"]["1"]["ttfa_user_s"]["p50"])
     assert "## Comparison: B / A" in paths["markdown"].read_text()
+
+
+def test_engine_bench_runs_and_writes_its_tables(tmp_path):
+    """bench.engine_bench on the tiny CPU engine: one level, spoken and text, JSON + Markdown with throughput."""
+    import json
+
+    from bench import engine_bench
+
+    assert engine_bench.main(["--levels", "1", "--rounds", "1", "--max-tokens", "4", "--out", str(tmp_path)]) == 0
+    saved = json.loads((tmp_path / "engine_bench.json").read_text())
+    assert {s["mode"] for s in saved["samples"]} == {"spoken", "text"}
+    assert all(s["turns_per_s"] > 0 for s in saved["samples"])
+    assert "turns/s" in (tmp_path / "engine_bench.md").read_text()
