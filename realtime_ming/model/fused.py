@@ -23,6 +23,7 @@ import os
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 try:  # the GPU machines have Triton; CPU-only installs may not
     import triton
@@ -38,6 +39,7 @@ __all__ = [
     "interpret_on_cpu",
     "enabled_on",
     "configure_cuda",
+    "attention_any_length",
     "rms_norm",
     "add_rms_norm",
     "head_rotary",
@@ -71,15 +73,24 @@ def enabled_on(device: torch.device | str) -> bool:
     return triton is not None and _ENABLED and torch.device(device).type == "cuda"
 
 
-def configure_cuda() -> None:
-    """Process-wide CUDA kernel choices for serving (the engine and every tensor-parallel worker call it).
+_ANY_LENGTH_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
-    * cuDNN's SDPA backend off: it builds an execution plan for each new sequence length, 50-130 ms
-      (measured on an H200: the audio encoder's first call at each clip length), which a server pays
-      on nearly every turn. Flash and memory-efficient attention serve any length at once.
-    * The fused Triton MoE experts (`moe_triton`) for prefill-sized batches.
-    """
-    torch.backends.cuda.enable_cudnn_sdp(False)
+
+def attention_any_length(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None = None,
+                         enable_gqa: bool = False) -> torch.Tensor:
+    """`F.scaled_dot_product_attention` for inputs whose length changes from call to call (audio and
+    vision encoders, thinker prefill): cuDNN's backend is left out, since it builds an execution plan
+    for every new shape, 50-130 ms each (measured on an H200: the audio encoder's first call at each
+    clip length), which a server would pay on nearly every turn. Flash and memory-efficient attention
+    serve any length at once. Fixed-shape graphed paths (talker LM decode, DiT, VAE chunk) keep cuDNN,
+    whose plans are built once at capture and are faster there."""
+    with sdpa_kernel(_ANY_LENGTH_BACKENDS):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, enable_gqa=enable_gqa)
+
+
+def configure_cuda() -> None:
+    """Process-wide CUDA kernel choices for serving (the engine and every tensor-parallel worker call it):
+    the fused Triton MoE experts (`moe_triton`) for prefill-sized batches."""
     from . import moe_triton
 
     if moe_triton.available():

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from . import fused, thinker_kernels
@@ -99,7 +98,7 @@ class ThinkerAttention(nn.Module):
                 return self.dense(out.transpose(1, 2).reshape(b, t, -1))
             k = ck[:, :, :kv_len].index_select(0, slots)
             v = cv[:, :, :kv_len].index_select(0, slots)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.num_kv != self.num_heads)
+        out = fused.attention_any_length(q, k, v, attn_mask=mask, enable_gqa=self.num_kv != self.num_heads)
         return self.dense(out.transpose(1, 2).reshape(b, t, -1))
 
 

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import fused
 from .config import VisionConfig
 from .layers import apply_rotary
 
@@ -80,7 +81,7 @@ class _VisionAttention(nn.Module):
         for length, count in segments:
             stop = start + length * count
             qs, ks, vs = (t[start:stop].view(count, length, self.num_heads, -1).transpose(1, 2) for t in (q, k, v))
-            out[start:stop] = F.scaled_dot_product_attention(qs, ks, vs).transpose(1, 2).reshape(stop - start,
+            out[start:stop] = fused.attention_any_length(qs, ks, vs).transpose(1, 2).reshape(stop - start,
                                                                                                   self.num_heads, -1)
             start = stop
         return self.proj(out.reshape(n, dim))
