@@ -206,7 +206,12 @@ def _mode_markdown(mode: str, summary: dict) -> list[str]:
 def markdown(meta: dict, summary: dict) -> str:
     device = (f"Device: {meta['device']}; torch {meta['torch']} ({meta['torch_threads']} intra-op threads), "
               f"Python {meta['python']}; commit {meta['commit']}; load average at start {meta['loadavg'][0]:.2f}.")
-    work = (f"Model: embedded tiny random-weight Ming. Every turn: {meta['max_tokens']} thinker tokens (forced reply, "
+    ec = meta["engine_config"]
+    model = ("embedded tiny random-weight Ming" if ec.get("preset") in (None, "tiny") and not ec.get("model_path")
+             else f"{ec.get('preset') or ec.get('model_path')} ({ec.get('weights')} {ec.get('dtype')} weights"
+                  + (f", thinker as one rank of TP={ec['bench_tp_shadow']} with collectives skipped"
+                     if ec.get("bench_tp_shadow", 1) > 1 else "") + ")")
+    work = (f"Model: {model}. Every turn: {meta['max_tokens']} thinker tokens (forced reply, "
             f"ignore_eos); spoken turns add the talker at {meta['steps_per_word']} steps per word. N turns are "
             f"submitted at once; {meta['rounds']} rounds per level, levels interleaved; medians.")
     legend = ("thinker tok/s = output tokens / (first SUBMITTED → last THINKER_DONE); audio s / wall s and turns/s "
