@@ -5,7 +5,8 @@
 Each op runs 50 times inside one CUDA graph (launch gaps as in the graphed decode step); the median
 per call over 10 replays is reported with the bytes it must move and the bandwidth that implies.
 Shapes are one rank of TP=--tp (heads, KV heads, expert width and vocabulary divided). `--tune`
-sweeps the MoE decode kernels' block sizes and warps and prints the fastest settings per batch.
+sweeps the MoE decode kernels' block sizes and warps (63 compiles per batch: several minutes),
+printing each setting as it goes and the fastest per batch at the end.
 """
 
 from __future__ import annotations
@@ -149,6 +150,7 @@ def tune_moe(layer: Layer) -> list:
             us = float("nan")
             print("  skip", t, type(exc).__name__)
         rows.append(("gate_up", t, us))
+        print(f"  gate_up {t}: {us:.2f} us", flush=True)
     best_gu = min((r for r in rows if r[2] == r[2]), key=lambda r: r[2])[1]
     for dn_d, dn_k, dn_w in itertools.product((8, 16, 32, 64), (128, 256, 512), (2, 4, 8)):
         t = {**best_gu, "dn_d": dn_d, "dn_k": dn_k, "dn_warps": dn_w}
@@ -159,6 +161,7 @@ def tune_moe(layer: Layer) -> list:
             us = float("nan")
             print("  skip", t, type(exc).__name__)
         rows.append(("down", t, us))
+        print(f"  down {t}: {us:.2f} us", flush=True)
     return rows
 
 

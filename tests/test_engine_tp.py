@@ -18,20 +18,24 @@ def _greedy_text(fixture_root, devices) -> TurnDone:
                        placement=PlacementConfig(thinker_devices=devices))
     engine = Engine.create(cfg, warmup=False)
     try:
-        done, events = threading.Event(), []
-
-        def sink(ev):
-            events.append(ev)
-            if isinstance(ev, TurnDone):
-                done.set()
-
         request = TurnRequest("t", "c", (Message("user", (Content.of_text("Hello, how are you today?"),)),),
                               sampling=SamplingParams(max_tokens=10, ignore_eos=True), with_audio=False)
-        engine.submit(request, sink)
-        assert done.wait(120), events[-3:]
-        return events[-1]
+        return _run_turn(engine, request)
     finally:
         engine.close()
+
+
+def _run_turn(engine: Engine, request: TurnRequest) -> TurnDone:
+    done, events = threading.Event(), []
+
+    def sink(ev):
+        events.append(ev)
+        if isinstance(ev, TurnDone):
+            done.set()
+
+    engine.submit(request, sink)
+    assert done.wait(120), events[-3:]
+    return events[-1]
 
 
 @pytest.mark.timeout(300)
@@ -54,18 +58,10 @@ def test_bench_tp_shadow_builds_rank0_shards_and_serves(tmp_path):
         attn = thinker.model.layers[0].attention
         assert attn.num_heads == full.num_attention_heads // 2 and attn.num_kv == full.num_key_value_heads // 2
         assert thinker.lm_head.weight.shape[0] == full.vocab_size // 2
-        done, events = threading.Event(), []
-
-        def sink(ev):
-            events.append(ev)
-            if isinstance(ev, TurnDone):
-                done.set()
-
         request = TurnRequest("t", "c", (Message("user", (Content.of_text("Hello there"),)),),
                               sampling=SamplingParams(max_tokens=6, ignore_eos=True), with_audio=True)
-        engine.submit(request, sink)
-        assert done.wait(120), events[-3:]
-        assert events[-1].output_tokens == 6 and events[-1].audio_samples > 0
+        done = _run_turn(engine, request)
+        assert done.output_tokens == 6 and done.audio_samples > 0
     finally:
         engine.close()
 

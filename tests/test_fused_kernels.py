@@ -64,27 +64,21 @@ def _tables(b, t, rd, dtype, batched=True):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_head_rotary_qwen2_neox(dtype):
-    """Talker LM / VAE: full-head NeoX rotary, GQA layout, q/k/v returned."""
-    b, t, h, kv, hd = 2, 5, 4, 2, 64
+@pytest.mark.parametrize("model", ["qwen2", "dit"])
+def test_head_rotary_returns_q_k_v(dtype, model):
+    """Talker LM / VAE (qwen2): full-head NeoX rotary in the activation dtype, GQA, per-token tables.
+    DiT / aggregator: interleaved pairs, fp32 tables shared by the batch, one rounding."""
+    if model == "qwen2":
+        b, t, h, kv, hd = 2, 5, 4, 2, 64
+        cos, sin = _tables(b, t, hd, dtype)
+        style = fused.RotaryStyle.NEOX_ROUND_EACH
+    else:
+        b, t, h, kv, hd = 3, 6, 4, 4, 64
+        cos, sin = _tables(b, t, hd, torch.float32, batched=False)
+        style = fused.RotaryStyle.INTERLEAVED_FP32
     qkv = _randn(b, t, (h + 2 * kv) * hd, dtype=dtype)
-    cos, sin = _tables(b, t, hd, dtype)
-    style = fused.RotaryStyle.NEOX_ROUND_EACH
     got = fused.head_rotary(qkv, h, kv, hd, cos, sin, style, force=True)
     want = fused.head_rotary_reference(qkv, h, kv, hd, cos, sin, style)
-    for g, w in zip(got, want):
-        _close(g, w.contiguous())
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_head_rotary_dit_interleaved_fp32_tables(dtype):
-    """DiT / aggregator: interleaved pairs, fp32 tables shared by the batch, one rounding."""
-    b, t, h, hd = 3, 6, 4, 64
-    qkv = _randn(b, t, 3 * h * hd, dtype=dtype)
-    cos, sin = _tables(b, t, hd, torch.float32, batched=False)
-    style = fused.RotaryStyle.INTERLEAVED_FP32
-    got = fused.head_rotary(qkv, h, h, hd, cos, sin, style, force=True)
-    want = fused.head_rotary_reference(qkv, h, h, hd, cos, sin, style)
     for g, w in zip(got, want):
         _close(g, w.contiguous())
 

@@ -57,6 +57,10 @@ class ThinkerPrefiller:
                             kv_len=self.cache.capacity, image_mask=image_mask, audio_mask=audio_mask)
 
     @property
+    def eager(self) -> bool:
+        return self.graph.eager
+
+    @property
     def graphed(self) -> bool:
         return self.graph.graphed
 
@@ -66,7 +70,7 @@ class ThinkerPrefiller:
     def capture(self, progress: Progress | None = None) -> None:
         """Capture every width bucket, largest first (no-op when eager). Padding inputs only: all K/V
         writes go to the sink column."""
-        if self.graph.eager:
+        if self.eager:
             return
         if progress is not None:
             progress("capturing thinker prefill graphs", 0, 1)

@@ -207,10 +207,13 @@ class ThinkerProxy:
             self.procs = []
 
 
-class _ProxyDecoder:
-    """Rank 0's decoder: publishes each capture/step, then runs its own (the workers run theirs)."""
+class _ProxyGraphs:
+    """Rank 0's side of a graphed step object that exists on every rank (decoder, prefiller): each
+    capture/step is published first (the workers run theirs), then run locally."""
 
-    def __init__(self, local: ThinkerDecoder, device: torch.device):
+    name = ""
+
+    def __init__(self, local, device: torch.device):
         self.local, self.device = local, device
 
     @property
@@ -222,9 +225,13 @@ class _ProxyDecoder:
         return self.local.graphed
 
     def capture(self, progress=None) -> None:
-        if not self.local.eager:
-            _publish("decoder_capture", (), {}, self.device)
+        if not self.eager:
+            _publish(f"{self.name}_capture", (), {}, self.device)
             self.local.capture(progress)
+
+
+class _ProxyDecoder(_ProxyGraphs):
+    name = "decoder"
 
     def step(self, tokens: list[int], positions: list[int], deltas: list[int], slots: list[int]) -> torch.Tensor:
         args = (list(tokens), list(positions), list(deltas), list(slots))
@@ -232,28 +239,16 @@ class _ProxyDecoder:
         return self.local.step(*args)
 
 
-class _ProxyPrefiller:
-    """Rank 0's prefiller: publishes each capture/step (tensors by broadcast), then runs its own."""
-
-    def __init__(self, local: ThinkerPrefiller, device: torch.device):
-        self.local, self.device = local, device
-
-    @property
-    def graphed(self) -> bool:
-        return self.local.graphed
+class _ProxyPrefiller(_ProxyGraphs):
+    name = "prefiller"
 
     def fits(self, width: int) -> bool:
         return self.local.fits(width)
 
-    def capture(self, progress=None) -> None:
-        if not self.local.graph.eager:
-            _publish("prefiller_capture", (), {}, self.device)
-            self.local.capture(progress)
-
     def step(self, embeds, rotary, cpos, slots, image_mask, audio_mask) -> torch.Tensor:
         inputs = dict(embeds=embeds, rotary=rotary, cpos=cpos, slots=slots, image_mask=image_mask,
                       audio_mask=audio_mask)
-        _publish("prefiller_step", (), inputs, self.device)
+        _publish("prefiller_step", (), inputs, self.device)  # tensors follow by broadcast
         return self.local.step(**inputs)
 
 
