@@ -242,7 +242,7 @@ class Bench:
             fb = self.floor_bytes(thinker, range(n), self.thinker_inputs(thinker, b), lm_head=True)
             stack[b]["floor_ms"] = fb / self.bw * 1e3
             extra = full_layers - n
-            full = {k: stack[b][k] + extra * one[b][k] for k in stack[b] if k in one[b] and k not in ("floor_MB",)}
+            full = {k: stack[b][k] + extra * one[b][k] for k in stack[b] if k in one[b] and k != "floor_MB"}
             stack[b]["full32_est"] = full
             tps = 1e3 / full["graph_triton"] if "graph_triton" in full else None
             rows.append([b, stack[b].get("eager_torch"), stack[b].get("graph_triton"), stack[b]["floor_ms"],

@@ -145,9 +145,7 @@ class TalkerPrefiller:
         return self.talker.prefill(embeds, positions, self.stage)
 
     def capture(self) -> None:
-        if not self.graph.eager:
-            with torch.cuda.device(self.device):
-                self.graph.capture()
+        self.graph.capture()
 
     @torch.no_grad()
     def __call__(self, embeds: torch.Tensor, row: KVCache) -> torch.Tensor:
@@ -157,8 +155,7 @@ class TalkerPrefiller:
         if self.graph.eager or pick_bucket(self.graph.buckets, t) is None:
             row.reset()
             return self.talker.prefill(embeds, positions, row)
-        with torch.cuda.device(self.device):
-            h = self.graph.step(embeds=embeds, positions=positions)
+        h = self.graph.step(embeds=embeds, positions=positions)
         row.k.copy_(self.stage.k)
         row.v.copy_(self.stage.v)
         row.slot_pos.copy_(self.stage.slot_pos)

@@ -18,7 +18,7 @@ from torch import nn
 from . import fused
 from .config import DiTConfig
 from .fused import apply_interleaved_rotary
-from .layers import RMSNorm, concat_params
+from .layers import RMSNorm, concat_params, prenorm_stack
 
 __all__ = [
     "InterleavedRotary",
@@ -67,17 +67,14 @@ class InterleavedRotary(nn.Module):
         Cached per length (the talker only ever uses two): computed by the first, eager call, so a
         CUDA-graph capture that follows replays no table math.
         """
-        key = (seq_len, self.inv_freq.data_ptr(), self.inv_freq._version)
-        cached = self.__dict__.get("_tables")
-        if cached is None or cached[0] != key[1:]:
-            cached = (key[1:], {})
-            self.__dict__["_tables"] = cached
-        if seq_len not in cached[1]:
+        key = (seq_len, self.inv_freq.data_ptr(), self.inv_freq._version)  # a reloaded buffer recomputes
+        tables = self.__dict__.setdefault("_tables", {})
+        if key not in tables:
             pos = torch.arange(seq_len, device=self.inv_freq.device, dtype=torch.float32)
             freqs = pos[:, None] * self.inv_freq.float()[None, :]
             freqs = freqs.repeat_interleave(2, dim=-1)
-            cached[1][seq_len] = (freqs.cos(), freqs.sin())
-        return cached[1][seq_len]
+            tables[key] = (freqs.cos(), freqs.sin())
+        return tables[key]
 
 
 class Attention(nn.Module):
@@ -143,11 +140,8 @@ class DiTBlock(nn.Module):
 def run_blocks(blocks: nn.ModuleList, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                final_norm: RMSNorm) -> torch.Tensor:
     """final_norm(block stack(x)), every residual add fused into the norm that follows it."""
-    h = blocks[0].norm1(x)
-    for i, block in enumerate(blocks):
-        x, delta = block(x, h, cos, sin)
-        h, x = (blocks[i + 1].norm1 if i + 1 < len(blocks) else final_norm).add(x, delta)
-    return h
+    return prenorm_stack(blocks, x, lambda block: block.norm1, final_norm,
+                         lambda i, block, x, h: block(x, h, cos, sin))
 
 
 class FinalLayer(nn.Module):

@@ -307,14 +307,10 @@ def head_rotary_reference(qkv, heads, kv_heads, head_dim, cos, sin, style, q_nor
     elif cos.dim() == 3:
         cos, sin = cos[:, None], sin[:, None]
     rot = apply_interleaved_rotary if style == RotaryStyle.INTERLEAVED_FP32 else apply_rotary
-
-    def rotate(x):
-        return rot(x, cos, sin)
-
     if rd == head_dim:
-        return rotate(q), rotate(k), v
-    return (torch.cat((rotate(q[..., :rd]), q[..., rd:]), dim=-1),
-            torch.cat((rotate(k[..., :rd]), k[..., rd:]), dim=-1), v)
+        return rot(q, cos, sin), rot(k, cos, sin), v
+    return (torch.cat((rot(q[..., :rd], cos, sin), q[..., rd:]), dim=-1),
+            torch.cat((rot(k[..., :rd], cos, sin), k[..., rd:]), dim=-1), v)
 
 
 def head_rotary(qkv: torch.Tensor, heads: int, kv_heads: int, head_dim: int, cos: torch.Tensor, sin: torch.Tensor,

@@ -30,6 +30,7 @@ __all__ = [
     "ParallelLMHead",
     "mark_tp",
     "concat_params",
+    "prenorm_stack",
 ]
 
 
@@ -96,6 +97,22 @@ class RMSNorm(nn.Module):
     def add(self, x: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(norm(x + delta), x + delta): a residual add fused with the norm that follows it."""
         return fused.add_rms_norm(x, delta, self.weight, self.eps)
+
+
+def prenorm_stack(layers, x: torch.Tensor, input_norm, final_norm: "RMSNorm", step) -> torch.Tensor:
+    """Run pre-norm residual blocks with every residual add fused into the norm that follows it.
+
+    `input_norm(layer)` is a layer's first norm; `step(i, layer, x, h)` runs layer i on the residual
+    stream x with h = its normed input and returns (x after its first residual add, the output still
+    to add). Returns final_norm(x) after the last layer.
+    """
+    if not len(layers):
+        return final_norm(x)
+    h = input_norm(layers[0])(x)
+    for i, layer in enumerate(layers):
+        x, delta = step(i, layer, x, h)
+        h, x = (input_norm(layers[i + 1]) if i + 1 < len(layers) else final_norm).add(x, delta)
+    return h
 
 
 def concat_params(owner: nn.Module, name: str, tensors: tuple[torch.Tensor, ...]) -> torch.Tensor:

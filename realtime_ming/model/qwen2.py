@@ -18,7 +18,7 @@ from torch import nn
 
 from . import fused
 from .config import Qwen2Config
-from .layers import RMSNorm, concat_params, rope_inv_freq
+from .layers import RMSNorm, concat_params, prenorm_stack, rope_inv_freq
 
 __all__ = ["KVCache", "Qwen2Model", "Qwen2Rotary", "causal_window_mask"]
 
@@ -190,15 +190,13 @@ class Qwen2Model(nn.Module):
         if cache is not None:
             slots = cache.write_positions(positions)
             k_pos = cache.slot_pos
-        x = inputs_embeds
-        h = self.layers[0].input_layernorm(x) if len(self.layers) else None
         masks: dict[int | None, torch.Tensor] = {}
-        for i, layer in enumerate(self.layers):
+
+        def step(i, layer, x, h):
             window = self.cfg.layer_window(i)
             if window not in masks:
                 masks[window] = causal_window_mask(positions, k_pos, window)
             kv = (cache.k[i], cache.v[i]) if cache is not None else None
-            x, delta = layer(x, h, cos, sin, masks[window], kv, slots)
-            nxt = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
-            h, x = nxt.add(x, delta)
-        return h if h is not None else self.norm(x)
+            return layer(x, h, cos, sin, masks[window], kv, slots)
+
+        return prenorm_stack(self.layers, inputs_embeds, lambda layer: layer.input_layernorm, self.norm, step)

@@ -26,6 +26,7 @@ from .layers import (
     RowParallelLinear,
     TPGroup,
     VocabParallelEmbedding,
+    prenorm_stack,
 )
 from .loader import load_weights, read_weight_map
 from .moe import DenseMLP, SparseMoeBlock
@@ -214,16 +215,14 @@ class Thinker(nn.Module):
             lengths = q_pos[:, 0] + 1  # decode: the attention kernel reads indices 0..position in place
         else:
             mask = causal_window_mask(q_pos, k_pos, None)
-        stack = self.model.layers
-        run = range(len(stack)) if layers is None else layers
-        x = inputs_embeds
-        h = stack[run[0]].input_layernorm(x)
-        for i in run:
-            kv = (cache.k[i], cache.v[i]) if cache is not None else None
-            x, delta = stack[i](x, h, cos, sin, mask, kv, slots, write_idx, kv_len, lengths, image_mask, audio_mask,
-                                routing)
-            h, x = (stack[i + 1].input_layernorm if i + 1 < len(stack) else self.model.norm).add(x, delta)
-        return h
+        run = range(len(self.model.layers)) if layers is None else layers
+
+        def step(i, layer, x, h):
+            kv = (cache.k[run[i]], cache.v[run[i]]) if cache is not None else None
+            return layer(x, h, cos, sin, mask, kv, slots, write_idx, kv_len, lengths, image_mask, audio_mask, routing)
+
+        return prenorm_stack([self.model.layers[i] for i in run], inputs_embeds, lambda layer: layer.input_layernorm,
+                             self.model.norm, step)
 
     @staticmethod
     def decode_reads_exact_lengths(device: torch.device | str) -> bool:
