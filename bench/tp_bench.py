@@ -435,6 +435,7 @@ def _worker(rank: int, args, port: int) -> None:
                             rank=rank, world_size=args.tp)
     try:
         _bench_rank(rank, args, device)
+        dist.barrier()  # no rank tears gloo down while a peer is still inside a collective (SIGABRT at exit)
     finally:
         dist.destroy_process_group()
 
