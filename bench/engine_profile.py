@@ -2,8 +2,8 @@
 
     python bench/engine_profile.py --config bench/configs/shadow-tp2-1gpu.yaml --out DIR [--turns-dir .turns]
 
-For each espeak-ng clip of the turns cache: the audio encoder alone (three calls: the first with a new
-length, then repeats), then whole turns (text prompt + the clip, forced reply, latency segmenter)
+For each espeak-ng clip of the turns cache: the audio encoder alone (three calls through the clip-length
+graphs, then three eager: the first with a new length, then repeats), then whole turns (text prompt + the clip, forced reply, latency segmenter)
 submitted one at a time, with every engine stage in ms after submission. Last, one turn under
 torch.profiler: the ops with the most CPU and the most GPU time. Writes DIR/engine_profile.json and
 prints the tables.
@@ -67,17 +67,21 @@ def run_turn(engine: Engine, turn_id: str, clip: np.ndarray, rate: int) -> dict:
     return out
 
 
-def encoder_times(engine: Engine, clip: np.ndarray, rate: int) -> list[float]:
+def encoder_times(engine: Engine, clip: np.ndarray, rate: int) -> dict[str, list[float]]:
+    """Audio frontend + encoder + projector, synchronised, 3 calls each: the clip-length graphs, then eager."""
     wave = _to_16k(clip, rate)
-    times = []
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
-    for _ in range(3):
-        sync()
-        t = time.perf_counter()
-        engine.bundle.encode_audio(wave)
-        sync()
-        times.append(round((time.perf_counter() - t) * 1e3, 2))
-    return times
+    out = {}
+    for mode in ("graphed", "eager"):
+        times = []
+        for _ in range(3):
+            sync()
+            t = time.perf_counter()
+            engine.bundle.encode_audio(wave, graphed=mode == "graphed")
+            sync()
+            times.append(round((time.perf_counter() - t) * 1e3, 2))
+        out[mode] = times
+    return out
 
 
 def profile_prefill(engine: Engine, tokens: int) -> dict:

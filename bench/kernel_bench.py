@@ -5,8 +5,8 @@
 Each op runs 50 times inside one CUDA graph (launch gaps as in the graphed decode step); the median
 per call over 10 replays is reported with the bytes it must move and the bandwidth that implies.
 Shapes are one rank of TP=--tp (heads, KV heads, expert width and vocabulary divided). `--tune`
-sweeps the MoE decode kernels' block sizes and warps (63 compiles per batch: several minutes),
-printing each setting as it goes and the fastest per batch at the end.
+sweeps the MoE decode kernels' block sizes and warps (72 compiles per batch: several minutes;
+`--tune-batches 1` limits it), printing each setting as it goes and the fastest per batch at the end.
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ def check_route(layer: Layer) -> dict:
 
 def tune_moe(layer: Layer) -> list:
     rows = []
-    for gu_n, gu_k, gu_w in itertools.product((8, 16, 32), (128, 256, 512), (2, 4, 8)):
+    for gu_n, gu_k, gu_w in itertools.product((4, 8, 16, 32), (256, 512, 1024), (2, 4, 8)):
         t = {"gu_n": gu_n, "gu_k": gu_k, "gu_warps": gu_w}
         try:
             us = graphed_us(lambda: tk.moe_decode(layer.flat, layer.ids, layer.weights, layer.w_gu, layer.w_dn,
@@ -152,7 +152,7 @@ def tune_moe(layer: Layer) -> list:
         rows.append(("gate_up", t, us))
         print(f"  gate_up {t}: {us:.2f} us", flush=True)
     best_gu = min((r for r in rows if r[2] == r[2]), key=lambda r: r[2])[1]
-    for dn_d, dn_k, dn_w in itertools.product((8, 16, 32, 64), (128, 256, 512), (2, 4, 8)):
+    for dn_d, dn_k, dn_w in itertools.product((4, 8, 16, 32), (128, 256, 512), (2, 4, 8)):
         t = {**best_gu, "dn_d": dn_d, "dn_k": dn_k, "dn_warps": dn_w}
         try:
             us = graphed_us(lambda: tk.moe_decode(layer.flat, layer.ids, layer.weights, layer.w_gu, layer.w_dn,
@@ -171,7 +171,9 @@ def main() -> None:
     ap.add_argument("--tp", type=int, default=2)
     ap.add_argument("--batches", default="1,16")
     ap.add_argument("--kv-len", type=int, default=300)
-    ap.add_argument("--tune", action="store_true")
+    ap.add_argument("--tune", action="store_true", help="also sweep the MoE decode kernels' tile sizes (72 compiles "
+                    "per batch, minutes)")
+    ap.add_argument("--tune-batches", default=None, help="batches to tune (default: all of --batches)")
     args = ap.parse_args()
     out = {"device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
            "torch": torch.__version__, "command": " ".join(sys.argv), "tp": args.tp, "kv_len": args.kv_len,
@@ -186,7 +188,7 @@ def main() -> None:
             print(f"B={b} {name:20s} {us:8.2f} us  {nbytes / 1e6:8.2f} MB  {nbytes / us / 1e3:7.1f} GB/s", flush=True)
         res["route_check"] = check_route(layer)
         print("route check:", res["route_check"], flush=True)
-        if args.tune:
+        if args.tune and (args.tune_batches is None or str(b) in args.tune_batches.split(",")):
             rows = tune_moe(layer)
             res["moe_tune"] = [{"part": p, **t, "us": round(us, 2)} for p, t, us in rows]
             for part in ("gate_up", "down"):

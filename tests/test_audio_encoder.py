@@ -151,3 +151,33 @@ def test_bf16_close_to_fp32(fixture_root, model, case):
     assert out.dtype == torch.bfloat16
     rel = (out.float() - ref).norm() / ref.norm()
     assert rel < 2e-2
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("frames", [1, 2, 37, 100, 101, 150])
+def test_masked_padded_encoding_equals_exact_length(model, case, frames):
+    """`encoder(mel, mel_lengths)` on a clip zero-padded to 160 frames (the CUDA-graph path) gives the clip's
+    exact-length encoder output and audio embeddings, even and odd lengths, garbage in the padding too."""
+    cfg, encoder, projector = model
+    mel = case["mel"][:, :frames] if frames <= case["mel"].shape[1] else torch.randn(1, frames, case["mel"].shape[2])
+    padded = torch.randn(1, 160, mel.shape[2])  # the mask, not zeros in the padding, must make it exact
+    padded[:, :frames] = mel
+    enc_len, tokens = int(encoder_output_lengths(frames)), int(audio_token_lengths(frames, cfg.audio_config))
+    out = encoder(padded, torch.tensor([frames]))
+    exact = encoder(mel)
+    torch.testing.assert_close(out[:, :enc_len], exact, **HIDDEN_TOL)
+    assert torch.equal(out[:, enc_len:], torch.zeros_like(out[:, enc_len:]))
+    torch.testing.assert_close(projector(out)[:, :tokens], projector(exact), **EMBED_TOL)
+
+
+@torch.no_grad()
+def test_audio_graphs_eager_path_equals_encoder(fixture_root, model, case):
+    """AudioEncoderGraphs on CPU (eager) returns the exact-length embeddings for a mel [T, n_mels]."""
+    from realtime_ming.engine.audio_graphs import AudioEncoderGraphs
+
+    cfg, encoder, projector = model
+    graphs = AudioEncoderGraphs(encoder, projector, cfg.audio_config, (160,), dtype=torch.float32, device="cpu",
+                                out_device="cpu")
+    assert not graphs.graphed
+    got = graphs(case["mel"][0])
+    torch.testing.assert_close(got, projector(encoder(case["mel"]))[0], **EMBED_TOL)

@@ -35,6 +35,8 @@ class ThinkerRunnerConfig:
     kv_buckets: tuple[int, ...] | None = None  # CUDA-graph attention lengths; None = 512, 1024, ... max_seq_len
     # CUDA-graph widths of a one-row prefill chunk (capped at prefill_chunk_tokens); () = prefill always eager
     prefill_buckets: tuple[int, ...] = (32, 64, 128, 192, 256, 384, 512)
+    # CUDA-graph clip lengths of the audio encoder, in mel frames (100 per second); longer clips run eager
+    audio_buckets: tuple[int, ...] = (160, 320, 640, 1280, 3000)
     # benchmarks with dummy weights: emit this text's tokens (cycled) instead of the sampled ones, so
     # segmenter and talker see real words; every model computation still runs. None = off.
     forced_reply: str | None = None

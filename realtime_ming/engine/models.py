@@ -31,6 +31,7 @@ from ..model.tiny_tokenizer import TINY_VOCAB_SIZE, tiny_talker_special_ids, tin
 from ..model.tokenizer import ThinkerTokenizer, resolve_tokenizer
 from ..model.vae import AudioVAE
 from ..model.vision import VisionProjector, VisionTransformer
+from .audio_graphs import AudioEncoderGraphs
 from .config import EngineConfig
 
 __all__ = ["ModelBundle", "TINY_NOTICE"]
@@ -76,6 +77,7 @@ class ModelBundle:
     default_voice: str = ""
     is_tiny_default: bool = False
     devices: dict = field(default_factory=dict)
+    audio_graphs: AudioEncoderGraphs | None = None  # the encoder + projector per clip-length bucket
 
     has_talker = True
 
@@ -145,6 +147,9 @@ class ModelBundle:
                 ("audio_patch", "<audioPatch>"))})
         bundle = cls(name, ck, dtype, thinker, audio_encoder, audio_projector, vision, vision_projector, talker, vae,
                      thinker_tok, talker_tok, special, is_tiny_default=tiny, devices=devices)
+        bundle.audio_graphs = AudioEncoderGraphs(audio_encoder, audio_projector, ming.audio_config,
+                                                 cfg.thinker.audio_buckets, dtype=dtype, device=devices["encoder"],
+                                                 out_device=devices["thinker"], enforce_eager=cfg.enforce_eager)
         if any(torch.device(d).type == "cuda" for d in devices.values()):
             fused.configure_cuda()  # no per-length cuDNN attention plans; Triton MoE experts
             if not fused.available():
@@ -196,14 +201,13 @@ class ModelBundle:
 
     # ---- serving helpers -------------------------------------------------------------------
     @torch.no_grad()
-    def encode_audio(self, wave_16k: np.ndarray) -> torch.Tensor:
-        """16 kHz float32 mono -> projected, L2-normalised audio embeddings [N, D] on the thinker device."""
+    def encode_audio(self, wave_16k: np.ndarray, graphed: bool = True) -> torch.Tensor:
+        """16 kHz float32 mono -> projected, L2-normalised audio embeddings [N, D] on the thinker device
+        (through the clip-length graphs once captured; `graphed=False`: the eager exact-length path)."""
         from ..audio.mel import log_mel_spectrogram
 
         mel = log_mel_spectrogram(np.asarray(wave_16k, dtype=np.float32))  # [T, 128]
-        dev = self.devices["encoder"]
-        enc = self.audio_encoder(mel[None].to(dev, self.dtype))
-        return self.audio_projector(enc)[0].to(self.devices["thinker"])
+        return self.audio_graphs(mel, graphed=graphed)
 
     def audio_tokens(self, num_samples_16k: int) -> int:
         return int(audio_token_lengths(num_samples_16k // 160, self.cfg.ming.audio_config))

@@ -248,6 +248,7 @@ class ThinkerRunner:
         self.decoder.capture(progress)
         if self.prefiller is not None:
             self.prefiller.capture(progress)
+        self.bundle.audio_graphs.capture(progress)
 
     def step(self) -> list[ThinkerOutput]:
         """One batched prefill chunk (the oldest pending prompts) and one decode step for every generating row."""

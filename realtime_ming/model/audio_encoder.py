@@ -96,10 +96,10 @@ class _WhisperAttention(nn.Module):
         self.value = nn.Linear(n_state, n_state)
         self.out = nn.Linear(n_state, n_state)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None = None) -> torch.Tensor:
         b, t, c = x.shape
         q, k, v = (proj(x).view(b, t, self.n_head, -1).transpose(1, 2) for proj in (self.query, self.key, self.value))
-        out = fused.attention_any_length(q, k, v)  # full, non-causal; scale 1/sqrt(head_dim)
+        out = fused.attention_any_length(q, k, v, attn_mask=key_mask)  # non-causal; scale 1/sqrt(head_dim)
         return self.out(out.transpose(1, 2).reshape(b, t, c))
 
 
@@ -113,8 +113,8 @@ class _WhisperBlock(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(n_state, 4 * n_state), nn.GELU(), nn.Linear(4 * n_state, n_state))
         self.mlp_ln = _FP32LayerNorm(n_state, eps=_LN_EPS)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.attn_ln(x))
+    def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.attn(self.attn_ln(x), key_mask)
         return x + self.mlp(self.mlp_ln(x))
 
 
@@ -139,21 +139,39 @@ class WhisperEncoder(nn.Module):
         buf = self.positional_embedding
         self.positional_embedding = whisper_sinusoids(self.n_ctx, self.n_state, buf.device).to(buf.dtype)
 
-    def forward(self, mel: torch.Tensor) -> torch.Tensor:
+    def forward(self, mel: torch.Tensor, mel_lengths: torch.Tensor | None = None) -> torch.Tensor:
         """mel [B, T, n_mels] → [B, (T−1)//2 + 1, n_state], in the module's dtype.
 
-        Every row is attended in full (no mask): padded rows see their padding, as in the reference.
+        Without `mel_lengths` every row is attended in full (no mask): padded rows see their padding,
+        as in the reference. With `mel_lengths` [B] (int64, on mel's device) each row is a clip of that
+        many frames zero-padded to T, computed as if alone at its own length: frames past it are zeroed
+        before each conv, masked out of attention, and zero in the output (the projector's conv then
+        pads with zeros as at the exact length). Static shapes, no host sync: the CUDA-graphed path.
         Raises ValueError when the encoder output would exceed `n_ctx` positions.
         """
         x = mel.to(self.conv1.weight.dtype)
+        keep = key_mask = None
+        if mel_lengths is not None:
+            x = x * _frames_kept(mel_lengths, x.shape[1]).to(x.dtype)
         x = F.gelu(_conv1d_as_linear(x, self.conv1))
+        if mel_lengths is not None:  # the exact-length conv2 sees zero padding right after the clip
+            x = x * _frames_kept(mel_lengths, x.shape[1]).to(x.dtype)
         x = F.gelu(_conv1d_as_linear(x, self.conv2))
         if x.shape[1] > self.n_ctx:
             raise ValueError(f"audio too long: {x.shape[1]} encoder frames > n_ctx {self.n_ctx}")
         x = (x + self.positional_embedding[: x.shape[1]]).to(x.dtype)
+        if mel_lengths is not None:
+            keep = _frames_kept(encoder_output_lengths(mel_lengths), x.shape[1])  # [B, T1, 1]
+            key_mask = keep[:, None, None, :, 0]  # [B, 1, 1, T1]: attend to the clip's own frames only
         for block in self.blocks:
-            x = block(x)
-        return self.ln_post(x)
+            x = block(x, key_mask)
+        x = self.ln_post(x)
+        return x if keep is None else x * keep.to(x.dtype)
+
+
+def _frames_kept(lengths: torch.Tensor, t: int) -> torch.Tensor:
+    """[B, t, 1] bool: frame index < the row's length."""
+    return (torch.arange(t, device=lengths.device)[None, :] < lengths[:, None])[..., None]
 
 
 class AudioProjector(nn.Module):

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Two GPUs (nvidia-h200-x2): the real TP=2 checks and benchmarks in one call, in this order:
+#   1. the GPU tests that need two GPUs (TP=2 parity, NCCL and the one-shot all-reduce) + the graph tests;
+#   2. bench/tp_bench.py --tp 2: thinker decode with NCCL / the symmetric-memory all-reduce;
+#   3. bench/engine_profile.py on CONFIG: encoder graphed vs eager, stage times per turn, a profiled turn;
+#   4. bench/gpu_e2e.sh at LEVELS (TURNS turns per session).
+#   bash bench/gpu_tp2.sh OUT_DIR [LEVELS] [CONFIG]      (after `source bench/gpu_setup.sh`)
+# Env: STEPS="tests tp profile e2e" picks steps; TP_BUDGET_S (default 90) for tp_bench. A step that runs
+# past its time limit is aborted with every Python thread's stack in its log (faulthandler).
+set -uo pipefail
+out=${1:?out dir}; levels=${2:-1,16}; config=${3:-configs/ming-flash-omni-2.0.yaml}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+nvidia-smi topo -m > "$out/topo.txt" 2>&1 || true
+steps=" ${STEPS:-tests tp profile e2e} "
+if [[ $steps == *" tests "* ]]; then
+  timeout -s ABRT "${TEST_TIMEOUT_S:-240}" python3 -X faulthandler -m pytest -q -p no:cacheprovider -o addopts="" \
+    tests/test_gpu_tp.py tests/test_gpu_thinker_decode.py tests/test_gpu_graphs.py > "$out/tests.log" 2>&1
+  echo "tests rc=$?"; tail -8 "$out/tests.log"
+fi
+if [[ $steps == *" tp "* ]]; then
+  timeout 240 python3 bench/tp_bench.py --tp 2 --out "$out/tp" --budget-s "${TP_BUDGET_S:-90}" --batches 1,16 \
+    > "$out/tp.log" 2>&1
+  echo "tp_bench rc=$?"; grep -E "^\|" "$out/tp/tp_bench.md" | head -12
+fi
+if [[ $steps == *" profile "* ]]; then
+  timeout -s ABRT "${PROFILE_TIMEOUT_S:-300}" python3 -X faulthandler bench/engine_profile.py --config "$config" --out "$out/profile" > "$out/profile.log" 2>&1
+  echo "engine_profile rc=$?"; grep -E "^\| " "$out/profile.log" | head -12
+fi
+if [[ $steps == *" e2e "* ]]; then
+  timeout "${E2E_TIMEOUT_S:-400}" bash bench/gpu_e2e.sh "$out/e2e" "$levels" "$config" > "$out/e2e.log" 2>&1
+  echo "e2e rc=$?"; grep -E "admission|TTFA|^\|" "$out/e2e.log" | head -20
+  cat "$out/e2e/bench/summary.md" 2>/dev/null | head -30
+fi
