@@ -84,19 +84,27 @@ def encoder_times(engine: Engine, clip: np.ndarray, rate: int) -> dict[str, list
     return out
 
 
-def profile_prefill(engine: Engine, tokens: int) -> dict:
-    """One prefill of `tokens` text tokens through the engine's thinker (a free KV slot): wall time
-    (synchronised) vs the GPU time of its kernels, and the kernels with the most GPU time."""
+def profile_prefill(engine: Engine, tokens: int, audio_tokens: int = 0) -> dict:
+    """One prefill of `tokens` tokens (the last `audio_tokens` of them through the audio router) into a free
+    KV slot, as the engine runs it: through the graphed prefiller when one serves the width (else eager).
+    Wall time (synchronised) vs the GPU time of its kernels, and the kernels with the most GPU time."""
     runner = engine._thinker
     thinker, dev = runner.model, runner.device
-    ids = torch.randint(0, 1000, (1, tokens), device=dev)
+    embeds = thinker.embed(torch.randint(0, 1000, (1, tokens), device=dev))
     pos = torch.arange(tokens, device=dev)[None]
     slot = torch.tensor([runner.cache.num_slots - 1], device=dev)
+    audio = torch.zeros(1, tokens, dtype=torch.bool, device=dev)
+    audio[:, tokens - audio_tokens:] = audio_tokens > 0
+    image = torch.zeros_like(audio)
+    graphed = runner.prefiller is not None and runner.prefiller.fits(tokens)
 
     def run():
         with torch.no_grad():
-            return thinker(thinker.embed(ids), pos.expand(3, 1, tokens), cache=runner.cache, slots=slot,
-                           cache_positions=pos, kv_len=min(runner.cache.capacity, -(-tokens // 64) * 64))
+            if graphed:
+                return runner.prefiller.step(embeds, pos.expand(3, 1, tokens), pos, slot, image, audio)
+            return thinker(embeds, pos.expand(3, 1, tokens), cache=runner.cache, slots=slot, cache_positions=pos,
+                           kv_len=min(runner.cache.capacity, -(-tokens // 64) * 64), image_mask=image,
+                           audio_mask=audio)
 
     run()
     walls = []
@@ -111,8 +119,8 @@ def profile_prefill(engine: Engine, tokens: int) -> dict:
         torch.cuda.synchronize()
     ka = prof.key_averages()
     gpu_ms = sum(e.self_device_time_total for e in ka) / 1e3
-    return {"tokens": tokens, "wall_ms": [round(w, 1) for w in walls], "gpu_kernels_ms": round(gpu_ms, 1),
-            "top": ka.table(sort_by="self_cuda_time_total", row_limit=12)}
+    return {"tokens": tokens, "audio_tokens": audio_tokens, "graphed": graphed, "wall_ms": [round(w, 1) for w in walls],
+            "gpu_kernels_ms": round(gpu_ms, 1), "top": ka.table(sort_by="self_cuda_time_total", row_limit=20)}
 
 
 def main() -> None:
@@ -138,7 +146,7 @@ def main() -> None:
             report["clips"].append(row)
             print(json.dumps(row), flush=True)
         if torch.cuda.is_available():
-            report["prefill"] = [profile_prefill(engine, n) for n in (100, 400)]
+            report["prefill"] = [profile_prefill(engine, n, a) for n, a in ((100, 0), (100, 40), (400, 120))]
             for row in report["prefill"]:
                 print({k: v for k, v in row.items() if k != "top"}, flush=True)
                 print(row["top"], flush=True)

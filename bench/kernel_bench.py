@@ -5,7 +5,7 @@
 Each op runs 50 times inside one CUDA graph (launch gaps as in the graphed decode step); the median
 per call over 10 replays is reported with the bytes it must move and the bandwidth that implies.
 Shapes are one rank of TP=--tp (heads, KV heads, expert width and vocabulary divided). `--tune`
-sweeps the MoE decode kernels' block sizes and warps (72 compiles per batch: several minutes;
+sweeps the MoE decode kernels' block sizes and warps (90 compiles per batch: several minutes;
 `--tune-batches 1` limits it), printing each setting as it goes and the fastest per batch at the end.
 """
 
@@ -141,7 +141,7 @@ def check_route(layer: Layer) -> dict:
 
 def tune_moe(layer: Layer) -> list:
     rows = []
-    for gu_n, gu_k, gu_w in itertools.product((4, 8, 16, 32), (256, 512, 1024), (2, 4, 8)):
+    for gu_n, gu_k, gu_w in itertools.product((2, 4, 8, 16, 32), (256, 512, 1024), (1, 2, 4)):
         t = {"gu_n": gu_n, "gu_k": gu_k, "gu_warps": gu_w}
         try:
             us = graphed_us(lambda: tk.moe_decode(layer.flat, layer.ids, layer.weights, layer.w_gu, layer.w_dn,
@@ -152,7 +152,7 @@ def tune_moe(layer: Layer) -> list:
         rows.append(("gate_up", t, us))
         print(f"  gate_up {t}: {us:.2f} us", flush=True)
     best_gu = min((r for r in rows if r[2] == r[2]), key=lambda r: r[2])[1]
-    for dn_d, dn_k, dn_w in itertools.product((4, 8, 16, 32), (128, 256, 512), (2, 4, 8)):
+    for dn_d, dn_k, dn_w in itertools.product((2, 4, 8, 16, 32), (128, 256, 512), (1, 2, 4)):
         t = {**best_gu, "dn_d": dn_d, "dn_k": dn_k, "dn_warps": dn_w}
         try:
             us = graphed_us(lambda: tk.moe_decode(layer.flat, layer.ids, layer.weights, layer.w_gu, layer.w_dn,

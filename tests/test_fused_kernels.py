@@ -135,3 +135,17 @@ def test_dit_feedforward_gelu_epilogue_is_the_tanh_gelu():
     with torch.no_grad():
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.testing.assert_close(ff(x), ff.ff(x), atol=1e-5, rtol=1e-5)
+
+
+def test_attention_any_length_grouped_kv_with_mask_equals_sdpa_gqa():
+    """Grouped K/V + mask (thinker prefill) is computed with K/V expanded per query head: same result as
+    SDPA's own enable_gqa path."""
+    from realtime_ming.model.fused import attention_any_length
+
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 8, 5, 16, generator=gen)
+    k, v = (torch.randn(2, 2, 11, 16, generator=gen) for _ in range(2))
+    mask = torch.rand(2, 1, 5, 11, generator=gen) > 0.3
+    mask[..., 0] = True  # no all-masked row
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    torch.testing.assert_close(attention_any_length(q, k, v, attn_mask=mask, enable_gqa=True), want)
