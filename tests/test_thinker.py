@@ -201,3 +201,25 @@ def test_thinker_bf16_close_to_fp32(case, thinker, fixture_root):
     assert out.dtype == torch.float32
     rel = (out - ref).norm() / ref.norm()
     assert rel < 2e-2, rel
+
+
+@torch.no_grad()
+def test_multi_router_route_equals_each_gate_then_override(thinker):
+    """One GEMM over the routers in use + per-token selection == every gate alone, image then audio overriding
+    the text gate where their masks are set (the reference's order)."""
+    block = next(layer.mlp for layer in thinker.model.layers if hasattr(layer.mlp, "audio_gate"))
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(12, thinker.cfg.hidden_size, generator=gen)
+    image = torch.zeros(12, dtype=torch.bool)
+    audio = torch.zeros(12, dtype=torch.bool)
+    image[2:5], audio[6:10], audio[4] = True, True, True  # token 4 in both: audio wins
+    ids, weights = block.gate(x)
+    for mask, gate in ((image, block.image_gate), (audio, block.audio_gate)):
+        m_ids, m_weights = gate(x)
+        ids, weights = torch.where(mask[:, None], m_ids, ids), torch.where(mask[:, None], m_weights, weights)
+    got_ids, got_weights = block.route(x, image, audio)
+    order, got_order = ids.sort(-1).indices, got_ids.sort(-1).indices
+    assert torch.equal(ids.gather(1, order), got_ids.gather(1, got_order))
+    torch.testing.assert_close(got_weights.gather(1, got_order), weights.gather(1, order))
+    assert torch.equal(block.route(x, None, audio)[0].sort(-1).values, torch.where(
+        audio[:, None], block.audio_gate(x)[0], block.gate(x)[0]).sort(-1).values)

@@ -115,8 +115,10 @@ def prenorm_stack(layers, x: torch.Tensor, input_norm, final_norm: "RMSNorm", st
     return h
 
 
-def concat_params(owner: nn.Module, name: str, tensors: tuple[torch.Tensor, ...]) -> torch.Tensor:
-    """`torch.cat(tensors)` along dim 0, cached on `owner` until any of them changes (fused projections).
+def concat_params(owner: nn.Module, name: str, tensors: tuple[torch.Tensor, ...],
+                  dtype: torch.dtype | None = None) -> torch.Tensor:
+    """`torch.cat(tensors)` along dim 0 (cast to `dtype` if given), cached on `owner` until any of them
+    changes (fused projections).
 
     The separate parameters stay the checkpoint's (names, loading, TP narrowing); the fused copy is
     rebuilt when one is reloaded or moved (its storage or version counter changes).
@@ -127,6 +129,8 @@ def concat_params(owner: nn.Module, name: str, tensors: tuple[torch.Tensor, ...]
         return cached[1]
     with torch.no_grad():
         value = torch.cat([t.detach() for t in tensors])
+        if dtype is not None:
+            value = value.to(dtype)
     owner.__dict__[name] = (key, value)
     return value
 

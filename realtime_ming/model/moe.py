@@ -195,15 +195,25 @@ class SparseMoeBlock(nn.Module):
 
     def route(self, x: torch.Tensor, image_mask: torch.Tensor | None = None,
               audio_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [N, D]; masks [N] bool or None -> (ids [N, k], weights [N, k] fp32) per token's gate."""
-        ids, weights = self.gate(x)
-        for mask, gate in ((image_mask, "image_gate"), (audio_mask, "audio_gate")):
-            if mask is None or not self.cfg.is_multi_router:
-                continue
-            m_ids, m_weights = getattr(self, gate)(x)
-            ids = torch.where(mask[:, None], m_ids, ids)
-            weights = torch.where(mask[:, None], m_weights, weights)
-        return ids, weights
+        """x [N, D]; masks [N] bool or None -> (ids [N, k], weights [N, k] fp32) per token's gate.
+
+        With modality masks the routers in use share one fp32 GEMM (their weights concatenated, cached),
+        then each token's own router's logits and bias go through one selection (a token in both masks
+        takes the audio router, as the reference's order of overrides does)."""
+        names = ["gate"] + [g for m, g in ((image_mask, "image_gate"), (audio_mask, "audio_gate"))
+                            if m is not None and self.cfg.is_multi_router]
+        if len(names) == 1:
+            return self.gate(x)
+        gates = [getattr(self, g) for g in names]
+        n, e, c = x.shape[0], self.cfg.num_experts, self.cfg
+        weight = concat_params(self, "_routers_" + "_".join(names), tuple(g.weight for g in gates), torch.float32)
+        logits = F.linear(x.float(), weight).view(n, len(gates), e)
+        which = torch.zeros(n, dtype=torch.int64, device=x.device)
+        for j, g in enumerate(names[1:], 1):
+            which = torch.where((image_mask if g == "image_gate" else audio_mask), j, which)
+        logits = logits.gather(1, which[:, None, None].expand(n, 1, e)).squeeze(1)
+        bias = torch.stack([g.expert_bias for g in gates])[which]  # [N, E]
+        return select_experts(logits, bias, c.num_experts_per_tok, c.n_group, c.topk_group, c.routed_scaling_factor)
 
     def forward(self, x: torch.Tensor, image_mask: torch.Tensor | None = None,
                 audio_mask: torch.Tensor | None = None, routing: list | None = None,
