@@ -76,3 +76,17 @@ def test_resample_torchaudio_compatible_batched_and_length():
     out = resample_torchaudio_compatible(wave, 44100, 16000)
     assert out.shape == (2, 3, -(-4411 * 160 // 441))
     torch.testing.assert_close(out[1, 2], resample_torchaudio_compatible(wave[1, 2], 44100, 16000))
+
+
+@pytest.mark.parametrize("quality", ["HQ", "LQ"])
+def test_stream_resampler_quality_stream_equals_one_shot_and_lag(quality):
+    """Each quality streams to its own one-shot result; the low-latency one (the microphone path) lags 24 kHz
+    input by under 20 ms, HQ by over 30 (an impulse: how much 16 kHz output exists after 220 ms of input)."""
+    rng = np.random.default_rng(7)
+    x = (0.1 * rng.standard_normal(24000)).astype(np.float32)
+    streamed = _stream_in_random_chunks(StreamResampler(24000, 16000, quality), x, rng)
+    assert np.max(np.abs(streamed - resample(x, 24000, 16000, quality))) <= 1e-6
+    resampler = StreamResampler(24000, 16000, quality)
+    emitted = sum(resampler.process(np.zeros(480, dtype=np.float32)).size for _ in range(11))  # 220 ms
+    lag_ms = 220 - emitted / 16
+    assert (lag_ms < 20) if quality == "LQ" else (lag_ms > 30)

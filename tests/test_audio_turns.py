@@ -256,3 +256,45 @@ def test_webrtc_flags_white_noise_as_speech(aggressiveness, dbfs):
     detector = TurnDetector(TurnDetectorConfig(), WebRtcVad(aggressiveness))
     events = detector.feed(_white_noise(dbfs, 3.0, seed=0))
     assert any(isinstance(e, SpeechStarted) for e in events)
+
+
+class LaggingVad:
+    """Energy VAD whose probability stays at 0.9 for `lag` windows after the sound stops (Silero's decay)."""
+
+    window_num_samples = 160
+
+    def __init__(self, lag: int) -> None:
+        self.lag, self._since_loud = lag, 10**9
+
+    def speech_prob(self, window: np.ndarray) -> float:
+        self._since_loud = 0 if np.sqrt(np.mean(window**2)) > 0.01 else self._since_loud + 1
+        return 1.0 if self._since_loud == 0 else 0.9 if self._since_loud <= self.lag else 0.0
+
+    def reset(self) -> None:
+        self._since_loud = 10**9
+
+
+@pytest.mark.parametrize(("lag", "quiet_db", "max_backdate_ms", "end_ms"),
+                         [(6, 40.0, 150, 1800), (6, 0.0, 150, 1860), (6, 40.0, 30, 1830), (0, 40.0, 150, 1800)])
+def test_turn_detector_dates_silence_back_over_quiet_windows(lag, quiet_db, max_backdate_ms, end_ms):
+    """The VAD confirms silence `lag` windows late; the silence is dated back to where the sound stopped (windows
+    quiet_db below the turn's loudest), at most max_backdate_ms; quiet_db 0 keeps the VAD's own date."""
+    x = np.concatenate([_silence(1000), _tone(800), _silence(1000)])
+    config = TurnDetectorConfig(quiet_db=quiet_db, max_backdate_ms=max_backdate_ms)
+    events = TurnDetector(config, LaggingVad(lag)).feed(x)
+    assert events[0] == SpeechStarted(audio_start_ms=700, speech_start_ms=1000)
+    assert events[-1] == SpeechStopped(audio_end_ms=end_ms + config.silence_duration_ms, speech_end_ms=end_ms)
+    assert SpeechPaused(at_ms=end_ms) in events
+
+
+def test_turn_detector_does_not_date_back_over_sound():
+    """Low-level sound after speech (within quiet_db of the loudest window) is not silence: no backdating."""
+    tail = (0.05 * np.sin(2 * np.pi * 300 * np.arange(60 * MS) / SR)).astype(np.float32)  # -16 dB below the tone
+    x = np.concatenate([_silence(1000), _tone(800), tail, _silence(1000)])
+
+    class Stub(LaggingVad):
+        def speech_prob(self, window):  # the tail is scored as fading speech
+            return 1.0 if np.sqrt(np.mean(window**2)) > 0.1 else 0.9 if np.sqrt(np.mean(window**2)) > 0.01 else 0.0
+
+    events = TurnDetector(TurnDetectorConfig(), Stub(0)).feed(x)
+    assert events[-1].speech_end_ms == 1860

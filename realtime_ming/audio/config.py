@@ -24,13 +24,21 @@ class TurnDetectorConfig:
     speculative_pause_ms: int = 120
     # Speech windows (p >= threshold) needed before SpeechStarted: clicks and coughs are not turns.
     min_speech_ms: int = 64
+    # Silero's probability decays for ~30-100 ms after speech ends. When it confirms silence, the silence
+    # is dated back over the run of windows just before it that are this many dB below the turn's loudest
+    # window (at most max_backdate_ms): the silence window then counts from where the sound stopped.
+    # 0 disables (the silence starts at the first window below the silence threshold).
+    quiet_db: float = 40.0
+    max_backdate_ms: int = 150
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.threshold <= 1.0:
             raise ValueError(f"threshold: must be in [0, 1], got {self.threshold}")
         if not 0.0 <= self.hysteresis < 1.0:
             raise ValueError(f"hysteresis: must be in [0, 1), got {self.hysteresis}")
-        for name in ("prefix_padding_ms", "speculative_pause_ms", "min_speech_ms"):
+        if self.quiet_db < 0:
+            raise ValueError(f"quiet_db: must be >= 0, got {self.quiet_db}")
+        for name in ("prefix_padding_ms", "speculative_pause_ms", "min_speech_ms", "max_backdate_ms"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
         if self.silence_duration_ms <= 0:

@@ -109,6 +109,8 @@ class TurnDetector:
         self._speech_start = 0  # sample index of the first speech window of the turn
         self._num_pending_speech = 0  # speech samples counted while PENDING
         self._silence_start: int | None = None  # sample index where the current silence began
+        self._peak_rms = 0.0  # loudest window of the turn so far
+        self._quiet_since: int | None = None  # start of the run of quiet windows ending at the last one
 
     def feed(self, pcm_f32: np.ndarray) -> list[TurnEvent]:
         """Feed float32 16 kHz mono samples [n] (any n); returns the events they complete."""
@@ -125,8 +127,27 @@ class TurnDetector:
             if self._num_buffered == size:
                 self._num_buffered = 0
                 end = self._num_samples
+                self._track_quiet(float(np.sqrt(np.mean(self._window**2))), end - size)
                 self._step(self._vad.speech_prob(self._window), end - size, end, events)
         return events
+
+    def _track_quiet(self, rms: float, start: int) -> None:
+        """Follow the run of windows `quiet_db` below the turn's loudest (outside a turn: nothing)."""
+        if self._state is TurnState.SILENCE or not self.config.quiet_db:
+            self._peak_rms, self._quiet_since = 0.0, None
+            return
+        self._peak_rms = max(self._peak_rms, rms)
+        if rms < self._peak_rms * 10.0 ** (-self.config.quiet_db / 20.0):
+            if self._quiet_since is None:
+                self._quiet_since = start
+        else:
+            self._quiet_since = None
+
+    def _silence_began(self, start: int) -> int:
+        """Where the silence confirmed at window `start` began: back over the quiet windows just before it."""
+        if self._quiet_since is None:
+            return start
+        return max(min(start, self._quiet_since), start - self.config.max_backdate_ms * _SAMPLES_PER_MS)
 
     def _step(self, prob: float, start: int, end: int, events: list[TurnEvent]) -> None:
         """Advance the state machine by one window [start, end) (sample indices) of probability `prob`."""
@@ -161,7 +182,7 @@ class TurnDetector:
         if self._silence_start is None:
             if not is_silence:
                 return
-            self._silence_start = start
+            self._silence_start = self._silence_began(start)
         silence = end - self._silence_start
         silence_start_ms = self._silence_start // _SAMPLES_PER_MS
         if (
