@@ -132,6 +132,12 @@ class Bench:
 
     # ---- ceilings ----------------------------------------------------------------------------
 
+    def _bandwidth(self) -> float:
+        """Copy bandwidth in B/s for the byte floors (measured by the ceilings stage, or now when it was not run)."""
+        if self.bw is None:
+            self.ceilings()
+        return self.bw
+
     def ceilings(self):
         c = measure_ceilings(DEV)
         self.bw = c["copy_GBps"] * 1e9
@@ -227,7 +233,7 @@ class Bench:
         rows = []
         for b in THINKER_BUCKETS:
             fb = self.floor_bytes(thinker, range(1, 2), self.thinker_inputs(thinker, b), lm_head=False)
-            one[b]["floor_ms"] = fb / self.bw * 1e3
+            one[b]["floor_ms"] = fb / self._bandwidth() * 1e3
             one[b]["floor_MB"] = fb / 1e6
             rows.append([b] + [one[b].get(k) for k in ("eager_torch", "graph_torch_gather", "eager_triton",
                                                        "graph_triton", "floor_ms")])
@@ -240,7 +246,7 @@ class Bench:
         rows = []
         for b in THINKER_BUCKETS:
             fb = self.floor_bytes(thinker, range(n), self.thinker_inputs(thinker, b), lm_head=True)
-            stack[b]["floor_ms"] = fb / self.bw * 1e3
+            stack[b]["floor_ms"] = fb / self._bandwidth() * 1e3
             extra = full_layers - n
             full = {k: stack[b][k] + extra * one[b][k] for k in stack[b] if k in one[b] and k != "floor_MB"}
             stack[b]["full32_est"] = full
