@@ -200,17 +200,18 @@ class SparseMoeBlock(nn.Module):
         With modality masks the routers in use share one fp32 GEMM (their weights concatenated, cached),
         then each token's own router's logits and bias go through one selection (a token in both masks
         takes the audio router, as the reference's order of overrides does)."""
-        names = ["gate"] + [g for m, g in ((image_mask, "image_gate"), (audio_mask, "audio_gate"))
-                            if m is not None and self.cfg.is_multi_router]
-        if len(names) == 1:
+        used = [(g, m) for g, m in (("image_gate", image_mask), ("audio_gate", audio_mask))
+                if m is not None and self.cfg.is_multi_router]
+        if not used:
             return self.gate(x)
-        gates = [getattr(self, g) for g in names]
+        gates = [self.gate] + [getattr(self, g) for g, _ in used]
         n, e, c = x.shape[0], self.cfg.num_experts, self.cfg
-        weight = concat_params(self, "_routers_" + "_".join(names), tuple(g.weight for g in gates), torch.float32)
+        name = "_routers_gate_" + "_".join(g for g, _ in used)
+        weight = concat_params(self, name, tuple(g.weight for g in gates), torch.float32)
         logits = F.linear(x.float(), weight).view(n, len(gates), e)
-        which = torch.zeros(n, dtype=torch.int64, device=x.device)
-        for j, g in enumerate(names[1:], 1):
-            which = torch.where((image_mask if g == "image_gate" else audio_mask), j, which)
+        which = torch.zeros(n, dtype=torch.int64, device=x.device)  # 0 = text gate; later masks override
+        for j, (_, mask) in enumerate(used, 1):
+            which = torch.where(mask, j, which)
         logits = logits.gather(1, which[:, None, None].expand(n, 1, e)).squeeze(1)
         bias = torch.stack([g.expert_bias for g in gates])[which]  # [N, E]
         return select_experts(logits, bias, c.num_experts_per_tok, c.n_group, c.topk_group, c.routed_scaling_factor)
