@@ -94,7 +94,8 @@ class StepClock:
 def instrument(engine: Engine) -> StepClock:
     clock = StepClock()
     thinker, talker = engine._thinker, engine._talker
-    clock.wrap(thinker, "step", "thinker_step")
+    clock.wrap(thinker, "launch", "thinker_launch")  # queues the thinker's GPU work
+    clock.wrap(thinker, "collect", "thinker_collect")  # waits for it (after the talker's step)
     clock.wrap(talker, "step", "talker_step")
     clock.wrap(talker, "_advance", "talker_advance", rows=talker.num_streams)  # runs only with streams
     clock.wrap(engine.bundle.talker, "prefill", "talker_prefill")
@@ -172,7 +173,7 @@ def summarise(samples: list[dict]) -> dict:
     return out
 
 
-_THREAD_KEYS = ("thinker_step", "talker_advance", "talker_prefill", "talker_lm", "talker_cfm_tail", "vae_chunk")
+_THREAD_KEYS = ("thinker_launch", "thinker_collect", "talker_advance", "talker_prefill", "talker_lm", "talker_cfm_tail", "vae_chunk")
 
 
 def _mode_markdown(mode: str, summary: dict) -> list[str]:
@@ -197,7 +198,7 @@ def _mode_markdown(mode: str, summary: dict) -> list[str]:
               "| N | " + " | ".join(_THREAD_KEYS) + " | busy / wall |", "|---|" + "---|" * (len(_THREAD_KEYS) + 1)]
     for n in levels:
         per, calls, thread = summary[n]["ms_per_call"], summary[n]["calls"], summary[n]["engine_thread_s"]
-        busy = (thread.get("thinker_step", 0.0) + thread.get("talker_step", 0.0)) / summary[n]["wall_s"]
+        busy = sum(thread.get(k, 0.0) for k in ("thinker_launch", "talker_step", "thinker_collect")) / summary[n]["wall_s"]
         lines.append(f"| {n} | " + " | ".join(f"{per[k]:.1f} ({calls[k]:.0f})" if k in per else "–" for k in _THREAD_KEYS)
                      + f" | {busy:.2f} |")
     return lines + [""]
@@ -215,7 +216,9 @@ def markdown(meta: dict, summary: dict) -> str:
             f"ignore_eos); spoken turns add the talker at {meta['steps_per_word']} steps per word. N turns are "
             f"submitted at once; {meta['rounds']} rounds per level, levels interleaved; medians.")
     legend = ("thinker tok/s = output tokens / (first SUBMITTED → last THINKER_DONE); audio s / wall s and turns/s "
-              "over the level's wall time. `talker_advance` is one batched talker step (it runs only with streams; "
+              "over the level's wall time. Each engine step queues the thinker's work (`thinker_launch`), runs the talker's "
+              "step, then waits for the thinker's tokens (`thinker_collect`: the thinker GPU time the talker step did not "
+              "cover). `talker_advance` is one batched talker step (it runs only with streams; "
               "`talker_lm`, `talker_cfm_tail`, `vae_chunk` are its parts); `talker_prefill` starts one talker job.")
     lines = [f"# Engine benchmark — {meta['date']}", "", device, "", f"Command: `{meta['command']}`", "",
              work, "", legend, ""]

@@ -149,3 +149,20 @@ def test_attention_any_length_grouped_kv_with_mask_equals_sdpa_gqa():
     mask[..., 0] = True  # no all-masked row
     want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
     torch.testing.assert_close(attention_any_length(q, k, v, attn_mask=mask, enable_gqa=True), want)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("t,heads,hd", [(37, 4, 64), (5, 2, 16), (20, 3, 32)])
+def test_dit_rotary_attention_equals_rotary_sdpa_merge(dtype, t, heads, hd):
+    """The DiT's one-kernel attention (interleaved rotary of q/k, softmax attention, heads merged) equals
+    head_rotary -> SDPA -> transpose/reshape, for the DiT's 37 tokens, the aggregator's 5 and an odd width."""
+    from realtime_ming.model import dit_kernels
+    from realtime_ming.model.dit import InterleavedRotary
+
+    qkv = _randn(2, t, 3 * heads * hd, dtype=dtype)
+    cos, sin = InterleavedRotary(hd).to(DEVICE)(t)
+    assert dit_kernels.fits(qkv, heads, cos, force=True)
+    got = dit_kernels.rotary_attention(qkv, heads, cos, sin, force=True)
+    _close(got, dit_kernels.rotary_attention_reference(qkv, heads, cos, sin))
+    # out of the kernel's range: the reference path, same result
+    assert not dit_kernels.fits(qkv[:, :1].expand(2, 200, -1), heads, cos, force=True)

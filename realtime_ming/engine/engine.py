@@ -1,5 +1,9 @@
 """The engine: one thread that steps thinker → segmenter → talker → VAE for every active turn.
 
+Each step queues the thinker's GPU work, runs the talker's step (on its own CUDA stream) while that
+work is in flight, then collects the thinker's tokens: text routed to the talker in one step is spoken
+from the next.
+
 Callers (the session layer, the SDK) submit `TurnRequest`s from any thread; commands enter
 through a thread-safe inbox and are applied at step boundaries, so a cancel never interrupts a
 kernel. Each turn's events go to its `sink`, called on the engine thread (the sink must be
@@ -271,7 +275,11 @@ class Engine:
         self._mark(turn, Stage.ENCODERS_DONE)
 
     def _step(self) -> None:
-        for out in self._thinker.step():
+        # the thinker's step is queued first and collected after the talker's, so the GPU(s) run both at
+        # once (the talker has its own CUDA stream) and each one's host work overlaps the other's kernels
+        launched = self._thinker.launch()
+        spoken = self._talker.step() if self._talker is not None else []
+        for out in self._thinker.collect(launched):
             turn = self._turns.get(out.turn_id)
             if turn is None:
                 continue
@@ -297,7 +305,7 @@ class Engine:
             if turn.segmenter is not None and not turn.thinker_done:
                 self._route_segments(turn, turn.segmenter.tick(now))
         if self._talker is not None:
-            for out in self._talker.step():
+            for out in spoken:
                 turn = self._turns.get(out.turn_id)
                 if turn is None:
                     continue

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["BucketedGraph", "GraphInput", "pick_bucket"]
+__all__ = ["BucketedGraph", "GraphInput", "pick_bucket", "upload"]
 
 Outputs = torch.Tensor | tuple[torch.Tensor, ...]
 
@@ -31,6 +31,15 @@ class GraphInput:
     dtype: torch.dtype
     batch_dim: int | None = 0
     pad: float | int | bool = 0
+
+
+def upload(values, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """A host list as a tensor on `device`, queued without a host sync: a CUDA copy goes through pinned memory
+    (`torch.tensor(values, device=cuda)` copies from pageable memory, which waits for the stream's queued work)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return torch.tensor(values, dtype=dtype, device=device)
+    return torch.tensor(values, dtype=dtype).pin_memory().to(device, non_blocking=True)
 
 
 def pick_bucket(buckets: Sequence[int], batch: int) -> int | None:

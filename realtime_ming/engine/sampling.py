@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from .graphs import upload
+
 __all__ = ["SamplingBatch", "sample"]
 
 
@@ -15,11 +17,13 @@ class SamplingBatch:
     """
 
     def __init__(self, temperatures, top_ps, top_ks, generators, device):
-        self.temperature = torch.tensor(temperatures, dtype=torch.float32, device=device)  # [B]
-        self.top_p = torch.tensor(top_ps, dtype=torch.float32, device=device)  # [B]
-        self.top_k = torch.tensor(top_ks, dtype=torch.int64, device=device)  # [B], 0 = off
-        self.generators = generators  # list[torch.Generator | None], None for greedy rows
         self.all_greedy = all(t == 0 for t in temperatures)
+        self.generators = generators  # list[torch.Generator | None], None for greedy rows
+        if self.all_greedy:  # argmax only: nothing to upload
+            return
+        self.temperature = upload(temperatures, torch.float32, device)  # [B]
+        self.top_p = upload(top_ps, torch.float32, device)  # [B]
+        self.top_k = upload(top_ks, torch.int64, device)  # [B], 0 = off
 
 
 def _exponential_noise(batch: SamplingBatch, shape, device) -> torch.Tensor:

@@ -14,6 +14,7 @@ runs exactly n rows.
 from __future__ import annotations
 
 from collections import deque
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -97,6 +98,11 @@ class TalkerRunner:
         self.prefiller = TalkerPrefiller(self.talker, self.cfg.max_prompt_len, self.cfg.prefill_buckets,
                                          dtype=self.dtype, device=self.device, enforce_eager=cfg.enforce_eager)
         self.seed = cfg.seed
+        # the talker's and the VAE's work goes to their own CUDA streams, so it runs beside the thinker's
+        self._cuda_streams = [torch.cuda.Stream(d) for d in {self.device, self.vae_device} if d.type == "cuda"]
+        for d in {self.device, self.vae_device}:  # the state above was written on this thread's stream
+            if d.type == "cuda":
+                torch.cuda.synchronize(d)
         self.streams: list[_Stream] = []
         self.queues: dict[str, deque[_Job]] = {}
         self._job_count: dict[str, int] = {}  # jobs queued so far per turn (noise seeds)
@@ -136,23 +142,34 @@ class TalkerRunner:
         self.queues.pop(turn_id, None)
         gone = [i for i, s in enumerate(self.streams) if s.job.turn_id == turn_id]
         if gone:
-            self._remove(gone, reset=True)
+            with self._on_streams():
+                self._remove(gone, reset=True)
+
+    @contextmanager
+    def _on_streams(self):
+        """Make the talker's CUDA streams current (each of its devices); everything the runner queues on
+        the GPU goes through here, after the previous step's work (every step ends synchronised)."""
+        with ExitStack() as stack:
+            for stream in self._cuda_streams:
+                stack.enter_context(torch.cuda.stream(stream))
+            yield
 
     def capture(self, progress: Progress | None = None) -> None:
         """Capture the per-bucket step and VAE graphs now (startup); no-op when eager. Else the first step does."""
-        with torch.no_grad():
+        with torch.no_grad(), self._on_streams():
             self.stepper.capture(progress)
             self.vae_step.capture(progress)
             self.prefiller.capture()
 
     # ---- stepping ----------------------------------------------------------------------------
     def step(self) -> list[TalkerOutput]:
-        outputs = self._admit()
-        if not self.streams:
+        with self._on_streams():
+            outputs = self._admit()
+            if not self.streams:
+                return outputs
+            with torch.no_grad():
+                outputs += self._advance()
             return outputs
-        with torch.no_grad():
-            outputs += self._advance()
-        return outputs
 
     def _admit(self) -> list[TalkerOutput]:
         """Start the next job of every turn that has none running, while rows are free (FIFO by turn)."""

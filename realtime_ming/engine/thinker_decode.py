@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from .graphs import BucketedGraph, GraphInput, pick_bucket
+from .graphs import BucketedGraph, GraphInput, pick_bucket, upload
 
 __all__ = ["KV_BLOCK", "ThinkerDecoder", "default_kv_buckets", "eager_kv_len"]
 
@@ -103,7 +103,7 @@ class ThinkerDecoder:
 
     @torch.no_grad()
     def step(self, tokens: list[int], positions: list[int], deltas: list[int], slots: list[int]) -> torch.Tensor:
-        packed = torch.tensor([tokens, positions, deltas, slots], dtype=torch.int64, device=self.device)  # [4, B]
+        packed = upload([tokens, positions, deltas, slots], torch.int64, self.device)  # [4, B]
         tok, pos, delta = (packed[i].unsqueeze(1) for i in range(3))  # [B, 1] each
         needed = max(positions) + 1
         kv = None if self.eager else pick_bucket(self.kv_buckets, needed)

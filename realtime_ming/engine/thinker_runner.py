@@ -25,6 +25,7 @@ from ..model.tokenizer import ChatMessage
 from .api import ContentKind, FinishReason, TurnRequest
 from .config import EngineConfig
 from .models import ModelBundle
+from .graphs import upload
 from .sampling import SamplingBatch, sample
 from .thinker_decode import ThinkerDecoder, default_kv_buckets, eager_kv_len
 from .thinker_prefill import ThinkerPrefiller
@@ -72,6 +73,17 @@ class _Row:
     next_token: int | None = None
     text: str = ""
     emitted: int = 0  # characters of `text` already handed out (stop-string hold-back)
+
+
+@dataclass(frozen=True, slots=True)
+class _Launched:
+    """A thinker step in flight: rows whose prefill completed, rows decoded, their sampled ids (host; ready
+    once `ready` fires on CUDA), in that order."""
+
+    prefilled: list
+    decoded: list
+    tokens: torch.Tensor | None
+    ready: object  # torch.cuda.Event | None
 
 
 def _to_16k(audio: np.ndarray, rate: int) -> np.ndarray:
@@ -252,12 +264,43 @@ class ThinkerRunner:
 
     def step(self) -> list[ThinkerOutput]:
         """One batched prefill chunk (the oldest pending prompts) and one decode step for every generating row."""
-        outputs: list[ThinkerOutput] = []
+        return self.collect(self.launch())
+
+    def launch(self) -> "_Launched":
+        """Queue this step's GPU work (prefill chunk, decode, sampling) and the copy of the sampled ids to
+        the host, without waiting for any of it: the engine steps the talker meanwhile, then `collect`s."""
         decoding = [r for r in self.rows.values() if r.next_token is not None]
-        if self._prefill_queue:
-            outputs += self._prefill()
-        if decoding:
-            outputs += self._decode(decoding)
+        done, sampled = [], []
+        with torch.no_grad():
+            if self._prefill_queue:
+                done, tokens = self._prefill()
+                if done:
+                    sampled.append(tokens)
+            if decoding:
+                sampled.append(self._decode(decoding))
+        if not sampled:
+            return _Launched(done, [], None, None)
+        ids = torch.cat(sampled) if len(sampled) > 1 else sampled[0]
+        if ids.device.type != "cuda":
+            return _Launched(done, decoding, ids, None)
+        host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
+        host.copy_(ids, non_blocking=True)  # the step's one device-to-host copy
+        ready = torch.cuda.Event()
+        ready.record(torch.cuda.current_stream(ids.device))
+        return _Launched(done, decoding, host, ready)
+
+    def collect(self, launched: "_Launched") -> list[ThinkerOutput]:
+        """Wait for a launched step's sampled ids and account them (text, stops, finished rows)."""
+        if launched.ready is not None:
+            launched.ready.synchronize()
+        tokens = launched.tokens.tolist() if launched.tokens is not None else []
+        outputs = []
+        for row, token in zip(launched.prefilled, tokens):
+            outputs.append(ThinkerOutput(row.request.turn_id, prefill_done=True, prompt_tokens=row.prompt_tokens,
+                                         cached_tokens=row.cached_tokens))
+            outputs.append(self._accept(row, token))
+        tokens = tokens[len(launched.prefilled):]
+        outputs += [self._accept(r, t) for r, t in zip(launched.decoded, tokens)]
         return outputs
 
     def _prefill_batch(self) -> list[tuple[_Row, int, int]]:
@@ -272,9 +315,9 @@ class ThinkerRunner:
             width = max(width, take)
         return chosen
 
-    @torch.no_grad()
-    def _prefill(self) -> list[ThinkerOutput]:
-        """Run the chosen chunks as one padded batch (padding: cache position -1, written to the sink)."""
+    def _prefill(self) -> tuple[list[_Row], torch.Tensor | None]:
+        """Run the chosen chunks as one padded batch (padding: cache position -1, written to the sink).
+        -> the rows whose prompt is now complete and their sampled first ids (device)."""
         chosen = self._prefill_batch()
         width = max(end - start for _, start, end in chosen)
         b, dev = len(chosen), self.device
@@ -296,7 +339,7 @@ class ThinkerRunner:
                 own = getattr(prep, name)
                 if own is not None:
                     mask[i, :n] = own[0, start:end]
-        slots = torch.tensor([r.slot.index for r, _, _ in chosen], device=dev)
+        slots = upload([r.slot.index for r, _, _ in chosen], torch.int64, dev)
         if graphed:
             hidden = self.prefiller.step(embeds, rotary, cache_pos, slots, masks["image_mask"], masks["audio_mask"])
         else:
@@ -311,25 +354,19 @@ class ThinkerRunner:
                 done.append(row)
                 last.append(hidden[i, end - start - 1])
         if not done:
-            return []
+            return [], None
         for row in done:
             self._prefill_queue.remove(row.request.turn_id)
             row.prefill = None
-        tokens = sample(self.model.logits(torch.stack(last)), self._sampling(done)).tolist()  # one D2H copy
-        outputs = []
-        for row, token in zip(done, tokens):
-            outputs.append(ThinkerOutput(row.request.turn_id, prefill_done=True, prompt_tokens=row.prompt_tokens,
-                                         cached_tokens=row.cached_tokens))
-            outputs.append(self._accept(row, token))
-        return outputs
+        return done, sample(self.model.logits(torch.stack(last)), self._sampling(done))
 
-    def _decode(self, rows: list[_Row]) -> list[ThinkerOutput]:
+    def _decode(self, rows: list[_Row]) -> torch.Tensor:
+        """One decode step of `rows` -> their sampled ids (device)."""
         logits = self.decoder.step([r.next_token for r in rows], [len(r.slot.ids) for r in rows],
                                    [r.rope_delta for r in rows], [r.slot.index for r in rows])
         for r in rows:
             r.slot.ids.append(r.next_token)
-        sampled = sample(logits, self._sampling(rows)).tolist()  # the step's one device-to-host copy
-        return [self._accept(r, t) for r, t in zip(rows, sampled)]
+        return sample(logits, self._sampling(rows))
 
     def _sampling(self, rows: list[_Row]) -> SamplingBatch:
         sp = [r.request.sampling for r in rows]

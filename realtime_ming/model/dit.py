@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import fused
+from . import dit_kernels, fused
 from .config import DiTConfig
 from .fused import apply_interleaved_rotary
 from .layers import RMSNorm, concat_params, prenorm_stack
@@ -89,14 +89,10 @@ class Attention(nn.Module):
         self.to_out = nn.ModuleList([nn.Linear(dim, dim)])  # index 1 was a Dropout
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        b, t, d = x.shape
         projs = (self.to_q, self.to_k, self.to_v)
         qkv = F.linear(x, concat_params(self, "_qkv_w", tuple(p.weight for p in projs)),
                        concat_params(self, "_qkv_b", tuple(p.bias for p in projs)))
-        q, k, v = fused.head_rotary(qkv, self.heads, self.heads, d // self.heads, cos, sin,
-                                    fused.RotaryStyle.INTERLEAVED_FP32)
-        out = F.scaled_dot_product_attention(q, k, v)
-        return self.to_out[0](out.transpose(1, 2).reshape(b, t, d))
+        return self.to_out[0](dit_kernels.rotary_attention(qkv, self.heads, cos, sin))
 
 
 class FeedForward(nn.Module):

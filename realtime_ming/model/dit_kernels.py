@@ -1,0 +1,112 @@
+"""Triton kernel of the talker's DiT / aggregator attention: rotary + attention + head merge in one launch.
+
+A DiT block's attention over its short sequence (1 condition + 32 history + 4 patch tokens, or the
+aggregator's 5) was four kernels per call on a GPU — the rotary of q and k, cuDNN's attention with
+its memset, and the copy that merges the heads back — ~11 µs of a ~39 µs block, 88 blocks per talker
+step. Here one program per (row, head) reads its q, k, v straight from the fused projection
+[B, T, 3·D], rotates q and k (interleaved pairs, fp32, rounded once: `RotaryStyle.INTERLEAVED_FP32`),
+runs the whole T x T attention in registers (T <= 128) and writes its head's slice of the merged
+output [B, T, D], so the output projection reads it as is.
+
+Numerics: q, k rounded to the activation dtype after the rotary (as `fused.head_rotary`), scores
+and softmax in fp32, the unnormalised probabilities rounded to the activation dtype for the P·V
+product and the sum divided out last (as flash attention does). Dispatch as in `fused`:
+CUDA tensors with Triton, CPU tensors in Triton's interpreter under `fused.interpret_on_cpu()`;
+anything else, and shapes outside the kernel's range, take the reference path.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from . import fused
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - exercised on CPU-only machines
+    triton = None
+
+__all__ = ["rotary_attention", "rotary_attention_reference", "fits"]
+
+MAX_TOKENS = 128  # the whole score tile lives in registers
+
+
+def rotary_attention_reference(qkv: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """qkv [B, T, 3·D] -> bidirectional attention of the rotated heads, merged [B, T, D] (the PyTorch ops)."""
+    b, t, width = qkv.shape
+    d = width // 3
+    q, k, v = fused.head_rotary(qkv, heads, heads, d // heads, cos, sin, fused.RotaryStyle.INTERLEAVED_FP32)
+    return F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, t, d)
+
+
+def fits(qkv: torch.Tensor, heads: int, cos: torch.Tensor, force: bool = False) -> bool:
+    """Whether the kernel serves this call: Triton dispatch, T <= MAX_TOKENS, a power-of-two head dim
+    16..128 rotated whole, one cos/sin table [T, hd] for the batch."""
+    b, t, width = qkv.shape
+    hd = width // 3 // heads if heads else 0
+    return (fused.use_triton(qkv, force) and t <= MAX_TOKENS and width == 3 * heads * hd
+            and 16 <= hd <= 128 and hd & (hd - 1) == 0 and cos.dim() == 2 and tuple(cos.shape) == (t, hd))
+
+
+def rotary_attention(qkv: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor,
+                     force: bool = False) -> torch.Tensor:
+    """`rotary_attention_reference` in one kernel where `fits` (else the reference)."""
+    if not fits(qkv, heads, cos, force):
+        return rotary_attention_reference(qkv, heads, cos, sin)
+    b, t, width = qkv.shape
+    d = width // 3
+    hd = d // heads
+    if qkv.stride(-1) != 1:
+        qkv = qkv.contiguous()
+    cos, sin = cos.float().contiguous(), sin.float().contiguous()
+    out = torch.empty(b, t, d, device=qkv.device, dtype=qkv.dtype)
+    _rotary_attention_kernel[(b * heads,)](
+        qkv, cos, sin, out, t, heads, d, 1.0 / math.sqrt(hd), qkv.stride(0), qkv.stride(1), out.stride(0),
+        out.stride(1), HD=hd, BLOCK_T=max(16, triton.next_power_of_2(t)),
+        PREC="ieee" if qkv.dtype == torch.float32 else "tf32", UPCAST=fused.interpreting(), num_warps=4)
+    return out
+
+
+if triton is not None:
+
+    @triton.jit
+    def _rotary_attention_kernel(qkv_ptr, cos_ptr, sin_ptr, out_ptr, T, H, D, scale,
+                                 stride_qb, stride_qt, stride_ob, stride_ot,
+                                 HD: tl.constexpr, BLOCK_T: tl.constexpr, PREC: tl.constexpr,
+                                 UPCAST: tl.constexpr):
+        """One (row, head): rotate its q and k, softmax(q·kᵀ·scale)·v over the T tokens, store its slice."""
+        pid = tl.program_id(0).to(tl.int64)
+        b = pid // H
+        h = pid % H
+        ty = out_ptr.dtype.element_ty
+        t = tl.arange(0, BLOCK_T)[:, None]
+        d = tl.arange(0, HD)[None, :]
+        live = t < T
+        src = qkv_ptr + b * stride_qb + t * stride_qt + h * HD
+        partner = d ^ 1  # interleaved pairs (2j, 2j+1): rot(x)[2j] = -x[2j+1], rot(x)[2j+1] = x[2j]
+        sign = tl.where(d % 2 == 0, -1.0, 1.0)
+        c = tl.load(cos_ptr + t * HD + d, mask=live, other=1.0)
+        s = tl.load(sin_ptr + t * HD + d, mask=live, other=0.0)
+        q = tl.load(src + d, mask=live, other=0.0).to(tl.float32)
+        qp = tl.load(src + partner, mask=live, other=0.0).to(tl.float32)
+        q = (q * c + sign * qp * s).to(ty)
+        k = tl.load(src + D + d, mask=live, other=0.0).to(tl.float32)
+        kp = tl.load(src + D + partner, mask=live, other=0.0).to(tl.float32)
+        k = (k * c + sign * kp * s).to(ty)
+        v = tl.load(src + 2 * D + d, mask=live, other=0.0)
+        if UPCAST:  # Triton's CPU interpreter mis-multiplies bf16 operands: the same rounded values in fp32
+            q, k, v = q.to(tl.float32), k.to(tl.float32), v.to(tl.float32)
+        scores = tl.dot(q, tl.trans(k), input_precision=PREC)
+        cols = tl.arange(0, BLOCK_T)[None, :]
+        scores = tl.where(cols < T, scores * scale, float("-inf"))
+        p = tl.exp(scores - tl.max(scores, axis=1)[:, None])
+        total = tl.sum(p, axis=1)[:, None]
+        p = p.to(ty)  # rounded to the activation dtype before P·V, as flash attention does
+        if UPCAST:
+            p = p.to(tl.float32)
+        o = tl.dot(p, v, input_precision=PREC)
+        tl.store(out_ptr + b * stride_ob + t * stride_ot + h * HD + d, (o / total).to(ty), mask=live)
