@@ -2,7 +2,7 @@
 or any engine config (e.g. the full-size shapes on a GPU with --config).
 
     python -m bench.engine_bench [--levels 1,4,16] [--modes spoken,text] [--rounds 3] [--max-tokens 32]
-                                 [--steps-per-word 2] [--threads 0] [--out DIR] [--config FILE --set a.b=c ...]
+                                 [--steps-per-word 2] [--waves 1] [--threads 0] [--out DIR] [--config FILE --set a.b=c ...]
 
 Every turn has a fixed amount of work: the thinker emits `--max-tokens` tokens of a scripted reply
 (`forced_reply`, so the segmenter and talker see real words; every model computation still runs);
@@ -111,26 +111,34 @@ def _request(turn_id: str, index: int, max_tokens: int, with_audio: bool) -> Tur
                        sampling=SamplingParams(max_tokens=max_tokens, ignore_eos=True, seed=index))
 
 
-def run_level(engine: Engine, clock: StepClock, mode: str, n: int, round_index: int, max_tokens: int) -> dict:
-    """Submit n turns at once and wait for all of them; returns the level's measurements."""
+def run_level(engine: Engine, clock: StepClock, mode: str, n: int, round_index: int, max_tokens: int,
+              waves: int = 1) -> dict:
+    """n turns in flight until n x waves have run (waves 1: one burst of n submitted at once; more: a closed
+    loop, each finished turn replaced by a new one); returns the level's measurements."""
     done = threading.Event()
     results: dict[str, object] = {}
     lock = threading.Lock()
+    total = n * waves
+    ids = [f"{mode}-r{round_index}-n{n}-{i}" for i in range(total)]
+    submitted = [n]
 
     def sink(event):
         if isinstance(event, (TurnDone, TurnFailed, TurnCancelled)):
             with lock:
                 results[event.turn_id] = event
-                if len(results) == n:
+                if submitted[0] < total:  # closed loop: the next turn takes the finished one's place
+                    i = submitted[0]
+                    submitted[0] += 1
+                    engine.submit(_request(ids[i], i, max_tokens, mode == "spoken"), sink)
+                if len(results) == total:
                     done.set()
 
     clock.reset()
-    ids = [f"{mode}-r{round_index}-n{n}-{i}" for i in range(n)]
     t0 = time.monotonic()
-    for i, turn_id in enumerate(ids):
+    for i, turn_id in enumerate(ids[:n]):
         engine.submit(_request(turn_id, i, max_tokens, mode == "spoken"), sink)
     if not done.wait(600):
-        raise RuntimeError(f"{mode} N={n}: only {len(results)} of {n} turns finished")
+        raise RuntimeError(f"{mode} N={n}: only {len(results)} of {total} turns finished")
     wall = time.monotonic() - t0
     for turn_id in ids:
         engine.close_conversation(turn_id)
@@ -145,8 +153,8 @@ def run_level(engine: Engine, clock: StepClock, mode: str, n: int, round_index: 
     thinker_span = max(d.stages[Stage.THINKER_DONE] for d in turns) - min(d.stages[Stage.SUBMITTED] for d in turns)
     audio_s = sum(d.audio_samples for d in turns) / OUTPUT_SAMPLE_RATE_HZ
     return {
-        "mode": mode, "n": n, "round": round_index, "wall_s": wall, "tokens": tokens, "audio_s": audio_s,
-        "thinker_tok_per_s": tokens / thinker_span, "audio_s_per_wall_s": audio_s / wall, "turns_per_s": n / wall,
+        "mode": mode, "n": n, "turns": total, "round": round_index, "wall_s": wall, "tokens": tokens, "audio_s": audio_s,
+        "thinker_tok_per_s": tokens / thinker_span, "audio_s_per_wall_s": audio_s / wall, "turns_per_s": total / wall,
         "stages_ms": stages, "engine_thread_s": dict(clock.seconds), "calls": dict(clock.calls),
         "mean_talker_streams": clock.rows["talker_advance"] / max(1, clock.calls["talker_advance"]),
     }
@@ -164,7 +172,8 @@ def summarise(samples: list[dict]) -> dict:
         out.setdefault(mode, {})[n] = {
             "wall_s": med("wall_s"), "thinker_tok_per_s": med("thinker_tok_per_s"),
             "audio_s_per_wall_s": med("audio_s_per_wall_s"), "turns_per_s": med("turns_per_s"),
-            "audio_s_per_turn": med("audio_s") / n, "mean_talker_streams": med("mean_talker_streams"),
+            "audio_s_per_turn": statistics.median(r["audio_s"] / r.get("turns", n) for r in rows),
+            "mean_talker_streams": med("mean_talker_streams"),
             "stages_ms": {st: statistics.median(v for r in rows for v in r["stages_ms"][st])
                           for st in rows[0]["stages_ms"] if any(r["stages_ms"][st] for r in rows)},
             "engine_thread_s": thread, "calls": calls,
@@ -213,8 +222,11 @@ def markdown(meta: dict, summary: dict) -> str:
                   + (f", thinker as one rank of TP={ec['bench_tp_shadow']} with collectives skipped"
                      if ec.get("bench_tp_shadow", 1) > 1 else "") + ")")
     work = (f"Model: {model}. Every turn: {meta['max_tokens']} thinker tokens (forced reply, "
-            f"ignore_eos); spoken turns add the talker at {meta['steps_per_word']} steps per word. N turns are "
-            f"submitted at once; {meta['rounds']} rounds per level, levels interleaved; medians.")
+            f"ignore_eos); spoken turns add the talker at {meta['steps_per_word']} steps per word. "
+            + ("N turns are submitted at once" if meta.get("waves", 1) == 1 else
+               f"N turns in flight, closed loop: each finished turn is replaced at once until N × {meta['waves']} "
+               "have run (turns/s = all of them / wall)")
+            + f"; {meta['rounds']} rounds per level, levels interleaved; medians.")
     legend = ("thinker tok/s = output tokens / (first SUBMITTED → last THINKER_DONE); audio s / wall s and turns/s "
               "over the level's wall time. Each engine step queues the thinker's work (`thinker_launch`), runs the talker's "
               "step, then waits for the thinker's tokens (`thinker_collect`: the thinker GPU time the talker step did not "
@@ -242,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--steps-per-word", type=int, default=2)
+    ap.add_argument("--waves", type=int, default=1, help="1: each level is one burst of N turns; W > 1: a closed "
+                    "loop keeping N turns in flight until N x W have run (steady-state throughput)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = leave torch's default)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--config", default=None, help="a server config whose engine section to use (e.g. "
@@ -280,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(args.rounds):
             for mode in modes:
                 for n in levels:
-                    s = run_level(engine, clock, mode, n, r, args.max_tokens)
+                    s = run_level(engine, clock, mode, n, r, args.max_tokens, args.waves)
                     samples.append(s)
                     print(f"round {r} {mode:>6} N={n:>2}: wall {s['wall_s']:.2f} s, thinker {s['thinker_tok_per_s']:.0f} "
                           f"tok/s, {s['audio_s_per_wall_s']:.2f} audio s/s, {s['turns_per_s']:.2f} turns/s", flush=True)
@@ -292,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
                                  else f"{_cpu_model()} ({os.cpu_count()} CPUs visible)"), "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(), "python": platform.python_version(), "commit": _commit(),
         "command": "python -m bench.engine_bench " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "max_tokens": args.max_tokens, "steps_per_word": args.steps_per_word, "rounds": args.rounds,
+        "max_tokens": args.max_tokens, "steps_per_word": args.steps_per_word, "rounds": args.rounds, "waves": args.waves,
         "levels": levels, "modes": modes, "engine_config": dataclasses.asdict(cfg), "loadavg": load_at_start,
     }
     out.mkdir(parents=True, exist_ok=True)
