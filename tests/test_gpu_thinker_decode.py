@@ -158,6 +158,67 @@ def test_bf16_graphed_decoder_within_bf16_tolerance_of_fp32(fixture_root):
     assert float(cos.min()) > 0.99, cos
 
 
+def _prefill_rows(thinker, device, lengths, starts, seed=0):
+    """Inputs of one padded multi-row prefill chunk: rows of `lengths` tokens continuing at `starts`."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    r, w = len(lengths), max(lengths)
+    emb = torch.zeros(r, w, thinker.cfg.hidden_size, device=device)
+    cpos = torch.full((r, w), -1, dtype=torch.int64, device=device)
+    for i, (t, start) in enumerate(zip(lengths, starts)):
+        emb[i, :t] = thinker.embed(torch.randint(0, 400, (1, t), device=device, generator=gen))[0]
+        cpos[i, :t] = torch.arange(start, start + t, device=device)
+    rot = cpos.clamp(min=0)[None].expand(3, r, w).contiguous()
+    audio = (torch.rand(r, w, device=device, generator=gen) < 0.5) & (cpos >= 0)
+    return emb, rot, cpos, torch.zeros_like(audio), audio
+
+
+def test_prefiller_pads_rows_to_a_bucket_with_sink_writes_only(fixture_root):
+    """Three prompts prefilled as one chunk through the 4-row bucket (the fourth row padding, slot 0, every
+    position -1) give the plain forward's hidden states for the three rows and leave every other slot's
+    K/V as they were (CPU: the eager path of the same padding code)."""
+    thinker = load_thinker(fixture_root)
+    caches = [ThinkerKVCache.allocate(thinker.cfg, 5, 128) for _ in range(2)]
+    for c in caches:
+        c.k.normal_(generator=torch.Generator().manual_seed(3))
+    pre = ThinkerPrefiller(thinker, caches[0], (16, 32), dtype=torch.float32, device="cpu", rows=(1, 2, 4), tokens=128)
+    assert set(pre.graphs) == {1, 2, 4} and pre.graphs[4].buckets == (16, 32)
+    emb, rot, cpos, image, audio = _prefill_rows(thinker, "cpu", (7, 20, 13), (0, 5, 0))
+    slots = torch.tensor([1, 3, 4])
+    with torch.no_grad():
+        got = pre.step(emb, rot, cpos, slots, image, audio)
+        want = thinker(emb, rot, cache=caches[1], slots=slots, cache_positions=cpos, kv_len=128, image_mask=image,
+                       audio_mask=audio)
+    assert got.shape == want.shape == (3, 20, thinker.cfg.hidden_size)
+    live = cpos >= 0
+    torch.testing.assert_close(got[live], want[live], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(caches[0].k[:, :, :, :128], caches[1].k[:, :, :, :128])  # slot 0 untouched too
+
+
+@cuda
+def test_graphed_multi_row_prefill_equals_eager(fixture_root):
+    """Several prompts as one graphed chunk (rows padded to the bucket, widths to theirs) equal the eager
+    prefill of the same rows, hidden states and K/V."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    thinker = load_thinker(fixture_root, device="cuda")
+    caches = [ThinkerKVCache.allocate(thinker.cfg, 6, 256, device="cuda") for _ in range(2)]
+    pre = ThinkerPrefiller(thinker, caches[0], (16, 32, 64), dtype=torch.float32, device="cuda", rows=(1, 2, 4, 8),
+                           tokens=128)
+    pre.capture()
+    assert pre.fits(30, 3) and pre.fits(16, 8) and not pre.fits(40, 3) and not pre.fits(8, 9)
+    for lengths, starts, slots in (((7, 30, 12), (0, 0, 3), [1, 2, 5]), ((16, 9, 3, 11, 5), (0, 2, 0, 0, 0),
+                                                                          [0, 1, 2, 3, 4])):
+        emb, rot, cpos, image, audio = _prefill_rows(thinker, "cuda", lengths, starts)
+        slot_t = torch.tensor(slots, device="cuda")
+        with torch.no_grad():
+            got = pre.step(emb, rot, cpos, slot_t, image, audio).clone()
+            want = thinker(emb, rot, cache=caches[1], slots=slot_t, cache_positions=cpos, kv_len=256,
+                           image_mask=image, audio_mask=audio)
+        live = cpos >= 0
+        torch.testing.assert_close(got[live], want[live], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(caches[0].k[:, :, :, :256], caches[1].k[:, :, :, :256], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(caches[0].v[:, :, :, :256], caches[1].v[:, :, :, :256], rtol=1e-5, atol=1e-5)
+
+
 @cuda
 def test_graphed_prefill_equals_eager_prefill(fixture_root):
     """Padded width buckets (sink-written padding, whole-slot attention) give the eager prefill's hidden

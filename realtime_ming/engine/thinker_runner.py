@@ -113,14 +113,17 @@ class ThinkerRunner:
         buckets = (self.cfg.decode_buckets, self.cfg.kv_buckets or default_kv_buckets(self.cfg.max_seq_len))
         widths = tuple(w for w in self.cfg.prefill_buckets if w <= self.cfg.prefill_chunk_tokens)
         graphs = not cfg.enforce_eager and self.device.type == "cuda"
+        # several prompts arriving together prefill as one graphed chunk: rows x width <= prefill_chunk_tokens
+        shape = dict(rows=tuple(r for r in self.cfg.decode_buckets if r <= self.cfg.max_batch),
+                     tokens=self.cfg.prefill_chunk_tokens)
         if hasattr(self.model, "decoder"):  # tensor-parallel proxy: a decoder (and prefiller) on every rank
             self.decoder = self.model.decoder(self.cache, *buckets, enforce_eager=cfg.enforce_eager)
-            self.prefiller = self.model.prefiller(self.cache, widths) if graphs and widths else None
+            self.prefiller = self.model.prefiller(self.cache, widths, **shape) if graphs and widths else None
         else:
             self.decoder = ThinkerDecoder(self.model, self.cache, *buckets, device=self.device,
                                           enforce_eager=cfg.enforce_eager)
-            self.prefiller = (ThinkerPrefiller(self.model, self.cache, widths, dtype=bundle.dtype, device=self.device)
-                              if graphs and widths else None)
+            self.prefiller = (ThinkerPrefiller(self.model, self.cache, widths, dtype=bundle.dtype, device=self.device,
+                                               **shape) if graphs and widths else None)
 
     # ---- bookkeeping --------------------------------------------------------------------------
     def has_work(self) -> bool:
@@ -325,7 +328,7 @@ class ThinkerRunner:
         embeds = first.inputs_embeds.new_zeros(b, width, first.inputs_embeds.shape[-1])  # [B, W, D]
         rotary = torch.zeros(3, b, width, dtype=torch.int64, device=dev)  # [3, B, W]
         cache_pos = torch.full((b, width), -1, dtype=torch.int64, device=dev)  # [B, W]
-        graphed = b == 1 and self.prefiller is not None and self.prefiller.fits(width)
+        graphed = self.prefiller is not None and self.prefiller.fits(width, b)
         masks = {}
         for name in ("image_mask", "audio_mask"):  # the graphs always take both
             if graphed or any(getattr(r.prefill, name) is not None for r, _, _ in chosen):

@@ -149,7 +149,7 @@ def _worker(rank: int, launch: TPLaunch) -> None:
             elif method == "decoder_step":
                 decoder.step(*args)
             elif method == "prefiller_init":
-                prefiller = ThinkerPrefiller(thinker, cache, *args, dtype=launch.dtype, device=device)
+                prefiller = ThinkerPrefiller(thinker, cache, *args, dtype=launch.dtype, device=device, **kwargs)
             elif method == "prefiller_capture":
                 prefiller.capture()
             elif method == "prefiller_step":
@@ -183,11 +183,12 @@ class ThinkerProxy:
         return _ProxyDecoder(ThinkerDecoder(self.local, cache, *args, device=self.device, enforce_eager=enforce_eager),
                              self.device)
 
-    def prefiller(self, cache: ThinkerKVCache, widths) -> "_ProxyPrefiller":
+    def prefiller(self, cache: ThinkerKVCache, widths, *, rows=(1,), tokens: int | None = None) -> "_ProxyPrefiller":
         """A `ThinkerPrefiller` on every rank (each over its own cache shard); calls go to all of them."""
-        _publish("prefiller_init", (tuple(widths),), {}, self.device)
+        shape = {"rows": tuple(rows), "tokens": tokens}
+        _publish("prefiller_init", (tuple(widths),), shape, self.device)
         return _ProxyPrefiller(ThinkerPrefiller(self.local, cache, tuple(widths), dtype=self.launch.dtype,
-                                                device=self.device), self.device)
+                                                device=self.device, **shape), self.device)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self._call("embed", ids)
@@ -242,8 +243,8 @@ class _ProxyDecoder(_ProxyGraphs):
 class _ProxyPrefiller(_ProxyGraphs):
     name = "prefiller"
 
-    def fits(self, width: int) -> bool:
-        return self.local.fits(width)
+    def fits(self, width: int, rows: int = 1) -> bool:
+        return self.local.fits(width, rows)
 
     def step(self, embeds, rotary, cpos, slots, image_mask, audio_mask) -> torch.Tensor:
         inputs = dict(embeds=embeds, rotary=rotary, cpos=cpos, slots=slots, image_mask=image_mask,
