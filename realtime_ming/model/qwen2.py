@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import fused
+from . import fused, thinker_kernels
 from .config import Qwen2Config
 from .layers import RMSNorm, concat_params, prenorm_stack, rope_inv_freq
 
@@ -118,7 +118,9 @@ class Qwen2Attention(nn.Module):
         self.v_proj = nn.Linear(h, self.num_kv * self.head_dim, bias=True)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, h, bias=False)
 
-    def forward(self, x, cos, sin, mask, cache_kv=None, slots=None):
+    def forward(self, x, cos, sin, mask, cache_kv=None, slots=None, lengths=None):
+        """`lengths` [B] (one new token per row, no window): row b attends cache slots [0, lengths[b]) with
+        the fused decode kernel instead of `mask`."""
         b, t, _ = x.shape
         projs = (self.q_proj, self.k_proj, self.v_proj)
         qkv = F.linear(x, concat_params(self, "_qkv_w", tuple(p.weight for p in projs)),
@@ -131,6 +133,9 @@ class Qwen2Attention(nn.Module):
             k, v = ck, cv
         else:
             q, k, v = fused.head_rotary(qkv, self.num_heads, self.num_kv, self.head_dim, cos, sin, style)
+        if lengths is not None:
+            rows = torch.arange(b, device=x.device)
+            return self.o_proj(thinker_kernels.decode_attention(q, k, v, rows, lengths).reshape(b, t, -1))
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.num_kv != self.num_heads)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
@@ -161,8 +166,8 @@ class Qwen2Layer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, h, cos, sin, mask, cache_kv=None, slots=None):
-        h, x = self.post_attention_layernorm.add(x, self.self_attn(h, cos, sin, mask, cache_kv, slots))
+    def forward(self, x, h, cos, sin, mask, cache_kv=None, slots=None, lengths=None):
+        h, x = self.post_attention_layernorm.add(x, self.self_attn(h, cos, sin, mask, cache_kv, slots, lengths))
         return x, self.mlp(h)
 
 
@@ -191,12 +196,19 @@ class Qwen2Model(nn.Module):
             slots = cache.write_positions(positions)
             k_pos = cache.slot_pos
         masks: dict[int | None, torch.Tensor] = {}
+        lengths = None
+        if cache is not None and positions.shape[1] == 1 and fused.use_triton(inputs_embeds):
+            # decode: a window-less layer's row sees cache slots 0..position (no wrap: without a window the
+            # capacity exceeds the longest sequence); padding rows (-1) read one slot, their output is dropped
+            lengths = (positions[:, 0] + 1).clamp(1, cache.capacity)
 
         def step(i, layer, x, h):
             window = self.cfg.layer_window(i)
+            kv = (cache.k[i], cache.v[i]) if cache is not None else None
+            if window is None and lengths is not None:
+                return layer(x, h, cos, sin, None, kv, slots, lengths)
             if window not in masks:
                 masks[window] = causal_window_mask(positions, k_pos, window)
-            kv = (cache.k[i], cache.v[i]) if cache is not None else None
             return layer(x, h, cos, sin, masks[window], kv, slots)
 
         return prenorm_stack(self.layers, inputs_embeds, lambda layer: layer.input_layernorm, self.norm, step)
