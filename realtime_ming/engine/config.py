@@ -31,9 +31,7 @@ class ThinkerRunnerConfig:
     max_seq_len: int = 4096  # tokens per slot (prompt + history + output)
     max_batch: int = 16  # decode rows per step
     prefill_chunk_tokens: int = 256  # chunked prefill: at most this many (padded) prompt tokens per step
-    # CUDA-graph batch buckets of the decode step: a padding row costs a real row's expert reads, so above 4
-    # rows every even count has its own graph
-    decode_buckets: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 10, 12, 14, 16)
+    decode_buckets: tuple[int, ...] = (1, 2, 4, 8, 16)  # CUDA-graph batch buckets of the decode step
     kv_buckets: tuple[int, ...] | None = None  # CUDA-graph attention lengths; None = 512, 1024, ... max_seq_len
     # CUDA-graph widths of a one-row prefill chunk (capped at prefill_chunk_tokens); () = prefill always eager
     prefill_buckets: tuple[int, ...] = (32, 64, 128, 192, 256, 384, 512)
@@ -57,8 +55,7 @@ class TalkerRunnerConfig:
     cfg_strength: float = 2.0
     sigma: float = 0.25
     temperature: float = 0.0
-    # CUDA-graph batch buckets of the talker step and VAE chunk (a padding row costs a real row's compute)
-    buckets: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 10, 12, 14, 16)
+    buckets: tuple[int, ...] = (1, 2, 4, 8, 16)
     prefill_buckets: tuple[int, ...] = (32, 64, 96, 128, 192, 256)  # CUDA-graph prompt lengths of a new stream
     steps_per_word: int = 0  # >0: benchmarks fix the talker length (ignore the stop head)
     silence_holder: bool = True  # the reference's trailing-silence holder on each stream (§6.4)

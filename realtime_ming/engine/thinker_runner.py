@@ -114,8 +114,7 @@ class ThinkerRunner:
         widths = tuple(w for w in self.cfg.prefill_buckets if w <= self.cfg.prefill_chunk_tokens)
         graphs = not cfg.enforce_eager and self.device.type == "cuda"
         # several prompts arriving together prefill as one graphed chunk: rows x width <= prefill_chunk_tokens
-        # (rows in powers of two: a prefill reads most experts whatever its width, padding rows cost little)
-        shape = dict(rows=tuple(1 << i for i in range(self.cfg.max_batch.bit_length())),
+        shape = dict(rows=tuple(r for r in self.cfg.decode_buckets if r <= self.cfg.max_batch),
                      tokens=self.cfg.prefill_chunk_tokens)
         if hasattr(self.model, "decoder"):  # tensor-parallel proxy: a decoder (and prefiller) on every rank
             self.decoder = self.model.decoder(self.cache, *buckets, enforce_eager=cfg.enforce_eager)
