@@ -256,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps-per-word", type=int, default=2)
     ap.add_argument("--waves", type=int, default=1, help="1: each level is one burst of N turns; W > 1: a closed "
                     "loop keeping N turns in flight until N x W have run (steady-state throughput)")
+    ap.add_argument("--profile", action="store_true", help="last, one more closed-loop round of the largest level "
+                    "under torch.profiler: the host calls and kernels with the most time -> profile.md, trace.json.gz")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = leave torch's default)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--config", default=None, help="a server config whose engine section to use (e.g. "
@@ -298,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
                     samples.append(s)
                     print(f"round {r} {mode:>6} N={n:>2}: wall {s['wall_s']:.2f} s, thinker {s['thinker_tok_per_s']:.0f} "
                           f"tok/s, {s['audio_s_per_wall_s']:.2f} audio s/s, {s['turns_per_s']:.2f} turns/s", flush=True)
+        if args.profile:
+            profile_round(engine, clock, modes[0], max(levels), args.max_tokens, max(2, args.waves), out)
     finally:
         engine.close()
     summary = summarise(samples)
@@ -316,6 +320,66 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown(meta, summary))
     print(f"wrote {out}/engine_bench.json and engine_bench.md")
     return 0
+
+
+def profile_round(engine: Engine, clock: StepClock, mode: str, n: int, max_tokens: int, waves: int, out: Path) -> None:
+    """One closed-loop round under torch.profiler (CPU + CUDA): where the engine thread's time goes (CUDA
+    runtime calls that block: synchronisations, copies from pageable memory, graph launches into a full
+    queue) and which kernels fill the GPU. Writes out/profile.md and out/trace.json.gz (chrome://tracing)."""
+    import gzip
+
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    out.mkdir(parents=True, exist_ok=True)
+    with torch.profiler.profile(activities=activities) as prof:
+        s = run_level(engine, clock, mode, n, 99, max_tokens, waves)
+    ka = prof.key_averages()
+    lines = [f"# engine_bench profile: {mode} N={n}, closed loop x{waves}, {s['turns_per_s']:.2f} turns/s "
+             f"(wall {s['wall_s']:.2f} s, under the profiler)", "",
+             "## host: self CPU time", "", "```", ka.table(sort_by="self_cpu_time_total", row_limit=30), "```"]
+    if torch.cuda.is_available():
+        lines += ["", "## GPU: self CUDA time", "", "```", ka.table(sort_by="self_cuda_time_total", row_limit=30), "```"]
+    trace = out / "trace.json"
+    prof.export_chrome_trace(str(trace))
+    lines += trace_summary(json.loads(trace.read_text()))
+    (out / "profile.md").write_text("\n".join(lines) + "\n")
+    with open(trace, "rb") as src, gzip.open(str(trace) + ".gz", "wb") as dst:
+        dst.write(src.read())
+    trace.unlink()
+    print(f"wrote {out}/profile.md and trace.json.gz", flush=True)
+
+
+def trace_summary(trace: dict) -> list[str]:
+    """From a chrome trace: how busy the GPU was (union of kernel time, and per stream) over the traced span,
+    and the CUDA runtime calls (every host thread) with the most time — blocking ones show up there."""
+    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
+    kernels = sorted((e["ts"], e["ts"] + e["dur"], e.get("tid")) for e in events if e.get("cat") in ("kernel", "gpu_memcpy"))
+    if not kernels:
+        return []
+    span = kernels[-1][1] - kernels[0][0]
+    busy, end = 0.0, kernels[0][0]
+    for a, b, _ in kernels:  # union of the intervals
+        if b > end:
+            busy += b - max(a, end)
+            end = b
+    per_stream: dict = defaultdict(float)
+    for a, b, tid in kernels:
+        per_stream[tid] += b - a
+    runtime: dict = defaultdict(lambda: [0, 0.0, 0.0])
+    for e in events:
+        if e.get("cat") == "cuda_runtime":
+            r = runtime[e["name"]]
+            r[0] += 1
+            r[1] += e["dur"]
+            r[2] = max(r[2], e["dur"])
+    lines = ["", f"## GPU occupancy over the traced {span / 1e3:.0f} ms: some kernel running {100 * busy / span:.0f}% "
+             "of the time", "", "| stream | kernel ms | share of the span |", "|---|---|---|"]
+    lines += [f"| {tid} | {t / 1e3:.0f} | {100 * t / span:.0f}% |" for tid, t in sorted(per_stream.items(), key=lambda kv: -kv[1])]
+    lines += ["", "## CUDA runtime calls (all host threads)", "", "| call | count | total ms | max ms |", "|---|---|---|---|"]
+    lines += [f"| {name} | {c} | {t / 1e3:.1f} | {m / 1e3:.2f} |"
+              for name, (c, t, m) in sorted(runtime.items(), key=lambda kv: -kv[1][1])[:15]]
+    return lines
 
 
 def _cpu_model() -> str:
