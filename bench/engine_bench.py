@@ -96,8 +96,9 @@ def instrument(engine: Engine) -> StepClock:
     thinker, talker = engine._thinker, engine._talker
     clock.wrap(thinker, "launch", "thinker_launch")  # queues the thinker's GPU work
     clock.wrap(thinker, "collect", "thinker_collect")  # waits for it (after the talker's step)
-    clock.wrap(talker, "step", "talker_step")
-    clock.wrap(talker, "_advance", "talker_advance", rows=talker.num_streams)  # runs only with streams
+    clock.wrap(talker, "launch", "talker_launch")  # starts jobs, queues the step's graph
+    clock.wrap(talker, "finish", "talker_finish")  # waits for it: stop decisions, VAE chunk, PCM
+    clock.wrap(talker, "_launch_advance", "talker_advance", rows=talker.num_streams)  # runs only with streams
     clock.wrap(engine.bundle.talker, "prefill", "talker_prefill")
     clock.wrap(engine.bundle.talker, "decode_lm", "talker_lm")
     clock.wrap(engine.bundle.talker, "tail_step", "talker_cfm_tail")
@@ -182,7 +183,8 @@ def summarise(samples: list[dict]) -> dict:
     return out
 
 
-_THREAD_KEYS = ("thinker_launch", "thinker_collect", "talker_advance", "talker_prefill", "talker_lm", "talker_cfm_tail", "vae_chunk")
+_THREAD_KEYS = ("thinker_launch", "thinker_collect", "talker_launch", "talker_finish", "talker_prefill", "talker_lm",
+                "talker_cfm_tail", "vae_chunk")
 
 
 def _mode_markdown(mode: str, summary: dict) -> list[str]:
@@ -207,7 +209,7 @@ def _mode_markdown(mode: str, summary: dict) -> list[str]:
               "| N | " + " | ".join(_THREAD_KEYS) + " | busy / wall |", "|---|" + "---|" * (len(_THREAD_KEYS) + 1)]
     for n in levels:
         per, calls, thread = summary[n]["ms_per_call"], summary[n]["calls"], summary[n]["engine_thread_s"]
-        busy = sum(thread.get(k, 0.0) for k in ("thinker_launch", "talker_step", "thinker_collect")) / summary[n]["wall_s"]
+        busy = sum(thread.get(k, 0.0) for k in _THREAD_KEYS[:4]) / summary[n]["wall_s"]
         lines.append(f"| {n} | " + " | ".join(f"{per[k]:.1f} ({calls[k]:.0f})" if k in per else "–" for k in _THREAD_KEYS)
                      + f" | {busy:.2f} |")
     return lines + [""]
@@ -228,10 +230,11 @@ def markdown(meta: dict, summary: dict) -> str:
                "have run (turns/s = all of them / wall)")
             + f"; {meta['rounds']} rounds per level, levels interleaved; medians.")
     legend = ("thinker tok/s = output tokens / (first SUBMITTED → last THINKER_DONE); audio s / wall s and turns/s "
-              "over the level's wall time. Each engine step queues the thinker's work (`thinker_launch`), runs the talker's "
-              "step, then waits for the thinker's tokens (`thinker_collect`: the thinker GPU time the talker step did not "
-              "cover). `talker_advance` is one batched talker step (it runs only with streams; "
-              "`talker_lm`, `talker_cfm_tail`, `vae_chunk` are its parts); `talker_prefill` starts one talker job.")
+              "over the level's wall time. Engine thread, per engine step: `talker_launch` starts talker jobs and queues "
+              "the talker's step, `thinker_collect` waits for the thinker step in flight and takes its tokens, "
+              "`thinker_launch` queues the next thinker step, `talker_finish` waits for the talker's step (stop "
+              "decisions, `vae_chunk`, PCM); `talker_prefill` starts one talker job; `talker_lm` / `talker_cfm_tail` "
+              "show only when the talker runs eagerly.")
     lines = [f"# Engine benchmark — {meta['date']}", "", device, "", f"Command: `{meta['command']}`", "",
              work, "", legend, ""]
     for mode, levels in summary.items():

@@ -474,3 +474,24 @@ def test_engine_failing_turns_do_not_affect_a_running_turn(make_engine):
     _assert_identical(solo, main)
     stats = engine.stats()
     assert (stats.turns, stats.thinker_rows, stats.talker_streams) == (0, 0, 0)
+
+
+def test_thinker_step_in_flight_skips_rows_cancelled_meanwhile(fixture_root, bundle):
+    """The engine keeps one thinker step queued across its command boundary: a turn cancelled (barge-in) while
+    its step is in flight yields nothing from that step, the other rows carry on, and the cancelled
+    conversation's next turn continues from its cached prefix (the in-flight token's K/V included)."""
+    from realtime_ming.engine.thinker_runner import ThinkerRunner
+
+    runner = ThinkerRunner(bundle, _config(fixture_root))
+    for turn_id, text in (("a", PROMPT_A), ("b", PROMPT_B)):
+        runner.admit(_request(turn_id, text))
+    while runner._prefill_queue:  # both prompts prefilled, both rows generating
+        runner.step()
+    launched = runner.launch()
+    assert {r.request.turn_id for r in launched.decoded} == {"a", "b"}
+    cached = list(runner.rows["a"].slot.ids)
+    runner.cancel("a")
+    outputs = runner.collect(launched)
+    assert [o.turn_id for o in outputs] == ["b"] and "a" not in runner.rows
+    runner.admit(_request("a2", "And the mountains?", conversation="a"))
+    assert runner.rows["a2"].cached_tokens > 0 and runner.rows["a2"].slot.ids == cached[:runner.rows["a2"].cached_tokens]

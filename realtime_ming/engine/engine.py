@@ -1,8 +1,8 @@
 """The engine: one thread that steps thinker → segmenter → talker → VAE for every active turn.
 
-Each step queues the thinker's GPU work, runs the talker's step (on its own CUDA stream) while that
-work is in flight, then collects the thinker's tokens: text routed to the talker in one step is spoken
-from the next.
+Each step runs the thinker's and the talker's GPU work side by side (the talker has its own CUDA stream)
+and queues the thinker's next step before waiting for the talker's (`_step`): text routed to the talker in
+one step is spoken from the next.
 
 Callers (the session layer, the SDK) submit `TurnRequest`s from any thread; commands enter
 through a thread-safe inbox and are applied at step boundaries, so a cancel never interrupts a
@@ -83,6 +83,7 @@ class Engine:
         self._thinker = ThinkerRunner(bundle, cfg)
         self._talker = TalkerRunner(bundle, cfg) if bundle.has_talker else None
         self._stopping = False
+        self._in_flight = None  # the thinker step queued at the end of the last engine step, collected by the next
         self._thread = threading.Thread(target=self._run, name="realtime-ming-engine", daemon=True)
         self._thread.start()
 
@@ -275,10 +276,14 @@ class Engine:
         self._mark(turn, Stage.ENCODERS_DONE)
 
     def _step(self) -> None:
-        # the thinker's step is queued first and collected after the talker's, so the GPU(s) run both at
-        # once (the talker has its own CUDA stream) and each one's host work overlaps the other's kernels
-        launched = self._thinker.launch()
-        spoken = self._talker.step() if self._talker is not None else []
+        # Pipelined: thinker step k is in flight when this starts (else it is queued now); the talker's step is
+        # queued beside it (own CUDA stream); thinker step k is collected and its text routed, step k+1 queued
+        # at once, and only then does the engine wait for the talker's step (stop decisions, VAE, PCM). The
+        # GPU(s) always have the thinker's next step to run while the host waits on or post-processes the talker.
+        if self._in_flight is None:
+            self._in_flight = self._thinker.launch()
+        talking = self._talker.launch() if self._talker is not None else None
+        launched, self._in_flight = self._in_flight, None
         for out in self._thinker.collect(launched):
             turn = self._turns.get(out.turn_id)
             if turn is None:
@@ -304,8 +309,10 @@ class Engine:
         for turn in list(self._turns.values()):
             if turn.segmenter is not None and not turn.thinker_done:
                 self._route_segments(turn, turn.segmenter.tick(now))
+        if self._thinker.has_work():
+            self._in_flight = self._thinker.launch()
         if self._talker is not None:
-            for out in spoken:
+            for out in self._talker.finish(talking):
                 turn = self._turns.get(out.turn_id)
                 if turn is None:
                     continue

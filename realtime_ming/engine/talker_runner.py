@@ -44,6 +44,15 @@ class TalkerOutput:
     error: str | None = None  # this turn's talker work failed (other turns unaffected)
 
 
+@dataclass(frozen=True, slots=True)
+class _Launched:
+    """A talker step in flight: outputs of jobs started (or failed) this step, and the queued step's
+    (gen_lat, stop_prob) — None when no stream runs."""
+
+    started: list
+    step: tuple | None
+
+
 @dataclass
 class _Job:
     turn_id: str
@@ -163,13 +172,24 @@ class TalkerRunner:
 
     # ---- stepping ----------------------------------------------------------------------------
     def step(self) -> list[TalkerOutput]:
+        return self.finish(self.launch())
+
+    def launch(self) -> "_Launched":
+        """Start queued jobs and queue this step's graph (LM + CFM + aggregator) without waiting for it; the
+        engine collects the thinker meanwhile, then calls `finish`. Nothing else may touch the streams between."""
         with self._on_streams():
-            outputs = self._admit()
+            started = self._admit()
             if not self.streams:
-                return outputs
+                return _Launched(started, None)
             with torch.no_grad():
-                outputs += self._advance()
-            return outputs
+                return _Launched(started, self._launch_advance())
+
+    def finish(self, launched: "_Launched") -> list[TalkerOutput]:
+        """Wait for a launched step: stop decisions, the VAE chunk, each stream's PCM; retire ended streams."""
+        if launched.step is None:
+            return launched.started
+        with self._on_streams(), torch.no_grad():
+            return launched.started + self._finish_advance(*launched.step)
 
     def _admit(self) -> list[TalkerOutput]:
         """Start the next job of every turn that has none running, while rows are free (FIFO by turn)."""
@@ -226,7 +246,7 @@ class TalkerRunner:
         generator = torch.Generator(device=self.device).manual_seed(job.seed)
         self.streams.append(_Stream(job, t, max_steps, silence=silence, generator=generator))
 
-    def _advance(self) -> list[TalkerOutput]:
+    def _launch_advance(self) -> tuple:
         n = len(self.streams)
         fresh = [s.fresh for s in self.streams]
         pos = torch.tensor([[-1 if s.fresh else s.pos] for s in self.streams], device=self.device)  # [n, 1]
@@ -238,6 +258,9 @@ class TalkerRunner:
         self.h[:n].copy_(h)
         self.his[:n].copy_(his)
         self.next_embed[:n].copy_(next_embed)
+        return gen_lat, stop_prob
+
+    def _finish_advance(self, gen_lat: torch.Tensor, stop_prob: torch.Tensor) -> list[TalkerOutput]:
         p_stop = stop_prob[:, 1].float().tolist()  # host sync: the stop decision needs it
         last = []
         for i, s in enumerate(self.streams):

@@ -299,11 +299,12 @@ class ThinkerRunner:
         tokens = launched.tokens.tolist() if launched.tokens is not None else []
         outputs = []
         for row, token in zip(launched.prefilled, tokens):
-            outputs.append(ThinkerOutput(row.request.turn_id, prefill_done=True, prompt_tokens=row.prompt_tokens,
-                                         cached_tokens=row.cached_tokens))
-            outputs.append(self._accept(row, token))
+            if self.rows.get(row.request.turn_id) is row:  # not cancelled while the step was in flight
+                outputs.append(ThinkerOutput(row.request.turn_id, prefill_done=True, prompt_tokens=row.prompt_tokens,
+                                             cached_tokens=row.cached_tokens))
+                outputs.append(self._accept(row, token))
         tokens = tokens[len(launched.prefilled):]
-        outputs += [self._accept(r, t) for r, t in zip(launched.decoded, tokens)]
+        outputs += [self._accept(r, t) for r, t in zip(launched.decoded, tokens) if self.rows.get(r.request.turn_id) is r]
         return outputs
 
     def _prefill_batch(self) -> list[tuple[_Row, int, int]]:
