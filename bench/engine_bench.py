@@ -335,7 +335,8 @@ def profile_round(engine: Engine, clock: StepClock, mode: str, n: int, max_token
     if torch.cuda.is_available():
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     out.mkdir(parents=True, exist_ok=True)
-    with torch.profiler.profile(activities=activities) as prof:
+    sampler = StackSampler(engine._thread)
+    with torch.profiler.profile(activities=activities) as prof, sampler:
         s = run_level(engine, clock, mode, n, 99, max_tokens, waves)
     ka = prof.key_averages()
     lines = [f"# engine_bench profile: {mode} N={n}, closed loop x{waves}, {s['turns_per_s']:.2f} turns/s "
@@ -345,12 +346,63 @@ def profile_round(engine: Engine, clock: StepClock, mode: str, n: int, max_token
         lines += ["", "## GPU: self CUDA time", "", "```", ka.table(sort_by="self_cuda_time_total", row_limit=30), "```"]
     trace = out / "trace.json"
     prof.export_chrome_trace(str(trace))
-    lines += trace_summary(json.loads(trace.read_text()))
+    lines += trace_summary(json.loads(trace.read_text())) + sampler.summary()
     (out / "profile.md").write_text("\n".join(lines) + "\n")
     with open(trace, "rb") as src, gzip.open(str(trace) + ".gz", "wb") as dst:
         dst.write(src.read())
     trace.unlink()
     print(f"wrote {out}/profile.md and trace.json.gz", flush=True)
+
+
+class StackSampler:
+    """Samples one thread's Python stack every `interval_s` (torch.profiler records no CPU ops on the engine
+    thread): the share of samples each function is on the stack (cumulative) and at the top (self)."""
+
+    def __init__(self, thread: threading.Thread, interval_s: float = 0.001):
+        self.ident, self.interval = thread.ident, interval_s
+        self.cumulative: dict = defaultdict(int)
+        self.own: dict = defaultdict(int)
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            frame = sys._current_frames().get(self.ident)
+            if frame is None:
+                continue
+            self.samples += 1
+            names, top = set(), True
+            while frame is not None:
+                code = frame.f_code
+                name = f"{Path(code.co_filename).name}:{code.co_name}"
+                if top:
+                    self.own[name] += 1
+                    top = False
+                names.add(name)
+                frame = frame.f_back
+            for name in names:
+                self.cumulative[name] += 1
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def summary(self, rows: int = 25) -> list[str]:
+        if not self.samples:
+            return []
+        n = self.samples
+        lines = ["", f"## engine thread, Python stack samples ({n}, every {self.interval * 1e3:.0f} ms)", "",
+                 "| function | on the stack | at the top |", "|---|---|---|"]
+        for name, c in sorted(self.cumulative.items(), key=lambda kv: -kv[1])[:rows]:
+            lines.append(f"| {name} | {100 * c / n:.0f}% | {100 * self.own.get(name, 0) / n:.0f}% |")
+        lines += ["", "| function (self) | at the top |", "|---|---|"]
+        lines += [f"| {name} | {100 * c / n:.0f}% |" for name, c in sorted(self.own.items(), key=lambda kv: -kv[1])[:rows]]
+        return lines
 
 
 def trace_summary(trace: dict) -> list[str]:
