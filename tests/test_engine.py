@@ -495,3 +495,31 @@ def test_thinker_step_in_flight_skips_rows_cancelled_meanwhile(fixture_root, bun
     assert [o.turn_id for o in outputs] == ["b"] and "a" not in runner.rows
     runner.admit(_request("a2", "And the mountains?", conversation="a"))
     assert runner.rows["a2"].cached_tokens > 0 and runner.rows["a2"].slot.ids == cached[:runner.rows["a2"].cached_tokens]
+
+
+def test_prefill_batch_stays_within_a_graphed_shape(fixture_root, bundle):
+    """With prefill graphs, a batch of queued prompts is not grown past the last shape a graph serves (rows
+    are padded to a power of two and rows x width must stay within the budget), even where the unpadded
+    batch would still fit the budget."""
+    from types import SimpleNamespace
+
+    from realtime_ming.engine.graphs import pick_bucket
+    from realtime_ming.engine.thinker_runner import ThinkerRunner
+
+    probe = ThinkerRunner(bundle, _config(fixture_root))
+    probe.admit(_request("probe", PROMPT_A))
+    width = len(probe.rows["probe"].tail_ids)
+    widths = (32, 64, 128, 256, 512)
+    budget = 8 * pick_bucket(widths, width)  # the 8-row graph of this width is the largest that fits
+    assert budget // width > 8  # ... while 9 unpadded rows still fit the budget
+    runner = ThinkerRunner(bundle, _config(fixture_root, prefill_chunk_tokens=budget))
+    for i in range(12):
+        runner.admit(_request(f"t{i}", PROMPT_A))
+    assert len(runner._prefill_batch()) == budget // width  # no graphs (CPU): the budget alone
+
+    def fits(w, rows):  # the graphs a prefiller with this budget captures
+        r = pick_bucket((1, 2, 4, 8, 16), rows)
+        return r is not None and pick_bucket([x for x in widths if x * r <= budget], w) is not None
+
+    runner.prefiller = SimpleNamespace(fits=fits)
+    assert len(runner._prefill_batch()) == 8

@@ -26,6 +26,7 @@ from ..model.talker import build_talker_prompt, duration_step_cap, initial_histo
 from ..model.talker_text import talker_job_texts
 from ..model.vae_stream import SilenceHolder, VAEStreamState
 from .config import EngineConfig
+from .graphs import upload
 from .models import ModelBundle
 from .talker_step import Progress, TalkerPrefiller, TalkerStepper
 from .vae_step import VAEStepper
@@ -236,7 +237,7 @@ class TalkerRunner:
         self.h[r] = self.prefiller(embeds, self.cache.rows(r, r + 1))[0]
         self.his[r] = initial_history(voice.prompt_lat, self.his.shape[1], self.his.shape[2],
                                       device=self.device, dtype=self.dtype)[0]
-        self.vae_state.reset(torch.tensor([r], device=self.vae_device))
+        self.vae_state.reset(upload([r], torch.int64, self.vae_device))
         if self.cfg.steps_per_word > 0:  # benchmarks: fixed length, stop head ignored
             max_steps = max(1, len(job.text.split()) * self.cfg.steps_per_word)
         else:
@@ -249,10 +250,10 @@ class TalkerRunner:
     def _launch_advance(self) -> tuple:
         n = len(self.streams)
         fresh = [s.fresh for s in self.streams]
-        pos = torch.tensor([[-1 if s.fresh else s.pos] for s in self.streams], device=self.device)  # [n, 1]
+        pos = upload([[-1 if s.fresh else s.pos] for s in self.streams], torch.int64, self.device)  # [n, 1]
         y0, sde_rnd = self._noise()
         gen_lat, next_embed, stop_prob, h, his = self.stepper(
-            self.next_embed[:n], pos, torch.tensor(fresh, device=self.device), self.h[:n], self.his[:n], y0, sde_rnd,
+            self.next_embed[:n], pos, upload(fresh, torch.bool, self.device), self.h[:n], self.his[:n], y0, sde_rnd,
             all_fresh=all(fresh))
         # graphed outputs are graph memory (valid until the next replay): the state keeps copies
         self.h[:n].copy_(h)
@@ -298,12 +299,12 @@ class TalkerRunner:
         for i in sorted(indices, reverse=True):
             last = len(self.streams) - 1
             if reset:
-                self.vae_state.reset(torch.tensor([i], device=self.vae_device))
+                self.vae_state.reset(upload([i], torch.int64, self.vae_device))
             if i != last:
                 self._move_row(last, i)
                 self.streams[i] = self.streams[last]
             self.streams.pop()
-            self.vae_state.reset(torch.tensor([last], device=self.vae_device))
+            self.vae_state.reset(upload([last], torch.int64, self.vae_device))
 
     def _move_row(self, src: int, dst: int) -> None:
         self.cache.copy_row(src, dst)

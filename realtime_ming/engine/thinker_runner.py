@@ -308,15 +308,20 @@ class ThinkerRunner:
         return outputs
 
     def _prefill_batch(self) -> list[tuple[_Row, int, int]]:
-        """(row, start, end) chunks for this step: queue order, padded width x rows <= prefill_chunk_tokens."""
+        """(row, start, end) chunks for this step: queue order, padded width x rows <= prefill_chunk_tokens, and
+        never grown from a shape a prefill graph serves into one none does (14 rows of 35 tokens would pad to
+        16 x 64, past the budget: eager, ~2,500 launches; 8 rows now and 6 next step are two graph replays)."""
         budget, width, chosen = self.cfg.prefill_chunk_tokens, 0, []
+        fits = self.prefiller.fits if self.prefiller is not None else None
         for turn_id in self._prefill_queue:
             row = self.rows[turn_id]
             take = min(len(row.tail_ids) - row.offset, budget)
-            if chosen and (max(width, take) * (len(chosen) + 1) > budget or len(chosen) >= self.cfg.max_batch):
+            wider, rows = max(width, take), len(chosen) + 1
+            if chosen and (wider * rows > budget or rows > self.cfg.max_batch
+                           or fits is not None and fits(width, rows - 1) and not fits(wider, rows)):
                 break
             chosen.append((row, row.offset, row.offset + take))
-            width = max(width, take)
+            width = wider
         return chosen
 
     def _prefill(self) -> tuple[list[_Row], torch.Tensor | None]:

@@ -233,7 +233,9 @@ class Talker(nn.Module):
         if n_audio != len(prompt.audio_slots):
             raise ValueError(f"{n_audio} prompt-audio embeddings for {len(prompt.audio_slots)} audio slots")
         weight = self.model.embed_tokens.weight
-        ids = torch.tensor([prompt.input_ids], dtype=torch.long, device=weight.device)
+        ids = torch.tensor([prompt.input_ids], dtype=torch.long)
+        # through pinned memory on CUDA: a pageable copy would wait for the work already queued on the stream
+        ids = ids.pin_memory().to(weight.device, non_blocking=True) if weight.is_cuda else ids.to(weight.device)
         embeds = self.model.embed_tokens(ids)
         for slot, se in zip(prompt.speaker_slots, spk_embeds):
             embeds[0, slot] = se.reshape(-1).to(embeds.dtype)
