@@ -69,3 +69,35 @@ def test_bench_tp_shadow_builds_rank0_shards_and_serves(tmp_path):
 def test_bench_tp_shadow_refuses_a_real_checkpoint(fixture_root):
     with pytest.raises(ValueError, match="bench_tp_shadow"):
         EngineConfig(model_path=str(fixture_root), bench_tp_shadow=2)
+
+
+@pytest.mark.timeout(300)
+def test_tp2_prefiller_with_row_buckets_equals_the_sharded_forward(fixture_root):
+    """The prefiller every rank builds (row buckets, token budget) pads a 3-row chunk to its 4-row bucket on
+    each rank alike: the same hidden states as the sharded plain forward of the 3 rows (gloo, two CPU ranks)."""
+    import torch
+
+    cfg = EngineConfig(model_path=str(fixture_root), tokenizer_path=str(tiny_tokenizer_path("thinker")),
+                       talker_tokenizer_path=str(tiny_tokenizer_path("talker")),
+                       placement=PlacementConfig(thinker_devices=("cpu", "cpu")))
+    engine = Engine.create(cfg, warmup=False)
+    try:
+        runner = engine._thinker
+        proxy, cache = runner.model, runner.cache
+        pre = proxy.prefiller(cache, (16, 32), rows=(1, 2, 4), tokens=128)
+        gen = torch.Generator().manual_seed(0)
+        ids = torch.randint(0, 400, (3, 20), generator=gen)
+        emb = proxy.embed(ids)
+        cpos = torch.arange(20).expand(3, 20).clone()
+        cpos[0, 12:] = -1  # a shorter row, padded
+        rot = cpos.clamp(min=0)[None].expand(3, 3, 20).contiguous()
+        audio = torch.zeros(3, 20, dtype=torch.bool)
+        slots = torch.tensor([1, 2, 3])
+        with torch.no_grad():
+            got = pre.step(emb, rot, cpos, slots, torch.zeros_like(audio), audio).clone()
+            want = proxy(emb, rot, cache=cache, slots=slots, cache_positions=cpos, kv_len=cache.capacity,
+                         image_mask=torch.zeros_like(audio), audio_mask=audio)
+        live = cpos >= 0
+        torch.testing.assert_close(got[live], want[live], rtol=1e-5, atol=1e-5)
+    finally:
+        engine.close()
