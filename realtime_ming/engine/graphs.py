@@ -9,6 +9,8 @@ Eager (the plain call) when `enforce_eager`, on CPU, or for a batch above the la
 
 from __future__ import annotations
 
+import contextlib
+import gc
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -31,6 +33,20 @@ class GraphInput:
     dtype: torch.dtype
     batch_dim: int | None = 0
     pad: float | int | bool = 0
+
+
+@contextlib.contextmanager
+def _no_gc():
+    """Collect first, then no garbage collection until the capture ends: a collection in the middle could free
+    unreachable CUDA objects (an old runner's graphs, events), and their CUDA calls invalidate the capture."""
+    gc.collect()
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def upload(values, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
@@ -115,7 +131,7 @@ class BucketedGraph:
             graph = torch.cuda.CUDAGraph()
             # an explicit capture stream on this device: torch.cuda.graph's default one is created once, on
             # whichever device was current at its first use (a talker on cuda:1 would capture on cuda:0)
-            with torch.cuda.graph(graph, pool=self.pool, stream=capture):
+            with _no_gc(), torch.cuda.graph(graph, pool=self.pool, stream=capture):
                 out = self.fn(**args)
             self._graphs[bucket] = (graph, out)
         torch.cuda.synchronize(self.device)
