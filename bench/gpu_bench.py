@@ -351,7 +351,8 @@ class Bench:
         self._talker_graphs = (g_lm, g_tail, tail, inputs)
 
     def talker_profile(self):
-        """Kernel view of the graphed B=1 talker step (torch.profiler over replays, then over eager calls):
+        """Kernel view of the graphed talker step at B=1 (and the tail at the largest bucket; torch.profiler over
+        replays, then over eager calls at B=1):
         kernels per step, the GPU time they add up to vs the step's time, and the kernels with the most time."""
         g_lm, g_tail, _, inputs = self._talker_graphs
         eager = {"decode_lm": self._talker_graphs[0].fn, "tail_step": self._talker_graphs[2]}
@@ -360,9 +361,12 @@ class Bench:
         activity = torch.profiler.ProfilerActivity.CUDA if gpu else torch.profiler.ProfilerActivity.CPU
         own = (lambda e: e.self_device_time_total) if gpu else (lambda e: e.self_cpu_time_total)
         with torch.no_grad():
-            for name, graph, which in (("decode_lm", g_lm, 0), ("tail_step", g_tail, 1)):
-                ins = inputs(1)[which]
-                for mode, fn in (("graphed", partial(graph.step, **ins)), ("eager", partial(eager[name], **ins))):
+            top = max(self.talker_buckets)
+            for name, graph, which, b in (("decode_lm", g_lm, 0, 1), ("tail_step", g_tail, 1, 1),
+                                          ("tail_step", g_tail, 1, top)):
+                ins = inputs(b)[which]
+                modes = (("graphed", partial(graph.step, **ins)), ("eager", partial(eager[name], **ins)))
+                for mode, fn in modes if b == 1 else modes[:1]:
                     step_ms = cuda_ms(fn, reps=reps)["median_ms"]
                     with torch.profiler.profile(activities=[activity]) as prof:
                         for _ in range(reps):
@@ -375,12 +379,12 @@ class Bench:
                          "gpu_busy_ms_per_step": round(sum(own(e) for e in ka) / reps / 1e3, 3),
                          "top": [[e.key[:90], round(e.count / reps, 1), round(own(e) / reps / 1e3, 4)]
                                  for e in sorted(ka, key=lambda e: -own(e))[:25]]}
-                    out[f"{name}/{mode}"] = r
-                    print(f"  talker profile {name} {mode}: step {r['step_ms']} ms, {r['kernels_per_step']} kernels, "
+                    out[f"{name}/B{b}/{mode}"] = r
+                    print(f"  talker profile {name} B={b} {mode}: step {r['step_ms']} ms, {r['kernels_per_step']} kernels, "
                           f"GPU busy {r['gpu_busy_ms_per_step']} ms", flush=True)
         self.res.stage("talker_profile", out)
         for key, r in out.items():
-            self.res.table(f"Talker B=1 {key}: {r['kernels_per_step']} kernels per step, GPU busy "
+            self.res.table(f"Talker {key}: {r['kernels_per_step']} kernels per step, GPU busy "
                            f"{r['gpu_busy_ms_per_step']} ms of a {r['step_ms']} ms step; kernels with the most time "
                            "(per step)", ["kernel", "calls", "ms"], r["top"])
 
