@@ -153,11 +153,15 @@ def test_attention_any_length_grouped_kv_with_mask_equals_sdpa_gqa():
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("t,heads,hd", [(37, 4, 64), (5, 2, 16), (20, 3, 32)])
-def test_dit_rotary_attention_equals_rotary_sdpa_merge(dtype, t, heads, hd):
+@pytest.mark.parametrize("split", [True, False])
+def test_dit_rotary_attention_equals_rotary_sdpa_merge(dtype, t, heads, hd, split, monkeypatch):
     """The DiT's one-kernel attention (interleaved rotary of q/k, softmax attention, heads merged) equals
-    head_rotary -> SDPA -> transpose/reshape, for the DiT's 37 tokens, the aggregator's 5 and an odd width."""
+    head_rotary -> SDPA -> transpose/reshape, for the DiT's 37 tokens, the aggregator's 5 and an odd width,
+    with the queries split into blocks (few rows) and not (many rows)."""
     from realtime_ming.model import dit_kernels
     from realtime_ming.model.dit import InterleavedRotary
+
+    monkeypatch.setattr(dit_kernels, "_SPLIT_BELOW", 1 << 30 if split else 1)
 
     qkv = _randn(2, t, 3 * heads * hd, dtype=dtype)
     cos, sin = InterleavedRotary(hd).to(DEVICE)(t)
