@@ -3,16 +3,17 @@
 #   1. the GPU tests that need two GPUs (TP=2 parity, NCCL and the one-shot all-reduce) + the graph tests;
 #   2. bench/tp_bench.py --tp 2: thinker decode with NCCL / the symmetric-memory all-reduce;
 #   3. bench/engine_profile.py on CONFIG: encoder graphed vs eager, stage times per turn, a profiled turn;
-#   4. bench/gpu_e2e.sh at LEVELS (TURNS turns per session).
+#   4. bench/gpu_e2e.sh at LEVELS (TURNS turns per session);
+#   5. bench/engine_bench.py on CONFIG: spoken turns through the engine, closed loop at N=4 and 16 (req/s).
 #   bash bench/gpu_tp2.sh OUT_DIR [LEVELS] [CONFIG]      (after `source bench/gpu_setup.sh`)
-# Env: STEPS="tests tp profile e2e" picks steps; TP_BUDGET_S (default 90) for tp_bench. A step that runs
+# Env: STEPS="tests tp profile e2e engine" picks steps; TP_BUDGET_S (default 90) for tp_bench. A step that runs
 # past its time limit is aborted with every Python thread's stack in its log (faulthandler).
 set -uo pipefail
 out=${1:?out dir}; levels=${2:-1,16}; config=${3:-configs/ming-flash-omni-2.0.yaml}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 nvidia-smi topo -m > "$out/topo.txt" 2>&1 || true
-steps=" ${STEPS:-tests tp profile e2e} "
+steps=" ${STEPS:-tests tp profile e2e engine} "
 if [[ $steps == *" tests "* ]]; then
   timeout -s ABRT "${TEST_TIMEOUT_S:-240}" python3 -X faulthandler -m pytest -q -p no:cacheprovider -o addopts="" \
     tests/test_gpu_tp.py tests/test_gpu_thinker_decode.py tests/test_gpu_graphs.py > "$out/tests.log" 2>&1
@@ -31,4 +32,10 @@ if [[ $steps == *" e2e "* ]]; then
   timeout "${E2E_TIMEOUT_S:-400}" bash bench/gpu_e2e.sh "$out/e2e" "$levels" "$config" > "$out/e2e.log" 2>&1
   echo "e2e rc=$?"; grep -E "admission|TTFA|^\|" "$out/e2e.log" | head -20
   cat "$out/e2e/bench/summary.md" 2>/dev/null | head -30
+fi
+if [[ $steps == *" engine "* ]]; then
+  timeout "${ENGINE_TIMEOUT_S:-300}" python3 -m bench.engine_bench --levels 4,16 --modes spoken --rounds 2 --waves 4 \
+    --max-tokens 12 --steps-per-word 2 --config "$config" --set engine.preset=ming-flash-omni-2.0 \
+    --set engine.weights=dummy --set engine.segmenter.policy=latency --out "$out/engine" > "$out/engine.log" 2>&1
+  echo "engine_bench rc=$?"; grep -A5 "throughput" "$out/engine/engine_bench.md" | tail -3
 fi
