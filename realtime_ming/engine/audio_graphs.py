@@ -17,7 +17,7 @@ import torch
 
 from ..model.audio_encoder import AudioProjector, WhisperEncoder, audio_token_lengths
 from ..model.config import AudioEncoderConfig
-from .graphs import BucketedGraph, GraphInput
+from .graphs import BucketedGraph, GraphInput, upload
 
 __all__ = ["AudioEncoderGraphs"]
 
@@ -63,6 +63,6 @@ class AudioEncoderGraphs:
         mel = (mel.pin_memory() if cuda else mel).to(self.device, non_blocking=True)[None].to(self.dtype)
         if not (graphed and self.graphed) or frames > max(self.graph.buckets):
             return self.projector(self.encoder(mel))[0].to(self.out_device)
-        lengths = torch.tensor([frames], dtype=torch.int64).pin_memory().to(self.device, non_blocking=True)
+        lengths = upload([frames], torch.int64, self.device)
         out = self.graph.step(mel=mel, mel_lengths=lengths)  # [1, bucket tokens, hidden], graph memory
         return out[0, :tokens].to(self.out_device, copy=True)

@@ -37,9 +37,8 @@ class GraphInput:
 
 @contextlib.contextmanager
 def _no_gc():
-    """Collect first, then no garbage collection until the capture ends: a collection in the middle could free
-    unreachable CUDA objects (an old runner's graphs, events), and their CUDA calls invalidate the capture."""
-    gc.collect()
+    """No garbage collection until the capture ends: a collection in the middle could free unreachable CUDA
+    objects (an old runner's graphs, events), and their CUDA calls invalidate the capture."""
     was = gc.isenabled()
     gc.disable()
     try:
@@ -121,6 +120,7 @@ class BucketedGraph:
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         side, capture = torch.cuda.Stream(self.device), torch.cuda.Stream(self.device)
+        gc.collect()  # what is already unreachable goes now, not in the middle of a capture (`_no_gc`)
         for bucket in sorted(self.buckets, reverse=True):
             args = self._views(bucket)
             side.wait_stream(torch.cuda.current_stream(self.device))

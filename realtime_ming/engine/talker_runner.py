@@ -109,10 +109,10 @@ class TalkerRunner:
                                          dtype=self.dtype, device=self.device, enforce_eager=cfg.enforce_eager)
         self.seed = cfg.seed
         # the talker's and the VAE's work goes to their own CUDA streams, so it runs beside the thinker's
-        self._cuda_streams = [torch.cuda.Stream(d) for d in {self.device, self.vae_device} if d.type == "cuda"]
-        for d in {self.device, self.vae_device}:  # the state above was written on this thread's stream
-            if d.type == "cuda":
-                torch.cuda.synchronize(d)
+        cuda = {d for d in (self.device, self.vae_device) if d.type == "cuda"}
+        self._cuda_streams = [torch.cuda.Stream(d) for d in cuda]
+        for d in cuda:  # the state above was written on this thread's stream
+            torch.cuda.synchronize(d)
         self.streams: list[_Stream] = []
         self.queues: dict[str, deque[_Job]] = {}
         self._job_count: dict[str, int] = {}  # jobs queued so far per turn (noise seeds)

@@ -24,8 +24,8 @@ from ..model.thinker import ThinkerKVCache
 from ..model.tokenizer import ChatMessage
 from .api import ContentKind, FinishReason, TurnRequest
 from .config import EngineConfig
-from .models import ModelBundle
 from .graphs import upload
+from .models import ModelBundle
 from .sampling import SamplingBatch, sample
 from .thinker_decode import ThinkerDecoder, default_kv_buckets, eager_kv_len
 from .thinker_prefill import ThinkerPrefiller
@@ -297,14 +297,15 @@ class ThinkerRunner:
         if launched.ready is not None:
             launched.ready.synchronize()
         tokens = launched.tokens.tolist() if launched.tokens is not None else []
+        rows = launched.prefilled + launched.decoded  # the order of `tokens`
         outputs = []
-        for row, token in zip(launched.prefilled, tokens):
-            if self.rows.get(row.request.turn_id) is row:  # not cancelled while the step was in flight
+        for i, (row, token) in enumerate(zip(rows, tokens)):
+            if self.rows.get(row.request.turn_id) is not row:  # cancelled while the step was in flight
+                continue
+            if i < len(launched.prefilled):
                 outputs.append(ThinkerOutput(row.request.turn_id, prefill_done=True, prompt_tokens=row.prompt_tokens,
                                              cached_tokens=row.cached_tokens))
-                outputs.append(self._accept(row, token))
-        tokens = tokens[len(launched.prefilled):]
-        outputs += [self._accept(r, t) for r, t in zip(launched.decoded, tokens) if self.rows.get(r.request.turn_id) is r]
+            outputs.append(self._accept(row, token))
         return outputs
 
     def _prefill_batch(self) -> list[tuple[_Row, int, int]]:

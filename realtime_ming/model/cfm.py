@@ -81,7 +81,6 @@ class CFM(nn.Module):
         super().__init__()
         self.model = model
 
-
     def sample(self, cond: torch.Tensor, history: torch.Tensor, y0: torch.Tensor, t: torch.Tensor,
                sde_args: torch.Tensor, sde_rnd: torch.Tensor, trajectory: bool = False):
         """Integrate from noise y0 to a latent patch.
