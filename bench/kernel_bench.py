@@ -1,6 +1,6 @@
 """Per-kernel timings of a thinker decode layer at the real Ming-flash-omni-2.0 shapes (one GPU).
 
-    python bench/kernel_bench.py --out DIR [--tp 2] [--batches 1,16] [--tune]
+    python bench/kernel_bench.py --out DIR [--tp 2] [--batches 1,16] [--tune] [--prefill]
 
 Each op runs 50 times inside one CUDA graph (launch gaps as in the graphed decode step); the median
 per call over 10 replays is reported with the bytes it must move and the bandwidth that implies.
@@ -120,6 +120,26 @@ class Layer:
         }
 
 
+def prefill_attention_cases(layer: Layer) -> dict:
+    """The prefill attention kernel vs the path it replaced (slots gathered up to the cache capacity,
+    grouped K/V expanded, a mask, SDPA) for chunks of rows x width tokens starting at a cache index."""
+    res = {}
+    for rows, width, start in ((1, 128, 0), (4, 128, 0), (1, 512, 0), (4, 96, 1000)):
+        q = torch.randn(rows, layer.h, width, layer.hd, device=DEV, dtype=BF16)
+        slots = torch.arange(rows, device=DEV)
+        lengths = (start + torch.arange(width, device=DEV) + 1).expand(rows, width).contiguous()
+        got = tk.prefill_attention(q, layer.kc, layer.vc, slots, lengths)
+        ref = tk.prefill_attention_reference(q, layer.kc, layer.vc, slots, lengths)
+        err = ((got.float() - ref.float()).norm() / ref.float().norm()).item()
+        new_us = graphed_us(lambda: tk.prefill_attention(q, layer.kc, layer.vc, slots, lengths), calls=20)
+        old_us = graphed_us(lambda: tk.prefill_attention_reference(q, layer.kc, layer.vc, slots, lengths), calls=20)
+        key = f"{rows}x{width}@{start}"
+        res[key] = {"kernel_us": round(new_us, 2), "replaced_us": round(old_us, 2), "rel_err": round(err, 5)}
+        print(f"prefill attention {key:12s} kernel {new_us:8.2f} us  replaced path {old_us:8.2f} us  "
+              f"rel err {err:.2e}", flush=True)
+    return res
+
+
 def check_route(layer: Layer) -> dict:
     """The router kernel vs moe.select_experts on the same inputs: mismatching tokens, logits error."""
     c = layer.c
@@ -173,6 +193,8 @@ def main() -> None:
     ap.add_argument("--kv-len", type=int, default=300)
     ap.add_argument("--tune", action="store_true", help="also sweep the MoE decode kernels' tile sizes (72 compiles "
                     "per batch, minutes)")
+    ap.add_argument("--prefill", action="store_true", help="also time the prefill attention kernel against the "
+                    "gathered, masked SDPA path it replaced")
     ap.add_argument("--tune-batches", default=None, help="batches to tune (default: all of --batches)")
     args = ap.parse_args()
     out = {"device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
@@ -186,6 +208,8 @@ def main() -> None:
             us = graphed_us(fn)
             res[name] = {"us": round(us, 2), "MB": round(nbytes / 1e6, 2), "GBps": round(nbytes / us / 1e3, 1)}
             print(f"B={b} {name:20s} {us:8.2f} us  {nbytes / 1e6:8.2f} MB  {nbytes / us / 1e3:7.1f} GB/s", flush=True)
+        if args.prefill:
+            res["prefill_attention"] = prefill_attention_cases(layer)
         res["route_check"] = check_route(layer)
         print("route check:", res["route_check"], flush=True)
         if args.tune and (args.tune_batches is None or str(b) in args.tune_batches.split(",")):

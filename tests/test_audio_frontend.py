@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import soundfile as sf
 import torch
 
@@ -25,6 +26,15 @@ def test_fixture_mel_single_clip(load_case):
     assert mel.shape == (num_mel_frames(wave.shape[0]), MEL_NUM_BINS)
     assert [[mel.shape[0]]] == tensors["mel_lengths"].tolist()
     torch.testing.assert_close(mel[None], tensors["mel"], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_fixture_mel_on_the_gpu(load_case):
+    """Computed where the encoder runs (serving): a host waveform goes up, the GPU's mel equals the reference."""
+    tensors, _ = load_case("audio_frontend_and_encoder")
+    mel = log_mel_spectrogram(tensors["waveform"].numpy(), device="cuda")
+    assert mel.is_cuda
+    torch.testing.assert_close(mel[None].cpu(), tensors["mel"], rtol=1e-4, atol=1e-4)
 
 
 def test_fixture_mel_two_clips_wrapped(load_case):

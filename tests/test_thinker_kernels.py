@@ -1,4 +1,4 @@
-"""model.thinker_kernels: decode attention, router and MoE decode kernels equal the reference math.
+"""model.thinker_kernels: decode and prefill attention, router and MoE decode kernels equal the reference math.
 
 CUDA when present, else Triton's CPU interpreter (conftest sets TRITON_INTERPRET=1).
 """
@@ -53,6 +53,31 @@ def test_decode_attention_matches_sdpa(dtype, heads, kv, hd):
     # length 1: the output is exactly that slot's first value row (softmax over one key)
     torch.testing.assert_close(got[0, :, 0].float(), vc[4, :, 0].float().repeat_interleave(heads // kv, 0),
                                atol=1e-2 if dtype != torch.float32 else 1e-6, rtol=1e-2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads,kv,hd,t", [(4, 2, 128, 70), (8, 2, 64, 20)])
+def test_prefill_attention_matches_sdpa(dtype, heads, kv, hd, t):
+    """A multi-row prompt chunk: a fresh prompt, one continuing a history at index 150, and a padding
+    row (every position 0); each query sees its slot's indices 0..position, read in place."""
+    slots, cap = 4, 260
+    q = _randn(3, heads, t, hd, dtype=dtype)
+    kc = _randn(slots, kv, cap, hd, dtype=dtype, seed=1)
+    vc = _randn(slots, kv, cap, hd, dtype=dtype, seed=2)
+    slot = torch.tensor([2, 0, 3], device=DEVICE)
+    pos = torch.stack([torch.arange(t), 150 + torch.arange(t), torch.zeros(t, dtype=torch.long)]).to(DEVICE)
+    got = tk.prefill_attention(q, kc, vc, slot, pos + 1, force=True)
+    assert got.shape == (3, heads, t, hd) and got.dtype == dtype
+    # outside truth: each query's softmax over exactly its visible keys, one at a time, in float64
+    g = heads // kv
+    for b, i, h in [(0, 0, 0), (0, t - 1, heads - 1), (1, 0, 1), (1, t // 2, g), (2, t - 1, heads - 1)]:
+        n = int(pos[b, i]) + 1
+        k = kc[slot[b], h // g, :n].double()
+        w = torch.softmax(k @ q[b, h, i].double() / hd ** 0.5, dim=0)
+        want = w @ vc[slot[b], h // g, :n].double()
+        assert _rel(got[b, h, i], want) < _tol(dtype)
+    ref = tk.prefill_attention_reference(q.float(), kc.float(), vc.float(), slot, pos + 1)
+    assert _rel(got, ref) < _tol(dtype)
 
 
 @pytest.mark.parametrize("experts,groups,topk_group,top_k", [(256, 8, 4, 8), (16, 4, 2, 4)])

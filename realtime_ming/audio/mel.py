@@ -75,25 +75,42 @@ def slaney_mel_filterbank(
     return weights.astype(np.float32)
 
 
-def log_mel_spectrogram(waveform: np.ndarray | torch.Tensor, filters: torch.Tensor | None = None) -> torch.Tensor:
-    """Whisper log-mel of one clip: float32 16 kHz [n] → [⌊n/160⌋, 128] float32 (CPU).
+_FRONTEND: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}  # device -> (filters, window)
+
+
+def _frontend(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    if device not in _FRONTEND:
+        _FRONTEND[device] = (torch.from_numpy(slaney_mel_filterbank()).to(device),
+                             torch.hann_window(MEL_N_FFT, periodic=True, dtype=torch.float32, device=device))
+    return _FRONTEND[device]
+
+
+def log_mel_spectrogram(waveform: np.ndarray | torch.Tensor, filters: torch.Tensor | None = None,
+                        device: torch.device | str | None = None) -> torch.Tensor:
+    """Whisper log-mel of one clip: float32 16 kHz [n] → [⌊n/160⌋, 128] float32.
 
     Periodic Hann 400, hop 160, centred STFT with reflect padding, last frame dropped, power
     spectrum, mel, log10(max(x, 1e-10)), floor at (clip max − 8), then (x + 4) / 4.
-    `filters` ([128, 201] float32) may be passed to avoid rebuilding the filterbank per call.
+    `filters` ([128, 201] float32) overrides the Slaney filterbank (built once per device).
+    `device` (default: the waveform's): where it is computed and returned. On CUDA a host waveform goes
+    up from pinned memory and nothing waits for the GPU (serving: the engine thread's CPU stays free of
+    FFT work and of contention with other threads for the CPU's cores).
     Raises ValueError for clips shorter than 201 samples (reflect padding needs n > 200).
     """
     wave = torch.as_tensor(waveform, dtype=torch.float32).reshape(-1)
     if wave.numel() <= MEL_N_FFT // 2:
         raise ValueError(f"audio clip too short for the mel frontend: {wave.numel()} samples")
-    if filters is None:
-        filters = torch.from_numpy(slaney_mel_filterbank())
-    window = torch.hann_window(MEL_N_FFT, periodic=True, dtype=torch.float32)
+    device = wave.device if device is None else torch.device(device)
+    if device.type == "cuda" and not wave.is_cuda:
+        wave = wave.pin_memory().to(device, non_blocking=True)
+    wave = wave.to(device)
+    default_filters, window = _frontend(device)
+    filters = default_filters if filters is None else filters.to(device, torch.float32)
     stft = torch.stft(
         wave, MEL_N_FFT, MEL_HOP_SAMPLES, window=window, center=True, pad_mode="reflect", return_complex=True
     )  # [201, ⌊n/160⌋ + 1] complex64
     power = stft[:, :-1].abs() ** 2
-    mel = filters.to(torch.float32) @ power  # [128, T]
+    mel = filters @ power  # [128, T]
     log_spec = torch.clamp(mel, min=1e-10).log10()
     log_spec = torch.maximum(log_spec, log_spec.max() - 8.0)
     return ((log_spec + 4.0) / 4.0).T.contiguous()

@@ -56,11 +56,13 @@ class AudioEncoderGraphs:
 
     @torch.no_grad()
     def __call__(self, mel: torch.Tensor, graphed: bool = True) -> torch.Tensor:
-        """mel [T, n_mels] (CPU) → [tokens, hidden]. No host sync: the mel goes up from pinned memory."""
+        """mel [T, n_mels] (on the encoder's device, or the CPU) → [tokens, hidden]. No host sync: a host mel
+        goes up from pinned memory."""
         frames = mel.shape[0]
         tokens = int(audio_token_lengths(frames, self.cfg))
-        cuda = self.device.type == "cuda"
-        mel = (mel.pin_memory() if cuda else mel).to(self.device, non_blocking=True)[None].to(self.dtype)
+        if self.device.type == "cuda" and not mel.is_cuda:
+            mel = mel.pin_memory()
+        mel = mel.to(self.device, non_blocking=True)[None].to(self.dtype)
         if not (graphed and self.graphed) or frames > max(self.graph.buckets):
             return self.projector(self.encoder(mel))[0].to(self.out_device)
         lengths = upload([frames], torch.int64, self.device)

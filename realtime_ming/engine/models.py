@@ -206,7 +206,8 @@ class ModelBundle:
         (through the clip-length graphs once captured; `graphed=False`: the eager exact-length path)."""
         from ..audio.mel import log_mel_spectrogram
 
-        mel = log_mel_spectrogram(np.asarray(wave_16k, dtype=np.float32))  # [T, 128]
+        # the mel is computed where the encoder runs: on a GPU no FFT work lands on the engine thread's CPU
+        mel = log_mel_spectrogram(np.asarray(wave_16k, dtype=np.float32), device=self.audio_graphs.device)
         return self.audio_graphs(mel, graphed=graphed)
 
     def audio_tokens(self, num_samples_16k: int) -> int:

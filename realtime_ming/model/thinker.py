@@ -84,7 +84,8 @@ class ThinkerAttention(nn.Module):
         self.dense = RowParallelLinear(q, cfg.hidden_size, bias=cfg.use_bias, tp=tp)
 
     def forward(self, x, cos, sin, mask, kv=None, slots=None, write_idx=None, kv_len=None, lengths=None):
-        """`lengths` [B] (decode only: T == 1 and the fused kernels on) = cache indices each query sees."""
+        """`lengths` (with a cache, the fused kernels on) = cache indices each query sees, read in place:
+        [B] for a one-token decode step, [B, T] for a prompt chunk; `mask` and `kv_len` are then unused."""
         b, t, _ = x.shape
         qkv = self.query_key_value(x)
         args = (qkv, self.num_heads, self.num_kv, self.head_dim, cos, sin, fused.RotaryStyle.NEOX_ROUND_EACH)
@@ -94,8 +95,9 @@ class ThinkerAttention(nn.Module):
         else:
             ck, cv = kv  # [slots, kv, capacity + 1, hd] views into the cache
             q, _, _ = fused.head_rotary(*args, **norms, k_out=ck, v_out=cv, rows=slots, index=write_idx)
-            if lengths is not None:  # decode: every row reads its own slot in place
-                out = thinker_kernels.decode_attention(q, ck, cv, slots, lengths)
+            if lengths is not None:  # every row reads its own slot in place
+                attend = thinker_kernels.decode_attention if lengths.dim() == 1 else thinker_kernels.prefill_attention
+                out = attend(q, ck, cv, slots, lengths)
                 return self.dense(out.transpose(1, 2).reshape(b, t, -1))
             k = ck[:, :, :kv_len].index_select(0, slots)
             v = cv[:, :, :kv_len].index_select(0, slots)
@@ -159,6 +161,12 @@ class Thinker(nn.Module):
             return base + "experts_down", expert
         return base + "experts_gate_up", (expert, 0 if proj == "gate_proj" else 1)
 
+    @property
+    def _prefill_kernel(self) -> bool:
+        """The attention shapes of this rank suit `thinker_kernels.prefill_attention`."""
+        attn = self.model.layers[0].attention
+        return thinker_kernels.prefill_attention_supported(attn.num_heads, attn.num_kv, attn.head_dim)
+
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """Token ids [B, T] -> embeddings [B, T, D] (ids clamped to [0, vocab-1] as the reference does)."""
         return self.model.word_embeddings(ids.clamp(0, self.cfg.vocab_size - 1))
@@ -211,8 +219,9 @@ class Thinker(nn.Module):
         # instead of the NaN of an all-masked softmax row (NaN would reach the MoE router)
         q_pos = cache_positions if cache is None else cache_positions.clamp(min=0)
         lengths = mask = None
-        if cache is not None and t == 1 and fused.use_triton(inputs_embeds):
-            lengths = q_pos[:, 0] + 1  # decode: the attention kernel reads indices 0..position in place
+        if cache is not None and fused.use_triton(inputs_embeds) and (t == 1 or self._prefill_kernel):
+            # the attention kernels read each row's slot in place, indices 0..position
+            lengths = q_pos[:, 0] + 1 if t == 1 else q_pos + 1
         else:
             mask = causal_window_mask(q_pos, k_pos, None)
         run = range(len(self.model.layers)) if layers is None else layers

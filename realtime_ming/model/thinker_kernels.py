@@ -1,4 +1,4 @@
-"""Thinker decode kernels (Triton): attention over the slot cache, the MoE router and the MoE experts.
+"""Thinker kernels (Triton): attention over the slot cache (decode and prefill), the MoE router and experts.
 
 A reference thinker decode layer is ~160 kernels (norms, rotary, cache gathers, a mask, ~20 router
 ops, ~15 ops sorting (token, expert) pairs, the shared expert's five); at one token per row the
@@ -15,8 +15,11 @@ GEMMs the whole layer is eleven):
   SwiGLU, one for down with the routing weights, the fp32 sum over experts and the shared expert
   added in the model dtype (`SparseMoeBlock.forward`'s rounding).
 
-They serve batches of up to `MAX_DECODE_TOKENS` tokens (decode); prefill keeps the reference
-attention and `moe_triton.fused_experts`. The references are `fused`'s/`moe.py`'s PyTorch paths;
+* `prefill_attention`: a prompt chunk's queries against their own slot, read in place up to each
+  query's position (flash attention; no slot gather, no mask, no grouped-K/V expansion).
+
+The decode kernels serve batches of up to `MAX_DECODE_TOKENS` tokens; prefill's experts run in
+`moe_triton.fused_experts`. The references are `fused`'s/`moe.py`'s PyTorch paths;
 tests/test_thinker_kernels.py checks each kernel against them (CUDA, or Triton's CPU interpreter).
 """
 
@@ -34,7 +37,7 @@ try:
 except ImportError:  # pragma: no cover - exercised on CPU-only machines
     triton = None
 
-__all__ = ["MAX_DECODE_TOKENS", "decode_attention", "route", "moe_decode"]
+__all__ = ["MAX_DECODE_TOKENS", "decode_attention", "prefill_attention", "route", "moe_decode"]
 
 MAX_DECODE_TOKENS = 16  # tokens per call these kernels are made for (the largest decode bucket)
 _SPLITS = 16  # sequence splits of decode attention (programs = rows x kv heads x splits)
@@ -146,6 +149,95 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     out = torch.empty(b, h, 1, hd, device=q.device, dtype=q.dtype)
     _attn_combine_kernel[(b, h)](acc, ml, out, out.stride(0), out.stride(1), G=g, GP=gp, HD=hd, SPLITS=_SPLITS,
                                  num_warps=1)
+    return out
+
+
+# ---- prefill attention -------------------------------------------------------------------------------
+
+if triton is not None:
+
+    @triton.jit
+    def _prefill_attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, slots_ptr, len_ptr, scale, T,
+                             sq_b, sq_h, sq_t, sk_r, sk_h, sk_s, so_b, so_h, so_t, sl_b,
+                             G: tl.constexpr, HD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                             PREC: tl.constexpr, UPCAST: tl.constexpr):
+        """BLOCK_M queries of one row and head against their slot's keys 0..lengths-1, read in place.
+
+        The loop ends at the block's longest length: the work follows the prompt, not the cache."""
+        b = tl.program_id(0)
+        h = tl.program_id(1)
+        rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+        live = rows < T
+        lens = tl.load(len_ptr + b * sl_b + rows, mask=live, other=1)
+        end = tl.max(lens, axis=0)
+        slot = tl.load(slots_ptr + b).to(tl.int64)
+        d = tl.arange(0, HD)
+        q = tl.load(q_ptr + b * sq_b + h * sq_h + rows[:, None] * sq_t + d[None, :], mask=live[:, None], other=0.0)
+        if UPCAST:
+            q = q.to(tl.float32)
+        base = slot * sk_r + (h // G) * sk_h
+        m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+        l = tl.zeros((BLOCK_M,), tl.float32)
+        acc = tl.zeros((BLOCK_M, HD), tl.float32)
+        offs = tl.arange(0, BLOCK_N)
+        for n0 in range(0, end, BLOCK_N):
+            n = n0 + offs
+            ok = n < end
+            kt = tl.load(k_ptr + base + n[None, :] * sk_s + d[:, None], mask=ok[None, :], other=0.0)  # [HD, N]
+            if UPCAST:
+                kt = kt.to(tl.float32)
+            s = tl.dot(q, kt, input_precision=PREC) * scale
+            s = tl.where(n[None, :] < lens[:, None], s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, axis=1))  # finite from the first block on: key 0 is always visible
+            alpha = tl.exp(m - m_new)
+            p = tl.exp(s - m_new[:, None])
+            l = l * alpha + tl.sum(p, axis=1)
+            v = tl.load(v_ptr + base + n[:, None] * sk_s + d[None, :], mask=ok[:, None], other=0.0)  # [N, HD]
+            p = p.to(v_ptr.dtype.element_ty)  # P rounded to the cache dtype before P.V, as flash attention does
+            if UPCAST:
+                v, p = v.to(tl.float32), p.to(tl.float32)
+            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PREC)
+            m = m_new
+        out = acc / l[:, None]
+        tl.store(o_ptr + b * so_b + h * so_h + rows[:, None] * so_t + d[None, :],
+                 out.to(o_ptr.dtype.element_ty), mask=live[:, None])
+
+
+def prefill_attention_reference(q, k_cache, v_cache, slots, lengths):
+    """SDPA of q [B, H, T, hd] over k/v_cache[slots[b]]: query t sees indices 0..lengths[b, t]-1 (GQA)."""
+    cap = k_cache.shape[2]
+    k, v = k_cache.index_select(0, slots), v_cache.index_select(0, slots)
+    mask = torch.arange(cap, device=q.device)[None, None, None, :] < lengths[:, None, :, None]
+    return fused.attention_any_length(q, k, v, attn_mask=mask, enable_gqa=k.shape[1] != q.shape[1])
+
+
+def prefill_attention_supported(heads: int, kv_heads: int, head_dim: int) -> bool:
+    """Shapes the prefill kernel serves (else `prefill_attention` takes the reference path)."""
+    return triton is not None and heads % kv_heads == 0 and head_dim >= 16 and not head_dim & (head_dim - 1)
+
+
+def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+                      lengths: torch.Tensor, *, force: bool = False) -> torch.Tensor:
+    """A prompt chunk's queries against their own slot's cache, read in place (flash attention).
+
+    q [B, H, T, hd]; k/v_cache [slots, KV, S, hd] already holding the chunk's keys; slots [B];
+    lengths [B, T] int on the device: query t sees indices 0..lengths[b, t]-1 (its position + 1; >= 1).
+    No gather of the slots, no mask, no [B, H, S] expansion of grouped K/V: the work is the prompt's
+    keys, not the cache capacity, and one CUDA graph serves every prompt length. Returns [B, H, T, hd].
+    """
+    b, h, t, hd = q.shape
+    kv = k_cache.shape[1]
+    if (not fused.use_triton(q, force) or not prefill_attention_supported(h, kv, hd)
+            or k_cache.stride(-1) != 1 or q.stride(-1) != 1):
+        return prefill_attention_reference(q, k_cache, v_cache, slots, lengths)
+    out = torch.empty(b, h, t, hd, device=q.device, dtype=q.dtype)
+    block_m = 64 if t > 32 else 16
+    _prefill_attn_kernel[(b, h, triton.cdiv(t, block_m))](
+        q, k_cache, v_cache, out, slots, lengths, 1.0 / math.sqrt(hd), t,
+        q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        out.stride(0), out.stride(1), out.stride(2), lengths.stride(0),
+        G=h // kv, HD=hd, BLOCK_M=block_m, BLOCK_N=64, PREC="ieee" if q.dtype == torch.float32 else "tf32",
+        UPCAST=fused.interpreting(), num_warps=4, num_stages=2)
     return out
 
 
