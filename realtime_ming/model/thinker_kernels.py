@@ -46,6 +46,27 @@ _SPLITS = 16  # sequence splits of decode attention (programs = rows x kv heads 
 if triton is not None:
 
     @triton.jit
+    def _attend_keys(q, m, l, acc, k_ptr, v_ptr, base, n, ok, visible, sk_s, d, scale,
+                     PREC: tl.constexpr, UPCAST: tl.constexpr):
+        """Fold one block of keys n (loaded where `ok` [N], scored where `visible` [M or 1, N]) into the
+        online-softmax state (m, l, acc) of the queries q [M, HD]; returns the new state."""
+        kt = tl.load(k_ptr + base + n[None, :] * sk_s + d[:, None], mask=ok[None, :], other=0.0)  # [HD, N]
+        if UPCAST:
+            kt = kt.to(tl.float32)
+        s = tl.dot(q, kt, input_precision=PREC) * scale
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        alpha = tl.exp(m - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_ptr + base + n[:, None] * sk_s + d[None, :], mask=ok[:, None], other=0.0)  # [N, HD]
+        p = p.to(v_ptr.dtype.element_ty)  # P rounded to the cache dtype before P.V, as flash attention does
+        if UPCAST:
+            v, p = v.to(tl.float32), p.to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PREC)
+        return m_new, l, acc
+
+    @triton.jit
     def _attn_split_kernel(q_ptr, k_ptr, v_ptr, slots_ptr, len_ptr, acc_ptr, ml_ptr, scale,
                            sq_b, sq_h, sk_r, sk_h, sk_s,
                            G: tl.constexpr, GP: tl.constexpr, HD: tl.constexpr, SPLITS: tl.constexpr,
@@ -75,21 +96,7 @@ if triton is not None:
         for n0 in range(start, end, BLOCK_N):
             n = n0 + offs
             ok = n < end
-            kt = tl.load(k_ptr + base + n[None, :] * sk_s + d[:, None], mask=ok[None, :], other=0.0)  # [HD, N]
-            if UPCAST:
-                kt = kt.to(tl.float32)
-            s = tl.dot(q, kt, input_precision=PREC) * scale
-            s = tl.where(ok[None, :], s, float("-inf"))
-            m_new = tl.maximum(m, tl.max(s, axis=1))
-            alpha = tl.exp(m - m_new)
-            p = tl.exp(s - m_new[:, None])
-            l = l * alpha + tl.sum(p, axis=1)
-            v = tl.load(v_ptr + base + n[:, None] * sk_s + d[None, :], mask=ok[:, None], other=0.0)  # [N, HD]
-            p = p.to(v_ptr.dtype.element_ty)  # P rounded to the cache dtype before P.V, as flash attention does
-            if UPCAST:
-                v, p = v.to(tl.float32), p.to(tl.float32)
-            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PREC)
-            m = m_new
+            m, l, acc = _attend_keys(q, m, l, acc, k_ptr, v_ptr, base, n, ok, ok[None, :], sk_s, d, scale, PREC, UPCAST)
         part = (b * n_kv + kvh) * SPLITS + split
         tl.store(acc_ptr + (part * GP + g)[:, None] * HD + d[None, :], acc)
         tl.store(ml_ptr + (part * GP + g) * 2, m)
@@ -180,24 +187,10 @@ if triton is not None:
         l = tl.zeros((BLOCK_M,), tl.float32)
         acc = tl.zeros((BLOCK_M, HD), tl.float32)
         offs = tl.arange(0, BLOCK_N)
-        for n0 in range(0, end, BLOCK_N):
+        for n0 in range(0, end, BLOCK_N):  # key 0 is visible to every query: m is finite after the first block
             n = n0 + offs
-            ok = n < end
-            kt = tl.load(k_ptr + base + n[None, :] * sk_s + d[:, None], mask=ok[None, :], other=0.0)  # [HD, N]
-            if UPCAST:
-                kt = kt.to(tl.float32)
-            s = tl.dot(q, kt, input_precision=PREC) * scale
-            s = tl.where(n[None, :] < lens[:, None], s, float("-inf"))
-            m_new = tl.maximum(m, tl.max(s, axis=1))  # finite from the first block on: key 0 is always visible
-            alpha = tl.exp(m - m_new)
-            p = tl.exp(s - m_new[:, None])
-            l = l * alpha + tl.sum(p, axis=1)
-            v = tl.load(v_ptr + base + n[:, None] * sk_s + d[None, :], mask=ok[:, None], other=0.0)  # [N, HD]
-            p = p.to(v_ptr.dtype.element_ty)  # P rounded to the cache dtype before P.V, as flash attention does
-            if UPCAST:
-                v, p = v.to(tl.float32), p.to(tl.float32)
-            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PREC)
-            m = m_new
+            m, l, acc = _attend_keys(q, m, l, acc, k_ptr, v_ptr, base, n, n < end, n[None, :] < lens[:, None], sk_s,
+                                     d, scale, PREC, UPCAST)
         out = acc / l[:, None]
         tl.store(o_ptr + b * so_b + h * so_h + rows[:, None] * so_t + d[None, :],
                  out.to(o_ptr.dtype.element_ty), mask=live[:, None])
