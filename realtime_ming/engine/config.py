@@ -30,11 +30,14 @@ class ThinkerRunnerConfig:
     max_slots: int = 32  # concurrent conversations with a cached KV slot
     max_seq_len: int = 4096  # tokens per slot (prompt + history + output)
     max_batch: int = 16  # decode rows per step
-    prefill_chunk_tokens: int = 256  # chunked prefill: at most this many (padded) prompt tokens per step
+    # chunked prefill: at most this many (padded) prompt tokens per step. Every chunk reads each MoE layer's
+    # experts once (~3 GB per layer per GPU at the full shapes at TP=2), so on GPUs a large budget lets the
+    # prompts of many turns share one read (configs/ use 2048)
+    prefill_chunk_tokens: int = 256
     decode_buckets: tuple[int, ...] = (1, 2, 4, 8, 16)  # CUDA-graph batch buckets of the decode step
     kv_buckets: tuple[int, ...] | None = None  # CUDA-graph attention lengths; None = 512, 1024, ... max_seq_len
     # CUDA-graph widths of a one-row prefill chunk (capped at prefill_chunk_tokens); () = prefill always eager
-    prefill_buckets: tuple[int, ...] = (32, 64, 128, 192, 256, 384, 512)
+    prefill_buckets: tuple[int, ...] = (32, 64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
     # CUDA-graph clip lengths of the audio encoder, in mel frames (100 per second); longer clips run eager
     audio_buckets: tuple[int, ...] = (160, 320, 640, 1280, 3000)
     # benchmarks with dummy weights: emit this text's tokens (cycled) instead of the sampled ones, so

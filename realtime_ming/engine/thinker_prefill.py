@@ -23,11 +23,9 @@ import torch
 
 from .graphs import BucketedGraph, GraphInput, pick_bucket
 
-__all__ = ["ThinkerPrefiller", "DEFAULT_PREFILL_WIDTHS"]
+__all__ = ["ThinkerPrefiller"]
 
 log = logging.getLogger(__name__)
-
-DEFAULT_PREFILL_WIDTHS = (32, 64, 128, 192, 256, 384, 512)
 
 Progress = Callable[[str, int, int], None]
 
