@@ -102,8 +102,8 @@ def log_mel_spectrogram(waveform: np.ndarray | torch.Tensor, filters: torch.Tens
         raise ValueError(f"audio clip too short for the mel frontend: {wave.numel()} samples")
     device = wave.device if device is None else torch.device(device)
     if device.type == "cuda" and not wave.is_cuda:
-        wave = wave.pin_memory().to(device, non_blocking=True)
-    wave = wave.to(device)
+        wave = wave.pin_memory()
+    wave = wave.to(device, non_blocking=True)
     default_filters, window = _frontend(device)
     filters = default_filters if filters is None else filters.to(device, torch.float32)
     stft = torch.stft(

@@ -148,6 +148,8 @@ class Thinker(nn.Module):
         self.cfg, self.tp = cfg, tp
         self.model = ThinkerModel(cfg, tp)
         self.lm_head = ParallelLMHead(cfg.hidden_size, cfg.vocab_size, tp)
+        attn = self.model.layers[0].attention  # this rank's attention shapes suit the prefill kernel
+        self._prefill_kernel = thinker_kernels.prefill_attention_supported(attn.num_heads, attn.num_kv, attn.head_dim)
 
     @staticmethod
     def checkpoint_key_map(key: str) -> tuple[str | None, object]:
@@ -160,12 +162,6 @@ class Thinker(nn.Module):
         if proj == "down_proj":
             return base + "experts_down", expert
         return base + "experts_gate_up", (expert, 0 if proj == "gate_proj" else 1)
-
-    @property
-    def _prefill_kernel(self) -> bool:
-        """The attention shapes of this rank suit `thinker_kernels.prefill_attention`."""
-        attn = self.model.layers[0].attention
-        return thinker_kernels.prefill_attention_supported(attn.num_heads, attn.num_kv, attn.head_dim)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """Token ids [B, T] -> embeddings [B, T, D] (ids clamped to [0, vocab-1] as the reference does)."""

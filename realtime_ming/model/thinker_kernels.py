@@ -125,12 +125,7 @@ if triton is not None:
 
 def decode_attention_reference(q, k_cache, v_cache, slots, lengths):
     """SDPA of q [B, H, 1, hd] over k/v_cache[slots[b], :, :lengths[b]] (GQA) -> [B, H, 1, hd]."""
-    kv_len = int(lengths.max())
-    k = k_cache[:, :, :kv_len].index_select(0, slots)
-    v = v_cache[:, :, :kv_len].index_select(0, slots)
-    mask = torch.arange(kv_len, device=q.device)[None, None, None, :] < lengths[:, None, None, None]
-    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask,
-                                                            enable_gqa=k.shape[1] != q.shape[1])
+    return prefill_attention_reference(q, k_cache, v_cache, slots, lengths[:, None])
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
