@@ -1,7 +1,6 @@
 # Source this on a GPU machine, in the repository root, before serving or benchmarking there:
-#   source bench/gpu_setup.sh [SITE_DIR]        # device tool: carry [".whl", ".turns", ".fixtures"]
-# .fixtures/ is a git-ignored copy of ../shared/fixtures (`cp -r ../shared/fixtures .fixtures`): the GPU
-# tests compare against its golden outputs, and ../shared does not travel with the working tree.
+#   source bench/gpu_setup.sh [SITE_DIR]        # device tool: carry [".whl", ".turns"]
+# The golden fixtures the GPU tests compare against are in the repository (tests/fixtures/).
 # The GPU image has torch, numpy, triton, aiohttp, uvloop, onnxruntime, tokenizers, safetensors,
 # prometheus-client, pyyaml, pillow and tqdm, and no package registry. The rest of the runtime
 # requirements travel as cp312 manylinux wheels in .whl/ (git-ignored; bench/gpu_wheels.txt lists
@@ -23,7 +22,6 @@ else
   echo "gpu_setup: no wheels in $PWD/.whl (carry .whl); using the image's packages only" >&2
 fi
 export PYTHONPATH="$_gpu_setup_site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-if [ -d .fixtures/ming_tiny ]; then export REALTIME_MING_FIXTURES="$PWD/.fixtures/ming_tiny"; fi
 if [ "$_gpu_setup_rc" -eq 0 ] && [ "${GPU_SETUP_CHECK:-1}" != 0 ]; then
   python3 -m bench.env_check --turns-dir .turns || _gpu_setup_rc=$?
 fi

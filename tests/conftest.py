@@ -1,4 +1,4 @@
-"""Shared test fixtures: the golden fixture root and a case loader (see ../shared/fixtures/README.md)."""
+"""Shared test fixtures: the golden fixture root and a case loader (see tests/fixtures/README.md)."""
 
 from __future__ import annotations
 
@@ -28,11 +28,11 @@ if not torch.cuda.is_available() and _interpreter_works():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 REPO = Path(__file__).resolve().parent.parent
-DEFAULT_FIXTURES = REPO.parent / "shared" / "fixtures" / "ming_tiny"
+DEFAULT_FIXTURES = REPO / "tests" / "fixtures" / "ming_tiny"
 
 
 def fixtures_root() -> Path:
-    """The fixture set under test: $REALTIME_MING_FIXTURES or ../shared/fixtures/ming_tiny."""
+    """The fixture set under test: $REALTIME_MING_FIXTURES or the in-repo tests/fixtures/ming_tiny."""
     return Path(os.environ.get("REALTIME_MING_FIXTURES", DEFAULT_FIXTURES)).resolve()
 
 
