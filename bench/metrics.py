@@ -1,6 +1,6 @@
 """From raw turn timelines to samples and summaries: TTFA, playback continuity, RTF, barge-in stop latency.
 
-Definitions (`peers_and_targets.md` §7.2): TTFA_user = last non-silent input sample → first audio
+Definitions: TTFA_user = last non-silent input sample → first audio
 delta received; TTFA_server = `speech_stopped` (VAD) or `committed` (manual) received → first
 audio delta received (both server→client, so transport mostly cancels); RTF = (last audio delta −
 speech end) / audio seconds (vllm-omni's realtime definition). The simulated player starts at

@@ -1,4 +1,4 @@
-"""Audio encoder + projector (ming_model.md §2.2–2.3) against the `audio_frontend_and_encoder` fixture."""
+"""Audio encoder + projector (docs/model.md §2.2–2.3) against the `audio_frontend_and_encoder` fixture."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Full-size shapes: the modules built on meta from the real configs consume exactly the checkpoint
-tensors of the full-size manifest (../shared/fixtures/ming_flash_omni_2_0_manifest.json, issue 2)."""
+tensors of the full-size manifest (tests/fixtures/ming_flash_omni_2_0_manifest.json, issue 2)."""
 
 from __future__ import annotations
 

@@ -445,7 +445,7 @@ def test_ids_are_prefixed_and_unique() -> None:
 
 
 def test_protocol_imports_only_stdlib_and_itself() -> None:
-    """protocol/ imports no asyncio, torch or other realtime_ming package (style §6.1)."""
+    """protocol/ imports no asyncio, torch or other realtime_ming package."""
     allowed = {
         "__future__",
         "collections",

@@ -270,7 +270,7 @@ _AUDIO_CLOSE = [
 
 
 def test_response_events_in_ga_order_with_exact_audio():
-    """A spoken response follows §8's order; 0.5 s at 44.1 kHz arrives as 12000 samples at 24 kHz in ≤ 40 ms deltas."""
+    """A spoken response follows the order of docs/protocol.md §5.2; 0.5 s at 44.1 kHz arrives as 12000 samples at 24 kHz in ≤ 40 ms deltas."""
     h = Harness()
     h.manual_audio_turn()
     start = len(h.frames)

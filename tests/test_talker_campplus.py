@@ -1,4 +1,4 @@
-"""CAMPPlus ONNX runner: error messages and I/O plumbing (ming_model.md §5.4).
+"""CAMPPlus ONNX runner: error messages and I/O plumbing (docs/model.md §5.4).
 
 The real `campplus.onnx` is not available; a tiny ONNX graph (mean over time, then a matmul to
 192 values) is written by hand in protobuf wire format so onnxruntime runs a real session.

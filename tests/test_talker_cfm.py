@@ -1,4 +1,4 @@
-"""Talker DiT, CFM sampler, Aggregator and heads vs fixture case `talker_cfm_step` (ming_model.md §5.5–5.8)."""
+"""Talker DiT, CFM sampler, Aggregator and heads vs fixture case `talker_cfm_step` (docs/model.md §5.5–5.8)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Talker prompt, voice embeddings and AR loop vs fixture case `talker_loop` (ming_model.md §5.3, §5.4, §5.9)."""
+"""Talker prompt, voice embeddings and AR loop vs fixture case `talker_loop` (docs/model.md §5.3, §5.4, §5.9)."""
 
 from __future__ import annotations
 

@@ -129,7 +129,7 @@ def test_fixture_thinker_multimodal_greedy_kv_cache(case, thinker, splits):
 
 
 def test_rope_index_worked_example(case):
-    """ming_model.md §1.5 example: 2 text, <image>, 4×6 patches, </image>, 2 text -> documented rows, delta −5."""
+    """docs/model.md §1.5 example: 2 text, <image>, 4×6 patches, </image>, 2 text -> documented rows, delta −5."""
     _, _, m = case
     ids = [1, 2, m.image_start] + [m.image_patch] * 6 + [m.image_end, 3, 4]
     pos, nxt = rope_index_3d(ids, m, [(1, 4, 6)])

@@ -1,4 +1,4 @@
-"""AudioVAE (ming_model.md §6) against the `vae_decode` / `talker_loop` golden fixtures."""
+"""AudioVAE (docs/model.md §6) against the `vae_decode` / `talker_loop` golden fixtures."""
 
 from __future__ import annotations
 

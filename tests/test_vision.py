@@ -1,4 +1,4 @@
-"""Vision ViT + projector (ming_model.md §3.3–3.4) against the `vision` fixture."""
+"""Vision ViT + projector (docs/model.md §3.3–3.4) against the `vision` fixture."""
 
 from __future__ import annotations
 

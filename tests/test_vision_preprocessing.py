@@ -1,4 +1,4 @@
-"""Vision pre-processing (ming_model.md §3.2) against the `vision` fixture and the documented rules."""
+"""Vision pre-processing (docs/model.md §3.2) against the `vision` fixture and the documented rules."""
 
 from __future__ import annotations
 

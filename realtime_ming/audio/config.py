@@ -1,4 +1,4 @@
-"""Audio stage configuration: turn-detection parameters (server_vad names, realtime_protocol.md §4.3).
+"""Audio stage configuration: turn-detection parameters (server_vad names, docs/protocol.md §3.3).
 
 Frozen dataclasses; `__post_init__` raises ValueError naming the bad field. The session builds a
 `TurnDetectorConfig` from its own settings and the client's `turn_detection` object.

@@ -1,4 +1,4 @@
-"""Kaldi-compatible log-mel filterbank for the CAMPPlus speaker encoder (ming_model.md §5.4).
+"""Kaldi-compatible log-mel filterbank for the CAMPPlus speaker encoder (docs/model.md §5.4).
 
 float32 16 kHz waveform [n] → mean-normalised fbank [frames, 80], the tensor the reference feeds
 to `campplus.onnx` when registering a voice prompt. Reproduces `torchaudio.compliance.kaldi.fbank`

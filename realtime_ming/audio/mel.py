@@ -1,4 +1,4 @@
-"""Whisper log-mel frontend of Ming's audio encoder (ming_model.md §2.1, official `WhisperFrontend`).
+"""Whisper log-mel frontend of Ming's audio encoder (docs/model.md §2.1, official `WhisperFrontend`).
 
 float32 16 kHz waveform [n] → log-mel [⌊n/160⌋, 128] float32, computed as whisper's
 `log_mel_spectrogram` without the 30 s padding. The 128-bin Slaney filterbank is built here
@@ -131,6 +131,6 @@ def num_mel_frames(num_samples: int) -> int:
 
 
 def num_audio_tokens(num_mel_frames: int) -> int:
-    """Encoder output tokens for T mel frames: two stride-2 convs, (((T−1)//2 + 1) − 1)//2 + 1 (ming_model.md §2.3)."""
+    """Encoder output tokens for T mel frames: two stride-2 convs, (((T−1)//2 + 1) − 1)//2 + 1 (docs/model.md §2.3)."""
     encoder_frames = (num_mel_frames - 1) // 2 + 1
     return (encoder_frames - 1) // 2 + 1

@@ -2,7 +2,7 @@
 
 `StreamResampler` converts a live float32 stream chunk by chunk; the concatenation of its outputs
 plus `flush()` equals the one-shot `resample` bit for bit (same soxr filter, delay compensated).
-`resample_torchaudio_compatible` reproduces `torchaudio.transforms.Resample` (ming_model.md §2.1,
+`resample_torchaudio_compatible` reproduces `torchaudio.transforms.Resample` (docs/model.md §2.1,
 §5.4) without importing torchaudio, so model inputs match the reference's features.
 """
 

@@ -54,7 +54,7 @@ class ThinkerRunnerConfig:
 class TalkerRunnerConfig:
     max_streams: int = 16  # talker streams stepped together
     max_prompt_len: int = 512  # talker LM prompt + generated steps per fragment
-    min_new_token: int = 10  # stop rule (ming_model.md §5.9; sglang-omni uses 3)
+    min_new_token: int = 10  # stop rule (docs/model.md §5.9; sglang-omni uses 3)
     cfg_strength: float = 2.0
     sigma: float = 0.25
     temperature: float = 0.0

@@ -195,7 +195,7 @@ class ModelBundle:
             wave44 = resample_torchaudio_compatible(wave, sr, self.cfg.vae.sample_rate) if sr != self.cfg.vae.sample_rate else wave
             with torch.no_grad():
                 posterior, _ = self.vae.encode_prompt(wave44[None].to(self.devices["vae"]), self.cfg.talker.patch_size)
-                # the reference samples the posterior; the mean keeps the voice deterministic (ming_model.md §6.3)
+                # the reference samples the posterior; the mean keeps the voice deterministic (docs/model.md §6.3)
                 voice = talker.register_voice(spk, posterior.mean.to(dev, self.dtype))
             self.voices[name] = (voice, preset.prompt_text)
 

@@ -1,7 +1,7 @@
 """Segmenter stage: cuts the thinker's streamed text deltas into speakable segments for the talker.
 
 Pure and clock-injected (every call takes `now_ms`; no threads, no wall clock). Policy "reference"
-reproduces sglang-omni's streaming segmenter with its quirks (ming_model.md §7, fixture case 8);
+reproduces sglang-omni's streaming segmenter with its quirks (docs/model.md §7, fixture case `segmenter`);
 policy "latency" releases a short first segment early and never cuts inside a word.
 """
 

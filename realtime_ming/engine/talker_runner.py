@@ -2,7 +2,7 @@
 
 A text segment from the segmenter is cut by the reference text front-end into fragments; each
 fragment is one talker stream (fresh LM cache and latent history, the voice prompt re-used,
-ming_model.md §5.9/§5.11), and a turn's fragments run one after another so its audio stays in
+docs/model.md §5.9/§5.11), and a turn's fragments run one after another so its audio stays in
 order, while streams of different turns share every batched step: talker-LM decode, CFM + CFG +
 aggregator + stop head (`Talker.tail_step`) and the history update as one step (`talker_step`,
 one CUDA graph per batch bucket when graphs are on), then the streaming AudioVAE chunk

@@ -1,4 +1,4 @@
-"""Audio encoder stage: [MING] `WhisperAudioEncoder` + `linear_proj_audio` (ming_model.md §2.2–2.3).
+"""Audio encoder stage: [MING] `WhisperAudioEncoder` + `linear_proj_audio` (docs/model.md §2.2–2.3).
 
 log-mel [B, T, 128] → encoder [B, (T−1)//2+1, n_state] → projector [B, T2, hidden], L2-normalised.
 `encode_wrapped` is [MING] `encode_audio_segments`, quirk included: several clips are zero-padded
@@ -35,7 +35,7 @@ _LN_EPS = 1e-5
 def whisper_sinusoids(length: int, channels: int, device=None) -> torch.Tensor:
     """Whisper `sinusoids(length, channels)`: [length, channels] fp32, [sin | cos] halves.
 
-    Timescales exp(−ln(10000)/(channels/2 − 1) · k), k < channels/2 (ming_model.md §2.2 step 3).
+    Timescales exp(−ln(10000)/(channels/2 − 1) · k), k < channels/2 (docs/model.md §2.2 step 3).
     """
     if channels % 2:
         raise ValueError(f"channels must be even, got {channels}")

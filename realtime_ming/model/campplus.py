@@ -1,6 +1,6 @@
 """CAMPPlus speaker encoder runner (`talker/campplus.onnx`, 3D-Speaker) on onnxruntime's CPU provider.
 
-Reproduces the speaker branch of ming_model.md §5.4 ([MING] `modeling_bailing_talker.py`
+Reproduces the speaker branch of docs/model.md §5.4 ([MING] `modeling_bailing_talker.py`
 `SpkembExtractor`): mean-normalised kaldi fbank [1, T, 80] (computed by the caller,
 `audio.fbank.speaker_fbank`) → 192-d speaker vector [1, 192]. onnxruntime is an optional
 dependency, imported only when a runner is built.

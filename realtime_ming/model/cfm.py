@@ -1,6 +1,6 @@
 """CFM sampler of the talker: swayed Euler integration with classifier-free guidance.
 
-Reproduces ming_model.md §5.6 ([MING] `talker_module/cfm.py`: `CFM.sample`,
+Reproduces docs/model.md §5.6 ([MING] `talker_module/cfm.py`: `CFM.sample`,
 `get_epss_timesteps`). Noise is an explicit input (y0, per-step SDE noise) so runs are
 reproducible and the whole sampler is one static-shape, host-sync-free function (CUDA-graphable).
 """

@@ -1,6 +1,6 @@
 """Model configuration: the checkpoint's own config files parsed into frozen dataclasses.
 
-Reads the real Ming-flash-omni-2.0 layout (ming_model.md §1.1, §5.2, §6.1, §8): root
+Reads the real Ming-flash-omni-2.0 layout (docs/model.md §1.1, §5.2, §6.1, §8): root
 `config.json` (llm/audio/vision), `talker/config.json`, `talker/llm/config.json`,
 `talker/vae/config.json`, `talker/data/voice_name.json`, `preprocessor_config.json`.
 Field names are the checkpoint's. Unknown fields and missing required fields raise one
@@ -93,7 +93,7 @@ def _nested(cls: type, ignore: frozenset[str] = frozenset()):
 
 @dataclass(frozen=True, slots=True)
 class ThinkerConfig:
-    """`llm_config` of the root config.json: BailingMoeV2 (ming_model.md §1.1)."""
+    """`llm_config` of the root config.json: BailingMoeV2 (docs/model.md §1.1)."""
 
     vocab_size: int
     hidden_size: int
@@ -139,7 +139,7 @@ class ThinkerConfig:
     embedding_dropout: float = 0.0
     output_dropout: float = 0.0
     pretraining_tp: int = 1
-    # Not in the config: resolved from the tokenizer (ming_model.md §1.1); real id 157168.
+    # Not in the config: resolved from the tokenizer (docs/model.md §1.1); real id 157168.
     audio_patch_token: int | None = None
 
     def __post_init__(self):
@@ -183,7 +183,7 @@ class WhisperEncoderConfig:
 
 @dataclass(frozen=True, slots=True)
 class AudioEncoderConfig:
-    """`audio_config`: Whisper-style encoder + projector settings (ming_model.md §2)."""
+    """`audio_config`: Whisper-style encoder + projector settings (docs/model.md §2)."""
 
     whisper_encoder_config: WhisperEncoderConfig = _nested(WhisperEncoderConfig)
     ds_kernel_size: int = 3
@@ -193,7 +193,7 @@ class AudioEncoderConfig:
 
 @dataclass(frozen=True, slots=True)
 class VisionConfig:
-    """`vision_config`: Qwen3-VL-MoE-style ViT (ming_model.md §3.1)."""
+    """`vision_config`: Qwen3-VL-MoE-style ViT (docs/model.md §3.1)."""
 
     depth: int
     hidden_size: int
@@ -273,7 +273,7 @@ class Qwen2Config:
 
 @dataclass(frozen=True, slots=True)
 class DiTConfig:
-    """`flowmodel` / `aggregator` of `talker/config.json` (ming_model.md §5.2, §5.5, §5.7)."""
+    """`flowmodel` / `aggregator` of `talker/config.json` (docs/model.md §5.2, §5.5, §5.7)."""
 
     hidden_size: int
     depth: int
@@ -332,7 +332,7 @@ _VAE_TRAINING_ONLY = frozenset(
 
 @dataclass(frozen=True, slots=True)
 class VAEConfig:
-    """`talker/vae/config.json` (ming_model.md §6.1)."""
+    """`talker/vae/config.json` (docs/model.md §6.1)."""
 
     enc_kwargs: VAEEncoderConfig = _nested(VAEEncoderConfig)
     dec_kwargs: VAEDecoderConfig = _nested(VAEDecoderConfig)
@@ -351,7 +351,7 @@ class VAEConfig:
 
 @dataclass(frozen=True, slots=True)
 class PreprocessorConfig:
-    """`preprocessor_config.json` (ming_model.md §3.2): only the fields we use are typed."""
+    """`preprocessor_config.json` (docs/model.md §3.2): only the fields we use are typed."""
 
     min_pixels: int = 4096
     max_pixels: int = 16777216

@@ -1,6 +1,6 @@
 """Talker transformers: the CFM velocity network `DiT` (`cfm.model`) and the `Aggregator`.
 
-Reproduces ming_model.md §5.5 and §5.7 ([MING] `talker_module/{dit,modules,aggregator}.py`:
+Reproduces docs/model.md §5.5 and §5.7 ([MING] `talker_module/{dit,modules,aggregator}.py`:
 `DiT`, `DiTBlock`, `Attention`, `FeedForward`, `FinalLayer`, `TimestepEmbedder`, `CondEmbedder`,
 `Aggregator`) with x-transformers 2.15.2 `RotaryEmbedding` (interleaved / GPT-J pairing).
 Both networks share the block stack; every input is batched (each row its own condition).

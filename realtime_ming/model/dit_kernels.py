@@ -80,7 +80,7 @@ def rotary_attention(qkv: torch.Tensor, heads: int, cos: torch.Tensor, sin: torc
 
 def cfm_step_reference(y: torch.Tensor, both: torch.Tensor, dt: torch.Tensor, cfg: torch.Tensor,
                        noise_scale: torch.Tensor, rnd: torch.Tensor) -> torch.Tensor:
-    """One sampler step (ming_model.md §5.6): v = v_c + (v_c − v_u)·cfg from the DiT's [cond ; uncond] rows
+    """One sampler step (docs/model.md §5.6): v = v_c + (v_c − v_u)·cfg from the DiT's [cond ; uncond] rows
     both [2B, P, C]; y [B, P, C] + v·dt, then + noise_scale·sqrt(|dt|)·rnd. cfg, noise_scale [B, 1, 1]
     (or broadcastable); dt a 0-d tensor. The reference's op order and roundings."""
     v_c, v_u = both.chunk(2, dim=0)

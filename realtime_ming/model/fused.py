@@ -2,9 +2,10 @@
 
 At serving batch sizes the talker step, the thinker decode step and the VAE chunk are bound by
 kernel launches, not by bytes: a reference RMSNorm is six kernels, a rotary embedding eight to
-twelve, each a few microseconds even inside a CUDA graph (`bench/op_count.py` counts them). Each
-function here is one kernel on CUDA and exactly the reference PyTorch math otherwise (the CPU path
-the fixtures check). The kernels round where the reference rounds (to the activation dtype after
+twelve, each a few microseconds even inside a CUDA graph (the `talker_profile` stage of
+`bench/gpu_bench.py` counts the kernels per talker step, graphed and eager). Each function here
+is one kernel on CUDA and exactly the reference PyTorch math otherwise (the CPU path the fixtures
+check). The kernels round where the reference rounds (to the activation dtype after
 the norm, after each rotary product, ...), so bf16 results agree with the reference to an ulp.
 
 Integer arguments that change from call to call (rows, tokens) are `do_not_specialize`: Triton would

@@ -1,4 +1,4 @@
-"""Vision pre-processing: images / decoded video frames → ViT patch rows (ming_model.md §3.2).
+"""Vision pre-processing: images / decoded video frames → ViT patch rows (docs/model.md §3.2).
 
 uint8 RGB → `smart_resize` (multiples of 32) → Pillow bicubic → rescale 1/255, CLIP mean/std →
 frame pairs (a still image repeated) → pixel_values [t·h·w, 1536] float32 in merge-block order plus
@@ -39,7 +39,7 @@ class VideoSampling:
     """Frame sampling and per-frame pixel budget for video (`bailingmm_utils_video.py` V1 constants)."""
 
     fps: float = 2.0  # frames sampled per second of video
-    min_frames: int = 4  # ming_model.md §3.2; the released V1 sampler has no minimum (min_frames=1 = exact V1)
+    min_frames: int = 4  # docs/model.md §3.2; the released V1 sampler has no minimum (min_frames=1 = exact V1)
     max_frames: int = 256
     frame_factor: int = 2  # frame count padded to a multiple of this (= temporal_patch_size)
     min_pixels: int = 128 * 32 * 32  # VIDEO_MIN_PIXELS

@@ -1,6 +1,6 @@
 """Shared building blocks: RMSNorm, rotary helpers, tensor-parallel linears and embeddings.
 
-Every layer here exists once (style.md §6.12). Tensor parallelism follows gpt-fast/nano-vllm:
+Every layer here exists once. Tensor parallelism follows gpt-fast/nano-vllm:
 a parallel layer knows its `TPGroup` at construction, its weight carries `tp_dim` (and
 `tp_splits` for fused projections) so the loader narrows each checkpoint tensor to this rank,
 and collectives happen only inside these layers. World size 1 runs the same code, no collectives.
@@ -162,7 +162,7 @@ class RowParallelLinear(nn.Module):
     """Linear whose input features are split across ranks; the partial outputs are all-reduced.
 
     `reduce=False` leaves the partial sum for a caller that fuses several reductions into one
-    (routed + shared experts share one all-reduce, style.md / issue 4).
+    (routed + shared experts share one all-reduce, issue 4).
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False, tp: TPGroup = SINGLE,

@@ -2,7 +2,7 @@
 
 Modules are built on the meta device, materialised on the target device in the target dtype,
 then filled tensor by tensor straight from the (memory-mapped) checkpoint shards. Contract for
-model modules (style.md §6.3):
+model modules:
 
 * parameter and persistent-buffer names equal checkpoint keys (below the prefix);
 * a root module may define `checkpoint_key_map(key) -> (target_name, shard_id) | None` for fused

@@ -1,7 +1,7 @@
 """The root checkpoint module of Ming-flash-omni-2.0 and one call that loads every model part.
 
 `MingOmni` holds the weights of [MING] `BailingMM2NativeForConditionalGeneration` under the root
-`model.safetensors` shards (ming_model.md §1.7, §2.2–2.3, §3.3–3.5, §8): `model` (thinker),
+`model.safetensors` shards (docs/model.md §1.7, §2.2–2.3, §3.3–3.5, §8): `model` (thinker),
 `vision`, `linear_proj`, `audio`, `linear_proj_audio`. `load_all` returns it together with the
 talker (`talker/model.safetensors`, §5.12), the AudioVAE (`talker/vae/model.safetensors`, §6.5)
 and the parsed configs, from a checkpoint folder or a named preset, with real or dummy weights.

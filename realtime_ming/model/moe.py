@@ -1,6 +1,6 @@
 """Thinker feed-forward blocks: dense SwiGLU MLP and the BailingMoeV2 sparse MoE with MultiRouter.
 
-Reproduces `BailingMoeV2MLP`, `BailingMoeV2Gate` and `BailingMoeV2SparseMoeBlock` (ming_model.md §1.4):
+Reproduces `BailingMoeV2MLP`, `BailingMoeV2Gate` and `BailingMoeV2SparseMoeBlock` (docs/model.md §1.4):
 fp32 sigmoid router, `expert_bias` for selection only, group-limited top-k, renormalised weights
 × routed_scaling_factor, expert outputs weighted and summed in fp32, shared expert added. Experts are
 stacked tensors ([E, 2·I, D] gate|up and [E, D, I] down, I sharded under TP) filled from the

@@ -1,6 +1,6 @@
 """Fused MoE experts for CUDA (Triton): the math of `moe.experts_gathered`, no weight copies, no host sync.
 
-Same function as ming_model.md §1.4 / `BailingMoeV2SparseMoeBlock`'s expert part (moe.py):
+Same function as docs/model.md §1.4 / `BailingMoeV2SparseMoeBlock`'s expert part (moe.py):
 y = Σ_k w_k · down_e(silu(gate_e(x)) · up_e(x)) over the stacked [E, 2I, D] / [E, D, I] weights.
 (token, expert) pairs are sorted by expert on the device and padded to blocks of BLOCK_M rows of
 one expert (static worst-case block count, so shapes never depend on the routing); kernel 1 reads

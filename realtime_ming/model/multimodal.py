@@ -1,6 +1,6 @@
 """Multimodal thinker inputs: placeholder prompts, 3-D rotary positions, embedding splice, router masks.
 
-Reproduces the prompt expansion of `processing_bailingmm2.py` (ming_model.md §4), the official
+Reproduces the prompt expansion of `processing_bailingmm2.py` (docs/model.md §4), the official
 `get_t_scale_rope_index` (scale 2.0, §1.5 a) and `BailingMoeV2Model.prompt_wrap_*` (§4): encoder
 embeddings replace the `<imagePatch>` / `<framePatch>` / `<audioPatch>` placeholders, whose masks
 choose the MultiRouter gates (§1.4). Ids come from the tokenizer; this module only sees integers.

@@ -1,6 +1,6 @@
 """English number normalisation for the talker: digits, currencies, units, fractions → words.
 
-Reproduces [MING] `front/number_en.normalize_numbers` (ming_model.md §5.11 step 3) as recorded by the
+Reproduces [MING] `front/number_en.normalize_numbers` (docs/model.md §5.11 step 3) as recorded by the
 `talker_text_front` fixture; the spelling of numbers comes from `inflect` (the fixture used 7.6.0).
 """
 

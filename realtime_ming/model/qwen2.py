@@ -1,4 +1,4 @@
-"""Qwen2 decoder stack: the talker LM (`talker/llm`, ming_model.md §5.2–5.3) and the AudioVAE
+"""Qwen2 decoder stack: the talker LM (`talker/llm`, docs/model.md §5.2–5.3) and the AudioVAE
 backbones (causal sliding-window, §6.2–6.4).
 
 HF Qwen2 math: q/k/v projections with bias, o_proj without, NeoX RoPE over the whole head dim

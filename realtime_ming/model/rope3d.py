@@ -1,7 +1,7 @@
 """Thinker rotary embedding: partial NeoX RoPE with the 3-D "video_rope" frequency mapping.
 
 Reproduces `BailingMoeV2RotaryEmbedding3D` + `apply_3d_rotary_pos_emb(rope_type="video_rope")`
-(ming_model.md §1.3, §1.5 b): position ids are [3, B, T] rows (t, h, w); of the rotary_dim/2
+(docs/model.md §1.3, §1.5 b): position ids are [3, B, T] rows (t, h, w); of the rotary_dim/2
 frequencies, f < 24 take the h row (even f) or the w row (odd f), f >= 24 the t row. With all
 three rows equal (text) this is ordinary partial RoPE on the first rotary_dim head dims.
 """
@@ -64,7 +64,7 @@ def text_position_ids(cache_positions: torch.Tensor, rope_deltas: torch.Tensor) 
     """3-row positions for text tokens after a prefill: cache position + rope delta in every row.
 
     cache_positions [B, T] int64 (-1 = padding, kept -1); rope_deltas [B] or [B, 1] int64.
-    Used for decode (ming_model.md §1.5 a) and for text-only continuation chunks.
+    Used for decode (docs/model.md §1.5 a) and for text-only continuation chunks.
     """
     pos = cache_positions + rope_deltas.reshape(-1, 1)
     pos = torch.where(cache_positions < 0, cache_positions, pos)

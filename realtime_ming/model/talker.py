@@ -1,6 +1,6 @@
 """The Ming talker (`talker/model.safetensors`): prompt building, voice embeddings, step functions.
 
-Reproduces ming_model.md §5.3 (LM input sequence), §5.4 (voice registration maths), §5.8 (heads)
+Reproduces docs/model.md §5.3 (LM input sequence), §5.4 (voice registration maths), §5.8 (heads)
 and §5.9 (generation loop) of [MING] `modeling_bailing_talker.py` `BailingTalker2`
 (`omni_audio_generation_func`, `register_prompt_wav`, `generate`, `CFMGraphExecutor`).
 The loop is split into batchable steps — `prefill` / `decode_lm` (Qwen2 LM with a `KVCache`),

@@ -1,6 +1,6 @@
 """Talker text front-end: the strings the talker synthesises for one text, and their subtitles.
 
-Reproduces [MING] `BailingTalker2.omni_audio_generation`'s text loop (ming_model.md §5.11): the
+Reproduces [MING] `BailingTalker2.omni_audio_generation`'s text loop (docs/model.md §5.11): the
 per-character flush rules, `front/text_segment_cut.cut_text_by_semantic_length(text, 50)`, English
 number normalisation (`number_en.py`), TalkerTN (identity unless given) and the `cache_position` /
 subtitle bookkeeping of the yielded chunks. Checked against the `talker_text_front` fixture.

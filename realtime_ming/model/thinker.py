@@ -1,6 +1,6 @@
 """Thinker LM: BailingMoeV2 (Ling-2.0 flash MoE) in pure PyTorch, with a static multi-slot KV cache.
 
-Reproduces `BailingMoeV2ForCausalLM` (ming_model.md §1.2–1.5, keys §1.7; loaded with prefix
+Reproduces `BailingMoeV2ForCausalLM` (docs/model.md §1.2–1.5, keys §1.7; loaded with prefix
 `model.`): fused QKV split [Q heads | K heads | V heads], per-head q/k RMSNorm before partial 3-D
 RoPE, GQA causal attention, dense layer 0, sparse MoE layers (moe.py), final RMSNorm, untied lm_head.
 `ThinkerKVCache` holds every slot's K/V addressed by absolute cache position, so slots at different

@@ -1,7 +1,7 @@
 """Thinker tokenizer: `tokenizer.json` lookup, the Ming chat template, and UTF-8-safe streaming decode.
 
 Reproduces `BailingTokenizer` (fast tokenizer, no BOS/EOS added) and the Python processor's chat
-format (`processing_bailingmm2.BailingMM2Processor.apply_chat_template`, ming_model.md §1.6, §4),
+format (`processing_bailingmm2.BailingMM2Processor.apply_chat_template`, docs/model.md §1.6, §4),
 not the Jinja template. Prompts come out as ids plus media bookkeeping (multimodal.py). The tiny
 byte-level tokenizers for the CPU default live in tiny_tokenizer.py.
 """

@@ -1,4 +1,4 @@
-"""AudioVAE (`talker/vae`): latents [B, N, 64] at 12.5 Hz <-> 44.1 kHz waveform (ming_model.md §6).
+"""AudioVAE (`talker/vae`): latents [B, N, 64] at 12.5 Hz <-> 44.1 kHz waveform (docs/model.md §6).
 
 Reproduces the official `AudioVAE.AudioVAE` (`Encoder`, `Decoder`, `ISTFTHead`, `ISTFT`) with
 the module tree of the checkpoint (strict load, no prefix). The decoder's ISTFT (exp, irfft,
@@ -38,7 +38,7 @@ def upsample_linear(x: torch.Tensor, left: torch.Tensor, right: torch.Tensor, sc
 
     x [B, N, H]; left/right [B, 1, H] are the frames just before / after x (the sequence's own
     first / last frame at its edges, which is what `F.interpolate` clamps to). Returns
-    [B, N·scale, H]; output 4i+r sits at source i + (r + 0.5)/scale − 0.5 (ming_model.md §6.2,
+    [B, N·scale, H]; output 4i+r sits at source i + (r + 0.5)/scale − 0.5 (docs/model.md §6.2,
     §6.4: with neighbours from the previous / next chunk a chunk upsamples exactly as inside
     the whole sequence).
     """

@@ -1,4 +1,4 @@
-"""Streaming AudioVAE decode for a batch of independent streams (ming_model.md §6.4).
+"""Streaming AudioVAE decode for a batch of independent streams (docs/model.md §6.4).
 
 Reproduces the official `Decoder.low_level_reconstruct(use_cache=True)` (`StreamingLinearUpsample`
 one-chunk lookahead, Qwen2 KV cache, ISTFT overlap buffers): each stream's concatenated output
@@ -207,7 +207,7 @@ def decode_chunk(vae: AudioVAE, latents: torch.Tensor, state: VAEStreamState, is
     return out
 
 class SilenceHolder:
-    """`BailingTalker2.silence_holder` for one stream (ming_model.md §6.4), on 1-D fp32 host tensors.
+    """`BailingTalker2.silence_holder` for one stream (docs/model.md §6.4), on 1-D fp32 host tensors.
 
     Audio is scored in 0.1 s frames (mean |x|, silent when ≤ 1e-3); a partial frame waits for the
     next chunk. A chunk without any loud frame is withheld and emitted in front of the next loud

@@ -1,4 +1,4 @@
-"""Vision encoder stage: [MING] `Qwen3MoeVisionTransformer` + `linear_proj` (ming_model.md §3.3–3.4).
+"""Vision encoder stage: [MING] `Qwen3MoeVisionTransformer` + `linear_proj` (docs/model.md §3.3–3.4).
 
 pixel_values [N, 3·2·16·16] (merge-block row order, see `image_processing`) with per-image grids
 (t, h, w) → ViT [N/4, out_hidden] → projector [N/4, hidden], unit-norm. Attention never crosses an

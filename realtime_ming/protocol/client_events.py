@@ -1,4 +1,4 @@
-"""Client events (`realtime_protocol.md` §5): one registered class per wire type.
+"""Client events (`docs/protocol.md` §4): one registered class per wire type.
 
 Names are identical in GA and beta; only nested shapes differ (`session`, `response`), and the
 codecs of those fields handle the dialect. Audio stays base64 text here.

@@ -1,4 +1,4 @@
-"""GA / beta dialects and the one alias table between them (`realtime_protocol.md` §11).
+"""GA / beta dialects and the one alias table between them (`docs/protocol.md` §7).
 
 Event classes, content types and session fields use GA names; `codec.parse` / `codec.serialise`
 translate through the tables below for beta connections. Nothing outside `protocol/` branches on
@@ -50,7 +50,7 @@ _GA_CONTENT_TYPES: Final = MappingProxyType({beta: ga for ga, beta in _BETA_CONT
 
 TIMINGS_EVENT_TYPE: Final = "realtime_ming.response.timings"
 
-# The 31 server event types pipecat 1.14.0 accepts (`realtime_protocol.md` §13.4): a GA
+# The 31 server event types pipecat 1.14.0 accepts (`docs/protocol.md` §9): a GA
 # connection receives nothing else, except `TIMINGS_EVENT_TYPE` after an explicit opt-in.
 GA_CLIENT_SAFE_SERVER_TYPES: Final = frozenset(
     {

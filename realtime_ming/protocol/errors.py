@@ -13,7 +13,7 @@ __all__ = ["ErrorCode", "ErrorType", "ProtocolError"]
 
 
 class ErrorType(StrEnum):
-    """The `error.type` values of `realtime_protocol.md` §10."""
+    """The `error.type` values of `docs/protocol.md` §6."""
 
     INVALID_REQUEST = "invalid_request_error"
     SERVER = "server_error"

@@ -1,6 +1,6 @@
 """Opaque, unique, prefixed ids for server events, sessions, items, responses, conversations, calls.
 
-The prefixes follow `realtime_protocol.md` §10; nothing parses the suffix.
+The prefixes follow `docs/protocol.md` §6; nothing parses the suffix.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Conversation items and their content parts (`realtime_protocol.md` §6), typed both ways.
+"""Conversation items and their content parts (`docs/protocol.md` §4), typed both ways.
 
 Items are parsed from `conversation.item.create` / `response.create` and rendered inside server
 events. Audio stays a base64 string here; the session/audio layer decodes it. Assistant content

@@ -2,7 +2,7 @@
 
 `Response` renders the GA shape (`output_modalities`, `audio.output`) or the beta shape
 (`modalities`, `voice`, `output_audio_format`), always with `id`, `object`, `status`,
-`status_details` and `output` present (pipecat's older models require them, §13.4).
+`status_details` and `output` present (pipecat's older models require them, docs/protocol.md §9).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Server events (`realtime_protocol.md` §7): one registered class per GA wire type.
+"""Server events (`docs/protocol.md` §5): one registered class per GA wire type.
 
 Only the 31 types pipecat accepts, plus our opt-in `realtime_ming.response.timings`. Beta names
 and the dropped beta `conversation.item.done` come from `dialect`'s alias table at serialise time.

@@ -1,4 +1,4 @@
-"""The effective session (`SessionConfig`) and `session.update` semantics (`realtime_protocol.md` §4).
+"""The effective session (`SessionConfig`) and `session.update` semantics (`docs/protocol.md` §3).
 
 One field table per dialect maps `SessionConfig` attributes to wire paths (GA nested
 `audio.input.format`, beta flat `input_audio_format`); it drives both `parse_session_update` and
@@ -77,7 +77,7 @@ __all__ = [
 ]
 
 DEFAULT_MODEL: Final = "Ming-flash-omni-2.0"
-DEFAULT_VOICE: Final = "DB30"  # Ming's default talker voice (ming_model.md §5.4)
+DEFAULT_VOICE: Final = "DB30"  # Ming's default talker voice (docs/model.md §5.4)
 
 
 class Eagerness(StrEnum):
@@ -420,7 +420,7 @@ def apply_update(
     *,
     voices: Collection[str] | None = None,
 ) -> SessionConfig:
-    """Validate the wire `session` object `update` and apply it to `current` (§4.4).
+    """Validate the wire `session` object `update` and apply it to `current` (docs/protocol.md §3.4).
 
     Raises `ProtocolError` carrying the code and param path; `current` is never modified (it is
     immutable, and a new config is returned only when every field is valid).

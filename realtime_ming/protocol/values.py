@@ -1,7 +1,7 @@
 """Value types shared by the session config, `response.create` and the response object.
 
 Output modalities, audio formats, voices, function tools, tool choice and token limits, each with
-one dialect-aware `Codec` (GA objects vs beta strings, `realtime_protocol.md` §4.2, §11).
+one dialect-aware `Codec` (GA objects vs beta strings, `docs/protocol.md` §3.2, §7).
 """
 
 from __future__ import annotations

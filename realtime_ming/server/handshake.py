@@ -2,7 +2,7 @@
 
 Server-side clients authenticate with `Authorization: Bearer <key>` (or Azure-style `api-key`);
 browsers with the subprotocol `openai-insecure-api-key.<key>`. Beta clients send
-`OpenAI-Beta: realtime=v1` or offer `openai-beta.realtime-v1` (realtime_protocol.md §3, §11).
+`OpenAI-Beta: realtime=v1` or offer `openai-beta.realtime-v1` (docs/protocol.md §2, §7).
 """
 
 from __future__ import annotations

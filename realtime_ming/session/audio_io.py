@@ -24,7 +24,7 @@ __all__ = [
     "wire_format",
 ]
 
-MODEL_SAMPLE_RATE_HZ = 16000  # Ming's audio encoder input rate (ming_model.md §2.1)
+MODEL_SAMPLE_RATE_HZ = 16000  # Ming's audio encoder input rate (docs/model.md §2.1)
 
 _ENCODINGS = {
     AudioEncoding.PCM: pcm.AudioEncoding.PCM16,

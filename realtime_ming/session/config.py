@@ -18,7 +18,7 @@ VAD_BACKENDS = ("silero", "webrtc")
 
 @dataclass(frozen=True, slots=True)
 class VadSettings:
-    """server_vad defaults (realtime_protocol.md §4.3); `detector` holds threshold and timings."""
+    """server_vad defaults (docs/protocol.md §3.3); `detector` holds threshold and timings."""
 
     enabled: bool = True  # new sessions start with server_vad (false: turn_detection null)
     backend: str = "silero"  # "silero" (ONNX, default) | "webrtc" (light; flags noise as speech)

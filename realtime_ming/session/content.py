@@ -60,7 +60,7 @@ def part_to_content(part: ContentPart, input_format: AudioFormat, param: str) ->
 
 
 def strip_audio(part: ContentPart) -> ContentPart:
-    """The part as shown in `conversation.item.added/done` (audio bytes omitted, §7.1)."""
+    """The part as shown in `conversation.item.added/done` (audio bytes omitted, docs/protocol.md §5.1)."""
     if isinstance(part, InputAudio) and part.audio is not None:
         return InputAudio(transcript=part.transcript)
     return part

@@ -1,7 +1,7 @@
 """One response on the wire: `response.created` … deltas … every `.done`, then `response.done`.
 
 `ActiveResponse` turns engine output (text deltas, 44.1 kHz audio, stage marks) into the GA
-event sequence of realtime_protocol.md §8 and guarantees that `finish` emits each pending
+event sequence of docs/protocol.md §5.2 and guarantees that `finish` emits each pending
 `.done` exactly once, for completed, cancelled and failed responses alike.
 """
 

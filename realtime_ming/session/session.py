@@ -80,7 +80,7 @@ __all__ = ["OPENAI_VOICE_ALIASES", "Session"]
 
 log = logging.getLogger(__name__)
 
-# OpenAI's built-in voice names (realtime_protocol.md §4.1). Clients send them by default
+# OpenAI's built-in voice names (docs/protocol.md §3.1). Clients send them by default
 # (openai-agents: "ash"), so they are accepted and spoken with the session's default voice.
 OPENAI_VOICE_ALIASES = ("alloy", "ash", "ballad", "coral", "echo", "sage", "shimmer", "verse", "marin", "cedar")
 
@@ -343,7 +343,7 @@ class Session:
 
     def _on_output_audio_clear(self, event: ce.OutputAudioBufferClear, now: float) -> list[Action]:
         # WebSocket sessions have no server-side playout buffer; there is nothing to clear and
-        # `output_audio_buffer.cleared` must not reach a WebSocket client (realtime_protocol.md §7.1).
+        # `output_audio_buffer.cleared` must not reach a WebSocket client (docs/protocol.md §5.1).
         return []
 
     # ---- turns -------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 /**
  * Browser audio for the demo: one AudioContext with a microphone capture worklet (PCM16 frames at
  * the session rate) and a playback worklet (jitter buffer at the context rate). Mic processing is
- * the browser's own: echo cancellation, noise suppression and auto gain on (realtime_protocol.md §12).
+ * the browser's own: echo cancellation, noise suppression and auto gain on (docs/protocol.md §8).
  */
 
 const WORKLETS = ["./worklets/capture.js", "./worklets/playback.js"];

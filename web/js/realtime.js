@@ -1,6 +1,6 @@
 /**
  * The WebSocket side of the demo: connects to `/v1/realtime` with browser auth by subprotocol
- * (["realtime", "openai-insecure-api-key.<key>"], realtime_protocol.md §3), parses server events
+ * (["realtime", "openai-insecure-api-key.<key>"], docs/protocol.md §2), parses server events
  * and classifies failures into what the user must do: server unreachable, auth failed, or closed.
  */
 
