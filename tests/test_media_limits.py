@@ -237,3 +237,28 @@ def test_image_bomb_is_refused_from_its_header_fast_and_small():
     assert caught.value.code.value == "image_too_large"
     assert "11000x11000" in caught.value.message
     assert elapsed < 0.5 and peak < 4 * 2**20, (elapsed, peak)
+
+
+@pytest.mark.parametrize("size", [(32, 32), (33, 47), (480, 640), (32, 6400), (5000, 4000)])
+def test_image_grid_from_the_size_equals_the_preprocessed_grid(size):
+    """History images are placed from their size alone: the grid must be the one preprocessing gives."""
+    from realtime_ming.model.config import PreprocessorConfig
+    from realtime_ming.model.image_processing import image_grid, preprocess_image
+
+    cfg = PreprocessorConfig()
+    pixels = np.zeros((*size, 3), dtype=np.uint8)
+    assert image_grid(*size, cfg) == tuple(int(v) for v in preprocess_image(pixels, cfg).grid_thw)
+
+
+def test_audio_clips_cover_the_audio_within_the_encoder_window(engine):
+    """The window comes from n_ctx (conv stride 2, 10 ms hop); long audio splits into equal in-window clips."""
+    bundle = engine.bundle
+    shortest, longest = bundle.audio_clip_samples
+    n_ctx = bundle.cfg.ming.audio_config.whisper_encoder_config.n_ctx
+    assert longest == 2 * n_ctx * 160
+    wave = np.arange(2 * longest + 7, dtype=np.float32)
+    clips = bundle.audio_clips(wave)
+    assert len(clips) == 3 and all(shortest <= c.size <= longest for c in clips)
+    np.testing.assert_array_equal(np.concatenate(clips), wave)
+    (padded,) = bundle.audio_clips(np.ones(3, dtype=np.float32))
+    assert padded.size == shortest and padded[:3].tolist() == [1, 1, 1] and not padded[3:].any()
