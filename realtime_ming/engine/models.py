@@ -18,10 +18,10 @@ import torch
 from tokenizers import Tokenizer
 
 from ..model import fused
-from ..model.audio_encoder import AudioProjector, WhisperEncoder, audio_token_lengths
+from ..model.audio_encoder import AudioProjector, WhisperEncoder, audio_token_lengths, max_mel_frames
 from ..model.campplus import CampPlus
 from ..model.config import CheckpointConfig, load_checkpoint_config
-from ..model.image_processing import VisionInput, preprocess_image
+from ..model.image_processing import MAX_ASPECT_RATIO, VisionInput, image_grid, preprocess_image
 from ..model.layers import TPGroup
 from ..model.loader import init_dummy, load_weights, read_weight_map
 from ..model.presets import preset_config
@@ -211,10 +211,43 @@ class ModelBundle:
         return self.audio_graphs(mel, graphed=graphed)
 
     def audio_tokens(self, num_samples_16k: int) -> int:
-        return int(audio_token_lengths(num_samples_16k // 160, self.cfg.ming.audio_config))
+        from ..audio.mel import MEL_HOP_SAMPLES
+
+        return int(audio_token_lengths(num_samples_16k // MEL_HOP_SAMPLES, self.cfg.ming.audio_config))
+
+    @property
+    def audio_clip_samples(self) -> tuple[int, int]:
+        """(min, max) 16 kHz samples of one encoder clip: more than n_fft/2 (the mel frontend's reflect
+        padding), at most the encoder's window (`max_mel_frames` hops: 30 s for Ming)."""
+        from ..audio.mel import MEL_HOP_SAMPLES, MEL_N_FFT
+
+        return MEL_N_FFT // 2 + 1, max_mel_frames(self.cfg.ming.audio_config) * MEL_HOP_SAMPLES
+
+    def audio_clips(self, wave_16k: np.ndarray) -> list[np.ndarray]:
+        """One audio content as the clips the encoder takes, in order: audio longer than the window is
+        cut into equal consecutive clips within it (each placed as its own `<audio>` block, the way the
+        reference places several clips), audio shorter than the minimum is padded with silence."""
+        shortest, longest = self.audio_clip_samples
+        wave = np.asarray(wave_16k, dtype=np.float32)
+        if wave.size < shortest:
+            return [np.pad(wave, (0, shortest - wave.size))]
+        count = -(-wave.size // longest)
+        bounds = [wave.size * k // count for k in range(count + 1)]
+        return [wave[a:b] for a, b in zip(bounds, bounds[1:])]
 
     def vision_input(self, image: np.ndarray) -> VisionInput:
         return preprocess_image(image, self.cfg.preprocessor)
+
+    def image_grid(self, image: np.ndarray) -> tuple[int, int, int]:
+        """The patch grid of `vision_input(image)`, computed from the size alone."""
+        return image_grid(image.shape[0], image.shape[1], self.cfg.preprocessor)
+
+    def media_limits(self) -> dict:
+        """What one media item must satisfy to be prompted (the server validates items against it)."""
+        pre = self.cfg.preprocessor
+        return {"image_factor": pre.patch_size * pre.merge_size, "image_min_pixels": pre.min_pixels,
+                "image_max_pixels": pre.max_pixels, "max_aspect_ratio": MAX_ASPECT_RATIO,
+                "audio_min_samples": self.audio_clip_samples[0], "audio_window_samples": self.audio_clip_samples[1]}
 
     @torch.no_grad()
     def encode_image(self, pixel_values: torch.Tensor, grid_thw) -> torch.Tensor:
@@ -240,6 +273,7 @@ class ModelBundle:
             "default_voice": self.default_voice,
             "is_tiny_default": self.is_tiny_default,
             "notice": TINY_NOTICE if self.is_tiny_default else None,
+            "media": self.media_limits(),
         }
 
 

@@ -35,6 +35,7 @@ __all__ = ["ThinkerRunner", "ThinkerOutput"]
 log = logging.getLogger(__name__)
 
 SLOW_ADMISSION_MS = 40.0  # admissions slower than this are logged with their parts
+VISION_CACHE_BYTES = 256 * 2**20  # preprocessed images kept for turns that prefill them again
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +111,7 @@ class ThinkerRunner:
         self._prefill_queue: deque[str] = deque()
         self._clock = 0
         self._forced = self.tok.encode(self.cfg.forced_reply) if self.cfg.forced_reply else None
+        self._vision = _VisionCache(VISION_CACHE_BYTES)
         buckets = (self.cfg.decode_buckets, self.cfg.kv_buckets or default_kv_buckets(self.cfg.max_seq_len))
         widths = tuple(w for w in self.cfg.prefill_buckets if w <= self.cfg.prefill_chunk_tokens)
         graphs = not cfg.enforce_eager and self.device.type == "cuda"
@@ -172,14 +174,13 @@ class ThinkerRunner:
             for c in msg.content:
                 if c.kind is ContentKind.TEXT:
                     items.append(c.text)
-                elif c.kind is ContentKind.AUDIO:
-                    wave = _to_16k(c.audio, c.sample_rate_hz)
-                    items.append(AudioInput(self.bundle.audio_tokens(len(wave))))
-                    payloads.append((MediaKind.AUDIO, wave))
-                elif c.kind is ContentKind.IMAGE:
-                    vi = self.bundle.vision_input(c.image)
-                    items.append(ImageInput(tuple(int(v) for v in vi.grid_thw)))
-                    payloads.append((MediaKind.IMAGE, vi))
+                elif c.kind is ContentKind.AUDIO:  # longer than the encoder's window: consecutive clips
+                    for clip in self.bundle.audio_clips(_to_16k(c.audio, c.sample_rate_hz)):
+                        items.append(AudioInput(self.bundle.audio_tokens(len(clip))))
+                        payloads.append((MediaKind.AUDIO, clip))
+                elif c.kind is ContentKind.IMAGE:  # the grid comes from the size; pixels only for the tail
+                    items.append(ImageInput(self.bundle.image_grid(c.image)))
+                    payloads.append((MediaKind.IMAGE, c.image))
                 elif c.kind is ContentKind.VIDEO:
                     from ..model.image_processing import preprocess_video
 
@@ -247,7 +248,8 @@ class ThinkerRunner:
             if kind is MediaKind.AUDIO:
                 audio.append(self.bundle.encode_audio(payload))
             elif kind is MediaKind.IMAGE:
-                images.append(self.bundle.encode_image(payload.pixel_values, payload.grid_thw))
+                vi = self._vision.get(payload, self.bundle.vision_input)
+                images.append(self.bundle.encode_image(vi.pixel_values, vi.grid_thw))
             else:
                 frames.append(self.bundle.encode_image(*payload))
         out = {"audio_clips": audio}
@@ -410,6 +412,35 @@ class ThinkerRunner:
         self.rows.pop(row.request.turn_id, None)
         row.slot.busy = None
         return ThinkerOutput(row.request.turn_id, text=delta, finish=finish, output_tokens=len(row.generated))
+
+
+class _VisionCache:
+    """Preprocessed images by the identity of their pixel array (a conversation keeps its arrays, and the
+    entry holds the array, so an id is never reused while cached), least recently used out first, at most
+    `max_bytes` of pixel rows. History images only need their grid (from the size); this spares the
+    preprocessing when an image is prefilled again (a discarded speculative turn, an evicted KV slot)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self._entries: dict[int, tuple[np.ndarray, object]] = {}
+        self._max_bytes = max_bytes
+        self._bytes = 0
+
+    def get(self, image: np.ndarray, preprocess):
+        hit = self._entries.pop(id(image), None)
+        if hit is not None and hit[0] is image:
+            self._entries[id(image)] = hit  # most recent last
+            return hit[1]
+        if hit is not None:
+            self._bytes -= hit[1].pixel_values.nbytes
+        vi = preprocess(image)
+        size = vi.pixel_values.nbytes
+        if size <= self._max_bytes:
+            while self._entries and self._bytes + size > self._max_bytes:
+                oldest = next(iter(self._entries))
+                self._bytes -= self._entries.pop(oldest)[1].pixel_values.nbytes
+            self._entries[id(image)] = (image, vi)
+            self._bytes += size
+        return vi
 
 
 def _expand(payloads, spans):

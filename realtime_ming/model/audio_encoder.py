@@ -21,6 +21,7 @@ __all__ = [
     "encoder_output_lengths",
     "projector_output_lengths",
     "audio_token_lengths",
+    "max_mel_frames",
     "WhisperEncoder",
     "AudioProjector",
     "WrappedAudioEmbeddings",
@@ -64,6 +65,16 @@ def projector_output_lengths(encoder_lengths, cfg: AudioEncoderConfig):
 def audio_token_lengths(mel_lengths, cfg: AudioEncoderConfig):
     """Audio tokens per clip from mel frames (= placeholder count): 150 mel frames → 38 tokens."""
     return projector_output_lengths(encoder_output_lengths(mel_lengths), cfg)
+
+
+def max_mel_frames(cfg: AudioEncoderConfig) -> int:
+    """The encoder's window in mel frames: the longest clip whose encoder output (conv2 stride 2) fits
+    the `n_ctx` positional embeddings (1500 positions -> 3000 frames, 30 s at a 10 ms hop)."""
+    n_ctx = cfg.whisper_encoder_config.n_ctx
+    frames = 2 * n_ctx
+    while encoder_output_lengths(frames) > n_ctx:  # the inverse of the conv formula, checked
+        frames -= 1
+    return frames
 
 
 def _conv1d_as_linear(x: torch.Tensor, conv: nn.Conv1d) -> torch.Tensor:

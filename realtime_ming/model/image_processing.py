@@ -25,6 +25,7 @@ __all__ = [
     "normalize_pixels",
     "patchify",
     "preprocess_image",
+    "image_grid",
     "video_frame_indices",
     "video_frame_size",
     "preprocess_video",
@@ -159,6 +160,12 @@ def preprocess_image(image, cfg: PreprocessorConfig = PreprocessorConfig()) -> V
                                  cfg.min_pixels, cfg.max_pixels)
     resized = resize_bicubic(array, height, width)
     return _frames_to_input(resized[None], cfg)
+
+
+def image_grid(height: int, width: int, cfg: PreprocessorConfig = PreprocessorConfig()) -> tuple[int, int, int]:
+    """The (t, h, w) patch grid `preprocess_image` gives an image of this size, without touching a pixel."""
+    h, w = smart_resize(height, width, cfg.patch_size * cfg.merge_size, cfg.min_pixels, cfg.max_pixels)
+    return 1, h // cfg.patch_size, w // cfg.patch_size
 
 
 def video_frame_indices(total_frames: int, video_fps: float, sampling: VideoSampling = VideoSampling()) -> list[int]:

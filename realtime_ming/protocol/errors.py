@@ -103,6 +103,41 @@ class ErrorCode(StrEnum):
     )
     # Conversation items.
     INVALID_IMAGE = ("invalid_image", _INVALID, "Invalid image: {detail}.")
+    IMAGE_TOO_LARGE = (
+        "image_too_large",
+        _INVALID,
+        "The image of {width}x{height} pixels exceeds the limit of {max_pixels} pixels.",
+    )
+    IMAGE_TOO_SMALL = (
+        "image_too_small",
+        _INVALID,
+        "The image of {width}x{height} pixels is smaller than {min_side} pixels on a side.",
+    )
+    IMAGE_ASPECT_RATIO_TOO_LARGE = (
+        "image_aspect_ratio_too_large",
+        _INVALID,
+        "The image of {width}x{height} pixels has an aspect ratio above {max_ratio}.",
+    )
+    INPUT_AUDIO_TOO_SHORT = (
+        "input_audio_too_short",
+        _INVALID,
+        "The audio of {duration_ms:.2f} ms is too short; at least {min_ms:g} ms are needed.",
+    )
+    INPUT_AUDIO_TOO_LONG = (
+        "input_audio_too_long",
+        _INVALID,
+        "The audio of {duration_s:.1f} s exceeds the limit of {max_s:g} s per item.",
+    )
+    INPUT_TEXT_TOO_LONG = (
+        "input_text_too_long",
+        _INVALID,
+        "The text of {num_chars} characters exceeds the limit of {max_chars} characters per item.",
+    )
+    ITEM_TOO_LARGE = (
+        "item_too_large",
+        _INVALID,
+        "The item holds {num_bytes} bytes, more than the session's conversation budget of {max_bytes} bytes.",
+    )
     UNSUPPORTED_CONTENT = (
         "unsupported_content",
         _INVALID,
@@ -160,6 +195,23 @@ class ErrorCode(StrEnum):
     )
     IDLE_TIMEOUT = ("idle_timeout", _INVALID, "Session closed after {idle_s} s without client events.")
     SERVER_ERROR = ("server_error", _SERVER, "The server had an error while processing your request.")
+    CONTEXT_LENGTH_EXCEEDED = (
+        "context_length_exceeded",
+        _INVALID,
+        "Response '{response_id}' failed: the conversation does not fit the model's context ({detail});"
+        " the new input items were removed from the conversation.",
+    )
+    ENGINE_BUSY = (
+        "engine_busy",
+        _SERVER,
+        "Response '{response_id}' failed: the engine is at capacity; try again.",
+    )
+    INPUT_NOT_PROMPTABLE = (
+        "input_not_promptable",
+        _INVALID,
+        "Response '{response_id}' failed: the model could not read its input ({detail});"
+        " the new input items were removed from the conversation.",
+    )
     ENGINE_ERROR = (
         "engine_error",
         _SERVER,

@@ -25,6 +25,7 @@ from ..protocol.events import ClientEvent, ServerEvent
 from ..protocol.server_events import Error
 from ..protocol.session import DEFAULT_MODEL, DEFAULT_VOICE
 from ..session import Session, SessionRunner, SessionSettings
+from ..session.content import MediaLimits
 from .agent import AgentOptions, Opening, RealtimeAgent
 from .errors import ConnectionClosed
 
@@ -129,6 +130,8 @@ class LocalAgent(RealtimeAgent):
             voices=voices or (default_voice,),
             default_voice=default_voice,
             make_vad=self._make_vad,
+            media=MediaLimits.from_engine(info.get("media"), min_audio_ms=self._settings.min_commit_ms,
+                                          max_audio_s=self._settings.max_input_audio_s),
         )
         self._runner = SessionRunner(session, self.engine, emit=self._emit,
                                      max_pending_client=_MAX_PENDING_CLIENT_EVENTS)

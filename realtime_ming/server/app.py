@@ -83,6 +83,7 @@ class RealtimeServer:
             voices=voices or (self.default_voice,),
             default_voice=self.default_voice,
             make_vad=self._make_vad,
+            media_info=self._info.get("media"),
         )
 
     @property

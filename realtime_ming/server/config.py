@@ -46,13 +46,23 @@ class AuthConfig:
 
 @dataclass(frozen=True, slots=True)
 class LimitsConfig:
+    """Per-server and per-session resource limits. A session's memory is bounded in bytes: what its
+    conversation stores (`max_conversation_bytes`, the oldest items are evicted with
+    `conversation.item.deleted`), what waits to be sent (`max_outbound_bytes`: a client that lets more
+    pile up is closed with 1008 "client is not reading"), and what one item may carry."""
+
     max_sessions: int = 32  # beyond -> close 1013 (try again later)
     max_frame_bytes: int = 16 * 2**20  # larger frames get a frame_too_large error (one append: <= 15 MiB)
     max_message_bytes: int = 64 * 2**20  # websockets max_size: larger frames close the connection (1009)
     max_inbound_frames: int = 16  # websockets max_queue, and client events waiting for the session
-    max_outbound_events: int = 1024  # per-session outbound queue (overflow: the session pauses)
+    max_outbound_events: int = 1024  # per-session outbound queue, frames (beyond -> close 1008)
+    max_outbound_bytes: int = 16 * 2**20  # per-session outbound queue, bytes held (beyond -> close 1008)
     idle_timeout_s: float = 600.0  # no client frame for this long -> close 1000 "idle timeout"
     send_timeout_s: float = 30.0  # a client that stops reading this long -> close 1008
+    close_timeout_s: float = 2.0  # closing handshake; a peer that does not answer is then cut off (TCP abort)
+    max_conversation_bytes: int = 128 * 2**20  # stored audio/images/text per session; oldest items evicted beyond
+    max_image_pixels: int = 36_000_000  # image width x height, read from its header before decoding
+    max_item_text_chars: int = 256 * 1024  # text of one content part
     open_timeout_s: float = 10.0  # WebSocket opening handshake
     shutdown_timeout_s: float = 5.0  # graceful shutdown: wait for handlers this long
 

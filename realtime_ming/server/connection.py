@@ -4,15 +4,22 @@ The reader parses frames into client events (oversize frames become `frame_too_l
 the session task runs the `SessionRunner`, the writer sends serialised events with a send
 timeout. A clean end (client gone, idle timeout, slow client) is raised by the task that saw it
 as `SessionEnded`; the handler then closes with that code and frees the engine turn.
+
+Memory: what waits to be sent is bounded in bytes (`max_outbound_bytes`, the frame being sent
+included) and in frames; a client that lets more pile up is not reading and is closed with 1008.
+The close itself is bounded (`close_timeout_s`): a peer that never reads cannot take the closing
+handshake, so its TCP connection is then aborted and the session's memory freed at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
@@ -34,6 +41,7 @@ from ..session import (
     SessionRunner,
 )
 from ..session.config import SessionSettings
+from ..session.content import MediaLimits
 from .config import LimitsConfig
 from .handshake import HandshakeInfo
 from .metrics import ServerMetrics
@@ -72,6 +80,46 @@ class ConnectionContext:
     voices: tuple[str, ...]
     default_voice: str
     make_vad: Callable[[str], VadBackend]
+    media_info: Mapping[str, Any] | None = None  # the engine's media constraints (`info()["media"]`)
+
+    def media_limits(self) -> MediaLimits:
+        """What one stored item may hold: the model's constraints and this server's budgets."""
+        return MediaLimits.from_engine(
+            self.media_info,
+            min_audio_ms=self.settings.min_commit_ms,
+            max_audio_s=self.settings.max_input_audio_s,
+            max_image_pixels=self.limits.max_image_pixels,
+            max_text_chars=self.limits.max_item_text_chars,
+            max_conversation_bytes=self.limits.max_conversation_bytes,
+        )
+
+
+class _Outbound:
+    """Frames waiting for the writer, bounded in bytes (a frame counts until its send completed) and in
+    number. `put` never blocks: past a bound the client is not reading, and the session ends (1008)."""
+
+    def __init__(self, max_bytes: int, max_frames: int) -> None:
+        self._queue: asyncio.Queue[str | _Close] = asyncio.Queue()
+        self._max_bytes, self._max_frames = max_bytes, max_frames
+        self.nbytes = 0  # memory held by queued and in-flight frames
+
+    def put(self, item: str | _Close) -> None:
+        if isinstance(item, str):
+            size = sys.getsizeof(item)
+            if self.nbytes and (self.nbytes + size > self._max_bytes or self._queue.qsize() >= self._max_frames):
+                raise SessionEnded(
+                    CloseCode.POLICY_VIOLATION,
+                    f"client is not reading: {self.nbytes + size} bytes / {self._queue.qsize() + 1} events "
+                    f"to send exceed the limit of {self._max_bytes} bytes / {self._max_frames} events",
+                )
+            self.nbytes += size
+        self._queue.put_nowait(item)
+
+    async def get(self) -> str | _Close:
+        return await self._queue.get()
+
+    def sent(self, frame: str) -> None:
+        self.nbytes -= sys.getsizeof(frame)
 
 
 def _observe(metrics: ServerMetrics) -> Callable[[Action], None]:
@@ -92,7 +140,7 @@ def _observe(metrics: ServerMetrics) -> Callable[[Action], None]:
     return on_action
 
 
-async def _read(ws: ServerConnection, runner: SessionRunner, outbound: asyncio.Queue, ctx: ConnectionContext,
+async def _read(ws: ServerConnection, runner: SessionRunner, outbound: _Outbound, ctx: ConnectionContext,
                 info: HandshakeInfo) -> None:
     limits = ctx.limits
     while True:
@@ -102,8 +150,8 @@ async def _read(ws: ServerConnection, runner: SessionRunner, outbound: asyncio.Q
         except TimeoutError:
             error = ProtocolError(ErrorCode.IDLE_TIMEOUT, idle_s=limits.idle_timeout_s)
             ctx.metrics.errors.labels(error.code.value).inc()
-            await outbound.put(serialise(Error.from_protocol_error(error), info.dialect))
-            await outbound.put(_Close(CloseCode.NORMAL_CLOSURE, f"idle timeout: no client events for {limits.idle_timeout_s:g} s"))
+            outbound.put(serialise(Error.from_protocol_error(error), info.dialect))
+            outbound.put(_Close(CloseCode.NORMAL_CLOSURE, f"idle timeout: no client events for {limits.idle_timeout_s:g} s"))
             return
         except ConnectionClosed:
             raise SessionEnded(None) from None
@@ -114,7 +162,7 @@ async def _read(ws: ServerConnection, runner: SessionRunner, outbound: asyncio.Q
         await runner.put_client(event)
 
 
-async def _write(ws: ServerConnection, outbound: asyncio.Queue, limits: LimitsConfig) -> None:
+async def _write(ws: ServerConnection, outbound: _Outbound, limits: LimitsConfig) -> None:
     while True:
         item = await outbound.get()
         if isinstance(item, _Close):
@@ -126,6 +174,16 @@ async def _write(ws: ServerConnection, outbound: asyncio.Queue, limits: LimitsCo
             raise SessionEnded(CloseCode.POLICY_VIOLATION, "client is not reading") from None
         except ConnectionClosed:
             raise SessionEnded(None) from None
+        outbound.sent(item)
+
+
+async def _close(ws: ServerConnection, code: CloseCode, reason: str, timeout_s: float) -> None:
+    """The closing handshake within `timeout_s`; a peer that does not take it is cut off (TCP abort)."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            await ws.close(code, reason)
+    except TimeoutError:
+        ws.transport.abort()
 
 
 async def _send_quietly(ws: ServerConnection, frame: str | None) -> None:
@@ -148,16 +206,17 @@ async def serve_connection(ws: ServerConnection, ctx: ConnectionContext, info: H
         voices=ctx.voices,
         default_voice=ctx.default_voice,
         make_vad=ctx.make_vad,
+        media=ctx.media_limits(),
     )
     logger = logging.LoggerAdapter(log, {"session": session.config.id})
-    # Overflow policy: the session task blocks on a full queue (so it stops consuming its
-    # inbox); the writer drains it; a client that stops reading hits send_timeout_s.
-    outbound: asyncio.Queue[str | _Close] = asyncio.Queue(maxsize=ctx.limits.max_outbound_events)
+    # Overflow policy: past the outbound budget the session ends (1008); a client that reads too
+    # slowly to ever reach it but has stopped altogether hits send_timeout_s.
+    outbound = _Outbound(ctx.limits.max_outbound_bytes, ctx.limits.max_outbound_events)
 
     async def emit(event: ServerEvent) -> None:
         frame = serialise(event, info.dialect, timing_events=session.config.timing_events)
         if frame is not None:
-            await outbound.put(frame)
+            outbound.put(frame)
 
     runner = SessionRunner(
         session, ctx.engine, emit=emit, on_action=_observe(ctx.metrics),
@@ -186,6 +245,6 @@ async def serve_connection(ws: ServerConnection, ctx: ConnectionContext, info: H
     finally:
         runner.close()  # the engine frees the active turn even when this task is cancelled
     if code is not None:
-        await ws.close(code, reason)
+        await _close(ws, code, reason, ctx.limits.close_timeout_s)
     logger.info("session %s closed after %.1f s (%s)", session.config.id, time.monotonic() - started,
                 reason or (code.name if code is not None else "client gone"))

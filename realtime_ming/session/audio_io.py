@@ -19,7 +19,6 @@ __all__ = [
     "InputAudioBuffer",
     "InputDecoder",
     "OutputEncoder",
-    "decode_audio_once",
     "encode_audio_once",
     "wire_format",
 ]
@@ -36,12 +35,6 @@ _ENCODINGS = {
 def wire_format(fmt: AudioFormat) -> pcm.AudioFormat:
     """The audio stage's codec for a protocol audio format."""
     return pcm.AudioFormat(_ENCODINGS[fmt.encoding], fmt.sample_rate_hz)
-
-
-def decode_audio_once(b64: str, fmt: AudioFormat) -> np.ndarray:
-    """Base64 audio in `fmt` → float32 [n] at 16 kHz (whole clip); raises pcm.AudioFormatError."""
-    codec = wire_format(fmt)
-    return resample(codec.decode(pcm.b64decode_audio(b64)), codec.sample_rate_hz, MODEL_SAMPLE_RATE_HZ)
 
 
 def encode_audio_once(samples_16k: np.ndarray, fmt: AudioFormat) -> str:

@@ -1,6 +1,12 @@
-"""Client content parts → engine `Content`: text as is, base64 audio → 16 kHz float32, image data
-URLs → uint8 RGB arrays (Pillow). Failures raise `ProtocolError` with `invalid_audio` /
-`invalid_image` and the param path of the offending part.
+"""Client content parts → engine `Content`, validated and normalised so that a stored item can
+always be prompted.
+
+Text is kept as is (up to `MediaLimits.max_text_chars`); base64 audio becomes 16 kHz float32 of a
+length the audio encoder accepts; an image data URL is checked from its header alone (pixel
+budget, minimum side, aspect ratio: nothing is decoded for a rejected image), then decoded and
+resized once to the size the vision preprocessing would resize it to (the engine's own
+`smart_resize` target, so the pixels are the ones the model would see and the engine does no
+second resize). Every rejection raises `ProtocolError` with a specific code and the param path.
 """
 
 from __future__ import annotations
@@ -8,55 +14,171 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
 
 import numpy as np
 
-from ..audio.pcm import AudioFormatError
-from ..engine.api import Content
+from ..audio.pcm import AudioFormatError, b64decode_audio
+from ..audio.resample import resample
+from ..engine.api import Content, ContentKind
+from ..protocol import client_events as ce
 from ..protocol.errors import ErrorCode, ProtocolError
 from ..protocol.items import (
     ContentPart,
     InputAudio,
     InputImage,
     InputText,
+    MessageItem,
     OutputAudio,
     OutputText,
 )
 from ..protocol.values import AudioFormat
-from .audio_io import MODEL_SAMPLE_RATE_HZ, decode_audio_once
+from .audio_io import MODEL_SAMPLE_RATE_HZ, wire_format
 
-__all__ = ["decode_image_url", "part_to_content", "strip_audio"]
+__all__ = [
+    "MediaLimits",
+    "content_nbytes",
+    "decode_audio",
+    "decode_image_url",
+    "media_parts",
+    "part_to_content",
+    "strip_audio",
+]
 
-_MAX_IMAGE_PIXELS = 64_000_000  # Pillow raises above twice this (decompression-bomb guard)
+
+@dataclass(frozen=True, slots=True)
+class MediaLimits:
+    """What one stored item may hold.
+
+    The first group is the model's own constraints, read from the engine's `info()["media"]`
+    (`MediaLimits.from_engine`); the defaults are Ming's. The second group is the server's budgets
+    (`server.limits`, `session.max_input_audio_s`, `session.min_commit_ms`).
+    """
+
+    image_factor: int = 32  # ViT patch x spatial merge: resized sides are multiples; smaller sides rejected
+    image_min_pixels: int = 4096  # the preprocessing's resize bounds (area)
+    image_max_pixels: int = 16_777_216
+    max_aspect_ratio: float = 200.0  # the preprocessing rejects more elongated images
+    audio_min_samples: int = 201  # at 16 kHz: the mel frontend needs more than n_fft/2 samples
+    max_image_pixels: int = 36_000_000  # source width x height, checked from the header before decoding
+    max_text_chars: int = 256 * 1024  # per text part
+    min_audio_ms: float = 100.0  # per audio part (also the manual-commit minimum)
+    max_audio_s: float = 60.0  # per audio part
+    max_conversation_bytes: int = 128 * 2**20  # what the conversation stores; oldest items evicted beyond
+
+    @classmethod
+    def from_engine(cls, media: Mapping | None, **budgets) -> MediaLimits:
+        """Model constraints from an engine's `info()["media"]` (unknown keys ignored) plus budgets."""
+        names = {f.name for f in fields(cls)}
+        model = {k: v for k, v in (media or {}).items() if k in names}
+        return cls(**model, **budgets)
+
+    @property
+    def min_audio_samples(self) -> int:
+        """Shortest audio part accepted, in 16 kHz samples."""
+        return max(self.audio_min_samples, int(np.ceil(self.min_audio_ms * MODEL_SAMPLE_RATE_HZ / 1000)))
 
 
-def decode_image_url(url: str, param: str) -> np.ndarray:
-    """`data:image/...;base64,...` → [H, W, 3] uint8 RGB; raises ProtocolError(invalid_image)."""
+def _image_error(code: ErrorCode, param: str, **values) -> ProtocolError:
+    return ProtocolError(code, param=param, **values)
+
+
+def decode_image_url(url: str, param: str, limits: MediaLimits = MediaLimits()) -> np.ndarray:
+    """`data:image/...;base64,...` → [H, W, 3] uint8 RGB at the model's preprocessing size.
+
+    The header is read first (Pillow opens lazily): an image over the pixel budget, with a side
+    below `image_factor` or an aspect ratio above the model's maximum is rejected before any
+    pixel is decoded. Raises ProtocolError (invalid_image, image_too_large, image_too_small,
+    image_aspect_ratio_too_large).
+    """
     from PIL import Image
+
+    from ..model.image_processing import resize_bicubic, smart_resize
+
+    # The pixel budget below is checked from the header first; Pillow's own warning would only add noise.
+    warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
 
     try:
         data = base64.b64decode(url.split(";base64,", 1)[1], validate=True)
-        Image.MAX_IMAGE_PIXELS = _MAX_IMAGE_PIXELS
-        with Image.open(io.BytesIO(data)) as image:
-            return np.asarray(image.convert("RGB"), dtype=np.uint8)
-    except (IndexError, binascii.Error, ValueError, OSError, Image.DecompressionBombError) as exc:
+    except (IndexError, binascii.Error, ValueError) as exc:
         raise ProtocolError(ErrorCode.INVALID_IMAGE, param=param, detail=str(exc) or type(exc).__name__) from exc
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            width, height = image.size
+            dims = {"width": width, "height": height}
+            if width * height > limits.max_image_pixels:
+                raise _image_error(ErrorCode.IMAGE_TOO_LARGE, param, max_pixels=limits.max_image_pixels, **dims)
+            if min(width, height) < limits.image_factor:
+                raise _image_error(ErrorCode.IMAGE_TOO_SMALL, param, min_side=limits.image_factor, **dims)
+            if max(width, height) / min(width, height) > limits.max_aspect_ratio:
+                raise _image_error(ErrorCode.IMAGE_ASPECT_RATIO_TOO_LARGE, param,
+                                   max_ratio=f"{limits.max_aspect_ratio:g}", **dims)
+            target_h, target_w = smart_resize(height, width, limits.image_factor, limits.image_min_pixels,
+                                              limits.image_max_pixels)
+            if min(target_h, target_w) < limits.image_factor:  # squeezed to nothing by the area bound
+                raise _image_error(ErrorCode.IMAGE_ASPECT_RATIO_TOO_LARGE, param,
+                                   max_ratio=f"{limits.max_aspect_ratio:g}", **dims)
+            rgb = np.asarray(image.convert("RGB"), dtype=np.uint8)
+    except ProtocolError:
+        raise
+    except Image.DecompressionBombError as exc:  # Pillow's own guard, above ~179 M pixels
+        raise _image_error(ErrorCode.IMAGE_TOO_LARGE, param, width="?", height="?",
+                           max_pixels=limits.max_image_pixels) from exc
+    except (ValueError, OSError, SyntaxError, Image.UnidentifiedImageError) as exc:
+        raise ProtocolError(ErrorCode.INVALID_IMAGE, param=param, detail=str(exc) or type(exc).__name__) from exc
+    return resize_bicubic(rgb, target_h, target_w)
 
 
-def part_to_content(part: ContentPart, input_format: AudioFormat, param: str) -> Content:
-    """The model's view of one content part (audio in the session input format)."""
+def decode_audio(b64: str, fmt: AudioFormat, param: str, limits: MediaLimits = MediaLimits()) -> np.ndarray:
+    """Base64 audio in `fmt` → float32 [n] at 16 kHz within the per-part length limits.
+
+    The duration is checked from the byte count before anything is decoded. Raises ProtocolError
+    (invalid_audio, input_audio_too_short, input_audio_too_long).
+    """
+    codec = wire_format(fmt)
+    try:
+        data = b64decode_audio(b64)
+        duration_ms = codec.duration_ms(len(data))
+    except AudioFormatError as exc:
+        raise ProtocolError(ErrorCode.INVALID_AUDIO, param=param, detail=str(exc)) from exc
+    if duration_ms > limits.max_audio_s * 1000:
+        raise ProtocolError(ErrorCode.INPUT_AUDIO_TOO_LONG, param=param, duration_s=duration_ms / 1000,
+                            max_s=limits.max_audio_s)
+    audio = resample(codec.decode(data), codec.sample_rate_hz, MODEL_SAMPLE_RATE_HZ)
+    if audio.size < limits.min_audio_samples:
+        raise ProtocolError(ErrorCode.INPUT_AUDIO_TOO_SHORT, param=param, duration_ms=duration_ms,
+                            min_ms=1000 * limits.min_audio_samples / MODEL_SAMPLE_RATE_HZ)
+    return audio
+
+
+def _text(text: str, param: str, limits: MediaLimits) -> Content:
+    if len(text) > limits.max_text_chars:
+        raise ProtocolError(ErrorCode.INPUT_TEXT_TOO_LONG, param=param, num_chars=len(text),
+                            max_chars=limits.max_text_chars)
+    return Content.of_text(text)
+
+
+def part_to_content(part: ContentPart, input_format: AudioFormat, param: str,
+                    limits: MediaLimits = MediaLimits()) -> Content:
+    """The model's view of one content part (audio in the session input format); raises ProtocolError."""
     if isinstance(part, InputText | OutputText):
-        return Content.of_text(part.text)
+        return _text(part.text, param, limits)
     if isinstance(part, InputImage):
-        return Content.of_image(decode_image_url(part.image_url, param))
+        return Content.of_image(decode_image_url(part.image_url, param, limits))
     if isinstance(part, InputAudio) and part.audio is not None:
-        try:
-            audio = decode_audio_once(part.audio, input_format)
-        except AudioFormatError as exc:
-            raise ProtocolError(ErrorCode.INVALID_AUDIO, param=param, detail=str(exc)) from exc
-        return Content.of_audio(audio, MODEL_SAMPLE_RATE_HZ)
+        return Content.of_audio(decode_audio(part.audio, input_format, param, limits), MODEL_SAMPLE_RATE_HZ)
     assert isinstance(part, InputAudio | OutputAudio)
-    return Content.of_text(part.transcript or "")
+    return _text(part.transcript or "", param, limits)
+
+
+def content_nbytes(content: Content) -> int:
+    """Bytes one model-view content holds (its array; a text counts its characters)."""
+    if content.kind is ContentKind.TEXT:
+        return len(content.text or "")
+    array = {ContentKind.AUDIO: content.audio, ContentKind.IMAGE: content.image}.get(content.kind, content.video)
+    return 0 if array is None else int(array.nbytes)
 
 
 def strip_audio(part: ContentPart) -> ContentPart:
@@ -64,3 +186,19 @@ def strip_audio(part: ContentPart) -> ContentPart:
     if isinstance(part, InputAudio) and part.audio is not None:
         return InputAudio(transcript=part.transcript)
     return part
+
+
+def media_parts(event: object) -> list[tuple[str, ContentPart]]:
+    """(param, part) of every content part of `event` that carries media to decode."""
+    if isinstance(event, ce.ConversationItemCreate):
+        items = [("item", event.item)]
+    elif isinstance(event, ce.ResponseCreate) and event.response.input is not None:
+        items = [(f"response.input[{i}]", item) for i, item in enumerate(event.response.input)]
+    else:
+        return []
+    return [
+        (f"{param}.content[{i}]", part)
+        for param, item in items if isinstance(item, MessageItem)
+        for i, part in enumerate(item.content)
+        if isinstance(part, InputImage) or (isinstance(part, InputAudio) and part.audio is not None)
+    ]

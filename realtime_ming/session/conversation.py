@@ -16,6 +16,7 @@ from ..engine.api import Content, ContentKind, Message
 from ..protocol.items import (
     ConversationItem,
     InputAudio,
+    InputImage,
     ItemStatus,
     MessageItem,
     OutputAudio,
@@ -24,6 +25,7 @@ from ..protocol.items import (
 )
 from ..protocol.values import AudioFormat
 from .audio_io import encode_audio_once
+from .content import content_nbytes
 
 __all__ = ["AssistantItem", "Conversation", "StoredItem"]
 
@@ -53,6 +55,14 @@ class StoredItem:
             parts.append(part)
         return replace(self.item, content=tuple(parts))
 
+    @property
+    def nbytes(self) -> int:
+        """Memory held: the model view (audio samples, image pixels, text) plus the image URLs kept for events."""
+        held = sum(content_nbytes(c) for c in self.content)
+        if isinstance(self.item, MessageItem):
+            held += sum(len(p.image_url) for p in self.item.content if isinstance(p, InputImage))
+        return held
+
     def message(self) -> Message | None:
         """The engine message, or None for items the model does not see."""
         if not isinstance(self.item, MessageItem) or not self.content:
@@ -75,6 +85,11 @@ class AssistantItem:
     def audio_ms(self) -> float:
         """Duration of the audio sent for this item."""
         return self.codec.duration_ms(len(self.audio)) if self.codec is not None else 0.0
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held: the audio sent and the text."""
+        return len(self.audio) + len(self.text)
 
     def view(self, *, with_audio: bool = False, empty: bool = False) -> MessageItem:
         """The item for events; `empty` gives the `in_progress` shape of `.added` events."""
@@ -114,11 +129,32 @@ Entry = StoredItem | AssistantItem
 
 
 class Conversation:
-    """Ordered items by id, at most `max_items` (the oldest are dropped first)."""
+    """Ordered items by id, at most `max_items` holding at most `max_bytes` (`nbytes` of every entry);
+    `evict` drops the oldest beyond either bound."""
 
-    def __init__(self, max_items: int) -> None:
+    def __init__(self, max_items: int, max_bytes: int | None = None) -> None:
         self._items: OrderedDict[str, Entry] = OrderedDict()
         self._max_items = max_items
+        self.max_bytes = max_bytes
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held by every entry."""
+        return sum(entry.nbytes for entry in self._items.values())
+
+    def evict(self, keep: tuple[str | None, ...] = ()) -> list[str]:
+        """Drop the oldest items until both bounds hold, never one in `keep` nor the newest; their ids."""
+        dropped: list[str] = []
+        held = self.nbytes
+        spared = (*keep, self.last_id())
+        for item_id in list(self._items):
+            over_bytes = self.max_bytes is not None and held > self.max_bytes
+            if len(self._items) <= self._max_items and not over_bytes:
+                break
+            if item_id not in spared:
+                held -= self._items.pop(item_id).nbytes
+                dropped.append(item_id)
+        return dropped
 
     def __contains__(self, item_id: str) -> bool:
         return item_id in self._items
@@ -138,7 +174,7 @@ class Conversation:
         """Add `entry` after `previous_item_id` (`"root"` = first, None = last).
 
         Returns the id of the item now before it (None at the start). Raises KeyError when
-        `previous_item_id` is unknown.
+        `previous_item_id` is unknown. The bounds are applied by `evict`.
         """
         if previous_item_id is None or previous_item_id == self.last_id():
             previous = self.last_id()
@@ -151,9 +187,11 @@ class Conversation:
             at = 0 if previous is None else [k for k, _ in old].index(previous) + 1
             old.insert(at, (entry.id, entry))
             self._items = OrderedDict(old)
-        while len(self._items) > self._max_items:
-            self._items.popitem(last=False)
         return previous
+
+    def newest_first(self) -> list[Entry]:
+        """Every entry, newest first."""
+        return list(reversed(self._items.values()))
 
     def delete(self, item_id: str) -> bool:
         """Remove an item; False when absent."""

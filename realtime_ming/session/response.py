@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..engine.api import Stage
+from ..protocol.errors import ErrorCode
 from ..protocol.events import ServerEvent
 from ..protocol.items import ItemStatus, OutputAudio, OutputText
 from ..protocol.responses import (
@@ -45,7 +46,7 @@ from .actions import ResponseFinished
 from .audio_io import OutputEncoder
 from .conversation import AssistantItem
 
-__all__ = ["ActiveResponse", "ResponseSpec"]
+__all__ = ["ActiveResponse", "ResponseSpec", "failure_cause"]
 
 _ITEM_STATUS = {ResponseStatus.COMPLETED: ItemStatus.COMPLETED}  # anything else: incomplete
 
@@ -209,3 +210,17 @@ class ActiveResponse:
             stage_s = {s.value: t - submitted for s, t in self.stages.items() if s is not Stage.SUBMITTED}
         ttfa = None if self.first_audio_at is None else self.first_audio_at - self.input_end_at
         return ResponseFinished(self.id, status, ttfa, self.is_speculative, stage_s)
+
+
+def failure_cause(message: str) -> tuple[ErrorCode, bool]:
+    """(code, transient) of an engine failure, from the engine's message (its admission errors name
+    their limit). Transient causes (capacity, shutdown) say nothing about the input."""
+    if "max_seq_len" in message:
+        return ErrorCode.CONTEXT_LENGTH_EXCEEDED, False
+    if message.startswith("engine busy"):
+        return ErrorCode.ENGINE_BUSY, True
+    if message.startswith("engine stopped"):
+        return ErrorCode.ENGINE_ERROR, True
+    if message.startswith(("audio ", "an audio clip", "image ", "aspect ratio")):
+        return ErrorCode.INPUT_NOT_PROMPTABLE, False
+    return ErrorCode.ENGINE_ERROR, False

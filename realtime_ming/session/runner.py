@@ -12,6 +12,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from ..engine.api import EngineHandle, TurnEvent
 from ..protocol.errors import ProtocolError
@@ -25,6 +26,7 @@ from .actions import (
     Send,
     SubmitTurn,
 )
+from .content import media_parts
 from .session import Session
 
 __all__ = ["SessionRunner"]
@@ -32,6 +34,10 @@ __all__ = ["SessionRunner"]
 log = logging.getLogger(__name__)
 
 _Inbound = ClientEvent | ProtocolError
+
+# Image and audio decoding runs here, off the event loop; two workers bound the decode memory of a
+# burst of large images across all sessions.
+_MEDIA_DECODER = ThreadPoolExecutor(max_workers=2, thread_name_prefix="media-decode")
 
 
 class _EngineInput:
@@ -98,6 +104,9 @@ class SessionRunner:
                 actions = self.session.handle_engine_event(item.event, now)
             else:
                 self._client_slots.release()
+                if media_parts(item):
+                    await self._loop.run_in_executor(_MEDIA_DECODER, self.session.predecode, item)
+                    now = time.monotonic()
                 actions = self.session.handle_client_event(item, now)
             await self._dispatch(actions)
 

@@ -35,10 +35,17 @@ from ..engine.api import (
 )
 from ..protocol import client_events as ce
 from ..protocol.dialect import Dialect
-from ..protocol.errors import ErrorCode, ErrorType, ProtocolError
+from ..protocol.errors import ErrorCode, ProtocolError
 from ..protocol.events import ClientEvent
 from ..protocol.ids import IdPrefix, new_id
-from ..protocol.items import InputAudio, ItemReference, ItemStatus, MessageItem, Role
+from ..protocol.items import (
+    ContentPart,
+    InputAudio,
+    ItemReference,
+    ItemStatus,
+    MessageItem,
+    Role,
+)
 from ..protocol.responses import ErrorDetail, ResponseStatus, StatusReason, Usage
 from ..protocol.server_events import (
     ConversationItemAdded,
@@ -71,10 +78,10 @@ from .actions import (
 )
 from .audio_io import MODEL_SAMPLE_RATE_HZ
 from .config import SessionSettings
-from .content import part_to_content, strip_audio
+from .content import MediaLimits, media_parts, part_to_content, strip_audio
 from .conversation import AssistantItem, Conversation, StoredItem
 from .input import BufferFull, InputTurns, SpeechBegan, SpeechEnded, TurnSignal
-from .response import ActiveResponse, ResponseSpec
+from .response import ActiveResponse, ResponseSpec, failure_cause
 
 __all__ = ["OPENAI_VOICE_ALIASES", "Session"]
 
@@ -106,8 +113,10 @@ class Session:
         voices: Sequence[str],
         default_voice: str,
         make_vad: Callable[[str], VadBackend],
+        media: MediaLimits | None = None,
     ) -> None:
         self.settings = settings
+        self.media = media or MediaLimits(min_audio_ms=settings.min_commit_ms, max_audio_s=settings.max_input_audio_s)
         self.dialect = dialect
         self.voices = tuple(voices)
         self._default_voice = default_voice
@@ -132,7 +141,8 @@ class Session:
             temperature=settings.temperature,
         )
         self.conversation_id = new_id(IdPrefix.CONVERSATION)
-        self.conversation = Conversation(settings.max_items)
+        self.conversation = Conversation(settings.max_items, self.media.max_conversation_bytes)
+        self._predecoded: dict[int, Content | ProtocolError] = {}  # id(part) -> its model view (predecode)
         self._input = InputTurns(vad, make_vad, settings.max_input_audio_s)
         self._input.configure(self.config.input_format, self.config.turn_detection)
         self._speculation: _Speculation | None = None
@@ -178,6 +188,26 @@ class Session:
             return handler(self, event, now)
         except ProtocolError as error:
             return [Send(Error.from_protocol_error(error.with_event_id(event.event_id)))]
+        finally:
+            self._predecoded.clear()
+
+    def predecode(self, event: ClientEvent | ProtocolError) -> None:
+        """Decode the media of `event` ahead of `handle_client_event` (its next call consumes them).
+
+        Safe to run on a worker thread while the session is otherwise idle: it reads the input
+        format and the limits only. Lets the event loop stay responsive while images decode.
+        """
+        for param, part in media_parts(event):
+            try:
+                self._predecoded[id(part)] = part_to_content(part, self.config.input_format, param, self.media)
+            except ProtocolError as error:
+                self._predecoded[id(part)] = error
+
+    def _content(self, part: ContentPart, param: str) -> Content:
+        done = self._predecoded.pop(id(part), None)
+        if isinstance(done, ProtocolError):
+            raise done
+        return done if done is not None else part_to_content(part, self.config.input_format, param, self.media)
 
     def _error(self, code: ErrorCode, event_id: str | None, *, param: str | None = None, **values: object) -> list[Action]:
         return [Send(Error.from_protocol_error(ProtocolError(code, param=param, event_id=event_id, **values)))]
@@ -236,23 +266,28 @@ class Session:
                 item_id=previous,
             )
         stored = self._store_item(item, "item")
+        if stored.nbytes > self.media.max_conversation_bytes:
+            return self._error(ErrorCode.ITEM_TOO_LARGE, event.event_id, param="item", num_bytes=stored.nbytes,
+                               max_bytes=self.media.max_conversation_bytes)
         actions = self._discard_speculation()
         previous_id = self.conversation.insert(stored, previous)
         view = stored.view()
         return actions + [
             Send(ConversationItemAdded(item=view, previous_item_id=previous_id)),
             Send(ConversationItemDone(item=view, previous_item_id=previous_id)),
-        ]
+        ] + self._evict(stored.id)
+
+    def _evict(self, *keep: str | None) -> list[Action]:
+        """Apply the conversation's bounds (items, bytes): the oldest items go, each announced."""
+        active = None if self._response is None else self._response.item.id
+        return [Send(ConversationItemDeleted(item_id=i)) for i in self.conversation.evict((*keep, active))]
 
     def _store_item(self, item, param: str) -> StoredItem:
         """Assign id/status and decode the model view of a client item; raises ProtocolError."""
         item = replace(item, id=item.id or new_id(IdPrefix.ITEM), status=ItemStatus.COMPLETED)
         if not isinstance(item, MessageItem):
             return StoredItem(item)
-        contents = tuple(
-            part_to_content(part, self.config.input_format, f"{param}.content[{i}]")
-            for i, part in enumerate(item.content)
-        )
+        contents = tuple(self._content(part, f"{param}.content[{i}]") for i, part in enumerate(item.content))
         return StoredItem(replace(item, content=tuple(strip_audio(p) for p in item.content)), contents)
 
     def _on_item_retrieve(self, event: ce.ConversationItemRetrieve, now: float) -> list[Action]:
@@ -400,6 +435,10 @@ class Session:
         return actions + self._start_response(now)
 
     def _commit_audio(self, item_id: str, audio: np.ndarray) -> list[Action]:
+        # A turn shorter than the audio encoder's minimum (a very short VAD turn, min_commit_ms 0) is
+        # padded with silence: every committed item can be prompted.
+        if audio.size < self.media.audio_min_samples:
+            audio = np.pad(audio, (0, self.media.audio_min_samples - audio.size))
         item = MessageItem(role=Role.USER, content=(InputAudio(),), id=item_id, status=ItemStatus.COMPLETED)
         stored = StoredItem(item, (Content.of_audio(audio, MODEL_SAMPLE_RATE_HZ),))
         previous = self.conversation.insert(stored)
@@ -407,7 +446,7 @@ class Session:
             Send(InputAudioBufferCommitted(item_id=item_id, previous_item_id=previous)),
             Send(ConversationItemAdded(item=item, previous_item_id=previous)),
             Send(ConversationItemDone(item=item, previous_item_id=previous)),
-        ]
+        ] + self._evict(item_id)
 
     # ---- responses ---------------------------------------------------------------------------
     def _spec(self, response_id: str, params: ce.ResponseParams | None) -> ResponseSpec:
@@ -482,7 +521,7 @@ class Session:
         response, self._response = self._response, None
         assert response is not None
         events, record = response.finish(status, now, timing_events=self.config.timing_events, **details)
-        return [Send(e) for e in events] + [record]
+        return [Send(e) for e in events] + [record] + self._evict()
 
     def _cancel_response(self, reason: StatusReason, now: float) -> list[Action]:
         """Barge-in or client cancel: stop the engine turn and end the response at once."""
@@ -519,13 +558,32 @@ class Session:
         if isinstance(event, TurnCancelled):
             return self._finish_response(ResponseStatus.CANCELLED, now)
         assert isinstance(event, TurnFailed)
-        log.warning("response %s failed in the engine: %s", response.id, event.message)
+        return self._on_turn_failed(response, event, now)
+
+    def _on_turn_failed(self, response: ActiveResponse, event: TurnFailed, now: float) -> list[Action]:
+        """A failed response names its cause; unless the engine was only busy, the input items the turn
+        added (the user/system items after the last assistant item) are removed from the conversation,
+        each with `conversation.item.deleted`, so that the next response does not fail on them again."""
+        code, transient = failure_cause(event.message)
+        log.warning("response %s failed in the engine (%s): %s", response.id, code.value, event.message)
         error = ErrorDetail(
-            type=ErrorType.SERVER.value,
-            code=ErrorCode.ENGINE_ERROR.value,
-            message=ErrorCode.ENGINE_ERROR.render(response_id=response.id),
+            type=code.error_type.value, code=code.value,
+            message=code.render(response_id=response.id, detail=event.message),
         )
-        return self._finish_response(ResponseStatus.FAILED, now, error=error)
+        actions = self._finish_response(ResponseStatus.FAILED, now, error=error)
+        if transient or response.spec.conversation_id is None:
+            return actions
+        new_inputs = []
+        for entry in self.conversation.newest_first():
+            if entry is response.item:
+                continue
+            if isinstance(entry, AssistantItem):
+                break
+            new_inputs.append(entry.id)
+        for item_id in reversed(new_inputs):
+            self.conversation.delete(item_id)
+            actions.append(Send(ConversationItemDeleted(item_id=item_id)))
+        return actions
 
 
 _HANDLERS: dict[type, Callable[[Session, ClientEvent, float], list[Action]]] = {
