@@ -26,7 +26,7 @@ from websockets.http11 import Request, Response
 from ..audio.vad import VadBackend, VadKind, create_silero_session, create_vad
 from ..engine.api import EngineHandle
 from ..protocol.session import DEFAULT_MODEL, DEFAULT_VOICE
-from .config import ServerConfig, config_to_dict
+from .config import ConfigError, ServerConfig, config_to_dict, resolve_api_keys
 from .connection import ConnectionContext, serve_connection
 from .handshake import check_access, inspect_handshake, select_subprotocol
 from .http import HttpRoutes, default_web_roots, text_response
@@ -68,7 +68,7 @@ class RealtimeServer:
     """
 
     def __init__(self, cfg: ServerConfig, engine: ServingEngine, *, sock: socket.socket | None = None) -> None:
-        self.cfg = cfg
+        self.cfg = cfg = resolve_api_keys(cfg)
         self.engine = engine
         self._sock = sock
         self.metrics = ServerMetrics()
@@ -233,23 +233,24 @@ def _redacted(cfg: ServerConfig) -> dict:
 
 class _LoadProgress:
     """The engine's `progress(label, done, total)` callback: on a terminal one tqdm bar per step, each
-    completed when the next step starts; elsewhere (logs) one INFO line per finished step."""
+    completed when the next step starts (the engine reports a step's items as they begin); elsewhere
+    (a log file) one INFO line as each step starts."""
 
     def __init__(self) -> None:
         self._tty = sys.stderr.isatty()
         self._label: str | None = None
         self._bar: Any = None
-        self._total = 0
-        self._started = 0.0
 
     def __call__(self, label: str, done: int, total: int) -> None:
         if label != self._label:
             self._end_step()
             from tqdm import tqdm
 
-            self._label, self._started = label, time.monotonic()
-            self._bar = tqdm(total=total, desc=label, file=sys.stderr, mininterval=0.25) if self._tty else None
-        self._total = total
+            self._label = label
+            if self._tty:
+                self._bar = tqdm(total=total, desc=label, file=sys.stderr, mininterval=0.25)
+            else:
+                log.info("loading %s: %d item(s)", label, total)
         if self._bar is not None:
             self._bar.total = total
             if done > self._bar.n:
@@ -261,9 +262,6 @@ class _LoadProgress:
         if self._bar is not None:
             self._bar.update(self._bar.total - self._bar.n)
             self._bar.close()
-        else:
-            log.info("loaded %s (%d/%d) in %.1f s", self._label, self._total, self._total,
-                     time.monotonic() - self._started)
         self._label = self._bar = None
 
     def finish(self, completed: bool) -> None:
@@ -307,10 +305,14 @@ def run_server(cfg: ServerConfig) -> int:
     Raises StartupError (one line) for a config this machine cannot serve, a port it cannot bind,
     or a model that fails to load for a known reason — all before the port accepts a connection.
     """
+    try:
+        cfg = resolve_api_keys(cfg)
+    except ConfigError as exc:
+        raise StartupError(f"config error: {exc}") from exc
     check_config(cfg)
     sock = open_listener(cfg.server.host, cfg.server.port)
     try:
-        log.info("effective config:\n%s", yaml.safe_dump(_redacted(cfg), sort_keys=False).rstrip())
+        log.info("effective config:\n%s", yaml.safe_dump(_redacted(cfg), sort_keys=False, default_flow_style=None, width=120).rstrip())
         if cfg.engine.model_path is None and cfg.engine.weights == "checkpoint":
             print(f"realtime-ming: {TINY_MODEL_NOTICE}", file=sys.stderr, flush=True)
         try:

@@ -2,9 +2,10 @@
 
 `load_config(path, overrides)` reads YAML or JSON into the frozen dataclass tree
 (`server` / `session` / `engine`), rejects unknown keys by dotted path, converts values to the
-field types, applies `a.b.c=value` overrides and reads the API keys named by
-`server.auth.api_keys_file` / `api_keys_env` into `api_keys`. Defaults live only in the dataclasses;
-`load_serve_config` (the CLI's loader) adds the embedded tiny model's demo defaults.
+field types and applies `a.b.c=value` overrides. Defaults live only in the dataclasses;
+`load_serve_config` (the CLI's loader) adds the embedded tiny model's demo defaults, and
+`resolve_api_keys` (run by the server when it starts) reads the keys that `server.auth.api_keys_file`
+/ `api_keys_env` name.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ __all__ = [
     "config_to_dict",
     "load_config",
     "load_serve_config",
+    "resolve_api_keys",
 ]
 
 # The embedded tiny random-weight model speaks noise: `realtime-ming serve` caps its replies at this
@@ -51,8 +53,9 @@ class AuthConfig:
     header (browsers) must match one entry exactly; requests without Origin (servers) pass.
 
     `api_keys_file` (one key per line, `#` comments) and `api_keys_env` (an environment variable
-    holding comma-separated keys) keep secrets out of the config and the command line; `load_config`
-    adds their keys to `api_keys` and refuses a file or variable that is missing or holds none.
+    holding comma-separated keys) keep secrets out of the config and the command line; the server
+    adds their keys to `api_keys` when it starts (`resolve_api_keys`) and refuses a file or variable
+    that is missing or holds none.
     A non-loopback `server.host` without any key refuses to start unless `allow_unauthenticated`.
     """
 
@@ -134,14 +137,14 @@ def load_config(path: str | Path | None = None, overrides: typing.Iterable[str] 
     converted to the field's type. Raises ConfigError (one line) naming the file, override or
     dotted key on any mismatch.
     """
-    return _resolve_api_keys(_build(ServerConfig, _merged_data(path, overrides), ""))
+    return _build(ServerConfig, _merged_data(path, overrides), "")
 
 
 def load_serve_config(path: str | Path | None = None, overrides: typing.Iterable[str] = ()) -> ServerConfig:
     """`load_config` plus the demo defaults of `realtime-ming serve`: the embedded tiny model's
     replies stop after `TINY_MAX_OUTPUT_TOKENS` unless the config sets session.max_output_tokens."""
     data = _merged_data(path, overrides)
-    cfg = _resolve_api_keys(_build(ServerConfig, data, ""))
+    cfg = _build(ServerConfig, data, "")
     engine = cfg.engine
     tiny = engine.model_path is None and engine.weights == "checkpoint" and engine.preset in (None, "tiny")
     if tiny and "max_output_tokens" not in (data.get("session") or {}):
@@ -197,8 +200,9 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
     return " ".join(f"{where}{problem}".split())
 
 
-def _resolve_api_keys(cfg: ServerConfig) -> ServerConfig:
-    """Add the keys of `api_keys_file` / `api_keys_env` to `api_keys` (deduplicated, in order)."""
+def resolve_api_keys(cfg: ServerConfig) -> ServerConfig:
+    """`cfg` with the keys of `api_keys_file` / `api_keys_env` added to `api_keys` (deduplicated, in
+    order; idempotent). Raises ConfigError when the file is unreadable or either source holds no key."""
     auth = cfg.server.auth
     keys = list(auth.api_keys)
     if auth.api_keys_file is not None:
