@@ -1,8 +1,9 @@
-"""Command line: `realtime-ming serve [...]` (and further subcommands registered in `_COMMANDS`).
+"""realtime-ming: an OpenAI-Realtime-compatible voice-agent server for Ming-flash-omni-2.0.
 
 Options that name a config key (`--model-path`, `--host`, ...) are shorthands for `--set` and
 win over the config file (explicit `--set` wins over both); unset options change nothing, so
-defaults stay in the dataclasses.
+defaults stay in the dataclasses. A configuration this machine cannot serve ends `serve` with one
+line on stderr starting `realtime-ming:` and exit status 2.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import argparse
 import json
 import logging
 import sys
+from importlib import metadata
 from collections.abc import Callable
 
 __all__ = ["build_parser", "main", "serve_config"]
@@ -21,6 +23,8 @@ _SERVE_SHORTHANDS = (
     ("--tokenizer", "engine.tokenizer_path", str, "tokenizer folder or file (default: from the checkpoint)"),
     ("--host", "server.host", str, "interface to listen on"),
     ("--port", "server.port", int, "TCP port (0 = any free port)"),
+    ("--ssl-certfile", "server.tls.certfile", str, "PEM certificate chain: serve wss:// and https:// (with --ssl-keyfile)"),
+    ("--ssl-keyfile", "server.tls.keyfile", str, "PEM private key of --ssl-certfile"),
 )
 
 
@@ -28,6 +32,12 @@ def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE", help="YAML or JSON config (see configs/)")
     for flag, key, kind, text in _SERVE_SHORTHANDS:
         parser.add_argument(flag, type=kind, metavar="VALUE", help=f"{text}; same as --set {key}=VALUE")
+    parser.add_argument(
+        "--allow-unauthenticated",
+        action="store_true",
+        help="serve a non-loopback --host without API keys (logs a warning); "
+             "same as --set server.auth.allow_unauthenticated=true",
+    )
     parser.add_argument(
         "--set",
         dest="overrides",
@@ -41,7 +51,7 @@ def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
 
 def serve_config(args: argparse.Namespace):
     """The `ServerConfig` of parsed `serve` arguments (file, then shorthands, then --set)."""
-    from .server.config import load_config
+    from .server.config import load_serve_config
 
     overrides = []
     for flag, key, _, _ in _SERVE_SHORTHANDS:
@@ -49,19 +59,32 @@ def serve_config(args: argparse.Namespace):
         if value is not None:
             # JSON is valid YAML: the value arrives verbatim (a path with ': ' stays a string).
             overrides.append(f"{key}={json.dumps(value)}")
-    return load_config(args.config, overrides + list(args.overrides))
+    if args.allow_unauthenticated:
+        overrides.append("server.auth.allow_unauthenticated=true")
+    return load_serve_config(args.config, overrides + list(args.overrides))
+
+
+def _fail(message: object) -> int:
+    """Print `message` as the one stderr line of a failed start; the exit status is 2."""
+    from .server.startup import one_line
+
+    print(f"realtime-ming: {one_line(message)}", file=sys.stderr, flush=True)
+    return 2
 
 
 def _run_serve(args: argparse.Namespace) -> int:
     from .server.app import run_server
     from .server.config import ConfigError
+    from .server.startup import StartupError
 
     try:
         cfg = serve_config(args)
-    except (ConfigError, OSError) as exc:
-        print(f"realtime-ming: config error: {exc}", file=sys.stderr)
-        return 2
-    return run_server(cfg)
+    except ConfigError as exc:
+        return _fail(f"config error: {exc}")
+    try:
+        return run_server(cfg)
+    except StartupError as exc:
+        return _fail(exc)
 
 
 def _bench(name: str):
@@ -82,7 +105,7 @@ def _add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         parser.description = "unavailable here: bench/ ships with the source checkout only"
 
 
-# name -> (help, add_arguments, run). Other subcommands (bench) add an entry here.
+# name -> (help, add_arguments, run), one subcommand each.
 _COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
     "serve": ("run the /v1/realtime server", _add_serve_arguments, _run_serve),
     "bench": ("TTFA benchmark against a /v1/realtime server (needs the source checkout's bench/)",
@@ -91,14 +114,22 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Calla
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The `realtime-ming` parser with one subparser per entry of `_COMMANDS`."""
+    """The `realtime-ming` parser: `--version` and one subparser per subcommand."""
     parser = argparse.ArgumentParser(prog="realtime-ming", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (text, add_arguments, run) in _COMMANDS.items():
         command = sub.add_parser(name, help=text, description=text)
         add_arguments(command)
         command.set_defaults(run=run)
     return parser
+
+
+def _version() -> str:
+    try:
+        return metadata.version("realtime-ming")
+    except metadata.PackageNotFoundError:  # a source tree that was never installed
+        return "unknown (not installed)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,7 +140,11 @@ def main(argv: list[str] | None = None) -> int:
         level=getattr(logging, str(level).upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    return args.run(args)
+    try:
+        return args.run(args)
+    except KeyboardInterrupt:  # Ctrl-C while loading: no traceback
+        print("realtime-ming: interrupted", file=sys.stderr, flush=True)
+        return 130
 
 
 if __name__ == "__main__":

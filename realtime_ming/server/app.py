@@ -1,9 +1,10 @@
 """The realtime-ming server: one port, WebSocket `/v1/realtime` plus plain HTTP, on uvloop.
 
 `RealtimeServer(cfg, engine)` serves an already-loaded engine (tests, embedding);
-`run_server(cfg)` is the CLI path: load the engine with a progress bar, log the effective
-config, serve until SIGINT/SIGTERM, then shut down in order (stop accepting → close sessions
-with 1001 → wait for handlers, bounded → stop the engine).
+`run_server(cfg)` is the CLI path: check the config against this machine and bind the port
+(`startup`), log the effective config, load the engine with a progress display, serve until
+SIGINT/SIGTERM, then shut down in order (stop accepting → close sessions with 1001 → wait for
+handlers, bounded → stop the engine). With `server.tls` the one port serves `wss://` and `https://`.
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ import asyncio
 import json
 import logging
 import signal
+import socket
 import sys
 import time
-from collections.abc import Callable
 from typing import Any, Protocol
 
+import yaml
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.frames import CloseCode
 from websockets.http11 import Request, Response
@@ -24,11 +26,12 @@ from websockets.http11 import Request, Response
 from ..audio.vad import VadBackend, VadKind, create_silero_session, create_vad
 from ..engine.api import EngineHandle
 from ..protocol.session import DEFAULT_MODEL, DEFAULT_VOICE
-from .config import ServerConfig, config_to_dict
+from .config import ConfigError, ServerConfig, config_to_dict, resolve_api_keys
 from .connection import ConnectionContext, serve_connection
 from .handshake import check_access, inspect_handshake, select_subprotocol
 from .http import HttpRoutes, default_web_roots, text_response
 from .metrics import ServerMetrics
+from .startup import StartupError, check_config, check_exposure, load_failure, open_listener, ssl_context
 
 __all__ = ["TINY_MODEL_NOTICE", "RealtimeServer", "ServingEngine", "load_engine", "run_server"]
 
@@ -48,15 +51,26 @@ class ServingEngine(EngineHandle, Protocol):
     def voices(self) -> list[str]: ...
 
 
+class _AccessLog(logging.LoggerAdapter):
+    """websockets' logger with its per-request INFO lines (HTTP response sent, connection open/closed,
+    server listening/closing) moved to DEBUG: a /health poll does not fill the log."""
+
+    def log(self, level: int, msg: object, *args: Any, **kwargs: Any) -> None:
+        super().log(logging.DEBUG if level == logging.INFO else level, msg, *args, **kwargs)
+
+
 class RealtimeServer:
     """Serves `engine` as configured by `cfg`; use `async with` or `start()` / `close()`.
 
-    The engine's lifetime belongs to the caller (`close()` does not stop it).
+    The engine's lifetime belongs to the caller (`close()` does not stop it). `sock` is an already
+    bound, listening socket to serve on (`startup.open_listener`); None = bind `server.host:port`.
+    A non-loopback host without API keys refuses to start unless `server.auth.allow_unauthenticated`.
     """
 
-    def __init__(self, cfg: ServerConfig, engine: ServingEngine) -> None:
-        self.cfg = cfg
+    def __init__(self, cfg: ServerConfig, engine: ServingEngine, *, sock: socket.socket | None = None) -> None:
+        self.cfg = cfg = resolve_api_keys(cfg)
         self.engine = engine
+        self._sock = sock
         self.metrics = ServerMetrics()
         self._info = dict(engine.info())
         self.model_id = cfg.server.model_id or str(self._info.get("model") or DEFAULT_MODEL)
@@ -102,20 +116,32 @@ class RealtimeServer:
             raise RuntimeError("server not started")
         return self._server.sockets[0].getsockname()[1]
 
+    @property
+    def url(self) -> str:
+        """`ws://host:port/v1/realtime` (`wss://` with TLS) of the started server."""
+        host = self.cfg.server.host or "0.0.0.0"
+        host = f"[{host}]" if ":" in host else host
+        scheme = "wss" if self.cfg.server.tls.enabled else "ws"
+        return f"{scheme}://{host}:{self.port}/v1/realtime"
+
     def _make_vad(self, backend: str) -> VadBackend:
         if backend == VadKind.SILERO.value and self._silero is None:
             self._silero = create_silero_session()  # one ONNX session shared by all detectors
         return create_vad(VadKind(backend), silero_session=self._silero)
 
     async def start(self) -> None:
-        """Bind and start accepting (returns at once)."""
+        """Bind (unless given a socket) and start accepting (returns at once). Raises StartupError."""
         limits = self.cfg.server.limits
+        check_exposure(self.cfg)
+        tls = ssl_context(self.cfg.server.tls)
         if self.cfg.session.vad.backend == VadKind.SILERO.value:
             self._silero = await asyncio.to_thread(create_silero_session)
+        sock = self._sock or open_listener(self.cfg.server.host, self.cfg.server.port)
         self._server = await serve(
             self._handle,
-            self.cfg.server.host,
-            self.cfg.server.port,
+            sock=sock,
+            ssl=tls,
+            logger=_AccessLog(logging.getLogger("websockets.server")),
             process_request=self._process_request,
             select_subprotocol=lambda _conn, offered: select_subprotocol(offered),
             compression=None,  # base64 audio barely compresses; deflate would only add latency
@@ -123,7 +149,7 @@ class RealtimeServer:
             max_queue=limits.max_inbound_frames,
             open_timeout=limits.open_timeout_s,
         )
-        log.info("listening on http://%s:%d (WebSocket /v1/realtime)", self.cfg.server.host, self.port)
+        log.info("listening on %s (HTTP on the same port)", self.url)
 
     async def close(self) -> None:
         """Stop accepting, close open sessions with 1001 and wait for them (bounded). Idempotent."""
@@ -206,66 +232,105 @@ def _redacted(cfg: ServerConfig) -> dict:
     return data
 
 
-def _progress_callback() -> tuple[Callable[[str, int, int], None], Callable[[], None]]:
-    """A tqdm bar per loading step (on stderr) and a function that closes the last one."""
-    from tqdm import tqdm
+class _LoadProgress:
+    """The engine's `progress(label, done, total)` callback: on a terminal one tqdm bar per step, each
+    completed when the next step starts (the engine reports a step's items as they begin); elsewhere
+    (a log file) one INFO line as each step starts."""
 
-    bars: dict[str, Any] = {}
+    def __init__(self) -> None:
+        self._tty = sys.stderr.isatty()
+        self._label: str | None = None
+        self._bar: Any = None
 
-    def progress(label: str, done: int, total: int) -> None:
-        bar = bars.get(label)
-        if bar is None:
-            for other in bars.values():
-                other.close()
-            bar = bars[label] = tqdm(total=total, desc=label, file=sys.stderr, leave=True)
-        bar.total = total
-        bar.n = done
-        bar.refresh()
+    def __call__(self, label: str, done: int, total: int) -> None:
+        if label != self._label:
+            self._end_step()
+            from tqdm import tqdm
 
-    def close() -> None:
-        for bar in bars.values():
-            bar.close()
+            self._label = label
+            if self._tty:
+                self._bar = tqdm(total=total, desc=label, file=sys.stderr, mininterval=0.25)
+            else:
+                log.info("loading %s: %d item(s)", label, total)
+        if self._bar is not None:
+            self._bar.total = total
+            if done > self._bar.n:
+                self._bar.update(done - self._bar.n)
 
-    return progress, close
+    def _end_step(self) -> None:
+        if self._label is None:
+            return
+        if self._bar is not None:
+            self._bar.update(self._bar.total - self._bar.n)
+            self._bar.close()
+        self._label = self._bar = None
+
+    def finish(self, completed: bool) -> None:
+        """Complete the last step (`completed`) or just close its bar (the load failed)."""
+        if completed:
+            self._end_step()
+        elif self._bar is not None:
+            self._bar.close()
 
 
 def load_engine(cfg: ServerConfig) -> ServingEngine:
-    """Load the model with a progress bar (blocking; call off the event loop)."""
+    """Load the model with a progress display (blocking; call off the event loop)."""
     from ..engine import Engine
 
-    progress, finish = _progress_callback()
+    progress = _LoadProgress()
     started = time.monotonic()
+    completed = False
     try:
         engine = Engine.create(cfg.engine, progress=progress)
+        completed = True
     finally:
-        finish()
+        progress.finish(completed)
     log.info("engine ready in %.1f s: %s", time.monotonic() - started, json.dumps(engine.info(), default=str))
     return engine
 
 
-async def _serve_until_signal(cfg: ServerConfig, engine: ServingEngine) -> None:
+async def _serve_until_signal(cfg: ServerConfig, engine: ServingEngine, sock: socket.socket | None = None) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with RealtimeServer(cfg, engine) as server:
-        print(f"realtime-ming: serving {server.model_id} on ws://{cfg.server.host}:{server.port}/v1/realtime",
-              file=sys.stderr, flush=True)
+    async with RealtimeServer(cfg, engine, sock=sock) as server:
+        print(f"realtime-ming: serving {server.model_id} on {server.url}", file=sys.stderr, flush=True)
         await stop.wait()
         log.info("shutting down")
 
 
 def run_server(cfg: ServerConfig) -> int:
-    """CLI entry: load, serve until a signal, shut down. Returns the exit code."""
-    log.info("effective config: %s", json.dumps(_redacted(cfg)))
-    if cfg.engine.model_path is None and cfg.engine.weights == "checkpoint":
-        print(f"realtime-ming: {TINY_MODEL_NOTICE}", file=sys.stderr, flush=True)
-    engine = load_engine(cfg)
+    """CLI entry: check, bind, load, serve until a signal, shut down. Returns the exit code.
+
+    Raises StartupError (one line) for a config this machine cannot serve, a port it cannot bind,
+    or a model that fails to load for a known reason — all before the port accepts a connection.
+    """
+    try:
+        cfg = resolve_api_keys(cfg)
+    except ConfigError as exc:
+        raise StartupError(f"config error: {exc}") from exc
+    check_config(cfg)
+    sock = open_listener(cfg.server.host, cfg.server.port)
+    try:
+        log.info("effective config:\n%s", yaml.safe_dump(_redacted(cfg), sort_keys=False, default_flow_style=None, width=120).rstrip())
+        if cfg.engine.model_path is None and cfg.engine.weights == "checkpoint":
+            print(f"realtime-ming: {TINY_MODEL_NOTICE}", file=sys.stderr, flush=True)
+        try:
+            engine = load_engine(cfg)
+        except Exception as exc:
+            message = load_failure(exc)
+            if message is None:
+                raise
+            raise StartupError(message) from exc
+    except BaseException:
+        sock.close()
+        raise
     try:
         import uvloop
 
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            runner.run(_serve_until_signal(cfg, engine))
+            runner.run(_serve_until_signal(cfg, engine, sock))
     finally:
         engine.close()
     return 0

@@ -1,14 +1,18 @@
-"""Server configuration: listener, auth and limits, and the root `ServerConfig` with its loader.
+"""Server configuration: listener, auth, TLS and limits, and the root `ServerConfig` with its loader.
 
 `load_config(path, overrides)` reads YAML or JSON into the frozen dataclass tree
 (`server` / `session` / `engine`), rejects unknown keys by dotted path, converts values to the
-field types and applies `a.b.c=value` overrides. Defaults live only in the dataclasses.
+field types and applies `a.b.c=value` overrides. Defaults live only in the dataclasses;
+`load_serve_config` (the CLI's loader) adds the embedded tiny model's demo defaults, and
+`resolve_api_keys` (run by the server when it starts) reads the keys that `server.auth.api_keys_file`
+/ `api_keys_env` name.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import types
 import typing
 from dataclasses import dataclass, field
@@ -21,14 +25,22 @@ from ..engine.config import EngineConfig
 from ..session.config import SessionSettings
 
 __all__ = [
+    "TINY_MAX_OUTPUT_TOKENS",
     "AuthConfig",
     "ConfigError",
     "LimitsConfig",
     "ListenConfig",
     "ServerConfig",
+    "TlsConfig",
     "config_to_dict",
     "load_config",
+    "load_serve_config",
+    "resolve_api_keys",
 ]
+
+# The embedded tiny random-weight model speaks noise: `realtime-ming serve` caps its replies at this
+# many tokens (a few seconds of audio) unless the config sets session.max_output_tokens.
+TINY_MAX_OUTPUT_TOKENS = 48
 
 
 class ConfigError(ValueError):
@@ -38,10 +50,40 @@ class ConfigError(ValueError):
 @dataclass(frozen=True, slots=True)
 class AuthConfig:
     """Empty `api_keys` = no auth. With `allowed_origins` set, a request that carries an Origin
-    header (browsers) must match one entry exactly; requests without Origin (servers) pass."""
+    header (browsers) must match one entry exactly; requests without Origin (servers) pass.
+
+    `api_keys_file` (one key per line, `#` comments) and `api_keys_env` (an environment variable
+    holding comma-separated keys) keep secrets out of the config and the command line; the server
+    adds their keys to `api_keys` when it starts (`resolve_api_keys`) and refuses a file or variable
+    that is missing or holds none.
+    A non-loopback `server.host` without any key refuses to start unless `allow_unauthenticated`.
+    """
 
     api_keys: tuple[str, ...] = ()
+    api_keys_file: str | None = None
+    api_keys_env: str | None = None
     allowed_origins: tuple[str, ...] = ()
+    allow_unauthenticated: bool = False  # serve a non-loopback address without keys (logs a warning)
+
+    def __post_init__(self) -> None:
+        if any(not k or k != k.strip() for k in self.api_keys):
+            raise ValueError("server.auth.api_keys must be non-empty strings without surrounding spaces")
+
+
+@dataclass(frozen=True, slots=True)
+class TlsConfig:
+    """PEM certificate chain and private key: both set = `wss://` and `https://` on the one port."""
+
+    certfile: str | None = None
+    keyfile: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.certfile is None) != (self.keyfile is None):
+            raise ValueError("server.tls needs both certfile and keyfile (or neither)")
+
+    @property
+    def enabled(self) -> bool:
+        return self.certfile is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +123,7 @@ class ListenConfig:
     model_id: str | None = None  # id advertised in /v1/models (None = the engine's model name)
     web_dir: str | None = None  # static demo folder (None = the repo's / package's web/)
     auth: AuthConfig = field(default_factory=AuthConfig)
+    tls: TlsConfig = field(default_factory=TlsConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
 
     def __post_init__(self) -> None:
@@ -101,12 +144,28 @@ def load_config(path: str | Path | None = None, overrides: typing.Iterable[str] 
     """Read `path` (YAML or JSON; None = all defaults), apply `key.path=value` overrides, validate.
 
     Override values are parsed as YAML scalars/lists (`true`, `3`, `[a, b]`, `null`) and then
-    converted to the field's type. Raises ConfigError naming the dotted key on any mismatch.
+    converted to the field's type. Raises ConfigError (one line) naming the file, override or
+    dotted key on any mismatch.
     """
+    return _build(ServerConfig, _merged_data(path, overrides), "")
+
+
+def load_serve_config(path: str | Path | None = None, overrides: typing.Iterable[str] = ()) -> ServerConfig:
+    """`load_config` plus the demo defaults of `realtime-ming serve`: the embedded tiny model's
+    replies stop after `TINY_MAX_OUTPUT_TOKENS` unless the config sets session.max_output_tokens."""
+    data = _merged_data(path, overrides)
+    cfg = _build(ServerConfig, data, "")
+    engine = cfg.engine
+    tiny = engine.model_path is None and engine.weights == "checkpoint" and engine.preset in (None, "tiny")
+    if tiny and "max_output_tokens" not in (data.get("session") or {}):
+        cfg = dataclasses.replace(cfg, session=dataclasses.replace(cfg.session, max_output_tokens=TINY_MAX_OUTPUT_TOKENS))
+    return cfg
+
+
+def _merged_data(path: str | Path | None, overrides: typing.Iterable[str]) -> dict[str, Any]:
     data: dict[str, Any] = {}
     if path is not None:
-        text = Path(path).read_text()
-        loaded = json.loads(text) if str(path).endswith(".json") else yaml.safe_load(text)
+        loaded = _read_file(Path(path))
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: top level must be a mapping")
         data = loaded or {}
@@ -114,8 +173,68 @@ def load_config(path: str | Path | None = None, overrides: typing.Iterable[str] 
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"override {item!r}: expected dotted.key=value")
-        _set_dotted(data, key.strip().split("."), yaml.safe_load(raw) if raw.strip() else "")
-    return _build(ServerConfig, data, "")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"--set {item}: the value is not valid YAML ({_yaml_problem(exc)}); "
+                              "quote it, e.g. --set 'key=\"a: b\"'") from exc
+        _set_dotted(data, key.strip().split("."), value)
+    return data
+
+
+def _read_file(path: Path) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config file {path} is a directory; pass a .yaml or .json file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+    if path.suffix == ".json":
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path}: JSON syntax error at line {exc.lineno} column {exc.colno}: {exc.msg}") from exc
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: YAML syntax error {_yaml_problem(exc)}") from exc
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """'at line L column C: problem' of a PyYAML error, on one line."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc)
+    where = f"at line {mark.line + 1} column {mark.column + 1}: " if mark is not None else ""
+    return " ".join(f"{where}{problem}".split())
+
+
+def resolve_api_keys(cfg: ServerConfig) -> ServerConfig:
+    """`cfg` with the keys of `api_keys_file` / `api_keys_env` added to `api_keys` (deduplicated, in
+    order; idempotent). Raises ConfigError when the file is unreadable or either source holds no key."""
+    auth = cfg.server.auth
+    keys = list(auth.api_keys)
+    if auth.api_keys_file is not None:
+        path = Path(auth.api_keys_file).expanduser()
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"server.auth.api_keys_file: cannot read {path}: {exc.strerror or exc}") from exc
+        found = [s for s in (line.strip() for line in lines) if s and not s.startswith("#")]
+        if not found:
+            raise ConfigError(f"server.auth.api_keys_file: {path} holds no key (one key per line)")
+        keys += found
+    if auth.api_keys_env is not None:
+        found = [s for s in (k.strip() for k in os.environ.get(auth.api_keys_env, "").split(",")) if s]
+        if not found:
+            raise ConfigError(f"server.auth.api_keys_env: the environment variable {auth.api_keys_env} is unset "
+                              f"or empty; export {auth.api_keys_env}=key1[,key2...]")
+        keys += found
+    unique = tuple(dict.fromkeys(keys))
+    if unique == auth.api_keys:
+        return cfg
+    return dataclasses.replace(cfg, server=dataclasses.replace(cfg.server, auth=dataclasses.replace(auth, api_keys=unique)))
 
 
 def config_to_dict(cfg: Any) -> Any:
