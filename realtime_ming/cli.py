@@ -73,15 +73,17 @@ def _fail(message: object) -> int:
 
 
 def _run_serve(args: argparse.Namespace) -> int:
-    from .server.app import run_server
     from .server.config import ConfigError
-    from .server.startup import StartupError
+    from .server.startup import StartupError, prepare
 
     try:
         cfg = serve_config(args)
     except ConfigError as exc:
         return _fail(f"config error: {exc}")
     try:
+        prepare(cfg)  # before torch is imported: a bad start fails in a moment
+        from .server.app import run_server
+
         return run_server(cfg)
     except StartupError as exc:
         return _fail(exc)

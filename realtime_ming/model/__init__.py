@@ -4,24 +4,33 @@ Entry points: `load_all` (configs + root model + talker + AudioVAE from a checkp
 preset), `load_ming` / `build_ming` (root model only), `load_checkpoint_config`, `preset_config`.
 """
 
-from .config import CheckpointConfig, ConfigError, load_checkpoint_config
-from .layers import TPGroup
-from .loader import LoadError, checkpoint_keys
-from .ming import MingModels, MingOmni, build_ming, load_all, load_ming
-from .presets import PRESETS, preset_config
+import importlib
 
-__all__ = [
-    "PRESETS",
-    "CheckpointConfig",
-    "ConfigError",
-    "LoadError",
-    "MingModels",
-    "MingOmni",
-    "TPGroup",
-    "build_ming",
-    "checkpoint_keys",
-    "load_all",
-    "load_checkpoint_config",
-    "load_ming",
-    "preset_config",
-]
+# lazy (PEP 562): the light modules (config, presets) must not load torch, so a bad start fails fast
+_WHERE = {
+    "CheckpointConfig": ".config",
+    "ConfigError": ".config",
+    "load_checkpoint_config": ".config",
+    "TPGroup": ".layers",
+    "LoadError": ".loader",
+    "checkpoint_keys": ".loader",
+    "MingModels": ".ming",
+    "MingOmni": ".ming",
+    "build_ming": ".ming",
+    "load_all": ".ming",
+    "load_ming": ".ming",
+    "PRESETS": ".presets",
+    "preset_config": ".presets",
+}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module, __name__), name)
+
+
+def __dir__() -> list[str]:
+    return __all__

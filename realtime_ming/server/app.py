@@ -31,7 +31,7 @@ from .connection import ConnectionContext, serve_connection
 from .handshake import check_access, inspect_handshake, select_subprotocol
 from .http import HttpRoutes, default_web_roots, text_response
 from .metrics import ServerMetrics
-from .startup import StartupError, check_config, check_exposure, load_failure, open_listener, ssl_context
+from .startup import StartupError, check_exposure, load_failure, open_listener, prepare, ssl_context
 
 __all__ = ["TINY_MODEL_NOTICE", "RealtimeServer", "ServingEngine", "load_engine", "run_server"]
 
@@ -306,11 +306,7 @@ def run_server(cfg: ServerConfig) -> int:
     Raises StartupError (one line) for a config this machine cannot serve, a port it cannot bind,
     or a model that fails to load for a known reason — all before the port accepts a connection.
     """
-    try:
-        cfg = resolve_api_keys(cfg)
-    except ConfigError as exc:
-        raise StartupError(f"config error: {exc}") from exc
-    check_config(cfg)
+    cfg = prepare(cfg)
     sock = open_listener(cfg.server.host, cfg.server.port)
     try:
         log.info("effective config:\n%s", yaml.safe_dump(_redacted(cfg), sort_keys=False, default_flow_style=None, width=120).rstrip())

@@ -48,6 +48,21 @@ def one_line(text: object) -> str:
     return " ".join(str(text).split())
 
 
+def prepare(cfg: ServerConfig) -> ServerConfig:
+    """`cfg` with its API keys read, checked against this machine (raises StartupError, one line).
+
+    Light: runs before torch and the model modules are imported, so a bad start fails in a moment.
+    """
+    from .config import ConfigError, resolve_api_keys
+
+    try:
+        cfg = resolve_api_keys(cfg)
+    except ConfigError as exc:
+        raise StartupError(f"config error: {exc}") from exc
+    check_config(cfg)
+    return cfg
+
+
 def check_config(cfg: ServerConfig) -> None:
     """Refuse, before anything loads, a config that cannot serve on this machine."""
     checkpoint = _check_model_folder(cfg.engine)
