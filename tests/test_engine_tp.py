@@ -9,12 +9,12 @@ import pytest
 from realtime_ming.engine import Engine
 from realtime_ming.engine.api import Content, Message, SamplingParams, TurnDone, TurnRequest
 from realtime_ming.engine.config import EngineConfig, PlacementConfig, ThinkerRunnerConfig
-from realtime_ming.model.tiny_tokenizer import tiny_tokenizer_path
+from conftest import fixture_tokenizers
 
 
 def _greedy_text(fixture_root, devices) -> TurnDone:
-    cfg = EngineConfig(model_path=str(fixture_root), tokenizer_path=str(tiny_tokenizer_path("thinker")),
-                       talker_tokenizer_path=str(tiny_tokenizer_path("talker")),
+    cfg = EngineConfig(model_path=str(fixture_root), tokenizer_path=fixture_tokenizers(fixture_root)[0],
+                       talker_tokenizer_path=fixture_tokenizers(fixture_root)[1],
                        placement=PlacementConfig(thinker_devices=devices))
     engine = Engine.create(cfg, warmup=False)
     try:
@@ -77,8 +77,8 @@ def test_tp2_prefiller_with_row_buckets_equals_the_sharded_forward(fixture_root)
     each rank alike: the same hidden states as the sharded plain forward of the 3 rows (gloo, two CPU ranks)."""
     import torch
 
-    cfg = EngineConfig(model_path=str(fixture_root), tokenizer_path=str(tiny_tokenizer_path("thinker")),
-                       talker_tokenizer_path=str(tiny_tokenizer_path("talker")),
+    cfg = EngineConfig(model_path=str(fixture_root), tokenizer_path=fixture_tokenizers(fixture_root)[0],
+                       talker_tokenizer_path=fixture_tokenizers(fixture_root)[1],
                        placement=PlacementConfig(thinker_devices=("cpu", "cpu")))
     engine = Engine.create(cfg, warmup=False)
     try:
