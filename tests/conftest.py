@@ -58,3 +58,28 @@ def read_case(name: str):
 @pytest.fixture(scope="session")
 def load_case():
     return read_case
+
+
+_TOKENIZERS: dict[Path, tuple[str, str]] = {}
+
+
+def fixture_tokenizers(root: Path) -> tuple[str, str]:
+    """(thinker, talker) tokenizer.json paths placed on the special ids of the fixture set at `root` (its
+    configs; the talker's <audio>/<audioPatch> from its talker_loop case), written once per session."""
+    import tempfile
+
+    from realtime_ming.model.config import load_checkpoint_config
+    from realtime_ming.model.tiny_tokenizer import tiny_tokenizers_for
+
+    root = Path(root).resolve()
+    if root not in _TOKENIZERS:
+        meta = json.loads((root / "cases" / "talker_loop.json").read_text())
+        audio = {p["text"]: p["ids"][0] for p in meta["template"]["pieces"] if p["text"] in ("<audio>", "<audioPatch>")}
+        folder = Path(tempfile.mkdtemp(prefix="fixture_tokenizers_"))
+        paths = []
+        for kind, tok in zip(("thinker", "talker"), tiny_tokenizers_for(load_checkpoint_config(root), audio)):
+            (folder / kind).mkdir()
+            tok.save(str(folder / kind / "tokenizer.json"))
+            paths.append(str(folder / kind / "tokenizer.json"))
+        _TOKENIZERS[root] = (paths[0], paths[1])
+    return _TOKENIZERS[root]

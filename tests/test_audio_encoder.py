@@ -78,7 +78,7 @@ def test_fixture_output_lengths(model, case):
     assert torch.equal(audio_token_lengths(mel_lengths, cfg.audio_config), case["encoder_feats_lengths"])
     assert torch.equal(audio_token_lengths(case["twoclip_mel_lengths"], cfg.audio_config),
                        case["twoclip_audio_embeds_lengths"])
-    assert projector.output_lengths(encoder_output_lengths(150)) == case["audio_embeds"].shape[1]
+    assert projector.output_lengths(encoder_output_lengths(int(mel_lengths[0, 0]))) == case["audio_embeds"].shape[1]
 
 
 @torch.no_grad()
@@ -154,13 +154,15 @@ def test_bf16_close_to_fp32(fixture_root, model, case):
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("frames", [1, 2, 37, 100, 101, 150])
+@pytest.mark.parametrize("frames", [1, 2, 37, 100, 101, "case"])
 def test_masked_padded_encoding_equals_exact_length(model, case, frames):
-    """`encoder(mel, mel_lengths)` on a clip zero-padded to 160 frames (the CUDA-graph path) gives the clip's
+    """`encoder(mel, mel_lengths)` on a clip zero-padded to the longest mel (2·n_ctx frames) (the CUDA-graph path) gives the clip's
     exact-length encoder output and audio embeddings, even and odd lengths, garbage in the padding too."""
     cfg, encoder, projector = model
+    width = 2 * cfg.audio_config.whisper_encoder_config.n_ctx  # the longest mel the encoder takes
+    frames = min(int(case["mel_lengths"][0, 0]) if frames == "case" else frames, width)
     mel = case["mel"][:, :frames] if frames <= case["mel"].shape[1] else torch.randn(1, frames, case["mel"].shape[2])
-    padded = torch.randn(1, 160, mel.shape[2])  # the mask, not zeros in the padding, must make it exact
+    padded = torch.randn(1, width, mel.shape[2])  # the mask, not zeros in the padding, must make it exact
     padded[:, :frames] = mel
     enc_len, tokens = int(encoder_output_lengths(frames)), int(audio_token_lengths(frames, cfg.audio_config))
     out = encoder(padded, torch.tensor([frames]))
@@ -176,7 +178,8 @@ def test_audio_graphs_eager_path_equals_encoder(fixture_root, model, case):
     from realtime_ming.engine.audio_graphs import AudioEncoderGraphs
 
     cfg, encoder, projector = model
-    graphs = AudioEncoderGraphs(encoder, projector, cfg.audio_config, (160,), dtype=torch.float32, device="cpu",
+    bucket = 2 * cfg.audio_config.whisper_encoder_config.n_ctx
+    graphs = AudioEncoderGraphs(encoder, projector, cfg.audio_config, (bucket,), dtype=torch.float32, device="cpu",
                                 out_device="cpu")
     assert not graphs.graphed
     got = graphs(case["mel"][0])

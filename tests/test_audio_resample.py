@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import numpy as np
 import pytest
 import torch
@@ -60,14 +61,39 @@ def test_stream_resampler_same_rate_passthrough():
     assert resampler.flush().shape == (0,)
 
 
+ENCODER_RATE_HZ = 16000  # the audio frontend's rate: the target of the case's Resample
+STANDARD_RATES_HZ = (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000, 88200, 96000)
+
+
+def _fixture_source_rate(n_in: int, n_out: int, note: str) -> int:
+    """The case's source rate: the standard rate whose Resample(src, 16 kHz) output length ceil(n·16000/src)
+    is the recorded one (the case's tensors), cross-checked with the Resample(src, 16000) its note names."""
+    fits = [r for r in STANDARD_RATES_HZ if -(-n_in * ENCODER_RATE_HZ // r) == n_out]
+    named = [int(r) for r in re.findall(r"Resample\((\d+),\s*" + str(ENCODER_RATE_HZ) + r"\)", note)]
+    if named:
+        fits = [r for r in fits if r in named] or named
+    assert len(fits) == 1, f"cannot tell the resample source rate from {n_in} -> {n_out} samples ({fits})"
+    return fits[0]
+
+
 def test_fixture_resample_torchaudio_compatible(load_case):
-    """24 kHz int16 / 32768 → 16 kHz equals the reference torchaudio Resample output (rtol 1e-4, atol 1e-5)."""
-    tensors, _ = load_case("audio_frontend_and_encoder")
+    """int16 / 32768 at the case's source rate → 16 kHz equals the reference torchaudio Resample output
+    (rtol 1e-4, atol 1e-5), with ceil(n·16000/src) samples."""
+    tensors, meta = load_case("audio_frontend_and_encoder")
     wave = tensors["resample_input_int16"].to(torch.float32) / 32768.0
     expected = tensors["resample_output_16k"]
-    out = resample_torchaudio_compatible(wave, 24000, 16000)
-    assert out.shape == expected.shape == (-(-wave.shape[-1] * 2 // 3),)
+    n_in = wave.shape[-1]
+    src_hz = _fixture_source_rate(n_in, expected.shape[-1], meta.get("resample_note", ""))
+    out = resample_torchaudio_compatible(wave, src_hz, ENCODER_RATE_HZ)
+    assert out.shape == expected.shape == (-(-n_in * ENCODER_RATE_HZ // src_hz),)
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_fixture_source_rate_is_derived_not_assumed():
+    """The derivation picks each standard rate back from its own output length (not one fixed rate)."""
+    for src in (8000, 22050, 24000, 44100, 48000):
+        n_in = 3 * src // 2 + 7
+        assert _fixture_source_rate(n_in, -(-n_in * ENCODER_RATE_HZ // src), "") == src
 
 
 def test_resample_torchaudio_compatible_batched_and_length():

@@ -37,7 +37,7 @@ from realtime_ming.engine.talker_runner import TalkerRunner, stream_seed
 from realtime_ming.model.multimodal import AudioInput, ImageInput
 from realtime_ming.model.talker import build_talker_prompt, duration_step_cap, generate
 from realtime_ming.model.talker_text import talker_job_texts
-from realtime_ming.model.tiny_tokenizer import tiny_tokenizer_path
+from conftest import fixture_tokenizers
 from realtime_ming.model.tokenizer import ChatMessage
 
 pytestmark = pytest.mark.timeout(180)
@@ -49,8 +49,8 @@ PROMPT_B = "Tell me something about the sea."
 
 def _config(fixture_root, **thinker) -> EngineConfig:
     # the first segment waits for text, never for the clock, so segments (hence audio) do not depend on timing
-    return EngineConfig(model_path=str(fixture_root), tokenizer_path=str(tiny_tokenizer_path("thinker")),
-                        talker_tokenizer_path=str(tiny_tokenizer_path("talker")),
+    return EngineConfig(model_path=str(fixture_root), tokenizer_path=fixture_tokenizers(fixture_root)[0],
+                        talker_tokenizer_path=fixture_tokenizers(fixture_root)[1],
                         thinker=ThinkerRunnerConfig(**(dict(max_slots=16, max_seq_len=512, prefill_chunk_tokens=48)
                                                        | thinker)),
                         talker=TalkerRunnerConfig(max_streams=4),

@@ -9,12 +9,12 @@ import pytest
 from realtime_ming.engine import Engine
 from realtime_ming.engine.api import Content, Message, SamplingParams, TurnDone, TurnRequest
 from realtime_ming.engine.config import EngineConfig, PlacementConfig, ThinkerRunnerConfig
-from realtime_ming.model.tiny_tokenizer import tiny_tokenizer_path
+from conftest import fixture_tokenizers
 
 
 def _greedy_text(fixture_root, devices) -> TurnDone:
-    cfg = EngineConfig(model_path=str(fixture_root), tokenizer_path=str(tiny_tokenizer_path("thinker")),
-                       talker_tokenizer_path=str(tiny_tokenizer_path("talker")),
+    cfg = EngineConfig(model_path=str(fixture_root), tokenizer_path=fixture_tokenizers(fixture_root)[0],
+                       talker_tokenizer_path=fixture_tokenizers(fixture_root)[1],
                        placement=PlacementConfig(thinker_devices=devices))
     engine = Engine.create(cfg, warmup=False)
     try:
@@ -77,8 +77,8 @@ def test_tp2_prefiller_with_row_buckets_equals_the_sharded_forward(fixture_root)
     each rank alike: the same hidden states as the sharded plain forward of the 3 rows (gloo, two CPU ranks)."""
     import torch
 
-    cfg = EngineConfig(model_path=str(fixture_root), tokenizer_path=str(tiny_tokenizer_path("thinker")),
-                       talker_tokenizer_path=str(tiny_tokenizer_path("talker")),
+    cfg = EngineConfig(model_path=str(fixture_root), tokenizer_path=fixture_tokenizers(fixture_root)[0],
+                       talker_tokenizer_path=fixture_tokenizers(fixture_root)[1],
                        placement=PlacementConfig(thinker_devices=("cpu", "cpu")))
     engine = Engine.create(cfg, warmup=False)
     try:
@@ -101,3 +101,37 @@ def test_tp2_prefiller_with_row_buckets_equals_the_sharded_forward(fixture_root)
         torch.testing.assert_close(got[live], want[live], rtol=1e-5, atol=1e-5)
     finally:
         engine.close()
+
+
+def test_start_tp_cleans_up_when_rank0_shard_build_fails(fixture_root, monkeypatch):
+    """An injected failure in rank 0's shard build propagates, leaves no process group and no worker
+    process behind, and the next start_tp in this process works."""
+    import multiprocessing
+
+    import torch
+    import torch.distributed as dist
+
+    from realtime_ming.engine import tp as tp_module
+    from realtime_ming.model.config import load_checkpoint_config
+
+    ck = load_checkpoint_config(fixture_root)
+    args = (ck, ("cpu", "cpu"), str(fixture_root), torch.float32, 0, 2, 64)
+    built = tp_module._build_shard
+
+    def failing(launch, tp):
+        if tp.rank == 0:
+            raise RuntimeError("injected rank-0 shard failure")
+        return built(launch, tp)
+
+    monkeypatch.setattr(tp_module, "_build_shard", failing)
+    with pytest.raises(RuntimeError, match="injected rank-0 shard failure"):
+        tp_module.start_tp(*args)
+    assert not dist.is_initialized()
+    assert not [p for p in multiprocessing.active_children() if p.is_alive()]
+    monkeypatch.setattr(tp_module, "_build_shard", built)
+    proxy = tp_module.start_tp(*args)
+    try:
+        assert dist.is_initialized() and proxy.tp.size == 2
+    finally:
+        proxy.close()
+    assert not dist.is_initialized()

@@ -21,7 +21,7 @@ from realtime_ming.engine.config import EngineConfig, PlacementConfig, ThinkerRu
 from realtime_ming.engine.thinker_decode import ThinkerDecoder, default_kv_buckets, eager_kv_len
 from realtime_ming.engine.thinker_prefill import ThinkerPrefiller
 from realtime_ming.model.thinker import ThinkerKVCache, load_thinker
-from realtime_ming.model.tiny_tokenizer import tiny_tokenizer_path
+from conftest import fixture_tokenizers
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
 two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
@@ -77,8 +77,8 @@ def _generate(fixture_root, devices, *, eager: bool, dtype: str = "float32", tal
               ) -> list[TurnDone]:
     device = talker or devices[0]
     with_audio = talker is not None
-    cfg = EngineConfig(model_path=str(fixture_root), tokenizer_path=str(tiny_tokenizer_path("thinker")),
-                       talker_tokenizer_path=str(tiny_tokenizer_path("talker")), dtype=dtype, enforce_eager=eager,
+    cfg = EngineConfig(model_path=str(fixture_root), tokenizer_path=fixture_tokenizers(fixture_root)[0],
+                       talker_tokenizer_path=fixture_tokenizers(fixture_root)[1], dtype=dtype, enforce_eager=eager,
                        thinker=ThinkerRunnerConfig(max_slots=4, max_seq_len=1024, kv_buckets=(256, 1024)),
                        placement=PlacementConfig(thinker_devices=devices, talker_device=device, encoder_device=device,
                                                  vae_device=device))

@@ -49,6 +49,12 @@ def _shard_of(root: Path, key: str) -> Path:
     return root / _index(root)["weight_map"][key]
 
 
+def _stored(root: Path, key: str) -> torch.Tensor:
+    """One checkpoint tensor, read from the shard the index names for it."""
+    with safe_open(str(_shard_of(root, key)), framework="pt") as f:
+        return f.get_tensor(key)
+
+
 def _edit_file(path: Path, edit) -> None:
     """Rewrite one safetensors file with `edit(tensors)` applied."""
     tensors = load_file(str(path))
@@ -325,12 +331,11 @@ def test_bf16_load_is_checkpoint_rounded(fixture_root):
     ming = load_ming(fixture_root, dtype=torch.bfloat16)
     state = ming.state_dict()
     assert all(t.dtype == torch.bfloat16 for t in state.values() if t.is_floating_point())
-    stored = load_file(str(_shard_of(fixture_root, "model.lm_head.weight")))
     for key in ("model.lm_head.weight", "vision.patch_embed.proj.weight", "audio.positional_embedding"):
-        assert torch.equal(state[key], stored[key].to(torch.bfloat16))
+        assert torch.equal(state[key], _stored(fixture_root, key).to(torch.bfloat16))
     expert = _some_key(fixture_root, "model.model.layers.", ".experts.0.down_proj")
     stacked = state[expert.replace(".experts.0.down_proj.weight", ".experts_down")][0]
-    assert torch.equal(stacked, stored[expert].to(torch.bfloat16))
+    assert torch.equal(stacked, _stored(fixture_root, expert).to(torch.bfloat16))
 
 
 # ---- tensor parallelism ------------------------------------------------------------------------
@@ -366,21 +371,26 @@ def test_tp2_load_narrows_thinker(fixture_root, rank):
     cfg = ming.cfg.llm_config
     hd = cfg.resolved_head_dim
     q, kv = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
-    stored = load_file(str(_shard_of(fixture_root, "model.lm_head.weight")))
+    stored = lambda key: _stored(fixture_root, key)  # noqa: E731
     attn = ming.model.model.layers[0].attention
-    full = stored["model.model.layers.0.attention.query_key_value.weight"]
-    half = lambda t, dim=0: t.chunk(2, dim=dim)[rank]
-    want = torch.cat([half(p) for p in full.split([q, kv, kv])])
+    full = stored("model.model.layers.0.attention.query_key_value.weight")
+    half = lambda t, dim=0: t.chunk(2, dim=dim)[rank]  # noqa: E731
+    kv_heads = cfg.num_key_value_heads
+    # fewer KV heads than ranks: each rank holds the one its query heads use (replicated)
+    kv_part = (lambda t: t.chunk(kv_heads)[rank * kv_heads // 2]) if kv_heads < 2 else half  # noqa: E731
+    qs, ks, vs = full.split([q, kv, kv])
+    want = torch.cat([half(qs), kv_part(ks), kv_part(vs)])
     assert torch.equal(attn.query_key_value.weight, want)
-    assert torch.equal(attn.dense.weight, half(stored["model.model.layers.0.attention.dense.weight"], 1))
-    assert attn.num_heads == cfg.num_attention_heads // 2 and attn.num_kv == cfg.num_key_value_heads // 2
+    assert torch.equal(attn.dense.weight, half(stored("model.model.layers.0.attention.dense.weight"), 1))
+    assert attn.num_heads == cfg.num_attention_heads // 2 and attn.num_kv == max(1, kv_heads // 2)
     mlp = ming.model.model.layers[cfg.first_k_dense_replace].mlp
-    base = f"model.model.layers.{cfg.first_k_dense_replace}.mlp.experts.3."
+    expert = cfg.num_experts - 1
+    base = f"model.model.layers.{cfg.first_k_dense_replace}.mlp.experts.{expert}."
     i = cfg.moe_intermediate_size // 2
-    assert torch.equal(mlp.experts_gate_up[3, :i], half(stored[base + "gate_proj.weight"]))
-    assert torch.equal(mlp.experts_gate_up[3, i:], half(stored[base + "up_proj.weight"]))
-    assert torch.equal(mlp.experts_down[3], half(stored[base + "down_proj.weight"], 1))
-    assert torch.equal(ming.vision.blocks[0].attn.qkv.weight, stored["vision.blocks.0.attn.qkv.weight"])
+    assert torch.equal(mlp.experts_gate_up[expert, :i], half(stored(base + "gate_proj.weight")))
+    assert torch.equal(mlp.experts_gate_up[expert, i:], half(stored(base + "up_proj.weight")))
+    assert torch.equal(mlp.experts_down[expert], half(stored(base + "down_proj.weight"), 1))
+    assert torch.equal(ming.vision.blocks[0].attn.qkv.weight, stored("vision.blocks.0.attn.qkv.weight"))
 
 
 # ---- dummy weights -----------------------------------------------------------------------------

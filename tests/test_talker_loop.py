@@ -27,10 +27,12 @@ from realtime_ming.model.talker import (
 
 ATOL = RTOL = 1e-4  # fixtures README: loop outputs, hidden states
 STOP_ATOL = 1e-5
-# tiny talker special ids (fixtures README "Tiny token ids")
+# special ids of the structure tests below (any distinct ids do; the fixture tests read the case's own)
 TINY_IDS = TalkerSpecialIds(im_start=144, im_end=145, vision_start=152, vision_pad=154, vision_end=153,
                             audio=250, audio_patch=251)
-SPEAK_TEXT = "Hello world, this is a test."
+SPECIAL_NAMES = {"im_start": "<|im_start|>", "im_end": "<|im_end|>", "vision_start": "<|vision_start|>",
+                 "vision_pad": "<|vision_pad|>", "vision_end": "<|vision_end|>", "audio": "<audio>",
+                 "audio_patch": "<audioPatch>"}
 
 
 def _talker(root, dtype):
@@ -56,11 +58,27 @@ def _recorded_encoder(meta):
     return lambda text: list(table[text])
 
 
+def case_special_ids(meta) -> TalkerSpecialIds:
+    """The talker special ids of the case: the first id of each template piece that starts with the token."""
+    found = {}
+    for piece in meta["template"]["pieces"]:
+        for field, name in SPECIAL_NAMES.items():
+            if piece["text"].startswith(name):
+                found.setdefault(field, piece["ids"][0])
+    return TalkerSpecialIds(**found)
+
+
+def case_speak_text(meta) -> str:
+    """The synthesised text: the template piece right after the voice's prompt text."""
+    texts = [piece["text"] for piece in meta["template"]["pieces"]]
+    return texts[texts.index(meta["voice"]["prompt_text"]) + 1]
+
+
 def _fixture_prompt(case):
     tensors, meta = case
     voice = meta["voice"]
-    return build_talker_prompt(_recorded_encoder(meta), TINY_IDS, SPEAK_TEXT, prompt_text=voice["prompt_text"],
-                               prompt_patches=tensors["prompt_wav_emb"].shape[1])
+    return build_talker_prompt(_recorded_encoder(meta), case_special_ids(meta), case_speak_text(meta),
+                               prompt_text=voice["prompt_text"], prompt_patches=tensors["prompt_wav_emb"].shape[1])
 
 
 def _close(got, want, atol=ATOL):
@@ -254,10 +272,14 @@ def test_prompt_rejects_tokenizer_without_special_tokens():
         build_talker_prompt(no_audio, TINY_IDS, "hi")
 
 
-def test_prompt_embeds_checks_slot_counts(talker):
+def test_prompt_embeds_checks_slot_counts(talker, case):
     """Mismatched speaker / prompt-audio embedding counts raise instead of silently misplacing them."""
-    in_vocab = lambda t: [i if i < 1000 else (i - 1000) % 100 for i in _pseudo_encode(t)]  # noqa: E731
-    prompt = build_talker_prompt(in_vocab, TINY_IDS, "hi")
+    ids = case_special_ids(case[1])
+    names = {v: getattr(ids, f) for f, v in SPECIAL_NAMES.items()}
+    in_vocab = lambda t: [names[p] if p in names else ord(c) % 100  # noqa: E731
+                          for p in re.split(r"(<\|[a-z_]+\|>|<audio>|<audioPatch>)", t) if p
+                          for c in ([p] if p in names else p)]
+    prompt = build_talker_prompt(in_vocab, ids, "hi")
     with pytest.raises(ValueError, match="speaker"):
         talker.prompt_embeds(prompt, [], None)
     with pytest.raises(ValueError, match="prompt-audio"):

@@ -54,8 +54,8 @@ def greedy_decode(thinker, cache, slots, first, next_pos, rope_deltas, n):
 
 
 def _text_greedy(thinker, ids, splits=(), n=8, cache=None, slot=0):
-    cache = cache or ThinkerKVCache.allocate(thinker.cfg, 1, 64)
     t = ids.shape[1]
+    cache = cache or ThinkerKVCache.allocate(thinker.cfg, 1, t + n + 1)
     pos = torch.arange(t)[None]
     with torch.no_grad():
         logits = prefill(thinker, cache, slot, thinker.embed(ids), pos.expand(3, 1, t), pos, splits)
@@ -89,7 +89,8 @@ def test_fixture_thinker_text_routing(case, thinker):
     routing = []
     with torch.no_grad():
         thinker(thinker.embed(tensors["input_ids"]), tensors["position_ids"], routing=routing)
-    assert [r.layer for r in routing] == [1, 2]
+    cfg = thinker.cfg
+    assert [r.layer for r in routing] == list(range(cfg.first_k_dense_replace, cfg.num_hidden_layers))
     for record in routing:
         ids, weights = _sorted_routing(record)
         assert torch.equal(ids, tensors[f"route_layer{record.layer}_expert_ids"])
@@ -112,7 +113,7 @@ def test_thinker_two_slots_decode_together(case, thinker):
     short_ids = long_ids[:, : long_ids.shape[1] - 6]
     n = 6
     alone = [_text_greedy(thinker, x, n=n) for x in (long_ids, short_ids)]
-    cache = ThinkerKVCache.allocate(thinker.cfg, 3, 48)
+    cache = ThinkerKVCache.allocate(thinker.cfg, 3, long_ids.shape[1] + n + 1)
     firsts = []
     with torch.no_grad():
         for slot, x in ((2, long_ids), (0, short_ids)):
@@ -145,26 +146,30 @@ def test_thinker_stacked_experts_hold_checkpoint_tensors(thinker, fixture_root):
     """experts_gate_up[e] = [gate_proj; up_proj] and experts_down[e] = down_proj of checkpoint expert e."""
     from safetensors import safe_open
 
-    mlp = thinker.model.layers[1].mlp
+    layer = thinker.cfg.first_k_dense_replace  # the first MoE layer
+    mlp = thinker.model.layers[layer].mlp
     inter = thinker.cfg.moe_intermediate_size
-    with safe_open(str(fixture_root / "model.safetensors"), framework="pt") as f:
-        for e in (0, thinker.cfg.num_experts - 1):
-            key = f"model.model.layers.1.mlp.experts.{e}."
-            assert torch.equal(mlp.experts_gate_up[e, :inter], f.get_tensor(key + "gate_proj.weight"))
-            assert torch.equal(mlp.experts_gate_up[e, inter:], f.get_tensor(key + "up_proj.weight"))
-            assert torch.equal(mlp.experts_down[e], f.get_tensor(key + "down_proj.weight"))
+    weight_map = read_weight_map(fixture_root)  # the index's shard of every key
+    for e in (0, thinker.cfg.num_experts - 1):
+        key = f"model.model.layers.{layer}.mlp.experts.{e}."
+        for name, want in (("gate_proj", mlp.experts_gate_up[e, :inter]), ("up_proj", mlp.experts_gate_up[e, inter:]),
+                           ("down_proj", mlp.experts_down[e])):
+            with safe_open(str(weight_map[key + name + ".weight"]), framework="pt") as f:
+                assert torch.equal(want, f.get_tensor(key + name + ".weight"))
 
 
 def test_thinker_loader_reports_missing_expert_key(thinker, fixture_root):
     """A checkpoint lacking one expert's tensor fails loading, naming the partly filled stacked parameter."""
-    weight_map = read_weight_map(fixture_root)
-    del weight_map["model.model.layers.2.mlp.experts.3.up_proj.weight"]
     cfg = thinker.cfg
+    layer, expert = cfg.num_hidden_layers - 1, cfg.num_experts - 1  # the last MoE layer's last expert
+    weight_map = read_weight_map(fixture_root)
+    del weight_map[f"model.model.layers.{layer}.mlp.experts.{expert}.up_proj.weight"]
     with torch.device("meta"):
         fresh = Thinker(cfg)
     with pytest.raises(LoadError) as err:
         load_weights(fresh, weight_map, prefix="model.")
-    assert f"model.model.layers.2.mlp.experts_gate_up ({2 * cfg.num_experts - 1}/{2 * cfg.num_experts} parts)" in str(err.value)
+    parts = f"({2 * cfg.num_experts - 1}/{2 * cfg.num_experts} parts)"
+    assert f"model.model.layers.{layer}.mlp.experts_gate_up {parts}" in str(err.value)
 
 
 def test_moe_gathered_equals_grouped():

@@ -48,23 +48,49 @@ def _spliced(thinker, tensors, media):
     return embeds, router_masks(ids, media, spans)
 
 
-def _numbers(text: str) -> list[int]:
-    """Stand-in text encoder: the fixture's ordinary ids written as numbers, newline = id 10."""
-    return [int(x) for x in text.replace("\n", " 10 ").split()]
-
-
 def _fixture_prompt(tensors, media, special):
-    """Rebuild the fixture prompt (layout in the case json) with PromptBuilder."""
+    """Rebuild the case's prompt with PromptBuilder from its own ids: the case's special ids stay specials,
+    each `<image>`…`</image>` run becomes an image of the next `image_grid_thw` row (its newline is the id
+    after `</image>`), each `<audio>`…`</audio>` run an audio clip of its `audio_placeholder_loc_lens`
+    length; the ordinary ids between them are text, written as numbers for a stand-in encoder."""
     ids = tensors["input_ids"][0].tolist()
-    text = lambda a, b: " ".join(map(str, ids[a:b])) + " "  # noqa: E731
-    grid = tuple(tensors["image_grid_thw"][0].tolist())
-    start, length = tensors["audio_placeholder_loc_lens"][0, 0].tolist()
-    b = PromptBuilder(_numbers, media)
-    b.special(special["<role>"]).text(text(1, 6)).special(special["</role>"])
-    b.image(ImageInput(grid)).text(text(25, 29)).audio(AudioInput(length))
-    end = start + length + 1
-    b.text(text(end, end + 3)).special(special["<|role_end|>"]).special(special["<role>"])
-    return b.text(text(end + 5, end + 8)).special(special["</role>"]).build()
+    grids = [tuple(g) for g in tensors["image_grid_thw"].tolist()]
+    audio_lengths = [n for _, n in tensors["audio_placeholder_loc_lens"][0].tolist()]
+    specials = set(special.values())
+    newline = []
+
+    def numbers(text: str) -> list[int]:
+        return [newline[0] if x == "\n" else int(x) for x in text.replace("\n", " \n ").split(" ") if x.strip(" ")]
+
+    b, run, i = PromptBuilder(numbers, media), [], 0
+
+    def flush():
+        if run:
+            b.text(" ".join(map(str, run)) + " ")
+            run.clear()
+
+    while i < len(ids):
+        tid = ids[i]
+        if tid == media.image_start:
+            flush()
+            end = ids.index(media.image_end, i)
+            newline[:] = [ids[end + 1]]
+            b.image(ImageInput(grids.pop(0)))
+            i = end + 2
+        elif tid == media.audio_start:
+            flush()
+            b.audio(AudioInput(audio_lengths.pop(0)))
+            i = ids.index(media.audio_end, i) + 1
+        elif tid in specials:
+            flush()
+            b.special(tid)
+            i += 1
+        else:
+            run.append(tid)
+            i += 1
+    flush()
+    assert not grids and not audio_lengths, "the case's media do not match its prompt"
+    return b.build()
 
 
 def test_fixture_prompt_builder_reproduces_layout(case):
@@ -72,8 +98,8 @@ def test_fixture_prompt_builder_reproduces_layout(case):
     tensors, meta, media = case
     prompt = _fixture_prompt(tensors, media, meta["special_ids_tiny"])
     assert list(prompt.input_ids) == tensors["input_ids"][0].tolist()
-    assert prompt.image_grid_thw == [tuple(tensors["image_grid_thw"][0].tolist())]
-    assert prompt.audio_placeholder_loc_lens == [tuple(tensors["audio_placeholder_loc_lens"][0, 0].tolist())]
+    assert prompt.image_grid_thw == [tuple(g) for g in tensors["image_grid_thw"].tolist()]
+    assert prompt.audio_placeholder_loc_lens == [tuple(x) for x in tensors["audio_placeholder_loc_lens"][0].tolist()]
 
 
 def test_fixture_thinker_multimodal_positions(case):
@@ -109,20 +135,21 @@ def test_fixture_thinker_multimodal_logits_and_routing(case, thinker):
                                    tensors[f"route_layer{record.layer}_expert_weights"], rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("splits", [(), (30,)])
-def test_fixture_thinker_multimodal_greedy_kv_cache(case, thinker, splits):
+@pytest.mark.parametrize("split_at", [None, 0.4])
+def test_fixture_thinker_multimodal_greedy_kv_cache(case, thinker, split_at):
     """prepare_prefill + cached decode at cache position + rope delta reproduce the greedy ids."""
     tensors, meta, media = case
     prompt = _fixture_prompt(tensors, media, meta["special_ids_tiny"])
     clips = unwrap_audio(tensors["audio_embeds"], tensors["audio_embeds_lengths"])[0]
     expected = tensors["greedy_ids"]
-    cache = ThinkerKVCache.allocate(thinker.cfg, 2, 96)
+    t = len(prompt.input_ids)
+    splits = () if split_at is None else (int(t * split_at),)
+    cache = ThinkerKVCache.allocate(thinker.cfg, 2, t + expected.shape[1] + 1)
     with torch.no_grad():
         inp = prepare_prefill(thinker.embed, prompt, media, image_embeds=tensors["image_embeds"], audio_clips=clips)
         assert inp.rope_delta == tensors["rope_deltas"].item()
         logits = prefill(thinker, cache, 1, inp.inputs_embeds, inp.position_ids, inp.cache_positions, splits,
                          image_mask=inp.image_mask, audio_mask=inp.audio_mask)
-        t = len(prompt.input_ids)
         out = greedy_decode(thinker, cache, torch.tensor([1]), logits.argmax(-1), torch.tensor([t]),
                             torch.tensor([inp.rope_delta]), expected.shape[1])
     assert torch.equal(out, expected)
@@ -159,8 +186,9 @@ def test_splice_count_mismatch_raises(case, thinker):
     """Fewer image embedding rows than <imagePatch> positions is a ValueError naming both counts."""
     tensors, _, media = case
     ids = tensors["input_ids"]
-    with pytest.raises(ValueError, match="15 <imagePatch> positions but 14 embedding rows"):
-        splice_embeddings(thinker.embed(ids), ids, media, image_embeds=tensors["image_embeds"][:14])
+    n = int((ids == media.image_patch).sum())
+    with pytest.raises(ValueError, match=f"{n} <imagePatch> positions but {n - 1} embedding rows"):
+        splice_embeddings(thinker.embed(ids), ids, media, image_embeds=tensors["image_embeds"][:n - 1])
 
 
 def test_rope_index_grid_mismatch_raises(case):

@@ -16,12 +16,17 @@ from realtime_ming.model.tiny_tokenizer import (
     tiny_thinker_special_ids,
     tiny_thinker_tokenizer,
     tiny_tokenizer_path,
+    tiny_tokenizers_for,
 )
+from realtime_ming.model.config import load_checkpoint_config
 from realtime_ming.model.tokenizer import (
     HF_TOKENIZER_REPO,
     ChatMessage,
     IncrementalDecoder,
+    ThinkerTokenizer,
+    TokenizerMismatchError,
     TokenizerNotFoundError,
+    check_talker_tokenizer,
     resolve_tokenizer,
 )
 
@@ -33,18 +38,27 @@ def tok():
     return tiny_thinker_tokenizer()
 
 
-def test_tiny_thinker_special_ids_match_fixture(load_case):
-    """Tiny thinker special ids equal the fixture checkpoint's tiny ids (real id − 156700)."""
+def _case_talker_audio_ids(meta) -> dict[str, int]:
+    """<audio> / <audioPatch> ids of the talker_loop case (no config holds them)."""
+    return {p["text"]: p["ids"][0] for p in meta["template"]["pieces"] if p["text"] in ("<audio>", "<audioPatch>")}
+
+
+def test_tiny_thinker_special_ids_match_fixture(load_case, fixture_root):
+    """Thinker special ids placed by the fixture config's eos_token_id equal the case's tiny ids."""
     _, meta = load_case("thinker_text")
-    ours = tiny_thinker_special_ids()
+    cfg = load_checkpoint_config(fixture_root).thinker
+    ours = tiny_thinker_special_ids(cfg.eos_token_id)
     assert {name: ours[name] for name in meta["special_ids_tiny"]} == meta["special_ids_tiny"]
-    assert ours["<|role_end|>"] == 156895 - 156700
+    assert ours["<|role_end|>"] == cfg.eos_token_id and ours["<|endoftext|>"] == cfg.pad_token_id
+    assert tiny_thinker_special_ids(cfg.eos_token_id + 7)["<imagePatch>"] == ours["<imagePatch>"] + 7
 
 
-def test_tiny_talker_special_ids_match_fixture(load_case):
-    """Every talker_loop template piece that starts with a special token starts with our tiny id."""
+def test_tiny_talker_special_ids_match_fixture(load_case, fixture_root):
+    """Every talker_loop template piece that starts with a special token starts with the id placed by the
+    fixture's talker bos_token_id."""
     _, meta = load_case("talker_loop")
-    specials = tiny_talker_special_ids()
+    llm = load_checkpoint_config(fixture_root).talker.llm
+    specials = tiny_talker_special_ids(llm.bos_token_id, _case_talker_audio_ids(meta))
     checked = set()
     for piece in meta["template"]["pieces"]:
         for name, tid in specials.items():
@@ -172,3 +186,54 @@ def test_standin_tokenizer_word_pieces_on_real_special_ids():
         assert talker.decode(talker.encode(text, add_special_tokens=False).ids) == text
     assert 1.0 <= tokens_per_word(talker, reply) < 1.5  # a byte-level tokenizer would give ~5
     assert len(thinker.encode(reply)) < 1.5 * len(reply.split())
+
+
+def test_fixture_tokenizers_pass_the_startup_check(load_case, fixture_root):
+    """Tokenizers placed on the fixture config's ids pass both checks and encode the case's special ids."""
+    ck = load_checkpoint_config(fixture_root)
+    _, meta = load_case("talker_loop")
+    thinker, talker = tiny_tokenizers_for(ck, _case_talker_audio_ids(meta))
+    ThinkerTokenizer(thinker).check_config(ck.thinker)
+    check_talker_tokenizer(talker, ck.talker.llm)
+    _, text_meta = load_case("thinker_text")
+    assert {n: thinker.token_to_id(n) for n in text_meta["special_ids_tiny"]} == text_meta["special_ids_tiny"]
+
+
+def test_mismatched_tokenizer_is_one_clear_error(fixture_root):
+    """A tokenizer whose special ids or vocab disagree with the config raises TokenizerMismatchError, one line
+    naming each disagreeing field."""
+    import dataclasses
+
+    ck = load_checkpoint_config(fixture_root)
+    shifted = dataclasses.replace(ck.thinker, eos_token_id=ck.thinker.eos_token_id + 1)
+    thinker, talker = tiny_tokenizers_for(ck)
+    with pytest.raises(TokenizerMismatchError) as err:
+        ThinkerTokenizer(thinker).check_config(shifted)
+    message = str(err.value)
+    assert "\n" not in message and "eos_token_id" in message and "pad_token_id" not in message
+    assert isinstance(err.value, ValueError)
+    small = dataclasses.replace(ck.thinker, vocab_size=300)
+    with pytest.raises(TokenizerMismatchError, match="vocab_size=300"):
+        ThinkerTokenizer(thinker).check_config(small)
+    wrong_bos = dataclasses.replace(ck.talker.llm, bos_token_id=ck.talker.llm.bos_token_id + 20)
+    with pytest.raises(TokenizerMismatchError, match="bos_token_id"):
+        check_talker_tokenizer(talker, wrong_bos)
+
+
+def test_engine_start_refuses_another_checkpoints_tokenizer(fixture_root, tmp_path):
+    """ModelBundle.load with --tokenizer of other special ids fails before loading weights, naming the fields."""
+    import dataclasses
+
+    from realtime_ming.engine.config import EngineConfig
+    from realtime_ming.engine.models import ModelBundle
+
+    ck = load_checkpoint_config(fixture_root)
+    other = dataclasses.replace(ck, ming=dataclasses.replace(ck.ming, llm_config=dataclasses.replace(
+        ck.thinker, eos_token_id=ck.thinker.eos_token_id + 3)))
+    thinker, talker = tiny_tokenizers_for(other)
+    thinker.save(str(tmp_path / "thinker.json"))
+    talker.save(str(tmp_path / "talker.json"))
+    cfg = EngineConfig(model_path=str(fixture_root), tokenizer_path=str(tmp_path / "thinker.json"),
+                       talker_tokenizer_path=str(tmp_path / "talker.json"))
+    with pytest.raises(TokenizerMismatchError, match="thinker tokenizer .*thinker.json.*eos_token_id"):
+        ModelBundle.load(cfg)

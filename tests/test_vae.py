@@ -175,13 +175,43 @@ def test_vae_bf16_close_to_fp32(fixture_root, vae, load_case, talker_patch):
     assert rel(stream16, full16[0]) < 5e-3
 
 
+def _is_suffix(piece: torch.Tensor, emitted: list[torch.Tensor]) -> bool:
+    before = torch.cat(emitted) if emitted else torch.zeros(0)
+    return 0 < piece.numel() <= before.numel() and torch.equal(before[before.numel() - piece.numel():], piece)
+
+
 def test_fixture_silence_holder(load_case):
-    """Feeding silence_in_0..4 (last on the final one) emits exactly silence_out_0..4."""
+    """silence_in_0..4 (last on the final one) give silence_out_0..4, except for the documented deviation
+    (vae_stream.SilenceHolder): after a loud chunk arrives while silence is held, the reference re-holds a
+    tail of audio it has already emitted and emits it again later; we never re-emit. So each of our outputs
+    equals the reference's, or (only after such a chunk) the reference's minus a leading repeat of audio
+    already emitted (cut to the reference's length on the last chunk)."""
     t, _ = load_case("vae_decode")
     holder = SilenceHolder()
-    for i in range(5):
-        out = holder.push(t[f"silence_in_{i}"][0], is_last=i == 4)
-        assert torch.equal(out, t[f"silence_out_{i}"][0]), i
+    count = sum(1 for k in t if k.startswith("silence_in_"))
+    emitted, reheld = [], False
+    for i in range(count):
+        ref, is_last = t[f"silence_out_{i}"][0], i == count - 1
+        held_before = bool(holder._held)
+        out = holder.push(t[f"silence_in_{i}"][0], is_last=is_last)
+        if not torch.equal(out, ref):
+            assert reheld, f"chunk {i} differs from the reference without the documented deviation"
+            dup = next((n for n in range(1, ref.numel() + 1) if _is_suffix(ref[:n], emitted)
+                        and torch.equal(torch.cat((ref[:n], out))[: ref.numel()], ref)), None)
+            assert dup is not None, f"chunk {i}: the reference's extra audio is not a repeat of emitted audio"
+            reheld = False
+        reheld = reheld or (held_before and out.numel() > 0 and not is_last)
+        emitted.append(ref)
+
+
+def test_silence_holder_never_reemits_held_audio():
+    """The deviation itself: held silence released in front of loud audio is emitted once; a later loud
+    chunk comes out alone (the reference would put the re-held tail of the previous output before it)."""
+    holder = SilenceHolder(sample_rate_hz=100)
+    silence, loud = torch.zeros(20), torch.arange(1, 11, dtype=torch.float32)
+    assert holder.push(silence, is_last=False).numel() == 0
+    assert torch.equal(holder.push(loud, is_last=False), torch.cat((silence, loud)))
+    assert torch.equal(holder.push(2 * loud, is_last=True), 2 * loud)
 
 
 def test_silence_holder_withholds_silent_chunk_until_audio():
@@ -193,3 +223,44 @@ def test_silence_holder_withholds_silent_chunk_until_audio():
     assert torch.equal(holder.push(torch.cat((ones(10), zeros(20))), is_last=False), ones(10))
     assert holder.push(zeros(20), is_last=False).numel() == 0
     assert torch.equal(holder.push(zeros(45), is_last=True), zeros(30))
+
+
+def test_deeper_vae_encoder_runs_reference_layers_only(fixture_root, vae, load_case, tmp_path):
+    """A VAE whose encoder backbone holds more layers than the reference runs (it runs
+    layers[:REFERENCE_AGGREGATOR_LAYERS]) gives the reference posterior; running every layer would not."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from realtime_ming.model.vae import REFERENCE_AGGREGATOR_LAYERS
+
+    t, _ = load_case("vae_decode")
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(fixture_root, ckpt, ignore=shutil.ignore_patterns("cases"))
+    vae_dir = ckpt / "talker" / "vae"
+    config = json.loads((vae_dir / "config.json").read_text())
+    backbone = config["enc_kwargs"]["backbone"]
+    held = backbone["num_hidden_layers"]
+    assert held >= REFERENCE_AGGREGATOR_LAYERS
+    backbone["num_hidden_layers"] = held + 2
+    (vae_dir / "config.json").write_text(json.dumps(config))
+    tensors = load_file(str(vae_dir / "model.safetensors"))
+    gen = torch.Generator().manual_seed(0)
+    for key in [k for k in tensors if k.startswith(f"encoder.encoder.layers.{held - 1}.")]:
+        for extra in (held, held + 1):
+            src = tensors[key]
+            tensors[key.replace(f".layers.{held - 1}.", f".layers.{extra}.")] = src + 0.5 * torch.randn(
+                src.shape, generator=gen)
+    save_file(tensors, str(vae_dir / "model.safetensors"))
+
+    deep = _load_vae(ckpt)
+    assert len(deep.encoder.encoder.layers) == held + 2
+    assert deep.encoder.encoder.run_layers == min(held + 2, REFERENCE_AGGREGATOR_LAYERS)
+    wave = t["encode_waveform"]
+    with torch.no_grad():
+        post = deep.encode(wave)
+        torch.testing.assert_close(post.mean, t["encode_posterior_mean"], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(post.std, t["encode_posterior_std"], rtol=1e-4, atol=1e-4)
+        deep.encoder.encoder.run_layers = held + 2  # what running every held layer would give
+        assert (deep.encode(wave).mean - t["encode_posterior_mean"]).abs().max() > 1e-2

@@ -28,7 +28,7 @@ from ..model.presets import preset_config
 from ..model.talker import Talker, TalkerSpecialIds, VoicePrompt
 from ..model.thinker import Thinker
 from ..model.tiny_tokenizer import TINY_VOCAB_SIZE, tiny_talker_special_ids, tiny_thinker_special_ids, tiny_thinker_tokenizer, tiny_tokenizer_path
-from ..model.tokenizer import ThinkerTokenizer, resolve_tokenizer
+from ..model.tokenizer import ThinkerTokenizer, check_talker_tokenizer, resolve_tokenizer
 from ..model.vae import AudioVAE
 from ..model.vision import VisionProjector, VisionTransformer
 from .audio_graphs import AudioEncoderGraphs
@@ -108,6 +108,11 @@ class ModelBundle:
             talker_tok = _talker_tokenizer(Path(cfg.model_path), cfg.talker_tokenizer_path)
             name = Path(cfg.model_path).name
             dummy = cfg.weights == "dummy"
+        # a tokenizer of another checkpoint would run on wrong control ids: refuse it at start
+        thinker_tok.check_config(ck.thinker, source=f"thinker tokenizer ({cfg.tokenizer_path or 'checkpoint'})")
+        if ck.talker is not None and ck.talker.llm is not None:
+            check_talker_tokenizer(talker_tok, ck.talker.llm,
+                                   source=f"talker tokenizer ({cfg.talker_tokenizer_path or 'checkpoint'})")
         root_w = talker_w = vae_w = None
         if not dummy:
             folder = Path(cfg.model_path)

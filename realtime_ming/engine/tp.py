@@ -255,12 +255,36 @@ class _ProxyPrefiller(_ProxyGraphs):
 
 def start_tp(ck: CheckpointConfig, devices: tuple[str, ...], model_path: str | None, dtype: torch.dtype,
              seed: int, max_slots: int, max_seq_len: int) -> ThinkerProxy:
-    """Spawn ranks 1..N-1, join the process group as rank 0, build rank 0's shard."""
+    """Spawn ranks 1..N-1, join the process group as rank 0, build rank 0's shard.
+
+    If joining or rank 0's shard build fails, the workers are ended and the process group destroyed
+    before the error propagates, so a later engine in this process can start its own group.
+    """
     launch = TPLaunch(ck, tuple(devices), model_path, dtype, seed, max_slots, max_seq_len, _free_port())
     ctx = mp.get_context("spawn")
     procs = [ctx.Process(target=_worker, args=(r, launch), daemon=True) for r in range(1, len(devices))]
+    try:
+        for p in procs:
+            p.start()
+        tp = _init(0, launch)
+        log.info("thinker tensor-parallel over %s", ", ".join(devices))
+        return ThinkerProxy(_build_shard(launch, tp), launch, procs)
+    except BaseException:
+        _abandon(procs)
+        raise
+
+
+def _abandon(procs: list) -> None:
+    """Failure cleanup of start_tp: end the workers (they may wait in a collective rank 0 never joins, so
+    no stop message) and leave the process group."""
     for p in procs:
-        p.start()
-    tp = _init(0, launch)
-    log.info("thinker tensor-parallel over %s", ", ".join(devices))
-    return ThinkerProxy(_build_shard(launch, tp), launch, procs)
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        if p.pid is not None:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+    if dist.is_initialized():
+        dist.destroy_process_group()

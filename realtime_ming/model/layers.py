@@ -57,6 +57,28 @@ class TPGroup:
             raise ValueError(f"{what}={n} is not divisible by tensor-parallel size {self.size}")
         return n // self.size
 
+    def heads(self, n: int, what: str) -> int:
+        """Heads of `n` this rank holds: n/size, or 1 when there are fewer heads than ranks and the world
+        size is a multiple of n (each rank then holds the head its query heads use: KV-head replication)."""
+        if n % self.size == 0:
+            return n // self.size
+        if self.size % n:
+            raise ValueError(f"{what}={n} neither divides nor is divisible by tensor-parallel size {self.size}")
+        return 1
+
+    def part_slice(self, part: int | tuple[int, int]) -> tuple[int, int]:
+        """(start, length) of this rank's piece of one fused part along the split dim. `part` is its size
+        (split evenly) or (size, heads): split by heads (`heads`), a replicated head when heads < size."""
+        size, heads = part if isinstance(part, tuple) else (part, None)
+        if self.size == 1:
+            return 0, size
+        if heads is None or heads % self.size == 0:
+            local = self.divide(size, "output features")
+            return self.rank * local, local
+        self.heads(heads, "heads")
+        local = size // heads
+        return (self.rank * heads // self.size) * local, local
+
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         if self.size > 1 and not self.shadow:
             torch.distributed.all_reduce(x, group=self.group)
@@ -141,15 +163,16 @@ def rope_inv_freq(dim: int, theta: float, device=None) -> torch.Tensor:
 
 
 class ColumnParallelLinear(nn.Module):
-    """Linear whose output features are split across ranks; `splits` shards fused parts separately."""
+    """Linear whose output features are split across ranks; `splits` shards fused parts separately
+    (an entry (size, heads) is split by heads, replicated when there are fewer heads than ranks)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False, tp: TPGroup = SINGLE,
-                 splits: tuple[int, ...] | None = None):
+                 splits: tuple[int | tuple[int, int], ...] | None = None):
         super().__init__()
         parts = splits or (out_features,)
-        if sum(parts) != out_features:
+        if sum(p[0] if isinstance(p, tuple) else p for p in parts) != out_features:
             raise ValueError("splits must sum to out_features")
-        local = sum(tp.divide(p, "output features") for p in parts)
+        local = sum(tp.part_slice(p)[1] for p in parts)
         self.tp = tp
         self.weight = mark_tp(nn.Parameter(torch.empty(local, in_features)), 0, splits)
         self.bias = mark_tp(nn.Parameter(torch.empty(local)), 0, splits) if bias else None

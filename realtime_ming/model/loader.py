@@ -105,11 +105,10 @@ def narrow_for_rank(src: TensorSource | torch.Tensor, dim: int | None, splits, t
         return src.full() if isinstance(src, TensorSource) else src
     sizes = splits or (src.shape[dim],)
     parts, offset = [], 0
-    for size in sizes:
-        local = size // tp.size
-        start = offset + tp.rank * local
-        parts.append(src.narrow(dim, start, local))
-        offset += size
+    for part in sizes:
+        start, local = tp.part_slice(part)
+        parts.append(src.narrow(dim, offset + start, local))
+        offset += part[0] if isinstance(part, tuple) else part
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=dim)
 
 

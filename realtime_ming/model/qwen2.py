@@ -172,13 +172,24 @@ class Qwen2Layer(nn.Module):
 
 
 class Qwen2Model(nn.Module):
-    """`Qwen2Model` (keys `embed_tokens`, `layers.N.*`, `norm`); returns final-normed hidden states."""
+    """`Qwen2Model` (keys `embed_tokens`, `layers.N.*`, `norm`); returns final-normed hidden states.
 
-    def __init__(self, cfg: Qwen2Config):
+    `run_layers` (default: all) is how many of the held layers the forward runs: HF's forward runs
+    `self.layers[: config.num_hidden_layers]`, which is fewer than the layers built when the config
+    object is changed after construction (the AudioVAE encoder, vae.py). The other layers keep their
+    checkpoint tensors (strict loading) but never run.
+    """
+
+    def __init__(self, cfg: Qwen2Config, run_layers: int | None = None):
         super().__init__()
         self.cfg = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(Qwen2Layer(cfg) for _ in range(cfg.num_hidden_layers))
+        if run_layers is None:
+            run_layers = cfg.num_hidden_layers
+        if not 0 < run_layers <= cfg.num_hidden_layers:
+            raise ValueError(f"run_layers must be in 1..{cfg.num_hidden_layers}, got {run_layers}")
+        self.run_layers = run_layers
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = Qwen2Rotary(cfg.resolved_head_dim, cfg.rope_theta)
 
@@ -211,4 +222,4 @@ class Qwen2Model(nn.Module):
                 masks[window] = causal_window_mask(positions, k_pos, window)
             return layer(x, h, cos, sin, masks[window], kv, slots)
 
-        return prenorm_stack(self.layers, inputs_embeds, lambda layer: layer.input_layernorm, self.norm, step)
+        return prenorm_stack(self.layers[: self.run_layers], inputs_embeds, lambda layer: layer.input_layernorm, self.norm, step)

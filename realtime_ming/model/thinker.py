@@ -54,7 +54,7 @@ class ThinkerKVCache:
     @classmethod
     def allocate(cls, cfg: ThinkerConfig, num_slots: int, capacity: int, *, device="cpu",
                  dtype: torch.dtype = torch.float32, tp: TPGroup = SINGLE) -> "ThinkerKVCache":
-        kv_heads = tp.divide(cfg.num_key_value_heads, "num_key_value_heads")
+        kv_heads = tp.heads(cfg.num_key_value_heads, "num_key_value_heads")
         shape = (cfg.num_hidden_layers, num_slots, kv_heads, capacity + 1, cfg.resolved_head_dim)
         return cls(torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype))
 
@@ -75,10 +75,10 @@ class ThinkerAttention(nn.Module):
         hd = cfg.resolved_head_dim
         self.head_dim = hd
         self.num_heads = tp.divide(cfg.num_attention_heads, "num_attention_heads")
-        self.num_kv = tp.divide(cfg.num_key_value_heads, "num_key_value_heads")
+        self.num_kv = tp.heads(cfg.num_key_value_heads, "num_key_value_heads")
         q, kv = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
         self.query_key_value = ColumnParallelLinear(cfg.hidden_size, q + 2 * kv, bias=cfg.use_qkv_bias, tp=tp,
-                                                    splits=(q, kv, kv))
+                                                    splits=(q, (kv, cfg.num_key_value_heads), (kv, cfg.num_key_value_heads)))
         self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
         self.dense = RowParallelLinear(q, cfg.hidden_size, bias=cfg.use_bias, tp=tp)

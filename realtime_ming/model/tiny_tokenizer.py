@@ -5,6 +5,10 @@ special tokens as added tokens, all within a 512-id vocab. Thinker specials sit 
 minus 156700 and talker specials at the fixture's tiny Qwen2 ids (fixtures README "Tiny token ids"),
 so the fixture checkpoint's config ids match; the 256 bytes fill the free ids from 0 upwards.
 Regenerate the shipped files with `python -m realtime_ming.model.tiny_tokenizer`.
+
+A tiny checkpoint with other ids (another fixture set) gets its own pair from `tiny_tokenizers_for`:
+the thinker offset follows from the config's `eos_token_id` (`<|role_end|>`), the talker's from its
+LM config's `bos_token_id` (`<|endoftext|>`).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ __all__ = [
     "build_tiny_tokenizer",
     "build_tiny_thinker_tokenizer",
     "build_tiny_talker_tokenizer",
+    "tiny_tokenizers_for",
     "tiny_tokenizer_path",
     "tiny_thinker_tokenizer",
     "write_tiny_tokenizers",
@@ -32,27 +37,37 @@ __all__ = [
 
 TINY_VOCAB_SIZE = 512
 TINY_TOKENIZER_DIR = ASSETS_DIR / "tiny_tokenizer"  # thinker/tokenizer.json, talker/tokenizer.json
-_THINKER_ID_SHIFT = 156700  # tiny thinker id = real id - shift (fixtures README)
-_TALKER_SPECIALS = {
-    "<|endoftext|>": 143, "<|im_start|>": 144, "<|im_end|>": 145,
-    "<|vision_start|>": 152, "<|vision_end|>": 153, "<|vision_pad|>": 154,
-    "<audio>": 250, "<audioPatch>": 251,
-}
+_THINKER_EOS = "<|role_end|>"
+_TINY_THINKER_EOS_ID = 195  # tiny thinker id = real id - 156700 (fixtures README)
+# standard Qwen2 ids of the talker's special tokens; the tiny ones are these minus 151500
+_QWEN2_SPECIALS = {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645,
+                   "<|vision_start|>": 151652, "<|vision_end|>": 151653, "<|vision_pad|>": 151654}
+_TINY_TALKER_BOS_ID = 143  # <|endoftext|>
+_TINY_TALKER_AUDIO_IDS = {"<audio>": 250, "<audioPatch>": 251}
 
 
-def tiny_thinker_special_ids() -> dict[str, int]:
-    """Every named (non-reserved) Ming special token -> tiny id (real id − 156700), e.g. <|role_end|> 195."""
+def _real_thinker_special_ids() -> dict[str, int]:
     config = json.loads((MING_TOKENIZER_DIR / "tokenizer_config.json").read_text(encoding="utf-8"))
-    return {
-        tok["content"]: int(i) - _THINKER_ID_SHIFT
-        for i, tok in config["added_tokens_decoder"].items()
-        if not tok["content"].startswith("<|reserved_token_")
-    }
+    return {tok["content"]: int(i) for i, tok in config["added_tokens_decoder"].items()
+            if not tok["content"].startswith("<|reserved_token_")}
 
 
-def tiny_talker_special_ids() -> dict[str, int]:
-    """Talker (Qwen2) special tokens -> tiny id: standard Qwen2 ids − 151500, <audio> 250, <audioPatch> 251."""
-    return dict(_TALKER_SPECIALS)
+def tiny_thinker_special_ids(eos_token_id: int = _TINY_THINKER_EOS_ID) -> dict[str, int]:
+    """Every named (non-reserved) Ming special token -> its id shifted so that <|role_end|> gets
+    `eos_token_id` (a checkpoint config's; the default tiny set: real id − 156700, <|role_end|> 195)."""
+    real = _real_thinker_special_ids()
+    shift = real[_THINKER_EOS] - eos_token_id
+    return {name: i - shift for name, i in real.items()}
+
+
+def tiny_talker_special_ids(bos_token_id: int = _TINY_TALKER_BOS_ID,
+                            audio_ids: Mapping[str, int] | None = None) -> dict[str, int]:
+    """Talker (Qwen2) special tokens -> tiny id: standard Qwen2 ids shifted so that <|endoftext|> gets
+    `bos_token_id` (default 143: Qwen2 − 151500), and <audio> / <audioPatch> (default 250 / 251)."""
+    shift = _QWEN2_SPECIALS["<|endoftext|>"] - bos_token_id
+    ids = {name: i - shift for name, i in _QWEN2_SPECIALS.items()}
+    ids.update(_TINY_TALKER_AUDIO_IDS if audio_ids is None else audio_ids)
+    return ids
 
 
 def _byte_chars() -> list[str]:
@@ -97,6 +112,21 @@ def build_tiny_thinker_tokenizer() -> Tokenizer:
 
 def build_tiny_talker_tokenizer() -> Tokenizer:
     return build_tiny_tokenizer(tiny_talker_special_ids())
+
+
+def tiny_tokenizers_for(checkpoint, talker_audio_ids: Mapping[str, int] | None = None) -> tuple[Tokenizer, Tokenizer]:
+    """(thinker, talker) tiny tokenizers on the special ids of `checkpoint` (a CheckpointConfig of a tiny
+    checkpoint, e.g. a fixture set), in a vocab of at least 512 ids (256 bytes + specials: like the shipped
+    talker tokenizer, byte ids may exceed a tiny talker LM's vocab); `talker_audio_ids` places <audio> /
+    <audioPatch> (not in any config; default 250 / 251)."""
+    thinker = checkpoint.thinker
+    talker_lm = checkpoint.talker.llm
+    thinker_ids = tiny_thinker_special_ids(thinker.eos_token_id)
+    if talker_lm.bos_token_id is None:
+        raise ValueError("the talker LM config has no bos_token_id to place the tiny talker tokenizer's ids")
+    talker_ids = tiny_talker_special_ids(talker_lm.bos_token_id, talker_audio_ids)
+    return (build_tiny_tokenizer(thinker_ids, max(thinker.vocab_size, TINY_VOCAB_SIZE)),
+            build_tiny_tokenizer(talker_ids, max(talker_lm.vocab_size, TINY_VOCAB_SIZE)))
 
 
 def tiny_tokenizer_path(kind: str) -> Path:

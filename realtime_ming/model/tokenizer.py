@@ -22,6 +22,9 @@ __all__ = [
     "ThinkerTokenizer",
     "IncrementalDecoder",
     "TokenizerNotFoundError",
+    "TokenizerMismatchError",
+    "CONFIG_TOKEN_FIELDS",
+    "check_talker_tokenizer",
     "resolve_tokenizer",
     "DEFAULT_SYSTEM_PROMPT",
     "ASSETS_DIR",
@@ -42,6 +45,18 @@ _REQUIRED = ("<role>", "</role>", "<|role_end|>")
 
 class TokenizerNotFoundError(FileNotFoundError):
     """No thinker tokenizer.json where we looked; the message says what to download and where."""
+
+
+class TokenizerMismatchError(ValueError):
+    """The tokenizer does not belong to the checkpoint: its special ids or vocab disagree with the config.
+    The message is one line naming every disagreement."""
+
+
+# thinker config field -> the token whose id it holds (`video_start_token` is left out: the released
+# config puts the id of `</image>` there, a mislabel the reference reproduces)
+CONFIG_TOKEN_FIELDS = {"eos_token_id": "<|role_end|>", "pad_token_id": "<|endoftext|>",
+                       "image_patch_token": "<imagePatch>", "video_patch_token": "<framePatch>",
+                       "image_start_token": "<image>"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +153,21 @@ class ThinkerTokenizer:
     def vocab_size(self) -> int:
         return self.tokenizer.get_vocab_size()
 
+    def check_config(self, cfg, source: str = "tokenizer") -> None:
+        """Raise TokenizerMismatchError unless every special id the thinker config (`llm_config`) names is
+        this tokenizer's id of that token and every token id fits the config's vocab_size."""
+        problems = []
+        for field, token in CONFIG_TOKEN_FIELDS.items():
+            want, got = getattr(cfg, field), self.tokenizer.token_to_id(token)
+            if want != got:
+                problems.append(f"{token} is {got} in the tokenizer but {field}={want} in the config")
+        top = max(self.tokenizer.get_vocab(with_added_tokens=True).values())
+        if top >= cfg.vocab_size:
+            problems.append(f"token id {top} does not fit the config's vocab_size={cfg.vocab_size}")
+        if problems:
+            raise TokenizerMismatchError(f"{source} does not match the checkpoint config: " + "; ".join(problems)
+                                         + " (pass the checkpoint's own tokenizer with --tokenizer)")
+
     def token_id(self, token: str) -> int:
         """Id of a token by name; KeyError if absent."""
         tid = self.tokenizer.token_to_id(token)
@@ -206,3 +236,23 @@ def resolve_tokenizer(checkpoint_dir: str | Path | None, tokenizer_path: str | P
         if path.is_file():
             return ThinkerTokenizer.from_file(path)
     raise TokenizerNotFoundError(_missing_message(looked))
+
+
+_TALKER_CONFIG_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+
+
+def check_talker_tokenizer(tokenizer: Tokenizer, llm_cfg, source: str = "talker tokenizer") -> None:
+    """Raise TokenizerMismatchError unless the talker LM config's bos/eos ids are ids of the Qwen2 control
+    tokens (<|endoftext|>, <|im_start|>, <|im_end|>) in this tokenizer."""
+    problems = []
+    for field in ("bos_token_id", "eos_token_id"):
+        want = getattr(llm_cfg, field, None)
+        if want is None:
+            continue
+        name = tokenizer.id_to_token(want)
+        if name not in _TALKER_CONFIG_TOKENS:
+            problems.append(f"{field}={want} in talker/llm/config.json is {name!r} in the tokenizer, not one of "
+                            + ", ".join(_TALKER_CONFIG_TOKENS))
+    if problems:
+        raise TokenizerMismatchError(f"{source} does not match the checkpoint config: " + "; ".join(problems)
+                                     + " (use the checkpoint's own talker tokenizer: talker/llm/tokenizer.json or engine.talker_tokenizer_path)")

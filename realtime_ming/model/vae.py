@@ -31,6 +31,7 @@ __all__ = [
 
 _MAG_MAX = 100.0  # ISTFTHead: exp(log-magnitude) is clipped at 1e2
 _STD_FLOOR = 1e-4  # diffusers OobleckDiagonalGaussianDistribution: std = softplus(scale) + 1e-4
+REFERENCE_AGGREGATOR_LAYERS = 4  # the reference sets config.num_hidden_layers = 4 for the encoder aggregator (VAEEncoder)
 
 
 def upsample_linear(x: torch.Tensor, left: torch.Tensor, right: torch.Tensor, scale: int) -> torch.Tensor:
@@ -130,9 +131,16 @@ class VAEEncoder(nn.Module):
     """`Encoder`: 882-sample frames -> fc1 -> fc2 -> Qwen2 -> [4 frames + CLS]* -> 4-layer Qwen2 -> fc3 (§6.3).
 
     The aggregator runs over the whole interleaved sequence (frames and CLS tokens, positions
-    0..5G−1) with the backbone's causal sliding window, as the reference does (it re-uses the
-    encoder's Qwen2 config with `num_hidden_layers = 4`); only the CLS outputs are kept.
-    `norm` exists in the checkpoint but is unused by the reference.
+    0..5G−1) with the backbone's causal sliding window, as the reference does; only the CLS outputs
+    are kept. `norm` exists in the checkpoint but is unused by the reference.
+
+    Layer rule of the reference (`AudioVAE` `Encoder.__init__`): it builds `encoder = Qwen2Model(config)`
+    with the backbone config, then sets `config.num_hidden_layers = 4` on that SAME config object and
+    builds `aggregator = Qwen2Model(config)`. HF's `Qwen2Model.forward` runs
+    `self.layers[: self.config.num_hidden_layers]`, so after the change the encoder backbone runs only
+    its first `min(num_hidden_layers, 4)` layers although it holds (and loads) `num_hidden_layers`;
+    the aggregator holds and runs 4. (The sliding-window type of each layer is fixed at construction
+    from the original count, so layer i keeps `layer_window(i)` of the backbone config.)
     """
 
     def __init__(self, cfg: VAEEncoderConfig, patch_size: int):
@@ -142,8 +150,8 @@ class VAEEncoder(nn.Module):
         self.input_dim, self.hop, self.patch_size = cfg.input_dim, cfg.hop_size, patch_size
         self.fc1 = nn.Linear(cfg.input_dim, h, bias=False)
         self.fc2 = nn.Linear(h, h)
-        self.encoder = Qwen2Model(bb)
-        self.aggregator = Qwen2Model(dataclasses.replace(bb, num_hidden_layers=4))
+        self.encoder = Qwen2Model(bb, run_layers=min(bb.num_hidden_layers, REFERENCE_AGGREGATOR_LAYERS))
+        self.aggregator = Qwen2Model(dataclasses.replace(bb, num_hidden_layers=REFERENCE_AGGREGATOR_LAYERS))
         self.cls_embed = nn.Parameter(torch.empty(1, 1, h))
         self.fc3 = nn.Linear(h, 2 * cfg.latent_dim)
         self.norm = nn.LayerNorm(h)
