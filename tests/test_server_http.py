@@ -118,7 +118,7 @@ async def test_metrics_count_sessions_and_errors(server):
     ("/missing.css", 404, None),
 ])
 async def test_static_files_are_traversal_safe(server, path, status, content_type):
-    """web/ files are served with their content type; paths leaving web/ and misses are 404."""
+    """Static files are served with their content type; paths leaving the web root and misses are 404."""
     got, headers, body = await http_request(server.port, path)
     assert got == status
     if content_type is not None:

@@ -1,4 +1,4 @@
-"""The browser demo (web/) in headless Debian Chromium against the real server and tiny engine.
+"""The browser demo (realtime_ming/web/) in headless Debian Chromium against the real server and tiny engine.
 
 Chromium's fake microphone plays espeak-ng speech (`--use-file-for-fake-audio-capture`). What is
 asserted is what the page itself observed and shows (`window.__demo`, the DOM): server-VAD turns,
