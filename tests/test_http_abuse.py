@@ -106,7 +106,8 @@ _ABUSE: dict[str, tuple[bytes, int | None]] = {
     "non-ASCII request line": (_request("/é".encode()), None),
     "request body": (_request(b"/", b"POST", b"Content-Length: 5\r\n") + b"hello", None),
     "chunked body": (_request(b"/", b"POST", b"Transfer-Encoding: chunked\r\n") + b"0\r\n\r\n", None),
-    "TLS ClientHello on the plain port": (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(64) + b"\r\n\r\n", None),
+    "TLS ClientHello on the plain port": (
+        b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(64) + b"\r\n\r\n", None),
     "no spaces in the request line": (b"GARBAGE\r\n\r\n", None),
 }
 
