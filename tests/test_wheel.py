@@ -72,7 +72,8 @@ def test_wheel_holds_the_browser_demo(wheel):
 
 
 def test_installed_wheel_serves_the_demo_from_another_directory(wheel, tmp_path):
-    """pip install <wheel> into a fresh venv; `realtime-ming serve` run elsewhere answers GET / with the demo."""
+    """pip install <wheel> into a fresh venv; `realtime-ming serve` run elsewhere answers GET / with the demo,
+    and `realtime-ming bench` says in one line where the benchmark is."""
     venv = tmp_path / "venv"
     # --without-pip: this interpreter's pip (seen through --system-site-packages) installs into the venv.
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
@@ -111,6 +112,11 @@ def test_installed_wheel_serves_the_demo_from_another_directory(wheel, tmp_path)
             assert reply.read() == (WEB / "index.html").read_bytes()
         with urllib.request.urlopen(f"{base}/js/main.js", timeout=seconds(10)) as reply:
             assert reply.status == 200 and reply.read() == (WEB / "js" / "main.js").read_bytes()
+        # The benchmark lives in the checkout: the installed script says so in one line.
+        bench = subprocess.run([str(bindir / "realtime-ming"), "bench", "--url", f"ws://127.0.0.1:{match.group(1)}"],
+                               cwd=elsewhere, env=env, capture_output=True, text=True, timeout=seconds(60))
+        assert bench.returncode == 2 and bench.stdout == ""
+        assert len(bench.stderr.splitlines()) == 1 and "python -m bench" in bench.stderr, bench.stderr
     finally:
         watchdog.cancel()
         proc.kill()
