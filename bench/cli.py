@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import importlib.util
 import json
 import logging
 import shlex
@@ -152,9 +153,13 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, OSError, RuntimeError) as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 2
+    plots = not args.no_plots
+    if plots and importlib.util.find_spec("matplotlib") is None:  # said before the run, not after it
+        print("bench: matplotlib is not installed, so no plots (pip install 'realtime-ming[bench]')", file=sys.stderr)
+        plots = False
     with asyncio.Runner(loop_factory=_event_loop_factory()) as runner:
         results = runner.run(run_benchmark(cfg, turns, _command_line()))
-    paths = write_results(results, Path(cfg.out_dir), plots=not args.no_plots)
+    paths = write_results(results, Path(cfg.out_dir), plots=plots)
     table = [line for line in paths["markdown"].read_text().split("## Results", 1)[-1].split("\n## ", 1)[0].splitlines()
              if line.startswith("|")]
     print("\n".join(table))

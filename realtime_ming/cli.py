@@ -89,29 +89,50 @@ def _run_serve(args: argparse.Namespace) -> int:
         return _fail(exc)
 
 
-def _bench(name: str):
-    """`bench.<name>`: the benchmark is the repo's top-level bench/ (a source checkout, not the wheel)."""
-    import importlib
-    from pathlib import Path
+_BENCH_MISSING = (
+    "realtime-ming: the benchmark ships with the source checkout, not the package: in the checkout's "
+    "root run `python -m bench --url ws://HOST:PORT/v1/realtime ...` (plots: pip install 'realtime-ming[bench]')"
+)
 
-    root = str(Path(__file__).resolve().parent.parent)
-    if (Path(root) / "bench" / "__init__.py").exists() and root not in sys.path:
-        sys.path.insert(0, root)
-    return getattr(importlib.import_module("bench"), name)
+
+def _bench():
+    """The checkout's top-level `bench` package when it is importable (run from the checkout root:
+    `python -m bench` or `python -m realtime_ming.cli bench`), else None. Nothing touches sys.path."""
+    import importlib
+
+    try:
+        module = importlib.import_module("bench")
+    except ImportError:
+        return None
+    ours = all(callable(getattr(module, name, None)) for name in ("add_arguments", "run"))
+    return module if ours else None  # another distribution's top-level `bench` is not ours
 
 
 def _add_bench_arguments(parser: argparse.ArgumentParser) -> None:
-    try:
-        _bench("add_arguments")(parser)
-    except ImportError:  # installed without the checkout: `serve` must still build its parser
-        parser.description = "unavailable here: bench/ ships with the source checkout only"
+    bench = _bench()
+    if bench is not None:
+        bench.add_arguments(parser)
+        return
+    # Installed without the checkout: take every argument as a plain word (no option prefix, so
+    # `--url ...` and `-h` are not parse errors) and let `run` say in one line where the benchmark is.
+    parser.description = _BENCH_MISSING.removeprefix("realtime-ming: ")
+    parser.prefix_chars = ""
+    parser.add_argument("bench_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    bench = _bench()
+    if bench is None or hasattr(args, "bench_args"):
+        print(_BENCH_MISSING, file=sys.stderr)
+        return 2
+    return bench.run(args)
 
 
 # name -> (help, add_arguments, run), one subcommand each.
 _COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
     "serve": ("run the /v1/realtime server", _add_serve_arguments, _run_serve),
     "bench": ("TTFA benchmark against a /v1/realtime server (needs the source checkout's bench/)",
-              _add_bench_arguments, lambda args: _bench("run")(args)),
+              _add_bench_arguments, _run_bench),
 }
 
 

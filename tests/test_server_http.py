@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+from pathlib import Path
 
 import pytest
 from server_support import StubEngine, WsClient, http_request, pcm16_b64, seconds, tone
@@ -118,12 +120,34 @@ async def test_metrics_count_sessions_and_errors(server):
     ("/missing.css", 404, None),
 ])
 async def test_static_files_are_traversal_safe(server, path, status, content_type):
-    """web/ files are served with their content type; paths leaving web/ and misses are 404."""
+    """Static files are served with their content type; paths leaving the web root and misses are 404."""
     got, headers, body = await http_request(server.port, path)
     assert got == status
     if content_type is not None:
         assert headers["content-type"] == content_type
     assert b"do not serve" not in body
+
+
+def test_default_web_root_is_the_packaged_demo():
+    """Without server.web_dir the demo comes from the package itself (importlib.resources), not the checkout."""
+    import realtime_ming
+    from realtime_ming.server.http import default_web_roots
+
+    (root,) = default_web_roots(None)
+    assert root == Path(realtime_ming.__file__).resolve().parent / "web"
+    assert (root / "index.html").is_file() and (root / "js" / "main.js").is_file()
+
+
+async def test_missing_demo_is_one_warning_at_start(engine, tmp_path, caplog):
+    """An empty web folder: one WARNING line naming it when the server starts, then GET / is 404."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    caplog.set_level(logging.INFO)
+    async with RealtimeServer(_config(empty), engine) as srv:
+        warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+        assert len(warnings) == 1 and "browser demo not found" in warnings[0].getMessage()
+        assert str(empty) in warnings[0].getMessage() and "\n" not in warnings[0].getMessage()
+        assert (await http_request(srv.port, "/"))[0] == 404
 
 
 async def test_other_methods_are_405(server):

@@ -1,4 +1,4 @@
-"""The browser demo (web/) in headless Debian Chromium against the real server and tiny engine.
+"""The browser demo (realtime_ming/web/) in headless Debian Chromium against the real server and tiny engine.
 
 Chromium's fake microphone plays espeak-ng speech (`--use-file-for-fake-audio-capture`). What is
 asserted is what the page itself observed and shows (`window.__demo`, the DOM): server-VAD turns,
@@ -244,6 +244,54 @@ async def test_web_mic_denied_still_types_and_attaches_images(engine, tmp_path):
     assert demo["events"]["conversation.item.done"] >= 2  # image item and text item accepted
     assert len(demo["ttfaMs"]) == 1
     assert demo["errors"] == [] and page.errors == []
+
+
+class _RealModelStub(StubEngine):
+    """A stub that reports a real checkpoint (no tiny-model notice expected)."""
+
+    def info(self) -> dict:
+        return {**super().info(), "is_tiny_default": False}
+
+
+UNICODE_WORDS = ("Grüße, ", "日本語と", "emoji 🎉 ", "ÀÉÎÕÜ ñ ß.")
+
+
+async def test_web_tiny_model_notice_and_unicode_transcript():
+    """The embedded tiny model (`is_tiny_default` in /v1/models) gets a visible 'random noise' notice
+    that a real model does not; multi-byte text deltas (accents, CJK, emoji) show in the transcript
+    exactly as sent, with no mojibake."""
+    tiny = StubEngine(words=UNICODE_WORDS)
+    real = _RealModelStub()
+    try:
+        async with _server(tiny) as srv, _page(grant_mic=False) as page:
+            await _open(page, srv)
+            notice_visible = await page.is_visible("#model-notice")
+            notice_text = await page.text_content("#model-notice")
+            await page.click("#connect-btn")
+            await page.wait_for_function("() => __demo.state !== 'connecting' && __demo.state !== 'disconnected'",
+                                         timeout=_ms(10))
+            await page.fill("#composer-input", "Say something in several scripts.")
+            await page.press("#composer-input", "Enter")
+            await page.wait_for_function(
+                "() => Object.values(__demo.responses).some(r => r.status === 'completed')", timeout=_ms(30))
+            shown = await page.locator(".msg-assistant .msg-body").last.text_content()
+            still_visible = await page.is_visible("#model-notice")
+            demo = await page.evaluate("window.__demo")
+            page_errors = list(page.errors)
+        async with _server(real) as srv, _page(grant_mic=False) as page:
+            await _open(page, srv)
+            real_notice_hidden = await page.is_hidden("#model-notice")
+            page_errors += page.errors
+    finally:
+        tiny.close()
+        real.close()
+    assert notice_visible and still_visible and demo["isTinyModel"] is True
+    assert "random noise" in notice_text and "--model-path" in notice_text
+    assert shown == "".join(UNICODE_WORDS)
+    reply = next(r for r in demo["responses"].values() if r["status"] == "completed")
+    assert reply["transcript"] == "".join(UNICODE_WORDS)
+    assert real_notice_hidden
+    assert page_errors == []
 
 
 RESAMPLE_SCRIPT = """async ([inHz, outHz, b64]) => {

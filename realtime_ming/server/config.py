@@ -121,7 +121,7 @@ class ListenConfig:
     host: str = "127.0.0.1"
     port: int = 8000  # 0 = an ephemeral port (tests)
     model_id: str | None = None  # id advertised in /v1/models (None = the engine's model name)
-    web_dir: str | None = None  # static demo folder (None = the repo's / package's web/)
+    web_dir: str | None = None  # static demo folder (None = the demo inside the package, realtime_ming/web/)
     auth: AuthConfig = field(default_factory=AuthConfig)
     tls: TlsConfig = field(default_factory=TlsConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)

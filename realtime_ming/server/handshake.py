@@ -1,8 +1,12 @@
 """What the opening handshake of `/v1/realtime` tells us: dialect, API key, subprotocol, Origin.
 
 Server-side clients authenticate with `Authorization: Bearer <key>` (or Azure-style `api-key`);
-browsers with the subprotocol `openai-insecure-api-key.<key>`. Beta clients send
-`OpenAI-Beta: realtime=v1` or offer `openai-beta.realtime-v1` (docs/protocol.md §2, §7).
+browsers with the subprotocol `openai-insecure-api-key.<key>` next to `realtime` (the browser
+WebSocket API cannot set headers). Beta clients send `OpenAI-Beta: realtime=v1` or offer
+`openai-beta.realtime-v1` (docs/protocol.md §2, §7). Reading a request never raises: repeated credential headers are
+recorded as ambiguous (always refused with 401), a malformed subprotocol
+header as no subprotocols (websockets answers the upgrade with 400), and the key offered as a
+subprotocol is never echoed back.
 """
 
 from __future__ import annotations
@@ -11,8 +15,9 @@ import hmac
 import http
 from collections.abc import Sequence
 from dataclasses import dataclass
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs
 
+from websockets.exceptions import InvalidHeader
 from websockets.headers import parse_subprotocol
 from websockets.http11 import Request
 
@@ -35,6 +40,8 @@ class HandshakeInfo:
     subprotocols: tuple[str, ...]
     origin: str | None
     model: str | None  # the `model` query parameter (unknown query keys are ignored)
+    ambiguous_key: bool = False  # the same credential sent more than once (two Authorization headers, ...)
+    ambiguous_origin: bool = False  # more than one Origin header
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,13 +55,27 @@ class Refusal:
 
 def _offered_subprotocols(request: Request) -> tuple[str, ...]:
     offered: list[str] = []
-    for value in request.headers.get_all("Sec-WebSocket-Protocol"):
-        offered.extend(parse_subprotocol(value))
+    try:
+        for value in request.headers.get_all("Sec-WebSocket-Protocol"):
+            offered.extend(parse_subprotocol(value))
+    except InvalidHeader:  # websockets refuses the upgrade itself (400)
+        return ()
     return tuple(offered)
 
 
+def _api_keys(headers, offered: tuple[str, ...]) -> list[str]:
+    """Every key of the first credential source present: Bearer, else api-key, else the subprotocol."""
+    bearer = [v[7:].strip() for v in headers.get_all("Authorization") if v[:7].lower() == "bearer "]
+    if bearer or headers.get_all("Authorization"):
+        return bearer or [""]  # a non-Bearer Authorization is a credential that matches no key
+    api_key = [v.strip() for v in headers.get_all("api-key")]
+    if api_key:
+        return api_key
+    return [p[len(_KEY_SUBPROTOCOL_PREFIX) :] for p in offered if p.startswith(_KEY_SUBPROTOCOL_PREFIX)]
+
+
 def inspect_handshake(request: Request) -> HandshakeInfo:
-    """Read dialect, key, subprotocols, Origin and `?model=` from an upgrade request."""
+    """Read dialect, key, subprotocols, Origin and `?model=` from an upgrade request (never raises)."""
     headers = request.headers
     offered = _offered_subprotocols(request)
     beta_header = any(
@@ -63,40 +84,44 @@ def inspect_handshake(request: Request) -> HandshakeInfo:
         for part in value.split(",")
     )
     dialect = Dialect.BETA if beta_header or _BETA_SUBPROTOCOL in offered else Dialect.GA
-    api_key = None
-    authorization = headers.get("Authorization", "")
-    if authorization[:7].lower() == "bearer ":
-        api_key = authorization[7:].strip()
-    elif "api-key" in headers:
-        api_key = headers["api-key"].strip()
-    else:
-        for proto in offered:
-            if proto.startswith(_KEY_SUBPROTOCOL_PREFIX):
-                api_key = proto[len(_KEY_SUBPROTOCOL_PREFIX) :]
-                break
-    query = parse_qs(urlsplit(request.path).query)
+    keys = _api_keys(headers, offered)
+    origins = headers.get_all("Origin")
+    query = parse_qs(request.path.partition("?")[2].partition("#")[0])
     model = query.get("model", [None])[0]
-    return HandshakeInfo(dialect, api_key or None, offered, headers.get("Origin"), model)
+    api_key = (keys[0] or None) if len(keys) == 1 else None
+    return HandshakeInfo(
+        dialect,
+        api_key,
+        offered,
+        origins[0] if origins else None,
+        model,
+        ambiguous_key=len(keys) > 1,
+        ambiguous_origin=len(origins) > 1,
+    )
 
 
 def select_subprotocol(offered: Sequence[str]) -> str | None:
-    """Echo `realtime` when the client offered subprotocols (Chromium aborts otherwise).
+    """The subprotocol to echo: `realtime` when offered, else the first non-key offer, else none.
 
-    A client that offered some but not `realtime` gets its first non-key offer back: the
-    server must pick one of the offered values, and a key should not be echoed.
+    Browsers (and the openai SDKs in a browser) offer `realtime` next to the key, and Chromium
+    aborts when it offered subprotocols and none comes back, so `realtime` is echoed. The
+    `openai-insecure-api-key.<key>` offer is a secret and never echoed: offered alone, the reply
+    carries no subprotocol (a non-browser client accepts that; a browser cannot send a key alone).
     """
-    if not offered:
-        return None
     if _REALTIME_SUBPROTOCOL in offered:
         return _REALTIME_SUBPROTOCOL
     plain = [p for p in offered if not p.startswith(_KEY_SUBPROTOCOL_PREFIX)]
-    return plain[0] if plain else offered[0]
+    return plain[0] if plain else None
 
 
 def check_access(info: HandshakeInfo, auth: AuthConfig) -> Refusal | None:
     """None when the upgrade may proceed; else why not (403 Origin, 401 key)."""
-    if auth.allowed_origins and info.origin is not None and info.origin not in auth.allowed_origins:
+    if auth.allowed_origins and (
+        info.ambiguous_origin or (info.origin is not None and info.origin not in auth.allowed_origins)
+    ):
         return Refusal(http.HTTPStatus.FORBIDDEN, "Origin not allowed.\n", "origin")
+    if info.ambiguous_key:  # two Authorization (or api-key) headers: refused even when no keys are set
+        return Refusal(http.HTTPStatus.UNAUTHORIZED, "Send exactly one API key.\n", "auth")
     if auth.api_keys:
         key = (info.api_key or "").encode()
         # Compare against every key (no early exit) so timing reveals nothing about which matched.

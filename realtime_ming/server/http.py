@@ -1,29 +1,40 @@
-"""Plain HTTP on the WebSocket port: /health, /v1/models, /metrics and the static demo from web/.
+"""Plain HTTP on the WebSocket port: /health, /v1/models, /metrics and the static browser demo.
 
 `HttpRoutes.respond(request)` returns a websockets `Response` for these paths (GET and HEAD;
 HEAD carries the same headers, no body) or `None` to let the request continue as a WebSocket
-upgrade (only `/v1/realtime`). Static files are served from fixed roots, traversal-safe.
+upgrade (only `/v1/realtime`). Static files are served from fixed roots, traversal-safe: the
+request target is split into segments before percent-decoding, and every odd target (encoded
+slashes, NUL, bad percent-encoding, over-long names or paths) is a 4xx, never a file-system error.
+The demo ships inside the package (`realtime_ming/web/`), so editable and wheel installs serve it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import http
+import importlib.resources
 import json
+import logging
 import mimetypes
 from collections.abc import Callable
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote_to_bytes
 
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
 from .metrics import CONTENT_TYPE_LATEST, ServerMetrics
 
-__all__ = ["REALTIME_PATH", "HttpRoutes", "default_web_roots", "json_response", "text_response"]
+__all__ = ["REALTIME_PATH", "HttpRoutes", "default_web_roots", "json_response", "packaged_web_root",
+           "request_path", "text_response"]
+
+log = logging.getLogger(__name__)
 
 REALTIME_PATH = "/v1/realtime"
+MAX_TARGET_CHARS = 2048  # longer request targets get 414 (websockets itself cuts the request line at 8 KiB)
+MAX_SEGMENTS = 32  # deeper static paths cannot exist in the demo: 404 without touching the disk
+MAX_SEGMENT_BYTES = 255  # NAME_MAX of common file systems
 
 # Explicit types for what the demo ships; mimetypes covers the rest.
 _CONTENT_TYPES = {
@@ -42,12 +53,26 @@ _CONTENT_TYPES = {
 }
 
 
+def packaged_web_root() -> Path | None:
+    """The browser demo shipped in the package (`realtime_ming/web/`), or None when it is missing."""
+    root = importlib.resources.files("realtime_ming") / "web"
+    # A package installed as plain files yields a real Path; a zipped install cannot serve files.
+    if isinstance(root, Path) and (root / "index.html").is_file():
+        return root
+    return None
+
+
 def default_web_roots(configured: str | None) -> list[Path]:
-    """Static roots in order: the configured folder, else the repo's web/, then the package copy."""
+    """Static roots: the configured folder (`server.web_dir`), else the package's demo (if present)."""
     if configured is not None:
         return [Path(configured)]
-    package = Path(__file__).resolve().parent.parent
-    return [package.parent / "web", package / "web"]
+    root = packaged_web_root()
+    return [] if root is None else [root]
+
+
+def request_path(target: str) -> str:
+    """The path part of a request target (no query, no fragment); never raises."""
+    return target.partition("?")[0].partition("#")[0]
 
 
 def _response(status: http.HTTPStatus, body: bytes, content_type: str, *, head: bool = False) -> Response:
@@ -68,6 +93,53 @@ def text_response(status: http.HTTPStatus, text: str, *, head: bool = False) -> 
     return _response(status, text.encode(), "text/plain; charset=utf-8", head=head)
 
 
+class _BadTarget(Exception):
+    """A request target that names no file: carries the 4xx status and its text."""
+
+    def __init__(self, status: http.HTTPStatus, text: str) -> None:
+        super().__init__(text)
+        self.status = status
+        self.text = text
+
+
+_NOT_FOUND = (http.HTTPStatus.NOT_FOUND, "Not found.\n")
+_HEX = frozenset("0123456789abcdefABCDEF")
+
+
+def _segments(path: str) -> list[str]:
+    """The decoded segments of an origin-form `path`; raises _BadTarget (400/404) for odd ones.
+
+    Splitting happens before percent-decoding, so `%2f` cannot introduce a separator; a trailing
+    `/` yields a final empty segment (the folder's index.html).
+    """
+    if not path.startswith("/"):
+        raise _BadTarget(http.HTTPStatus.BAD_REQUEST, "The request target must be a path starting with '/'.\n")
+    raw = path[1:].split("/")
+    if len(raw) > MAX_SEGMENTS:
+        raise _BadTarget(*_NOT_FOUND)
+    segments = []
+    for i, part in enumerate(raw):
+        at = part.find("%")
+        while at != -1:
+            if len(part) < at + 3 or part[at + 1] not in _HEX or part[at + 2] not in _HEX:
+                raise _BadTarget(http.HTTPStatus.BAD_REQUEST, "Malformed percent-encoding in the path.\n")
+            at = part.find("%", at + 3)
+        decoded = unquote_to_bytes(part)
+        if len(decoded) > MAX_SEGMENT_BYTES:
+            raise _BadTarget(*_NOT_FOUND)
+        try:
+            name = decoded.decode("utf-8")
+        except UnicodeDecodeError:
+            raise _BadTarget(http.HTTPStatus.BAD_REQUEST, "The path is not UTF-8.\n") from None
+        if any(ord(c) < 0x20 or c == "\x7f" for c in name):
+            raise _BadTarget(http.HTTPStatus.BAD_REQUEST, "Control characters in the path.\n")
+        last = i == len(raw) - 1
+        if name in (".", "..") or "/" in name or "\\" in name or (name == "" and not last):
+            raise _BadTarget(*_NOT_FOUND)
+        segments.append(name)
+    return segments
+
+
 class HttpRoutes:
     """Route table of the plain-HTTP side. `health` and `models` are callables evaluated per request."""
 
@@ -83,42 +155,64 @@ class HttpRoutes:
         self._health = health
         self._models = models
         self._web_roots = [root.resolve() for root in web_roots if root.is_dir()]
+        if not any((root / "index.html").is_file() for root in self._web_roots):
+            looked = ", ".join(str(root) for root in web_roots) or "the installed package (realtime_ming/web)"
+            log.warning("browser demo not found (looked in %s): GET / answers 404; reinstall the package "
+                        "or set server.web_dir", looked)
+
+    @property
+    def serves_demo(self) -> bool:
+        """Whether a web root holds the demo's index.html."""
+        return any((root / "index.html").is_file() for root in self._web_roots)
 
     async def respond(self, request: Request) -> Response | None:
         """The HTTP response for `request`, or None when it should upgrade to WebSocket (cancel-safe)."""
-        path = urlsplit(request.path).path
+        target = request.path
+        head = request.method == "HEAD"
+        if len(target) > MAX_TARGET_CHARS:
+            return text_response(http.HTTPStatus.REQUEST_URI_TOO_LONG, "Request target too long.\n", head=head)
+        path = request_path(target)
         if path == REALTIME_PATH:
+            if getattr(request, "protocol", "HTTP/1.1") != "HTTP/1.1":
+                return text_response(http.HTTPStatus.BAD_REQUEST, "A WebSocket upgrade needs HTTP/1.1.\n")
             return None
         if request.method not in ("GET", "HEAD"):
-            return text_response(http.HTTPStatus.METHOD_NOT_ALLOWED, "Only GET and HEAD are served.\n")
-        head = request.method == "HEAD"
+            response = text_response(http.HTTPStatus.METHOD_NOT_ALLOWED, "Only GET and HEAD are served.\n")
+            response.headers["Allow"] = "GET, HEAD"
+            return response
         if path == "/health":
             return json_response(http.HTTPStatus.OK, self._health(), head=head)
         if path == "/v1/models":
             return json_response(http.HTTPStatus.OK, self._models(), head=head)
         if path == "/metrics":
             return _response(http.HTTPStatus.OK, self._metrics.render(), CONTENT_TYPE_LATEST, head=head)
-        return await self._static(path, head)
+        try:
+            return await self._static(_segments(path), head)
+        except _BadTarget as bad:
+            return text_response(bad.status, bad.text, head=head)
 
-    async def _static(self, path: str, head: bool) -> Response:
-        file = self._find(path)
+    async def _static(self, segments: list[str], head: bool) -> Response:
+        file = self._find(segments)
         if file is None:
-            return text_response(http.HTTPStatus.NOT_FOUND, "Not found.\n", head=head)
+            raise _BadTarget(*_NOT_FOUND)
         content_type = _CONTENT_TYPES.get(file.suffix.lower()) or (
             mimetypes.guess_type(file.name)[0] or "application/octet-stream"
         )
-        body = await asyncio.to_thread(file.read_bytes)  # file reads stay off the event loop
+        try:
+            body = await asyncio.to_thread(file.read_bytes)  # file reads stay off the event loop
+        except OSError:
+            raise _BadTarget(*_NOT_FOUND) from None
         return _response(http.HTTPStatus.OK, body, content_type, head=head)
 
-    def _find(self, path: str) -> Path | None:
-        """The file under a web root for URL `path`; None for traversal attempts or misses."""
-        relative = PurePosixPath(unquote(path)).relative_to("/") if path.startswith("/") else None
-        if relative is None or any(part in ("..", "") or "\\" in part or "\0" in part for part in relative.parts):
-            return None
+    def _find(self, segments: list[str]) -> Path | None:
+        """The file under a web root for decoded path `segments`; None for escapes and misses."""
         for root in self._web_roots:
-            candidate = (root / relative).resolve()
-            if candidate.is_dir():
-                candidate = candidate / "index.html"
-            if candidate.is_file() and candidate.is_relative_to(root):
-                return candidate
+            try:
+                candidate = root.joinpath(*segments).resolve()
+                if candidate.is_dir():
+                    candidate = candidate / "index.html"
+                if candidate.is_file() and candidate.is_relative_to(root):
+                    return candidate
+            except (OSError, ValueError):  # e.g. ENAMETOOLONG, ELOOP
+                continue
         return None

@@ -27,6 +27,7 @@ const dom = {
   imageInput: $("image-input"),
   clear: $("clear-btn"),
   modelName: $("model-name"),
+  modelNotice: $("model-notice"),
   ttfa: $("ttfa-value"),
   ttfaMedian: $("ttfa-median"),
   ttfaServer: $("ttfa-server"),
@@ -119,6 +120,9 @@ async function loadModels(preferredVoice) {
     const model = (await reply.json()).data?.[0] ?? {};
     dom.modelName.textContent = model.id ?? "unknown model";
     dom.modelName.dataset.model = model.id ?? "";
+    // The embedded tiny default has random weights: say so where nobody can miss it.
+    dom.modelNotice.hidden = model.is_tiny_default !== true;
+    demo.isTinyModel = model.is_tiny_default === true;
     const voices = model.voices?.length ? model.voices : [];
     dom.voice.replaceChildren(...voices.map((v) => new Option(v, v)));
     if (voices.length === 0) dom.voice.replaceChildren(new Option("Server default", ""));
@@ -128,6 +132,7 @@ async function loadModels(preferredVoice) {
   } catch (err) {
     dom.voice.replaceChildren(new Option("Server default", ""));
     dom.modelName.textContent = "server not reachable";
+    dom.modelNotice.hidden = true;
     banner.show("Server unreachable", `Could not load ${httpUrl(dom.server.value, "/v1/models")} (${err.message}). Check the server address.`, "unreachable");
   }
 }
