@@ -3,14 +3,25 @@
 # bf16 weights, thinker TP over the listed GPUs) + the realtime TTFA benchmark against it.
 #   bench/gpu_e2e.sh OUT_DIR [CONCURRENCY] [CONFIG]
 # Needs: `source bench/gpu_setup.sh` first (carried wheels of the server extras), espeak-ng turns in .turns/.
+# The mode (name it in every result): dummy weights always; a forced reply (random weights rarely say
+# anything speakable); POLICY (segmenter policy, default latency; `config` = the config's own), VAD_MS
+# (server_vad silence, default 200; `server` = the session default) and MAX_TOKENS (default 48; `server`
+# = the session default). SHIPPED=1 sets all three to the shipped configuration's values.
 set -euo pipefail
 out=${1:?out dir}; levels=${2:-1,4,16}; config=${3:-configs/ming-flash-omni-2.0.yaml}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+if [ "${SHIPPED:-0}" = 1 ]; then POLICY=config VAD_MS=server MAX_TOKENS=server; fi
+policy=${POLICY:-latency}; vad_ms=${VAD_MS:-200}; max_tokens=${MAX_TOKENS:-48}
+serve_extra=(); bench_extra=()
+[ "$policy" = config ] || serve_extra+=(--set "engine.segmenter.policy=$policy")
+[ "$vad_ms" = server ] || bench_extra+=(--vad-silence-ms "$vad_ms")
+[ "$max_tokens" = server ] || bench_extra+=(--max-output-tokens "$max_tokens")
+echo "mode: policy=$policy vad_silence_ms=$vad_ms max_output_tokens=$max_tokens forced_reply=yes weights=dummy" | tee "$out/mode.txt"
 reply="Sure. The weather today looks sunny, with a light breeze from the west and a high of twenty degrees. "
 python3 -c 'import sys; from realtime_ming.cli import main; sys.exit(main(sys.argv[1:]))' serve --config "$config" \
   --port 8765 --set "engine.preset=${PRESET:-ming-flash-omni-2.0}" --set engine.weights=dummy \
-  --set "engine.thinker.forced_reply=$reply" --set engine.segmenter.policy=latency \
+  --set "engine.thinker.forced_reply=$reply" "${serve_extra[@]}" \
   > "$out/server.log" 2>&1 &
 server=$!
 trap 'kill $server 2>/dev/null || true' EXIT
@@ -22,5 +33,5 @@ done
 echo "server up after ${i}s"; cat "$out/health.json"; echo
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv > "$out/gpus.csv" || true
 python3 -m bench --url ws://127.0.0.1:8765/v1/realtime -c "$levels" --turns "${TURNS:-2}" --warmup 1 \
-  --vad-silence-ms 200 --max-output-tokens 48 --turns-cache .turns --no-progress --out "$out/bench" || true
+  "${bench_extra[@]}" --turns-cache .turns --no-progress --out "$out/bench" || true
 tail -20 "$out/server.log"
