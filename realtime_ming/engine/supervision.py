@@ -80,7 +80,7 @@ class WorkerWatch:
         self._thread.start()
 
     @classmethod
-    def start(cls, thinker: object, on_death: Callable[[str], None]) -> "WorkerWatch | None":
+    def start(cls, thinker: object, on_death: Callable[[str], None]) -> WorkerWatch | None:
         """A watch over `thinker.procs` (the tensor-parallel proxy's workers); None without workers."""
         procs = getattr(thinker, "procs", None)
         return cls(procs, on_death) if procs else None

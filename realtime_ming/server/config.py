@@ -54,6 +54,7 @@ class LimitsConfig:
     idle_timeout_s: float = 600.0  # no client frame for this long -> close 1000 "idle timeout"
     send_timeout_s: float = 30.0  # a client that stops reading this long -> close 1008
     open_timeout_s: float = 10.0  # WebSocket opening handshake
+    drain_timeout_s: float = 20.0  # SIGTERM: responses in progress get this long to finish, then sessions close
     shutdown_timeout_s: float = 5.0  # graceful shutdown: wait for handlers this long
 
     def __post_init__(self) -> None:

@@ -1,4 +1,4 @@
-"""Plain HTTP on the WebSocket port: /health, /v1/models, /metrics and the static demo from web/.
+"""Plain HTTP on the WebSocket port: /health (+ /health/live, /health/ready), /v1/models, /metrics, the demo.
 
 `HttpRoutes.respond(request)` returns a websockets `Response` for these paths (GET and HEAD;
 HEAD carries the same headers, no body) or `None` to let the request continue as a WebSocket
@@ -24,6 +24,7 @@ from .metrics import CONTENT_TYPE_LATEST, ServerMetrics
 __all__ = ["REALTIME_PATH", "HttpRoutes", "default_web_roots", "json_response", "text_response"]
 
 REALTIME_PATH = "/v1/realtime"
+HEALTH_PROBES = {"/health": "health", "/health/live": "live", "/health/ready": "ready"}  # path -> probe name
 
 # Explicit types for what the demo ships; mimetypes covers the rest.
 _CONTENT_TYPES = {
@@ -69,13 +70,14 @@ def text_response(status: http.HTTPStatus, text: str, *, head: bool = False) -> 
 
 
 class HttpRoutes:
-    """Route table of the plain-HTTP side. `health` and `models` are callables evaluated per request."""
+    """Route table of the plain-HTTP side. `health` and `models` are callables evaluated per request;
+    `health(probe)` ("health", "live" or "ready") returns the status code and the JSON body."""
 
     def __init__(
         self,
         *,
         metrics: ServerMetrics,
-        health: Callable[[], dict],
+        health: Callable[[str], tuple[http.HTTPStatus, dict]],
         models: Callable[[], dict],
         web_roots: list[Path],
     ) -> None:
@@ -92,8 +94,10 @@ class HttpRoutes:
         if request.method not in ("GET", "HEAD"):
             return text_response(http.HTTPStatus.METHOD_NOT_ALLOWED, "Only GET and HEAD are served.\n")
         head = request.method == "HEAD"
-        if path == "/health":
-            return json_response(http.HTTPStatus.OK, self._health(), head=head)
+        probe = HEALTH_PROBES.get(path)
+        if probe is not None:
+            status, payload = self._health(probe)
+            return json_response(status, payload, head=head)
         if path == "/v1/models":
             return json_response(http.HTTPStatus.OK, self._models(), head=head)
         if path == "/metrics":

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..engine.api import Stage
+from ..engine.api import FailureCode, Stage, TurnFailed
+from ..protocol.errors import ErrorCode
 from ..protocol.events import ServerEvent
 from ..protocol.items import ItemStatus, OutputAudio, OutputText
 from ..protocol.responses import (
@@ -45,9 +46,27 @@ from .actions import ResponseFinished
 from .audio_io import OutputEncoder
 from .conversation import AssistantItem
 
-__all__ = ["ActiveResponse", "ResponseSpec"]
+__all__ = ["ActiveResponse", "ResponseSpec", "failure_error"]
 
 _ITEM_STATUS = {ResponseStatus.COMPLETED: ItemStatus.COMPLETED}  # anything else: incomplete
+
+# engine failure cause -> the `response.done` error code (the engine's own message stays in the server log,
+# except for INVALID_PROMPT, whose detail describes the client's own content)
+_FAILURE_CODES = {
+    FailureCode.ENGINE_ERROR: ErrorCode.ENGINE_ERROR,
+    FailureCode.ADMISSION_FAILED: ErrorCode.ENGINE_ADMISSION_FAILED,
+    FailureCode.INVALID_PROMPT: ErrorCode.INVALID_PROMPT,
+    FailureCode.ENGINE_BUSY: ErrorCode.ENGINE_OVERLOADED,
+    FailureCode.ENGINE_UNAVAILABLE: ErrorCode.ENGINE_UNAVAILABLE,
+    FailureCode.SHUTTING_DOWN: ErrorCode.SERVER_SHUTTING_DOWN,
+}
+
+
+def failure_error(response_id: str, failed: TurnFailed) -> ErrorDetail:
+    """The `status_details.error` of a response whose engine turn failed, by its machine-readable cause."""
+    code = _FAILURE_CODES.get(failed.code, ErrorCode.ENGINE_ERROR)
+    return ErrorDetail(type=code.error_type.value, code=code.value,
+                       message=code.render(response_id=response_id, detail=failed.message))
 
 
 @dataclass(frozen=True, slots=True)

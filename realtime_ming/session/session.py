@@ -39,7 +39,7 @@ from ..protocol.errors import ErrorCode, ErrorType, ProtocolError
 from ..protocol.events import ClientEvent
 from ..protocol.ids import IdPrefix, new_id
 from ..protocol.items import InputAudio, ItemReference, ItemStatus, MessageItem, Role
-from ..protocol.responses import ErrorDetail, ResponseStatus, StatusReason, Usage
+from ..protocol.responses import ResponseStatus, StatusReason, Usage
 from ..protocol.server_events import (
     ConversationItemAdded,
     ConversationItemDeleted,
@@ -74,7 +74,7 @@ from .config import SessionSettings
 from .content import part_to_content, strip_audio
 from .conversation import AssistantItem, Conversation, StoredItem
 from .input import BufferFull, InputTurns, SpeechBegan, SpeechEnded, TurnSignal
-from .response import ActiveResponse, ResponseSpec
+from .response import ActiveResponse, ResponseSpec, failure_error
 
 __all__ = ["OPENAI_VOICE_ALIASES", "Session"]
 
@@ -519,13 +519,8 @@ class Session:
         if isinstance(event, TurnCancelled):
             return self._finish_response(ResponseStatus.CANCELLED, now)
         assert isinstance(event, TurnFailed)
-        log.warning("response %s failed in the engine: %s", response.id, event.message)
-        error = ErrorDetail(
-            type=ErrorType.SERVER.value,
-            code=ErrorCode.ENGINE_ERROR.value,
-            message=ErrorCode.ENGINE_ERROR.render(response_id=response.id),
-        )
-        return self._finish_response(ResponseStatus.FAILED, now, error=error)
+        log.warning("response %s failed in the engine (%s): %s", response.id, event.code.value, event.message)
+        return self._finish_response(ResponseStatus.FAILED, now, error=failure_error(response.id, event))
 
 
 _HANDLERS: dict[type, Callable[[Session, ClientEvent, float], list[Action]]] = {
