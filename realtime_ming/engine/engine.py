@@ -366,12 +366,13 @@ class Engine:
             self._parked.pop(cmd[1], None)
             turn = self._turns.pop(cmd[1], None)
             if turn is not None:
-                self._release(cmd[1])
+                turn.ended = True
+                self._guarded(f"releasing turn {cmd[1]}", self._release, cmd[1])
         elif kind == "cancel":
             self._parked.pop(cmd[1], None)
             turn = self._turns.pop(cmd[1], None)
-            if turn is not None:
-                self._release(cmd[1])
+            if turn is not None:  # the caller hears TurnCancelled even if freeing the rows fails
+                self._guarded(f"releasing turn {cmd[1]}", self._release, cmd[1])
                 self._emit_terminal(turn, TurnCancelled(cmd[1], turn.text))
         elif kind == "close_conversation":
             self._thinker.close_conversation(cmd[1])
