@@ -389,5 +389,6 @@ def run_server(cfg: ServerConfig) -> int:
             code = runner.run(_serve_until_signal(cfg, engine))
     finally:
         engine.close()
+    log.info("engine closed; exit code %d", code)
     return code
 
