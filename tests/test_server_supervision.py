@@ -270,3 +270,21 @@ def test_cli_sigterm_lets_the_reply_finish_then_exits_zero():
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_every_engine_failure_cause_has_its_own_response_code():
+    """Each FailureCode maps to a distinct error code of the published list; only invalid_prompt (the client's
+    own content) carries the engine's detail, with the client-error type."""
+    from realtime_ming.engine.api import FailureCode, TurnFailed
+    from realtime_ming.protocol.errors import ErrorCode
+    from realtime_ming.session.response import failure_error
+
+    details = {cause: failure_error("resp_1", TurnFailed("resp_1", "prompt of 900 tokens is too long", cause))
+               for cause in FailureCode}
+    codes = {cause: detail.code for cause, detail in details.items()}
+    assert len(set(codes.values())) == len(FailureCode)
+    assert all(ErrorCode(code) for code in codes.values())
+    assert codes[FailureCode.ENGINE_UNAVAILABLE] == "engine_unavailable"
+    invalid = details[FailureCode.INVALID_PROMPT]
+    assert invalid.type == "invalid_request_error" and "prompt of 900 tokens is too long" in invalid.message
+    assert all("900" not in d.message for c, d in details.items() if c is not FailureCode.INVALID_PROMPT)
