@@ -45,7 +45,13 @@ from .api import (
 from .config import EngineConfig
 from .models import ModelBundle
 from .segmenter import Segmenter
-from .supervision import FaultLog, InjectedEngineDeath, WorkerWatch, asks_for_engine_death, fault_injection_enabled
+from .supervision import (
+    FaultLog,
+    InjectedEngineDeath,
+    WorkerWatch,
+    asks_for_engine_death,
+    fault_injection_enabled,
+)
 from .talker_runner import TalkerRunner
 from .thinker_runner import ThinkerRunner
 
