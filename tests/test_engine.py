@@ -16,6 +16,7 @@ from realtime_ming.engine.api import (
     AudioChunk,
     Content,
     ContentKind,
+    FailureCode,
     FinishReason,
     Message,
     SamplingParams,
@@ -470,7 +471,10 @@ def test_engine_failing_turns_do_not_affect_a_running_turn(make_engine):
     assert messages["long"].message.startswith("prompt of ") and "exceeds engine.thinker.max_seq_len" in messages["long"].message
     assert messages["image"].message == "image 2x2 is smaller than 32 pixels on a side"
     assert messages["voice"].message == "unknown voice 'no-such-voice'"
-    assert messages["dup"] == TurnFailed("main", "duplicate turn id")
+    assert messages["dup"] == TurnFailed("main", "duplicate turn id", FailureCode.ADMISSION_FAILED)
+    assert {name: m.code for name, m in messages.items()} == {
+        "long": FailureCode.INVALID_PROMPT, "image": FailureCode.INVALID_PROMPT, "voice": FailureCode.INVALID_PROMPT,
+        "dup": FailureCode.ADMISSION_FAILED}
     _assert_identical(solo, main)
     stats = engine.stats()
     assert (stats.turns, stats.thinker_rows, stats.talker_streams) == (0, 0, 0)

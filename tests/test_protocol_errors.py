@@ -277,6 +277,11 @@ FROZEN_CODES = {
     "idle_timeout": ErrorType.INVALID_REQUEST,
     "server_error": ErrorType.SERVER,
     "engine_error": ErrorType.SERVER,
+    "engine_unavailable": ErrorType.SERVER,
+    "engine_overloaded": ErrorType.SERVER,
+    "engine_admission_failed": ErrorType.SERVER,
+    "invalid_prompt": ErrorType.INVALID_REQUEST,
+    "server_shutting_down": ErrorType.SERVER,
 }
 
 

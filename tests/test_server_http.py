@@ -74,7 +74,7 @@ async def test_health_reports_model_and_sessions(server):
     status, headers, body = await http_request(server.port, "/health")
     assert status == 200 and headers["content-type"] == "application/json"
     assert json.loads(body) == {"status": "ok", "model": "stub-ming", "device": "cpu", "sessions": 0,
-                                "max_sessions": 32}
+                                "max_sessions": 32, "draining": False, "engine": {"alive": True, "reason": None}}
     client = await _open(server)
     _, _, body = await http_request(server.port, "/health")
     assert json.loads(body)["sessions"] == 1

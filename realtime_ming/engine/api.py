@@ -27,6 +27,10 @@ __all__ = [
     "TurnDone",
     "TurnCancelled",
     "TurnFailed",
+    "FailureCode",
+    "EngineBusyError",
+    "EngineHealth",
+    "engine_health",
     "TurnEvent",
     "Stage",
     "FinishReason",
@@ -194,13 +198,44 @@ class TurnCancelled:
     text: str  # what had been generated when the cancel applied
 
 
+class FailureCode(enum.Enum):
+    """Why a turn failed (machine-readable; the session maps it to the `response.done` error code)."""
+
+    ENGINE_ERROR = "engine_error"  # a model step failed: the turns in that step fail, the engine lives on
+    ADMISSION_FAILED = "admission_failed"  # an unexpected error while preparing this turn (a bug, reported)
+    INVALID_PROMPT = "invalid_prompt"  # the conversation cannot be prompted (too long, media the model rejects)
+    ENGINE_BUSY = "engine_busy"  # no capacity for another turn now (every KV slot / row taken): retry later
+    ENGINE_UNAVAILABLE = "engine_unavailable"  # the engine is stopped or dead: every turn fails at once
+    SHUTTING_DOWN = "shutting_down"  # the server is draining and starts no new turn (set by the server)
+
+
+class EngineBusyError(RuntimeError):
+    """Raised during admission when the engine has no capacity for the turn (reported as ENGINE_BUSY)."""
+
+
 @dataclass(frozen=True, slots=True)
 class TurnFailed:
     turn_id: str
-    message: str
+    message: str  # for logs; clients see the code's own wording
+    code: FailureCode = FailureCode.ENGINE_ERROR
 
 
 TurnEvent = Union[TextDelta, AudioChunk, StageMark, TurnDone, TurnCancelled, TurnFailed]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineHealth:
+    """`alive` False: the engine serves no more turns (every submit fails at once with ENGINE_UNAVAILABLE);
+    `reason` says why (thread died, a tensor-parallel worker exited, closed)."""
+
+    alive: bool
+    reason: str | None = None
+
+
+def engine_health(engine: object) -> EngineHealth:
+    """`engine.health()`, or alive for a handle that does not report health (scripted test engines)."""
+    health = getattr(engine, "health", None)
+    return health() if callable(health) else EngineHealth(True)
 
 
 class EngineHandle(Protocol):
@@ -220,3 +255,6 @@ class EngineHandle(Protocol):
 
     def close_conversation(self, conversation_id: str) -> None:
         """Free the conversation's cached KV slot."""
+
+    def health(self) -> EngineHealth:
+        """Whether the engine still serves turns (cheap, any thread; optional: see `engine_health`)."""

@@ -9,6 +9,13 @@ through a thread-safe inbox and are applied at step boundaries, so a cancel neve
 kernel. Each turn's events go to its `sink`, called on the engine thread (the sink must be
 cheap and thread-safe, e.g. `loop.call_soon_threadsafe(queue.put_nowait, event)`).
 Speculative turns run normally but their events are held until `confirm`; `discard` drops them.
+
+Supervision: a command that fails is reported to its caller alone (a turn whose admission raises ends
+`TurnFailed` with a `FailureCode`: INVALID_PROMPT for content the model rejects, ENGINE_BUSY, or
+ADMISSION_FAILED for anything unexpected); a failed step fails the turns in flight and the engine goes
+on. If the engine thread itself dies (a BaseException, a bug in the loop) or a tensor-parallel worker
+process exits, the engine is dead: every active turn and every later command ends at once with
+ENGINE_UNAVAILABLE, and `health()` says why (the server turns that into 503s and a non-zero exit).
 """
 
 from __future__ import annotations
@@ -22,6 +29,9 @@ from typing import Callable
 
 from .api import (
     AudioChunk,
+    EngineBusyError,
+    EngineHealth,
+    FailureCode,
     FinishReason,
     Stage,
     StageMark,
@@ -35,6 +45,13 @@ from .api import (
 from .config import EngineConfig
 from .models import ModelBundle
 from .segmenter import Segmenter
+from .supervision import (
+    FaultLog,
+    InjectedEngineDeath,
+    WorkerWatch,
+    asks_for_engine_death,
+    fault_injection_enabled,
+)
 from .talker_runner import TalkerRunner
 from .thinker_runner import ThinkerRunner
 
@@ -69,6 +86,7 @@ class _Turn:
     usage: tuple[int, int, int] = (0, 0, 0)  # prompt, cached, output tokens
     audio_samples: int = 0
     t0_ms: float = 0.0
+    ended: bool = False  # the terminal event was delivered (or held): nothing more reaches the sink
 
 
 class Engine:
@@ -84,8 +102,17 @@ class Engine:
         self._talker = TalkerRunner(bundle, cfg) if bundle.has_talker else None
         self._stopping = False
         self._in_flight = None  # the thinker step queued at the end of the last engine step, collected by the next
-        self._thread = threading.Thread(target=self._run, name="realtime-ming-engine", daemon=True)
+        # `_dead` (None while serving) is set once, under `_lock`, which also orders every delivery to a sink, so
+        # no command is queued after the engine died and a turn's terminal event is always its last
+        self._lock = threading.RLock()
+        self._dead: str | None = None
+        self._faults = FaultLog(log)
+        self._fault_injection = fault_injection_enabled()
+        if self._fault_injection:
+            log.warning("engine fault injection is ON: a turn carrying the kill marker kills the engine thread")
+        self._thread = threading.Thread(target=self._main, name="realtime-ming-engine", daemon=True)
         self._thread.start()
+        self._watch = WorkerWatch.start(bundle.thinker, self._worker_died)  # tensor-parallel workers, if any
 
     @classmethod
     def create(cls, cfg: EngineConfig, progress: Callable[[str, int, int], None] | None = None,
@@ -100,7 +127,7 @@ class Engine:
     def capture(self, progress: Callable[[str, int, int], None] | None = None, timeout_s: float = 1800.0) -> None:
         """Capture the runners' CUDA graphs on the engine thread (no-op on CPU / enforce_eager)."""
         done, errors = threading.Event(), []
-        self._inbox.put(("capture", progress, done, errors))
+        self._put(("capture", progress, done, errors))
         if not done.wait(timeout_s):
             raise RuntimeError(f"CUDA-graph capture did not finish within {timeout_s:.0f} s")
         if errors:  # a server must not start half-captured: the caller sees the failure
@@ -130,19 +157,27 @@ class Engine:
 
     # ---- thread-safe API -------------------------------------------------------------------
     def submit(self, request: TurnRequest, sink: Sink) -> None:
-        self._inbox.put(("submit", request, sink))
+        """Start a turn; on a dead engine `sink` gets TurnFailed(ENGINE_UNAVAILABLE) at once, on this thread."""
+        self._put(("submit", request, sink))
 
     def confirm(self, turn_id: str) -> None:
-        self._inbox.put(("confirm", turn_id))
+        self._put(("confirm", turn_id))
 
     def discard(self, turn_id: str) -> None:
-        self._inbox.put(("discard", turn_id))
+        self._put(("discard", turn_id))
 
     def cancel(self, turn_id: str) -> None:
-        self._inbox.put(("cancel", turn_id))
+        self._put(("cancel", turn_id))
 
     def close_conversation(self, conversation_id: str) -> None:
-        self._inbox.put(("close_conversation", conversation_id))
+        self._put(("close_conversation", conversation_id))
+
+    def health(self) -> EngineHealth:
+        """Alive, or dead with the reason (thread died, a tensor-parallel worker exited, closed). Any thread."""
+        reason = self._dead
+        if reason is None and not self._thread.is_alive():
+            reason = "engine thread is not running"
+        return EngineHealth(reason is None, reason)
 
     def info(self) -> dict:
         return self.bundle.info()
@@ -154,33 +189,134 @@ class Engine:
         """Snapshot after every command sent so far has been applied (blocks up to 10 s)."""
         done = threading.Event()
         box: list[EngineStats] = []
-        self._inbox.put(("stats", box, done))
+        self._put(("stats", box, done))
         done.wait(10.0)
         return box[0] if box else EngineStats(-1, -1, -1, -1, -1)
 
     def close(self) -> None:
-        """Stop the thread; active turns end with TurnFailed("engine stopped"). Idempotent."""
+        """Stop the thread; active turns end with TurnFailed(ENGINE_UNAVAILABLE, "engine stopped"). Idempotent.
+
+        A dead engine closes at once: its thread is given a second (it may be stuck in a collective with a
+        dead tensor-parallel worker), then the surviving workers are killed rather than stopped."""
+        if self._watch is not None:
+            self._watch.stop()
         if self._thread.is_alive():
-            self._inbox.put(("stop",))
-            self._thread.join(timeout=30)
+            self._put(("stop",))
+            self._thread.join(timeout=30 if self._dead is None else 1)
+        stuck = self._thread.is_alive()
+        self._die("engine closed")
+        if stuck:
+            log.error("engine thread did not stop; tensor-parallel workers are killed, the thread is left behind")
+            abort = getattr(self.bundle.thinker, "abort", None)
+            if callable(abort):
+                abort()
+            return
         self.bundle.close()
 
-    # ---- engine thread -----------------------------------------------------------------------
-    def _run(self) -> None:
-        while not self._stopping:
-            busy = bool(self._turns) and (self._thinker.has_work() or (self._talker and self._talker.has_work()))
-            self._drain(block=not busy, timeout=self._idle_timeout())
-            if self._stopping:
-                break
+    # ---- supervision ----------------------------------------------------------------------------
+    def _put(self, cmd: tuple) -> None:
+        with self._lock:
+            if self._dead is None:
+                self._inbox.put(cmd)
+                return
+            reason = self._dead
+        self._reject(cmd, FailureCode.ENGINE_UNAVAILABLE, f"engine unavailable: {reason}")
+
+    def _worker_died(self, reason: str) -> None:
+        """WorkerWatch thread: a tensor-parallel rank is gone, so the engine can never step again."""
+        log.critical("engine dead: %s", reason)
+        self._die(reason)
+
+    def _die(self, reason: str) -> None:
+        """Mark the engine dead (first reason wins): fail every turn and every queued command. Any thread."""
+        with self._lock:
+            if self._dead is not None:
+                return
+            self._dead = reason
+            message = f"engine unavailable: {reason}"
+            for turn_id, turn in dict(self._turns).items():  # a copy: the engine thread may be stuck mid-step
+                self._terminal(turn_id, turn, TurnFailed(turn_id, message, FailureCode.ENGINE_UNAVAILABLE))
+            self._turns.clear()
+        while True:  # nothing is queued after `_dead` is set: this empties the inbox for good
             try:
+                cmd = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            self._reject(cmd, FailureCode.ENGINE_UNAVAILABLE, message)
+
+    def _reject(self, cmd: tuple, code: FailureCode, message: str) -> None:
+        """Report a command that could not be applied to its caller (a terminal event, an error, a wake-up)."""
+        kind = cmd[0]
+        if kind == "submit":
+            turn = self._turns.get(cmd[1].turn_id)
+            if turn is not None and turn.sink is cmd[2]:
+                self._fail(cmd[1].turn_id, message, code)
+            else:
+                self._call_sink(cmd[2], TurnFailed(cmd[1].turn_id, message, code))
+        elif kind in ("confirm", "cancel", "discard"):
+            parked = self._parked.pop(cmd[1], None)
+            if parked is not None and kind == "confirm":
+                for event in parked.held:
+                    self._call_sink(parked.sink, event)
+            turn = self._turns.get(cmd[1])
+            if turn is not None:  # a live turn whose command failed: it still ends, and its caller hears of it
+                if kind == "discard":
+                    turn.held = []  # silent, as a discard is
+                elif kind == "confirm" and turn.held is not None:
+                    held, turn.held = turn.held, None
+                    for event in held:
+                        self._call_sink(turn.sink, event)
+                self._fail(cmd[1], message, code)
+                self._parked.pop(cmd[1], None)
+        elif kind == "stats":
+            cmd[2].set()
+        elif kind == "capture":
+            cmd[3].append(RuntimeError(message))
+            cmd[2].set()
+        elif kind == "stop":
+            self._stopping = True
+
+    def _call_sink(self, sink: Sink, event: TurnEvent) -> None:
+        """Deliver one event; a sink that raises is the caller's bug: logged, never the engine's death."""
+        try:
+            sink(event)
+        except Exception as exc:
+            self._faults.report("a turn's event sink", exc)
+
+    # ---- engine thread -----------------------------------------------------------------------
+    def _main(self) -> None:
+        reason = "engine stopped"
+        try:
+            self._run()
+        except BaseException as exc:  # noqa: B036 - the thread is dying: fail every turn, never leave one hanging
+            reason = f"engine thread died ({type(exc).__name__}: {exc})"
+            log.critical("engine dead: %s", reason, exc_info=exc)
+        finally:
+            self._die(reason)
+
+    def _run(self) -> None:
+        while not self._stopping and self._dead is None:
+            try:
+                busy = bool(self._turns) and (self._thinker.has_work() or (self._talker and self._talker.has_work()))
+                self._drain(block=not busy, timeout=self._idle_timeout())
+                if self._stopping or self._dead is not None:
+                    break
                 self._step()
             except Exception as exc:  # a model failure fails the turns in flight, not the engine
-                log.exception("engine step failed")
-                for turn_id in list(self._turns):
-                    self._fail(turn_id, f"engine error: {exc}")
-        for turn_id in list(self._turns):
-            self._fail(turn_id, "engine stopped")
+                self._faults.report("engine step", exc)
+                self._in_flight = None  # its rows are failed below
+                for turn_id, turn in list(self._turns.items()):
+                    self._fail(turn_id, f"engine error: {type(exc).__name__}: {exc}", FailureCode.ENGINE_ERROR)
+                    # the step may have stopped between a cache write and its bookkeeping: reprefill next time
+                    self._guarded("invalidating a failed turn's cache", self._thinker.close_conversation,
+                                  turn.request.conversation_id)
         self._parked.clear()
+
+    def _guarded(self, place: str, fn: Callable, *args) -> None:
+        try:
+            fn(*args)
+        except Exception as exc:
+            self._faults.report(place, exc)
 
     def _idle_timeout(self) -> float | None:
         deadlines = [t.segmenter.deadline_ms() for t in self._turns.values() if t.segmenter is not None]
@@ -199,7 +335,17 @@ class Engine:
         except queue.Empty:
             return
         while True:
-            self._apply(cmd)
+            if self._dead is not None:  # died meanwhile (a worker exited): nothing more is applied
+                self._reject(cmd, FailureCode.ENGINE_UNAVAILABLE, f"engine unavailable: {self._dead}")
+            else:
+                try:
+                    self._apply(cmd)
+                except Exception as exc:  # one command's failure is reported to its caller alone
+                    self._faults.report(f"engine command {cmd[0]!r}", exc)
+                    code = FailureCode.ADMISSION_FAILED if cmd[0] == "submit" else FailureCode.ENGINE_ERROR
+                    self._reject(cmd, code, f"{cmd[0]} failed: {type(exc).__name__}: {exc}")
+            if self._stopping:
+                return
             try:
                 cmd = self._inbox.get_nowait()
             except queue.Empty:
@@ -213,24 +359,26 @@ class Engine:
             parked = self._parked.pop(cmd[1], None)
             if parked is not None:
                 for event in parked.held:
-                    parked.sink(event)
+                    self._call_sink(parked.sink, event)
                 return
             turn = self._turns.get(cmd[1])
             if turn is not None and turn.held is not None:
                 held, turn.held = turn.held, None
                 self._mark(turn, Stage.CONFIRMED)
-                for event in held:
-                    turn.sink(event)
+                with self._lock:
+                    for event in held:
+                        self._call_sink(turn.sink, event)
         elif kind == "discard":
             self._parked.pop(cmd[1], None)
             turn = self._turns.pop(cmd[1], None)
             if turn is not None:
-                self._release(cmd[1])
+                turn.ended = True
+                self._guarded(f"releasing turn {cmd[1]}", self._release, cmd[1])
         elif kind == "cancel":
             self._parked.pop(cmd[1], None)
             turn = self._turns.pop(cmd[1], None)
-            if turn is not None:
-                self._release(cmd[1])
+            if turn is not None:  # the caller hears TurnCancelled even if freeing the rows fails
+                self._guarded(f"releasing turn {cmd[1]}", self._release, cmd[1])
                 self._emit_terminal(turn, TurnCancelled(cmd[1], turn.text))
         elif kind == "close_conversation":
             self._thinker.close_conversation(cmd[1])
@@ -253,25 +401,37 @@ class Engine:
             self._stopping = True
 
     def _admit(self, request: TurnRequest, sink: Sink) -> None:
+        refusal = None
         if request.turn_id in self._turns or request.turn_id in self._parked:
-            sink(TurnFailed(request.turn_id, "duplicate turn id"))
-            return
-        if len(self._turns) >= self.cfg.max_queued_turns + self.cfg.thinker.max_batch:
-            sink(TurnFailed(request.turn_id, "engine busy: too many active turns"))
-            return
+            refusal = FailureCode.ADMISSION_FAILED, "duplicate turn id"
+        elif len(self._turns) >= self.cfg.max_queued_turns + self.cfg.thinker.max_batch:
+            refusal = FailureCode.ENGINE_BUSY, "engine busy: too many active turns"
         with_audio = request.with_audio and self._talker is not None
-        if request.voice is not None and with_audio and request.voice not in self.bundle.voices:
-            sink(TurnFailed(request.turn_id, f"unknown voice {request.voice!r}"))
+        if refusal is None and request.voice is not None and with_audio and request.voice not in self.bundle.voices:
+            refusal = FailureCode.INVALID_PROMPT, f"unknown voice {request.voice!r}"
+        if refusal is not None:
+            self._call_sink(sink, TurnFailed(request.turn_id, refusal[1], refusal[0]))
             return
         turn = _Turn(request, sink, [] if request.speculative else None,
                      Segmenter(self.cfg.segmenter) if with_audio else None)
         turn.t0_ms = self._now_ms()
         self._turns[request.turn_id] = turn
         self._mark(turn, Stage.SUBMITTED)
-        try:
+        if self._fault_injection and asks_for_engine_death(request):
+            raise InjectedEngineDeath(f"fault injection: turn {request.turn_id} asked for the engine's death")
+        try:  # tokenising, media preprocessing and encoding, prefix matching
             self._thinker.admit(request)
-        except (ValueError, RuntimeError) as exc:
-            self._fail(request.turn_id, str(exc))
+        except EngineBusyError as exc:
+            self._fail(request.turn_id, str(exc), FailureCode.ENGINE_BUSY)
+            return
+        except ValueError as exc:  # content the model cannot take (too long, media it rejects)
+            self._fail(request.turn_id, str(exc), FailureCode.INVALID_PROMPT)
+            return
+        except Exception as exc:  # a bug reached by this request: it fails alone, the engine goes on
+            self._faults.report(f"admission of turn {request.turn_id}", exc)
+            self._fail(request.turn_id, f"admission failed: {type(exc).__name__}: {exc}", FailureCode.ADMISSION_FAILED)
+            self._guarded("invalidating a failed turn's cache", self._thinker.close_conversation,
+                          request.conversation_id)
             return
         self._mark(turn, Stage.ENCODERS_DONE)
 
@@ -317,7 +477,7 @@ class Engine:
                 if turn is None:
                     continue
                 if out.error is not None:
-                    self._fail(out.turn_id, out.error)
+                    self._fail(out.turn_id, out.error, FailureCode.ENGINE_ERROR)
                     continue
                 if out.first_step and Stage.FIRST_TALKER_STEP not in turn.stages:
                     self._mark(turn, Stage.FIRST_TALKER_STEP)
@@ -343,14 +503,21 @@ class Engine:
         self._emit(turn, StageMark(turn.request.turn_id, stage, t))
 
     def _emit(self, turn: _Turn, event: TurnEvent) -> None:
-        if turn.held is not None:
-            turn.held.append(event)
-        else:
-            turn.sink(event)
+        with self._lock:
+            if turn.ended:
+                return
+            if turn.held is not None:
+                turn.held.append(event)
+            else:
+                self._call_sink(turn.sink, event)
 
     def _emit_terminal(self, turn: _Turn, event: TurnEvent) -> None:
-        if turn.held is None:  # an unconfirmed speculative turn ends silently
-            turn.sink(event)
+        with self._lock:
+            if turn.ended:
+                return
+            turn.ended = True
+            if turn.held is None:  # an unconfirmed speculative turn ends silently
+                self._call_sink(turn.sink, event)
 
     def _release(self, turn_id: str) -> None:
         self._thinker.cancel(turn_id)
@@ -363,17 +530,24 @@ class Engine:
         self._end(turn_id, turn, TurnDone(turn_id, turn.text, turn.finish or FinishReason.STOP, prompt, cached,
                                           output, turn.audio_samples, dict(turn.stages)))
 
-    def _fail(self, turn_id: str, message: str) -> None:
+    def _fail(self, turn_id: str, message: str, code: FailureCode) -> None:
         turn = self._turns.get(turn_id)
         if turn is not None:
-            self._end(turn_id, turn, TurnFailed(turn_id, message))
+            self._end(turn_id, turn, TurnFailed(turn_id, message, code))
 
     def _end(self, turn_id: str, turn: _Turn, event: TurnEvent) -> None:
         """Free the turn's rows and deliver its terminal event (parked while speculative)."""
         self._turns.pop(turn_id, None)
-        self._release(turn_id)
-        if turn.held is not None:
-            turn.held.append(event)
-            self._parked[turn_id] = turn
-        else:
-            turn.sink(event)
+        self._guarded(f"releasing turn {turn_id}", self._release, turn_id)
+        self._terminal(turn_id, turn, event)
+
+    def _terminal(self, turn_id: str, turn: _Turn, event: TurnEvent) -> None:
+        with self._lock:
+            if turn.ended:
+                return
+            turn.ended = True
+            if turn.held is not None:
+                turn.held.append(event)
+                self._parked[turn_id] = turn
+            else:
+                self._call_sink(turn.sink, event)

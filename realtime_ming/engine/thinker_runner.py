@@ -22,7 +22,7 @@ import torch
 from ..model.multimodal import AudioInput, ImageInput, MediaKind, VideoInput, prepare_prefill, rope_index_3d
 from ..model.thinker import ThinkerKVCache
 from ..model.tokenizer import ChatMessage
-from .api import ContentKind, FinishReason, TurnRequest
+from .api import ContentKind, EngineBusyError, FinishReason, TurnRequest
 from .config import EngineConfig
 from .graphs import upload
 from .models import ModelBundle
@@ -157,7 +157,7 @@ class ThinkerRunner:
         else:
             idle = [s for s in self.slots if s.busy is None]
             if not idle:
-                raise RuntimeError("engine busy: every thinker KV slot is in use")
+                raise EngineBusyError("engine busy: every thinker KV slot is in use")
             slot = min(idle, key=lambda s: (s.conversation_id is not None, s.last_used))  # free first, then LRU
             slot.ids = []
         slot.conversation_id = conversation_id

@@ -7,6 +7,10 @@ pickles), then run locally, so all ranks enter the same NCCL collectives in the 
 (nano-vllm's `call`). Only rank 0 samples. Each rank owns its own KV-cache shard and decoder
 (`ThinkerDecoder`, CUDA graphs captured on every rank together); the proxy swaps the caller's
 cache for the local one.
+
+Liveness: the engine watches the worker processes (`procs`, their sentinels, in a thread of its own:
+`engine/supervision.py` WorkerWatch), so a rank that dies fails the engine at once instead of leaving
+rank 0 waiting in a collective; `close` then `abort`s (kills the survivors, no collective).
 """
 
 from __future__ import annotations
@@ -199,7 +203,23 @@ class ThinkerProxy:
     def __call__(self, inputs_embeds, position_ids, **kwargs):
         return self._call("forward", inputs_embeds, position_ids, **kwargs)
 
+    def dead_workers(self) -> list[str]:
+        """The workers that have exited, described (a non-blocking check: no collective, no device sync)."""
+        return [f"{p.name} (pid {p.pid}, exit code {p.exitcode})" for p in self.procs if not p.is_alive()]
+
+    def abort(self) -> None:
+        """Kill every worker without a collective (a rank died, or rank 0 is stuck in one). Idempotent."""
+        for p in self.procs:
+            if p.is_alive():
+                p.kill()
+        for p in self.procs:
+            p.join(timeout=5)
+        self.procs = []
+
     def close(self) -> None:
+        if self.procs and self.dead_workers():  # a collective would wait for the dead rank forever
+            log.error("tensor-parallel workers gone (%s): killing the others", ", ".join(self.dead_workers()))
+            self.abort()
         if self.procs:
             dist.broadcast_object_list([("stop", (), {})], src=0)
             for p in self.procs:
@@ -262,7 +282,8 @@ def start_tp(ck: CheckpointConfig, devices: tuple[str, ...], model_path: str | N
     """
     launch = TPLaunch(ck, tuple(devices), model_path, dtype, seed, max_slots, max_seq_len, _free_port())
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_worker, args=(r, launch), daemon=True) for r in range(1, len(devices))]
+    procs = [ctx.Process(target=_worker, args=(r, launch), daemon=True, name=f"tp-rank-{r}")
+             for r in range(1, len(devices))]
     try:
         for p in procs:
             p.start()

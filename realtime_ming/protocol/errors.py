@@ -201,21 +201,36 @@ class ErrorCode(StrEnum):
         "Response '{response_id}' failed: the conversation does not fit the model's context ({detail});"
         " the new input items were removed from the conversation.",
     )
-    ENGINE_BUSY = (
-        "engine_busy",
-        _SERVER,
-        "Response '{response_id}' failed: the engine is at capacity; try again.",
-    )
-    INPUT_NOT_PROMPTABLE = (
-        "input_not_promptable",
-        _INVALID,
-        "Response '{response_id}' failed: the model could not read its input ({detail});"
-        " the new input items were removed from the conversation.",
-    )
     ENGINE_ERROR = (
         "engine_error",
         _SERVER,
         "The model engine failed while generating response '{response_id}'.",
+    )
+    ENGINE_UNAVAILABLE = (
+        "engine_unavailable",
+        _SERVER,
+        "The model engine is unavailable, so response '{response_id}' failed; the server is restarting or"
+        " shutting down. Reconnect and retry.",
+    )
+    ENGINE_OVERLOADED = (
+        "engine_overloaded",
+        _SERVER,
+        "The model engine is at capacity; response '{response_id}' was not started. Retry shortly.",
+    )
+    ENGINE_ADMISSION_FAILED = (
+        "engine_admission_failed",
+        _SERVER,
+        "The model engine could not prepare the prompt of response '{response_id}'; later responses are unaffected.",
+    )
+    INVALID_PROMPT = (
+        "invalid_prompt",
+        _INVALID,
+        "Response '{response_id}' cannot be generated from this conversation: {detail}.",
+    )
+    SERVER_SHUTTING_DOWN = (
+        "server_shutting_down",
+        _SERVER,
+        "The server is shutting down; response '{response_id}' was not started. Reconnect and retry.",
     )
 
     def render(self, **values: object) -> str:

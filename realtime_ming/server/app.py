@@ -3,13 +3,23 @@
 `RealtimeServer(cfg, engine)` serves an already-loaded engine (tests, embedding);
 `run_server(cfg)` is the CLI path: check the config against this machine and bind the port
 (`startup`), log the effective config, load the engine with a progress display, serve until
-SIGINT/SIGTERM, then shut down in order (stop accepting → close sessions with 1001 → wait for
-handlers, bounded → stop the engine). With `server.tls` the one port serves `wss://` and `https://`.
+SIGINT/SIGTERM. With `server.tls` the one port serves `wss://` and `https://`.
+
+On SIGINT/SIGTERM the server drains (refuses new sessions with 1013 and new responses, lets
+responses in progress finish within `server.limits.drain_timeout_s`, closes sessions with
+1001; a second signal skips the wait), stops the engine and exits 0. If the engine dies (its thread, or a
+tensor-parallel worker), the open responses end `failed` with `engine_unavailable`, sessions
+close with 1011 and the process exits with `EXIT_ENGINE_DIED` (70) so a supervisor restarts it.
+
+Health: `/health` is 503 while the engine is dead or the server drains; `/health/live` is 503
+only when the engine is dead (restart me); `/health/ready` is 503 unless a new session would be
+served now (engine alive, not draining, below `max_sessions`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import http
 import json
 import logging
 import signal
@@ -24,18 +34,23 @@ from websockets.frames import CloseCode
 from websockets.http11 import Request, Response
 
 from ..audio.vad import VadBackend, VadKind, create_silero_session, create_vad
-from ..engine.api import EngineHandle
+from ..engine.api import EngineHandle, engine_health
 from ..protocol.session import DEFAULT_MODEL, DEFAULT_VOICE
 from .config import ConfigError, ServerConfig, config_to_dict, resolve_api_keys
 from .connection import ConnectionContext, serve_connection
 from .handshake import check_access, inspect_handshake, select_subprotocol
 from .http import HttpRoutes, default_web_roots, text_response
+from .lifecycle import TurnTracker
 from .metrics import ServerMetrics
 from .startup import StartupError, check_exposure, load_failure, open_listener, prepare, ssl_context
 
-__all__ = ["TINY_MODEL_NOTICE", "RealtimeServer", "ServingEngine", "load_engine", "run_server"]
+__all__ = ["EXIT_ENGINE_DIED", "TINY_MODEL_NOTICE", "RealtimeServer", "ServingEngine", "load_engine", "run_server"]
 
 log = logging.getLogger(__name__)
+
+EXIT_ENGINE_DIED = 70  # EX_SOFTWARE: the engine died while serving; a supervisor should restart the process
+_ENGINE_POLL_S = 0.1  # how often the serving loop looks at the engine's health (a field read, no engine call)
+_FLUSH_S = 0.2  # after the last turn ended: time for sessions to hand their final events to the sockets
 
 TINY_MODEL_NOTICE = (
     "No model path given: serving the embedded tiny model with random weights. Its output is "
@@ -77,6 +92,9 @@ class RealtimeServer:
         voices = tuple(engine.voices())
         self.default_voice = _default_voice(cfg, voices)
         self._num_sessions = 0
+        self._draining = False  # set by `begin_drain` / `close`: no new session, no new response
+        self._closed = False
+        self._turns = TurnTracker(engine)  # the sessions' engine: counts turns in flight, refuses new ones when draining
         self._idle = asyncio.Event()  # set while no session is open
         self._idle.set()
         self._started_at = int(time.time())
@@ -89,7 +107,7 @@ class RealtimeServer:
             web_roots=default_web_roots(cfg.server.web_dir),
         )
         self._ctx = ConnectionContext(
-            engine=engine,
+            engine=self._turns,
             settings=cfg.session,
             limits=cfg.server.limits,
             metrics=self.metrics,
@@ -151,16 +169,63 @@ class RealtimeServer:
         )
         log.info("listening on %s (HTTP on the same port)", self.url)
 
-    async def close(self) -> None:
-        """Stop accepting, close open sessions with 1001 and wait for them (bounded). Idempotent."""
-        if self._server is None:
+    @property
+    def draining(self) -> bool:
+        """True once shutdown began: new sessions are refused (1013), new responses fail."""
+        return self._draining
+
+    def engine_failure(self) -> str | None:
+        """Why the engine is dead, or None while it serves."""
+        health = engine_health(self.engine)
+        return None if health.alive else (health.reason or "engine is not running")
+
+    async def wait_engine_failure(self) -> str:
+        """Return the reason once the engine is dead (cancel-safe)."""
+        while (reason := self.engine_failure()) is None:
+            await asyncio.sleep(_ENGINE_POLL_S)
+        return reason
+
+    def begin_drain(self) -> None:
+        """Graceful shutdown, step 1: refuse new sessions (1013, /health/ready 503) and new responses
+        (`server_shutting_down`); responses in progress run on."""
+        if not self._draining:
+            log.info("draining: %d response(s) in progress, %d session(s) open", self._turns.in_flight(),
+                     self._num_sessions)
+        self._draining = True
+        self._turns.drain()
+
+    async def wait_responses_done(self, timeout_s: float) -> bool:
+        """Graceful shutdown, step 2: wait until no response is in progress (False: `timeout_s` passed first),
+        then give the sessions a moment to send their last events."""
+        done = await self._turns.wait_idle(timeout_s)
+        await asyncio.sleep(_FLUSH_S)
+        return done
+
+    async def drain(self, timeout_s: float) -> bool:
+        """`begin_drain`, `wait_responses_done(timeout_s)`, then `close()` (1001). True when nothing was cut off."""
+        self.begin_drain()
+        done = await self.wait_responses_done(timeout_s)
+        if not done:
+            log.warning("drain: %d response(s) still in progress after %.1f s; closing anyway",
+                        self._turns.in_flight(), timeout_s)
+        await self.close()
+        return done
+
+    async def close(self, code: CloseCode = CloseCode.GOING_AWAY, reason: str = "server shutting down") -> None:
+        """Stop accepting, close open sessions with `code` and wait for them (bounded). Idempotent."""
+        if self._server is None or self._closed:
             return
-        self._server.close(close_connections=True)
+        self._closed = self._draining = True
+        self._turns.drain()
+        server = self._server
+        server.close(close_connections=False)  # stop accepting; the sessions are closed below with `code`
+        timeout_s = self.cfg.server.limits.shutdown_timeout_s
         try:
-            async with asyncio.timeout(self.cfg.server.limits.shutdown_timeout_s):
-                await self._server.wait_closed()
+            async with asyncio.timeout(timeout_s):
+                await asyncio.gather(*(ws.close(code, reason) for ws in server.connections), return_exceptions=True)
+                await server.wait_closed()
         except TimeoutError:
-            log.warning("sessions still open after %.1f s; leaving them", self.cfg.server.limits.shutdown_timeout_s)
+            log.warning("sessions still open after %.1f s; leaving them", timeout_s)
 
     async def __aenter__(self) -> RealtimeServer:  # noqa: PYI034 (final class)
         await self.start()
@@ -181,6 +246,10 @@ class RealtimeServer:
 
     async def _handle(self, ws: ServerConnection) -> None:
         info = inspect_handshake(ws.request)
+        if self._draining:
+            self.metrics.refusals.labels("draining").inc()
+            await ws.close(CloseCode.TRY_AGAIN_LATER, "server is shutting down; try again later")
+            return
         if self._num_sessions >= self.cfg.server.limits.max_sessions:
             self.metrics.refusals.labels("max_sessions").inc()
             await ws.close(CloseCode.TRY_AGAIN_LATER, "server at its session limit; try again later")
@@ -198,14 +267,33 @@ class RealtimeServer:
             if self._num_sessions == 0:
                 self._idle.set()
 
-    def _health(self) -> dict:
-        return {
-            "status": "ok",
-            "model": self.model_id,
-            "device": self._info.get("device"),
-            "sessions": self._num_sessions,
-            "max_sessions": self.cfg.server.limits.max_sessions,
-        }
+    def _health(self, probe: str = "health") -> tuple[http.HTTPStatus, dict]:
+        """`/health` (overall), `/health/live` (process and engine alive) or `/health/ready` (a new session
+        would be served now): 200 or 503, with the reason."""
+        failure = self.engine_failure()
+        engine = {"alive": failure is None, "reason": failure}
+        limit = self.cfg.server.limits.max_sessions
+        if probe == "live":
+            ok = failure is None
+            payload = {"status": "ok" if ok else "dead", "engine": engine}
+        elif probe == "ready":
+            reason = ("engine unavailable" if failure is not None else "draining" if self._draining
+                      else "at max_sessions" if self._num_sessions >= limit else None)
+            ok = reason is None
+            payload = {"status": "ready" if ok else "not_ready", "reason": reason, "sessions": self._num_sessions,
+                       "max_sessions": limit, "engine": engine}
+        else:
+            ok = failure is None and not self._draining
+            payload = {
+                "status": "ok" if ok else "unavailable" if failure is not None else "draining",
+                "model": self.model_id,
+                "device": self._info.get("device"),
+                "sessions": self._num_sessions,
+                "max_sessions": limit,
+                "draining": self._draining,
+                "engine": engine,
+            }
+        return (http.HTTPStatus.OK if ok else http.HTTPStatus.SERVICE_UNAVAILABLE), payload
 
     def _models(self) -> dict:
         entry = {"id": self.model_id, "object": "model", "created": self._started_at, "owned_by": "realtime-ming"}
@@ -289,15 +377,51 @@ def load_engine(cfg: ServerConfig) -> ServingEngine:
     return engine
 
 
-async def _serve_until_signal(cfg: ServerConfig, engine: ServingEngine, sock: socket.socket | None = None) -> None:
-    stop = asyncio.Event()
+async def _first(*aws) -> asyncio.Future:
+    """Wait until the first of `aws` finishes; cancel the others; return the finished one."""
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+    return next(t for t in tasks if t in done)
+
+
+async def _serve_until_signal(cfg: ServerConfig, engine: ServingEngine, sock: socket.socket | None = None) -> int:
+    """Serve until a signal (drain, exit 0) or the engine's death (exit `EXIT_ENGINE_DIED`)."""
+    signals: asyncio.Queue[signal.Signals] = asyncio.Queue()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, signals.put_nowait, sig)
     async with RealtimeServer(cfg, engine, sock=sock) as server:
         print(f"realtime-ming: serving {server.model_id} on {server.url}", file=sys.stderr, flush=True)
-        await stop.wait()
+        dead = server.wait_engine_failure()
+        first = await _first(signals.get(), dead)
+        if isinstance(first.result(), signal.Signals):
+            drain_s = cfg.server.limits.drain_timeout_s
+            log.info("%s: draining (responses in progress get up to %.0f s; a second signal stops at once)",
+                     first.result().name, drain_s)
+            server.begin_drain()
+            first = await _first(server.wait_responses_done(drain_s), signals.get(), server.wait_engine_failure())
+            outcome = first.result()
+            if isinstance(outcome, signal.Signals):
+                log.warning("%s again: closing the sessions now", outcome.name)
+            elif outcome is False:
+                log.warning("drain: responses still in progress after %.0f s; closing anyway", drain_s)
+        reason = server.engine_failure()
+        if reason is not None:
+            log.critical("engine dead (%s): open responses failed with engine_unavailable; exiting with code %d",
+                         reason, EXIT_ENGINE_DIED)
+            print(f"realtime-ming: engine dead ({reason}); exiting with code {EXIT_ENGINE_DIED}", file=sys.stderr,
+                  flush=True)
+            server.begin_drain()
+            await server.wait_responses_done(1.0)  # the engine already failed them: let response.done go out
+            await server.close(CloseCode.INTERNAL_ERROR, "model engine unavailable")
+            return EXIT_ENGINE_DIED
         log.info("shutting down")
+        await server.close()
+    return 0
 
 
 def run_server(cfg: ServerConfig) -> int:
@@ -326,8 +450,9 @@ def run_server(cfg: ServerConfig) -> int:
         import uvloop
 
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            runner.run(_serve_until_signal(cfg, engine, sock))
+            code = runner.run(_serve_until_signal(cfg, engine, sock))
     finally:
         engine.close()
-    return 0
+    log.info("engine closed; exit code %d", code)
+    return code
 

@@ -106,6 +106,7 @@ class LimitsConfig:
     max_image_pixels: int = 36_000_000  # image width x height, read from its header before decoding
     max_item_text_chars: int = 256 * 1024  # text of one content part
     open_timeout_s: float = 10.0  # WebSocket opening handshake
+    drain_timeout_s: float = 20.0  # SIGTERM: responses in progress get this long to finish, then sessions close
     shutdown_timeout_s: float = 5.0  # graceful shutdown: wait for handlers this long
 
     def __post_init__(self) -> None:

@@ -1,4 +1,4 @@
-"""Plain HTTP on the WebSocket port: /health, /v1/models, /metrics and the static browser demo.
+"""Plain HTTP on the WebSocket port: /health (+ /health/live, /health/ready), /v1/models, /metrics, the demo.
 
 `HttpRoutes.respond(request)` returns a websockets `Response` for these paths (GET and HEAD;
 HEAD carries the same headers, no body) or `None` to let the request continue as a WebSocket
@@ -35,6 +35,7 @@ REALTIME_PATH = "/v1/realtime"
 MAX_TARGET_CHARS = 2048  # longer request targets get 414 (websockets itself cuts the request line at 8 KiB)
 MAX_SEGMENTS = 32  # deeper static paths cannot exist in the demo: 404 without touching the disk
 MAX_SEGMENT_BYTES = 255  # NAME_MAX of common file systems
+HEALTH_PROBES = {"/health": "health", "/health/live": "live", "/health/ready": "ready"}  # path -> probe name
 
 # Explicit types for what the demo ships; mimetypes covers the rest.
 _CONTENT_TYPES = {
@@ -141,13 +142,14 @@ def _segments(path: str) -> list[str]:
 
 
 class HttpRoutes:
-    """Route table of the plain-HTTP side. `health` and `models` are callables evaluated per request."""
+    """Route table of the plain-HTTP side. `health` and `models` are callables evaluated per request;
+    `health(probe)` ("health", "live" or "ready") returns the status code and the JSON body."""
 
     def __init__(
         self,
         *,
         metrics: ServerMetrics,
-        health: Callable[[], dict],
+        health: Callable[[str], tuple[http.HTTPStatus, dict]],
         models: Callable[[], dict],
         web_roots: list[Path],
     ) -> None:
@@ -180,8 +182,10 @@ class HttpRoutes:
             response = text_response(http.HTTPStatus.METHOD_NOT_ALLOWED, "Only GET and HEAD are served.\n")
             response.headers["Allow"] = "GET, HEAD"
             return response
-        if path == "/health":
-            return json_response(http.HTTPStatus.OK, self._health(), head=head)
+        probe = HEALTH_PROBES.get(path)
+        if probe is not None:
+            status, payload = self._health(probe)
+            return json_response(status, payload, head=head)
         if path == "/v1/models":
             return json_response(http.HTTPStatus.OK, self._models(), head=head)
         if path == "/metrics":

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..engine.api import Stage
+from ..engine.api import FailureCode, Stage, TurnFailed
 from ..protocol.errors import ErrorCode
 from ..protocol.events import ServerEvent
 from ..protocol.items import ItemStatus, OutputAudio, OutputText
@@ -46,9 +46,35 @@ from .actions import ResponseFinished
 from .audio_io import OutputEncoder
 from .conversation import AssistantItem
 
-__all__ = ["ActiveResponse", "ResponseSpec", "failure_cause"]
+__all__ = ["ActiveResponse", "ResponseSpec", "failure_error"]
 
 _ITEM_STATUS = {ResponseStatus.COMPLETED: ItemStatus.COMPLETED}  # anything else: incomplete
+
+# engine failure cause -> the `response.done` error code (the engine's own message stays in the server log,
+# except for INVALID_PROMPT, whose detail describes the client's own content)
+_FAILURE_CODES = {
+    FailureCode.ENGINE_ERROR: ErrorCode.ENGINE_ERROR,
+    FailureCode.ADMISSION_FAILED: ErrorCode.ENGINE_ADMISSION_FAILED,
+    FailureCode.INVALID_PROMPT: ErrorCode.INVALID_PROMPT,
+    FailureCode.ENGINE_BUSY: ErrorCode.ENGINE_OVERLOADED,
+    FailureCode.ENGINE_UNAVAILABLE: ErrorCode.ENGINE_UNAVAILABLE,
+    FailureCode.SHUTTING_DOWN: ErrorCode.SERVER_SHUTTING_DOWN,
+}
+
+
+# causes that say nothing about the conversation's content: its items stay
+_TRANSIENT = frozenset({FailureCode.ENGINE_BUSY, FailureCode.ENGINE_UNAVAILABLE, FailureCode.SHUTTING_DOWN})
+
+
+def failure_error(response_id: str, failed: TurnFailed) -> tuple[ErrorDetail, bool]:
+    """(`status_details.error`, transient) of a response whose engine turn failed, by its machine-readable
+    cause; a prompt over the context (the thinker names its `max_seq_len`) is `context_length_exceeded`."""
+    code = _FAILURE_CODES.get(failed.code, ErrorCode.ENGINE_ERROR)
+    if failed.code is FailureCode.INVALID_PROMPT and "max_seq_len" in failed.message:
+        code = ErrorCode.CONTEXT_LENGTH_EXCEEDED
+    error = ErrorDetail(type=code.error_type.value, code=code.value,
+                        message=code.render(response_id=response_id, detail=failed.message))
+    return error, failed.code in _TRANSIENT
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,16 +237,3 @@ class ActiveResponse:
         ttfa = None if self.first_audio_at is None else self.first_audio_at - self.input_end_at
         return ResponseFinished(self.id, status, ttfa, self.is_speculative, stage_s)
 
-
-def failure_cause(message: str) -> tuple[ErrorCode, bool]:
-    """(code, transient) of an engine failure, from the engine's message (its admission errors name
-    their limit). Transient causes (capacity, shutdown) say nothing about the input."""
-    if "max_seq_len" in message:
-        return ErrorCode.CONTEXT_LENGTH_EXCEEDED, False
-    if message.startswith("engine busy"):
-        return ErrorCode.ENGINE_BUSY, True
-    if message.startswith("engine stopped"):
-        return ErrorCode.ENGINE_ERROR, True
-    if message.startswith(("audio ", "an audio clip", "image ", "aspect ratio")):
-        return ErrorCode.INPUT_NOT_PROMPTABLE, False
-    return ErrorCode.ENGINE_ERROR, False

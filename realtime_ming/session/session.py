@@ -38,15 +38,8 @@ from ..protocol.dialect import Dialect
 from ..protocol.errors import ErrorCode, ProtocolError
 from ..protocol.events import ClientEvent
 from ..protocol.ids import IdPrefix, new_id
-from ..protocol.items import (
-    ContentPart,
-    InputAudio,
-    ItemReference,
-    ItemStatus,
-    MessageItem,
-    Role,
-)
-from ..protocol.responses import ErrorDetail, ResponseStatus, StatusReason, Usage
+from ..protocol.items import InputAudio, ItemReference, ItemStatus, MessageItem, Role
+from ..protocol.responses import ResponseStatus, StatusReason, Usage
 from ..protocol.server_events import (
     ConversationItemAdded,
     ConversationItemDeleted,
@@ -81,7 +74,7 @@ from .config import SessionSettings
 from .content import MediaLimits, media_parts, part_to_content, strip_audio
 from .conversation import AssistantItem, Conversation, StoredItem
 from .input import BufferFull, InputTurns, SpeechBegan, SpeechEnded, TurnSignal
-from .response import ActiveResponse, ResponseSpec, failure_cause
+from .response import ActiveResponse, ResponseSpec, failure_error
 
 __all__ = ["OPENAI_VOICE_ALIASES", "Session"]
 
@@ -561,15 +554,12 @@ class Session:
         return self._on_turn_failed(response, event, now)
 
     def _on_turn_failed(self, response: ActiveResponse, event: TurnFailed, now: float) -> list[Action]:
-        """A failed response names its cause; unless the engine was only busy, the input items the turn
-        added (the user/system items after the last assistant item) are removed from the conversation,
-        each with `conversation.item.deleted`, so that the next response does not fail on them again."""
-        code, transient = failure_cause(event.message)
-        log.warning("response %s failed in the engine (%s): %s", response.id, code.value, event.message)
-        error = ErrorDetail(
-            type=code.error_type.value, code=code.value,
-            message=code.render(response_id=response.id, detail=event.message),
-        )
+        """A failed response names its cause; unless the cause is transient (capacity, shutdown, a dead
+        engine), the input items the turn added (the user/system items after the last assistant item) are
+        removed from the conversation, each with `conversation.item.deleted`, so that the next response
+        does not fail on them again."""
+        error, transient = failure_error(response.id, event)
+        log.warning("response %s failed in the engine (%s): %s", response.id, error.code, event.message)
         actions = self._finish_response(ResponseStatus.FAILED, now, error=error)
         if transient or response.spec.conversation_id is None:
             return actions

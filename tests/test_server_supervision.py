@@ -1,0 +1,290 @@
+"""Server supervision on loopback: health probes, engine faults seen by clients, graceful drain, exit codes.
+
+Real sockets and raw clients whose every frame is validated against the openai package's event types.
+Engine faults are injected into a real engine (embedded tiny model, CPU); the drain runs on the scripted
+StubEngine; the CLI tests run `python -m realtime_ming.cli serve` and watch its exit code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from server_support import StubEngine, WsClient, http_request, seconds
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
+from websockets.frames import CloseCode
+
+from realtime_ming.protocol import Dialect
+from realtime_ming.server import RealtimeServer, load_config
+
+pytestmark = pytest.mark.timeout(180)
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+class ThreadKiller(BaseException):
+    """Kills the engine thread (not an Exception)."""
+
+
+@pytest.fixture(scope="module")
+def bundle():
+    from realtime_ming.engine.config import EngineConfig
+    from realtime_ming.engine.models import ModelBundle
+
+    return ModelBundle.load(EngineConfig())
+
+
+@pytest.fixture
+def engine(bundle):
+    from realtime_ming.engine import Engine
+    from realtime_ming.engine.config import EngineConfig
+
+    eng = Engine(EngineConfig(), bundle)
+    yield eng
+    eng.close()
+
+
+def _config(*overrides: str):
+    return load_config(None, ["server.port=0", *overrides])
+
+
+async def _open(port: int) -> WsClient:
+    client = WsClient(await connect(f"ws://127.0.0.1:{port}/v1/realtime"), Dialect.GA)
+    assert (await client.recv())["type"] == "session.created"
+    return client
+
+
+async def _respond(client: WsClient, text: str, max_tokens: int | str = 8, **response) -> None:
+    await client.send(type="conversation.item.create", item={
+        "type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]})
+    await client.send(type="response.create", response={"output_modalities": ["text"],
+                                                        "max_output_tokens": max_tokens, **response})
+
+
+async def _done(client: WsClient, timeout: float = 60.0) -> dict:
+    return (await client.recv_until("response.done", timeout=timeout))[-1]["response"]
+
+
+async def _health(port: int, path: str) -> tuple[int, dict]:
+    status, _, body = await http_request(port, path)
+    return status, json.loads(body)
+
+
+def _failed_with(response: dict, code: str) -> None:
+    assert response["status"] == "failed", response
+    assert response["status_details"]["error"]["code"] == code, response["status_details"]
+
+
+async def test_health_probes_of_a_serving_server():
+    """Alive and below max_sessions: /health, /health/live and /health/ready are 200; at the limit ready is 503."""
+    engine = StubEngine()
+    async with RealtimeServer(_config("server.limits.max_sessions=1"), engine) as srv:
+        for path in ("/health", "/health/live", "/health/ready"):
+            status, body = await _health(srv.port, path)
+            assert status == 200 and body["engine"] == {"alive": True, "reason": None}, (path, body)
+        client = await _open(srv.port)
+        status, body = await _health(srv.port, "/health/ready")
+        assert (status, body["status"], body["reason"]) == (503, "not_ready", "at max_sessions")
+        assert (await _health(srv.port, "/health"))[0] == 200
+        await client.ws.close()
+    engine.close()
+
+
+async def test_admission_fault_fails_one_response_with_its_code(engine, monkeypatch):
+    """A TypeError while admitting one session's turn: that response.done is failed/engine_admission_failed,
+    another session's response in progress completes, the next response of the faulty session completes."""
+    admit, fired = engine._thinker.admit, []
+
+    def faulty(request):  # the first turn whose conversation mentions "boom" (once: its item stays in history)
+        if not fired and any("boom" in (c.text or "") for m in request.history for c in m.content):
+            fired.append(request.turn_id)
+            raise TypeError("injected admission fault")
+        return admit(request)
+
+    monkeypatch.setattr(engine._thinker, "admit", faulty)
+    async with RealtimeServer(_config(), engine) as srv:
+        healthy, faulty_client = await _open(srv.port), await _open(srv.port)
+        await _respond(healthy, "Tell me a story", max_tokens=60)
+        await healthy.recv_until("response.output_text.delta")
+        await _respond(faulty_client, "boom")
+        _failed_with(await _done(faulty_client), "engine_admission_failed")
+        assert (await _done(healthy))["status"] == "incomplete"  # ran to max_output_tokens
+        await _respond(faulty_client, "hello again")
+        assert (await _done(faulty_client))["status"] == "incomplete"
+        assert (await _health(srv.port, "/health"))[0] == 200
+        for client in (healthy, faulty_client):
+            await client.ws.close()
+
+
+async def test_engine_death_is_visible_and_nothing_hangs(engine, monkeypatch):
+    """The engine thread killed mid-response: the in-flight response.done is failed/engine_unavailable,
+    /health and /health/live turn 503 within 1 s, and a new session's response fails at once."""
+    async with RealtimeServer(_config(), engine) as srv:
+        client = await _open(srv.port)
+        await _respond(client, "Tell me a long story", max_tokens=4096)
+        await client.recv_until("response.output_text.delta", timeout=30)
+        launch, armed = engine._thinker.launch, threading.Event()
+
+        def killing(*args, **kwargs):
+            if not armed.is_set():
+                armed.set()
+                raise ThreadKiller("injected engine death")
+            return launch(*args, **kwargs)
+
+        monkeypatch.setattr(engine._thinker, "launch", killing)
+        killed = await asyncio.to_thread(armed.wait, 10)
+        assert killed
+        t0 = time.monotonic()
+        while (await _health(srv.port, "/health"))[0] != 503:
+            assert time.monotonic() - t0 < 1.0, "/health still 200 one second after the engine died"
+            await asyncio.sleep(0.02)
+        status, body = await _health(srv.port, "/health")
+        assert body["status"] == "unavailable" and "ThreadKiller" in body["engine"]["reason"]
+        assert (await _health(srv.port, "/health/live"))[0] == 503
+        status, ready = await _health(srv.port, "/health/ready")
+        assert (status, ready["reason"]) == (503, "engine unavailable")
+        _failed_with(await _done(client, timeout=5), "engine_unavailable")
+        newcomer = await _open(srv.port)
+        started = time.monotonic()
+        await _respond(newcomer, "hello")
+        _failed_with(await _done(newcomer, timeout=5), "engine_unavailable")
+        assert time.monotonic() - started < 2.0
+        for c in (client, newcomer):
+            await c.ws.close()
+
+
+async def test_drain_finishes_replies_refuses_new_work_then_closes_1001():
+    """begin_drain with a reply in progress: /health 503 draining, ready 503, live 200; a new session gets 1013,
+    a new response in an open session fails with server_shutting_down; the reply in progress completes; then
+    the sessions close with 1001."""
+    engine = StubEngine(words=("word ",) * 40, step_s=0.03)  # a ~1.2 s reply
+    async with RealtimeServer(_config(), engine) as srv:
+        talking, idle = await _open(srv.port), await _open(srv.port)
+        await _respond(talking, "hi")
+        await talking.recv_until("response.output_text.delta")
+        srv.begin_drain()
+        status, body = await _health(srv.port, "/health")
+        assert (status, body["status"], body["draining"]) == (503, "draining", True)
+        assert (await _health(srv.port, "/health/ready"))[1]["reason"] == "draining"
+        assert (await _health(srv.port, "/health/live"))[0] == 200
+        late = await connect(f"ws://127.0.0.1:{srv.port}/v1/realtime")
+        with pytest.raises(ConnectionClosed) as refused:
+            await asyncio.wait_for(late.recv(), seconds(5))
+        assert refused.value.rcvd.code == CloseCode.TRY_AGAIN_LATER
+        await _respond(idle, "hello")
+        _failed_with(await _done(idle, timeout=5), "server_shutting_down")
+        assert await srv.wait_responses_done(seconds(10))
+        assert (await _done(talking, timeout=1))["status"] == "completed"
+        await srv.close()
+        for client in (talking, idle):
+            with pytest.raises(ConnectionClosed) as closed:
+                await asyncio.wait_for(client.ws.recv(), seconds(5))
+            assert closed.value.rcvd.code == CloseCode.GOING_AWAY
+    engine.close()
+
+
+# ---- the CLI process ------------------------------------------------------------------------------
+
+
+def _start_cli(env: dict | None = None, *args: str) -> tuple[subprocess.Popen, int]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "realtime_ming.cli", "serve", "--port", "0", "--log-level", "WARNING", *args],
+        stderr=subprocess.PIPE, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+    )
+    lines = []
+    for line in proc.stderr:
+        lines.append(line)
+        match = re.search(r"on ws://127\.0\.0\.1:(\d+)/v1/realtime", line)
+        if match:
+            threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep the pipe drained
+            return proc, int(match.group(1))
+    proc.wait()
+    raise AssertionError("server did not start:\n" + "".join(lines))
+
+
+def _wait_exit(proc: subprocess.Popen, timeout: float) -> int:
+    try:
+        return proc.wait(timeout=seconds(timeout))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_cli_exits_nonzero_when_the_engine_dies():
+    """With the documented fault injection on, a turn carrying the kill marker kills the engine: another
+    session's reply in progress ends failed/engine_unavailable and the process exits 70 within seconds."""
+    from realtime_ming.engine.supervision import FAULT_INJECTION_ENV, KILL_ENGINE_MARKER
+    from realtime_ming.server.app import EXIT_ENGINE_DIED
+
+    proc, port = _start_cli({FAULT_INJECTION_ENV: "1"})
+
+    async def scenario() -> dict:
+        talking, killer = await _open(port), await _open(port)
+        await _respond(talking, "Tell me a long story", max_tokens=4096)
+        await talking.recv_until("response.output_text.delta", timeout=30)
+        await _respond(killer, "hi", instructions=f"be brief {KILL_ENGINE_MARKER}")
+        return await _done(talking, timeout=10)
+
+    try:
+        response = asyncio.run(scenario())
+        _failed_with(response, "engine_unavailable")
+        died_at = time.monotonic()
+        assert _wait_exit(proc, 20) == EXIT_ENGINE_DIED  # serving stops at once; interpreter teardown takes seconds
+        assert time.monotonic() - died_at < seconds(20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_cli_sigterm_lets_the_reply_finish_then_exits_zero():
+    """SIGTERM mid-reply: the reply completes (response.done completed), the session closes with 1001, exit 0."""
+    proc, port = _start_cli()
+
+    async def scenario() -> tuple[dict, int]:
+        client = await _open(port)
+        await _respond(client, "Tell me a story", max_tokens=300)
+        await client.recv_until("response.output_text.delta", timeout=30)
+        proc.send_signal(signal.SIGTERM)
+        response = await _done(client, timeout=30)
+        with pytest.raises(ConnectionClosed) as closed:
+            await asyncio.wait_for(client.ws.recv(), seconds(10))
+        return response, closed.value.rcvd.code
+
+    try:
+        response, code = asyncio.run(scenario())
+        assert response["status"] in ("completed", "incomplete"), response  # generated to its end, not cut off
+        assert response["status_details"] is None or response["status_details"]["reason"] == "max_output_tokens"
+        assert code == CloseCode.GOING_AWAY
+        assert _wait_exit(proc, 30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_every_engine_failure_cause_has_its_own_response_code():
+    """Each FailureCode maps to a distinct error code of the published list; only invalid_prompt (the client's
+    own content) carries the engine's detail, with the client-error type."""
+    from realtime_ming.engine.api import FailureCode, TurnFailed
+    from realtime_ming.protocol.errors import ErrorCode
+    from realtime_ming.session.response import failure_error
+
+    details = {cause: failure_error("resp_1", TurnFailed("resp_1", "prompt of 900 tokens is too long", cause))
+               for cause in FailureCode}
+    codes = {cause: detail.code for cause, detail in details.items()}
+    assert len(set(codes.values())) == len(FailureCode)
+    assert all(ErrorCode(code) for code in codes.values())
+    assert codes[FailureCode.ENGINE_UNAVAILABLE] == "engine_unavailable"
+    invalid = details[FailureCode.INVALID_PROMPT]
+    assert invalid.type == "invalid_request_error" and "prompt of 900 tokens is too long" in invalid.message
+    assert all("900" not in d.message for c, d in details.items() if c is not FailureCode.INVALID_PROMPT)
