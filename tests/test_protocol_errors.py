@@ -31,8 +31,8 @@ GA, BETA = Dialect.GA, Dialect.BETA
 BAD_FRAMES: list[tuple[str | bytes, Dialect, ErrorCode, str | None, str | None]] = [
     (b'{"type":"response.create"}', GA, ErrorCode.BINARY_FRAME_UNSUPPORTED, None, None),
     ('{"type": ', GA, ErrorCode.INVALID_JSON, None, None),
-    ('{"type": "response.create", "x": NaN}', GA, ErrorCode.INVALID_JSON, None, None),
-    ("[" * 100_000, GA, ErrorCode.INVALID_JSON, None, None),
+    ('{"type": "response.create", "x": NaN}', GA, ErrorCode.INVALID_NUMBER, "x", None),
+    ("[" * 100_000, GA, ErrorCode.NESTING_TOO_DEEP, None, None),
     ("[1, 2]", GA, ErrorCode.INVALID_EVENT, None, None),
     ('"response.create"', BETA, ErrorCode.INVALID_EVENT, None, None),
     ('{"event_id": "e1"}', GA, ErrorCode.INVALID_EVENT, "type", "e1"),
@@ -277,6 +277,13 @@ FROZEN_CODES = {
     "idle_timeout": ErrorType.INVALID_REQUEST,
     "server_error": ErrorType.SERVER,
     "engine_error": ErrorType.SERVER,
+    "invalid_text": ErrorType.INVALID_REQUEST,
+    "nesting_too_deep": ErrorType.INVALID_REQUEST,
+    "invalid_number": ErrorType.INVALID_REQUEST,
+    "string_above_max_length": ErrorType.INVALID_REQUEST,
+    "array_above_max_length": ErrorType.INVALID_REQUEST,
+    "object_above_max_properties": ErrorType.INVALID_REQUEST,
+    "json_value_too_large": ErrorType.INVALID_REQUEST,
 }
 
 
