@@ -73,7 +73,7 @@ class ErrorCode(StrEnum):
         "The frame of {num_bytes} bytes exceeds the limit of {max_bytes} bytes.",
     )
     # Bounds on every decoded value (`protocol.limits`), checked before any field is read.
-    INVALID_TEXT = ("invalid_text", _INVALID, "Invalid text in '{param}': {detail}.")
+    INVALID_TEXT = ("invalid_text", _INVALID, "Invalid text: {detail}.")
     NESTING_TOO_DEEP = (
         "nesting_too_deep",
         _INVALID,

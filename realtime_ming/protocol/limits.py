@@ -66,11 +66,11 @@ def text_problem(text: str) -> str | None:
     try:
         encoded = text.encode("utf-8")
     except UnicodeEncodeError as exc:  # only lone surrogates are unencodable
-        return f"lone UTF-16 surrogate U+{ord(text[exc.start]):04X} at index {exc.start}"
+        return f"a lone UTF-16 surrogate U+{ord(text[exc.start]):04X} at index {exc.start}"
     refused = encoded.translate(None, _KEEP)
     if refused:
         index = text.index(chr(refused[0]))
-        return f"control character U+{refused[0]:04X} at index {index}"
+        return f"a control character U+{refused[0]:04X} at index {index}"
     return None
 
 
@@ -129,8 +129,9 @@ def _check_number(value: object, node: tuple | None) -> None:
 def _check_key(key: str, node: tuple | None) -> None:
     problem = text_problem(key)
     if problem is not None:  # the key itself is not quoted: it is the invalid text
-        where = _render(node) or "the frame"
-        raise ProtocolError(ErrorCode.INVALID_TEXT, param=where, detail=f"an object key has a {problem}")
+        where = _render(node)
+        detail = f"a key of '{where}' has {problem}" if where else f"a key of the frame has {problem}"
+        raise ProtocolError(ErrorCode.INVALID_TEXT, param=where or None, detail=detail)
 
 
 def _walk(root: Any) -> None:
@@ -140,7 +141,9 @@ def _walk(root: Any) -> None:
         if isinstance(value, str):
             problem = text_problem(value)
             if problem is not None:
-                raise ProtocolError(ErrorCode.INVALID_TEXT, param=_render(node) or "frame", detail=problem)
+                where = _render(node)
+                detail = f"'{where}' has {problem}" if where else f"the frame has {problem}"
+                raise ProtocolError(ErrorCode.INVALID_TEXT, param=where or None, detail=detail)
         elif isinstance(value, dict | list):
             if depth >= MAX_JSON_DEPTH:
                 where = _render(node)

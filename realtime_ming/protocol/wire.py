@@ -111,7 +111,9 @@ def expect_text(value: object, param: str, max_chars: int, *, single_line: bool 
             ErrorCode.STRING_ABOVE_MAX_LENGTH, param=param, length=len(text), max_length=max_chars
         )
     if single_line and ("\n" in text or "\r" in text or "\t" in text):
-        raise ProtocolError(ErrorCode.INVALID_TEXT, param=param, detail="a tab or line break in a single-line value")
+        raise ProtocolError(
+            ErrorCode.INVALID_TEXT, param=param, detail=f"'{param}' must be one line without tabs"
+        )
     return text
 
 
