@@ -81,9 +81,18 @@ _TOOL = {
     "type": "function", "name": "get_weather", "description": "Weather of a city.",
     "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "the city"}}},
 }
-_PNG_1PX = (
-    "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
-)
+def _png_data_url(side: int) -> str:
+    """A gray `side`×`side` PNG as a data URL (large enough for the vision encoder)."""
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (side, side), (128, 128, 128)).save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+_PNG = _png_data_url(64)
 
 
 def templates(dialect: Dialect, voice: str) -> list[dict[str, Any]]:
@@ -114,7 +123,7 @@ def templates(dialect: Dialect, voice: str) -> list[dict[str, Any]]:
             "input": [copy.deepcopy(user_text), {"type": "item_reference", "id": "item_missing"}],
         }
         image = {"type": "message", "role": "user", "content": [
-            {"type": "input_text", "text": "look"}, {"type": "input_image", "image_url": _PNG_1PX, "detail": "low"}]}
+            {"type": "input_text", "text": "look"}, {"type": "input_image", "image_url": _PNG, "detail": "low"}]}
     else:
         session = {
             "instructions": "Answer briefly.", "modalities": ["text"], "voice": voice,

@@ -55,6 +55,11 @@ CASES = [
     (_frame({"type": "response.cancel", "event_id": "e\ud800"}), ErrorCode.INVALID_TEXT, "event_id", None),
     (_frame({"type": "conversation.item.delete", "event_id": "e1", "item_id": "a\nb"}),
      ErrorCode.INVALID_TEXT, "item_id", "e1"),
+    # echoed objects keep the shapes the openai types give them
+    (_frame({"type": "session.update", "event_id": "e1", "session": {"tracing": {"workflow_name": 3}}}),
+     ErrorCode.INVALID_EVENT, "session.tracing.workflow_name", "e1"),
+    (_frame({"type": "session.update", "event_id": "e1", "session": {"prompt": {"id": "p", "variables": {"v": []}}}}),
+     ErrorCode.INVALID_EVENT, "session.prompt.variables.v", "e1"),
     # nesting
     (_frame({"type": "session.update", "event_id": "e1", "session": {"tracing": "DEEP"}},
             raw={"DEEP": "[" * 600 + "]" * 600}),

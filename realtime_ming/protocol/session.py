@@ -19,7 +19,12 @@ from typing import Any, Final, TypeAlias
 from realtime_ming.protocol.dialect import Dialect
 from realtime_ming.protocol.errors import MAX_QUOTE_CHARS, ErrorCode, ProtocolError, clip
 from realtime_ming.protocol.ids import IdPrefix, new_id
-from realtime_ming.protocol.limits import MAX_DESCRIPTION_CHARS, MAX_ECHO_JSON_BYTES, MAX_TEXT_CHARS
+from realtime_ming.protocol.limits import (
+    MAX_DESCRIPTION_CHARS,
+    MAX_ECHO_JSON_BYTES,
+    MAX_METADATA_VALUE_CHARS,
+    MAX_TEXT_CHARS,
+)
 from realtime_ming.protocol.values import (
     AUDIO_FORMAT,
     MAX_OUTPUT_TOKENS,
@@ -228,7 +233,11 @@ def _decode_tracing(value: Any, param: str, _dialect: Dialect) -> str | Mapping[
         return value
     if isinstance(value, str):
         raise invalid_value(param, f"{quote(value)} is neither 'auto' nor a tracing object")
-    return _echoed(value, param)
+    obj = expect_object(value, param)
+    for key in ("group_id", "workflow_name"):  # `metadata` is any JSON
+        if obj.get(key) is not None:
+            expect_text(obj[key], join(param, key), MAX_METADATA_VALUE_CHARS, single_line=True)
+    return _echoed(obj, param)
 
 
 def _decode_truncation(value: Any, param: str, _dialect: Dialect) -> str | Mapping[str, JsonValue]:
@@ -249,6 +258,17 @@ def _decode_include(value: Any, param: str, _dialect: Dialect) -> tuple[str, ...
 def _decode_prompt(value: Any, param: str, _dialect: Dialect) -> Mapping[str, JsonValue]:
     obj = expect_object(value, param)
     ID.decode(obj.get("id"), join(param, "id"), _dialect)
+    if obj.get("version") is not None:
+        ID.decode(obj["version"], join(param, "version"), _dialect)
+    variables = obj.get("variables")
+    if variables is not None:
+        for key, item in expect_object(variables, join(param, "variables")).items():
+            item_param = join(join(param, "variables"), key)
+            if isinstance(item, dict):  # of the typed variables, text is the one this server can take
+                expect_choice(item.get("type"), join(item_param, "type"), ("input_text",))
+                expect_str(item.get("text"), join(item_param, "text"))
+            else:
+                expect_str(item, item_param)
     return _echoed(obj, param)
 
 
