@@ -3,8 +3,9 @@ field of every client event type.
 
 The server runs on loopback with a scripted engine that, like the real tokenizer, cannot take a
 lone surrogate (`_TokenizingEngine`); the real tiny model takes the killer frames of the attack
-report in `test_killer_frames_leave_the_real_engine_serving`. Every server frame is validated
-against the `openai` package's event types of its dialect.
+report in `test_server_realtime.py::test_killer_frames_leave_the_real_engine_serving`, and the
+full-size run (`python -m bench.fuzz`) fuzzes it. Every server frame is validated against the
+`openai` package's event types of its dialect.
 """
 
 from __future__ import annotations
@@ -173,4 +174,25 @@ async def test_handler_failure_is_one_log_line_and_one_error(stub_server, caplog
     line = failures[0].getMessage()
     assert "\n" not in line and "conversation.item.delete" in line and "evt_bug" in line and "KeyError" in line
     assert await _normal_turn(client) == "completed"
+    await client.ws.close()
+
+
+async def test_failure_on_a_turns_output_fails_only_that_response(stub_server, monkeypatch):
+    """A bug while handling the engine's output: that response ends `failed` (server_error), the
+    engine turn is cancelled, and the next response of the session completes."""
+    from realtime_ming.session.response import ActiveResponse
+
+    server, engine = stub_server
+
+    def broken(self, text):
+        raise RuntimeError("cannot render this delta")
+
+    monkeypatch.setattr(ActiveResponse, "on_text", broken)
+    client = await _open(server.port, Dialect.GA)
+    await client.send(type="response.create", response={"output_modalities": ["text"]})
+    done = (await client.recv_until("response.done", timeout=20))[-1]["response"]
+    assert done["status"] == "failed" and done["status_details"]["error"]["code"] == "server_error"
+    monkeypatch.undo()
+    assert await _normal_turn(client) == "completed"
+    assert engine.num_turns() == 0
     await client.ws.close()
