@@ -31,8 +31,8 @@ GA, BETA = Dialect.GA, Dialect.BETA
 BAD_FRAMES: list[tuple[str | bytes, Dialect, ErrorCode, str | None, str | None]] = [
     (b'{"type":"response.create"}', GA, ErrorCode.BINARY_FRAME_UNSUPPORTED, None, None),
     ('{"type": ', GA, ErrorCode.INVALID_JSON, None, None),
-    ('{"type": "response.create", "x": NaN}', GA, ErrorCode.INVALID_JSON, None, None),
-    ("[" * 100_000, GA, ErrorCode.INVALID_JSON, None, None),
+    ('{"type": "response.create", "x": NaN}', GA, ErrorCode.INVALID_NUMBER, "x", None),
+    ("[" * 100_000, GA, ErrorCode.NESTING_TOO_DEEP, None, None),
     ("[1, 2]", GA, ErrorCode.INVALID_EVENT, None, None),
     ('"response.create"', BETA, ErrorCode.INVALID_EVENT, None, None),
     ('{"event_id": "e1"}', GA, ErrorCode.INVALID_EVENT, "type", "e1"),
@@ -282,6 +282,21 @@ FROZEN_CODES = {
     "engine_admission_failed": ErrorType.SERVER,
     "invalid_prompt": ErrorType.INVALID_REQUEST,
     "server_shutting_down": ErrorType.SERVER,
+    "invalid_text": ErrorType.INVALID_REQUEST,
+    "nesting_too_deep": ErrorType.INVALID_REQUEST,
+    "invalid_number": ErrorType.INVALID_REQUEST,
+    "string_above_max_length": ErrorType.INVALID_REQUEST,
+    "array_above_max_length": ErrorType.INVALID_REQUEST,
+    "object_above_max_properties": ErrorType.INVALID_REQUEST,
+    "json_value_too_large": ErrorType.INVALID_REQUEST,
+    "image_too_large": ErrorType.INVALID_REQUEST,
+    "image_too_small": ErrorType.INVALID_REQUEST,
+    "image_aspect_ratio_too_large": ErrorType.INVALID_REQUEST,
+    "input_audio_too_short": ErrorType.INVALID_REQUEST,
+    "input_audio_too_long": ErrorType.INVALID_REQUEST,
+    "input_text_too_long": ErrorType.INVALID_REQUEST,
+    "item_too_large": ErrorType.INVALID_REQUEST,
+    "context_length_exceeded": ErrorType.INVALID_REQUEST,
 }
 
 

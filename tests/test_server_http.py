@@ -354,18 +354,24 @@ async def _text_turn(client: WsClient, text: str) -> None:
     await client.send(type="response.create")
 
 
-async def test_internal_failure_closes_only_that_session(web_dir):
-    """A fault inside one session: server_error event and close 1011 there; another session completes its turn."""
+async def test_internal_failure_costs_only_that_request(web_dir):
+    """A fault inside one session's request: a server_error event and a failed response there, the
+    session lives on (its next turn completes), and another session is untouched."""
     engine = _CrashOnTextEngine()
     async with RealtimeServer(_config(web_dir), engine) as srv:
         healthy, doomed = await _open(srv), await _open(srv)
-        await _text_turn(doomed, "crash")
-        frames = await doomed.recv_until("error")
-        assert frames[-1]["error"]["code"] == "server_error"
-        with pytest.raises(ConnectionClosed) as info:
-            await asyncio.wait_for(doomed.ws.recv(), seconds(5))
-        assert info.value.rcvd.code == CloseCode.INTERNAL_ERROR
+        await doomed.send(type="conversation.item.create", item={
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "crash"}]})
+        await doomed.send(type="response.create", event_id="evt_crash")
+        frames = await doomed.recv_until("response.done")
+        errors = [f["error"] for f in frames if f["type"] == "error"]
+        assert [(e["code"], e["event_id"]) for e in errors] == [("server_error", "evt_crash")]
+        assert frames[-1]["response"]["status"] == "failed"
+        assert frames[-1]["response"]["status_details"]["error"]["code"] == "server_error"
+        await _text_turn(doomed, "hello")
+        assert (await doomed.recv_until("response.done"))[-1]["response"]["status"] == "completed"
         await _text_turn(healthy, "hello")
         assert (await healthy.recv_until("response.done"))[-1]["response"]["status"] == "completed"
         await healthy.ws.close()
+        await doomed.ws.close()
     engine.close()

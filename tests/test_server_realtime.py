@@ -202,6 +202,33 @@ async def test_text_only_response(server):
     await client.ws.close()
 
 
+async def test_killer_frames_leave_the_real_engine_serving(server):
+    """The attack report's engine-killing frames (a lone surrogate in response instructions, user
+    text, session instructions, an out-of-band input): one invalid_text each, and the real engine
+    still answers this session and a concurrent one."""
+    client, other = await _raw_client(server), await _raw_client(server)
+    user = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "x\ud800"}]}
+    killers = [
+        ({"type": "response.create", "response": {"instructions": "x\ud800"}}, "response.instructions"),
+        ({"type": "conversation.item.create", "item": user}, "item.content[0].text"),
+        ({"type": "session.update", "session": {"type": "realtime", "instructions": "\udc00"}}, "session.instructions"),
+        ({"type": "response.create", "response": {"conversation": "none", "input": [user]}},
+         "response.input[0].content[0].text"),
+    ]
+    for i, (frame, param) in enumerate(killers):
+        await client.ws.send(json.dumps({**frame, "event_id": f"evt_{i}"}))
+        error = await client.expect_error("invalid_text")
+        assert (error["param"], error["event_id"]) == (param, f"evt_{i}")
+    for each in (other, client):
+        await each.send(type="conversation.item.create", item={
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]})
+        await each.send(type="response.create", response={"output_modalities": ["text"], "max_output_tokens": 8})
+    for each in (other, client):
+        done = (await each.recv_until("response.done", timeout=120))[-1]["response"]
+        assert done["status"] in ("completed", "incomplete"), done
+        await each.ws.close()
+
+
 async def test_disconnect_mid_response_frees_the_engine_slot(server, engine):
     """A client vanishing mid-response: after its session ends the engine holds no turn, row or stream."""
     client = await _raw_client(server)

@@ -30,8 +30,10 @@ from realtime_ming.protocol.values import (
     ToolChoice,
 )
 from realtime_ming.protocol.wire import (
+    ID,
     NON_NEGATIVE_INT,
     STRING,
+    TEXT,
     Codec,
     JsonValue,
     WireField,
@@ -104,7 +106,7 @@ class ConversationItemCreate(ClientEvent):
     type: ClassVar[str] = "conversation.item.create"
     wire_fields: ClassVar[tuple[WireField, ...]] = (
         WireField.at("item", ITEM, required=True),
-        WireField.at("previous_item_id", nullable(STRING)),
+        WireField.at("previous_item_id", nullable(ID)),
     )
     item: ConversationItem
     previous_item_id: str | None = None
@@ -116,7 +118,7 @@ class ConversationItemRetrieve(ClientEvent):
     """Ask for the server's copy of an item (with audio)."""
 
     type: ClassVar[str] = "conversation.item.retrieve"
-    wire_fields: ClassVar[tuple[WireField, ...]] = (WireField.at("item_id", STRING, required=True),)
+    wire_fields: ClassVar[tuple[WireField, ...]] = (WireField.at("item_id", ID, required=True),)
     item_id: str
 
 
@@ -127,7 +129,7 @@ class ConversationItemTruncate(ClientEvent):
 
     type: ClassVar[str] = "conversation.item.truncate"
     wire_fields: ClassVar[tuple[WireField, ...]] = (
-        WireField.at("item_id", STRING, required=True),
+        WireField.at("item_id", ID, required=True),
         WireField.at("content_index", NON_NEGATIVE_INT, required=True),
         WireField.at("audio_end_ms", NON_NEGATIVE_INT, required=True),
     )
@@ -142,7 +144,7 @@ class ConversationItemDelete(ClientEvent):
     """Remove an item from the conversation."""
 
     type: ClassVar[str] = "conversation.item.delete"
-    wire_fields: ClassVar[tuple[WireField, ...]] = (WireField.at("item_id", STRING, required=True),)
+    wire_fields: ClassVar[tuple[WireField, ...]] = (WireField.at("item_id", ID, required=True),)
     item_id: str
 
 
@@ -180,7 +182,7 @@ class ResponseParams:
 def _shared_response_fields() -> tuple[WireField, ...]:
     return (
         WireField.at("conversation", nullable(enum_codec(ConversationMode))),
-        WireField.at("instructions", nullable(STRING)),
+        WireField.at("instructions", nullable(TEXT)),
         WireField.at("tools", nullable(TOOLS)),
         WireField.at("tool_choice", nullable(TOOL_CHOICE)),
         WireField.at("metadata", nullable(METADATA)),
@@ -233,7 +235,7 @@ class ResponseCancel(ClientEvent):
     """Cancel the active response (or the one named)."""
 
     type: ClassVar[str] = "response.cancel"
-    wire_fields: ClassVar[tuple[WireField, ...]] = (WireField.at("response_id", nullable(STRING)),)
+    wire_fields: ClassVar[tuple[WireField, ...]] = (WireField.at("response_id", nullable(ID)),)
     response_id: str | None = None
 
 

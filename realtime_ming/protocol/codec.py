@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any, NoReturn
+from typing import Any
 
 from realtime_ming.protocol.dialect import (
     GA_CLIENT_SAFE_SERVER_TYPES,
@@ -18,25 +18,13 @@ from realtime_ming.protocol.dialect import (
     Dialect,
     server_type_to_wire,
 )
-from realtime_ming.protocol.errors import ErrorCode, ProtocolError
+from realtime_ming.protocol.errors import MAX_QUOTE_CHARS, ErrorCode, ProtocolError, clip
 from realtime_ming.protocol.events import CLIENT_EVENTS, SERVER_EVENTS, ClientEvent, ServerEvent
 from realtime_ming.protocol.ids import IdPrefix, new_id
+from realtime_ming.protocol.limits import MAX_ID_CHARS, check_json, load_json, text_problem
 from realtime_ming.protocol.wire import JsonValue
 
 __all__ = ["event_to_wire", "parse", "serialise"]
-
-
-def _reject_constant(name: str) -> NoReturn:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-def _load(frame: str) -> Any:
-    try:
-        return json.loads(frame, parse_constant=_reject_constant)
-    except RecursionError:
-        raise ProtocolError(ErrorCode.INVALID_JSON, detail="nesting is too deep") from None
-    except ValueError as exc:
-        raise ProtocolError(ErrorCode.INVALID_JSON, detail=str(exc)) from None
 
 
 def _decode(obj: Mapping[str, Any], dialect: Dialect, event_id: str | None) -> ClientEvent:
@@ -47,24 +35,47 @@ def _decode(obj: Mapping[str, Any], dialect: Dialect, event_id: str | None) -> C
         raise ProtocolError(ErrorCode.INVALID_EVENT, param="type", detail="'type' must be a string")
     cls = CLIENT_EVENTS.get(event_type)
     if cls is None:
-        raise ProtocolError(ErrorCode.UNKNOWN_EVENT, param="type", event_type=event_type)
+        raise ProtocolError(ErrorCode.UNKNOWN_EVENT, param="type", event_type=clip(event_type, MAX_QUOTE_CHARS))
     return cls.from_wire(obj, dialect, event_id)
 
 
+def _echoable_event_id(obj: Mapping[str, Any]) -> str | None:
+    """The client `event_id` if it can be echoed in an error (a short, clean string), else None."""
+    event_id = obj.get("event_id")
+    if isinstance(event_id, str) and len(event_id) <= MAX_ID_CHARS and text_problem(event_id) is None:
+        return event_id
+    return None
+
+
+def _check_event_id(event_id: object) -> None:
+    if event_id is None:
+        return
+    if not isinstance(event_id, str):
+        raise ProtocolError(ErrorCode.INVALID_EVENT, param="event_id", detail="'event_id' must be a string")
+    if len(event_id) > MAX_ID_CHARS:
+        raise ProtocolError(
+            ErrorCode.STRING_ABOVE_MAX_LENGTH, param="event_id", length=len(event_id), max_length=MAX_ID_CHARS
+        )
+
+
 def parse(frame: str | bytes, dialect: Dialect) -> ClientEvent | ProtocolError:
-    """Decode one WebSocket message into a typed client event, or the error to send back."""
+    """Decode one WebSocket message into a typed client event, or the error to send back.
+
+    Every value of the frame is checked first (`limits.check_json`: nesting, numbers, text), so
+    no decoder below ever sees a lone surrogate, a control character or a non-finite number.
+    """
     if not isinstance(frame, str):
         return ProtocolError(ErrorCode.BINARY_FRAME_UNSUPPORTED)
     try:
-        obj = _load(frame)
+        obj = load_json(frame)
     except ProtocolError as error:
         return error
-    if not isinstance(obj, dict):
-        return ProtocolError(ErrorCode.INVALID_EVENT, detail="the frame must be a JSON object")
-    event_id = obj.get("event_id")
-    if event_id is not None and not isinstance(event_id, str):
-        return ProtocolError(ErrorCode.INVALID_EVENT, param="event_id", detail="'event_id' must be a string")
+    event_id = _echoable_event_id(obj) if isinstance(obj, dict) else None
     try:
+        check_json(obj)
+        if not isinstance(obj, dict):
+            raise ProtocolError(ErrorCode.INVALID_EVENT, detail="the frame must be a JSON object")
+        _check_event_id(obj.get("event_id"))
         return _decode(obj, dialect, event_id)
     except ProtocolError as error:
         return error.with_event_id(event_id)
@@ -93,8 +104,14 @@ def event_to_wire(
 
 
 def serialise(event: ServerEvent, dialect: Dialect, *, timing_events: bool = False) -> str | None:
-    """`event_to_wire` as a compact JSON text frame; `None` means "send nothing"."""
+    """`event_to_wire` as a compact JSON text frame; `None` means "send nothing".
+
+    Raises `ValueError` (never a half-sent frame later) when the text cannot be UTF-8 encoded.
+    """
     wire = event_to_wire(event, dialect, timing_events=timing_events)
     if wire is None:
         return None
-    return json.dumps(wire, ensure_ascii=False, separators=(",", ":"))
+    text = json.dumps(wire, ensure_ascii=False, separators=(",", ":"))
+    if not text.isascii():
+        text.encode("utf-8")  # UnicodeEncodeError (a ValueError) on a lone surrogate
+    return text

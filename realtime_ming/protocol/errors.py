@@ -9,7 +9,18 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["ErrorCode", "ErrorType", "ProtocolError"]
+__all__ = ["MAX_ECHO_CHARS", "MAX_QUOTE_CHARS", "ErrorCode", "ErrorType", "ProtocolError", "clip"]
+
+# Every text value and param path rendered into an error is cut to MAX_ECHO_CHARS, so an error
+# event stays small whatever the client sent; client text quoted inside a `detail` is cut
+# shorter (MAX_QUOTE_CHARS) where it is quoted.
+MAX_ECHO_CHARS = 1024
+MAX_QUOTE_CHARS = 64
+
+
+def clip(text: str, limit: int = MAX_ECHO_CHARS) -> str:
+    """`text` cut to `limit` characters (with a trailing `…` when cut)."""
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
 class ErrorType(StrEnum):
@@ -60,6 +71,34 @@ class ErrorCode(StrEnum):
         "frame_too_large",
         _INVALID,
         "The frame of {num_bytes} bytes exceeds the limit of {max_bytes} bytes.",
+    )
+    # Bounds on every decoded value (`protocol.limits`), checked before any field is read.
+    INVALID_TEXT = ("invalid_text", _INVALID, "Invalid text: {detail}.")
+    NESTING_TOO_DEEP = (
+        "nesting_too_deep",
+        _INVALID,
+        "The frame nests JSON arrays/objects deeper than {max_depth} levels{where}.",
+    )
+    INVALID_NUMBER = ("invalid_number", _INVALID, "Invalid number at '{param}': {detail}.")
+    STRING_ABOVE_MAX_LENGTH = (
+        "string_above_max_length",
+        _INVALID,
+        "'{param}' is too long: {length} characters, the limit is {max_length}.",
+    )
+    ARRAY_ABOVE_MAX_LENGTH = (
+        "array_above_max_length",
+        _INVALID,
+        "'{param}' has too many entries: {length}, the limit is {max_length}.",
+    )
+    OBJECT_ABOVE_MAX_PROPERTIES = (
+        "object_above_max_properties",
+        _INVALID,
+        "'{param}' has too many keys: {length}, the limit is {max_length}.",
+    )
+    JSON_VALUE_TOO_LARGE = (
+        "json_value_too_large",
+        _INVALID,
+        "'{param}' is {num_bytes} bytes of JSON, the limit is {max_bytes} bytes.",
     )
     # Session configuration.
     UNSUPPORTED_SESSION_TYPE = (
@@ -258,6 +297,9 @@ class ProtocolError(Exception):
         event_id: str | None = None,
         **values: object,
     ) -> None:
+        if param is not None:
+            param = clip(param)
+        values = {key: clip(value) if isinstance(value, str) else value for key, value in values.items()}
         message = code.render(param=param, **values)
         super().__init__(message)
         self.code, self.message, self.param, self.event_id = code, message, param, event_id

@@ -13,6 +13,13 @@ from typing import Any, ClassVar, Final, TypeAlias, cast
 
 from realtime_ming.protocol.dialect import Dialect, content_type_from_wire, content_type_to_wire
 from realtime_ming.protocol.errors import ErrorCode, ProtocolError
+from realtime_ming.protocol.limits import (
+    MAX_CONTENT_PARTS,
+    MAX_ID_CHARS,
+    MAX_INPUT_ITEMS,
+    MAX_NAME_CHARS,
+    MAX_TEXT_CHARS,
+)
 from realtime_ming.protocol.wire import (
     Codec,
     JsonValue,
@@ -20,8 +27,10 @@ from realtime_ming.protocol.wire import (
     expect_list,
     expect_object,
     expect_str,
+    expect_text,
     invalid_value,
     join,
+    quote,
 )
 
 __all__ = [
@@ -149,8 +158,22 @@ _PART_TYPES: Final = {cls.type: cls for cls in (InputText, InputAudio, InputImag
 
 
 def _opt_str(obj: Any, key: str, param: str) -> str | None:
+    """An optional payload string (base64 audio: bounded by the frame size only)."""
     value = obj.get(key)
     return None if value is None else expect_str(value, join(param, key))
+
+
+def _opt_text(obj: Any, key: str, param: str, max_chars: int, *, single_line: bool = False) -> str | None:
+    value = obj.get(key)
+    return None if value is None else expect_text(value, join(param, key), max_chars, single_line=single_line)
+
+
+def _id(value: Any, param: str) -> str:
+    return expect_text(value, param, MAX_ID_CHARS, single_line=True)
+
+
+def _opt_id(obj: Any, key: str, param: str) -> str | None:
+    return _opt_text(obj, key, param, MAX_ID_CHARS, single_line=True)
 
 
 def _decode_image(obj: Any, param: str, dialect: Dialect) -> InputImage:
@@ -177,7 +200,7 @@ def _decode_part(value: Any, param: str, role: Role, dialect: Dialect) -> Conten
     part_type = content_type_from_wire(expect_str(obj.get("type"), type_param))
     cls = _PART_TYPES.get(part_type)
     if cls is None:
-        raise invalid_value(type_param, f"unknown content type '{part_type}'")
+        raise invalid_value(type_param, f"unknown content type {quote(part_type)}")
     if cls not in _PARTS_BY_ROLE[role]:
         raise ProtocolError(
             ErrorCode.UNSUPPORTED_CONTENT, param=type_param, content_type=part_type, role=role.value
@@ -185,8 +208,8 @@ def _decode_part(value: Any, param: str, role: Role, dialect: Dialect) -> Conten
     if cls is InputImage:
         return _decode_image(obj, param, dialect)
     if cls is InputText or cls is OutputText:
-        return cls(expect_str(obj.get("text"), join(param, "text")))
-    audio, transcript = _opt_str(obj, "audio", param), _opt_str(obj, "transcript", param)
+        return cls(expect_text(obj.get("text"), join(param, "text"), MAX_TEXT_CHARS))
+    audio, transcript = _opt_str(obj, "audio", param), _opt_text(obj, "transcript", param, MAX_TEXT_CHARS)
     if cls is InputAudio and audio is None and transcript is None:
         raise invalid_value(param, "input_audio needs 'audio' or 'transcript'")
     return cls(audio=audio, transcript=transcript)
@@ -276,7 +299,7 @@ def _decode_message(
 ) -> MessageItem:
     role = Role(expect_choice(obj.get("role"), join(param, "role"), tuple(r.value for r in Role)))
     content_param = join(param, "content")
-    raw_parts = expect_list(obj.get("content"), content_param)
+    raw_parts = expect_list(obj.get("content"), content_param, MAX_CONTENT_PARTS)
     if not raw_parts:
         raise invalid_value(content_param, "a message needs at least one content part")
     parts = tuple(
@@ -295,9 +318,9 @@ def _decode_item(
     # Beta items may omit `type`; a `role` makes them messages.
     raw_type = obj.get("type", "message" if dialect is Dialect.BETA and "role" in obj else None)
     kind = expect_choice(raw_type, join(param, "type"), kinds)
-    item_id = _opt_str(obj, "id", param)
+    item_id = _opt_id(obj, "id", param)
     if kind == "item_reference":
-        return ItemReference(expect_str(obj.get("id"), join(param, "id")))
+        return ItemReference(_id(obj.get("id"), join(param, "id")))
     raw_status = obj.get("status")
     status = (
         None
@@ -308,15 +331,15 @@ def _decode_item(
         return _decode_message(obj, param, dialect, item_id, status)
     if kind == "function_call":
         return FunctionCallItem(
-            name=expect_str(obj.get("name"), join(param, "name")),
-            arguments=expect_str(obj.get("arguments"), join(param, "arguments")),
-            call_id=_opt_str(obj, "call_id", param),
+            name=expect_text(obj.get("name"), join(param, "name"), MAX_NAME_CHARS, single_line=True),
+            arguments=expect_text(obj.get("arguments"), join(param, "arguments"), MAX_TEXT_CHARS),
+            call_id=_opt_id(obj, "call_id", param),
             id=item_id,
             status=status,
         )
     return FunctionCallOutputItem(
-        call_id=expect_str(obj.get("call_id"), join(param, "call_id")),
-        output=expect_str(obj.get("output"), join(param, "output")),
+        call_id=_id(obj.get("call_id"), join(param, "call_id")),
+        output=expect_text(obj.get("output"), join(param, "output"), MAX_TEXT_CHARS),
         id=item_id,
         status=status,
     )
@@ -330,7 +353,7 @@ def _decode_conversation_item(value: Any, param: str, dialect: Dialect) -> Conve
 def _decode_items(value: Any, param: str, dialect: Dialect) -> tuple[ConversationItem | ItemReference, ...]:
     return tuple(
         _decode_item(item, join(param, i), dialect, allow_reference=True)
-        for i, item in enumerate(expect_list(value, param))
+        for i, item in enumerate(expect_list(value, param, MAX_INPUT_ITEMS))
     )
 
 

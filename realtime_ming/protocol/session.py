@@ -17,8 +17,14 @@ from enum import StrEnum
 from typing import Any, Final, TypeAlias
 
 from realtime_ming.protocol.dialect import Dialect
-from realtime_ming.protocol.errors import ErrorCode, ProtocolError
+from realtime_ming.protocol.errors import MAX_QUOTE_CHARS, ErrorCode, ProtocolError, clip
 from realtime_ming.protocol.ids import IdPrefix, new_id
+from realtime_ming.protocol.limits import (
+    MAX_DESCRIPTION_CHARS,
+    MAX_ECHO_JSON_BYTES,
+    MAX_METADATA_VALUE_CHARS,
+    MAX_TEXT_CHARS,
+)
 from realtime_ming.protocol.values import (
     AUDIO_FORMAT,
     MAX_OUTPUT_TOKENS,
@@ -35,7 +41,7 @@ from realtime_ming.protocol.values import (
 )
 from realtime_ming.protocol.wire import (
     BOOL,
-    STRING,
+    ID,
     Codec,
     JsonValue,
     WireField,
@@ -43,16 +49,20 @@ from realtime_ming.protocol.wire import (
     encode_attributes,
     encode_fields,
     enum_codec,
+    expect_bounded_json,
     expect_choice,
     expect_int,
     expect_list,
     expect_number,
     expect_object,
     expect_str,
+    expect_text,
     invalid_value,
     join,
     nullable,
     number_codec,
+    quote,
+    text_codec,
 )
 
 __all__ = [
@@ -139,7 +149,7 @@ def _decode_turn_detection(value: Any, param: str, dialect: Dialect) -> ServerVa
         raise ProtocolError(
             ErrorCode.UNSUPPORTED_TURN_DETECTION,
             param=join(param, "type"),
-            kind=kind,
+            kind=clip(kind, MAX_QUOTE_CHARS),
             supported=", ".join(_TURN_DETECTION_KINDS),
         )
     cls, table = _TURN_DETECTION_KINDS[kind]
@@ -163,8 +173,10 @@ class InputTranscription:
     prompt: str | None = None
 
 
-_TRANSCRIPTION_FIELDS: Final = tuple(
-    WireField.at(name, nullable(STRING)) for name in ("model", "language", "prompt")
+_TRANSCRIPTION_FIELDS: Final = (
+    WireField.at("model", nullable(ID)),
+    WireField.at("language", nullable(ID)),
+    WireField.at("prompt", nullable(text_codec(MAX_DESCRIPTION_CHARS))),
 )
 
 
@@ -209,7 +221,7 @@ TEMPERATURE: Final = number_codec(0.6, 1.2)
 
 
 def _decode_instructions(value: Any, param: str, _dialect: Dialect) -> str:
-    return "" if value is None else expect_str(value, param)
+    return "" if value is None else expect_text(value, param, MAX_TEXT_CHARS)
 
 
 def _decode_tools_or_null(value: Any, param: str, dialect: Dialect) -> tuple[FunctionTool, ...]:
@@ -220,8 +232,12 @@ def _decode_tracing(value: Any, param: str, _dialect: Dialect) -> str | Mapping[
     if value is None or value == "auto":
         return value
     if isinstance(value, str):
-        raise invalid_value(param, f"'{value}' is neither 'auto' nor a tracing object")
-    return _plain(expect_object(value, param))
+        raise invalid_value(param, f"{quote(value)} is neither 'auto' nor a tracing object")
+    obj = expect_object(value, param)
+    for key in ("group_id", "workflow_name"):  # `metadata` is any JSON
+        if obj.get(key) is not None:
+            expect_text(obj[key], join(param, key), MAX_METADATA_VALUE_CHARS, single_line=True)
+    return _echoed(obj, param)
 
 
 def _decode_truncation(value: Any, param: str, _dialect: Dialect) -> str | Mapping[str, JsonValue]:
@@ -230,18 +246,35 @@ def _decode_truncation(value: Any, param: str, _dialect: Dialect) -> str | Mappi
     obj = expect_object(value, param)
     expect_choice(obj.get("type"), join(param, "type"), ("retention_ratio",))
     expect_number(obj.get("retention_ratio"), join(param, "retention_ratio"), minimum=0.0, maximum=1.0)
-    return _plain(obj)
+    return _echoed(obj, param)
 
 
 def _decode_include(value: Any, param: str, _dialect: Dialect) -> tuple[str, ...]:
     allowed = ("item.input_audio_transcription.logprobs",)
-    return tuple(expect_choice(v, join(param, i), allowed) for i, v in enumerate(expect_list(value, param)))
+    items = expect_list(value, param, len(allowed))
+    return tuple(expect_choice(v, join(param, i), allowed) for i, v in enumerate(items))
 
 
 def _decode_prompt(value: Any, param: str, _dialect: Dialect) -> Mapping[str, JsonValue]:
     obj = expect_object(value, param)
-    expect_str(obj.get("id"), join(param, "id"))
-    return _plain(obj)
+    ID.decode(obj.get("id"), join(param, "id"), _dialect)
+    if obj.get("version") is not None:
+        ID.decode(obj["version"], join(param, "version"), _dialect)
+    variables = obj.get("variables")
+    if variables is not None:
+        for key, item in expect_object(variables, join(param, "variables")).items():
+            item_param = join(join(param, "variables"), key)
+            if isinstance(item, dict):  # of the typed variables, text is the one this server can take
+                expect_choice(item.get("type"), join(item_param, "type"), ("input_text",))
+                expect_str(item.get("text"), join(item_param, "text"))
+            else:
+                expect_str(item, item_param)
+    return _echoed(obj, param)
+
+
+def _echoed(value: Any, param: str) -> Mapping[str, JsonValue]:
+    """A free-form object that is only echoed: bounded in size, copied as plain JSON."""
+    return _plain(expect_bounded_json(expect_object(value, param), param, MAX_ECHO_JSON_BYTES))
 
 
 def _plain(value: Any, _dialect: Dialect | None = None) -> JsonValue:
@@ -305,7 +338,7 @@ class SessionConfig:
 _TIMING_EVENTS = WireField.at("timing_events", BOOL, "realtime_ming.timing_events")
 _SESSION_FIELDS: Final[dict[Dialect, tuple[WireField, ...]]] = {
     Dialect.GA: (
-        WireField.at("model", STRING),
+        WireField.at("model", ID),
         WireField.at("instructions", _INSTRUCTIONS),
         WireField.at("output_modalities", MODALITIES),
         WireField.at("input_format", AUDIO_FORMAT, "audio.input.format"),
@@ -325,7 +358,7 @@ _SESSION_FIELDS: Final[dict[Dialect, tuple[WireField, ...]]] = {
         _TIMING_EVENTS,
     ),
     Dialect.BETA: (
-        WireField.at("model", STRING),
+        WireField.at("model", ID),
         WireField.at("instructions", _INSTRUCTIONS),
         WireField.at("output_modalities", MODALITIES, "modalities"),
         WireField.at("input_format", AUDIO_FORMAT, "input_audio_format"),
@@ -380,7 +413,9 @@ def _check_session_type(obj: Mapping[str, Any], param: str) -> None:
     session_type = obj.get("type", "realtime")
     type_param = join(param, "type")
     if expect_str(session_type, type_param) != "realtime":
-        raise ProtocolError(ErrorCode.UNSUPPORTED_SESSION_TYPE, param=type_param, session_type=session_type)
+        raise ProtocolError(
+            ErrorCode.UNSUPPORTED_SESSION_TYPE, param=type_param, session_type=clip(session_type, MAX_QUOTE_CHARS)
+        )
 
 
 def parse_session_update(value: Any, dialect: Dialect, param: str = "session") -> SessionPatch:

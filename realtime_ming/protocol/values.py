@@ -12,17 +12,29 @@ from enum import StrEnum
 from typing import Any, Final, Literal, TypeAlias
 
 from realtime_ming.protocol.dialect import Dialect
-from realtime_ming.protocol.errors import ErrorCode, ProtocolError
+from realtime_ming.protocol.errors import MAX_QUOTE_CHARS, ErrorCode, ProtocolError, clip
+from realtime_ming.protocol.limits import (
+    MAX_DESCRIPTION_CHARS,
+    MAX_METADATA_KEY_CHARS,
+    MAX_METADATA_PAIRS,
+    MAX_METADATA_VALUE_CHARS,
+    MAX_NAME_CHARS,
+    MAX_SCHEMA_JSON_BYTES,
+    MAX_TOOLS,
+)
 from realtime_ming.protocol.wire import (
     Codec,
     JsonValue,
+    expect_bounded_json,
     expect_choice,
     expect_int,
     expect_list,
     expect_object,
     expect_str,
+    expect_text,
     invalid_value,
     join,
+    quote,
 )
 
 __all__ = [
@@ -115,7 +127,7 @@ def _unsupported_format(param: str, name: str, dialect: Dialect) -> ProtocolErro
         else ", ".join(encoding.value for encoding in AudioEncoding)
     )
     return ProtocolError(
-        ErrorCode.UNSUPPORTED_AUDIO_FORMAT, param=param, audio_format=name, supported=supported
+        ErrorCode.UNSUPPORTED_AUDIO_FORMAT, param=param, audio_format=clip(name, MAX_QUOTE_CHARS), supported=supported
     )
 
 
@@ -175,7 +187,7 @@ def _decode_voice(value: Any, param: str, _dialect: Dialect) -> str:
     if isinstance(value, dict):
         param = join(param, "id")
         value = value.get("id")
-    voice = expect_str(value, param)
+    voice = expect_text(value, param, MAX_NAME_CHARS, single_line=True)
     if not voice:
         raise invalid_value(param, "the voice must not be empty")
     return voice
@@ -207,20 +219,26 @@ def _decode_tool(value: Any, param: str) -> FunctionTool:
     obj = expect_object(value, param)
     kind = expect_str(obj.get("type", "function"), join(param, "type"))
     if kind != "function":
-        raise invalid_value(join(param, "type"), f"only function tools are supported, got '{kind}'")
-    name = expect_str(obj.get("name"), join(param, "name"))
+        raise invalid_value(join(param, "type"), f"only function tools are supported, got {quote(kind)}")
+    name = expect_text(obj.get("name"), join(param, "name"), MAX_NAME_CHARS, single_line=True)
     if not name:
         raise invalid_value(join(param, "name"), "the tool name must not be empty")
     raw_description = obj.get("description")
-    description = "" if raw_description is None else expect_str(raw_description, join(param, "description"))
+    description = (
+        ""
+        if raw_description is None
+        else expect_text(raw_description, join(param, "description"), MAX_DESCRIPTION_CHARS)
+    )
     parameters = obj.get("parameters")
     if parameters is not None:
         expect_object(parameters, join(param, "parameters"))
+        expect_bounded_json(parameters, join(param, "parameters"), MAX_SCHEMA_JSON_BYTES)
     return FunctionTool(name, description, parameters or {})
 
 
 def _decode_tools(value: Any, param: str, _dialect: Dialect) -> tuple[FunctionTool, ...]:
-    tools = tuple(_decode_tool(item, join(param, i)) for i, item in enumerate(expect_list(value, param)))
+    items = expect_list(value, param, MAX_TOOLS)
+    tools = tuple(_decode_tool(item, join(param, i)) for i, item in enumerate(items))
     names = [tool.name for tool in tools]
     for index, name in enumerate(names):
         if name in names[:index]:
@@ -255,11 +273,11 @@ def _decode_tool_choice(value: Any, param: str, dialect: Dialect) -> ToolChoice:
         if value in modes:
             return ToolChoiceMode(value)
         if dialect is Dialect.BETA and value:
-            return FunctionChoice(value)  # beta names a forced function by a bare string
-        raise invalid_value(param, f"'{value}' is not one of {', '.join(modes)}")
+            return FunctionChoice(expect_text(value, param, MAX_NAME_CHARS, single_line=True))  # beta names a forced function by a bare string
+        raise invalid_value(param, f"{quote(value)} is not one of {', '.join(modes)}")
     obj = expect_object(value, param)
     expect_choice(obj.get("type"), join(param, "type"), ("function",))
-    name = expect_str(obj.get("name"), join(param, "name"))
+    name = expect_text(obj.get("name"), join(param, "name"), MAX_NAME_CHARS, single_line=True)
     return FunctionChoice(name)
 
 
@@ -278,7 +296,7 @@ def _decode_max_tokens(value: Any, param: str, _dialect: Dialect) -> MaxOutputTo
     if value == "inf":
         return "inf"
     if isinstance(value, str):
-        raise invalid_value(param, f"'{value}' is neither an integer nor 'inf'")
+        raise invalid_value(param, f"{quote(value)} is neither an integer nor 'inf'")
     return expect_int(value, param, minimum=1, maximum=MAX_OUTPUT_TOKENS_LIMIT)
 
 
@@ -287,7 +305,13 @@ MAX_OUTPUT_TOKENS: Final[Codec[MaxOutputTokens]] = Codec(_decode_max_tokens, lam
 
 def _decode_metadata(value: Any, param: str, _dialect: Dialect) -> Mapping[str, str]:
     obj = expect_object(value, param)
-    return {key: expect_str(item, join(param, key)) for key, item in obj.items()}
+    if len(obj) > MAX_METADATA_PAIRS:
+        raise ProtocolError(
+            ErrorCode.OBJECT_ABOVE_MAX_PROPERTIES, param=param, length=len(obj), max_length=MAX_METADATA_PAIRS
+        )
+    for key in obj:
+        expect_text(key, join(param, clip(key, MAX_QUOTE_CHARS)), MAX_METADATA_KEY_CHARS)
+    return {key: expect_text(item, join(param, key), MAX_METADATA_VALUE_CHARS) for key, item in obj.items()}
 
 
 METADATA: Final[Codec[Mapping[str, str]]] = Codec(_decode_metadata, lambda v, _d: dict(v))

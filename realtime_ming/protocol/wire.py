@@ -8,6 +8,7 @@ drives both decoding and encoding of one object, so the two directions cannot dr
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, fields, is_dataclass
@@ -15,13 +16,17 @@ from enum import StrEnum
 from typing import Any, Final, Generic, TypeAlias, TypeVar
 
 from realtime_ming.protocol.dialect import Dialect
-from realtime_ming.protocol.errors import ErrorCode, ProtocolError
+from realtime_ming.protocol.errors import MAX_QUOTE_CHARS, ErrorCode, ProtocolError, clip
+from realtime_ming.protocol.limits import MAX_ID_CHARS, MAX_TEXT_CHARS
 
 __all__ = [
     "BOOL",
+    "ID",
     "NON_NEGATIVE_INT",
     "STRING",
+    "TEXT",
     "Codec",
+    "INT64_MAX",
     "JsonValue",
     "WireField",
     "decode_fields",
@@ -29,16 +34,20 @@ __all__ = [
     "encode_fields",
     "enum_codec",
     "expect_bool",
+    "expect_bounded_json",
     "expect_choice",
     "expect_int",
     "expect_list",
     "expect_number",
     "expect_object",
     "expect_str",
+    "expect_text",
     "invalid_value",
     "join",
     "nullable",
     "number_codec",
+    "quote",
+    "text_codec",
     "to_json",
 ]
 
@@ -48,6 +57,7 @@ T = TypeVar("T")
 E = TypeVar("E", bound=StrEnum)
 
 _MISSING: Final = object()
+INT64_MAX: Final = 2**63 - 1  # integer fields take at most a signed 64-bit value
 
 _JSON_TYPE_NAMES: Final = {
     type(None): "null",
@@ -79,10 +89,39 @@ def invalid_value(param: str, detail: str) -> ProtocolError:
     return ProtocolError(ErrorCode.INVALID_VALUE, param=param, detail=detail)
 
 
+def quote(text: str) -> str:
+    """Client text as quoted inside an error detail: `'text'`, cut to a few dozen characters."""
+    return f"'{clip(text, MAX_QUOTE_CHARS)}'"
+
+
 def expect_str(value: object, param: str) -> str:
     """Return `value` if it is a JSON string."""
     if not isinstance(value, str):
         raise _wrong_type(value, param, "a string")
+    return value
+
+
+def expect_text(value: object, param: str, max_chars: int, *, single_line: bool = False) -> str:
+    """Return `value` if it is a string of at most `max_chars` characters (`single_line`: no tab,
+    newline or carriage return either). Other control characters and lone surrogates never get
+    here: `limits.check_json` refused the whole frame."""
+    text = expect_str(value, param)
+    if len(text) > max_chars:
+        raise ProtocolError(
+            ErrorCode.STRING_ABOVE_MAX_LENGTH, param=param, length=len(text), max_length=max_chars
+        )
+    if single_line and ("\n" in text or "\r" in text or "\t" in text):
+        raise ProtocolError(
+            ErrorCode.INVALID_TEXT, param=param, detail=f"'{param}' must be one line without tabs"
+        )
+    return text
+
+
+def expect_bounded_json(value: Any, param: str, max_bytes: int) -> Any:
+    """Return free-form JSON `value` if its compact UTF-8 encoding takes at most `max_bytes`."""
+    num_bytes = len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
+    if num_bytes > max_bytes:
+        raise ProtocolError(ErrorCode.JSON_VALUE_TOO_LARGE, param=param, num_bytes=num_bytes, max_bytes=max_bytes)
     return value
 
 
@@ -100,6 +139,8 @@ def expect_int(value: object, param: str, *, minimum: int | None = None, maximum
     if isinstance(value, bool) or not isinstance(value, int):
         raise _wrong_type(value, param, "an integer")
     _check_range(value, param, minimum, maximum)
+    if not -INT64_MAX - 1 <= value <= INT64_MAX:
+        raise ProtocolError(ErrorCode.INVALID_NUMBER, param=param, detail="the integer does not fit in 64 bits")
     return value
 
 
@@ -127,10 +168,12 @@ def expect_object(value: object, param: str) -> Mapping[str, Any]:
     return value
 
 
-def expect_list(value: object, param: str) -> list[Any]:
-    """Return `value` if it is a JSON array."""
+def expect_list(value: object, param: str, max_length: int | None = None) -> list[Any]:
+    """Return `value` if it is a JSON array (of at most `max_length` entries)."""
     if not isinstance(value, list):
         raise _wrong_type(value, param, "an array")
+    if max_length is not None and len(value) > max_length:
+        raise ProtocolError(ErrorCode.ARRAY_ABOVE_MAX_LENGTH, param=param, length=len(value), max_length=max_length)
     return value
 
 
@@ -138,7 +181,7 @@ def expect_choice(value: object, param: str, choices: Collection[str]) -> str:
     """Return `value` if it is one of the string `choices`."""
     text = expect_str(value, param)
     if text not in choices:
-        raise invalid_value(param, f"'{text}' is not one of {', '.join(repr(c) for c in choices)}")
+        raise invalid_value(param, f"{quote(text)} is not one of {', '.join(repr(c) for c in choices)}")
     return text
 
 
@@ -155,7 +198,15 @@ def _identity(value: Any, _dialect: Dialect) -> Any:
 
 
 STRING: Final[Codec[str]] = Codec(lambda v, p, _d: expect_str(v, p), _identity)
+
+
+def text_codec(max_chars: int, *, single_line: bool = False) -> Codec[str]:
+    """A string of at most `max_chars` characters (see `expect_text`)."""
+    return Codec(lambda v, p, _d: expect_text(v, p, max_chars, single_line=single_line), _identity)
+
 BOOL: Final[Codec[bool]] = Codec(lambda v, p, _d: expect_bool(v, p), _identity)
+ID: Final[Codec[str]] = text_codec(MAX_ID_CHARS, single_line=True)  # ids, short names
+TEXT: Final[Codec[str]] = text_codec(MAX_TEXT_CHARS)  # free text the model reads
 NON_NEGATIVE_INT: Final[Codec[int]] = Codec(lambda v, p, _d: expect_int(v, p, minimum=0), _identity)
 
 

@@ -42,6 +42,7 @@ from ..session import (
 )
 from ..session.config import SessionSettings
 from ..session.content import MediaLimits
+from ..session.failures import log_failure
 from .config import LimitsConfig
 from .handshake import HandshakeInfo
 from .metrics import ServerMetrics
@@ -158,7 +159,13 @@ async def _read(ws: ServerConnection, runner: SessionRunner, outbound: _Outbound
         if len(message) > limits.max_frame_bytes:
             event = ProtocolError(ErrorCode.FRAME_TOO_LARGE, num_bytes=len(message), max_bytes=limits.max_frame_bytes)
         else:
-            event = parse(message, info.dialect)
+            try:
+                event = parse(message, info.dialect)
+            except Exception as exc:  # parse answers every frame; a bug in it costs one error event
+                log_failure(log, runner.session.config.id, "frame", None, exc)
+                event = ProtocolError(ErrorCode.SERVER_ERROR)
+        if isinstance(event, ProtocolError):  # at most one line per rejected frame, and only at DEBUG
+            log.debug("session %s: frame rejected: %s at %s", runner.session.config.id, event.code.value, event.param)
         await runner.put_client(event)
 
 

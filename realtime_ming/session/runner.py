@@ -15,8 +15,9 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from ..engine.api import EngineHandle, TurnEvent
-from ..protocol.errors import ProtocolError
+from ..protocol.errors import ErrorCode, ProtocolError
 from ..protocol.events import ClientEvent, ServerEvent
+from ..protocol.server_events import Error
 from .actions import (
     Action,
     CancelTurn,
@@ -27,6 +28,7 @@ from .actions import (
     SubmitTurn,
 )
 from .content import media_parts
+from .failures import log_failure
 from .session import Session
 
 __all__ = ["SessionRunner"]
@@ -95,20 +97,30 @@ class SessionRunner:
         self._inbox.put_nowait(event)
 
     async def run(self) -> None:
-        """The session task: start the session, then apply inputs in arrival order until cancelled."""
-        await self._dispatch(self.session.start())
+        """The session task: start the session, then apply inputs in arrival order until cancelled.
+
+        An unexpected failure never ends it: a client request that fails is answered with one
+        `server_error` event (echoing its `event_id`), a turn whose output cannot be handled ends
+        `failed`, and each failure is logged as one line (`failures.log_failure`).
+        """
+        await self._dispatch(self.session.start(), None)
         while True:
             item = await self._inbox.get()
             now = time.monotonic()
             if isinstance(item, _EngineInput):
-                actions = self.session.handle_engine_event(item.event, now)
+                try:
+                    actions = self.session.handle_engine_event(item.event, now)
+                except Exception as exc:
+                    turn_id = item.event.turn_id
+                    self._log_failure(type(item.event).__name__, turn_id, exc)
+                    actions = self.session.abort_response(turn_id, now)
+                await self._dispatch(actions, None)
             else:
                 self._client_slots.release()
                 if media_parts(item):
                     await self._loop.run_in_executor(_MEDIA_DECODER, self.session.predecode, item)
                     now = time.monotonic()
-                actions = self.session.handle_client_event(item, now)
-            await self._dispatch(actions)
+                await self._dispatch(self.session.handle_client_event(item, now), item)
 
     def close(self) -> None:
         """Synchronous teardown (safe in `finally`): cancel the active turn, discard a speculative
@@ -119,14 +131,40 @@ class SessionRunner:
         for action in self.session.close():
             self._command(action)
 
-    async def _dispatch(self, actions: list[Action]) -> None:
+    async def _dispatch(self, actions: list[Action], cause: _Inbound | None) -> None:
+        """Carry out `actions` in order; one that fails does not stop the others. A failure is
+        reported once, as a `server_error` event for the client request `cause` (if any)."""
+        failure: Exception | None = None
+        lost_turns: list[str] = []  # turns the engine never took: their responses cannot finish
         for action in actions:
-            if self._on_action is not None:
-                self._on_action(action)
-            if isinstance(action, Send):
-                await self._emit(action.event)
-            else:
-                self._command(action)
+            try:
+                if self._on_action is not None:
+                    self._on_action(action)
+                if isinstance(action, Send):
+                    await self._emit(action.event)
+                else:
+                    self._command(action)
+            except Exception as exc:
+                failure = failure or exc
+                if isinstance(action, SubmitTurn | ConfirmTurn):
+                    lost_turns.append(action.request.turn_id if isinstance(action, SubmitTurn) else action.turn_id)
+        if failure is not None:
+            await self._report(failure, cause)
+        for turn_id in lost_turns:
+            await self._dispatch(self.session.abort_response(turn_id, time.monotonic()), None)
+
+    async def _report(self, failure: Exception, cause: _Inbound | None) -> None:
+        event_id = cause.event_id if cause is not None else None
+        request = "server event" if cause is None else getattr(cause, "type", "rejected frame")
+        self._log_failure(request, event_id, failure)
+        error = Error.from_protocol_error(ProtocolError(ErrorCode.SERVER_ERROR, event_id=event_id))
+        try:
+            await self._emit(error)
+        except Exception as exc:  # nothing more can be told to this client about it
+            self._log_failure("error", event_id, exc)
+
+    def _log_failure(self, request: str, request_id: str | None, exc: Exception) -> None:
+        log_failure(log, self.session.config.id, request, request_id, exc)
 
     def _command(self, action: Action) -> None:
         engine = self._engine

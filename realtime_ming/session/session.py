@@ -73,6 +73,7 @@ from .audio_io import MODEL_SAMPLE_RATE_HZ
 from .config import SessionSettings
 from .content import MediaLimits, media_parts, part_to_content, strip_audio
 from .conversation import AssistantItem, Conversation, StoredItem
+from .failures import log_failure
 from .input import BufferFull, InputTurns, SpeechBegan, SpeechEnded, TurnSignal
 from .response import ActiveResponse, ResponseSpec, failure_error
 
@@ -177,10 +178,21 @@ class Session:
         handler = _HANDLERS.get(type(event))
         if handler is None:
             return self._error(ErrorCode.UNSUPPORTED_EVENT, event.event_id, event_type=event.type)
+        before = self._response
         try:
             return handler(self, event, now)
         except ProtocolError as error:
             return [Send(Error.from_protocol_error(error.with_event_id(event.event_id)))]
+        except Exception as exc:  # a bug must cost this request, never the session
+            log_failure(log, self.config.id, event.type, event.event_id, exc)
+            actions: list[Action] = []
+            if self._response is not None and self._response is not before:
+                # The failed handler created a response whose turn may never have been
+                # submitted: drop it, or the session would refuse every later response.
+                actions.append(CancelTurn(self._response.id))
+                self._response = None
+            return actions + self._error(ErrorCode.SERVER_ERROR, event.event_id)
+
         finally:
             self._predecoded.clear()
 
@@ -193,14 +205,31 @@ class Session:
         for param, part in media_parts(event):
             try:
                 self._predecoded[id(part)] = part_to_content(part, self.config.input_format, param, self.media)
-            except ProtocolError as error:
+            except Exception as error:  # raised again by the handler on the session's own path
                 self._predecoded[id(part)] = error
 
     def _content(self, part: ContentPart, param: str) -> Content:
         done = self._predecoded.pop(id(part), None)
-        if isinstance(done, ProtocolError):
+        if isinstance(done, Exception):
             raise done
         return done if done is not None else part_to_content(part, self.config.input_format, param, self.media)
+
+    def abort_response(self, turn_id: str, now: float) -> list[Action]:
+        """Handling the output of `turn_id` failed unexpectedly: stop its engine turn and end its
+        response `failed` with `server_error` (the next response works). No-op for a turn that
+        is not the active response's."""
+        if self._response is None or self._response.id != turn_id:
+            return []
+        error = ErrorDetail(
+            type=ErrorType.SERVER.value, code=ErrorCode.SERVER_ERROR.value, message=ErrorCode.SERVER_ERROR.render()
+        )
+        actions: list[Action] = [CancelTurn(turn_id)]
+        try:
+            return actions + self._finish_response(ResponseStatus.FAILED, now, error=error)
+        except Exception as exc:  # its events cannot be built either: it ends without them
+            self._response = None
+            log_failure(log, self.config.id, "response.done", turn_id, exc)
+            return actions
 
     def _error(self, code: ErrorCode, event_id: str | None, *, param: str | None = None, **values: object) -> list[Action]:
         return [Send(Error.from_protocol_error(ProtocolError(code, param=param, event_id=event_id, **values)))]
