@@ -279,8 +279,11 @@ def test_every_engine_failure_cause_has_its_own_response_code():
     from realtime_ming.protocol.errors import ErrorCode
     from realtime_ming.session.response import failure_error
 
-    details = {cause: failure_error("resp_1", TurnFailed("resp_1", "prompt of 900 tokens is too long", cause))
+    results = {cause: failure_error("resp_1", TurnFailed("resp_1", "prompt of 900 tokens is too long", cause))
                for cause in FailureCode}
+    details = {cause: detail for cause, (detail, _) in results.items()}
+    transient = {cause for cause, (_, is_transient) in results.items() if is_transient}
+    assert transient == {FailureCode.ENGINE_BUSY, FailureCode.ENGINE_UNAVAILABLE, FailureCode.SHUTTING_DOWN}
     codes = {cause: detail.code for cause, detail in details.items()}
     assert len(set(codes.values())) == len(FailureCode)
     assert all(ErrorCode(code) for code in codes.values())

@@ -36,7 +36,7 @@ from websockets.http11 import Request, Response
 from ..audio.vad import VadBackend, VadKind, create_silero_session, create_vad
 from ..engine.api import EngineHandle, engine_health
 from ..protocol.session import DEFAULT_MODEL, DEFAULT_VOICE
-from .config import ConfigError, ServerConfig, config_to_dict, resolve_api_keys
+from .config import ServerConfig, config_to_dict, resolve_api_keys
 from .connection import ConnectionContext, serve_connection
 from .handshake import check_access, inspect_handshake, select_subprotocol
 from .http import HttpRoutes, default_web_roots, text_response

@@ -40,6 +40,7 @@ from ..session import (
     Session,
     SessionRunner,
 )
+from ..session.runner import SessionClosing
 from ..session.config import SessionSettings
 from ..session.content import MediaLimits
 from ..session.failures import log_failure
@@ -52,7 +53,7 @@ __all__ = ["ConnectionContext", "SessionEnded", "serve_connection"]
 log = logging.getLogger(__name__)
 
 
-class SessionEnded(Exception):
+class SessionEnded(SessionClosing):
     """A task saw the session end; `code` None = the socket is already closed."""
 
     def __init__(self, code: CloseCode | None, reason: str = "") -> None:

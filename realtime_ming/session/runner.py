@@ -31,7 +31,7 @@ from .content import media_parts
 from .failures import log_failure
 from .session import Session
 
-__all__ = ["SessionRunner"]
+__all__ = ["SessionClosing", "SessionRunner"]
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +40,11 @@ _Inbound = ClientEvent | ProtocolError
 # Image and audio decoding runs here, off the event loop; two workers bound the decode memory of a
 # burst of large images across all sessions.
 _MEDIA_DECODER = ThreadPoolExecutor(max_workers=2, thread_name_prefix="media-decode")
+
+
+class SessionClosing(Exception):
+    """Raised by `emit` when the transport ends the session (client gone, not reading): not a failure
+    of the request being handled, so the runner lets it through to its caller."""
 
 
 class _EngineInput:
@@ -144,6 +149,8 @@ class SessionRunner:
                     await self._emit(action.event)
                 else:
                     self._command(action)
+            except SessionClosing:
+                raise
             except Exception as exc:
                 failure = failure or exc
                 if isinstance(action, SubmitTurn | ConfirmTurn):
@@ -160,6 +167,8 @@ class SessionRunner:
         error = Error.from_protocol_error(ProtocolError(ErrorCode.SERVER_ERROR, event_id=event_id))
         try:
             await self._emit(error)
+        except SessionClosing:
+            raise
         except Exception as exc:  # nothing more can be told to this client about it
             self._log_failure("error", event_id, exc)
 

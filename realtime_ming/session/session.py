@@ -35,11 +35,11 @@ from ..engine.api import (
 )
 from ..protocol import client_events as ce
 from ..protocol.dialect import Dialect
-from ..protocol.errors import ErrorCode, ProtocolError
+from ..protocol.errors import ErrorCode, ErrorType, ProtocolError
 from ..protocol.events import ClientEvent
 from ..protocol.ids import IdPrefix, new_id
-from ..protocol.items import InputAudio, ItemReference, ItemStatus, MessageItem, Role
-from ..protocol.responses import ResponseStatus, StatusReason, Usage
+from ..protocol.items import ContentPart, InputAudio, ItemReference, ItemStatus, MessageItem, Role
+from ..protocol.responses import ErrorDetail, ResponseStatus, StatusReason, Usage
 from ..protocol.server_events import (
     ConversationItemAdded,
     ConversationItemDeleted,
