@@ -215,6 +215,7 @@ class ThinkerProxy:
         for p in self.procs:
             p.join(timeout=5)
         self.procs = []
+        _leave_group()
 
     def close(self) -> None:
         if self.procs and self.dead_workers():  # a collective would wait for the dead rank forever
@@ -307,5 +308,17 @@ def _abandon(procs: list) -> None:
             if p.is_alive():
                 p.kill()
                 p.join(timeout=5)
-    if dist.is_initialized():
+    _leave_group()
+
+
+def _leave_group() -> None:
+    """Leave the default process group without waiting on the other ranks (they are gone or killed), so a
+    later engine in this process can start its own: abort where torch has it (NCCL's destroy would wait
+    for the dead peers), destroy otherwise."""
+    if not dist.is_initialized():
+        return
+    abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
+    if abort is not None:
+        abort()
+    else:
         dist.destroy_process_group()
