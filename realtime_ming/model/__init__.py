@@ -4,7 +4,7 @@ Entry points: `load_all` (configs + root model + talker + AudioVAE from a checkp
 preset), `load_ming` / `build_ming` (root model only), `load_checkpoint_config`, `preset_config`.
 """
 
-import importlib
+from .._lazy import lazy_exports
 
 # lazy (PEP 562): the light modules (config, presets) must not load torch, so a bad start fails fast
 _WHERE = {
@@ -22,15 +22,4 @@ _WHERE = {
     "PRESETS": ".presets",
     "preset_config": ".presets",
 }
-__all__ = sorted(_WHERE)
-
-
-def __getattr__(name: str):
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module, __name__), name)
-
-
-def __dir__() -> list[str]:
-    return __all__
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _WHERE)

@@ -1,6 +1,6 @@
 """Server stage: websockets + uvloop serve loop, HTTP endpoints on the same port, one handler per connection."""
 
-import importlib
+from .._lazy import lazy_exports
 
 # lazy (PEP 562): importing a light submodule (server.config, server.startup) must not load torch and every model module
 _WHERE = {
@@ -16,15 +16,4 @@ _WHERE = {
     "ServerConfig": ".config",
     "load_config": ".config",
 }
-__all__ = sorted(_WHERE)
-
-
-def __getattr__(name: str):
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module, __name__), name)
-
-
-def __dir__() -> list[str]:
-    return __all__
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _WHERE)
