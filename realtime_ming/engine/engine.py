@@ -271,7 +271,7 @@ class Engine:
         try:
             self._thinker.admit(request)
         except (ValueError, RuntimeError) as exc:
-            self._fail(request.turn_id, str(exc))
+            self._fail(request.turn_id, str(exc), getattr(exc, "code", None))
             return
         self._mark(turn, Stage.ENCODERS_DONE)
 
@@ -363,10 +363,10 @@ class Engine:
         self._end(turn_id, turn, TurnDone(turn_id, turn.text, turn.finish or FinishReason.STOP, prompt, cached,
                                           output, turn.audio_samples, dict(turn.stages)))
 
-    def _fail(self, turn_id: str, message: str) -> None:
+    def _fail(self, turn_id: str, message: str, code: str | None = None) -> None:
         turn = self._turns.get(turn_id)
         if turn is not None:
-            self._end(turn_id, turn, TurnFailed(turn_id, message))
+            self._end(turn_id, turn, TurnFailed(turn_id, message, code))
 
     def _end(self, turn_id: str, turn: _Turn, event: TurnEvent) -> None:
         """Free the turn's rows and deliver its terminal event (parked while speculative)."""

@@ -160,6 +160,12 @@ class ErrorCode(StrEnum):
     )
     IDLE_TIMEOUT = ("idle_timeout", _INVALID, "Session closed after {idle_s} s without client events.")
     SERVER_ERROR = ("server_error", _SERVER, "The server had an error while processing your request.")
+    CONTEXT_LENGTH_EXCEEDED = (
+        "context_length_exceeded",
+        _INVALID,
+        "The conversation does not fit the model's context ({detail}) and truncation is off or cannot help; "
+        "delete items, enable truncation or send a shorter message.",
+    )
     ENGINE_ERROR = (
         "engine_error",
         _SERVER,

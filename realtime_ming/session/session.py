@@ -27,6 +27,7 @@ from ..engine.api import (
     SamplingParams,
     StageMark,
     TextDelta,
+    Truncation,
     TurnCancelled,
     TurnDone,
     TurnEvent,
@@ -443,6 +444,7 @@ class Session:
             voice=self._engine_voice(spec.voice) if spec.is_audio else None,
             with_audio=spec.is_audio,
             speed=self.config.speed,
+            truncation=_engine_truncation(self.config.truncation),
         )
 
     def _engine_voice(self, voice: str) -> str:
@@ -519,6 +521,10 @@ class Session:
         if isinstance(event, TurnCancelled):
             return self._finish_response(ResponseStatus.CANCELLED, now)
         assert isinstance(event, TurnFailed)
+        if event.code == ErrorCode.CONTEXT_LENGTH_EXCEEDED.value:
+            code = ErrorCode.CONTEXT_LENGTH_EXCEEDED
+            error = ErrorDetail(type=code.error_type.value, code=code.value, message=code.render(detail=event.message))
+            return self._finish_response(ResponseStatus.FAILED, now, error=error)
         log.warning("response %s failed in the engine: %s", response.id, event.message)
         error = ErrorDetail(
             type=ErrorType.SERVER.value,
@@ -526,6 +532,14 @@ class Session:
             message=ErrorCode.ENGINE_ERROR.render(response_id=response.id),
         )
         return self._finish_response(ResponseStatus.FAILED, now, error=error)
+
+
+def _engine_truncation(value) -> Truncation:
+    """The engine's truncation policy for the session's (validated) `truncation` value."""
+    if isinstance(value, str):
+        return Truncation(value)
+    limits = value.get("token_limits") or {}
+    return Truncation("retention_ratio", float(value["retention_ratio"]), limits.get("post_instructions"))
 
 
 _HANDLERS: dict[type, Callable[[Session, ClientEvent, float], list[Action]]] = {
