@@ -20,6 +20,7 @@ __all__ = [
     "Content",
     "Message",
     "SamplingParams",
+    "Truncation",
     "TurnRequest",
     "TextDelta",
     "AudioChunk",
@@ -118,6 +119,30 @@ class SamplingParams:
 
 
 @dataclass(frozen=True, slots=True)
+class Truncation:
+    """What the engine does when the prompt would not fit the context (OpenAI `session.truncation`).
+
+    `mode` "auto": drop the oldest history messages (never the system prompt) until it fits;
+    "disabled": fail the turn with code `context_length_exceeded`; "retention_ratio": when it
+    no longer fits, drop the oldest messages until the history holds at most `retention_ratio`
+    of the limit (one larger cut that keeps the cached prefix valid for the next turns).
+    `post_instructions` lowers the history's limit (tokens after the system prompt).
+    """
+
+    mode: str = "auto"
+    retention_ratio: float = 1.0
+    post_instructions: int | None = None
+
+    def __post_init__(self):
+        if self.mode not in ("auto", "disabled", "retention_ratio"):
+            raise ValueError(f"unknown truncation mode {self.mode!r}")
+        if not 0.0 <= self.retention_ratio <= 1.0:
+            raise ValueError("retention_ratio must be in [0, 1]")
+        if self.post_instructions is not None and self.post_instructions < 1:
+            raise ValueError("post_instructions must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
 class TurnRequest:
     """One response to generate.
 
@@ -135,6 +160,7 @@ class TurnRequest:
     with_audio: bool = True
     speculative: bool = False
     speed: float = 1.0
+    truncation: Truncation = field(default_factory=Truncation)
 
 
 class Stage(enum.Enum):
@@ -203,6 +229,7 @@ class FailureCode(enum.Enum):
 
     ENGINE_ERROR = "engine_error"  # a model step failed: the turns in that step fail, the engine lives on
     ADMISSION_FAILED = "admission_failed"  # an unexpected error while preparing this turn (a bug, reported)
+    CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"  # the conversation does not fit, even truncated as asked
     INVALID_PROMPT = "invalid_prompt"  # the conversation cannot be prompted (too long, media the model rejects)
     ENGINE_BUSY = "engine_busy"  # no capacity for another turn now (every KV slot / row taken): retry later
     ENGINE_UNAVAILABLE = "engine_unavailable"  # the engine is stopped or dead: every turn fails at once

@@ -44,6 +44,7 @@ from .api import (
 )
 from .config import EngineConfig
 from .models import ModelBundle
+from .prompt_budget import ContextLengthExceeded
 from .segmenter import Segmenter
 from .supervision import (
     FaultLog,
@@ -423,6 +424,9 @@ class Engine:
             self._thinker.admit(request)
         except EngineBusyError as exc:
             self._fail(request.turn_id, str(exc), FailureCode.ENGINE_BUSY)
+            return
+        except ContextLengthExceeded as exc:  # the conversation does not fit, even truncated as asked
+            self._fail(request.turn_id, str(exc), FailureCode.CONTEXT_LENGTH_EXCEEDED)
             return
         except ValueError as exc:  # content the model cannot take (too long, media it rejects)
             self._fail(request.turn_id, str(exc), FailureCode.INVALID_PROMPT)

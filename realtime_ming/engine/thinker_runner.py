@@ -26,6 +26,7 @@ from .api import ContentKind, EngineBusyError, FinishReason, TurnRequest
 from .config import EngineConfig
 from .graphs import upload
 from .models import ModelBundle
+from .prompt_budget import fit_prompt
 from .sampling import SamplingBatch, sample
 from .thinker_decode import ThinkerDecoder, default_kv_buckets, eager_kv_len
 from .thinker_prefill import ThinkerPrefiller
@@ -166,11 +167,12 @@ class ThinkerRunner:
 
     # ---- admission: prompt, prefix reuse, media encoding ----------------------------------------
     def _chat(self, request: TurnRequest):
-        system_parts, messages, payloads = [], [], []
+        """-> (system prompt, [(ChatMessage, its media payloads)]) of the request's conversation."""
+        system_parts, messages = [], []
         if request.system is not None:
             system_parts.append(request.system)
         for msg in request.history:
-            items = []
+            items, payloads = [], []
             for c in msg.content:
                 if c.kind is ContentKind.TEXT:
                     items.append(c.text)
@@ -192,19 +194,27 @@ class ThinkerRunner:
             if msg.role == "system":
                 system_parts.extend(i for i in items if isinstance(i, str))
             elif items:
-                messages.append(ChatMessage(msg.role, tuple(items)))
+                messages.append((ChatMessage(msg.role, tuple(items)), payloads))
         system = "\n".join(system_parts) if system_parts else None
-        return self.tok.build_prompt(messages, system=system), payloads
+        return system, messages
+
+    def _fitted_prompt(self, request: TurnRequest):
+        """The chat prompt within the context budget (the request's truncation policy drops the oldest
+        messages, never the system prompt) and the media payloads of the messages it kept."""
+        system, messages = self._chat(request)
+        fitted = fit_prompt(lambda first: self.tok.build_prompt([m for m, _ in messages[first:]], system=system),
+                            len(messages), self.tok.token_id("<role>"), max_seq_len=self.cfg.max_seq_len,
+                            max_tokens=request.sampling.max_tokens, policy=request.truncation)
+        if fitted.dropped:
+            log.debug("turn %s: %d oldest messages truncated from the prompt", request.turn_id, fitted.dropped)
+        return fitted.prompt, [p for _, payloads in messages[fitted.dropped:] for p in payloads]
 
     def admit(self, request: TurnRequest) -> None:
         """Tokenise, reuse the slot's cached prefix, encode new media; queue the tail's prefill."""
         marks = [time.perf_counter()]
-        prompt, payloads = self._chat(request)
+        prompt, payloads = self._fitted_prompt(request)
         marks.append(time.perf_counter())
         ids = list(prompt.input_ids)
-        if len(ids) + request.sampling.max_tokens > self.cfg.max_seq_len:
-            if len(ids) + 1 >= self.cfg.max_seq_len:
-                raise ValueError(f"prompt of {len(ids)} tokens exceeds engine.thinker.max_seq_len")
         slot = self._acquire_slot(request.conversation_id)
         p = 0
         for a, b in zip(slot.ids, ids):

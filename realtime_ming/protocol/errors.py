@@ -237,8 +237,9 @@ class ErrorCode(StrEnum):
     CONTEXT_LENGTH_EXCEEDED = (
         "context_length_exceeded",
         _INVALID,
-        "Response '{response_id}' failed: the conversation does not fit the model's context ({detail});"
-        " the new input items were removed from the conversation.",
+        "Response '{response_id}' failed: the conversation does not fit the model's context ({detail}) and"
+        " truncation is off or cannot help; the new input items were removed from the conversation (enable"
+        " truncation, delete items or send a shorter message).",
     )
     ENGINE_ERROR = (
         "engine_error",

@@ -246,6 +246,15 @@ def _decode_truncation(value: Any, param: str, _dialect: Dialect) -> str | Mappi
     obj = expect_object(value, param)
     expect_choice(obj.get("type"), join(param, "type"), ("retention_ratio",))
     expect_number(obj.get("retention_ratio"), join(param, "retention_ratio"), minimum=0.0, maximum=1.0)
+    for key in obj.keys() - {"type", "retention_ratio", "token_limits"}:
+        raise invalid_value(join(param, key), "not a retention_ratio truncation field")
+    limits = obj.get("token_limits")
+    if limits is not None:
+        limits = expect_object(limits, join(param, "token_limits"))
+        for key in limits.keys() - {"post_instructions"}:
+            raise invalid_value(join(join(param, "token_limits"), key), "not a token limit")
+        if limits.get("post_instructions") is not None:
+            expect_int(limits["post_instructions"], join(join(param, "token_limits"), "post_instructions"), minimum=1)
     return _echoed(obj, param)
 
 
@@ -300,7 +309,8 @@ class SessionConfig:
     """The full effective session of one connection (dialect-free, GA semantics).
 
     `output_modalities` is `(AUDIO,)` (audio plus transcript) or `(TEXT,)`. `temperature` is
-    beta-only on the wire. `tracing`, `truncation`, `include` and `prompt` are echoed only.
+    beta-only on the wire. `truncation` is applied by the engine (`engine.api.Truncation`);
+    `tracing`, `include` and `prompt` are echoed only.
     `timing_events` is our opt-in for `realtime_ming.response.timings`.
     """
 

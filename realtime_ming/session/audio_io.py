@@ -20,6 +20,7 @@ __all__ = [
     "InputDecoder",
     "OutputEncoder",
     "encode_audio_once",
+    "wire_duration_ms",
     "wire_format",
 ]
 
@@ -35,6 +36,13 @@ _ENCODINGS = {
 def wire_format(fmt: AudioFormat) -> pcm.AudioFormat:
     """The audio stage's codec for a protocol audio format."""
     return pcm.AudioFormat(_ENCODINGS[fmt.encoding], fmt.sample_rate_hz)
+
+
+def wire_duration_ms(fmt: AudioFormat, b64_chars: int) -> float:
+    """Approximate duration of a base64 payload of `b64_chars` characters in `fmt` (no decoding)."""
+    codec = wire_format(fmt)
+    num_bytes = b64_chars * 3 // 4
+    return codec.duration_ms(num_bytes - num_bytes % codec.bytes_per_sample)
 
 
 def encode_audio_once(samples_16k: np.ndarray, fmt: AudioFormat) -> str:

@@ -44,6 +44,10 @@ class SessionSettings:
     min_commit_ms: int = 100  # manual commit with less -> input_audio_buffer_commit_empty
     max_items: int = 256  # conversation items kept; the oldest are dropped beyond
     output_frame_ms: int = 40  # largest audio delta sent to the client
+    # input audio ingestion: after a burst of audio_burst_s, appends are read at most max_audio_rate x real
+    # time (the socket reader waits; TCP flow control holds the client). 0 = unpaced.
+    max_audio_rate: float = 16.0
+    audio_burst_s: float = 60.0
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -56,5 +60,9 @@ class SessionSettings:
             raise ValueError("session.min_commit_ms must be >= 0")
         if self.max_items < 2:
             raise ValueError("session.max_items must be >= 2")
+        if self.max_audio_rate < 0:
+            raise ValueError("session.max_audio_rate must be >= 0 (0 = unpaced)")
+        if self.audio_burst_s < 0:
+            raise ValueError("session.audio_burst_s must be >= 0")
         if not 5 <= self.output_frame_ms <= 40:
             raise ValueError("session.output_frame_ms must be in [5, 40]")

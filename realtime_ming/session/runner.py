@@ -9,12 +9,16 @@ Server events leave through the owner's `emit` coroutine, so its queue sets the 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
+import os
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from ..engine.api import EngineHandle, TurnEvent
+from ..protocol.client_events import InputAudioBufferAppend
 from ..protocol.errors import ErrorCode, ProtocolError
 from ..protocol.events import ClientEvent, ServerEvent
 from ..protocol.server_events import Error
@@ -27,6 +31,7 @@ from .actions import (
     Send,
     SubmitTurn,
 )
+from .audio_io import wire_duration_ms
 from .content import media_parts
 from .failures import log_failure
 from .session import Session
@@ -56,6 +61,39 @@ class _EngineInput:
         self.event = event
 
 
+_audio_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_audio_pool_lock = threading.Lock()
+
+
+def _audio_workers() -> concurrent.futures.ThreadPoolExecutor:
+    """The process-wide pool that decodes appends and runs their VAD, off the event loop."""
+    global _audio_pool
+    with _audio_pool_lock:
+        if _audio_pool is None:
+            _audio_pool = concurrent.futures.ThreadPoolExecutor(
+                max_workers=min(8, os.cpu_count() or 1), thread_name_prefix="session-audio")
+        return _audio_pool
+
+
+class AudioPacer:
+    """Token bucket over input audio time: `audio_burst_s` at once, then `max_audio_rate` x real time."""
+
+    def __init__(self, rate: float, burst_s: float) -> None:
+        self._rate = rate
+        self._burst_ms = burst_s * 1000.0
+        self._credit_ms = self._burst_ms
+        self._t = time.monotonic()
+
+    def delay_s(self, audio_ms: float, now: float) -> float:
+        """Seconds to wait before taking `audio_ms` more of input (0 when within budget)."""
+        if self._rate <= 0:
+            return 0.0
+        self._credit_ms = min(self._burst_ms, self._credit_ms + (now - self._t) * 1000.0 * self._rate)
+        self._t = now
+        self._credit_ms -= audio_ms
+        return max(0.0, -self._credit_ms / (1000.0 * self._rate))
+
+
 class SessionRunner:
     """Moves one session's inputs and actions; all methods except `engine_sink` run on `loop`.
 
@@ -83,6 +121,9 @@ class SessionRunner:
         self._inbox: asyncio.Queue[_Inbound | _EngineInput] = asyncio.Queue()
         self._client_slots = asyncio.Semaphore(max_pending_client)
         self._is_closed = False
+        settings = session.settings
+        self._pacer = AudioPacer(settings.max_audio_rate, settings.audio_burst_s)
+        self._worker: concurrent.futures.Future | None = None  # an append being handled off the loop
 
     def engine_sink(self, event: TurnEvent) -> None:
         """Thread-safe: called by the engine thread for every event of this session's turns."""
@@ -96,8 +137,14 @@ class SessionRunner:
     async def put_client(self, event: _Inbound) -> None:
         """Queue a parsed client event (or its parse error); waits while the inbox is full.
 
-        Cancel-safe: a cancelled call queues nothing.
+        Cancel-safe: a cancelled call queues nothing. Audio appends beyond the session's ingestion
+        rate wait here, so the socket reader stops and TCP flow control slows the client down.
         """
+        if isinstance(event, InputAudioBufferAppend):
+            ms = wire_duration_ms(self.session.config.input_format, len(event.audio))
+            delay = self._pacer.delay_s(ms, time.monotonic())
+            if delay > 0:
+                await asyncio.sleep(delay)
         await self._client_slots.acquire()
         self._inbox.put_nowait(event)
 
@@ -120,6 +167,9 @@ class SessionRunner:
                     self._log_failure(type(item.event).__name__, turn_id, exc)
                     actions = self.session.abort_response(turn_id, now)
                 await self._dispatch(actions, None)
+            elif isinstance(item, InputAudioBufferAppend):
+                self._client_slots.release()
+                await self._dispatch(await self._off_loop(item, now), item)
             else:
                 self._client_slots.release()
                 if media_parts(item):
@@ -127,12 +177,27 @@ class SessionRunner:
                     now = time.monotonic()
                 await self._dispatch(self.session.handle_client_event(item, now), item)
 
+    async def _off_loop(self, event: InputAudioBufferAppend, now: float) -> list[Action]:
+        """Handle an append (decode, resample, VAD) on a worker thread: the loop keeps serving every
+        other connection. The session is not touched meanwhile (this task waits for the result)."""
+        self._worker = _audio_workers().submit(self.session.handle_client_event, event, now)
+        return await asyncio.wrap_future(self._worker)
+
     def close(self) -> None:
         """Synchronous teardown (safe in `finally`): cancel the active turn, discard a speculative
         one and free the conversation's KV slot in the engine. Idempotent."""
         if self._is_closed:
             return
         self._is_closed = True
+        worker = self._worker
+        if worker is not None and not worker.done():
+            # an append still runs on a worker thread with the session: close it when that is done
+            # (engine commands are thread-safe), so a speculative turn it submitted is freed too
+            worker.add_done_callback(lambda _f: self._close_session())
+        else:
+            self._close_session()
+
+    def _close_session(self) -> None:
         for action in self.session.close():
             self._command(action)
 

@@ -27,6 +27,7 @@ from ..engine.api import (
     SamplingParams,
     StageMark,
     TextDelta,
+    Truncation,
     TurnCancelled,
     TurnDone,
     TurnEvent,
@@ -504,6 +505,7 @@ class Session:
             voice=self._engine_voice(spec.voice) if spec.is_audio else None,
             with_audio=spec.is_audio,
             speed=self.config.speed,
+            truncation=_engine_truncation(self.config.truncation),
         )
 
     def _engine_voice(self, voice: str) -> str:
@@ -603,6 +605,14 @@ class Session:
             self.conversation.delete(item_id)
             actions.append(Send(ConversationItemDeleted(item_id=item_id)))
         return actions
+
+
+def _engine_truncation(value) -> Truncation:
+    """The engine's truncation policy for the session's (validated) `truncation` value."""
+    if isinstance(value, str):
+        return Truncation(value)
+    limits = value.get("token_limits") or {}
+    return Truncation("retention_ratio", float(value["retention_ratio"]), limits.get("post_instructions"))
 
 
 _HANDLERS: dict[type, Callable[[Session, ClientEvent, float], list[Action]]] = {
