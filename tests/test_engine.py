@@ -469,12 +469,11 @@ def test_engine_failing_turns_do_not_affect_a_running_turn(make_engine):
     messages = {name: rec.wait() for name, rec in failures.items()}
     assert all(isinstance(m, TurnFailed) for m in messages.values())
     assert messages["long"].message.startswith("prompt of ") and "exceeds the context budget" in messages["long"].message
-    assert messages["long"].code == "context_length_exceeded"  # a newest message alone over the context
     assert messages["image"].message == "image 2x2 is smaller than 32 pixels on a side"
     assert messages["voice"].message == "unknown voice 'no-such-voice'"
     assert messages["dup"] == TurnFailed("main", "duplicate turn id", FailureCode.ADMISSION_FAILED)
     assert {name: m.code for name, m in messages.items()} == {
-        "long": FailureCode.INVALID_PROMPT, "image": FailureCode.INVALID_PROMPT, "voice": FailureCode.INVALID_PROMPT,
+        "long": FailureCode.CONTEXT_LENGTH_EXCEEDED, "image": FailureCode.INVALID_PROMPT, "voice": FailureCode.INVALID_PROMPT,
         "dup": FailureCode.ADMISSION_FAILED}
     _assert_identical(solo, main)
     stats = engine.stats()

@@ -13,6 +13,7 @@ import pytest
 
 from realtime_ming.engine.api import (
     Content,
+    FailureCode,
     Message,
     SamplingParams,
     Truncation,
@@ -141,9 +142,9 @@ def test_retention_ratio_keeps_the_prefix_cached_between_cuts(engine):
 def test_disabled_fails_with_the_code_and_a_shorter_request_works(engine):
     long_text = " ".join(f"word{i}" for i in range(400))
     event = _run(engine, _request(0, [_user(long_text)], DISABLED))
-    assert isinstance(event, TurnFailed) and event.code == "context_length_exceeded", event
+    assert isinstance(event, TurnFailed) and event.code is FailureCode.CONTEXT_LENGTH_EXCEEDED, event
     event = _run(engine, _request(1, [_user("short")], DISABLED))
     assert isinstance(event, TurnDone), event
     # auto cannot drop the newest message either: the same clear code, not a generic failure
     event = _run(engine, replace(_request(2, [_user(long_text)], AUTO)))
-    assert isinstance(event, TurnFailed) and event.code == "context_length_exceeded", event
+    assert isinstance(event, TurnFailed) and event.code is FailureCode.CONTEXT_LENGTH_EXCEEDED, event

@@ -290,4 +290,4 @@ def test_every_engine_failure_cause_has_its_own_response_code():
     assert codes[FailureCode.ENGINE_UNAVAILABLE] == "engine_unavailable"
     invalid = details[FailureCode.INVALID_PROMPT]
     assert invalid.type == "invalid_request_error" and "prompt of 900 tokens is too long" in invalid.message
-    assert all("900" not in d.message for c, d in details.items() if c is not FailureCode.INVALID_PROMPT)
+    assert all("900" not in d.message for c, d in details.items() if c not in (FailureCode.INVALID_PROMPT, FailureCode.CONTEXT_LENGTH_EXCEEDED))
