@@ -11,6 +11,12 @@ cache for the local one.
 Liveness: the engine watches the worker processes (`procs`, their sentinels, in a thread of its own:
 `engine/supervision.py` WorkerWatch), so a rank that dies fails the engine at once instead of leaving
 rank 0 waiting in a collective; `close` then `abort`s (kills the survivors, no collective).
+
+Shutdown (`close`) is bounded: rank 0 publishes `stop`; every rank releases its CUDA graphs (a graph
+that captured a NCCL collective pins the communicator, and NCCL's destroy waits for such graphs
+forever -- the hang seen on 2 GPUs, pytorch#115388) and leaves the process group, rank 0 in a
+helper thread with a deadline; a worker exits 0 once it has left (its acknowledgement). Workers not
+gone by the deadline are terminated, then killed.
 """
 
 from __future__ import annotations
@@ -18,6 +24,9 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -32,12 +41,14 @@ from ..model.thinker import Thinker, ThinkerKVCache
 from .thinker_decode import ThinkerDecoder
 from .thinker_prefill import ThinkerPrefiller
 
-__all__ = ["TPLaunch", "ThinkerProxy", "start_tp"]
+__all__ = ["CLOSE_TIMEOUT_S", "EXIT_LEAVE_STUCK", "TPLaunch", "ThinkerProxy", "start_tp"]
 
 log = logging.getLogger(__name__)
 
 # NVLink multicast stays off on shared hosts (device README); set before NCCL initialises
 _NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+CLOSE_TIMEOUT_S = 20.0  # the whole of a clean `close`: stop, release, leave the group, workers gone
+EXIT_LEAVE_STUCK = 3  # a worker's exit code when it could not leave the process group in time
 
 
 @dataclass(frozen=True)
@@ -126,6 +137,48 @@ def _receive(device: torch.device) -> tuple[str, tuple, dict]:
     return method, tuple(val(a) for a in args), {k: val(v) for k, v in kwargs.items()}
 
 
+def _spawn(fn: Callable[[], None], name: str) -> threading.Thread:
+    """Run `fn` in a daemon thread (a shutdown step that may block in a collective); a failure is logged."""
+
+    def run():
+        try:
+            fn()
+        except BaseException as exc:  # noqa: BLE001 - logged; the caller goes on with its shutdown
+            log.warning("%s failed: %s: %s", name, type(exc).__name__, exc)
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    return thread
+
+
+def _bounded(fn: Callable[[], None], timeout_s: float, name: str) -> bool:
+    """Run `fn` in a daemon thread; True when it finished (returned or raised) within `timeout_s`."""
+    thread = _spawn(fn, name)
+    thread.join(timeout_s)
+    return not thread.is_alive()
+
+
+def _leave_group(device: torch.device, *, abort: bool = False) -> None:
+    """Leave the default process group: destroy (flushes pending collectives), or abort (NCCL: no flush, for
+    a group whose peers are dead or stuck). Callers release their CUDA graphs first and bound this."""
+    if not dist.is_initialized():
+        return
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # a helper thread's current device is cuda:0
+    aborter = getattr(dist.distributed_c10d, "_abort_process_group", None)
+    if abort and aborter is not None and dist.get_backend() == "nccl":
+        aborter()
+    else:
+        dist.destroy_process_group()
+
+
+def _release(steps) -> None:
+    """Free the CUDA graphs of the graphed step objects (decoder, prefiller) before the group is left."""
+    for step in steps:
+        if step is not None:
+            step.release()
+
+
 def _run(thinker: Thinker, cache: ThinkerKVCache, method: str, args: tuple, kwargs: dict):
     if method == "forward":
         return thinker(*args, cache=cache, **kwargs)
@@ -160,7 +213,13 @@ def _worker(rank: int, launch: TPLaunch) -> None:
                 prefiller.step(**kwargs)
             else:
                 _run(thinker, cache, method, args, kwargs)
-    dist.destroy_process_group()
+    _release((decoder, prefiller))
+    del decoder, prefiller
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    if not _bounded(lambda: _leave_group(device), CLOSE_TIMEOUT_S / 2, f"tp-rank-{rank}-leave"):
+        log.error("tp rank %d could not leave the process group within %.0f s", rank, CLOSE_TIMEOUT_S / 2)
+        os._exit(EXIT_LEAVE_STUCK)  # the stuck teardown thread would also block a normal interpreter exit
 
 
 class ThinkerProxy:
@@ -170,6 +229,7 @@ class ThinkerProxy:
         self.local, self.launch, self.procs = local, launch, procs
         self.cfg, self.tp = local.cfg, local.tp
         self.lm_head = local.lm_head
+        self._steps: list = []  # rank 0's graphed step objects (decoders, prefillers): released before leaving
 
     @property
     def device(self) -> torch.device:
@@ -184,15 +244,17 @@ class ThinkerProxy:
         """A `ThinkerDecoder` on every rank (each over its own cache shard); calls go to all of them."""
         args = (tuple(batch_buckets), tuple(kv_buckets))
         _publish("decoder_init", args, {"enforce_eager": enforce_eager}, self.device)
-        return _ProxyDecoder(ThinkerDecoder(self.local, cache, *args, device=self.device, enforce_eager=enforce_eager),
-                             self.device)
+        local = ThinkerDecoder(self.local, cache, *args, device=self.device, enforce_eager=enforce_eager)
+        self._steps.append(local)
+        return _ProxyDecoder(local, self.device)
 
     def prefiller(self, cache: ThinkerKVCache, widths, *, rows=(1,), tokens: int | None = None) -> "_ProxyPrefiller":
         """A `ThinkerPrefiller` on every rank (each over its own cache shard); calls go to all of them."""
         shape = {"rows": tuple(rows), "tokens": tokens}
         _publish("prefiller_init", (tuple(widths),), shape, self.device)
-        return _ProxyPrefiller(ThinkerPrefiller(self.local, cache, tuple(widths), dtype=self.launch.dtype,
-                                                device=self.device, **shape), self.device)
+        local = ThinkerPrefiller(self.local, cache, tuple(widths), dtype=self.launch.dtype, device=self.device, **shape)
+        self._steps.append(local)
+        return _ProxyPrefiller(local, self.device)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self._call("embed", ids)
@@ -207,25 +269,56 @@ class ThinkerProxy:
         """The workers that have exited, described (a non-blocking check: no collective, no device sync)."""
         return [f"{p.name} (pid {p.pid}, exit code {p.exitcode})" for p in self.procs if not p.is_alive()]
 
-    def abort(self) -> None:
-        """Kill every worker without a collective (a rank died, or rank 0 is stuck in one). Idempotent."""
+    def abort(self, timeout_s: float = 5.0) -> None:
+        """Kill every worker without a collective (a rank died, or rank 0 is stuck in one), then abort rank 0's
+        side of the group (bounded: a thread stuck in a collective may hold it). Idempotent."""
         for p in self.procs:
             if p.is_alive():
                 p.kill()
         for p in self.procs:
-            p.join(timeout=5)
+            p.join(timeout=timeout_s)
         self.procs = []
+        steps, self._steps = self._steps, []
+        if dist.is_initialized() and not _bounded(lambda: (_release(steps), _leave_group(self.device, abort=True)),
+                                                  timeout_s, "tp-rank-0-abort"):
+            log.error("rank 0 could not abort its process group within %.0f s; it is left behind", timeout_s)
 
-    def close(self) -> None:
-        if self.procs and self.dead_workers():  # a collective would wait for the dead rank forever
+    def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+        """Stop the workers and leave the process group within about `timeout_s` (+ a few seconds to kill what
+        did not stop). Call it once no other thread uses the thinker. Idempotent."""
+        if not self.procs:
+            return
+        if self.dead_workers():  # a collective would wait for the dead rank forever
             log.error("tensor-parallel workers gone (%s): killing the others", ", ".join(self.dead_workers()))
             self.abort()
-        if self.procs:
-            dist.broadcast_object_list([("stop", (), {})], src=0)
-            for p in self.procs:
-                p.join(timeout=30)
-            dist.destroy_process_group()
-            self.procs = []
+            return
+        procs, steps, self._steps = self.procs, self._steps, []
+        deadline = time.monotonic() + timeout_s
+
+        def shutdown():
+            if self.device.type == "cuda":
+                torch.cuda.set_device(self.device)
+            _publish("stop", (), {}, self.device)
+            _release(steps)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            _leave_group(self.device)
+
+        thread = _spawn(shutdown, "tp-rank-0-close")  # the workers leave theirs at the same time
+        thread.join(timeout_s)
+        for p in procs:
+            p.join(timeout=max(0.0, deadline - time.monotonic()))
+        _end(procs)
+        self.procs = []
+        if thread.is_alive():  # stuck in a collective with a worker that did not stop: that peer is gone now
+            thread.join(2.0)
+        if dist.is_initialized():  # the clean path did not get to leave the group (stuck, or a collective failed)
+            log.error("rank 0 did not leave the process group cleanly within %.0f s: aborting it", timeout_s)
+            if not _bounded(lambda: _leave_group(self.device, abort=True), 5.0, "tp-rank-0-abort"):
+                log.error("rank 0 could not abort its process group; it is left behind")
+        stuck = [f"{p.name} (exit code {p.exitcode})" for p in procs if p.exitcode != 0]
+        if stuck:
+            log.error("tensor-parallel workers did not stop cleanly: %s", ", ".join(stuck))
 
 
 class _ProxyGraphs:
@@ -295,17 +388,21 @@ def start_tp(ck: CheckpointConfig, devices: tuple[str, ...], model_path: str | N
         raise
 
 
+def _end(procs: list, grace_s: float = 2.0) -> None:
+    """Terminate the workers still alive, then kill those that ignore it (a stopped process, a stuck driver call)."""
+    alive = [p for p in procs if p.pid is not None and p.is_alive()]
+    for p in alive:
+        p.terminate()
+    for p in alive:
+        p.join(timeout=grace_s)
+        if p.is_alive():
+            p.kill()
+            p.join(timeout=5)
+
+
 def _abandon(procs: list) -> None:
     """Failure cleanup of start_tp: end the workers (they may wait in a collective rank 0 never joins, so
     no stop message) and leave the process group."""
-    for p in procs:
-        if p.is_alive():
-            p.terminate()
-    for p in procs:
-        if p.pid is not None:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=5)
+    _end(procs, grace_s=10.0)
     if dist.is_initialized():
         dist.destroy_process_group()
