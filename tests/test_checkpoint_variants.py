@@ -52,8 +52,11 @@ def _random_tensors(keys: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]
 
 @pytest.fixture(scope="module")
 def variant(fixture_root, tmp_path_factory) -> tuple[Path, Path]:
-    """(two-shard checkpoint, the same weights in one model.safetensors) of the variant config."""
-    base = tmp_path_factory.mktemp("variant")
+    return make_variant(fixture_root, tmp_path_factory.mktemp("variant"))
+
+
+def make_variant(fixture_root: Path, base: Path) -> tuple[Path, Path]:
+    """(two-shard checkpoint, the same weights in one model.safetensors) of the variant config, under `base`."""
     sharded, single = base / "sharded", base / "single"
     shutil.copytree(fixture_root, sharded, ignore=shutil.ignore_patterns("cases", "model.safetensors*"))
     config = json.loads((fixture_root / "config.json").read_text())
