@@ -1,9 +1,8 @@
 """Tensor-parallel thinker: rank 0 lives in the engine, ranks 1..N-1 are worker processes.
 
 Every thinker call on rank 0 (`embed`, the stack's `forward`, `logits`, the decoder's `step` and
-`capture`) is first published to the workers with one `broadcast_object_list` (the call, with each
-tensor argument replaced by its shape and dtype; the tensors follow as device broadcasts, not
-pickles), then run locally, so all ranks enter the same NCCL collectives in the same order
+`capture`) is first published to the workers as one fixed-size int64 header broadcast plus one
+broadcast per tensor argument (`engine/tp_wire.py`: no pickling, one small H2D copy), then run locally, so all ranks enter the same NCCL collectives in the same order
 (nano-vllm's `call`). Only rank 0 samples. Each rank owns its own KV-cache shard and decoder
 (`ThinkerDecoder`, CUDA graphs captured on every rank together); the proxy swaps the caller's
 cache for the local one.
@@ -40,6 +39,7 @@ from ..model.loader import init_dummy, load_weights, read_weight_map
 from ..model.thinker import Thinker, ThinkerKVCache
 from .thinker_decode import ThinkerDecoder
 from .thinker_prefill import ThinkerPrefiller
+from .tp_wire import Publisher, Receiver
 
 __all__ = ["CLOSE_TIMEOUT_S", "EXIT_LEAVE_STUCK", "TPLaunch", "ThinkerProxy", "start_tp"]
 
@@ -92,49 +92,6 @@ def _build_shard(launch: TPLaunch, tp: TPGroup) -> Thinker:
         load_weights(thinker, read_weight_map(launch.model_path), prefix="model.", device=device, dtype=launch.dtype,
                      tp=tp, what=f"thinker rank {tp.rank}")
     return thinker.eval()
-
-
-@dataclass(frozen=True)
-class _TensorRef:
-    """Stands for the n-th tensor argument of a published call; the tensor follows by `dist.broadcast`."""
-
-    index: int
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-
-
-def _publish(method: str, args: tuple, kwargs: dict, device: torch.device) -> None:
-    """Rank 0: send the call (tensors as refs), then every tensor argument from `device`."""
-    tensors: list[torch.Tensor] = []
-
-    def ref(v):
-        if not isinstance(v, torch.Tensor):
-            return v
-        tensors.append(v.to(device).contiguous())
-        return _TensorRef(len(tensors) - 1, tuple(v.shape), v.dtype)
-
-    dist.broadcast_object_list([(method, tuple(ref(a) for a in args), {k: ref(v) for k, v in kwargs.items()})],
-                               src=0)
-    for t in tensors:
-        dist.broadcast(t, src=0)
-
-
-def _receive(device: torch.device) -> tuple[str, tuple, dict]:
-    """Workers: the next published call with its tensors materialised on `device`."""
-    box = [None]
-    dist.broadcast_object_list(box, src=0)
-    method, args, kwargs = box[0]
-    refs = sorted([v for v in (*args, *kwargs.values()) if isinstance(v, _TensorRef)], key=lambda r: r.index)
-    tensors = []
-    for r in refs:
-        buf = torch.empty(r.shape, dtype=r.dtype, device=device)
-        dist.broadcast(buf, src=0)
-        tensors.append(buf)
-
-    def val(v):
-        return tensors[v.index] if isinstance(v, _TensorRef) else v
-
-    return method, tuple(val(a) for a in args), {k: val(v) for k, v in kwargs.items()}
 
 
 def _spawn(fn: Callable[[], None], name: str) -> threading.Thread:
@@ -194,9 +151,10 @@ def _worker(rank: int, launch: TPLaunch) -> None:
     cache = ThinkerKVCache.allocate(launch.ck.thinker, launch.max_slots, launch.max_seq_len,
                                     device=device, dtype=launch.dtype, tp=tp)
     decoder = prefiller = None
+    inbox = Receiver(device)
     with torch.no_grad():
         while True:
-            method, args, kwargs = _receive(device)
+            method, args, kwargs = inbox.receive()
             if method == "stop":
                 break
             if method == "decoder_init":
@@ -230,6 +188,7 @@ class ThinkerProxy:
         self.cfg, self.tp = local.cfg, local.tp
         self.lm_head = local.lm_head
         self._steps: list = []  # rank 0's graphed step objects (decoders, prefillers): released before leaving
+        self._pub = Publisher(self.device)
 
     @property
     def device(self) -> torch.device:
@@ -237,24 +196,24 @@ class ThinkerProxy:
 
     def _call(self, method: str, *args, **kwargs):
         cache = kwargs.pop("cache", None)
-        _publish(method, args, kwargs, self.device)
+        self._pub.publish(method, args, kwargs)
         return _run(self.local, cache, method, args, kwargs)
 
     def decoder(self, cache: ThinkerKVCache, batch_buckets, kv_buckets, *, enforce_eager: bool = False) -> "_ProxyDecoder":
         """A `ThinkerDecoder` on every rank (each over its own cache shard); calls go to all of them."""
         args = (tuple(batch_buckets), tuple(kv_buckets))
-        _publish("decoder_init", args, {"enforce_eager": enforce_eager}, self.device)
+        self._pub.publish("decoder_init", args, {"enforce_eager": enforce_eager})
         local = ThinkerDecoder(self.local, cache, *args, device=self.device, enforce_eager=enforce_eager)
         self._steps.append(local)
-        return _ProxyDecoder(local, self.device)
+        return _ProxyDecoder(local, self._pub)
 
     def prefiller(self, cache: ThinkerKVCache, widths, *, rows=(1,), tokens: int | None = None) -> "_ProxyPrefiller":
         """A `ThinkerPrefiller` on every rank (each over its own cache shard); calls go to all of them."""
         shape = {"rows": tuple(rows), "tokens": tokens}
-        _publish("prefiller_init", (tuple(widths),), shape, self.device)
+        self._pub.publish("prefiller_init", (tuple(widths),), shape)
         local = ThinkerPrefiller(self.local, cache, tuple(widths), dtype=self.launch.dtype, device=self.device, **shape)
         self._steps.append(local)
-        return _ProxyPrefiller(local, self.device)
+        return _ProxyPrefiller(local, self._pub)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self._call("embed", ids)
@@ -298,7 +257,7 @@ class ThinkerProxy:
         def shutdown():
             if self.device.type == "cuda":
                 torch.cuda.set_device(self.device)
-            _publish("stop", (), {}, self.device)
+            self._pub.publish("stop")
             _release(steps)
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
@@ -327,8 +286,8 @@ class _ProxyGraphs:
 
     name = ""
 
-    def __init__(self, local, device: torch.device):
-        self.local, self.device = local, device
+    def __init__(self, local, pub: Publisher):
+        self.local, self.pub = local, pub
 
     @property
     def eager(self) -> bool:
@@ -340,7 +299,7 @@ class _ProxyGraphs:
 
     def capture(self, progress=None) -> None:
         if not self.eager:
-            _publish(f"{self.name}_capture", (), {}, self.device)
+            self.pub.publish(f"{self.name}_capture")
             self.local.capture(progress)
 
 
@@ -349,7 +308,7 @@ class _ProxyDecoder(_ProxyGraphs):
 
     def step(self, tokens: list[int], positions: list[int], deltas: list[int], slots: list[int]) -> torch.Tensor:
         args = (list(tokens), list(positions), list(deltas), list(slots))
-        _publish("decoder_step", args, {}, self.device)
+        self.pub.publish("decoder_step", args)
         return self.local.step(*args)
 
 
@@ -362,7 +321,7 @@ class _ProxyPrefiller(_ProxyGraphs):
     def step(self, embeds, rotary, cpos, slots, image_mask, audio_mask) -> torch.Tensor:
         inputs = dict(embeds=embeds, rotary=rotary, cpos=cpos, slots=slots, image_mask=image_mask,
                       audio_mask=audio_mask)
-        _publish("prefiller_step", (), inputs, self.device)  # tensors follow by broadcast
+        self.pub.publish("prefiller_step", (), inputs)  # tensors follow by broadcast
         return self.local.step(**inputs)
 
 
