@@ -85,3 +85,41 @@ def test_close_after_a_worker_died_is_prompt_and_leaves_the_group(fixture_root):
     proxy.close()
     assert time.monotonic() - started < 6.0
     assert not dist.is_initialized() and proxy.procs == []
+
+
+def test_workers_exit_when_rank0_dies(fixture_root):
+    """Rank 0's process killed outright before it joined the group: its worker, waiting in the rendezvous (which
+    would wait for 30 minutes), notices the lost parent and exits within seconds instead of holding its GPU."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = (
+        "import multiprocessing, os, sys, time, torch\n"
+        "from realtime_ming.engine import tp\n"
+        "from realtime_ming.model.config import load_checkpoint_config\n"
+        "def die(rank, launch):\n"
+        "    (worker,) = multiprocessing.active_children()\n"
+        "    print(worker.pid, flush=True)\n"
+        "    time.sleep(3)\n"
+        "    os.kill(os.getpid(), 9)\n"
+        "tp._init = die\n"
+        "root = sys.argv[1]\n"
+        "tp.start_tp(load_checkpoint_config(root), ('cpu', 'cpu'), root, torch.float32, 0, 2, 64)\n"
+    )
+    repo = Path(__file__).resolve().parent.parent
+    rank0 = subprocess.Popen([sys.executable, "-c", script, str(fixture_root)], cwd=repo, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True, env={**os.environ, "PYTHONPATH": str(repo)})
+    pid = int(rank0.stdout.readline())
+    rank0.stdout.close()  # the worker inherited this pipe: never wait for its end
+    assert rank0.wait(60) == -signal.SIGKILL
+    deadline = time.monotonic() + 10.0
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        pytest.fail(f"worker {pid} outlived its killed rank 0 by 10 s")

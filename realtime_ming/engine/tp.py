@@ -15,7 +15,7 @@ Shutdown (`close`) is bounded: rank 0 publishes `stop`; every rank releases its 
 that captured a NCCL collective pins the communicator, and NCCL's destroy waits for such graphs
 forever -- the hang seen on 2 GPUs, pytorch#115388) and leaves the process group, rank 0 in a
 helper thread with a deadline; a worker exits 0 once it has left (its acknowledgement). Workers not
-gone by the deadline are terminated, then killed.
+gone by the deadline are terminated, then killed. A worker whose rank 0 process dies exits within a second.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from .thinker_decode import ThinkerDecoder
 from .thinker_prefill import ThinkerPrefiller
 from .tp_wire import Publisher, Receiver
 
-__all__ = ["CLOSE_TIMEOUT_S", "EXIT_LEAVE_STUCK", "TPLaunch", "ThinkerProxy", "start_tp"]
+__all__ = ["CLOSE_TIMEOUT_S", "EXIT_LEAVE_STUCK", "EXIT_PARENT_GONE", "TPLaunch", "ThinkerProxy", "start_tp"]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 _NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 CLOSE_TIMEOUT_S = 20.0  # the whole of a clean `close`: stop, release, leave the group, workers gone
 EXIT_LEAVE_STUCK = 3  # a worker's exit code when it could not leave the process group in time
+EXIT_PARENT_GONE = 4  # a worker's exit code when rank 0's process died under it
 
 
 @dataclass(frozen=True)
@@ -142,7 +143,21 @@ def _run(thinker: Thinker, cache: ThinkerKVCache, method: str, args: tuple, kwar
     return getattr(thinker, method)(*args, **kwargs)
 
 
-def _worker(rank: int, launch: TPLaunch) -> None:
+def _exit_with_parent(parent: int, poll_s: float = 0.5) -> None:
+    """Worker: exit at once when rank 0's process (pid `parent`) is gone (killed, crashed), instead of waiting
+    in the rendezvous or a collective forever and holding its GPU. A daemon thread watches the parent pid (no
+    signal set-up that the exit of the thread that spawned us could trigger)."""
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(EXIT_PARENT_GONE)
+
+    threading.Thread(target=watch, name="tp-parent-watch", daemon=True).start()
+
+
+def _worker(rank: int, launch: TPLaunch, parent: int) -> None:
+    _exit_with_parent(parent)
     tp = _init(rank, launch)
     if torch.device(launch.devices[rank]).type == "cuda":
         fused.configure_cuda()  # the same kernel choices as rank 0
@@ -334,7 +349,7 @@ def start_tp(ck: CheckpointConfig, devices: tuple[str, ...], model_path: str | N
     """
     launch = TPLaunch(ck, tuple(devices), model_path, dtype, seed, max_slots, max_seq_len, _free_port())
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_worker, args=(r, launch), daemon=True, name=f"tp-rank-{r}")
+    procs = [ctx.Process(target=_worker, args=(r, launch, os.getpid()), daemon=True, name=f"tp-rank-{r}")
              for r in range(1, len(devices))]
     try:
         for p in procs:
