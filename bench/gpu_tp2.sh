@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Two GPUs (nvidia-h200-x2): the real TP=2 checks and benchmarks in one call, in this order:
-#   1. the GPU tests that need two GPUs (TP=2 parity, NCCL and the one-shot all-reduce) + the graph tests;
+#   1. the GPU tests that need two GPUs (TP=2 parity, NCCL, clean shutdown) + the graph tests (-rA), then the
+#      control plane's per-call cost (bench/tp_control_bench.py);
 #   2. bench/tp_bench.py --tp 2: thinker decode with NCCL / the symmetric-memory all-reduce;
 #   3. bench/engine_profile.py on CONFIG: encoder graphed vs eager, stage times per turn, a profiled turn;
 #   4. bench/gpu_e2e.sh at LEVELS (TURNS turns per session);
@@ -15,9 +16,13 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 
 nvidia-smi topo -m > "$out/topo.txt" 2>&1 || true
 steps=" ${STEPS:-tests tp profile e2e engine} "
 if [[ $steps == *" tests "* ]]; then
-  timeout -s ABRT "${TEST_TIMEOUT_S:-240}" python3 -X faulthandler -m pytest -q -p no:cacheprovider -o addopts="" \
-    tests/test_gpu_tp.py tests/test_gpu_thinker_decode.py tests/test_gpu_graphs.py > "$out/tests.log" 2>&1
+  timeout -s ABRT "${TEST_TIMEOUT_S:-420}" python3 -X faulthandler -m pytest -q -rA -p no:cacheprovider -o addopts="" \
+    tests/test_gpu_tp.py tests/test_gpu_thinker_decode.py tests/test_gpu_tp_lifecycle.py tests/test_gpu_graphs.py \
+    > "$out/tests.log" 2>&1
   echo "tests rc=$?"; tail -8 "$out/tests.log"
+  timeout 120 python3 -m bench.tp_control_bench --devices cuda:0,cuda:1 --iters 500 --out "$out/tp_control.json" \
+    > "$out/tp_control.log" 2>&1
+  echo "tp_control_bench rc=$?"; cat "$out/tp_control.json" 2>/dev/null
 fi
 if [[ $steps == *" tp "* ]]; then
   timeout 240 python3 bench/tp_bench.py --tp 2 --out "$out/tp" --budget-s "${TP_BUDGET_S:-90}" --batches 1,16 \

@@ -16,12 +16,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from safetensors.torch import save_file
 
-from realtime_ming.model.config import load_checkpoint_config
+from realtime_ming.model.config import MingConfig, load_checkpoint_config, parse
 from realtime_ming.model.layers import TPGroup
 from realtime_ming.model.loader import checkpoint_keys, narrow_for_rank, read_weight_map
 from realtime_ming.model.ming import MingOmni
 from realtime_ming.model.rope3d import text_position_ids
-from realtime_ming.model.thinker import ThinkerKVCache, load_thinker
+from realtime_ming.model.thinker import Thinker, ThinkerKVCache, load_thinker
 
 WORLD = 2
 NEW_TOKENS = 3
@@ -52,8 +52,11 @@ def _random_tensors(keys: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]
 
 @pytest.fixture(scope="module")
 def variant(fixture_root, tmp_path_factory) -> tuple[Path, Path]:
-    """(two-shard checkpoint, the same weights in one model.safetensors) of the variant config."""
-    base = tmp_path_factory.mktemp("variant")
+    return make_variant(fixture_root, tmp_path_factory.mktemp("variant"))
+
+
+def make_variant(fixture_root: Path, base: Path) -> tuple[Path, Path]:
+    """(two-shard checkpoint, the same weights in one model.safetensors) of the variant config, under `base`."""
     sharded, single = base / "sharded", base / "single"
     shutil.copytree(fixture_root, sharded, ignore=shutil.ignore_patterns("cases", "model.safetensors*"))
     config = json.loads((fixture_root / "config.json").read_text())
@@ -118,6 +121,47 @@ def test_one_kv_head_is_replicated_per_rank(variant):
         TPGroup(0, 2).heads(3, "num_key_value_heads")
 
 
+@pytest.mark.parametrize("world,q_heads,kv_heads", [(2, 2, 1), (4, 4, 2), (8, 32, 4), (8, 8, 1), (4, 8, 4)])
+def test_each_rank_holds_the_kv_head_its_query_heads_use(world, q_heads, kv_heads):
+    """Fused QKV rows of every rank, traced back to global heads: local query head j attends with local KV head
+    j // (local q / local kv) (SDPA's GQA grouping), which must be the global KV head h // (Hq / Hkv) of its
+    global query head h -- also when the TP degree exceeds the KV heads (Ming's 32/4 heads at TP=8)."""
+    hd = 2
+    q, kv = q_heads * hd, kv_heads * hd
+    full = torch.arange(q + 2 * kv, dtype=torch.float32)[:, None]  # each row holds its own feature index
+    splits = (q, (kv, kv_heads), (kv, kv_heads))
+    for rank in range(world):
+        tp = TPGroup(rank, world)
+        local_q, local_kv = tp.divide(q_heads, "q"), tp.heads(kv_heads, "kv")
+        rows = narrow_for_rank(full, 0, splits, tp)[:, 0].long()
+        assert rows.numel() == (local_q + 2 * local_kv) * hd
+        q_ids = rows[: local_q * hd : hd] // hd
+        k_ids = (rows[local_q * hd : (local_q + local_kv) * hd : hd] - q) // hd
+        v_ids = (rows[(local_q + local_kv) * hd :: hd] - q - kv) // hd
+        assert torch.equal(k_ids, v_ids)
+        for j, h in enumerate(q_ids.tolist()):
+            assert k_ids[j // (local_q // local_kv)] == h // (q_heads // kv_heads), (rank, j, h)
+
+
+@pytest.mark.parametrize("rank", [0, 5, 7])
+def test_real_thinker_builds_at_tp8_with_replicated_kv_heads(fixture_root, rank):
+    """The full-size thinker (32 query / 4 KV heads) as rank `rank` of TP=8: 4 query heads and 1 KV head per
+    rank, and the loader's slice of the manifest's fused QKV tensor has exactly the rank's parameter shape."""
+    raw = json.loads((fixture_root.parent / "ming_flash_omni_2_0_config.json").read_text())
+    llm = parse(MingConfig, raw, "config.json").llm_config
+    manifest = json.loads((fixture_root.parent / "ming_flash_omni_2_0_manifest.json").read_text())
+    (root,) = [v for k, v in manifest["files"].items() if k.startswith("model.safetensors.index.json")]
+    shapes = {key: tuple(shape) for key, shape, _ in root["tensors"]}
+    tp = TPGroup(rank, 8)
+    with torch.device("meta"):
+        thinker = Thinker(llm, tp)
+    attn = thinker.model.layers[0].attention
+    assert (attn.num_heads, attn.num_kv) == (llm.num_attention_heads // 8, 1)
+    qkv = attn.query_key_value.weight
+    full = torch.empty(shapes["model.model.layers.0.attention.query_key_value.weight"], device="meta")
+    assert narrow_for_rank(full, qkv.tp_dim, qkv.tp_splits, tp).shape == qkv.shape
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -142,21 +186,36 @@ def _run(thinker, ids: torch.Tensor):
     return logits, torch.stack(out, dim=1)
 
 
-def _worker(rank: int, port: int, root: str, ids: torch.Tensor, out_dir: str) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
+def _worker(rank: int, world: int, port: int, root: str, ids: torch.Tensor, out_dir: str) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
-        torch.save(_run(load_thinker(root, tp=TPGroup(rank, WORLD)), ids), f"{out_dir}/rank{rank}.pt")
+        thinker = load_thinker(root, tp=TPGroup(rank, world))
+        kv_heads = thinker.model.layers[0].attention.num_kv
+        torch.save((*_run(thinker, ids), kv_heads), f"{out_dir}/rank{rank}.pt")
     finally:
         dist.destroy_process_group()
+
+
+def _assert_tp_matches_tp1(root: Path, world: int, tmp_path: Path) -> None:
+    """`world` gloo ranks give the TP=1 logits and cached greedy tokens, each rank holding one replicated KV head."""
+    assert load_checkpoint_config(root).thinker.num_key_value_heads < world  # the replicated case
+    ids = torch.arange(5, 5 + 13)[None]
+    ref_logits, ref_tokens = _run(load_thinker(root), ids)
+    mp.spawn(_worker, args=(world, _free_port(), str(root), ids, str(tmp_path)), nprocs=world, join=True)
+    for rank in range(world):
+        logits, tokens, kv_heads = torch.load(tmp_path / f"rank{rank}.pt")
+        assert kv_heads == 1
+        torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
+        assert torch.equal(tokens, ref_tokens)
 
 
 def test_tp2_with_one_kv_head_matches_tp1(variant, tmp_path):
     """Two gloo ranks sharing the single KV head give the TP=1 logits and cached greedy tokens."""
     sharded, _ = variant
-    ids = torch.arange(5, 5 + 13)[None]
-    ref_logits, ref_tokens = _run(load_thinker(sharded), ids)
-    mp.spawn(_worker, args=(_free_port(), str(sharded), ids, str(tmp_path)), nprocs=WORLD, join=True)
-    for rank in range(WORLD):
-        logits, tokens = torch.load(tmp_path / f"rank{rank}.pt")
-        torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
-        assert torch.equal(tokens, ref_tokens)
+    _assert_tp_matches_tp1(sharded, WORLD, tmp_path)
+
+
+@pytest.mark.timeout(300)
+def test_tp4_with_two_kv_heads_matches_tp1(fixture_root, tmp_path):
+    """Four gloo ranks over the fixture checkpoint's 2 KV heads (ranks 0-1 hold head 0, ranks 2-3 head 1)."""
+    _assert_tp_matches_tp1(fixture_root, 4, tmp_path)

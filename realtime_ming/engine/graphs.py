@@ -103,6 +103,18 @@ class BucketedGraph:
         """True once graphs are captured (never in eager mode)."""
         return bool(self._graphs)
 
+    def release(self) -> None:
+        """Free the captured graphs and their static buffers; later steps run eager (never recapture).
+
+        A graph that captured a NCCL collective pins its communicator: NCCL cannot destroy the
+        communicator while such a graph exists (`destroy_process_group` waits for it forever), so a
+        tensor-parallel shard releases its graphs before it leaves the process group."""
+        for graph, _ in self._graphs.values():
+            graph.reset()
+        self._graphs.clear()
+        self._static = {}
+        self.eager = True
+
     def _views(self, bucket: int) -> dict[str, torch.Tensor]:
         return {n: (t if self.specs[n].batch_dim is None else t.narrow(self.specs[n].batch_dim, 0, bucket))
                 for n, t in self._static.items()}

@@ -86,6 +86,12 @@ class ThinkerDecoder:
     def graphed(self) -> bool:
         return any(g.graphed for g in self._graphs.values())
 
+    def release(self) -> None:
+        """Free every captured graph (see `BucketedGraph.release`); later steps run eager."""
+        for graph in self._graphs.values():
+            graph.release()
+        self.eager = True
+
     def capture(self, progress: Progress | None = None) -> None:
         """Capture every (KV bucket, batch bucket) graph, largest first (no-op when eager)."""
         if self.eager:

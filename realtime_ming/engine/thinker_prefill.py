@@ -75,6 +75,12 @@ class ThinkerPrefiller:
         r = pick_bucket(tuple(self.graphs), rows)
         return self.graphed and r is not None and pick_bucket(self.graphs[r].buckets, width) is not None
 
+    def release(self) -> None:
+        """Free every captured graph (see `BucketedGraph.release`); later steps run eager."""
+        for graph in self.graphs.values():
+            graph.release()
+        self.eager = True
+
     def capture(self, progress: Progress | None = None) -> None:
         """Capture every (rows, width) bucket, largest first (no-op when eager). Padding inputs only: all K/V
         writes go to the sink column."""

@@ -1,9 +1,8 @@
 """Tensor-parallel thinker: rank 0 lives in the engine, ranks 1..N-1 are worker processes.
 
 Every thinker call on rank 0 (`embed`, the stack's `forward`, `logits`, the decoder's `step` and
-`capture`) is first published to the workers with one `broadcast_object_list` (the call, with each
-tensor argument replaced by its shape and dtype; the tensors follow as device broadcasts, not
-pickles), then run locally, so all ranks enter the same NCCL collectives in the same order
+`capture`) is first published to the workers as one fixed-size int64 header broadcast plus one
+broadcast per tensor argument (`engine/tp_wire.py`: no pickling, one small H2D copy), then run locally, so all ranks enter the same NCCL collectives in the same order
 (nano-vllm's `call`). Only rank 0 samples. Each rank owns its own KV-cache shard and decoder
 (`ThinkerDecoder`, CUDA graphs captured on every rank together); the proxy swaps the caller's
 cache for the local one.
@@ -11,6 +10,12 @@ cache for the local one.
 Liveness: the engine watches the worker processes (`procs`, their sentinels, in a thread of its own:
 `engine/supervision.py` WorkerWatch), so a rank that dies fails the engine at once instead of leaving
 rank 0 waiting in a collective; `close` then `abort`s (kills the survivors, no collective).
+
+Shutdown (`close`) is bounded: rank 0 publishes `stop`; every rank releases its CUDA graphs (a graph
+that captured a NCCL collective pins the communicator, and NCCL's destroy waits for such graphs
+forever -- the hang seen on 2 GPUs, pytorch#115388) and leaves the process group, rank 0 in a
+helper thread with a deadline; a worker exits 0 once it has left (its acknowledgement). Workers not
+gone by the deadline are terminated, then killed. A worker whose rank 0 process dies exits within a second.
 """
 
 from __future__ import annotations
@@ -18,6 +23,9 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -31,13 +39,17 @@ from ..model.loader import init_dummy, load_weights, read_weight_map
 from ..model.thinker import Thinker, ThinkerKVCache
 from .thinker_decode import ThinkerDecoder
 from .thinker_prefill import ThinkerPrefiller
+from .tp_wire import Publisher, Receiver
 
-__all__ = ["TPLaunch", "ThinkerProxy", "start_tp"]
+__all__ = ["CLOSE_TIMEOUT_S", "EXIT_LEAVE_STUCK", "EXIT_PARENT_GONE", "TPLaunch", "ThinkerProxy", "start_tp"]
 
 log = logging.getLogger(__name__)
 
 # NVLink multicast stays off on shared hosts (device README); set before NCCL initialises
 _NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+CLOSE_TIMEOUT_S = 20.0  # the whole of a clean `close`: stop, release, leave the group, workers gone
+EXIT_LEAVE_STUCK = 3  # a worker's exit code when it could not leave the process group in time
+EXIT_PARENT_GONE = 4  # a worker's exit code when rank 0's process died under it
 
 
 @dataclass(frozen=True)
@@ -83,47 +95,46 @@ def _build_shard(launch: TPLaunch, tp: TPGroup) -> Thinker:
     return thinker.eval()
 
 
-@dataclass(frozen=True)
-class _TensorRef:
-    """Stands for the n-th tensor argument of a published call; the tensor follows by `dist.broadcast`."""
+def _spawn(fn: Callable[[], None], name: str) -> threading.Thread:
+    """Run `fn` in a daemon thread (a shutdown step that may block in a collective); a failure is logged."""
 
-    index: int
-    shape: tuple[int, ...]
-    dtype: torch.dtype
+    def run():
+        try:
+            fn()
+        except BaseException as exc:  # noqa: BLE001 - logged; the caller goes on with its shutdown
+            log.warning("%s failed: %s: %s", name, type(exc).__name__, exc)
 
-
-def _publish(method: str, args: tuple, kwargs: dict, device: torch.device) -> None:
-    """Rank 0: send the call (tensors as refs), then every tensor argument from `device`."""
-    tensors: list[torch.Tensor] = []
-
-    def ref(v):
-        if not isinstance(v, torch.Tensor):
-            return v
-        tensors.append(v.to(device).contiguous())
-        return _TensorRef(len(tensors) - 1, tuple(v.shape), v.dtype)
-
-    dist.broadcast_object_list([(method, tuple(ref(a) for a in args), {k: ref(v) for k, v in kwargs.items()})],
-                               src=0)
-    for t in tensors:
-        dist.broadcast(t, src=0)
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    return thread
 
 
-def _receive(device: torch.device) -> tuple[str, tuple, dict]:
-    """Workers: the next published call with its tensors materialised on `device`."""
-    box = [None]
-    dist.broadcast_object_list(box, src=0)
-    method, args, kwargs = box[0]
-    refs = sorted([v for v in (*args, *kwargs.values()) if isinstance(v, _TensorRef)], key=lambda r: r.index)
-    tensors = []
-    for r in refs:
-        buf = torch.empty(r.shape, dtype=r.dtype, device=device)
-        dist.broadcast(buf, src=0)
-        tensors.append(buf)
+def _bounded(fn: Callable[[], None], timeout_s: float, name: str) -> bool:
+    """Run `fn` in a daemon thread; True when it finished (returned or raised) within `timeout_s`."""
+    thread = _spawn(fn, name)
+    thread.join(timeout_s)
+    return not thread.is_alive()
 
-    def val(v):
-        return tensors[v.index] if isinstance(v, _TensorRef) else v
 
-    return method, tuple(val(a) for a in args), {k: val(v) for k, v in kwargs.items()}
+def _leave_group(device: torch.device, *, abort: bool = False) -> None:
+    """Leave the default process group: destroy (flushes pending collectives), or abort (NCCL: no flush, for
+    a group whose peers are dead or stuck). Callers release their CUDA graphs first and bound this."""
+    if not dist.is_initialized():
+        return
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # a helper thread's current device is cuda:0
+    aborter = getattr(dist.distributed_c10d, "_abort_process_group", None)
+    if abort and aborter is not None and dist.get_backend() == "nccl":
+        aborter()
+    else:
+        dist.destroy_process_group()
+
+
+def _release(steps) -> None:
+    """Free the CUDA graphs of the graphed step objects (decoder, prefiller) before the group is left."""
+    for step in steps:
+        if step is not None:
+            step.release()
 
 
 def _run(thinker: Thinker, cache: ThinkerKVCache, method: str, args: tuple, kwargs: dict):
@@ -132,7 +143,21 @@ def _run(thinker: Thinker, cache: ThinkerKVCache, method: str, args: tuple, kwar
     return getattr(thinker, method)(*args, **kwargs)
 
 
-def _worker(rank: int, launch: TPLaunch) -> None:
+def _exit_with_parent(parent: int, poll_s: float = 0.5) -> None:
+    """Worker: exit at once when rank 0's process (pid `parent`) is gone (killed, crashed), instead of waiting
+    in the rendezvous or a collective forever and holding its GPU. A daemon thread watches the parent pid (no
+    signal set-up that the exit of the thread that spawned us could trigger)."""
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(EXIT_PARENT_GONE)
+
+    threading.Thread(target=watch, name="tp-parent-watch", daemon=True).start()
+
+
+def _worker(rank: int, launch: TPLaunch, parent: int) -> None:
+    _exit_with_parent(parent)
     tp = _init(rank, launch)
     if torch.device(launch.devices[rank]).type == "cuda":
         fused.configure_cuda()  # the same kernel choices as rank 0
@@ -141,9 +166,10 @@ def _worker(rank: int, launch: TPLaunch) -> None:
     cache = ThinkerKVCache.allocate(launch.ck.thinker, launch.max_slots, launch.max_seq_len,
                                     device=device, dtype=launch.dtype, tp=tp)
     decoder = prefiller = None
+    inbox = Receiver(device)
     with torch.no_grad():
         while True:
-            method, args, kwargs = _receive(device)
+            method, args, kwargs = inbox.receive()
             if method == "stop":
                 break
             if method == "decoder_init":
@@ -160,7 +186,13 @@ def _worker(rank: int, launch: TPLaunch) -> None:
                 prefiller.step(**kwargs)
             else:
                 _run(thinker, cache, method, args, kwargs)
-    dist.destroy_process_group()
+    _release((decoder, prefiller))
+    del decoder, prefiller
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    if not _bounded(lambda: _leave_group(device), CLOSE_TIMEOUT_S / 2, f"tp-rank-{rank}-leave"):
+        log.error("tp rank %d could not leave the process group within %.0f s", rank, CLOSE_TIMEOUT_S / 2)
+        os._exit(EXIT_LEAVE_STUCK)  # the stuck teardown thread would also block a normal interpreter exit
 
 
 class ThinkerProxy:
@@ -170,6 +202,8 @@ class ThinkerProxy:
         self.local, self.launch, self.procs = local, launch, procs
         self.cfg, self.tp = local.cfg, local.tp
         self.lm_head = local.lm_head
+        self._steps: list = []  # rank 0's graphed step objects (decoders, prefillers): released before leaving
+        self._pub = Publisher(self.device)
 
     @property
     def device(self) -> torch.device:
@@ -177,22 +211,24 @@ class ThinkerProxy:
 
     def _call(self, method: str, *args, **kwargs):
         cache = kwargs.pop("cache", None)
-        _publish(method, args, kwargs, self.device)
+        self._pub.publish(method, args, kwargs)
         return _run(self.local, cache, method, args, kwargs)
 
     def decoder(self, cache: ThinkerKVCache, batch_buckets, kv_buckets, *, enforce_eager: bool = False) -> "_ProxyDecoder":
         """A `ThinkerDecoder` on every rank (each over its own cache shard); calls go to all of them."""
         args = (tuple(batch_buckets), tuple(kv_buckets))
-        _publish("decoder_init", args, {"enforce_eager": enforce_eager}, self.device)
-        return _ProxyDecoder(ThinkerDecoder(self.local, cache, *args, device=self.device, enforce_eager=enforce_eager),
-                             self.device)
+        self._pub.publish("decoder_init", args, {"enforce_eager": enforce_eager})
+        local = ThinkerDecoder(self.local, cache, *args, device=self.device, enforce_eager=enforce_eager)
+        self._steps.append(local)
+        return _ProxyDecoder(local, self._pub)
 
     def prefiller(self, cache: ThinkerKVCache, widths, *, rows=(1,), tokens: int | None = None) -> "_ProxyPrefiller":
         """A `ThinkerPrefiller` on every rank (each over its own cache shard); calls go to all of them."""
         shape = {"rows": tuple(rows), "tokens": tokens}
-        _publish("prefiller_init", (tuple(widths),), shape, self.device)
-        return _ProxyPrefiller(ThinkerPrefiller(self.local, cache, tuple(widths), dtype=self.launch.dtype,
-                                                device=self.device, **shape), self.device)
+        self._pub.publish("prefiller_init", (tuple(widths),), shape)
+        local = ThinkerPrefiller(self.local, cache, tuple(widths), dtype=self.launch.dtype, device=self.device, **shape)
+        self._steps.append(local)
+        return _ProxyPrefiller(local, self._pub)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self._call("embed", ids)
@@ -207,26 +243,56 @@ class ThinkerProxy:
         """The workers that have exited, described (a non-blocking check: no collective, no device sync)."""
         return [f"{p.name} (pid {p.pid}, exit code {p.exitcode})" for p in self.procs if not p.is_alive()]
 
-    def abort(self) -> None:
-        """Kill every worker without a collective (a rank died, or rank 0 is stuck in one). Idempotent."""
+    def abort(self, timeout_s: float = 5.0) -> None:
+        """Kill every worker without a collective (a rank died, or rank 0 is stuck in one), then abort rank 0's
+        side of the group (bounded: a thread stuck in a collective may hold it). Idempotent."""
         for p in self.procs:
             if p.is_alive():
                 p.kill()
         for p in self.procs:
-            p.join(timeout=5)
+            p.join(timeout=timeout_s)
         self.procs = []
-        _leave_group()
+        steps, self._steps = self._steps, []
+        if dist.is_initialized() and not _bounded(lambda: (_release(steps), _leave_group(self.device, abort=True)),
+                                                  timeout_s, "tp-rank-0-abort"):
+            log.error("rank 0 could not abort its process group within %.0f s; it is left behind", timeout_s)
 
-    def close(self) -> None:
-        if self.procs and self.dead_workers():  # a collective would wait for the dead rank forever
+    def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+        """Stop the workers and leave the process group within about `timeout_s` (+ a few seconds to kill what
+        did not stop). Call it once no other thread uses the thinker. Idempotent."""
+        if not self.procs:
+            return
+        if self.dead_workers():  # a collective would wait for the dead rank forever
             log.error("tensor-parallel workers gone (%s): killing the others", ", ".join(self.dead_workers()))
             self.abort()
-        if self.procs:
-            dist.broadcast_object_list([("stop", (), {})], src=0)
-            for p in self.procs:
-                p.join(timeout=30)
-            dist.destroy_process_group()
-            self.procs = []
+            return
+        procs, steps, self._steps = self.procs, self._steps, []
+        deadline = time.monotonic() + timeout_s
+
+        def shutdown():
+            if self.device.type == "cuda":
+                torch.cuda.set_device(self.device)
+            self._pub.publish("stop")
+            _release(steps)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            _leave_group(self.device)
+
+        thread = _spawn(shutdown, "tp-rank-0-close")  # the workers leave theirs at the same time
+        thread.join(timeout_s)
+        for p in procs:
+            p.join(timeout=max(0.0, deadline - time.monotonic()))
+        _end(procs)
+        self.procs = []
+        if thread.is_alive():  # stuck in a collective with a worker that did not stop: that peer is gone now
+            thread.join(2.0)
+        if dist.is_initialized():  # the clean path did not get to leave the group (stuck, or a collective failed)
+            log.error("rank 0 did not leave the process group cleanly within %.0f s: aborting it", timeout_s)
+            if not _bounded(lambda: _leave_group(self.device, abort=True), 5.0, "tp-rank-0-abort"):
+                log.error("rank 0 could not abort its process group; it is left behind")
+        stuck = [f"{p.name} (exit code {p.exitcode})" for p in procs if p.exitcode != 0]
+        if stuck:
+            log.error("tensor-parallel workers did not stop cleanly: %s", ", ".join(stuck))
 
 
 class _ProxyGraphs:
@@ -235,8 +301,8 @@ class _ProxyGraphs:
 
     name = ""
 
-    def __init__(self, local, device: torch.device):
-        self.local, self.device = local, device
+    def __init__(self, local, pub: Publisher):
+        self.local, self.pub = local, pub
 
     @property
     def eager(self) -> bool:
@@ -248,7 +314,7 @@ class _ProxyGraphs:
 
     def capture(self, progress=None) -> None:
         if not self.eager:
-            _publish(f"{self.name}_capture", (), {}, self.device)
+            self.pub.publish(f"{self.name}_capture")
             self.local.capture(progress)
 
 
@@ -257,7 +323,7 @@ class _ProxyDecoder(_ProxyGraphs):
 
     def step(self, tokens: list[int], positions: list[int], deltas: list[int], slots: list[int]) -> torch.Tensor:
         args = (list(tokens), list(positions), list(deltas), list(slots))
-        _publish("decoder_step", args, {}, self.device)
+        self.pub.publish("decoder_step", args)
         return self.local.step(*args)
 
 
@@ -270,7 +336,7 @@ class _ProxyPrefiller(_ProxyGraphs):
     def step(self, embeds, rotary, cpos, slots, image_mask, audio_mask) -> torch.Tensor:
         inputs = dict(embeds=embeds, rotary=rotary, cpos=cpos, slots=slots, image_mask=image_mask,
                       audio_mask=audio_mask)
-        _publish("prefiller_step", (), inputs, self.device)  # tensors follow by broadcast
+        self.pub.publish("prefiller_step", (), inputs)  # tensors follow by broadcast
         return self.local.step(**inputs)
 
 
@@ -283,7 +349,7 @@ def start_tp(ck: CheckpointConfig, devices: tuple[str, ...], model_path: str | N
     """
     launch = TPLaunch(ck, tuple(devices), model_path, dtype, seed, max_slots, max_seq_len, _free_port())
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_worker, args=(r, launch), daemon=True, name=f"tp-rank-{r}")
+    procs = [ctx.Process(target=_worker, args=(r, launch, os.getpid()), daemon=True, name=f"tp-rank-{r}")
              for r in range(1, len(devices))]
     try:
         for p in procs:
@@ -296,29 +362,21 @@ def start_tp(ck: CheckpointConfig, devices: tuple[str, ...], model_path: str | N
         raise
 
 
+def _end(procs: list, grace_s: float = 2.0) -> None:
+    """Terminate the workers still alive, then kill those that ignore it (a stopped process, a stuck driver call)."""
+    alive = [p for p in procs if p.pid is not None and p.is_alive()]
+    for p in alive:
+        p.terminate()
+    for p in alive:
+        p.join(timeout=grace_s)
+        if p.is_alive():
+            p.kill()
+            p.join(timeout=5)
+
+
 def _abandon(procs: list) -> None:
     """Failure cleanup of start_tp: end the workers (they may wait in a collective rank 0 never joins, so
     no stop message) and leave the process group."""
-    for p in procs:
-        if p.is_alive():
-            p.terminate()
-    for p in procs:
-        if p.pid is not None:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=5)
-    _leave_group()
-
-
-def _leave_group() -> None:
-    """Leave the default process group without waiting on the other ranks (they are gone or killed), so a
-    later engine in this process can start its own: abort where torch has it (NCCL's destroy would wait
-    for the dead peers), destroy otherwise."""
-    if not dist.is_initialized():
-        return
-    abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
-    if abort is not None:
-        abort()
-    else:
+    _end(procs, grace_s=10.0)
+    if dist.is_initialized():
         dist.destroy_process_group()
