@@ -304,6 +304,10 @@ class Engine:
                     break
                 self._step()
             except Exception as exc:  # a model failure fails the turns in flight, not the engine
+                dead = self._dead_rank()
+                if dead is not None:  # the step's collective failed because a rank is gone: never again
+                    self._worker_died(f"{dead} (seen as {type(exc).__name__} in a step)")
+                    break
                 self._faults.report("engine step", exc)
                 self._in_flight = None  # its rows are failed below
                 for turn_id, turn in list(self._turns.items()):
@@ -312,6 +316,22 @@ class Engine:
                     self._guarded("invalidating a failed turn's cache", self._thinker.close_conversation,
                                   turn.request.conversation_id)
         self._parked.clear()
+
+    def _dead_rank(self, wait_s: float = 0.5) -> str | None:
+        """After a failed step: the tensor-parallel workers that are gone, if any. A peer's death reaches
+        rank 0 as a collective error (e.g. gloo's connection reset) a moment before its process is reaped,
+        so this looks for up to `wait_s`; without workers it answers at once."""
+        dead_workers = getattr(self.bundle.thinker, "dead_workers", None)
+        if dead_workers is None:
+            return None
+        deadline = time.monotonic() + wait_s
+        while True:
+            dead = dead_workers()
+            if dead:
+                return "tensor-parallel workers gone: " + ", ".join(dead)
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.05)
 
     def _guarded(self, place: str, fn: Callable, *args) -> None:
         try:
