@@ -157,9 +157,13 @@ class TalkerRunner:
 
     @contextmanager
     def _on_streams(self):
-        """Make the talker's CUDA streams current (each of its devices); everything the runner queues on
-        the GPU goes through here, after the previous step's work (every step ends synchronised)."""
+        """Make the talker's CUDA streams current (each of its devices), and the talker's device the current
+        one (Triton launches on the current device: a talker beside another GPU's thinker needs it);
+        everything the runner queues on the GPU goes through here, after the previous step's work (every
+        step ends synchronised)."""
         with ExitStack() as stack:
+            if self.device.type == "cuda":
+                stack.enter_context(torch.cuda.device(self.device))
             for stream in self._cuda_streams:
                 stack.enter_context(torch.cuda.stream(stream))
             yield
