@@ -39,7 +39,7 @@ from ..protocol.errors import ErrorCode, ErrorType, ProtocolError
 from ..protocol.events import ClientEvent
 from ..protocol.ids import IdPrefix, new_id
 from ..protocol.items import ContentPart, InputAudio, ItemReference, ItemStatus, MessageItem, Role
-from ..protocol.responses import ErrorDetail, ResponseStatus, StatusReason, Usage
+from ..protocol.responses import ErrorDetail, ResponseStatus, StatusReason
 from ..protocol.server_events import (
     ConversationItemAdded,
     ConversationItemDeleted,
@@ -76,6 +76,7 @@ from .conversation import AssistantItem, Conversation, StoredItem
 from .failures import log_failure
 from .input import BufferFull, InputTurns, SpeechBegan, SpeechEnded, TurnSignal
 from .response import ActiveResponse, ResponseSpec, failure_error
+from .usage import usage_of
 
 __all__ = ["OPENAI_VOICE_ALIASES", "Session"]
 
@@ -565,11 +566,7 @@ class Session:
             response.on_stage(event.stage, event.t)
             return []
         if isinstance(event, TurnDone):
-            usage = Usage(
-                input_text_tokens=event.prompt_tokens,
-                input_cached_tokens=event.cached_tokens,
-                output_text_tokens=event.output_tokens,
-            )
+            usage = usage_of(event)
             for stage, t in event.stages.items():
                 response.on_stage(stage, t)
             if event.finish_reason is FinishReason.LENGTH:
