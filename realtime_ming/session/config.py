@@ -44,6 +44,7 @@ class SessionSettings:
     min_commit_ms: int = 100  # manual commit with less -> input_audio_buffer_commit_empty
     max_items: int = 256  # conversation items kept; the oldest are dropped beyond
     output_frame_ms: int = 40  # largest audio delta sent to the client
+    max_out_of_band_responses: int = 2  # `conversation: "none"` responses running beside the main one
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -56,5 +57,7 @@ class SessionSettings:
             raise ValueError("session.min_commit_ms must be >= 0")
         if self.max_items < 2:
             raise ValueError("session.max_items must be >= 2")
+        if self.max_out_of_band_responses < 0:
+            raise ValueError("session.max_out_of_band_responses must be >= 0")
         if not 5 <= self.output_frame_ms <= 40:
             raise ValueError("session.output_frame_ms must be in [5, 40]")
