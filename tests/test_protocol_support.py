@@ -280,3 +280,39 @@ def test_close_cancels_out_of_band_responses() -> None:
     turn_ids = [r.turn_id for r in h.submitted()]
     actions = h.session.close()
     assert {a.turn_id for a in actions if isinstance(a, CancelTurn)} == set(turn_ids)
+
+
+# ---- input_image detail ------------------------------------------------------------------------------
+
+
+def _png(width: int, height: int) -> str:
+    import base64
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), (200, 30, 60)).save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def test_input_image_detail_low_sends_a_low_resolution_image() -> None:
+    """`detail: "low"` hands the model at most 512 x 512 pixels; "high" / "auto" / absent keep the
+    model's own resize (a 1600 x 1200 image stays above that). GA only: beta has no `input_image`
+    (`invalid_value`, tested with the parser)."""
+    from realtime_ming.session.content import LOW_DETAIL_MAX_PIXELS
+
+    dialect = GA
+    h = Harness(dialect)
+    url = _png(1600, 1200)
+    pixels = {}
+    for detail in ("low", "high", "auto", None):
+        part = {"type": "input_image", "image_url": url, **({"detail": detail} if detail else {})}
+        h.send(type="response.create", response={"input": [
+            {"type": "message", "role": "user", "content": [part]}], **_text_only(dialect)})
+        request = h.submitted()[-1]
+        image = request.history[-1].content[0].image
+        pixels[detail] = image.shape[0] * image.shape[1]
+        h.engine(_done(request.turn_id))
+    assert not _errors(h)
+    assert pixels["low"] <= LOW_DETAIL_MAX_PIXELS < pixels["high"] == pixels["auto"] == pixels[None]
