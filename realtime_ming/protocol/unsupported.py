@@ -12,7 +12,8 @@ from typing import Any, Final
 
 from realtime_ming.protocol.dialect import Dialect
 from realtime_ming.protocol.errors import ErrorCode, ProtocolError
-from realtime_ming.protocol.wire import ID, expect_choice, expect_object, expect_str, join
+from realtime_ming.protocol.limits import MAX_ECHO_JSON_BYTES
+from realtime_ming.protocol.wire import ID, expect_bounded_json, expect_choice, expect_object, expect_str, join
 
 __all__ = ["refuse_prompt", "refuse_reasoning", "refuse_unsupported"]
 
@@ -22,7 +23,7 @@ def _unsupported(param: str, detail: str) -> ProtocolError:
 
 
 def _check_prompt_shape(value: Any, param: str, dialect: Dialect) -> None:
-    obj = expect_object(value, param)
+    obj = expect_bounded_json(expect_object(value, param), param, MAX_ECHO_JSON_BYTES)
     ID.decode(obj.get("id"), join(param, "id"), dialect)
     if obj.get("version") is not None:
         ID.decode(obj["version"], join(param, "version"), dialect)
