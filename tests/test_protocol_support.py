@@ -316,3 +316,24 @@ def test_input_image_detail_low_sends_a_low_resolution_image() -> None:
         h.engine(_done(request.turn_id))
     assert not _errors(h)
     assert pixels["low"] <= LOW_DETAIL_MAX_PIXELS < pixels["high"] == pixels["auto"] == pixels[None]
+
+
+def test_barge_in_cancels_the_main_response_only() -> None:
+    """Speech during a spoken reply cancels that reply (`turn_detected`); an out-of-band response keeps
+    running (it is not part of the conversation being interrupted) and completes."""
+    from server_support import silence, tone
+    from test_session import MODEL_HZ, _vad_harness, _vad_response
+
+    h = _vad_harness()
+    main_id = _vad_response(h)
+    h.send(type="response.create", response={"conversation": "none", "output_modalities": ["text"]})
+    oob_id = h.submitted()[-1].turn_id
+    h.append(tone(0.3, MODEL_HZ))
+    assert CancelTurn(main_id) in h.commands and CancelTurn(oob_id) not in h.commands
+    assert h.last("response.done")["response"]["id"] == main_id
+    h.engine(TextDelta(oob_id, "topic"))
+    h.engine(_done(oob_id))
+    oob_done = h.last("response.done")["response"]
+    assert (oob_done["id"], oob_done["status"]) == (oob_id, "completed")
+    h.append(silence(1.0, MODEL_HZ))
+    assert not _errors(h)
