@@ -11,9 +11,9 @@ import pytest
 
 pytest.importorskip("agents.realtime")
 
-from agents.realtime import RealtimeAgent, RealtimeRunner  # noqa: E402
+from agents.realtime import RealtimeAgent, RealtimeRunner
 
-from realtime_ming.server import RealtimeServer, load_config  # noqa: E402
+from realtime_ming.server import RealtimeServer, load_config
 
 pytestmark = pytest.mark.timeout(240)
 
