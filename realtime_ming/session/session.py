@@ -246,6 +246,8 @@ class Session:
         return actions
 
     def _on_append(self, event: ce.InputAudioBufferAppend, now: float) -> list[Action]:
+        td = self.config.turn_detection
+        self._input.guard_barge_in(self._response is not None and td is not None and td.interrupt_response)
         try:
             signals = self._input.append(event.audio)
         except AudioFormatError as exc:
