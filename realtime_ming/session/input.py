@@ -91,6 +91,16 @@ class InputTurns:
         """Uncommitted audio held."""
         return self._buffer.num_samples / _SAMPLES_PER_MS
 
+    @property
+    def position_ms(self) -> int:
+        """The session's input clock: ms of 16 kHz audio received since the session started."""
+        return self._buffer.end_sample // _SAMPLES_PER_MS
+
+    @property
+    def in_speech(self) -> bool:
+        """The detector is inside a (possible) turn."""
+        return self._detector is not None and self._detector.state is not TurnState.SILENCE
+
     def configure(self, fmt: AudioFormat, turn_detection: TurnDetection) -> None:
         """Set the input format and turn detection (a new detector starts on the current clock)."""
         if self._decoder is None or self._decoder.format != fmt:

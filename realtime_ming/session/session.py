@@ -51,6 +51,7 @@ from ..protocol.server_events import (
     InputAudioBufferCommitted,
     InputAudioBufferSpeechStarted,
     InputAudioBufferSpeechStopped,
+    InputAudioBufferTimeoutTriggered,
     SessionCreated,
     SessionUpdated,
 )
@@ -74,6 +75,7 @@ from .config import SessionSettings
 from .content import MediaLimits, media_parts, part_to_content, strip_audio
 from .conversation import AssistantItem, Conversation, StoredItem
 from .failures import log_failure
+from .idle import IdleTimer
 from .input import BufferFull, InputTurns, SpeechBegan, SpeechEnded, TurnSignal
 from .response import ActiveResponse, ResponseSpec, failure_error
 
@@ -141,6 +143,7 @@ class Session:
         self._input.configure(self.config.input_format, self.config.turn_detection)
         self._speculation: _Speculation | None = None
         self._response: ActiveResponse | None = None
+        self._idle = IdleTimer()  # GA turn_detection.idle_timeout_ms
         self._has_spoken = False  # the voice is fixed after the first audio response
         self._oob_used = False
 
@@ -236,6 +239,9 @@ class Session:
 
     def _on_session_update(self, event: ce.SessionUpdate, now: float) -> list[Action]:
         new = apply_patch(self.config, event.session, voices=self._accepted_voices)
+        if new.noise_reduction is not None:  # no denoiser runs here: refuse rather than echo it
+            return self._error(ErrorCode.UNSUPPORTED_NOISE_REDUCTION, event.event_id,
+                               param=event.session.param("noise_reduction"), kind=new.noise_reduction.type.value)
         if new.voice != self.config.voice and self._has_spoken:
             return self._error(ErrorCode.CANNOT_UPDATE_VOICE, event.event_id, param=event.session.param("voice"))
         old, self.config = self.config, new
@@ -260,7 +266,17 @@ class Session:
         actions: list[Action] = []
         for signal in signals:
             actions += self._on_turn_signal(signal, now)
-        return actions
+        return actions + self._check_idle(now)
+
+    def _check_idle(self, now: float) -> list[Action]:
+        """idle_timeout_ms passed since the last reply played out: commit the idle input, prompt the user."""
+        span = self._idle.expired(self._input.position_ms)
+        if span is None or self._response is not None or self._input.in_speech:
+            return []
+        item_id, audio = self._input.commit()
+        actions: list[Action] = [Send(InputAudioBufferTimeoutTriggered(
+            audio_start_ms=span[0], audio_end_ms=span[1], item_id=item_id))]
+        return actions + self._discard_speculation() + self._commit_audio(item_id, audio) + self._start_response(now)
 
     def _on_commit(self, event: ce.InputAudioBufferCommit, now: float) -> list[Action]:
         # The resampler holds back its filter delay (up to 85 ms for 8 kHz G.711): the commit
@@ -410,6 +426,7 @@ class Session:
         td = self.config.turn_detection
         assert isinstance(td, ServerVad | SemanticVad)
         if isinstance(signal, SpeechBegan):
+            self._idle.disarm()
             actions: list[Action] = [Send(InputAudioBufferSpeechStarted(
                 audio_start_ms=signal.audio_start_ms, item_id=signal.item_id
             ))]
@@ -521,6 +538,7 @@ class Session:
         turn_id: str | None = None,
     ) -> list[Action]:
         """Create the active response; submit its turn unless it is a confirmed speculation."""
+        self._idle.disarm()
         spec = self._spec(turn_id or new_id(IdPrefix.RESPONSE), params)
         actions: list[Action] = []
         if turn_id is None:
@@ -544,6 +562,9 @@ class Session:
     def _finish_response(self, status: ResponseStatus, now: float, **details) -> list[Action]:
         response, self._response = self._response, None
         assert response is not None
+        td = self.config.turn_detection
+        if isinstance(td, ServerVad) and td.idle_timeout_ms is not None and status is not ResponseStatus.CANCELLED:
+            self._idle.arm(self._input.position_ms, response.item.audio_ms, td.idle_timeout_ms)
         events, record = response.finish(status, now, timing_events=self.config.timing_events, **details)
         return [Send(e) for e in events] + [record] + self._evict()
 
