@@ -81,12 +81,16 @@ def _modes() -> dict[str, object]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--pause-ms", type=int, default=700)
+    parser.add_argument("--modes", default="", help="comma-separated substrings of mode names (default: all)")
     args = parser.parse_args(argv)
+    wanted = [m for m in args.modes.split(",") if m]
     session = create_silero_session()
     paused = [espeak(t, v, args.pause_ms) for t in PAUSED for v in VOICES]
     complete = [espeak(t, v) for t in COMPLETE for v in VOICES]
     results = {}
     for name, td in _modes().items():
+        if wanted and not any(w in name for w in wanted):
+            continue
         turns = InputTurns(VadSettings(), lambda _kind: create_vad(VadKind.SILERO, silero_session=session), 60.0)
         turns.configure(AudioFormat(), td)
         splits, delays, cpu = 0, [], []
@@ -101,6 +105,7 @@ def main(argv: list[str] | None = None) -> None:
         results[name] = {
             "split_rate": round(splits / len(paused), 3),
             "turn_end_after_speech_ms_p50": statistics.median(delays),
+            "turn_end_after_speech_ms_p90": sorted(delays)[int(0.9 * (len(delays) - 1))],
             "turn_end_after_speech_ms_max": max(delays),
             "smart_turn_cpu_ms_p50": round(statistics.median(cpu), 1) if cpu else None,
             "n_paused": len(paused), "n_complete": len(complete),
