@@ -18,7 +18,7 @@ from realtime_ming.audio.config import TurnDetectorConfig
 from realtime_ming.audio.turns import SpeechStarted, TurnDetector
 from realtime_ming.audio.vad import SileroVad, create_silero_session
 
-__all__ = ["BACKCHANNELS", "INTERRUPTIONS", "noise_bursts", "measure", "main"]
+__all__ = ["BACKCHANNELS", "INTERRUPTIONS", "main", "measure", "noise_bursts"]
 
 BACKCHANNELS = ("mm-hmm", "uh-huh", "yeah", "okay", "right", "yes", "sure", "I see")
 INTERRUPTIONS = ("Wait, stop.", "No, I meant the other one.", "Hold on, that's wrong.",
@@ -50,7 +50,7 @@ def _first_start_ms(cfg: TurnDetectorConfig, vad: SileroVad, clip16: np.ndarray)
 
 
 def measure(cfg: TurnDetectorConfig, vad: SileroVad) -> dict:
-    to16 = lambda x: soxr.resample(x, 24000, 16000).astype(np.float32)  # noqa: E731
+    to16 = lambda x: soxr.resample(x, 24000, 16000).astype(np.float32)
     false_ = [_first_start_ms(cfg, vad, to16(espeak(t, v))) is not None for t in BACKCHANNELS for v in VOICES]
     false_ += [_first_start_ms(cfg, vad, x) is not None for x in noise_bursts()]
     stops = [_first_start_ms(cfg, vad, to16(espeak(t, v))) for t in INTERRUPTIONS for v in VOICES]

@@ -16,13 +16,13 @@ import subprocess
 import numpy as np
 import soxr
 
-from realtime_ming.audio.vad import create_silero_session, create_vad, VadKind
+from realtime_ming.audio.vad import VadKind, create_silero_session, create_vad
 from realtime_ming.protocol.session import Eagerness, SemanticVad, ServerVad
 from realtime_ming.protocol.values import AudioFormat
 from realtime_ming.session.config import VadSettings
 from realtime_ming.session.input import InputTurns, SpeechEnded
 
-__all__ = ["PAUSED", "COMPLETE", "VOICES", "espeak", "run_turn", "main"]
+__all__ = ["COMPLETE", "PAUSED", "VOICES", "espeak", "main", "run_turn"]
 
 # "<p>" marks the mid-sentence pause.
 PAUSED = (

@@ -139,3 +139,15 @@ def test_semantic_vad_low_never_judges_a_pause_shorter_than_800_ms():
     ends = _ends_ms(turns, audio)
     assert len(ends) == 1 and len(calls) == 1
     assert 1900 + 800 <= ends[0] <= 1900 + 900
+
+
+def test_semantic_vad_model_failure_falls_back_to_silence(caplog):
+    """An end-of-turn model that raises costs one log line; the turn still ends at the fallback."""
+    def broken(audio: np.ndarray) -> float:
+        raise RuntimeError("onnxruntime failed")
+
+    turns = InputTurns(VadSettings(), lambda _kind: EnergyVad(), 60.0, end_of_turn=broken)
+    turns.configure(AudioFormat(sample_rate_hz=MODEL_HZ), SemanticVad(eagerness=Eagerness.HIGH))
+    ends = _ends_ms(turns, np.concatenate([tone(0.6, MODEL_HZ), silence(2.5, MODEL_HZ)]))
+    assert len(ends) == 1 and 600 + 2000 <= ends[0] <= 600 + 2100
+    assert "end-of-turn model failed" in caplog.text

@@ -19,17 +19,22 @@ from typing import Any
 import numpy as np
 import torch
 
-from realtime_ming.audio.mel import MEL_HOP_SAMPLES, MEL_SAMPLE_RATE_HZ, log_mel_spectrogram, slaney_mel_filterbank
+from realtime_ming.audio.mel import (
+    MEL_HOP_SAMPLES,
+    MEL_SAMPLE_RATE_HZ,
+    log_mel_spectrogram,
+    slaney_mel_filterbank,
+)
 
 __all__ = [
-    "SMART_TURN_WINDOW_SAMPLES",
-    "SMART_TURN_NUM_BINS",
-    "smart_turn_model_path",
-    "smart_turn_features",
-    "SmartTurn",
-    "EndOfTurnPolicy",
     "EAGERNESS_POLICY",
+    "SMART_TURN_NUM_BINS",
+    "SMART_TURN_WINDOW_SAMPLES",
+    "EndOfTurnPolicy",
+    "SmartTurn",
     "shared_smart_turn",
+    "smart_turn_features",
+    "smart_turn_model_path",
 ]
 
 SMART_TURN_WINDOW_SAMPLES = 8 * MEL_SAMPLE_RATE_HZ  # the model sees the last 8 s
@@ -72,7 +77,7 @@ def _create_session(path: Path | None, num_threads: int) -> Any:
 
 
 class _Request:
-    __slots__ = ("features", "prob", "error", "done")
+    __slots__ = ("done", "error", "features", "prob")
 
     def __init__(self, features: np.ndarray) -> None:
         self.features = features

@@ -22,7 +22,7 @@ class IdleTimer:
 
     def arm(self, position_ms: int, playback_ms: float, timeout_ms: int) -> None:
         """A response ended at input position `position_ms` with `playback_ms` of audio to play out."""
-        self._start_ms = position_ms + int(round(playback_ms))
+        self._start_ms = position_ms + round(playback_ms)
         self._deadline_ms = self._start_ms + timeout_ms
 
     def disarm(self) -> None:

@@ -7,6 +7,7 @@ speech began (with the future user item id), paused, resumed, ended (with the tu
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -32,6 +33,7 @@ from .config import VadSettings
 
 __all__ = ["BufferFull", "InputTurns", "SpeechBegan", "SpeechEnded", "TurnSignal"]
 
+log = logging.getLogger(__name__)
 _SAMPLES_PER_MS = MODEL_SAMPLE_RATE_HZ // 1000
 # Input kept before a possible speech start while the detector hears silence (prefix padding + slack).
 _SILENCE_KEEP_MS = 500
@@ -169,7 +171,11 @@ class InputTurns:
             return None
         self._decided = True
         started = time.thread_time()
-        prob = self._end_of_turn(self.speech_so_far())
+        try:
+            prob = self._end_of_turn(self.speech_so_far())
+        except Exception:  # the silence fallback still ends the turn; one log line, never a lost session
+            log.exception("end-of-turn model failed; waiting for the %d ms silence fallback", policy.fallback_ms)
+            return None
         self.last_decision = (prob, (time.thread_time() - started) * 1000.0)
         return detector.end_turn() if prob >= policy.threshold else None
 
