@@ -684,8 +684,14 @@ def test_openai_voice_names_are_accepted_as_aliases():
 
 
 @pytest.mark.parametrize("kind", ["near_field", "far_field"])
-def test_noise_reduction_is_refused_not_echoed(kind):
-    """No denoiser runs here: noise_reduction gets unsupported_noise_reduction and the session is unchanged."""
+def test_noise_reduction_without_rnnoise_is_refused_not_echoed(kind, monkeypatch):
+    """RNNoise missing: noise_reduction gets unsupported_noise_reduction and the session is unchanged."""
+    from realtime_ming.audio import denoise
+
+    def missing():
+        raise denoise.DenoiserUnavailable("package pyrnnoise is not installed")
+
+    monkeypatch.setattr(denoise, "_library", missing)
     h = Harness()
     before = h.session.config
     h.send(type="session.update", event_id="nr", session={
@@ -693,10 +699,30 @@ def test_noise_reduction_is_refused_not_echoed(kind):
     error = _error(h)
     assert (error["code"], error["param"], error["event_id"]) == (
         "unsupported_noise_reduction", "session.audio.input.noise_reduction", "nr")
+    assert "pyrnnoise" in error["message"]
     assert "session.updated" not in h.types()
     assert h.session.config == before
     h.send(type="session.update", session={"type": "realtime", "audio": {"input": {"noise_reduction": None}}})
     assert h.types()[-1] == "session.updated"
+
+
+def test_noise_reduction_denoises_before_vad_and_keeps_turns():
+    """near_field with RNNoise installed: echoed, and a spoken-length tone in noise is still one turn."""
+    from realtime_ming.audio.denoise import DenoiserUnavailable, rnnoise_library_path
+
+    try:
+        rnnoise_library_path()
+    except DenoiserUnavailable:
+        pytest.skip("RNNoise not installed (pip install --no-deps pyrnnoise)")
+    h = _vad_harness()
+    h.send(type="session.update", session={
+        "type": "realtime", "audio": {"input": {"noise_reduction": {"type": "near_field"}}}})
+    assert h.last("session.updated")["session"]["audio"]["input"]["noise_reduction"] == {"type": "near_field"}
+    h.append(silence(0.5, MODEL_HZ))
+    h.append(tone(0.6, MODEL_HZ))
+    h.append(silence(1.0, MODEL_HZ))
+    assert h.types().count("input_audio_buffer.speech_stopped") == 1
+    assert h.types().count("input_audio_buffer.committed") == 1
 
 
 def _idle_harness(timeout_ms: int) -> Harness:

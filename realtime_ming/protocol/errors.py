@@ -124,7 +124,7 @@ class ErrorCode(StrEnum):
     UNSUPPORTED_NOISE_REDUCTION = (
         "unsupported_noise_reduction",
         _INVALID,
-        "Input noise reduction '{kind}' is not supported by this server; set noise_reduction to null.",
+        "Input noise reduction '{kind}' is not available on this server ({detail}); set noise_reduction to null.",
     )
     UNKNOWN_VOICE = ("unknown_voice", _INVALID, "Unknown voice '{voice}'; available voices: {voices}.")
     CANNOT_UPDATE_VOICE = (

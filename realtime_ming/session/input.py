@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ..audio.denoise import RnnoiseDenoiser
 from ..audio.end_of_turn import EAGERNESS_POLICY, EndOfTurnPolicy, shared_smart_turn
 from ..audio.pcm import b64decode_audio
 from ..audio.turns import (
@@ -83,6 +84,7 @@ class InputTurns:
         self._max_buffer_ms = max_buffer_s * 1000.0
         self._buffer = InputAudioBuffer()
         self._decoder: InputDecoder | None = None
+        self._denoiser: RnnoiseDenoiser | None = None  # audio.input.noise_reduction
         self._detector: TurnDetector | None = None
         self._origin = 0  # session sample index where the detector's clock starts
         self._speech_item_id: str | None = None  # id announced with SpeechBegan
@@ -133,6 +135,13 @@ class InputTurns:
         self._detector = TurnDetector(cfg, self._make_vad(self._vad.backend))
         self._origin = self._buffer.end_sample
 
+    def set_noise_reduction(self, enabled: bool) -> None:
+        """Denoise the input (RNNoise) before VAD and the buffer; raises denoise.DenoiserUnavailable."""
+        if enabled and self._denoiser is None:
+            self._denoiser = RnnoiseDenoiser()
+        elif not enabled:
+            self._denoiser = None
+
     def guard_barge_in(self, on: bool) -> None:
         """A reply is playing (and may be interrupted): backchannels must not start a turn."""
         if self._detector is not None:
@@ -144,7 +153,8 @@ class InputTurns:
         data = b64decode_audio(b64)
         if self.buffered_ms + self._decoder.duration_ms(len(data)) > self._max_buffer_ms:
             raise BufferFull
-        return self._append(self._decoder.decode(data))
+        samples = self._decoder.decode(data)
+        return self._append(samples if self._denoiser is None else self._denoiser.process(samples))
 
     def _append(self, samples: np.ndarray) -> list[TurnSignal]:
         # Every buffered sample is fed to the detector, so its clock stays aligned with the buffer's.
@@ -206,7 +216,10 @@ class InputTurns:
         Detector events of this tail are moot: a commit resets turn detection.
         """
         assert self._decoder is not None
-        self._append(self._decoder.flush())
+        tail = self._decoder.flush()
+        if self._denoiser is not None:
+            tail = np.concatenate([self._denoiser.process(tail), self._denoiser.flush()])
+        self._append(tail)
 
     def commit(self) -> tuple[str, np.ndarray]:
         """Take everything buffered as one user turn: (item id, 16 kHz audio); resets detection.
@@ -226,3 +239,5 @@ class InputTurns:
             self._detector.reset()
         if reset_decoder and self._decoder is not None:
             self._decoder.reset()
+        if reset_decoder and self._denoiser is not None:
+            self._denoiser.reset()

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..audio.pcm import AudioFormatError
+from ..audio.denoise import DenoiserUnavailable
 from ..audio.turns import SpeechPaused, SpeechResumed
 from ..audio.vad import VadBackend
 from ..engine.api import (
@@ -239,11 +240,16 @@ class Session:
 
     def _on_session_update(self, event: ce.SessionUpdate, now: float) -> list[Action]:
         new = apply_patch(self.config, event.session, voices=self._accepted_voices)
-        if new.noise_reduction is not None:  # no denoiser runs here: refuse rather than echo it
-            return self._error(ErrorCode.UNSUPPORTED_NOISE_REDUCTION, event.event_id,
-                               param=event.session.param("noise_reduction"), kind=new.noise_reduction.type.value)
         if new.voice != self.config.voice and self._has_spoken:
             return self._error(ErrorCode.CANNOT_UPDATE_VOICE, event.event_id, param=event.session.param("voice"))
+        if new.noise_reduction != self.config.noise_reduction:
+            try:
+                self._input.set_noise_reduction(new.noise_reduction is not None)
+            except DenoiserUnavailable as exc:  # refuse rather than echo a setting that would not act
+                assert new.noise_reduction is not None
+                return self._error(ErrorCode.UNSUPPORTED_NOISE_REDUCTION, event.event_id,
+                                   param=event.session.param("noise_reduction"),
+                                   kind=new.noise_reduction.type.value, detail=str(exc))
         old, self.config = self.config, new
         actions = self._discard_speculation()
         if (new.input_format, new.turn_detection) != (old.input_format, old.turn_detection):
