@@ -15,8 +15,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..audio.pcm import AudioFormatError
 from ..audio.denoise import DenoiserUnavailable
+from ..audio.pcm import AudioFormatError
 from ..audio.turns import SpeechPaused, SpeechResumed
 from ..audio.vad import VadBackend
 from ..engine.api import (
