@@ -300,6 +300,7 @@ FROZEN_CODES = {
     "input_text_too_long": ErrorType.INVALID_REQUEST,
     "item_too_large": ErrorType.INVALID_REQUEST,
     "context_length_exceeded": ErrorType.INVALID_REQUEST,
+    "unsupported_noise_reduction": ErrorType.INVALID_REQUEST,
 }
 
 

@@ -121,6 +121,11 @@ class ErrorCode(StrEnum):
         _INVALID,
         "Unsupported turn detection type '{kind}'; supported types: {supported}.",
     )
+    UNSUPPORTED_NOISE_REDUCTION = (
+        "unsupported_noise_reduction",
+        _INVALID,
+        "Input noise reduction '{kind}' is not available on this server ({detail}); set noise_reduction to null.",
+    )
     UNKNOWN_VOICE = ("unknown_voice", _INVALID, "Unknown voice '{voice}'; available voices: {voices}.")
     UNSUPPORTED_PARAMETER = (
         "unsupported_parameter",

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ..audio.denoise import DenoiserUnavailable
 from ..audio.pcm import AudioFormatError
 from ..audio.turns import SpeechPaused, SpeechResumed
 from ..audio.vad import VadBackend
@@ -52,6 +53,7 @@ from ..protocol.server_events import (
     InputAudioBufferCommitted,
     InputAudioBufferSpeechStarted,
     InputAudioBufferSpeechStopped,
+    InputAudioBufferTimeoutTriggered,
     SessionCreated,
     SessionUpdated,
 )
@@ -75,6 +77,7 @@ from .config import SessionSettings
 from .content import MediaLimits, media_parts, part_to_content, strip_audio
 from .conversation import AssistantItem, Conversation, StoredItem
 from .failures import log_failure
+from .idle import IdleTimer
 from .input import BufferFull, InputTurns, SpeechBegan, SpeechEnded, TurnSignal
 from .response import ActiveResponse, ResponseSpec, failure_error
 from .tracing import check_tracing_update, trace_response
@@ -145,6 +148,7 @@ class Session:
         self._speculation: _Speculation | None = None
         self._response: ActiveResponse | None = None  # the one response of the default conversation
         self._oob: dict[str, ActiveResponse] = {}  # out-of-band responses running beside it, by id
+        self._idle = IdleTimer()  # GA turn_detection.idle_timeout_ms
         self._has_spoken = False  # the voice is fixed after the first audio response
         self._oob_used = False
 
@@ -249,6 +253,14 @@ class Session:
             return self._error(ErrorCode.CANNOT_UPDATE_VOICE, event.event_id, param=event.session.param("voice"))
         if "tracing" in event.session.changes:
             check_tracing_update(self.config, new, event.session.param("tracing"))
+        if new.noise_reduction != self.config.noise_reduction:
+            try:
+                self._input.set_noise_reduction(new.noise_reduction is not None)
+            except DenoiserUnavailable as exc:  # refuse rather than echo a setting that would not act
+                assert new.noise_reduction is not None
+                return self._error(ErrorCode.UNSUPPORTED_NOISE_REDUCTION, event.event_id,
+                                   param=event.session.param("noise_reduction"),
+                                   kind=new.noise_reduction.type.value, detail=str(exc))
         old, self.config = self.config, new
         actions = self._discard_speculation()
         if (new.input_format, new.turn_detection) != (old.input_format, old.turn_detection):
@@ -257,6 +269,8 @@ class Session:
         return actions
 
     def _on_append(self, event: ce.InputAudioBufferAppend, now: float) -> list[Action]:
+        td = self.config.turn_detection
+        self._input.guard_barge_in(self._response is not None and td is not None and td.interrupt_response)
         try:
             signals = self._input.append(event.audio)
         except AudioFormatError as exc:
@@ -269,7 +283,17 @@ class Session:
         actions: list[Action] = []
         for signal in signals:
             actions += self._on_turn_signal(signal, now)
-        return actions
+        return actions + self._check_idle(now)
+
+    def _check_idle(self, now: float) -> list[Action]:
+        """idle_timeout_ms passed since the last reply played out: commit the idle input, prompt the user."""
+        span = self._idle.expired(self._input.position_ms)
+        if span is None or self._response is not None or self._input.in_speech:
+            return []
+        item_id, audio = self._input.commit()
+        actions: list[Action] = [Send(InputAudioBufferTimeoutTriggered(
+            audio_start_ms=span[0], audio_end_ms=span[1], item_id=item_id))]
+        return actions + self._discard_speculation() + self._commit_audio(item_id, audio) + self._start_response(now)
 
     def _on_commit(self, event: ce.InputAudioBufferCommit, now: float) -> list[Action]:
         # The resampler holds back its filter delay (up to 85 ms for 8 kHz G.711): the commit
@@ -429,6 +453,7 @@ class Session:
         td = self.config.turn_detection
         assert isinstance(td, ServerVad | SemanticVad)
         if isinstance(signal, SpeechBegan):
+            self._idle.disarm()
             actions: list[Action] = [Send(InputAudioBufferSpeechStarted(
                 audio_start_ms=signal.audio_start_ms, item_id=signal.item_id
             ))]
@@ -541,6 +566,7 @@ class Session:
         turn_id: str | None = None,
     ) -> list[Action]:
         """Create the active response; submit its turn unless it is a confirmed speculation."""
+        self._idle.disarm()
         spec = self._spec(turn_id or new_id(IdPrefix.RESPONSE), params)
         actions: list[Action] = []
         if turn_id is None:
@@ -581,7 +607,12 @@ class Session:
     ) -> list[Action]:
         response = response or self._response
         assert response is not None
+        main = response is self._response
         self._forget(response)
+        td = self.config.turn_detection
+        if (main and isinstance(td, ServerVad) and td.idle_timeout_ms is not None
+                and status is not ResponseStatus.CANCELLED):
+            self._idle.arm(self._input.position_ms, response.item.audio_ms, td.idle_timeout_ms)
         events, record = response.finish(status, now, timing_events=self.config.timing_events, **details)
         trace_response(self.config, response.id, status, details.get("usage"))
         return [Send(e) for e in events] + [record] + self._evict()
