@@ -328,7 +328,7 @@ def test_barge_in_cancels_the_main_response_only() -> None:
     main_id = _vad_response(h)
     h.send(type="response.create", response={"conversation": "none", "output_modalities": ["text"]})
     oob_id = h.submitted()[-1].turn_id
-    h.append(tone(0.3, MODEL_HZ))
+    h.append(tone(0.9, MODEL_HZ))  # longer than barge_in_min_speech_ms: a real interruption
     assert CancelTurn(main_id) in h.commands and CancelTurn(oob_id) not in h.commands
     assert h.last("response.done")["response"]["id"] == main_id
     h.engine(TextDelta(oob_id, "topic"))
