@@ -14,7 +14,7 @@ from openai.types.beta.realtime import RealtimeServerEvent as BetaServerEvent
 from openai.types.realtime import RealtimeServerEvent as GaServerEvent
 from pydantic import TypeAdapter
 
-from realtime_ming.protocol import GA_CLIENT_SAFE_SERVER_TYPES, TIMINGS_EVENT_TYPE, Dialect
+from realtime_ming.protocol import GA_CLIENT_SAFE_SERVER_TYPES, GA_OPT_IN_SERVER_TYPES, TIMINGS_EVENT_TYPE, Dialect
 
 __all__ = ["validate_server_event"]
 
@@ -38,7 +38,7 @@ def _validate_timings(obj: dict[str, Any]) -> None:
 
 
 def validate_server_event(
-    obj: dict[str, Any] | str, dialect: Dialect, *, allow_timings: bool = False
+    obj: dict[str, Any] | str, dialect: Dialect, *, allow_timings: bool = False, allow_opt_in: bool = False
 ) -> None:
     """Raise (`AssertionError` or pydantic `ValidationError`) unless `obj` is a valid frame for `dialect`.
 
@@ -54,6 +54,7 @@ def validate_server_event(
             raise AssertionError(f"{TIMINGS_EVENT_TYPE} was sent without the client's opt-in")
         _validate_timings(obj)
         return
-    if dialect is Dialect.GA and event_type not in GA_CLIENT_SAFE_SERVER_TYPES:
+    opt_in = GA_OPT_IN_SERVER_TYPES if allow_opt_in else frozenset()
+    if dialect is Dialect.GA and event_type not in GA_CLIENT_SAFE_SERVER_TYPES | opt_in:
         raise AssertionError(f"{event_type!r} is not one of pipecat's 31 GA server event types")
     _ADAPTERS[dialect].validate_python(obj, strict=True)

@@ -99,7 +99,7 @@ _RATE_PATHS = {
 EXTENSION_RATES_HZ = (16000, 44100)
 
 
-def validate_frame(frame: dict, dialect, *, allow_timings: bool = False) -> None:
+def validate_frame(frame: dict, dialect, *, allow_timings: bool = False, allow_opt_in: bool = False) -> None:
     """`realtime_validate.validate_server_event`, tolerating only our extension PCM rates."""
     import copy
 
@@ -117,7 +117,7 @@ def validate_frame(frame: dict, dialect, *, allow_timings: bool = False) -> None
             for key in path:
                 target = target[key]
             target["rate"] = WIRE_RATE_HZ
-    validate_server_event(checked, dialect, allow_timings=allow_timings)
+    validate_server_event(checked, dialect, allow_timings=allow_timings, allow_opt_in=allow_opt_in)
 
 
 class StubEngine:

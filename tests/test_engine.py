@@ -527,3 +527,38 @@ def test_prefill_batch_stays_within_a_graphed_shape(fixture_root, bundle):
 
     runner.prefiller = SimpleNamespace(fits=fits)
     assert len(runner._prefill_batch()) == 8
+
+
+@pytest.mark.parametrize("kind", ["image", "audio"])
+def test_engine_usage_splits_the_prompt_by_modality(make_engine, bundle, kind):
+    """TurnDone splits the prompt into text / audio / image tokens: the media share is exactly the number of
+    patch placeholder ids in the tokenised prompt; a follow-up turn of the same conversation reports the
+    reused prefix (media included) as cached, split the same way."""
+    engine = make_engine(forced_reply="Fine.")
+    content, items = _media_turn(bundle, kind)
+    first = _run(engine, TurnRequest("u1", "conv", (Message("user", content),),
+                                     sampling=SamplingParams(max_tokens=4, ignore_eos=True), with_audio=False))
+    ids = list(bundle.tokenizer.build_prompt([ChatMessage("user", items)]).input_ids)
+    media = bundle.tokenizer.media
+    patches = ids.count(media.image_patch if kind == "image" else media.audio_patch)
+    d1 = first.events[-1]
+    assert isinstance(d1, TurnDone) and patches > 0
+    expected = (len(ids) - patches, patches, 0) if kind == "audio" else (len(ids) - patches, 0, patches)
+    assert (d1.prompt.text, d1.prompt.audio, d1.prompt.image) == expected
+    assert d1.prompt.total == d1.prompt_tokens and d1.cached.total == d1.cached_tokens == 0
+    history = (Message("user", content), Message("assistant", (Content.of_text(d1.text),)))
+    second = _run(engine, _request("u2", PROMPT_B, conversation="conv", history=history, with_audio=False))
+    d2 = second.events[-1]
+    assert d2.cached.total == d2.cached_tokens > len(ids) - 1
+    assert (d2.cached.audio, d2.cached.image) == expected[1:] and (d2.prompt.audio, d2.prompt.image) == expected[1:]
+    assert d1.talker_steps == d2.talker_steps == 0  # text responses run no talker step
+
+
+def test_engine_counts_talker_steps_of_a_spoken_turn(make_engine):
+    """A spoken turn reports the talker steps it ran (its output audio tokens); each produced audio."""
+    engine = make_engine(forced_reply="Hello there, friend.")
+    rec = _run(engine, _request("s", PROMPT_A, max_tokens=6, with_audio=True))
+    done = rec.events[-1]
+    assert isinstance(done, TurnDone) and done.audio_samples > 0
+    assert done.talker_steps >= 1
+    assert done.audio_samples == rec.pcm().size

@@ -258,6 +258,9 @@ FROZEN_CODES = {
     "unsupported_turn_detection": ErrorType.INVALID_REQUEST,
     "unknown_voice": ErrorType.INVALID_REQUEST,
     "cannot_update_voice": ErrorType.INVALID_REQUEST,
+    "unsupported_parameter": ErrorType.INVALID_REQUEST,
+    "cannot_update_tracing": ErrorType.INVALID_REQUEST,
+    "too_many_out_of_band_responses": ErrorType.INVALID_REQUEST,
     "invalid_audio": ErrorType.INVALID_REQUEST,
     "input_audio_buffer_commit_empty": ErrorType.INVALID_REQUEST,
     "input_audio_buffer_too_large": ErrorType.INVALID_REQUEST,
@@ -297,6 +300,7 @@ FROZEN_CODES = {
     "input_text_too_long": ErrorType.INVALID_REQUEST,
     "item_too_large": ErrorType.INVALID_REQUEST,
     "context_length_exceeded": ErrorType.INVALID_REQUEST,
+    "unsupported_noise_reduction": ErrorType.INVALID_REQUEST,
 }
 
 

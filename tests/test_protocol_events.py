@@ -15,6 +15,7 @@ from realtime_ming import protocol
 from realtime_ming.protocol import (
     CLIENT_EVENTS,
     GA_CLIENT_SAFE_SERVER_TYPES,
+    GA_OPT_IN_SERVER_TYPES,
     SERVER_EVENTS,
     TIMINGS_EVENT_TYPE,
     AudioFormat,
@@ -40,6 +41,7 @@ from realtime_ming.protocol import (
     InputAudioBufferCommitted,
     InputAudioBufferSpeechStarted,
     InputAudioBufferSpeechStopped,
+    InputAudioBufferTimeoutTriggered,
     InputImage,
     InputText,
     ItemStatus,
@@ -163,6 +165,9 @@ SAMPLES: dict[type[ServerEvent], list[ServerEvent]] = {
     ConversationCreated: [ConversationCreated(conversation=Conversation("conv_1"))],
     InputAudioBufferSpeechStarted: [InputAudioBufferSpeechStarted(audio_start_ms=1200, item_id=USER_ITEM)],
     InputAudioBufferSpeechStopped: [InputAudioBufferSpeechStopped(audio_end_ms=2900, item_id=USER_ITEM)],
+    InputAudioBufferTimeoutTriggered: [
+        InputAudioBufferTimeoutTriggered(audio_start_ms=3000, audio_end_ms=8000, item_id=USER_ITEM)
+    ],
     InputAudioBufferCommitted: [
         InputAudioBufferCommitted(item_id=USER_ITEM, previous_item_id="item_0"),
         InputAudioBufferCommitted(item_id=USER_ITEM),
@@ -266,9 +271,11 @@ def test_registry_class_names_are_camel_case_of_wire_names() -> None:
 
 
 def test_registry_ga_types_are_pipecat_types_plus_timings() -> None:
-    """The server events are exactly pipecat's 31 GA types plus our timings extension."""
+    """The server events are exactly pipecat's 31 GA types plus our timings extension and the
+    opt-in GA events (idle_timeout_ms's timeout_triggered)."""
     assert len(GA_CLIENT_SAFE_SERVER_TYPES) == 31
-    assert set(SERVER_EVENTS) == GA_CLIENT_SAFE_SERVER_TYPES | {TIMINGS_EVENT_TYPE}
+    assert GA_OPT_IN_SERVER_TYPES == {"input_audio_buffer.timeout_triggered"}
+    assert set(SERVER_EVENTS) == GA_CLIENT_SAFE_SERVER_TYPES | GA_OPT_IN_SERVER_TYPES | {TIMINGS_EVENT_TYPE}
 
 
 @pytest.mark.parametrize(("name", "event"), SDK_SAMPLES, ids=[n for n, _ in SDK_SAMPLES])
@@ -276,7 +283,7 @@ def test_serialise_ga_validates_against_sdk(name: str, event: ServerEvent) -> No
     """Every GA frame validates strictly as openai.types.realtime.RealtimeServerEvent and keeps its name."""
     frame = serialise(event, Dialect.GA)
     assert frame is not None
-    validate_server_event(frame, Dialect.GA)
+    validate_server_event(frame, Dialect.GA, allow_opt_in=name in GA_OPT_IN_SERVER_TYPES)
     assert json.loads(frame)["type"] == name
 
 
@@ -284,7 +291,7 @@ def test_serialise_ga_validates_against_sdk(name: str, event: ServerEvent) -> No
 def test_serialise_beta_validates_against_sdk(name: str, event: ServerEvent) -> None:
     """Every beta frame validates strictly as openai.types.beta.realtime.RealtimeServerEvent."""
     frame = serialise(event, Dialect.BETA)
-    if name == "conversation.item.done":
+    if name in ("conversation.item.done", "input_audio_buffer.timeout_triggered"):
         assert frame is None
         return
     assert frame is not None

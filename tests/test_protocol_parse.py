@@ -87,8 +87,8 @@ GA_SESSION = {
     "max_output_tokens": 512,
     "tracing": "auto",
     "truncation": "auto",
-    "include": ["item.input_audio_transcription.logprobs"],
-    "prompt": {"id": "pmpt_1"},
+    "include": [],  # logprobs and stored prompts are refused: test_protocol_support.py
+    "prompt": None,
     "realtime_ming": {"timing_events": True},
 }
 GA_SESSION_CHANGES = {
@@ -107,8 +107,8 @@ GA_SESSION_CHANGES = {
     "max_output_tokens": 512,
     "tracing": "auto",
     "truncation": "auto",
-    "include": ("item.input_audio_transcription.logprobs",),
-    "prompt": {"id": "pmpt_1"},
+    "include": (),
+    "prompt": None,
     "timing_events": True,
 }
 BETA_SESSION = {

@@ -210,11 +210,13 @@ def test_apply_update_semantic_vad_accepted() -> None:
 
 
 def test_apply_update_ignores_echoed_and_unknown_keys() -> None:
-    """Keys outside both shapes (id, object, newer SDK fields) are ignored, not rejected."""
+    """Keys outside both shapes (id, object, fields newer than the SDK) are ignored, not rejected;
+    documented fields this server does not implement (`reasoning`) are refused (test_protocol_support.py)."""
     update = {
         "id": "sess_x",
         "object": "realtime.session",
-        "reasoning": {"effort": "low"},
+        "some_future_field": {"effort": "low"},
+        "reasoning": None,
         "instructions": "hi",
     }
     after = apply_update(SessionConfig(), update, Dialect.GA)

@@ -80,7 +80,9 @@ class Harness:
                 if text is None:
                     continue
                 frame = json.loads(text)
-                validate_frame(frame, self.dialect, allow_timings=timings)
+                td = self.session.config.turn_detection
+                idle = getattr(td, "idle_timeout_ms", None) is not None
+                validate_frame(frame, self.dialect, allow_timings=timings, allow_opt_in=idle)
                 self.frames.append(frame)
             else:
                 self.commands.append(action)
@@ -484,7 +486,7 @@ def test_barge_in_cancels_response_before_new_speech_is_committed():
     h = _vad_harness()
     turn_id = _vad_response(h)
     start = len(h.frames)
-    h.append(tone(0.3, MODEL_HZ))
+    h.append(tone(0.9, MODEL_HZ))  # longer than barge_in_min_speech_ms: a real interruption
     types = h.types(start)
     assert types[0] == "input_audio_buffer.speech_started"
     assert types[1:] == _AUDIO_CLOSE
@@ -492,6 +494,17 @@ def test_barge_in_cancels_response_before_new_speech_is_committed():
     details = h.last("response.done")["response"]["status_details"]
     assert (details["type"], details["reason"]) == ("cancelled", "turn_detected")
     assert h.engine(AudioChunk(turn_id, _engine_pcm(0.2))) == []
+
+
+def test_short_burst_during_response_is_a_backchannel():
+    """Speech shorter than barge_in_min_speech_ms, then silence, during a response: no event, no cancel."""
+    h = _vad_harness()
+    turn_id = _vad_response(h)
+    start = len(h.frames)
+    h.append(np.concatenate([tone(0.4, MODEL_HZ), np.zeros(MODEL_HZ, np.float32)]))
+    assert h.types(start) == []
+    assert CancelTurn(turn_id) not in h.commands
+    assert h.session.active_response_id == turn_id
 
 
 def test_barge_in_disabled_by_interrupt_response_false():
@@ -665,3 +678,94 @@ def test_openai_voice_names_are_accepted_as_aliases():
     h.send(type="response.create", response={"audio": {"output": {"voice": "other"}}})
     first, second = h.submitted()
     assert (first.voice, second.voice) == ("DB30", "other")
+
+
+# ---- noise reduction and idle timeout ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["near_field", "far_field"])
+def test_noise_reduction_without_rnnoise_is_refused_not_echoed(kind, monkeypatch):
+    """RNNoise missing: noise_reduction gets unsupported_noise_reduction and the session is unchanged."""
+    from realtime_ming.audio import denoise
+
+    def missing():
+        raise denoise.DenoiserUnavailable("package pyrnnoise is not installed")
+
+    monkeypatch.setattr(denoise, "_library", missing)
+    h = Harness()
+    before = h.session.config
+    h.send(type="session.update", event_id="nr", session={
+        "type": "realtime", "instructions": "x", "audio": {"input": {"noise_reduction": {"type": kind}}}})
+    error = _error(h)
+    assert (error["code"], error["param"], error["event_id"]) == (
+        "unsupported_noise_reduction", "session.audio.input.noise_reduction", "nr")
+    assert "pyrnnoise" in error["message"]
+    assert "session.updated" not in h.types()
+    assert h.session.config == before
+    h.send(type="session.update", session={"type": "realtime", "audio": {"input": {"noise_reduction": None}}})
+    assert h.types()[-1] == "session.updated"
+
+
+def test_noise_reduction_denoises_before_vad_and_keeps_turns():
+    """near_field with RNNoise installed: echoed, and a spoken-length tone in noise is still one turn."""
+    from realtime_ming.audio.denoise import DenoiserUnavailable, rnnoise_library_path
+
+    try:
+        rnnoise_library_path()
+    except DenoiserUnavailable:
+        pytest.skip("RNNoise not installed (pip install --no-deps pyrnnoise)")
+    h = _vad_harness()
+    h.send(type="session.update", session={
+        "type": "realtime", "audio": {"input": {"noise_reduction": {"type": "near_field"}}}})
+    assert h.last("session.updated")["session"]["audio"]["input"]["noise_reduction"] == {"type": "near_field"}
+    h.append(silence(0.5, MODEL_HZ))
+    h.append(tone(0.6, MODEL_HZ))
+    h.append(silence(1.0, MODEL_HZ))
+    assert h.types().count("input_audio_buffer.speech_stopped") == 1
+    assert h.types().count("input_audio_buffer.committed") == 1
+
+
+def _idle_harness(timeout_ms: int) -> Harness:
+    h = _vad_harness()
+    h.send(type="session.update", session={"type": "realtime", "audio": {"input": {"turn_detection": {
+        "type": "server_vad", "idle_timeout_ms": timeout_ms}}}})
+    return h
+
+
+def test_idle_timeout_after_playback_prompts_the_user():
+    """GA idle_timeout_ms: counted from the end of the reply's playback on the input clock; then
+    timeout_triggered, the idle input committed as a user item, and a new response."""
+    h = _idle_harness(1000)
+    turn_id = _vad_response(h)  # the reply so far: 0.2 s of audio
+    h.finish_turn(turn_id, pcm=_engine_pcm(0.3))  # 0.5 s of audio in all
+    start = len(h.frames)
+    num_submitted = len(h.submitted())
+    h.append(silence(1.3, MODEL_HZ))  # 0.5 s playing out + 0.8 s idle: not yet
+    assert "input_audio_buffer.timeout_triggered" not in h.types(start)
+    h.append(silence(0.4, MODEL_HZ))
+    types = h.types(start)
+    assert types[:4] == ["input_audio_buffer.timeout_triggered", "input_audio_buffer.committed",
+                         "conversation.item.added", "conversation.item.done"]
+    assert "response.created" in types
+    fired = h.last("input_audio_buffer.timeout_triggered")
+    assert fired["item_id"] == h.last("input_audio_buffer.committed")["item_id"]
+    assert fired["audio_end_ms"] - fired["audio_start_ms"] >= 1000
+    assert len(h.submitted()) == num_submitted + 1
+    h.append(silence(3.0, MODEL_HZ))  # fires once per reply; the new reply is still generating
+    assert h.types(start).count("input_audio_buffer.timeout_triggered") == 1
+
+
+def test_idle_timeout_disarmed_by_speech_and_off_by_default():
+    """The user speaking before the deadline cancels the timeout; without idle_timeout_ms nothing fires."""
+    h = _idle_harness(1000)
+    turn_id = _vad_response(h)
+    h.finish_turn(turn_id)
+    h.append(silence(0.5, MODEL_HZ))
+    h.append(tone(0.6, MODEL_HZ))
+    h.append(silence(2.5, MODEL_HZ))
+    assert "input_audio_buffer.timeout_triggered" not in h.types()
+    h = _vad_harness()
+    turn_id = _vad_response(h)
+    h.finish_turn(turn_id)
+    h.append(silence(5.0, MODEL_HZ))
+    assert "input_audio_buffer.timeout_triggered" not in h.types()

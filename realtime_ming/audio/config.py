@@ -24,6 +24,12 @@ class TurnDetectorConfig:
     speculative_pause_ms: int = 120
     # Speech windows (p >= threshold) needed before SpeechStarted: clicks and coughs are not turns.
     min_speech_ms: int = 64
+    # While a reply plays (`TurnDetector.guard_barge_in`), speech must be a real interruption before
+    # SpeechStarted: `barge_in_min_speech_ms` of speech windows, or speech that resumes after a gap
+    # (a second word); a gap longer than `barge_in_max_gap_ms` ends the candidate unheard. Measured on
+    # espeak-ng (bench/barge_in.py): backchannels ("mm-hmm", "yeah", "okay") are one burst of 288-640 ms.
+    barge_in_min_speech_ms: int = 700
+    barge_in_max_gap_ms: int = 300
     # Silero's probability decays for ~30-100 ms after speech ends. When it confirms silence, the silence
     # is dated back over the run of windows just before it that are this many dB below the turn's loudest
     # window (at most max_backdate_ms): the silence window then counts from where the sound stopped.
@@ -38,7 +44,8 @@ class TurnDetectorConfig:
             raise ValueError(f"hysteresis: must be in [0, 1), got {self.hysteresis}")
         if self.quiet_db < 0:
             raise ValueError(f"quiet_db: must be >= 0, got {self.quiet_db}")
-        for name in ("prefix_padding_ms", "speculative_pause_ms", "min_speech_ms", "max_backdate_ms"):
+        for name in ("prefix_padding_ms", "speculative_pause_ms", "min_speech_ms", "max_backdate_ms",
+                     "barge_in_min_speech_ms", "barge_in_max_gap_ms"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
         if self.silence_duration_ms <= 0:

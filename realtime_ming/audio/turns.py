@@ -86,6 +86,7 @@ class TurnDetector:
     def __init__(self, config: TurnDetectorConfig, vad: VadBackend) -> None:
         self.config = config
         self._vad = vad
+        self._guard = False  # a reply is playing: only a real interruption starts a turn
         self._window = np.zeros(vad.window_num_samples, dtype=np.float32)  # [window] pending input
         self._num_buffered = 0
         self._num_samples = 0  # samples fed since construction (the stream clock)
@@ -108,6 +109,8 @@ class TurnDetector:
         self._num_buffered = 0
         self._speech_start = 0  # sample index of the first speech window of the turn
         self._num_pending_speech = 0  # speech samples counted while PENDING
+        self._pending_gap = 0  # silent samples since the last speech window while PENDING (guarded)
+        self._pending_resumed = False  # guarded candidate: speech came back after a gap
         self._silence_start: int | None = None  # sample index where the current silence began
         self._peak_rms = 0.0  # loudest window of the turn so far
         self._quiet_since: int | None = None  # start of the run of quiet windows ending at the last one
@@ -130,6 +133,52 @@ class TurnDetector:
                 self._track_quiet(float(np.sqrt(np.mean(self._window**2))), end - size)
                 self._step(self._vad.speech_prob(self._window), end - size, end, events)
         return events
+
+    def guard_barge_in(self, on: bool) -> None:
+        """While on (a reply is playing), a turn starts only on a real interruption (see the config)."""
+        self._guard = on
+
+    def _pending_step(self, is_speech: bool, is_silence: bool, size: int) -> bool | None:
+        """One window of a candidate: True = confirm it, False = drop it, None = keep listening."""
+        cfg = self.config
+        if not self._guard:
+            if is_silence:
+                return False
+            if is_speech:
+                self._num_pending_speech += size
+            return self._num_pending_speech >= cfg.min_speech_ms * _SAMPLES_PER_MS or None
+        if is_speech:
+            self._pending_resumed |= self._pending_gap >= size  # at least one silent window between words
+            self._pending_gap = 0
+            self._num_pending_speech += size
+        else:
+            self._pending_gap += size
+            if self._pending_gap > cfg.barge_in_max_gap_ms * _SAMPLES_PER_MS:
+                return False
+        enough = self._num_pending_speech >= cfg.barge_in_min_speech_ms * _SAMPLES_PER_MS
+        second_word = self._pending_resumed and is_speech and self._num_pending_speech >= 2 * cfg.min_speech_ms * _SAMPLES_PER_MS
+        return enough or second_word or None
+
+    def silence_ms(self) -> int:
+        """Length of the silence the current turn is in (0 outside a turn or while speech goes on)."""
+        if self._state not in (TurnState.SPEECH, TurnState.PAUSED) or self._silence_start is None:
+            return 0
+        return (self._num_samples - self._num_buffered - self._silence_start) // _SAMPLES_PER_MS
+
+    def end_turn(self) -> SpeechStopped | None:
+        """End the current turn now (an end-of-turn model judged it complete inside its silence).
+
+        `speech_end_ms` is where the silence began, `audio_end_ms` the end of the windows seen so far.
+        None (and no change) unless the turn is inside a silence.
+        """
+        if not self.silence_ms():
+            return None
+        end = (self._num_samples - self._num_buffered) // _SAMPLES_PER_MS
+        assert self._silence_start is not None
+        event = SpeechStopped(end, self._silence_start // _SAMPLES_PER_MS)
+        self._state = TurnState.SILENCE
+        self._silence_start = None
+        return event
 
     def _track_quiet(self, rms: float, start: int) -> None:
         """Follow the run of windows `quiet_db` below the turn's loudest (outside a turn: nothing)."""
@@ -160,13 +209,14 @@ class TurnDetector:
             self._state = TurnState.PENDING
             self._speech_start = start
             self._num_pending_speech = 0
+            self._pending_gap = 0
+            self._pending_resumed = False
         if self._state is TurnState.PENDING:
-            if is_silence:
+            verdict = self._pending_step(is_speech, is_silence, end - start)
+            if verdict is False:
                 self._state = TurnState.SILENCE
                 return
-            if is_speech:
-                self._num_pending_speech += end - start
-            if self._num_pending_speech >= cfg.min_speech_ms * _SAMPLES_PER_MS:
+            if verdict:
                 self._state = TurnState.SPEECH
                 self._silence_start = None
                 start_ms = self._speech_start // _SAMPLES_PER_MS

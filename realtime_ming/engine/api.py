@@ -22,6 +22,7 @@ __all__ = [
     "SamplingParams",
     "Truncation",
     "TurnRequest",
+    "PromptTokens",
     "TextDelta",
     "AudioChunk",
     "StageMark",
@@ -207,7 +208,24 @@ class StageMark:
 
 
 @dataclass(frozen=True, slots=True)
+class PromptTokens:
+    """A prompt's tokens by modality: audio / image = the media placeholder tokens (video frames count as
+    image), text = every other token (chat template, text, the media block's start/end markers)."""
+
+    text: int = 0
+    audio: int = 0
+    image: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.text + self.audio + self.image
+
+
+@dataclass(frozen=True, slots=True)
 class TurnDone:
+    """`prompt` / `cached` split `prompt_tokens` / `cached_tokens` by modality (None from engines that do not
+    report it); `talker_steps` = talker autoregressive steps run for this turn (its output audio tokens)."""
+
     turn_id: str
     text: str
     finish_reason: FinishReason
@@ -216,6 +234,9 @@ class TurnDone:
     output_tokens: int
     audio_samples: int
     stages: dict  # Stage -> t
+    prompt: PromptTokens | None = None
+    cached: PromptTokens | None = None
+    talker_steps: int = 0
 
 
 @dataclass(frozen=True, slots=True)

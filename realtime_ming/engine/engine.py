@@ -85,7 +85,9 @@ class _Turn:
     thinker_done: bool = False
     finish: FinishReason | None = None
     usage: tuple[int, int, int] = (0, 0, 0)  # prompt, cached, output tokens
+    by_modality: tuple = (None, None)  # (prompt, cached) PromptTokens
     audio_samples: int = 0
+    talker_steps: int = 0
     t0_ms: float = 0.0
     ended: bool = False  # the terminal event was delivered (or held): nothing more reaches the sink
 
@@ -474,6 +476,7 @@ class Engine:
                 continue
             if out.prefill_done:
                 turn.usage = (out.prompt_tokens, out.cached_tokens, 0)
+                turn.by_modality = (out.prompt, out.cached)
                 self._mark(turn, Stage.PREFILL_DONE)
             if out.text:
                 if Stage.FIRST_TOKEN not in turn.stages:
@@ -505,6 +508,8 @@ class Engine:
                     continue
                 if out.first_step and Stage.FIRST_TALKER_STEP not in turn.stages:
                     self._mark(turn, Stage.FIRST_TALKER_STEP)
+                if out.pcm is not None:  # one talker step of this turn (its PCM may be held back as silence)
+                    turn.talker_steps += 1
                 if out.pcm is not None and out.pcm.size:
                     if Stage.FIRST_PCM not in turn.stages:
                         self._mark(turn, Stage.FIRST_PCM)
@@ -552,7 +557,8 @@ class Engine:
         self._mark(turn, Stage.DONE)
         prompt, cached, output = turn.usage
         self._end(turn_id, turn, TurnDone(turn_id, turn.text, turn.finish or FinishReason.STOP, prompt, cached,
-                                          output, turn.audio_samples, dict(turn.stages)))
+                                          output, turn.audio_samples, dict(turn.stages), *turn.by_modality,
+                                          talker_steps=turn.talker_steps))
 
     def _fail(self, turn_id: str, message: str, code: FailureCode) -> None:
         turn = self._turns.get(turn_id)

@@ -22,7 +22,7 @@ import torch
 from ..model.multimodal import AudioInput, ImageInput, MediaKind, VideoInput, prepare_prefill, rope_index_3d
 from ..model.thinker import ThinkerKVCache
 from ..model.tokenizer import ChatMessage
-from .api import ContentKind, EngineBusyError, FinishReason, TurnRequest
+from .api import ContentKind, EngineBusyError, FinishReason, PromptTokens, TurnRequest
 from .config import EngineConfig
 from .graphs import upload
 from .models import ModelBundle
@@ -48,6 +48,8 @@ class ThinkerOutput:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     output_tokens: int = 0
+    prompt: PromptTokens | None = None  # by modality, with prefill_done
+    cached: PromptTokens | None = None
 
 
 @dataclass
@@ -71,6 +73,7 @@ class _Row:
     cached_tokens: int
     decoder: object
     generator: torch.Generator | None
+    usage: tuple[PromptTokens, PromptTokens] | None = None  # (prompt, cached) by modality
     generated: list = field(default_factory=list)
     next_token: int | None = None
     text: str = ""
@@ -246,7 +249,8 @@ class ThinkerRunner:
             seed = request.sampling.seed if request.sampling.seed is not None else random.getrandbits(63)
             gen = torch.Generator(device=self.device).manual_seed(seed)
         self.rows[request.turn_id] = _Row(request, slot, prep, list(tail.input_ids), 0, prep.rope_delta,
-                                          len(ids), p, self.tok.incremental_decoder(), gen)
+                                          len(ids), p, self.tok.incremental_decoder(), gen,
+                                          (_by_modality(prompt.spans, len(ids)), _by_modality(prompt.spans, p)))
         self._prefill_queue.append(request.turn_id)
 
     def _encode_tail(self, spans, payloads, start: int) -> dict:
@@ -315,8 +319,9 @@ class ThinkerRunner:
             if self.rows.get(row.request.turn_id) is not row:  # cancelled while the step was in flight
                 continue
             if i < len(launched.prefilled):
+                prompt, cached = row.usage or (None, None)
                 outputs.append(ThinkerOutput(row.request.turn_id, prefill_done=True, prompt_tokens=row.prompt_tokens,
-                                             cached_tokens=row.cached_tokens))
+                                             cached_tokens=row.cached_tokens, prompt=prompt, cached=cached))
             outputs.append(self._accept(row, token))
         return outputs
 
@@ -451,6 +456,13 @@ class _VisionCache:
             self._entries[id(image)] = (image, vi)
             self._bytes += size
         return vi
+
+
+def _by_modality(spans, end: int) -> PromptTokens:
+    """The first `end` prompt tokens by modality (a media block is never split by the cached prefix)."""
+    audio = sum(s.length for s in spans if s.kind is MediaKind.AUDIO and s.start + s.length <= end)
+    image = sum(s.length for s in spans if s.kind is not MediaKind.AUDIO and s.start + s.length <= end)
+    return PromptTokens(end - audio - image, audio, image)
 
 
 def _expand(payloads, spans):

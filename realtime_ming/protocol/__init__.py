@@ -22,7 +22,12 @@ from realtime_ming.protocol.client_events import (
     TranscriptionSessionUpdate,
 )
 from realtime_ming.protocol.codec import event_to_wire, parse, serialise
-from realtime_ming.protocol.dialect import GA_CLIENT_SAFE_SERVER_TYPES, TIMINGS_EVENT_TYPE, Dialect
+from realtime_ming.protocol.dialect import (
+    GA_CLIENT_SAFE_SERVER_TYPES,
+    GA_OPT_IN_SERVER_TYPES,
+    TIMINGS_EVENT_TYPE,
+    Dialect,
+)
 from realtime_ming.protocol.errors import ErrorCode, ErrorType, ProtocolError
 from realtime_ming.protocol.events import CLIENT_EVENTS, SERVER_EVENTS, ClientEvent, ServerEvent
 from realtime_ming.protocol.ids import IdPrefix, new_id
@@ -71,6 +76,7 @@ from realtime_ming.protocol.server_events import (
     InputAudioBufferCommitted,
     InputAudioBufferSpeechStarted,
     InputAudioBufferSpeechStopped,
+    InputAudioBufferTimeoutTriggered,
     RateLimitsUpdated,
     RealtimeMingResponseTimings,
     ResponseContentPartAdded,
@@ -120,6 +126,7 @@ from realtime_ming.protocol.values import (
 __all__ = [
     "CLIENT_EVENTS",
     "GA_CLIENT_SAFE_SERVER_TYPES",
+    "GA_OPT_IN_SERVER_TYPES",
     "PCM_SAMPLE_RATES_HZ",
     "SERVER_EVENTS",
     "TIMINGS_EVENT_TYPE",
@@ -163,6 +170,7 @@ __all__ = [
     "InputAudioBufferCommitted",
     "InputAudioBufferSpeechStarted",
     "InputAudioBufferSpeechStopped",
+    "InputAudioBufferTimeoutTriggered",
     "InputImage",
     "InputText",
     "InputTranscription",

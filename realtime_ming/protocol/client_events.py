@@ -15,6 +15,7 @@ from realtime_ming.protocol.dialect import Dialect
 from realtime_ming.protocol.events import ClientEvent, register
 from realtime_ming.protocol.items import ITEM, ITEMS_OR_REFERENCES, ConversationItem, ItemReference
 from realtime_ming.protocol.session import SESSION_PATCH, TEMPERATURE, SessionPatch
+from realtime_ming.protocol.unsupported import refuse_unsupported
 from realtime_ming.protocol.values import (
     AUDIO_FORMAT,
     MAX_OUTPUT_TOKENS,
@@ -197,6 +198,8 @@ _RESPONSE_FIELDS: Final[dict[Dialect, tuple[WireField, ...]]] = {
         WireField.at("output_format", nullable(AUDIO_FORMAT), "audio.output.format"),
         WireField.at("voice", nullable(VOICE), "audio.output.voice"),
         WireField.at("max_output_tokens", nullable(MAX_OUTPUT_TOKENS)),
+        # Not in the GA schema, but sent by clients ported from beta: applied, like beta's.
+        WireField.at("temperature", nullable(TEMPERATURE)),
     ),
     Dialect.BETA: (
         *_shared_response_fields(),
@@ -212,7 +215,10 @@ _RESPONSE_FIELDS: Final[dict[Dialect, tuple[WireField, ...]]] = {
 def _decode_response_params(value: Any, param: str, dialect: Dialect) -> ResponseParams:
     if value is None:
         return ResponseParams()
-    values = decode_fields(expect_object(value, param), _RESPONSE_FIELDS[dialect], dialect, param)
+    obj = expect_object(value, param)
+    if dialect is Dialect.GA:
+        refuse_unsupported(obj, param, dialect, with_prompt=True)
+    values = decode_fields(obj, _RESPONSE_FIELDS[dialect], dialect, param)
     return ResponseParams(**{k: v for k, v in values.items() if v is not None})
 
 

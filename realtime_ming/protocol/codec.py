@@ -14,6 +14,7 @@ from typing import Any
 
 from realtime_ming.protocol.dialect import (
     GA_CLIENT_SAFE_SERVER_TYPES,
+    GA_OPT_IN_SERVER_TYPES,
     TIMINGS_EVENT_TYPE,
     Dialect,
     server_type_to_wire,
@@ -87,7 +88,7 @@ def _check_allowed(event: ServerEvent, dialect: Dialect, timing_events: bool) ->
     if event.type == TIMINGS_EVENT_TYPE:
         if not timing_events:
             raise ValueError(f"{TIMINGS_EVENT_TYPE} requires the session's timing_events opt-in")
-    elif dialect is Dialect.GA and event.type not in GA_CLIENT_SAFE_SERVER_TYPES:
+    elif dialect is Dialect.GA and event.type not in GA_CLIENT_SAFE_SERVER_TYPES | GA_OPT_IN_SERVER_TYPES:
         raise ValueError(f"{event.type} must not be sent to a GA connection")
 
 

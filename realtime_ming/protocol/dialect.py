@@ -13,6 +13,7 @@ from typing import Final
 
 __all__ = [
     "GA_CLIENT_SAFE_SERVER_TYPES",
+    "GA_OPT_IN_SERVER_TYPES",
     "TIMINGS_EVENT_TYPE",
     "Dialect",
     "content_type_from_wire",
@@ -35,6 +36,7 @@ _BETA_SERVER_TYPES: Final = MappingProxyType(
     {
         "conversation.item.added": "conversation.item.created",
         "conversation.item.done": None,
+        "input_audio_buffer.timeout_triggered": None,  # idle_timeout_ms is GA only
         "response.output_text.delta": "response.text.delta",
         "response.output_text.done": "response.text.done",
         "response.output_audio.delta": "response.audio.delta",
@@ -87,6 +89,11 @@ GA_CLIENT_SAFE_SERVER_TYPES: Final = frozenset(
         "rate_limits.updated",
     }
 )
+
+
+# GA events outside pipecat's list, sent only to a session that asked for the feature they belong to
+# (pipecat 1.14 ignores unknown types; it never sets idle_timeout_ms).
+GA_OPT_IN_SERVER_TYPES: Final = frozenset({"input_audio_buffer.timeout_triggered"})
 
 
 def server_type_to_wire(ga_type: str, dialect: Dialect) -> str | None:

@@ -121,7 +121,27 @@ class ErrorCode(StrEnum):
         _INVALID,
         "Unsupported turn detection type '{kind}'; supported types: {supported}.",
     )
+    UNSUPPORTED_NOISE_REDUCTION = (
+        "unsupported_noise_reduction",
+        _INVALID,
+        "Input noise reduction '{kind}' is not available on this server ({detail}); set noise_reduction to null.",
+    )
     UNKNOWN_VOICE = ("unknown_voice", _INVALID, "Unknown voice '{voice}'; available voices: {voices}.")
+    UNSUPPORTED_PARAMETER = (
+        "unsupported_parameter",
+        _INVALID,
+        "'{param}' is not supported by this server: {detail}.",
+    )
+    CANNOT_UPDATE_TRACING = (
+        "cannot_update_tracing",
+        _INVALID,
+        "Tracing cannot be changed once it is enabled for a session.",
+    )
+    TOO_MANY_OUT_OF_BAND_RESPONSES = (
+        "too_many_out_of_band_responses",
+        _INVALID,
+        "{active} out-of-band responses are already in progress (the limit is {limit}); wait for one to finish.",
+    )
     CANNOT_UPDATE_VOICE = (
         "cannot_update_voice",
         _INVALID,

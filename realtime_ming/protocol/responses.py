@@ -86,7 +86,9 @@ class StatusDetails:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Usage:
-    """Token counts of one response, by modality."""
+    """Token counts of one response, by modality (README "Usage"): input audio / image tokens are the
+    prompt's media placeholder tokens, the cached ones the part of the prompt reused from the KV cache;
+    output audio tokens are talker steps (one step = one latent patch of speech)."""
 
     input_text_tokens: int = 0
     input_audio_tokens: int = 0
@@ -94,6 +96,9 @@ class Usage:
     input_cached_tokens: int = 0
     output_text_tokens: int = 0
     output_audio_tokens: int = 0
+    input_cached_text_tokens: int = 0
+    input_cached_audio_tokens: int = 0
+    input_cached_image_tokens: int = 0
 
     @property
     def input_tokens(self) -> int:
@@ -116,6 +121,11 @@ class Usage:
                 "audio_tokens": self.input_audio_tokens,
                 "image_tokens": self.input_image_tokens,
                 "cached_tokens": self.input_cached_tokens,
+                "cached_tokens_details": {
+                    "text_tokens": self.input_cached_text_tokens,
+                    "audio_tokens": self.input_cached_audio_tokens,
+                    "image_tokens": self.input_cached_image_tokens,
+                },
             },
             "output_token_details": {
                 "text_tokens": self.output_text_tokens,

@@ -40,6 +40,7 @@ __all__ = [
     "InputAudioBufferCommitted",
     "InputAudioBufferSpeechStarted",
     "InputAudioBufferSpeechStopped",
+    "InputAudioBufferTimeoutTriggered",
     "RateLimitsUpdated",
     "RealtimeMingResponseTimings",
     "ResponseContentPartAdded",
@@ -118,6 +119,17 @@ class InputAudioBufferSpeechStopped(ServerEvent):
     """VAD end of speech."""
 
     type: ClassVar[str] = "input_audio_buffer.speech_stopped"
+    audio_end_ms: int
+    item_id: str
+
+
+@register
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InputAudioBufferTimeoutTriggered(ServerEvent):
+    """GA idle_timeout_ms passed after the last reply without speech: the idle audio becomes `item_id`."""
+
+    type: ClassVar[str] = "input_audio_buffer.timeout_triggered"
+    audio_start_ms: int
     audio_end_ms: int
     item_id: str
 

@@ -25,6 +25,7 @@ from realtime_ming.protocol.limits import (
     MAX_METADATA_VALUE_CHARS,
     MAX_TEXT_CHARS,
 )
+from realtime_ming.protocol.unsupported import refuse_prompt, refuse_unsupported
 from realtime_ming.protocol.values import (
     AUDIO_FORMAT,
     MAX_OUTPUT_TOKENS,
@@ -261,24 +262,11 @@ def _decode_truncation(value: Any, param: str, _dialect: Dialect) -> str | Mappi
 def _decode_include(value: Any, param: str, _dialect: Dialect) -> tuple[str, ...]:
     allowed = ("item.input_audio_transcription.logprobs",)
     items = expect_list(value, param, len(allowed))
-    return tuple(expect_choice(v, join(param, i), allowed) for i, v in enumerate(items))
-
-
-def _decode_prompt(value: Any, param: str, _dialect: Dialect) -> Mapping[str, JsonValue]:
-    obj = expect_object(value, param)
-    ID.decode(obj.get("id"), join(param, "id"), _dialect)
-    if obj.get("version") is not None:
-        ID.decode(obj["version"], join(param, "version"), _dialect)
-    variables = obj.get("variables")
-    if variables is not None:
-        for key, item in expect_object(variables, join(param, "variables")).items():
-            item_param = join(join(param, "variables"), key)
-            if isinstance(item, dict):  # of the typed variables, text is the one this server can take
-                expect_choice(item.get("type"), join(item_param, "type"), ("input_text",))
-                expect_str(item.get("text"), join(item_param, "text"))
-            else:
-                expect_str(item, item_param)
-    return _echoed(obj, param)
+    values = tuple(expect_choice(v, join(param, i), allowed) for i, v in enumerate(items))
+    if values:  # the one documented value asks for transcription logprobs, which this server does not produce
+        raise ProtocolError(ErrorCode.UNSUPPORTED_PARAMETER, param=join(param, 0),
+                            detail="input transcription logprobs are not produced; send [] or null")
+    return values
 
 
 def _echoed(value: Any, param: str) -> Mapping[str, JsonValue]:
@@ -301,7 +289,7 @@ _TOOLS = Codec(_decode_tools_or_null, TOOLS.encode)
 _TRACING = Codec(_decode_tracing, _plain)
 _TRUNCATION = Codec(_decode_truncation, _plain)
 _INCLUDE = nullable(Codec(_decode_include, _plain))
-_PROMPT = nullable(Codec(_decode_prompt, _plain))
+_PROMPT = Codec(refuse_prompt, _plain)  # only `null` / `{}` get through: always echoed as null
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -310,7 +298,9 @@ class SessionConfig:
 
     `output_modalities` is `(AUDIO,)` (audio plus transcript) or `(TEXT,)`. `temperature` is
     beta-only on the wire. `truncation` is applied by the engine (`engine.api.Truncation`);
-    `tracing`, `include` and `prompt` are echoed only.
+    `model` is always the served model (a requested name is validated and
+    reported back as the served one). `tracing` is logged per response (`session.tracing`);
+    `include` and `prompt` only take their empty values (anything else is `unsupported_parameter`).
     `timing_events` is our opt-in for `realtime_ming.response.timings`.
     """
 
@@ -440,6 +430,7 @@ def parse_session_update(value: Any, dialect: Dialect, param: str = "session") -
         raise ProtocolError(ErrorCode.UNKNOWN_PARAMETER, param=join(param, foreign[0]), dialect=dialect.name)
     if dialect is Dialect.GA:
         _check_session_type(obj, param)
+        refuse_unsupported(obj, param, dialect)
     return SessionPatch(decode_fields(obj, _SESSION_FIELDS[dialect], dialect, param), dialect)
 
 
@@ -455,7 +446,8 @@ def apply_patch(
         raise ProtocolError(
             ErrorCode.UNKNOWN_VOICE, param=patch.param("voice"), voice=voice, voices=", ".join(sorted(voices))
         )
-    return replace(current, **patch.changes)
+    # The served model is fixed: clients name theirs ("gpt-realtime") and read the served one back.
+    return replace(current, **{k: v for k, v in patch.changes.items() if k != "model"})
 
 
 def apply_update(

@@ -154,6 +154,8 @@ def _usage(value: Any, param: str) -> Usage:
     inp = expect_object(obj.get("input_token_details", {}), join(param, "input_token_details"))
     out = expect_object(obj.get("output_token_details", {}), join(param, "output_token_details"))
 
+    cached = expect_object(inp.get("cached_tokens_details", {}), join(param, "input_token_details.cached_tokens_details"))
+
     def count(details: Mapping[str, Any], key: str, where: str) -> int:
         return expect_int(details.get(key, 0), join(join(param, where), key), minimum=0)
 
@@ -164,6 +166,9 @@ def _usage(value: Any, param: str) -> Usage:
         input_cached_tokens=count(inp, "cached_tokens", "input_token_details"),
         output_text_tokens=count(out, "text_tokens", "output_token_details"),
         output_audio_tokens=count(out, "audio_tokens", "output_token_details"),
+        input_cached_text_tokens=count(cached, "text_tokens", "input_token_details.cached_tokens_details"),
+        input_cached_audio_tokens=count(cached, "audio_tokens", "input_token_details.cached_tokens_details"),
+        input_cached_image_tokens=count(cached, "image_tokens", "input_token_details.cached_tokens_details"),
     )
 
 

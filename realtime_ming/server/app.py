@@ -33,6 +33,7 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.frames import CloseCode
 from websockets.http11 import Request, Response
 
+from ..audio.end_of_turn import shared_smart_turn
 from ..audio.vad import VadBackend, VadKind, create_silero_session, create_vad
 from ..engine.api import EngineHandle, engine_health
 from ..protocol.session import DEFAULT_MODEL, DEFAULT_VOICE
@@ -154,6 +155,7 @@ class RealtimeServer:
         tls = ssl_context(self.cfg.server.tls)
         if self.cfg.session.vad.backend == VadKind.SILERO.value:
             self._silero = await asyncio.to_thread(create_silero_session)
+        await asyncio.to_thread(shared_smart_turn)  # semantic_vad's model, loaded off the loop (~1-2 s)
         sock = self._sock or open_listener(self.cfg.server.host, self.cfg.server.port)
         self._server = await serve(
             self._handle,

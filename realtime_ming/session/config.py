@@ -48,6 +48,7 @@ class SessionSettings:
     # time (the socket reader waits; TCP flow control holds the client). 0 = unpaced.
     max_audio_rate: float = 16.0
     audio_burst_s: float = 60.0
+    max_out_of_band_responses: int = 2  # `conversation: "none"` responses running beside the main one
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -64,5 +65,7 @@ class SessionSettings:
             raise ValueError("session.max_audio_rate must be >= 0 (0 = unpaced)")
         if self.audio_burst_s < 0:
             raise ValueError("session.audio_burst_s must be >= 0")
+        if self.max_out_of_band_responses < 0:
+            raise ValueError("session.max_out_of_band_responses must be >= 0")
         if not 5 <= self.output_frame_ms <= 40:
             raise ValueError("session.output_frame_ms must be in [5, 40]")

@@ -27,6 +27,7 @@ from ..protocol import client_events as ce
 from ..protocol.errors import ErrorCode, ProtocolError
 from ..protocol.items import (
     ContentPart,
+    ImageDetail,
     InputAudio,
     InputImage,
     InputText,
@@ -85,7 +86,13 @@ def _image_error(code: ErrorCode, param: str, **values) -> ProtocolError:
     return ProtocolError(code, param=param, **values)
 
 
-def decode_image_url(url: str, param: str, limits: MediaLimits = MediaLimits()) -> np.ndarray:
+# `detail: "low"`: the image is scaled to at most this many pixels before the model sees it (OpenAI's
+# low-res mode is 512 x 512); "high" and "auto" keep the model's own preprocessing budget.
+LOW_DETAIL_MAX_PIXELS = 512 * 512
+
+
+def decode_image_url(url: str, param: str, limits: MediaLimits = MediaLimits(),
+                     detail: ImageDetail | None = None) -> np.ndarray:
     """`data:image/...;base64,...` → [H, W, 3] uint8 RGB at the model's preprocessing size.
 
     The header is read first (Pillow opens lazily): an image over the pixel budget, with a side
@@ -115,8 +122,11 @@ def decode_image_url(url: str, param: str, limits: MediaLimits = MediaLimits()) 
             if max(width, height) / min(width, height) > limits.max_aspect_ratio:
                 raise _image_error(ErrorCode.IMAGE_ASPECT_RATIO_TOO_LARGE, param,
                                    max_ratio=f"{limits.max_aspect_ratio:g}", **dims)
+            max_pixels = limits.image_max_pixels
+            if detail is ImageDetail.LOW:
+                max_pixels = max(min(max_pixels, LOW_DETAIL_MAX_PIXELS), limits.image_min_pixels)
             target_h, target_w = smart_resize(height, width, limits.image_factor, limits.image_min_pixels,
-                                              limits.image_max_pixels)
+                                              max_pixels)
             if min(target_h, target_w) < limits.image_factor:  # squeezed to nothing by the area bound
                 raise _image_error(ErrorCode.IMAGE_ASPECT_RATIO_TOO_LARGE, param,
                                    max_ratio=f"{limits.max_aspect_ratio:g}", **dims)
@@ -166,7 +176,7 @@ def part_to_content(part: ContentPart, input_format: AudioFormat, param: str,
     if isinstance(part, InputText | OutputText):
         return _text(part.text, param, limits)
     if isinstance(part, InputImage):
-        return Content.of_image(decode_image_url(part.image_url, param, limits))
+        return Content.of_image(decode_image_url(part.image_url, param, limits, part.detail))
     if isinstance(part, InputAudio) and part.audio is not None:
         return Content.of_audio(decode_audio(part.audio, input_format, param, limits), MODEL_SAMPLE_RATE_HZ)
     assert isinstance(part, InputAudio | OutputAudio)

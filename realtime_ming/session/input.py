@@ -7,11 +7,15 @@ speech began (with the future user item id), paused, resumed, ended (with the tu
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ..audio.denoise import RnnoiseDenoiser
+from ..audio.end_of_turn import EAGERNESS_POLICY, EndOfTurnPolicy, shared_smart_turn
 from ..audio.pcm import b64decode_audio
 from ..audio.turns import (
     SpeechPaused,
@@ -23,16 +27,15 @@ from ..audio.turns import (
 )
 from ..audio.vad import VadBackend
 from ..protocol.ids import IdPrefix, new_id
-from ..protocol.session import Eagerness, ServerVad, TurnDetection
+from ..protocol.session import ServerVad, TurnDetection
 from ..protocol.values import AudioFormat
 from .audio_io import MODEL_SAMPLE_RATE_HZ, InputAudioBuffer, InputDecoder
 from .config import VadSettings
 
 __all__ = ["BufferFull", "InputTurns", "SpeechBegan", "SpeechEnded", "TurnSignal"]
 
+log = logging.getLogger(__name__)
 _SAMPLES_PER_MS = MODEL_SAMPLE_RATE_HZ // 1000
-# semantic_vad has no model here: it runs as server_vad with an eagerness-dependent silence window.
-_EAGERNESS_SILENCE_MS = {Eagerness.HIGH: 300, Eagerness.MEDIUM: 500, Eagerness.AUTO: 500, Eagerness.LOW: 800}
 # Input kept before a possible speech start while the detector hears silence (prefix padding + slack).
 _SILENCE_KEEP_MS = 500
 
@@ -64,12 +67,24 @@ TurnSignal = SpeechBegan | SpeechPaused | SpeechResumed | SpeechEnded
 class InputTurns:
     """Input buffer plus turn detection for one session (not thread-safe)."""
 
-    def __init__(self, vad: VadSettings, make_vad: Callable[[str], VadBackend], max_buffer_s: float) -> None:
+    def __init__(
+        self,
+        vad: VadSettings,
+        make_vad: Callable[[str], VadBackend],
+        max_buffer_s: float,
+        end_of_turn: Callable[[np.ndarray], float] | None = None,
+    ) -> None:
+        """`end_of_turn`: turn audio → P(complete) for semantic_vad (default: the shared Smart Turn)."""
         self._vad = vad
+        self._end_of_turn = end_of_turn
+        self._policy: EndOfTurnPolicy | None = None  # semantic_vad only
+        self._decided = False  # Smart Turn already asked during the current pause
+        self.last_decision: tuple[float, float] | None = None  # (P(complete), CPU ms) of the latest call
         self._make_vad = make_vad
         self._max_buffer_ms = max_buffer_s * 1000.0
         self._buffer = InputAudioBuffer()
         self._decoder: InputDecoder | None = None
+        self._denoiser: RnnoiseDenoiser | None = None  # audio.input.noise_reduction
         self._detector: TurnDetector | None = None
         self._origin = 0  # session sample index where the detector's clock starts
         self._speech_item_id: str | None = None  # id announced with SpeechBegan
@@ -79,6 +94,16 @@ class InputTurns:
     def buffered_ms(self) -> float:
         """Uncommitted audio held."""
         return self._buffer.num_samples / _SAMPLES_PER_MS
+
+    @property
+    def position_ms(self) -> int:
+        """The session's input clock: ms of 16 kHz audio received since the session started."""
+        return self._buffer.end_sample // _SAMPLES_PER_MS
+
+    @property
+    def in_speech(self) -> bool:
+        """The detector is inside a (possible) turn."""
+        return self._detector is not None and self._detector.state is not TurnState.SILENCE
 
     def configure(self, fmt: AudioFormat, turn_detection: TurnDetection) -> None:
         """Set the input format and turn detection (a new detector starts on the current clock)."""
@@ -90,11 +115,15 @@ class InputTurns:
             return
         base = self._vad.detector
         if isinstance(turn_detection, ServerVad):
+            self._policy = None
             threshold, prefix_ms = turn_detection.threshold, turn_detection.prefix_padding_ms
             silence_ms = turn_detection.silence_duration_ms
         else:
+            self._policy = EAGERNESS_POLICY[turn_detection.eagerness.value]
             threshold, prefix_ms = base.threshold, base.prefix_padding_ms
-            silence_ms = _EAGERNESS_SILENCE_MS[turn_detection.eagerness]
+            silence_ms = self._policy.fallback_ms
+            if self._end_of_turn is None:
+                self._end_of_turn = shared_smart_turn().predict
         silence_ms = max(silence_ms, 1)
         cfg = replace(
             base,
@@ -106,13 +135,26 @@ class InputTurns:
         self._detector = TurnDetector(cfg, self._make_vad(self._vad.backend))
         self._origin = self._buffer.end_sample
 
+    def set_noise_reduction(self, enabled: bool) -> None:
+        """Denoise the input (RNNoise) before VAD and the buffer; raises denoise.DenoiserUnavailable."""
+        if enabled and self._denoiser is None:
+            self._denoiser = RnnoiseDenoiser()
+        elif not enabled:
+            self._denoiser = None
+
+    def guard_barge_in(self, on: bool) -> None:
+        """A reply is playing (and may be interrupted): backchannels must not start a turn."""
+        if self._detector is not None:
+            self._detector.guard_barge_in(on)
+
     def append(self, b64: str) -> list[TurnSignal]:
         """Decode and buffer one base64 append; raises pcm.AudioFormatError or BufferFull."""
         assert self._decoder is not None
         data = b64decode_audio(b64)
         if self.buffered_ms + self._decoder.duration_ms(len(data)) > self._max_buffer_ms:
             raise BufferFull
-        return self._append(self._decoder.decode(data))
+        samples = self._decoder.decode(data)
+        return self._append(samples if self._denoiser is None else self._denoiser.process(samples))
 
     def _append(self, samples: np.ndarray) -> list[TurnSignal]:
         # Every buffered sample is fed to the detector, so its clock stays aligned with the buffer's.
@@ -120,10 +162,32 @@ class InputTurns:
         if self._detector is None:
             return []
         signals = [self._signal(event) for event in self._detector.feed(samples)]
+        if any(isinstance(signal, SpeechResumed | SpeechBegan | SpeechEnded) for signal in signals):
+            self._decided = False
+        stopped = self._judge_end_of_turn()
+        if stopped is not None:
+            signals.append(self._signal(stopped))
         if self._detector.state is TurnState.SILENCE:
             keep = (self._detector.config.prefix_padding_ms + _SILENCE_KEEP_MS) * _SAMPLES_PER_MS
             self._buffer.drop_before(self._buffer.end_sample - keep)
         return signals
+
+    def _judge_end_of_turn(self) -> SpeechStopped | None:
+        """semantic_vad: once per pause, after `decide_after_ms` of silence, ask the end-of-turn model."""
+        detector, policy = self._detector, self._policy
+        if policy is None or detector is None or self._decided or self._end_of_turn is None:
+            return None
+        if detector.silence_ms() < policy.decide_after_ms:
+            return None
+        self._decided = True
+        started = time.thread_time()
+        try:
+            prob = self._end_of_turn(self.speech_so_far())
+        except Exception:  # the silence fallback still ends the turn; one log line, never a lost session
+            log.exception("end-of-turn model failed; waiting for the %d ms silence fallback", policy.fallback_ms)
+            return None
+        self.last_decision = (prob, (time.thread_time() - started) * 1000.0)
+        return detector.end_turn() if prob >= policy.threshold else None
 
     def _abs_sample(self, ms: int) -> int:
         return self._origin + ms * _SAMPLES_PER_MS
@@ -152,7 +216,10 @@ class InputTurns:
         Detector events of this tail are moot: a commit resets turn detection.
         """
         assert self._decoder is not None
-        self._append(self._decoder.flush())
+        tail = self._decoder.flush()
+        if self._denoiser is not None:
+            tail = np.concatenate([self._denoiser.process(tail), self._denoiser.flush()])
+        self._append(tail)
 
     def commit(self) -> tuple[str, np.ndarray]:
         """Take everything buffered as one user turn: (item id, 16 kHz audio); resets detection.
@@ -172,3 +239,5 @@ class InputTurns:
             self._detector.reset()
         if reset_decoder and self._decoder is not None:
             self._decoder.reset()
+        if reset_decoder and self._denoiser is not None:
+            self._denoiser.reset()

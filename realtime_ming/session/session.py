@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ..audio.denoise import DenoiserUnavailable
 from ..audio.pcm import AudioFormatError
 from ..audio.turns import SpeechPaused, SpeechResumed
 from ..audio.vad import VadBackend
@@ -40,7 +41,7 @@ from ..protocol.errors import ErrorCode, ErrorType, ProtocolError
 from ..protocol.events import ClientEvent
 from ..protocol.ids import IdPrefix, new_id
 from ..protocol.items import ContentPart, InputAudio, ItemReference, ItemStatus, MessageItem, Role
-from ..protocol.responses import ErrorDetail, ResponseStatus, StatusReason, Usage
+from ..protocol.responses import ErrorDetail, ResponseStatus, StatusReason
 from ..protocol.server_events import (
     ConversationItemAdded,
     ConversationItemDeleted,
@@ -52,6 +53,7 @@ from ..protocol.server_events import (
     InputAudioBufferCommitted,
     InputAudioBufferSpeechStarted,
     InputAudioBufferSpeechStopped,
+    InputAudioBufferTimeoutTriggered,
     SessionCreated,
     SessionUpdated,
 )
@@ -75,8 +77,11 @@ from .config import SessionSettings
 from .content import MediaLimits, media_parts, part_to_content, strip_audio
 from .conversation import AssistantItem, Conversation, StoredItem
 from .failures import log_failure
+from .idle import IdleTimer
 from .input import BufferFull, InputTurns, SpeechBegan, SpeechEnded, TurnSignal
 from .response import ActiveResponse, ResponseSpec, failure_error
+from .tracing import check_tracing_update, trace_response
+from .usage import usage_of
 
 __all__ = ["OPENAI_VOICE_ALIASES", "Session"]
 
@@ -141,7 +146,9 @@ class Session:
         self._input = InputTurns(vad, make_vad, settings.max_input_audio_s)
         self._input.configure(self.config.input_format, self.config.turn_detection)
         self._speculation: _Speculation | None = None
-        self._response: ActiveResponse | None = None
+        self._response: ActiveResponse | None = None  # the one response of the default conversation
+        self._oob: dict[str, ActiveResponse] = {}  # out-of-band responses running beside it, by id
+        self._idle = IdleTimer()  # GA turn_detection.idle_timeout_ms
         self._has_spoken = False  # the voice is fixed after the first audio response
         self._oob_used = False
 
@@ -153,9 +160,11 @@ class Session:
     def close(self) -> list[Action]:
         """The connection is gone: stop and free everything this session holds in the engine."""
         actions: list[Action] = self._discard_speculation()
-        if self._response is not None:
-            actions.append(CancelTurn(self._response.id))
-            self._response = None
+        for response in [self._response, *self._oob.values()]:
+            if response is not None:
+                actions.append(CancelTurn(response.id))
+        self._response = None
+        self._oob.clear()
         actions.append(CloseConversation(self.conversation_id))
         if self._oob_used:
             actions.append(CloseConversation(self._oob_conversation_id))
@@ -179,7 +188,7 @@ class Session:
         handler = _HANDLERS.get(type(event))
         if handler is None:
             return self._error(ErrorCode.UNSUPPORTED_EVENT, event.event_id, event_type=event.type)
-        before = self._response
+        before, oob_before = self._response, set(self._oob)
         try:
             return handler(self, event, now)
         except ProtocolError as error:
@@ -192,6 +201,8 @@ class Session:
                 # submitted: drop it, or the session would refuse every later response.
                 actions.append(CancelTurn(self._response.id))
                 self._response = None
+            for response_id in set(self._oob) - oob_before:
+                actions.append(CancelTurn(self._oob.pop(response_id).id))
             return actions + self._error(ErrorCode.SERVER_ERROR, event.event_id)
 
         finally:
@@ -219,16 +230,17 @@ class Session:
         """Handling the output of `turn_id` failed unexpectedly: stop its engine turn and end its
         response `failed` with `server_error` (the next response works). No-op for a turn that
         is not the active response's."""
-        if self._response is None or self._response.id != turn_id:
+        response = self._response_of(turn_id)
+        if response is None:
             return []
         error = ErrorDetail(
             type=ErrorType.SERVER.value, code=ErrorCode.SERVER_ERROR.value, message=ErrorCode.SERVER_ERROR.render()
         )
         actions: list[Action] = [CancelTurn(turn_id)]
         try:
-            return actions + self._finish_response(ResponseStatus.FAILED, now, error=error)
+            return actions + self._finish_response(ResponseStatus.FAILED, now, response=response, error=error)
         except Exception as exc:  # its events cannot be built either: it ends without them
-            self._response = None
+            self._forget(response)
             log_failure(log, self.config.id, "response.done", turn_id, exc)
             return actions
 
@@ -239,6 +251,16 @@ class Session:
         new = apply_patch(self.config, event.session, voices=self._accepted_voices)
         if new.voice != self.config.voice and self._has_spoken:
             return self._error(ErrorCode.CANNOT_UPDATE_VOICE, event.event_id, param=event.session.param("voice"))
+        if "tracing" in event.session.changes:
+            check_tracing_update(self.config, new, event.session.param("tracing"))
+        if new.noise_reduction != self.config.noise_reduction:
+            try:
+                self._input.set_noise_reduction(new.noise_reduction is not None)
+            except DenoiserUnavailable as exc:  # refuse rather than echo a setting that would not act
+                assert new.noise_reduction is not None
+                return self._error(ErrorCode.UNSUPPORTED_NOISE_REDUCTION, event.event_id,
+                                   param=event.session.param("noise_reduction"),
+                                   kind=new.noise_reduction.type.value, detail=str(exc))
         old, self.config = self.config, new
         actions = self._discard_speculation()
         if (new.input_format, new.turn_detection) != (old.input_format, old.turn_detection):
@@ -247,6 +269,8 @@ class Session:
         return actions
 
     def _on_append(self, event: ce.InputAudioBufferAppend, now: float) -> list[Action]:
+        td = self.config.turn_detection
+        self._input.guard_barge_in(self._response is not None and td is not None and td.interrupt_response)
         try:
             signals = self._input.append(event.audio)
         except AudioFormatError as exc:
@@ -259,7 +283,17 @@ class Session:
         actions: list[Action] = []
         for signal in signals:
             actions += self._on_turn_signal(signal, now)
-        return actions
+        return actions + self._check_idle(now)
+
+    def _check_idle(self, now: float) -> list[Action]:
+        """idle_timeout_ms passed since the last reply played out: commit the idle input, prompt the user."""
+        span = self._idle.expired(self._input.position_ms)
+        if span is None or self._response is not None or self._input.in_speech:
+            return []
+        item_id, audio = self._input.commit()
+        actions: list[Action] = [Send(InputAudioBufferTimeoutTriggered(
+            audio_start_ms=span[0], audio_end_ms=span[1], item_id=item_id))]
+        return actions + self._discard_speculation() + self._commit_audio(item_id, audio) + self._start_response(now)
 
     def _on_commit(self, event: ce.InputAudioBufferCommit, now: float) -> list[Action]:
         # The resampler holds back its filter delay (up to 85 ms for 8 kHz G.711): the commit
@@ -362,11 +396,15 @@ class Session:
         ]
 
     def _on_response_create(self, event: ce.ResponseCreate, now: float) -> list[Action]:
-        if self._response is not None:
+        params = event.response
+        oob = params.conversation is ce.ConversationMode.NONE
+        if oob and len(self._oob) >= self.settings.max_out_of_band_responses:
+            return self._error(ErrorCode.TOO_MANY_OUT_OF_BAND_RESPONSES, event.event_id, param="response.conversation",
+                               active=len(self._oob), limit=self.settings.max_out_of_band_responses)
+        if not oob and self._response is not None:
             return self._error(
                 ErrorCode.CONVERSATION_ALREADY_HAS_ACTIVE_RESPONSE, event.event_id, response_id=self._response.id
             )
-        params = event.response
         voice = params.voice or self.config.voice
         if voice not in self._accepted_voices:
             return self._error(
@@ -374,7 +412,8 @@ class Session:
                 voices=", ".join(sorted(self._accepted_voices)),
             )
         history = None if params.input is None else self._history_from(params.input)
-        actions = self._discard_speculation()
+        # An out-of-band response leaves the conversation as it is: a speculative turn stays valid.
+        actions = [] if oob else self._discard_speculation()
         return actions + self._start_response(now, params=params, history=history)
 
     def _history_from(self, items) -> tuple[Message, ...]:
@@ -395,6 +434,11 @@ class Session:
         return tuple(messages)
 
     def _on_response_cancel(self, event: ce.ResponseCancel, now: float) -> list[Action]:
+        if event.response_id in self._oob:
+            turn_id = event.response_id
+            return [CancelTurn(turn_id)] + self._finish_response(
+                ResponseStatus.CANCELLED, now, response=self._oob[turn_id], reason=StatusReason.CLIENT_CANCELLED
+            )
         if self._response is None or (event.response_id is not None and event.response_id != self._response.id):
             return self._error(ErrorCode.RESPONSE_CANCEL_NOT_ACTIVE, event.event_id)
         return self._cancel_response(StatusReason.CLIENT_CANCELLED, now)
@@ -409,6 +453,7 @@ class Session:
         td = self.config.turn_detection
         assert isinstance(td, ServerVad | SemanticVad)
         if isinstance(signal, SpeechBegan):
+            self._idle.disarm()
             actions: list[Action] = [Send(InputAudioBufferSpeechStarted(
                 audio_start_ms=signal.audio_start_ms, item_id=signal.item_id
             ))]
@@ -521,6 +566,7 @@ class Session:
         turn_id: str | None = None,
     ) -> list[Action]:
         """Create the active response; submit its turn unless it is a confirmed speculation."""
+        self._idle.disarm()
         spec = self._spec(turn_id or new_id(IdPrefix.RESPONSE), params)
         actions: list[Action] = []
         if turn_id is None:
@@ -532,19 +578,43 @@ class Session:
         previous = self.conversation.last_id()
         if spec.conversation_id is not None:
             self.conversation.insert(item)
-        self._response = ActiveResponse(
+        response = ActiveResponse(
             spec, item, engine_rate_hz=OUTPUT_SAMPLE_RATE_HZ, frame_ms=self.settings.output_frame_ms,
             input_end_at=now, is_speculative=turn_id is not None,
         )
+        if spec.conversation_id is None:
+            self._oob[spec.response_id] = response
+        else:
+            self._response = response
         if spec.is_audio:
             self._has_spoken = True
-        actions += [Send(e) for e in self._response.created_events(previous)]
+        actions += [Send(e) for e in response.created_events(previous)]
         return actions
 
-    def _finish_response(self, status: ResponseStatus, now: float, **details) -> list[Action]:
-        response, self._response = self._response, None
+    def _response_of(self, turn_id: str) -> ActiveResponse | None:
+        """The running response (default conversation or out of band) of engine turn `turn_id`."""
+        if self._response is not None and self._response.id == turn_id:
+            return self._response
+        return self._oob.get(turn_id)
+
+    def _forget(self, response: ActiveResponse) -> None:
+        if response is self._response:
+            self._response = None
+        self._oob.pop(response.id, None)
+
+    def _finish_response(
+        self, status: ResponseStatus, now: float, *, response: ActiveResponse | None = None, **details
+    ) -> list[Action]:
+        response = response or self._response
         assert response is not None
+        main = response is self._response
+        self._forget(response)
+        td = self.config.turn_detection
+        if (main and isinstance(td, ServerVad) and td.idle_timeout_ms is not None
+                and status is not ResponseStatus.CANCELLED):
+            self._idle.arm(self._input.position_ms, response.item.audio_ms, td.idle_timeout_ms)
         events, record = response.finish(status, now, timing_events=self.config.timing_events, **details)
+        trace_response(self.config, response.id, status, details.get("usage"))
         return [Send(e) for e in events] + [record] + self._evict()
 
     def _cancel_response(self, reason: StatusReason, now: float) -> list[Action]:
@@ -556,8 +626,8 @@ class Session:
     # ---- engine events -----------------------------------------------------------------------
     def handle_engine_event(self, event: TurnEvent, now: float) -> list[Action]:
         """Apply one engine event; output of turns that are no longer active is dropped."""
-        response = self._response
-        if response is None or event.turn_id != response.id:
+        response = self._response_of(event.turn_id)
+        if response is None:
             return []
         if isinstance(event, TextDelta):
             return [Send(e) for e in response.on_text(event.text)]
@@ -567,20 +637,17 @@ class Session:
             response.on_stage(event.stage, event.t)
             return []
         if isinstance(event, TurnDone):
-            usage = Usage(
-                input_text_tokens=event.prompt_tokens,
-                input_cached_tokens=event.cached_tokens,
-                output_text_tokens=event.output_tokens,
-            )
+            usage = usage_of(event)
             for stage, t in event.stages.items():
                 response.on_stage(stage, t)
             if event.finish_reason is FinishReason.LENGTH:
                 return self._finish_response(
-                    ResponseStatus.INCOMPLETE, now, reason=StatusReason.MAX_OUTPUT_TOKENS, usage=usage
+                    ResponseStatus.INCOMPLETE, now, response=response, reason=StatusReason.MAX_OUTPUT_TOKENS,
+                    usage=usage,
                 )
-            return self._finish_response(ResponseStatus.COMPLETED, now, usage=usage)
+            return self._finish_response(ResponseStatus.COMPLETED, now, response=response, usage=usage)
         if isinstance(event, TurnCancelled):
-            return self._finish_response(ResponseStatus.CANCELLED, now)
+            return self._finish_response(ResponseStatus.CANCELLED, now, response=response)
         assert isinstance(event, TurnFailed)
         return self._on_turn_failed(response, event, now)
 
@@ -591,7 +658,7 @@ class Session:
         does not fail on them again."""
         error, transient = failure_error(response.id, event)
         log.warning("response %s failed in the engine (%s): %s", response.id, error.code, event.message)
-        actions = self._finish_response(ResponseStatus.FAILED, now, error=error)
+        actions = self._finish_response(ResponseStatus.FAILED, now, response=response, error=error)
         if transient or response.spec.conversation_id is None:
             return actions
         new_inputs = []

@@ -1,0 +1,184 @@
+"""End-of-turn model: Smart Turn v3.2 (ONNX, BSD-2, vendored in assets/smart_turn with its LICENSE).
+
+The user's last ≤ 8 s of 16 kHz speech → probability that the turn is complete. Features are
+whisper log-mel with 80 bins over exactly 8 s (audio left-padded with zeros, zero-mean unit-variance
+normalised first), computed by `mel.log_mel_spectrogram` with an 80-bin Slaney filterbank: the
+transformers `WhisperFeatureExtractor(chunk_length=8, do_normalize=True)` the model was trained on.
+
+`SmartTurn.predict` is thread-safe and batches itself: callers from several threads that arrive while
+a batch runs are served together by the next `InferenceSession.run` (no added wait when idle).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from realtime_ming.audio.mel import (
+    MEL_HOP_SAMPLES,
+    MEL_SAMPLE_RATE_HZ,
+    log_mel_spectrogram,
+    slaney_mel_filterbank,
+)
+
+__all__ = [
+    "EAGERNESS_POLICY",
+    "SMART_TURN_NUM_BINS",
+    "SMART_TURN_WINDOW_SAMPLES",
+    "EndOfTurnPolicy",
+    "SmartTurn",
+    "shared_smart_turn",
+    "smart_turn_features",
+    "smart_turn_model_path",
+]
+
+SMART_TURN_WINDOW_SAMPLES = 8 * MEL_SAMPLE_RATE_HZ  # the model sees the last 8 s
+SMART_TURN_NUM_BINS = 80
+_NUM_FRAMES = SMART_TURN_WINDOW_SAMPLES // MEL_HOP_SAMPLES  # 800
+_NORM_EPS = 1e-7
+_FILTERS = torch.from_numpy(slaney_mel_filterbank(num_bins=SMART_TURN_NUM_BINS))  # [80, 201]
+
+
+def smart_turn_model_path() -> Path:
+    """The vendored `smart-turn-v3.2-cpu.onnx` (raises FileNotFoundError if the install lacks it)."""
+    path = Path(__file__).resolve().parent.parent / "assets" / "smart_turn" / "smart-turn-v3.2-cpu.onnx"
+    if not path.is_file():
+        raise FileNotFoundError(f"Smart Turn model missing: {path}")
+    return path
+
+
+def smart_turn_features(audio: np.ndarray) -> np.ndarray:
+    """float32 16 kHz audio [n] → model input [80, 800]: last 8 s, zero-padded in front, normalised."""
+    x = np.asarray(audio, dtype=np.float32).reshape(-1)[-SMART_TURN_WINDOW_SAMPLES:]
+    if x.size < SMART_TURN_WINDOW_SAMPLES:
+        x = np.pad(x, (SMART_TURN_WINDOW_SAMPLES - x.size, 0))
+    x = (x - x.mean()) / np.sqrt(x.var() + _NORM_EPS)
+    mel = log_mel_spectrogram(x, filters=_FILTERS)  # [800, 80]
+    assert mel.shape == (_NUM_FRAMES, SMART_TURN_NUM_BINS), mel.shape
+    return mel.T.numpy()
+
+
+def _create_session(path: Path | None, num_threads: int) -> Any:
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = num_threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return onnxruntime.InferenceSession(
+        str(path or smart_turn_model_path()), sess_options=options, providers=["CPUExecutionProvider"]
+    )
+
+
+class _Request:
+    __slots__ = ("done", "error", "features", "prob")
+
+    def __init__(self, features: np.ndarray) -> None:
+        self.features = features
+        self.prob = 0.0
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+
+
+class SmartTurn:
+    """One shared ONNX session for all sessions of a server; `predict` may be called from any thread.
+
+    Batching: a caller queues its features; if no batch is running it runs one over everything queued
+    (up to `max_batch`) and keeps going while requests remain; other callers wait for their result.
+    """
+
+    def __init__(self, path: Path | None = None, *, num_threads: int = 1, max_batch: int = 16) -> None:
+        if max_batch < 1:
+            raise ValueError(f"max_batch: must be >= 1, got {max_batch}")
+        self._session = _create_session(path, num_threads)
+        self._input_name = self._session.get_inputs()[0].name
+        self._max_batch = max_batch
+        self._lock = threading.Lock()
+        self._queue: list[_Request] = []
+        self._running = False
+
+    def predict_batch(self, clips: list[np.ndarray]) -> np.ndarray:
+        """Complete-turn probabilities [len(clips)] of 16 kHz float32 clips (one ONNX call)."""
+        feats = np.stack([smart_turn_features(c) for c in clips])  # [B, 80, 800]
+        return self._run(feats)
+
+    def predict(self, audio: np.ndarray) -> float:
+        """Complete-turn probability of one clip; concurrent callers share batches."""
+        request = _Request(smart_turn_features(audio))
+        with self._lock:
+            self._queue.append(request)
+            lead = not self._running
+            self._running = self._running or lead
+        if lead:
+            self._drain()
+        request.done.wait()
+        if request.error is not None:
+            raise request.error
+        return request.prob
+
+    def _drain(self) -> None:
+        while True:
+            with self._lock:
+                batch, self._queue = self._queue[: self._max_batch], self._queue[self._max_batch :]
+                if not batch:
+                    self._running = False
+                    return
+            try:
+                probs = self._run(np.stack([r.features for r in batch]))
+                for r, p in zip(batch, probs, strict=True):
+                    r.prob = float(p)
+            except BaseException as exc:  # every waiter learns of the failure, none hangs
+                for r in batch:
+                    r.error = exc
+            for r in batch:
+                r.done.set()
+
+    def _run(self, feats: np.ndarray) -> np.ndarray:
+        (out,) = self._session.run(None, {self._input_name: feats.astype(np.float32, copy=False)})
+        return np.asarray(out, dtype=np.float32).reshape(-1)
+
+
+@dataclass(frozen=True, slots=True)
+class EndOfTurnPolicy:
+    """semantic_vad at one eagerness: after `decide_after_ms` of silence Smart Turn is asked once;
+    probability >= `threshold` ends the turn there, otherwise the turn ends after `fallback_ms` of
+    silence (OpenAI's documented maximum waits: low 8 s, medium/auto 4 s, high 2 s)."""
+
+    threshold: float
+    decide_after_ms: int
+    fallback_ms: int
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.threshold <= 1.0:
+            raise ValueError(f"threshold: must be in [0, 1], got {self.threshold}")
+        if not 0 < self.decide_after_ms < self.fallback_ms:
+            raise ValueError(f"need 0 < decide_after_ms < fallback_ms, got {self.decide_after_ms}, {self.fallback_ms}")
+
+
+# "high" ends a turn on weaker evidence, "low" lets the user take their time: it asks only after 800 ms
+# of silence, so a mid-sentence pause shorter than that never splits the turn whatever its prosody
+# (Smart Turn judges prosody: on espeak-ng speech it calls "I'd like to book a table for" complete).
+EAGERNESS_POLICY: dict[str, EndOfTurnPolicy] = {
+    "low": EndOfTurnPolicy(threshold=0.5, decide_after_ms=800, fallback_ms=8000),
+    "medium": EndOfTurnPolicy(threshold=0.5, decide_after_ms=200, fallback_ms=4000),
+    "auto": EndOfTurnPolicy(threshold=0.5, decide_after_ms=200, fallback_ms=4000),
+    "high": EndOfTurnPolicy(threshold=0.3, decide_after_ms=200, fallback_ms=2000),
+}
+
+_SHARED: SmartTurn | None = None
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_smart_turn() -> SmartTurn:
+    """The process-wide `SmartTurn` (loaded on first use; one ONNX session batches every session's calls)."""
+    global _SHARED
+    with _SHARED_LOCK:
+        if _SHARED is None:
+            _SHARED = SmartTurn()
+        return _SHARED

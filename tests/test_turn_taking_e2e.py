@@ -1,0 +1,133 @@
+"""Turn taking through the real server (embedded tiny model, CPU) with espeak-ng speech on loopback.
+
+A 700 ms mid-sentence pause under semantic_vad gets exactly one response, after the sentence ends; a
+complete question gets its turn end within a few hundred ms; a backchannel while the reply is generated
+does not cancel it; a real interruption does (turn_detected). Every frame is validated against the
+openai SDK's server-event union.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+from server_support import WsClient, chunks, pcm16_b64, silence
+from websockets.asyncio.client import connect
+
+from bench.end_of_turn import espeak
+from realtime_ming.protocol import Dialect
+from realtime_ming.server import RealtimeServer, load_config
+
+pytestmark = pytest.mark.timeout(240)
+WIRE_HZ = 24000
+
+
+@pytest.fixture(scope="module")
+def engine():
+    from realtime_ming.engine import Engine
+    from realtime_ming.engine.config import EngineConfig
+    eng = Engine.create(EngineConfig())
+    yield eng
+    eng.close()
+
+
+@pytest.fixture
+async def server(engine):
+    async with RealtimeServer(load_config(None, ["server.port=0"]), engine) as srv:
+        yield srv
+
+
+async def _client(srv: RealtimeServer, turn_detection: dict | None = None) -> WsClient:
+    ws = await connect(f"ws://127.0.0.1:{srv.port}/v1/realtime?model=ming")
+    client = WsClient(ws, Dialect.GA)
+    assert (await client.recv())["type"] == "session.created"
+    if turn_detection is not None:
+        await client.send(type="session.update", session={
+            "type": "realtime", "audio": {"input": {"turn_detection": turn_detection}}})
+        assert (await client.recv_until("session.updated"))[-1]["type"] == "session.updated"
+    return client
+
+
+async def _send(client: WsClient, audio: np.ndarray) -> None:
+    for piece in chunks(audio, 100):
+        await client.send(type="input_audio_buffer.append", audio=pcm16_b64(piece))
+
+
+async def _drain(client: WsClient, seconds: float) -> list[dict]:
+    """Every frame that arrives within `seconds`."""
+    got = []
+    try:
+        async with asyncio.timeout(seconds):
+            while True:
+                got.append(await client.recv(seconds))
+    except TimeoutError:
+        pass
+    return got
+
+
+async def test_mid_sentence_pause_gets_one_response_after_the_end(server):
+    """semantic_vad low: "I'd like to book a table for <700 ms> four people at eight." → one turn,
+    one response.created, and the committed turn ends after the sentence does."""
+    speech = espeak("I'd like to book a table for <p> four people at eight.", "en-us", pause_ms=700)
+    client = await _client(server, {"type": "semantic_vad", "eagerness": "low"})
+    await _send(client, np.concatenate([speech, silence(2.0)]))
+    frames = await client.recv_until("response.done", timeout=120)
+    frames += await _drain(client, 1.0)
+    types = [f["type"] for f in frames]
+    assert types.count("input_audio_buffer.speech_stopped") == 1
+    assert types.count("response.created") == 1
+    stopped = next(f for f in frames if f["type"] == "input_audio_buffer.speech_stopped")
+    assert stopped["audio_end_ms"] >= speech.size * 1000 // WIRE_HZ
+    await client.ws.close()
+
+
+async def test_complete_question_ends_the_turn_quickly(server):
+    """semantic_vad high: a finished question is judged complete at the first decision point
+    (~200 ms of silence), long before the 2 s fallback; a response follows."""
+    speech = espeak("What time is it?", "en-us")
+    client = await _client(server, {"type": "semantic_vad", "eagerness": "high"})
+    await _send(client, np.concatenate([silence(0.3), speech, silence(2.5)]))
+    frames = await client.recv_until("response.created", timeout=120)
+    stopped = next(f for f in frames if f["type"] == "input_audio_buffer.speech_stopped")
+    speech_end_ms = (int(0.3 * WIRE_HZ) + speech.size) * 1000 // WIRE_HZ
+    assert stopped["audio_end_ms"] - speech_end_ms <= 450, stopped
+    await client.ws.close()
+
+
+async def _long_response(client: WsClient) -> str:
+    await client.send(type="session.update", session={"type": "realtime", "max_output_tokens": 4096})
+    await client.send(type="conversation.item.create", item={
+        "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Tell me a long story."}]})
+    await client.send(type="response.create")
+    return (await client.recv_until("response.output_audio.delta", timeout=120))[-1]["response_id"]
+
+
+async def test_backchannel_during_reply_does_not_cancel_it(server):
+    """"mm-hmm" and "yeah" while the reply is generated: no speech_started, the reply keeps streaming."""
+    client = await _client(server)
+    response_id = await _long_response(client)
+    await _send(client, np.concatenate([espeak("mm-hmm", "en-us"), silence(0.8), espeak("yeah", "en-gb+f3"),
+                                        silence(1.0)]))
+    frames = await _drain(client, 3.0)
+    types = [f["type"] for f in frames]
+    assert "input_audio_buffer.speech_started" not in types
+    assert not any(f["type"] == "response.done" and f["response"]["status"] == "cancelled" for f in frames)
+    assert any(f["type"] == "response.output_audio.delta" and f["response_id"] == response_id for f in frames)
+    await client.send(type="response.cancel")
+    await client.recv_until("response.done", timeout=60)
+    await client.ws.close()
+
+
+async def test_real_interruption_cancels_the_reply(server):
+    """A sentence while the reply is generated: speech_started, then response.done cancelled/turn_detected."""
+    client = await _client(server)
+    response_id = await _long_response(client)
+    await _send(client, np.concatenate([espeak("No, I meant the other one.", "en-us"), silence(1.0)]))
+    frames = await client.recv_until("input_audio_buffer.speech_stopped", timeout=60)
+    types = [f["type"] for f in frames]
+    done = next(f for f in frames if f["type"] == "response.done")
+    assert types.index("input_audio_buffer.speech_started") < types.index("response.done")
+    assert done["response"]["id"] == response_id
+    assert (done["response"]["status"], done["response"]["status_details"]["reason"]) == ("cancelled", "turn_detected")
+    await client.ws.close()
