@@ -297,6 +297,8 @@ FROZEN_CODES = {
     "input_text_too_long": ErrorType.INVALID_REQUEST,
     "item_too_large": ErrorType.INVALID_REQUEST,
     "context_length_exceeded": ErrorType.INVALID_REQUEST,
+    "unsupported_transcription_model": ErrorType.INVALID_REQUEST,
+    "transcription_failed": ErrorType.SERVER,
 }
 
 

@@ -21,6 +21,7 @@ __all__ = [
     "Message",
     "SamplingParams",
     "TurnRequest",
+    "TurnTask",
     "TextDelta",
     "AudioChunk",
     "StageMark",
@@ -117,6 +118,15 @@ class SamplingParams:
             raise ValueError("max_tokens must be >= 1")
 
 
+class TurnTask(enum.Enum):
+    """What a turn is for. `TRANSCRIBE` is a side request (the user's speech as text, never spoken):
+    its prefill queues behind every reply's, and `engine.thinker.forced_transcript` (not
+    `forced_reply`) replaces its sampled tokens in tests and benchmarks."""
+
+    REPLY = "reply"
+    TRANSCRIBE = "transcribe"
+
+
 @dataclass(frozen=True, slots=True)
 class TurnRequest:
     """One response to generate.
@@ -135,6 +145,7 @@ class TurnRequest:
     with_audio: bool = True
     speculative: bool = False
     speed: float = 1.0
+    task: TurnTask = TurnTask.REPLY
 
 
 class Stage(enum.Enum):

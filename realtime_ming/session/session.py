@@ -76,6 +76,7 @@ from .conversation import AssistantItem, Conversation, StoredItem
 from .failures import log_failure
 from .input import BufferFull, InputTurns, SpeechBegan, SpeechEnded, TurnSignal
 from .response import ActiveResponse, ResponseSpec, failure_error
+from .transcription import Transcriber, check_transcription
 
 __all__ = ["OPENAI_VOICE_ALIASES", "Session"]
 
@@ -143,6 +144,8 @@ class Session:
         self._response: ActiveResponse | None = None
         self._has_spoken = False  # the voice is fixed after the first audio response
         self._oob_used = False
+        self._transcriber = Transcriber(self.conversation, self.conversation_id)
+        self._served_model = model
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def start(self) -> list[Action]:
@@ -155,6 +158,7 @@ class Session:
         if self._response is not None:
             actions.append(CancelTurn(self._response.id))
             self._response = None
+        actions += self._transcriber.close()
         actions.append(CloseConversation(self.conversation_id))
         if self._oob_used:
             actions.append(CloseConversation(self._oob_conversation_id))
@@ -236,6 +240,9 @@ class Session:
 
     def _on_session_update(self, event: ce.SessionUpdate, now: float) -> list[Action]:
         new = apply_patch(self.config, event.session, voices=self._accepted_voices)
+        if "transcription" in event.session.changes:
+            new = replace(new, transcription=check_transcription(
+                new.transcription, self._served_model, event.session.param("transcription")))
         if new.voice != self.config.voice and self._has_spoken:
             return self._error(ErrorCode.CANNOT_UPDATE_VOICE, event.event_id, param=event.session.param("voice"))
         old, self.config = self.config, new
@@ -329,7 +336,8 @@ class Session:
             return self._error(
                 ErrorCode.ITEM_DELETE_INVALID_ITEM_ID, event.event_id, param="item_id", item_id=event.item_id
             )
-        return self._discard_speculation() + [Send(ConversationItemDeleted(item_id=event.item_id))]
+        actions = self._discard_speculation() + self._transcriber.forget_item(event.item_id)
+        return actions + [Send(ConversationItemDeleted(item_id=event.item_id))]
 
     def _on_item_truncate(self, event: ce.ConversationItemTruncate, now: float) -> list[Action]:
         entry = self.conversation.get(event.item_id)
@@ -464,11 +472,14 @@ class Session:
         item = MessageItem(role=Role.USER, content=(InputAudio(),), id=item_id, status=ItemStatus.COMPLETED)
         stored = StoredItem(item, (Content.of_audio(audio, MODEL_SAMPLE_RATE_HZ),))
         previous = self.conversation.insert(stored)
-        return [
+        actions: list[Action] = [
             Send(InputAudioBufferCommitted(item_id=item_id, previous_item_id=previous)),
             Send(ConversationItemAdded(item=item, previous_item_id=previous)),
             Send(ConversationItemDone(item=item, previous_item_id=previous)),
-        ] + self._evict(item_id)
+        ]
+        if self.config.transcription is not None:
+            actions += self._transcriber.start(item_id, 0, stored.content[0], self.config.transcription)
+        return actions + self._evict(item_id)
 
     # ---- responses ---------------------------------------------------------------------------
     def _spec(self, response_id: str, params: ce.ResponseParams | None) -> ResponseSpec:
@@ -554,6 +565,8 @@ class Session:
     # ---- engine events -----------------------------------------------------------------------
     def handle_engine_event(self, event: TurnEvent, now: float) -> list[Action]:
         """Apply one engine event; output of turns that are no longer active is dropped."""
+        if self._transcriber.owns(event.turn_id):
+            return self._transcriber.on_engine_event(event)
         response = self._response
         if response is None or event.turn_id != response.id:
             return []
