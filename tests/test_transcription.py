@@ -242,3 +242,36 @@ async def test_spoken_turn_is_transcribed_by_the_engine_beside_the_reply(engine,
     assert abs(heard_s - speech.size / 24000) < 0.8  # the user's speech, not the trailing silence
     # the transcript is the model's own: the same ASR request run again alone gives the same (greedy) text
     assert await _offline_text(engine, asr) == completed["transcript"]
+
+
+async def test_sdk_surfaces_transcripts_and_failures(engine, speech):
+    """LocalAgent (beta dialect, manual commit, no response): `agent.transcripts` has the item's transcript,
+    the same as the `.completed` event read from the stream; a failed one raises TranscriptionFailed."""
+    from realtime_ming.protocol import ConversationItemInputAudioTranscriptionCompleted, InputAudioBufferCommitted
+    from realtime_ming.protocol.responses import ErrorDetail
+    from realtime_ming.protocol.server_events import ConversationItemInputAudioTranscriptionFailed
+    from realtime_ming.protocol.session import InputTranscription
+    from realtime_ming.sdk import LocalAgent, TranscriptionFailed
+
+    async with LocalAgent.start(engine, beta=True) as agent:
+        await agent.update_session(turn_detection=None, transcription=InputTranscription(model="whisper-1"))
+        await agent.send_audio(speech, sample_rate_hz=24000)
+        await agent.commit()
+        committed, completed = None, None
+        async with asyncio.timeout(120):
+            while completed is None:
+                event = await agent.recv()
+                if isinstance(event, InputAudioBufferCommitted):
+                    committed = event
+                elif isinstance(event, ConversationItemInputAudioTranscriptionCompleted):
+                    completed = event
+        assert committed is not None and completed.item_id == committed.item_id
+        assert await agent.transcripts.wait(committed.item_id, timeout_s=1) == completed.transcript
+        assert agent.transcripts[committed.item_id].done
+        # the failure path as a server would report it
+        error = ErrorDetail(type="server_error", code="transcription_failed", message="no")
+        agent.transcripts.observe(ConversationItemInputAudioTranscriptionFailed(
+            item_id="item_x", content_index=0, error=error))
+        with pytest.raises(TranscriptionFailed) as failed:
+            await agent.transcripts.wait("item_x", timeout_s=1)
+        assert failed.value.error.code == "transcription_failed"
