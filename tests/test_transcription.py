@@ -275,3 +275,44 @@ async def test_sdk_surfaces_transcripts_and_failures(engine, speech):
         with pytest.raises(TranscriptionFailed) as failed:
             await agent.transcripts.wait("item_x", timeout_s=1)
         assert failed.value.error.code == "transcription_failed"
+
+
+def test_forced_transcript_is_said_once_by_transcription_turns_only():
+    """`engine.thinker.forced_transcript` replaces only TRANSCRIBE rows' tokens (then the turn stops), and
+    `forced_reply` only replies', the two running side by side."""
+    import threading
+
+    from realtime_ming.engine import Engine
+    from realtime_ming.engine.api import Content, Message, SamplingParams, TurnRequest
+    from realtime_ming.engine.config import EngineConfig, ThinkerRunnerConfig
+
+    said, reply = "what time is it now", "Sure thing."
+    eng = Engine.create(EngineConfig(thinker=ThinkerRunnerConfig(forced_reply=reply, forced_transcript=said)))
+    try:
+        audio = Content.of_audio(np.zeros(16000, np.float32), 16000)
+        texts: dict[str, list[str]] = {"asr": [], "reply": []}
+        ends: dict[str, object] = {}
+        finished = threading.Event()
+
+        def sink_for(name):
+            def sink(event):
+                if isinstance(event, TextDelta):
+                    texts[name].append(event.text)
+                elif isinstance(event, TurnDone | TurnFailed):
+                    ends[name] = event
+                    if len(ends) == 2:
+                        finished.set()
+            return sink
+
+        asr = TurnRequest("asr", "c_asr", (Message("user", (Content.of_text(ASR_INSTRUCTION), audio)),),
+                          sampling=SamplingParams(max_tokens=64), with_audio=False, task=TurnTask.TRANSCRIBE)
+        answer = TurnRequest("reply", "c", (Message("user", (audio,)),), sampling=SamplingParams(max_tokens=6),
+                             with_audio=False)
+        eng.submit(asr, sink_for("asr"))
+        eng.submit(answer, sink_for("reply"))
+        assert finished.wait(120)
+    finally:
+        eng.close()
+    assert "".join(texts["asr"]).strip() == said and ends["asr"].finish_reason is FinishReason.STOP
+    assert ends["asr"].output_tokens < 64
+    assert "".join(texts["reply"]).startswith(reply[:4]) and ends["reply"].finish_reason is FinishReason.LENGTH

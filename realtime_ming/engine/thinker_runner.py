@@ -407,7 +407,11 @@ class ThinkerRunner:
         finish = None
         forced = self._forced[row.request.task]
         if forced:
-            token = forced[len(row.generated) % len(forced)]
+            n = len(row.generated)
+            if row.request.task is TurnTask.TRANSCRIBE:  # a transcript is said once, then the turn ends
+                token = forced[n] if n < len(forced) else self.tok.eos_id
+            else:
+                token = forced[n % len(forced)]
         if token == self.tok.eos_id and not sp.ignore_eos:
             finish = FinishReason.STOP
         else:
