@@ -14,11 +14,12 @@ import dataclasses
 
 import numpy as np
 import pytest
-from server_support import WsClient, chunks, espeak, pcm16_b64, silence
-from test_session import MODEL_HZ, Harness
+from server_support import WsClient, chunks, espeak, pcm16_b64, silence, tone
+from test_session import MODEL_HZ, PCM16K, Harness, _engine_pcm
 from websockets.asyncio.client import connect
 
 from realtime_ming.engine.api import (
+    AudioChunk,
     ContentKind,
     FailureCode,
     FinishReason,
@@ -79,6 +80,35 @@ def test_committed_audio_gets_a_transcription_side_turn_and_its_events(dialect):
     part = h.last("conversation.item.retrieved")["item"]["content"][0]
     assert part["transcript"] == "what time is it" and part["audio"]
     assert "response.created" not in h.types()
+
+
+@pytest.mark.parametrize("first_output", ["audio", "failure"])
+def test_vad_turn_transcription_waits_for_the_replys_first_audio(first_output):
+    """A server-VAD turn that starts a reply: its transcription is held until that reply's first audio, so it
+    never competes with the reply's first tokens; then it is submitted (a failed reply drops the item and it)."""
+    h = Harness()
+    h.send(type="session.update", session={"type": "realtime", "audio": {"input": {
+        "format": PCM16K, "transcription": {"model": "gpt-4o-mini-transcribe"}}}})
+    h.append(silence(0.5, MODEL_HZ))
+    h.append(tone(0.6, MODEL_HZ))
+    h.append(silence(1.0, MODEL_HZ))
+    (reply,) = h.submitted()
+    assert h.last("response.created") and _asr_requests(h) == []
+    item_id = h.last("input_audio_buffer.committed")["item_id"]
+    if first_output == "audio":
+        h.engine(TextDelta(reply.turn_id, "Hi"))
+        assert _asr_requests(h) == []  # text alone is not the first audio of a spoken reply
+        h.engine(AudioChunk(reply.turn_id, _engine_pcm(0.2)))
+        (asr,) = _asr_requests(h)
+        assert asr.history[0].content[1] is h.session.conversation.get(item_id).content[0]
+    else:  # the failed reply removes its input item: nothing is left to transcribe
+        h.engine(TurnFailed(reply.turn_id, "boom", FailureCode.ENGINE_ERROR))
+        assert h.last("conversation.item.deleted")["item_id"] == item_id
+        assert _asr_requests(h) == []
+        h.send(type="conversation.item.create", item={"type": "message", "role": "user",
+                                                      "content": [{"type": "input_text", "text": "hi"}]})
+        assert _asr_requests(h) == []  # and nothing stays held
+        assert not h.session._transcriber.has_pending
 
 
 def test_language_and_prompt_are_context_of_the_asr_prompt():

@@ -184,7 +184,7 @@ class Session:
             return self._error(ErrorCode.UNSUPPORTED_EVENT, event.event_id, event_type=event.type)
         before = self._response
         try:
-            return handler(self, event, now)
+            return handler(self, event, now) + self._release_transcriptions()
         except ProtocolError as error:
             return [Send(Error.from_protocol_error(error.with_event_id(event.event_id)))]
         except Exception as exc:  # a bug must cost this request, never the session
@@ -478,7 +478,7 @@ class Session:
             Send(ConversationItemDone(item=item, previous_item_id=previous)),
         ]
         if self.config.transcription is not None:
-            actions += self._transcriber.start(item_id, 0, stored.content[0], self.config.transcription)
+            self._transcriber.start(item_id, 0, stored.content[0], self.config.transcription)
         return actions + self._evict(item_id)
 
     # ---- responses ---------------------------------------------------------------------------
@@ -567,6 +567,18 @@ class Session:
         """Apply one engine event; output of turns that are no longer active is dropped."""
         if self._transcriber.owns(event.turn_id):
             return self._transcriber.on_engine_event(event)
+        return self._on_engine_event(event, now) + self._release_transcriptions()
+
+    def _release_transcriptions(self) -> list[Action]:
+        """Submit held transcriptions once no reply waits for its first output (they never delay it)."""
+        response = self._response
+        if not self._transcriber.has_pending or (
+            response is not None and (response.first_audio_at is None if response.spec.is_audio else not response.item.text)
+        ):
+            return []
+        return self._transcriber.submit_pending()
+
+    def _on_engine_event(self, event: TurnEvent, now: float) -> list[Action]:
         response = self._response
         if response is None or event.turn_id != response.id:
             return []
@@ -614,6 +626,7 @@ class Session:
             new_inputs.append(entry.id)
         for item_id in reversed(new_inputs):
             self.conversation.delete(item_id)
+            actions += self._transcriber.forget_item(item_id)
             actions.append(Send(ConversationItemDeleted(item_id=item_id)))
         return actions
 

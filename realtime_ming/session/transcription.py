@@ -19,9 +19,11 @@ Context (Ming's context-aware ASR takes hotwords or preceding text as plain text
   {English}." so the model does not have to identify it; unknown codes are passed as given.
 
 The transcription turn has its own KV slot (`<conversation>_asr`), so the reply's cached prefix is never
-evicted by it; it re-encodes and prefills the user's audio in that slot beside the reply (the engine queues
-its prefill behind every reply's, and it is submitted at commit, after a speculative reply has usually
-been prefilled already).
+evicted by it; it encodes and prefills the user's audio again in that slot (sharing the reply's KV would
+need a slot fork the engine does not have). It never delays the reply's first audio: the session holds it
+(`start`) while a reply to the same input has not sent its first audio (or text) yet, and submits it
+(`submit_pending`) at that moment, when the reply ends, or at once when no reply is coming; in the engine
+its prefill queues behind every reply's (`TurnTask.TRANSCRIBE`).
 
 `model`: any transcription model name the OpenAI types allow (except `gpt-4o-transcribe-diarize`, whose
 speaker labels Ming does not produce) and the served model's own name are accepted; all run Ming's ASR,
@@ -141,14 +143,26 @@ class Transcriber:
         self._conversation = conversation
         self.conversation_id = conversation_id + "_asr"
         self._jobs: dict[str, _Job] = {}
+        self._pending: list[TurnRequest] = []  # held until the reply's first output (module doc)
         self._used = False
 
     def owns(self, turn_id: str) -> bool:
         """Whether `turn_id` is one of this session's transcription turns."""
         return turn_id in self._jobs
 
-    def start(self, item_id: str, content_index: int, audio: Content, setting: InputTranscription) -> list[Action]:
-        """Submit the transcription of `audio` (part `content_index` of user item `item_id`)."""
+    @property
+    def has_pending(self) -> bool:
+        """Whether transcriptions wait for `submit_pending`."""
+        return bool(self._pending)
+
+    def submit_pending(self) -> list[Action]:
+        """Submit the held transcriptions, oldest first."""
+        pending, self._pending = self._pending, []
+        return [SubmitTurn(request) for request in pending]
+
+    def start(self, item_id: str, content_index: int, audio: Content, setting: InputTranscription) -> None:
+        """Prepare the transcription of `audio` (part `content_index` of user item `item_id`); it is held
+        until `submit_pending`."""
         turn_id = new_id(IdPrefix.RESPONSE)
         self._jobs[turn_id] = _Job(item_id, content_index)
         self._used = True
@@ -160,7 +174,7 @@ class Transcriber:
             with_audio=False,
             task=TurnTask.TRANSCRIBE,
         )
-        return [SubmitTurn(request)]
+        self._pending.append(request)
 
     def on_engine_event(self, event: TurnEvent) -> list[Action]:
         """Apply one engine event of a transcription turn (see `owns`)."""
@@ -195,12 +209,16 @@ class Transcriber:
         gone = [t for t, job in self._jobs.items() if job.item_id == item_id]
         for turn_id in gone:
             del self._jobs[turn_id]
-        return [CancelTurn(t) for t in gone]
+        held = {r.turn_id for r in self._pending}
+        self._pending = [r for r in self._pending if r.turn_id not in gone]
+        return [CancelTurn(t) for t in gone if t not in held]
 
     def close(self) -> list[Action]:
         """Session end: cancel every running transcription and free the ASR slot."""
-        actions: list[Action] = [CancelTurn(t) for t in self._jobs]
+        held = {r.turn_id for r in self._pending}
+        actions: list[Action] = [CancelTurn(t) for t in self._jobs if t not in held]
         self._jobs.clear()
+        self._pending.clear()
         if self._used:
             actions.append(CloseConversation(self.conversation_id))
         return actions
