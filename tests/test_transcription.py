@@ -75,6 +75,7 @@ def test_committed_audio_gets_a_transcription_side_turn_and_its_events(dialect):
     done = h.last(f"{prefix}.completed")
     assert (done["item_id"], done["content_index"], done["transcript"]) == (item_id, 0, "what time is it")
     assert done["usage"] == {"type": "tokens", "input_tokens": 40, "output_tokens": 4, "total_tokens": 44}
+    assert CloseConversation(request.conversation_id) in h.commands  # its KV slot is freed at once
     assert "".join(f["delta"] for f in h.frames[mark:] if f["type"] == f"{prefix}.delta") == done["transcript"]
     h.send(type="conversation.item.retrieve", item_id=item_id)
     part = h.last("conversation.item.retrieved")["item"]["content"][0]

@@ -19,8 +19,8 @@ Context (Ming's context-aware ASR takes hotwords or preceding text as plain text
   {English}." so the model does not have to identify it; unknown codes are passed as given.
 
 The transcription turn has its own KV slot (`<conversation>_asr`), so the reply's cached prefix is never
-evicted by it; it encodes and prefills the user's audio again in that slot (sharing the reply's KV would
-need a slot fork the engine does not have). It never delays the reply's first audio: the session holds it
+evicted by it (and the slot is freed after each transcription); it encodes and prefills the user's audio
+again in that slot (sharing the reply's KV would need a slot fork the engine does not have). It never delays the reply's first audio: the session holds it
 (`start`) while a reply to the same input has not sent its first audio (or text) yet, and submits it
 (`submit_pending`) at that moment, when the reply ends, or at once when no reply is coming; in the engine
 its prefill queues behind every reply's (`TurnTask.TRANSCRIBE`).
@@ -188,6 +188,11 @@ class Transcriber:
             return [Send(ConversationItemInputAudioTranscriptionDelta(
                 item_id=job.item_id, content_index=job.content_index, delta=event.text))]
         del self._jobs[event.turn_id]
+        # Each ASR prompt is a fresh turn (nothing worth keeping cached): its slot goes back to the free pool at
+        # once, so it never evicts another conversation's cached prefix.
+        return self._finish(job, event) + [CloseConversation(self.conversation_id)]
+
+    def _finish(self, job: _Job, event: TurnEvent) -> list[Action]:
         if isinstance(event, TurnDone):
             transcript = "".join(job.text).strip()
             self._store(job, transcript)
