@@ -120,6 +120,22 @@ def test_language_and_prompt_are_context_of_the_asr_prompt():
     text = _asr_requests(h)[0].history[0].content[0].text
     assert text.startswith("Context: Ming, realtime, TTFA\n")
     assert "English" in text and "recognize the language" not in text
+    h.send(type="session.update", session={"type": "realtime", "audio": {"input": {"transcription": {
+        "languages": ["en", "zh"], "keywords": ["Ming", "TTFA"], "delay": None}}}})
+    echoed = h.last("session.updated")["session"]["audio"]["input"]["transcription"]
+    assert echoed["keywords"] == ["Ming", "TTFA"] and echoed["languages"] == ["en", "zh"]
+    h.append(tone(0.3, MODEL_HZ))
+    h.send(type="input_audio_buffer.commit")
+    text = _asr_requests(h)[1].history[0].content[0].text
+    assert text.startswith("Hotwords: Ming, TTFA\n") and "English or Chinese" in text
+
+
+def test_transcription_delay_is_refused_not_ignored():
+    h = Harness()
+    h.send(type="session.update", session={"type": "realtime", "audio": {"input": {"transcription": {"delay": "low"}}}})
+    error = h.last("error")["error"]
+    assert error["code"] == "invalid_value" and error["param"] == "session.audio.input.transcription.delay"
+    assert h.session.config.transcription is None
 
 
 def test_failed_transcription_gives_failed_event_and_keeps_the_session():

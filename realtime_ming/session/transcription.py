@@ -14,9 +14,10 @@ the processor's default)::
 Context (Ming's context-aware ASR takes hotwords or preceding text as plain text in the same turn):
 
 * `prompt` is put before the instruction as `Context: {prompt}\\n` (free text: vocabulary, names, the
-  previous dialogue);
+  previous dialogue), and `keywords` as `Hotwords: {a}, {b}\\n` (terms to spell as given);
 * `language` (ISO-639-1, e.g. `en`) replaces "recognize the language of this speech" by "The speech is in
-  {English}." so the model does not have to identify it; unknown codes are passed as given.
+  {English}." so the model does not have to identify it; `languages` (possible ones) by "The speech is in
+  {English} or {Chinese}."; unknown codes are passed as given.
 
 The transcription turn has its own KV slot (`<conversation>_asr`), so the reply's cached prefix is never
 evicted by it (and the slot is freed after each transcription); it encodes and prefills the user's audio
@@ -120,10 +121,14 @@ def check_transcription(value: InputTranscription | None, served_model: str, par
 
 def asr_message(audio: Content, setting: InputTranscription) -> Message:
     """The reference's ASR user turn for `audio`, with `prompt` and `language` as context (module doc)."""
-    if setting.language:
-        instruction = _LANGUAGE_INSTRUCTION.format(language=_LANGUAGES.get(setting.language.lower(), setting.language))
+    codes = (setting.language,) if setting.language else setting.languages
+    if codes:
+        names = " or ".join(_LANGUAGES.get(code.lower(), code) for code in codes)
+        instruction = _LANGUAGE_INSTRUCTION.format(language=names)
     else:
         instruction = ASR_INSTRUCTION
+    if setting.keywords:
+        instruction = f"Hotwords: {', '.join(setting.keywords)}\n{instruction}"
     if setting.prompt:
         instruction = f"Context: {setting.prompt}\n{instruction}"
     return Message("user", (Content.of_text(instruction), audio))
