@@ -30,7 +30,10 @@ from realtime_ming.engine.api import (
 )
 from realtime_ming.protocol import Dialect
 from realtime_ming.session import CancelTurn, CloseConversation
-from realtime_ming.session.transcription import ASR_INSTRUCTION, OPENAI_TRANSCRIPTION_MODELS
+from realtime_ming.session.transcription import (
+    ASR_INSTRUCTION,
+    OPENAI_TRANSCRIPTION_MODELS,
+)
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -294,9 +297,14 @@ async def test_spoken_turn_is_transcribed_by_the_engine_beside_the_reply(engine,
 async def test_sdk_surfaces_transcripts_and_failures(engine, speech):
     """LocalAgent (beta dialect, manual commit, no response): `agent.transcripts` has the item's transcript,
     the same as the `.completed` event read from the stream; a failed one raises TranscriptionFailed."""
-    from realtime_ming.protocol import ConversationItemInputAudioTranscriptionCompleted, InputAudioBufferCommitted
+    from realtime_ming.protocol import (
+        ConversationItemInputAudioTranscriptionCompleted,
+        InputAudioBufferCommitted,
+    )
     from realtime_ming.protocol.responses import ErrorDetail
-    from realtime_ming.protocol.server_events import ConversationItemInputAudioTranscriptionFailed
+    from realtime_ming.protocol.server_events import (
+        ConversationItemInputAudioTranscriptionFailed,
+    )
     from realtime_ming.protocol.session import InputTranscription
     from realtime_ming.sdk import LocalAgent, TranscriptionFailed
 
