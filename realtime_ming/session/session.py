@@ -570,13 +570,7 @@ class Session:
         return self._on_engine_event(event, now) + self._release_transcriptions()
 
     def _release_transcriptions(self) -> list[Action]:
-        """Submit held transcriptions once no reply waits for its first output (they never delay it)."""
-        response = self._response
-        if not self._transcriber.has_pending or (
-            response is not None and (response.first_audio_at is None if response.spec.is_audio else not response.item.text)
-        ):
-            return []
-        return self._transcriber.submit_pending()
+        return self._transcriber.release(self._response)
 
     def _on_engine_event(self, event: TurnEvent, now: float) -> list[Action]:
         response = self._response

@@ -23,7 +23,7 @@ The transcription turn has its own KV slot (`<conversation>_asr`), so the reply'
 evicted by it (and the slot is freed after each transcription); it encodes and prefills the user's audio
 again in that slot (sharing the reply's KV would need a slot fork the engine does not have). It never delays the reply's first audio: the session holds it
 (`start`) while a reply to the same input has not sent its first audio (or text) yet, and submits it
-(`submit_pending`) at that moment, when the reply ends, or at once when no reply is coming; in the engine
+(`release`) at that moment, when the reply ends, or at once when no reply is coming; in the engine
 its prefill queues behind every reply's (`TurnTask.TRANSCRIBE`).
 
 `model`: any transcription model name the OpenAI types allow (except `gpt-4o-transcribe-diarize`, whose
@@ -62,6 +62,7 @@ from ..protocol.server_events import (
 from ..protocol.session import InputTranscription
 from .actions import Action, CancelTurn, CloseConversation, Send, SubmitTurn
 from .conversation import Conversation, StoredItem
+from .response import ActiveResponse
 
 __all__ = [
     "ASR_INSTRUCTION",
@@ -157,17 +158,20 @@ class Transcriber:
 
     @property
     def has_pending(self) -> bool:
-        """Whether transcriptions wait for `submit_pending`."""
+        """Whether transcriptions wait for `release`."""
         return bool(self._pending)
 
-    def submit_pending(self) -> list[Action]:
-        """Submit the held transcriptions, oldest first."""
+    def release(self, reply: ActiveResponse | None) -> list[Action]:
+        """Submit the held transcriptions, oldest first, unless `reply` (the active response) has not sent its
+        first audio (text, for a text reply) yet: a transcription never delays a reply's first output."""
+        if reply is not None and (reply.first_audio_at is None if reply.spec.is_audio else not reply.item.text):
+            return []
         pending, self._pending = self._pending, []
         return [SubmitTurn(request) for request in pending]
 
     def start(self, item_id: str, content_index: int, audio: Content, setting: InputTranscription) -> None:
         """Prepare the transcription of `audio` (part `content_index` of user item `item_id`); it is held
-        until `submit_pending`."""
+        until `release`."""
         turn_id = new_id(IdPrefix.RESPONSE)
         self._jobs[turn_id] = _Job(item_id, content_index)
         self._used = True
