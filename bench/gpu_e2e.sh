@@ -17,7 +17,13 @@ serve_extra=(); bench_extra=()
 [ "$policy" = config ] || serve_extra+=(--set "engine.segmenter.policy=$policy")
 [ "$vad_ms" = server ] || bench_extra+=(--vad-silence-ms "$vad_ms")
 [ "$max_tokens" = server ] || bench_extra+=(--max-output-tokens "$max_tokens")
-echo "mode: policy=$policy vad_silence_ms=$vad_ms max_output_tokens=$max_tokens forced_reply=yes weights=dummy" | tee "$out/mode.txt"
+# COMPARE_SESSION (GA session JSON): a second configuration of the same server, interleaved (A B B A), e.g.
+# input transcription on: COMPARE_SESSION='{"audio": {"input": {"transcription": {}}}}'; FORCED_TRANSCRIPT:
+# what transcription turns say (once, then stop) instead of the dummy weights' random tokens
+[ -z "${COMPARE_SESSION:-}" ] || bench_extra+=(--compare-session "$COMPARE_SESSION" --rounds 2)
+[ -z "${FORCED_TRANSCRIPT:-}" ] || serve_extra+=(--set "engine.thinker.forced_transcript=$FORCED_TRANSCRIPT")
+echo "mode: policy=$policy vad_silence_ms=$vad_ms max_output_tokens=$max_tokens forced_reply=yes weights=dummy" \
+  "compare_session=${COMPARE_SESSION:-none} forced_transcript=${FORCED_TRANSCRIPT:-none}" | tee "$out/mode.txt"
 reply="Sure. The weather today looks sunny, with a light breeze from the west and a high of twenty degrees. "
 python3 -c 'import sys; from realtime_ming.cli import main; sys.exit(main(sys.argv[1:]))' serve --config "$config" \
   --port 8765 --set "engine.preset=${PRESET:-ming-flash-omni-2.0}" --set engine.weights=dummy \

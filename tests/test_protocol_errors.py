@@ -301,6 +301,8 @@ FROZEN_CODES = {
     "item_too_large": ErrorType.INVALID_REQUEST,
     "context_length_exceeded": ErrorType.INVALID_REQUEST,
     "unsupported_noise_reduction": ErrorType.INVALID_REQUEST,
+    "unsupported_transcription_model": ErrorType.INVALID_REQUEST,
+    "transcription_failed": ErrorType.SERVER,
 }
 
 

@@ -135,6 +135,9 @@ async def test_web_spoken_turn_is_played_and_timed(engine, speech, tmp_path):
         ttfa_text = await page.text_content("#ttfa-value")
         chart_label = await page.get_attribute("#latency-chart", "aria-label")
         bubbles = await page.locator(".msg-assistant").count()
+        await page.wait_for_function("() => Object.keys(__demo.transcripts).length > 0", timeout=_ms(60))
+        demo = await page.evaluate("window.__demo")
+        user_bubbles = await page.locator(".msg-user .msg-body").all_text_contents()
     played = [r for r in demo["responses"].values() if r["status"] in FINISHED and r["audioDeltas"] > 0]
     reply = played[0]
     assert demo["speechStarted"] >= 1 and demo["speechStopped"] >= 1 and demo["committed"] >= 1
@@ -146,6 +149,9 @@ async def test_web_spoken_turn_is_played_and_timed(engine, speech, tmp_path):
     assert ttfa_text == f"{demo['ttfaMs'][-1]} ms"
     assert f"latest {demo['ttfaMs'][-1]} ms" in chart_label
     assert bubbles >= 1
+    # the user's words come from Ming's own ASR (random text with the tiny model) and fill their bubble
+    assert demo["transcripts"] and None not in demo["transcripts"].values()
+    assert any(t.strip() and t.strip() in bubble for t in demo["transcripts"].values() for bubble in user_bubbles)
     log = demo["stateLog"]
     flow = ["listening", "user_speaking", "thinking", "speaking", "listening"]
     positions = [log.index(flow[0])]

@@ -23,6 +23,7 @@ __all__ = [
     "Truncation",
     "TurnRequest",
     "PromptTokens",
+    "TurnTask",
     "TextDelta",
     "AudioChunk",
     "StageMark",
@@ -119,6 +120,15 @@ class SamplingParams:
             raise ValueError("max_tokens must be >= 1")
 
 
+class TurnTask(enum.Enum):
+    """What a turn is for. `TRANSCRIBE` is a side request (the user's speech as text, never spoken):
+    its prefill queues behind every reply's, and `engine.thinker.forced_transcript` (not
+    `forced_reply`) replaces its sampled tokens in tests and benchmarks."""
+
+    REPLY = "reply"
+    TRANSCRIBE = "transcribe"
+
+
 @dataclass(frozen=True, slots=True)
 class Truncation:
     """What the engine does when the prompt would not fit the context (OpenAI `session.truncation`).
@@ -162,6 +172,7 @@ class TurnRequest:
     speculative: bool = False
     speed: float = 1.0
     truncation: Truncation = field(default_factory=Truncation)
+    task: TurnTask = TurnTask.REPLY
 
 
 class Stage(enum.Enum):

@@ -43,6 +43,9 @@ class ThinkerRunnerConfig:
     # benchmarks with dummy weights: emit this text's tokens (cycled) instead of the sampled ones, so
     # segmenter and talker see real words; every model computation still runs. None = off.
     forced_reply: str | None = None
+    # transcription turns (`TurnTask.TRANSCRIBE`) emit this text's tokens once, then end (stop); every model
+    # computation still runs. None = the model's own transcript
+    forced_transcript: str | None = None
 
     def __post_init__(self):
         for name in ("max_slots", "max_seq_len", "max_batch", "prefill_chunk_tokens"):

@@ -99,7 +99,7 @@ class ModelBundle:
         elif cfg.model_path is None:
             # real shapes, random weights: stand-in BPE tokenizers placed on the real special ids
             ck = preset_config(cfg.preset)
-            thinker_tok, talker_tok = _standin_tokenizers(ck, [cfg.thinker.forced_reply or ""])
+            thinker_tok, talker_tok = _standin_tokenizers(ck, [cfg.thinker.forced_reply or "", cfg.thinker.forced_transcript or ""])
             name = f"{cfg.preset}-dummy"
             dummy = True
         else:

@@ -22,7 +22,7 @@ import torch
 from ..model.multimodal import AudioInput, ImageInput, MediaKind, VideoInput, prepare_prefill, rope_index_3d
 from ..model.thinker import ThinkerKVCache
 from ..model.tokenizer import ChatMessage
-from .api import ContentKind, EngineBusyError, FinishReason, PromptTokens, TurnRequest
+from .api import ContentKind, EngineBusyError, FinishReason, PromptTokens, TurnRequest, TurnTask
 from .config import EngineConfig
 from .graphs import upload
 from .models import ModelBundle
@@ -114,7 +114,9 @@ class ThinkerRunner:
         self.rows: dict[str, _Row] = {}
         self._prefill_queue: deque[str] = deque()
         self._clock = 0
-        self._forced = self.tok.encode(self.cfg.forced_reply) if self.cfg.forced_reply else None
+        self._forced = {TurnTask.REPLY: self.tok.encode(self.cfg.forced_reply) if self.cfg.forced_reply else None,
+                        TurnTask.TRANSCRIBE: (self.tok.encode(self.cfg.forced_transcript)
+                                              if self.cfg.forced_transcript else None)}
         self._vision = _VisionCache(VISION_CACHE_BYTES)
         buckets = (self.cfg.decode_buckets, self.cfg.kv_buckets or default_kv_buckets(self.cfg.max_seq_len))
         widths = tuple(w for w in self.cfg.prefill_buckets if w <= self.cfg.prefill_chunk_tokens)
@@ -251,7 +253,21 @@ class ThinkerRunner:
         self.rows[request.turn_id] = _Row(request, slot, prep, list(tail.input_ids), 0, prep.rope_delta,
                                           len(ids), p, self.tok.incremental_decoder(), gen,
                                           (_by_modality(prompt.spans, len(ids)), _by_modality(prompt.spans, p)))
-        self._prefill_queue.append(request.turn_id)
+        self._enqueue_prefill(request)
+
+    def _enqueue_prefill(self, request: TurnRequest) -> None:
+        """Replies prefill in arrival order; a transcription (a side request) waits behind every reply
+        queued now, so it never delays a reply's first tokens by more than the decode row it adds."""
+        queue = self._prefill_queue
+        if request.task is TurnTask.TRANSCRIBE:
+            queue.append(request.turn_id)
+            return
+        side = next((i for i, t in enumerate(queue) if self.rows[t].request.task is TurnTask.TRANSCRIBE
+                     and self.rows[t].offset == 0), None)
+        if side is None:
+            queue.append(request.turn_id)
+        else:
+            queue.insert(side, request.turn_id)
 
     def _encode_tail(self, spans, payloads, start: int) -> dict:
         """Encoder outputs for the media whose placeholders lie in the tail (from token `start`)."""
@@ -404,8 +420,13 @@ class ThinkerRunner:
         """Account a sampled token: stream its text, apply eos / stop strings / length limits."""
         sp = row.request.sampling
         finish = None
-        if self._forced:
-            token = self._forced[len(row.generated) % len(self._forced)]
+        forced = self._forced[row.request.task]
+        if forced:
+            n = len(row.generated)
+            if row.request.task is TurnTask.TRANSCRIBE:  # a transcript is said once, then the turn ends
+                token = forced[n] if n < len(forced) else self.tok.eos_id
+            else:
+                token = forced[n % len(forced)]
         if token == self.tok.eos_id and not sp.ignore_eos:
             finish = FinishReason.STOP
         else:

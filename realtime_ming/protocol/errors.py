@@ -106,6 +106,12 @@ class ErrorCode(StrEnum):
         _INVALID,
         "Unsupported session type '{session_type}'; this server only runs 'realtime' sessions.",
     )
+    UNSUPPORTED_TRANSCRIPTION_MODEL = (
+        "unsupported_transcription_model",
+        _INVALID,
+        "Unsupported transcription model '{model}': {reason}. Input audio is transcribed by the served model's own"
+        " ASR; accepted names: {supported}.",
+    )
     UNSUPPORTED_AUDIO_FORMAT = (
         "unsupported_audio_format",
         _INVALID,
@@ -286,6 +292,11 @@ class ErrorCode(StrEnum):
         "invalid_prompt",
         _INVALID,
         "Response '{response_id}' cannot be generated from this conversation: {detail}.",
+    )
+    TRANSCRIPTION_FAILED = (
+        "transcription_failed",
+        _SERVER,
+        "Transcription of item '{item_id}' failed: {reason}.",
     )
     SERVER_SHUTTING_DOWN = (
         "server_shutting_down",

@@ -167,17 +167,31 @@ def _encode_turn_detection(value: ServerVad | SemanticVad, dialect: Dialect) -> 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class InputTranscription:
-    """Requested input transcription (accepted and echoed; the server picks its own ASR)."""
+    """Requested input transcription, run by the served model's ASR (`session/transcription.py` says how
+    `language`, `languages`, `prompt` and `keywords` enter its prompt)."""
 
     model: str | None = None
     language: str | None = None
+    languages: tuple[str, ...] | None = None
     prompt: str | None = None
+    keywords: tuple[str, ...] | None = None
 
 
+MAX_TRANSCRIPTION_TERMS: Final = 100  # keywords / languages of one transcription setting
+
+
+def _decode_terms(value: Any, param: str, _dialect: Dialect) -> tuple[str, ...]:
+    items = expect_list(value, param, MAX_TRANSCRIPTION_TERMS)
+    return tuple(expect_text(v, join(param, i), MAX_METADATA_VALUE_CHARS, single_line=True) for i, v in enumerate(items))
+
+
+_TERMS = Codec(_decode_terms, lambda v, _d: list(v))
 _TRANSCRIPTION_FIELDS: Final = (
     WireField.at("model", nullable(ID)),
     WireField.at("language", nullable(ID)),
+    WireField.at("languages", nullable(_TERMS)),
     WireField.at("prompt", nullable(text_codec(MAX_DESCRIPTION_CHARS))),
+    WireField.at("keywords", nullable(_TERMS)),
 )
 
 
@@ -214,7 +228,17 @@ def _record_codec(cls: type, table: tuple[WireField, ...]) -> Codec[Any]:
     return Codec(decode, encode)
 
 
-TRANSCRIPTION: Final = _record_codec(InputTranscription, _TRANSCRIPTION_FIELDS)
+_TRANSCRIPTION_RECORD: Final = _record_codec(InputTranscription, _TRANSCRIPTION_FIELDS)
+
+
+def _decode_transcription(value: Any, param: str, dialect: Dialect) -> InputTranscription:
+    if isinstance(value, dict) and value.get("delay") is not None:
+        raise invalid_value(join(param, "delay"), "the transcription delay is not adjustable: each committed turn"
+                            " is transcribed as a whole by the served model's ASR (leave 'delay' out or null)")
+    return _TRANSCRIPTION_RECORD.decode(value, param, dialect)
+
+
+TRANSCRIPTION: Final = Codec(_decode_transcription, _TRANSCRIPTION_RECORD.encode)
 NOISE_REDUCTION: Final = _record_codec(NoiseReduction, _NOISE_REDUCTION_FIELDS)
 TURN_DETECTION: Final[Codec[ServerVad | SemanticVad]] = Codec(_decode_turn_detection, _encode_turn_detection)
 SPEED: Final = number_codec(0.25, 1.5)

@@ -2,7 +2,9 @@
 
 Both are `RealtimeAgent`s: the same calls (`update_session`, `send_audio`, `commit`,
 `create_response`, `cancel`, `truncate`, `add_text`, `add_image`, `collect_turn`, …) and the same
-`realtime_ming.protocol` server events from `recv()` / `async for`. Errors: see `sdk.errors`.
+`realtime_ming.protocol` server events from `recv()` / `async for`; with a session `transcription`,
+`agent.transcripts` holds the user's transcripts by item id (`await agent.transcripts.wait(item_id)`).
+Errors: see `sdk.errors`.
 """
 
 from .agent import UNSET, AgentOptions, Opening, RealtimeAgent
@@ -18,6 +20,7 @@ from .errors import (
 )
 from .events import parse_server_event
 from .local import LocalAgent
+from .transcripts import Transcript, TranscriptionFailed, Transcripts
 from .turn import TurnResult, TurnTimings
 
 __all__ = [
@@ -36,6 +39,9 @@ __all__ = [
     "RealtimeError",
     "ReconnectPolicy",
     "ServerError",
+    "Transcript",
+    "TranscriptionFailed",
+    "Transcripts",
     "TurnResult",
     "TurnTimings",
     "parse_server_event",

@@ -56,6 +56,7 @@ from ..protocol.values import (
 from ..session.audio_io import wire_format
 from .audio import AudioInput, encode_input_audio
 from .errors import ConnectionClosed, RealtimeError, ServerError
+from .transcripts import Transcripts
 from .turn import TurnCollector, TurnResult
 
 __all__ = ["UNSET", "AgentOptions", "Opening", "RealtimeAgent"]
@@ -159,6 +160,7 @@ class RealtimeAgent:
         self._created = asyncio.Event()
         self._input_format = AudioFormat()
         self._requested: dict[str, Any] = {}  # every session change asked for (replayed on resume)
+        self.transcripts = Transcripts()  # user audio items' transcripts (session `transcription` on)
 
     # ---- transport contract ------------------------------------------------------------------
     async def _transmit(self, event: ClientEvent) -> None:
@@ -174,6 +176,7 @@ class RealtimeAgent:
         if isinstance(event, SessionCreated | SessionUpdated):
             self._session = event.session
             self._input_format = event.session.input_format
+        self.transcripts.observe(event)
         await self._events.put(event)
         if isinstance(event, SessionCreated):
             self._created.set()

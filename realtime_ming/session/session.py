@@ -82,6 +82,7 @@ from .input import BufferFull, InputTurns, SpeechBegan, SpeechEnded, TurnSignal
 from .response import ActiveResponse, ResponseSpec, failure_error
 from .tracing import check_tracing_update, trace_response
 from .usage import usage_of
+from .transcription import Transcriber, check_transcription
 
 __all__ = ["OPENAI_VOICE_ALIASES", "Session"]
 
@@ -151,6 +152,8 @@ class Session:
         self._idle = IdleTimer()  # GA turn_detection.idle_timeout_ms
         self._has_spoken = False  # the voice is fixed after the first audio response
         self._oob_used = False
+        self._transcriber = Transcriber(self.conversation, self.conversation_id)
+        self._served_model = model
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def start(self) -> list[Action]:
@@ -165,6 +168,7 @@ class Session:
                 actions.append(CancelTurn(response.id))
         self._response = None
         self._oob.clear()
+        actions += self._transcriber.close()
         actions.append(CloseConversation(self.conversation_id))
         if self._oob_used:
             actions.append(CloseConversation(self._oob_conversation_id))
@@ -190,7 +194,7 @@ class Session:
             return self._error(ErrorCode.UNSUPPORTED_EVENT, event.event_id, event_type=event.type)
         before, oob_before = self._response, set(self._oob)
         try:
-            return handler(self, event, now)
+            return handler(self, event, now) + self._release_transcriptions()
         except ProtocolError as error:
             return [Send(Error.from_protocol_error(error.with_event_id(event.event_id)))]
         except Exception as exc:  # a bug must cost this request, never the session
@@ -249,6 +253,9 @@ class Session:
 
     def _on_session_update(self, event: ce.SessionUpdate, now: float) -> list[Action]:
         new = apply_patch(self.config, event.session, voices=self._accepted_voices)
+        if "transcription" in event.session.changes:
+            new = replace(new, transcription=check_transcription(
+                new.transcription, self._served_model, event.session.param("transcription")))
         if new.voice != self.config.voice and self._has_spoken:
             return self._error(ErrorCode.CANNOT_UPDATE_VOICE, event.event_id, param=event.session.param("voice"))
         if "tracing" in event.session.changes:
@@ -364,7 +371,8 @@ class Session:
             return self._error(
                 ErrorCode.ITEM_DELETE_INVALID_ITEM_ID, event.event_id, param="item_id", item_id=event.item_id
             )
-        return self._discard_speculation() + [Send(ConversationItemDeleted(item_id=event.item_id))]
+        actions = self._discard_speculation() + self._transcriber.forget_item(event.item_id)
+        return actions + [Send(ConversationItemDeleted(item_id=event.item_id))]
 
     def _on_item_truncate(self, event: ce.ConversationItemTruncate, now: float) -> list[Action]:
         entry = self.conversation.get(event.item_id)
@@ -510,11 +518,14 @@ class Session:
         item = MessageItem(role=Role.USER, content=(InputAudio(),), id=item_id, status=ItemStatus.COMPLETED)
         stored = StoredItem(item, (Content.of_audio(audio, MODEL_SAMPLE_RATE_HZ),))
         previous = self.conversation.insert(stored)
-        return [
+        actions: list[Action] = [
             Send(InputAudioBufferCommitted(item_id=item_id, previous_item_id=previous)),
             Send(ConversationItemAdded(item=item, previous_item_id=previous)),
             Send(ConversationItemDone(item=item, previous_item_id=previous)),
-        ] + self._evict(item_id)
+        ]
+        if self.config.transcription is not None:
+            self._transcriber.start(item_id, 0, stored.content[0], self.config.transcription)
+        return actions + self._evict(item_id)
 
     # ---- responses ---------------------------------------------------------------------------
     def _spec(self, response_id: str, params: ce.ResponseParams | None) -> ResponseSpec:
@@ -626,6 +637,14 @@ class Session:
     # ---- engine events -----------------------------------------------------------------------
     def handle_engine_event(self, event: TurnEvent, now: float) -> list[Action]:
         """Apply one engine event; output of turns that are no longer active is dropped."""
+        if self._transcriber.owns(event.turn_id):
+            return self._transcriber.on_engine_event(event)
+        return self._on_engine_event(event, now) + self._release_transcriptions()
+
+    def _release_transcriptions(self) -> list[Action]:
+        return self._transcriber.release(self._response)
+
+    def _on_engine_event(self, event: TurnEvent, now: float) -> list[Action]:
         response = self._response_of(event.turn_id)
         if response is None:
             return []
@@ -670,6 +689,7 @@ class Session:
             new_inputs.append(entry.id)
         for item_id in reversed(new_inputs):
             self.conversation.delete(item_id)
+            actions += self._transcriber.forget_item(item_id)
             actions.append(Send(ConversationItemDeleted(item_id=item_id)))
         return actions
 

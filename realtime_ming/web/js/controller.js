@@ -38,6 +38,7 @@ export function newDemoRecord() {
     speechStarted: 0,
     speechStopped: 0,
     committed: 0,
+    transcripts: {}, // user item id -> its final transcript (Ming's own ASR), or null when it failed
     receivedSamples: 0,
     playedSamples: 0,
     droppedDeltas: 0,
@@ -137,6 +138,8 @@ export class VoiceChat {
           input: {
             format: { type: "audio/pcm", rate: INPUT_RATE_HZ },
             turn_detection: { type: "server_vad", create_response: true, interrupt_response: true },
+            // the user's words, transcribed by the served model itself (its ASR), shown in their bubble
+            transcription: {},
           },
           // 44.1 kHz is this server's extension (the model's native rate); 24 kHz is standard.
           output,
@@ -247,7 +250,12 @@ export class VoiceChat {
         this.ui.transcript.userText(ev.item_id, ev.delta, false);
         break;
       case "conversation.item.input_audio_transcription.completed":
+        d.transcripts[ev.item_id] = ev.transcript;
         this.ui.transcript.userText(ev.item_id, ev.transcript, true);
+        break;
+      case "conversation.item.input_audio_transcription.failed":
+        d.transcripts[ev.item_id] = null;
+        this.ui.transcript.userTextFailed(ev.item_id);
         break;
       case "response.created":
         this._onResponseCreated(ev.response);

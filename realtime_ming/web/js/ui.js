@@ -83,6 +83,13 @@ export class Transcript {
     this._follow();
   }
 
+  /** The server could not transcribe the item: its bubble stays a voice message, marked as such. */
+  userTextFailed(itemId) {
+    const entry = this.entries.get(itemId);
+    if (!entry) return;
+    entry.meta.textContent = [entry.meta.textContent, "not transcribed"].filter(Boolean).join(" \u00b7 ");
+  }
+
   userTyped(text) {
     this._add("user", "You").body.textContent = text;
   }
