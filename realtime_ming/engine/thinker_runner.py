@@ -22,6 +22,7 @@ import torch
 from ..model.multimodal import AudioInput, ImageInput, MediaKind, VideoInput, prepare_prefill, rope_index_3d
 from ..model.thinker import ThinkerKVCache
 from ..model.tokenizer import ChatMessage
+from .forced import Forced, forced_segments, forced_token, plan_forced
 from .api import ContentKind, EngineBusyError, FinishReason, TurnRequest
 from .config import EngineConfig
 from .graphs import upload
@@ -74,6 +75,7 @@ class _Row:
     next_token: int | None = None
     text: str = ""
     emitted: int = 0  # characters of `text` already handed out (stop-string hold-back)
+    forced: Forced | None = None  # tokens this row must emit (forced prefix / forced reply)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +112,10 @@ class ThinkerRunner:
         self.rows: dict[str, _Row] = {}
         self._prefill_queue: deque[str] = deque()
         self._clock = 0
-        self._forced = self.tok.encode(self.cfg.forced_reply) if self.cfg.forced_reply else None
+        # forced reply: `<|role_end|>`-separated segments (tool markers as their special tokens); a turn plays
+        # the segment picked by how many assistant messages its history has, cycled when it has no end token
+        self._forced = forced_segments(self.tok, self.cfg.forced_reply) if self.cfg.forced_reply else None
+        self._markers = self.tok.marker_ids()  # tool-call markers reach the text stream verbatim
         self._vision = _VisionCache(VISION_CACHE_BYTES)
         buckets = (self.cfg.decode_buckets, self.cfg.kv_buckets or default_kv_buckets(self.cfg.max_seq_len))
         widths = tuple(w for w in self.cfg.prefill_buckets if w <= self.cfg.prefill_chunk_tokens)
@@ -191,10 +196,11 @@ class ThinkerRunner:
                     payloads.append((MediaKind.VIDEO_FRAME, vi))
             if msg.role == "system":
                 system_parts.extend(i for i in items if isinstance(i, str))
-            elif items:
-                messages.append(ChatMessage(msg.role, tuple(items)))
+            elif items or msg.tool_calls or msg.role == "tool":
+                calls = tuple((c.name, c.arguments) for c in msg.tool_calls)
+                messages.append(ChatMessage(msg.role, tuple(items), tool_calls=calls))
         system = "\n".join(system_parts) if system_parts else None
-        return self.tok.build_prompt(messages, system=system), payloads
+        return self.tok.build_prompt(messages, system=system, tools=request.tools), payloads
 
     def admit(self, request: TurnRequest) -> None:
         """Tokenise, reuse the slot's cached prefix, encode new media; queue the tail's prefill."""
@@ -236,7 +242,8 @@ class ThinkerRunner:
             seed = request.sampling.seed if request.sampling.seed is not None else random.getrandbits(63)
             gen = torch.Generator(device=self.device).manual_seed(seed)
         self.rows[request.turn_id] = _Row(request, slot, prep, list(tail.input_ids), 0, prep.rope_delta,
-                                          len(ids), p, self.tok.incremental_decoder(), gen)
+                                          len(ids), p, self.tok.incremental_decoder(), gen,
+                                          forced=plan_forced(self.tok, request, self._forced))
         self._prefill_queue.append(request.turn_id)
 
     def _encode_tail(self, spans, payloads, start: int) -> dict:
@@ -389,13 +396,13 @@ class ThinkerRunner:
         """Account a sampled token: stream its text, apply eos / stop strings / length limits."""
         sp = row.request.sampling
         finish = None
-        if self._forced:
-            token = self._forced[len(row.generated) % len(self._forced)]
+        token = forced_token(row.forced, len(row.generated), token)
         if token == self.tok.eos_id and not sp.ignore_eos:
             finish = FinishReason.STOP
         else:
             row.generated.append(token)
-            row.text += row.decoder.push(token)
+            marker = self._markers.get(token)
+            row.text += row.decoder.push(token) if marker is None else row.decoder.flush() + marker
             if len(row.generated) >= sp.max_tokens or len(row.slot.ids) + 1 >= self.cfg.max_seq_len:
                 finish = FinishReason.LENGTH
         if finish is not None:
