@@ -297,6 +297,8 @@ FROZEN_CODES = {
     "input_text_too_long": ErrorType.INVALID_REQUEST,
     "item_too_large": ErrorType.INVALID_REQUEST,
     "context_length_exceeded": ErrorType.INVALID_REQUEST,
+    "invalid_tool_call": ErrorType.SERVER,
+    "tool_choice_unknown_function": ErrorType.INVALID_REQUEST,
 }
 
 

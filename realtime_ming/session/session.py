@@ -27,6 +27,9 @@ from ..engine.api import (
     SamplingParams,
     StageMark,
     TextDelta,
+    ToolCallArguments,
+    ToolCallEnd,
+    ToolCallStart,
     TurnCancelled,
     TurnDone,
     TurnEvent,
@@ -72,7 +75,8 @@ from .actions import (
 from .audio_io import MODEL_SAMPLE_RATE_HZ
 from .config import SessionSettings
 from .content import MediaLimits, media_parts, part_to_content, strip_audio
-from .conversation import AssistantItem, Conversation, StoredItem
+from .conversation import AssistantItem, Conversation, StoredItem, merge_calls
+from .tools import check_tool_choice, engine_tools
 from .failures import log_failure
 from .input import BufferFull, InputTurns, SpeechBegan, SpeechEnded, TurnSignal
 from .response import ActiveResponse, ResponseSpec, failure_error
@@ -236,6 +240,7 @@ class Session:
 
     def _on_session_update(self, event: ce.SessionUpdate, now: float) -> list[Action]:
         new = apply_patch(self.config, event.session, voices=self._accepted_voices)
+        check_tool_choice(new.tools, new.tool_choice, event.session.param("tool_choice"))
         if new.voice != self.config.voice and self._has_spoken:
             return self._error(ErrorCode.CANNOT_UPDATE_VOICE, event.event_id, param=event.session.param("voice"))
         old, self.config = self.config, new
@@ -372,6 +377,7 @@ class Session:
                 ErrorCode.UNKNOWN_VOICE, event.event_id, param="response.voice", voice=voice,
                 voices=", ".join(sorted(self._accepted_voices)),
             )
+        check_tool_choice(*self._tools_of(params), "response.tool_choice")
         history = None if params.input is None else self._history_from(params.input)
         actions = self._discard_speculation()
         return actions + self._start_response(now, params=params, history=history)
@@ -388,10 +394,8 @@ class Session:
                     )
             else:
                 entry = self._store_item(item, f"response.input[{i}]")
-            message = entry.message()
-            if message is not None:
-                messages.append(message)
-        return tuple(messages)
+            messages.append(entry.message())
+        return merge_calls(messages)
 
     def _on_response_cancel(self, event: ce.ResponseCancel, now: float) -> list[Action]:
         if self._response is None or (event.response_id is not None and event.response_id != self._response.id):
@@ -492,6 +496,7 @@ class Session:
         if instructions is None:
             instructions = self.config.instructions
         max_tokens = spec.max_output_tokens
+        tools, forced_prefix = engine_tools(*self._tools_of(params))
         return TurnRequest(
             turn_id=turn_id,
             conversation_id=spec.conversation_id or self._oob_conversation_id,
@@ -504,7 +509,15 @@ class Session:
             voice=self._engine_voice(spec.voice) if spec.is_audio else None,
             with_audio=spec.is_audio,
             speed=self.config.speed,
+            tools=tools,
+            forced_prefix=forced_prefix,
         )
+
+    def _tools_of(self, params: ce.ResponseParams | None):
+        """The tools and tool choice of a response: `response.create` overrides, else the session's."""
+        tools = params.tools if params is not None and params.tools is not None else self.config.tools
+        choice = params.tool_choice if params is not None and params.tool_choice is not None else self.config.tool_choice
+        return tools, choice
 
     def _engine_voice(self, voice: str) -> str:
         """The checkpoint voice that speaks `voice` (OpenAI aliases use the default voice)."""
@@ -532,6 +545,7 @@ class Session:
             self.conversation.insert(item)
         self._response = ActiveResponse(
             spec, item, engine_rate_hz=OUTPUT_SAMPLE_RATE_HZ, frame_ms=self.settings.output_frame_ms,
+            conversation=self.conversation if spec.conversation_id is not None else None,
             input_end_at=now, is_speculative=turn_id is not None,
         )
         if spec.is_audio:
@@ -564,6 +578,8 @@ class Session:
         if isinstance(event, StageMark):
             response.on_stage(event.stage, event.t)
             return []
+        if isinstance(event, (ToolCallStart, ToolCallArguments, ToolCallEnd)):
+            return [Send(e) for e in response.calls.on_event(event)]
         if isinstance(event, TurnDone):
             usage = Usage(
                 input_text_tokens=event.prompt_tokens,
@@ -572,6 +588,10 @@ class Session:
             )
             for stage, t in event.stages.items():
                 response.on_stage(stage, t)
+            malformed = response.calls.failure()
+            if malformed is not None and not (event.finish_reason is FinishReason.LENGTH
+                                              and response.calls.unterminated):
+                return self._finish_response(ResponseStatus.FAILED, now, error=malformed, usage=usage)
             if event.finish_reason is FinishReason.LENGTH:
                 return self._finish_response(
                     ResponseStatus.INCOMPLETE, now, reason=StatusReason.MAX_OUTPUT_TOKENS, usage=usage
