@@ -4,7 +4,8 @@
 ones until it is written, then the model goes on from it. `engine.thinker.forced_reply` (tests, demos and
 benchmarks with random weights) replaces every sampled token: it is split after each `<|role_end|>` into
 segments, and a turn plays the segment picked by the number of assistant messages in its history (so a
-forced tool call can be followed by a forced answer); a segment without the end token is cycled. Tool
+forced tool call can be followed by a forced answer); a segment without the end token is cycled. With a
+forced prefix too, a segment that contains the prefix plays from it; otherwise the prefix comes first. Tool
 markers and `<|role_end|>` in either are their special tokens, exactly as the real model would emit them.
 """
 
@@ -42,8 +43,17 @@ def plan_forced(tok, request, segments) -> Forced | None:
         return Forced(prefix, False) if prefix else None
     turn = sum(1 for m in request.history if m.role == "assistant")
     seg = segments[turn % len(segments)]
-    ids = seg if seg[:len(prefix)] == prefix else prefix + seg
+    at = _find(seg, prefix)  # a segment holding the forced call plays from it, as a constrained model would
+    ids = seg[at:] if at is not None else prefix + seg
     return Forced(ids, seg[-1] != tok.eos_id or request.sampling.ignore_eos)
+
+
+def _find(ids: tuple[int, ...], part: tuple[int, ...]) -> int | None:
+    """Where `part` first occurs in `ids` (0 for an empty `part`), else None."""
+    for i in range(len(ids) - len(part) + 1):
+        if ids[i:i + len(part)] == part:
+            return i
+    return None
 
 
 def forced_token(forced: Forced | None, generated: int, sampled: int) -> int:
