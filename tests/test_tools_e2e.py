@@ -219,3 +219,49 @@ async def test_required_tool_choice_makes_the_random_model_call(random_engine):
             assert (response["status_details"].get("reason") == "max_output_tokens"
                     or response["status_details"]["error"]["code"] == "invalid_tool_call")
         await client.ws.close()
+
+
+@pytest.mark.parametrize("transport", ["client", "local"])
+async def test_sdk_tool_handler_runs_and_the_agent_answers(server, forced_engine, transport):
+    """`agent.add_tool`: the SDK runs the handler on the model's call, sends its output and a new
+    response.create; the follow-up response answers. Same over the socket and in process."""
+    from realtime_ming.protocol.items import FunctionCallItem, FunctionCallOutputItem
+    from realtime_ming.protocol.server_events import ResponseDone
+    from realtime_ming.sdk import AgentOptions, LocalAgent, RealtimeClient
+
+    got: list[tuple[str, str]] = []
+
+    async def get_weather(city: str, unit: str = "celsius") -> dict:
+        """The weather of a city."""
+        got.append((city, unit))
+        return {"city": city, "sky": "sunny"}
+
+    if transport == "client":
+        opening = RealtimeClient.connect(f"ws://127.0.0.1:{server.port}/v1/realtime", model="ming")
+    else:
+        opening = LocalAgent.start(forced_engine, options=AgentOptions())
+    async with opening as agent:
+        tool = await agent.add_tool(get_weather)
+        assert tool.parameters == {"type": "object", "properties": {"city": {"type": "string"},
+                                                                  "unit": {"type": "string"}}, "required": ["city"]}
+        assert tool.description == "The weather of a city."
+        await agent.update_session(turn_detection=None, output_modalities="text")
+        await agent.add_text("What's the weather in Paris?")
+        await agent.create_response()
+        done: list[ResponseDone] = []
+        async with asyncio.timeout(seconds(180)):
+            async for event in agent:
+                if isinstance(event, ResponseDone):
+                    done.append(event)
+                    if len(done) == 2:
+                        break
+        assert agent.session.tools[0].name == "get_weather"
+    assert got == [("Paris", "celsius")]
+    first, second = (d.response for d in done)
+    call = first.output[-1]
+    assert isinstance(call, FunctionCallItem) and call.name == "get_weather" and json.loads(call.arguments) == {
+        "city": "Paris"}
+    result = agent.tool_runner.results[0]
+    assert result.call_id == call.call_id and json.loads(result.output) == {"city": "Paris", "sky": "sunny"}
+    assert second.status.value == "completed" and second.output[0].content[0].text == ANSWER
+    assert not any(isinstance(i, (FunctionCallItem, FunctionCallOutputItem)) for i in second.output)
