@@ -115,7 +115,7 @@ class ThinkerRunner:
         # forced reply: `<|role_end|>`-separated segments (tool markers as their special tokens); a turn plays
         # the segment picked by how many assistant messages its history has, cycled when it has no end token
         self._forced = forced_segments(self.tok, self.cfg.forced_reply) if self.cfg.forced_reply else None
-        self._markers = self.tok.marker_ids()  # tool-call markers reach the text stream verbatim
+        self._markers = self.tok.marker_ids()  # with tools, tool-call markers reach the text stream verbatim
         self._vision = _VisionCache(VISION_CACHE_BYTES)
         buckets = (self.cfg.decode_buckets, self.cfg.kv_buckets or default_kv_buckets(self.cfg.max_seq_len))
         widths = tuple(w for w in self.cfg.prefill_buckets if w <= self.cfg.prefill_chunk_tokens)
@@ -401,7 +401,7 @@ class ThinkerRunner:
             finish = FinishReason.STOP
         else:
             row.generated.append(token)
-            marker = self._markers.get(token)
+            marker = self._markers.get(token) if row.request.tools else None  # else skipped like every special
             row.text += row.decoder.push(token) if marker is None else row.decoder.flush() + marker
             if len(row.generated) >= sp.max_tokens or len(row.slot.ids) + 1 >= self.cfg.max_seq_len:
                 finish = FinishReason.LENGTH
