@@ -265,3 +265,29 @@ async def test_sdk_tool_handler_runs_and_the_agent_answers(server, forced_engine
     assert result.call_id == call.call_id and json.loads(result.output) == {"city": "Paris", "sky": "sunny"}
     assert second.status.value == "completed" and second.output[0].content[0].text == ANSWER
     assert not any(isinstance(i, (FunctionCallItem, FunctionCallOutputItem)) for i in second.output)
+
+
+async def test_a_call_of_an_unknown_function_fails_the_response_clearly(server):
+    """The forced reply calls get_weather but the session only offers get_time: nothing is run nor spoken
+    but the text before the call; the response fails with `invalid_tool_call`; the session goes on."""
+    client = await _client(server.port)
+    get_time = {"type": "function", "name": "get_time", "parameters": {"type": "object", "properties": {}}}
+    await client.send(type="session.update", session={"type": "realtime", "tools": [get_time],
+                                                      "audio": {"input": {"turn_detection": None}}})
+    await client.recv_until("session.updated")
+    await _ask(client, "Weather?")
+    await client.send(type="response.create")
+    frames = await client.recv_until("response.done", timeout=120)
+    assert not any(f["type"].startswith("response.function_call") for f in frames)
+    assert next(f for f in frames if f["type"] == "response.output_audio_transcript.done")["transcript"] == \
+        "Let me check. "
+    response = frames[-1]["response"]
+    assert response["status"] == "failed" and response["status_details"]["error"]["code"] == "invalid_tool_call"
+    assert "get_weather" in response["status_details"]["error"]["message"]
+    assert [o["type"] for o in response["output"]] == ["message"]
+    await client.send(type="session.update", session={"type": "realtime", "tool_choice": "none"})
+    await client.recv_until("session.updated")
+    await _ask(client, "Again?")
+    await client.send(type="response.create")
+    assert (await client.recv_until("response.done", timeout=120))[-1]["response"]["status"] == "completed"
+    await client.ws.close()

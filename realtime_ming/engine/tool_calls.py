@@ -110,7 +110,7 @@ class ToolCallParser:
     def _args(self, out: list[Piece], final: bool) -> None:
         if self._sent == 0 and self._buf.lstrip().startswith('"'):
             self._stream = False
-        close = self._buf.find(CALL_CLOSE)
+        close = self._buf.find(CALL_CLOSE, max(0, self._sent - len(CALL_CLOSE)))  # only new text can hold it
         if close >= 0:
             raw, self._buf, self._state = self._buf[:close], self._buf[close + len(CALL_CLOSE):], "text"
             out.extend(self._end(raw))
@@ -118,7 +118,7 @@ class ToolCallParser:
         if not self._stream:
             return
         body = self._buf[: len(self._buf) - _partial_suffix(self._buf, CALL_CLOSE)]
-        ready = _TAIL.search(body).start()
+        ready = _TAIL.search(body, self._sent).start() if len(body) > self._sent else self._sent
         if ready > self._sent:
             out.append(ToolCallArguments(self.turn_id, body[self._sent:ready]))
             self._sent = ready
