@@ -35,7 +35,7 @@ __all__ = ["AssistantItem", "Conversation", "StoredItem", "merge_calls"]
 @dataclass
 class StoredItem:
     """A client-created or committed item; `content[i]` is the model view of `item.content[i]`
-    (empty for function-call items, which the model does not see)."""
+    (empty for function-call items, whose model view `message()` makes from the item itself)."""
 
     item: ConversationItem
     content: tuple[Content, ...] = ()
@@ -63,6 +63,10 @@ class StoredItem:
         held = sum(content_nbytes(c) for c in self.content)
         if isinstance(self.item, MessageItem):
             held += sum(len(p.image_url) for p in self.item.content if isinstance(p, InputImage))
+        elif isinstance(self.item, FunctionCallItem):
+            held += len(self.item.arguments)
+        else:
+            held += len(self.item.output)
         return held
 
     def message(self) -> Message | None:

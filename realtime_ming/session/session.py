@@ -76,7 +76,7 @@ from .audio_io import MODEL_SAMPLE_RATE_HZ
 from .config import SessionSettings
 from .content import MediaLimits, media_parts, part_to_content, strip_audio
 from .conversation import AssistantItem, Conversation, StoredItem, merge_calls
-from .tools import check_tool_choice, engine_tools
+from .tools import check_tool_choice, engine_tools, response_tools
 from .failures import log_failure
 from .input import BufferFull, InputTurns, SpeechBegan, SpeechEnded, TurnSignal
 from .response import ActiveResponse, ResponseSpec, failure_error
@@ -377,7 +377,7 @@ class Session:
                 ErrorCode.UNKNOWN_VOICE, event.event_id, param="response.voice", voice=voice,
                 voices=", ".join(sorted(self._accepted_voices)),
             )
-        check_tool_choice(*self._tools_of(params), "response.tool_choice")
+        check_tool_choice(*response_tools(self.config, params), "response.tool_choice")
         history = None if params.input is None else self._history_from(params.input)
         actions = self._discard_speculation()
         return actions + self._start_response(now, params=params, history=history)
@@ -496,7 +496,7 @@ class Session:
         if instructions is None:
             instructions = self.config.instructions
         max_tokens = spec.max_output_tokens
-        tools, forced_prefix = engine_tools(*self._tools_of(params))
+        tools, forced_prefix = engine_tools(*response_tools(self.config, params))
         return TurnRequest(
             turn_id=turn_id,
             conversation_id=spec.conversation_id or self._oob_conversation_id,
@@ -512,12 +512,6 @@ class Session:
             tools=tools,
             forced_prefix=forced_prefix,
         )
-
-    def _tools_of(self, params: ce.ResponseParams | None):
-        """The tools and tool choice of a response: `response.create` overrides, else the session's."""
-        tools = params.tools if params is not None and params.tools is not None else self.config.tools
-        choice = params.tool_choice if params is not None and params.tool_choice is not None else self.config.tool_choice
-        return tools, choice
 
     def _engine_voice(self, voice: str) -> str:
         """The checkpoint voice that speaks `voice` (OpenAI aliases use the default voice)."""

@@ -35,9 +35,16 @@ from ..protocol.server_events import (
 from ..protocol.values import FunctionChoice, FunctionTool, ToolChoice, ToolChoiceMode
 from .conversation import Conversation, StoredItem
 
-__all__ = ["ResponseCalls", "check_tool_choice", "engine_tools"]
+__all__ = ["ResponseCalls", "check_tool_choice", "engine_tools", "response_tools"]
 
 _CALL_START = '<tool_call>\n{"name": "'
+
+
+def response_tools(config, params) -> tuple[tuple[FunctionTool, ...], ToolChoice]:
+    """The tools and tool choice of a response: its `response.create` values, else the session's."""
+    tools = params.tools if params is not None and params.tools is not None else config.tools
+    choice = params.tool_choice if params is not None and params.tool_choice is not None else config.tool_choice
+    return tools, choice
 
 
 def engine_tools(tools: tuple[FunctionTool, ...], choice: ToolChoice) -> tuple[tuple[dict, ...], str]:
