@@ -160,6 +160,7 @@ async def test_openai_agents_realtime_agent_runs_the_tool_and_answers(server):
                                              "api_key": "x"})
     seen: list[str] = []
     tool_output = None
+    history: list = []
     async with session:
         await session.send_message("What's the weather in Paris?")
         async with asyncio.timeout(seconds(180)):
@@ -169,9 +170,10 @@ async def test_openai_agents_realtime_agent_runs_the_tool_and_answers(server):
                     raise AssertionError(f"agent error: {event.error}")
                 if event.type == "tool_end":
                     tool_output = event.output
+                if event.type == "history_updated":
+                    history = event.history  # the agent's own record of the conversation
                 if event.type == "agent_end" and tool_output is not None and seen.count("agent_end") >= 2:
                     break
-        history = session._history  # the agent's own record of the conversation
     assert calls == ["Paris"] and tool_output == "sunny in Paris"
     assert seen.index("tool_start") < seen.index("tool_end")
     texts = [getattr(part, "transcript", None) or getattr(part, "text", None)
