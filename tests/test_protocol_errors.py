@@ -303,6 +303,8 @@ FROZEN_CODES = {
     "unsupported_noise_reduction": ErrorType.INVALID_REQUEST,
     "unsupported_transcription_model": ErrorType.INVALID_REQUEST,
     "transcription_failed": ErrorType.SERVER,
+    "invalid_tool_call": ErrorType.SERVER,
+    "tool_choice_unknown_function": ErrorType.INVALID_REQUEST,
 }
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Protocol, Union
+from typing import Any, Mapping, Protocol, Union
 
 import numpy as np
 
@@ -34,6 +34,10 @@ __all__ = [
     "EngineBusyError",
     "EngineHealth",
     "engine_health",
+    "ToolCall",
+    "ToolCallStart",
+    "ToolCallArguments",
+    "ToolCallEnd",
     "TurnEvent",
     "Stage",
     "FinishReason",
@@ -86,15 +90,27 @@ class Content:
 
 
 @dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A function call the assistant made: `arguments` is its JSON object text."""
+
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
 class Message:
-    """A conversation message; role is "system", "user" or "assistant"."""
+    """A conversation message; role is "system", "user", "assistant" or "tool" (a function's result, as
+    text). An assistant message may carry the function calls it made after its text (`tool_calls`)."""
 
     role: str
     content: tuple[Content, ...]
+    tool_calls: tuple[ToolCall, ...] = ()
 
     def __post_init__(self):
-        if self.role not in ("system", "user", "assistant"):
+        if self.role not in ("system", "user", "assistant", "tool"):
             raise ValueError(f"unknown role {self.role!r}")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool calls")
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +189,11 @@ class TurnRequest:
     speed: float = 1.0
     truncation: Truncation = field(default_factory=Truncation)
     task: TurnTask = TurnTask.REPLY
+    # function tools rendered into the system turn as the chat template does (each a JSON object)
+    tools: tuple[Mapping[str, Any], ...] = ()
+    # text (tool markers become their special tokens) the reply is forced to start with: constrained
+    # decoding of a required / named function call's prefix
+    forced_prefix: str = ""
 
 
 class Stage(enum.Enum):
@@ -279,7 +300,35 @@ class TurnFailed:
     code: FailureCode = FailureCode.ENGINE_ERROR
 
 
-TurnEvent = Union[TextDelta, AudioChunk, StageMark, TurnDone, TurnCancelled, TurnFailed]
+@dataclass(frozen=True, slots=True)
+class ToolCallStart:
+    """The model began a call of `name` (one of the request's tools); never spoken."""
+
+    turn_id: str
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallArguments:
+    """More of the current call's arguments JSON text."""
+
+    turn_id: str
+    delta: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallEnd:
+    """The current call ended: `arguments` (JSON object text) when well formed, else `error` says why
+    (not JSON, unknown function, unterminated). `name` is None when it could not be read."""
+
+    turn_id: str
+    name: str | None
+    arguments: str | None
+    error: str | None = None
+
+
+TurnEvent = Union[TextDelta, AudioChunk, StageMark, TurnDone, TurnCancelled, TurnFailed,
+                  ToolCallStart, ToolCallArguments, ToolCallEnd]
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,6 +42,8 @@ class ThinkerRunnerConfig:
     audio_buckets: tuple[int, ...] = (160, 320, 640, 1280, 3000)
     # benchmarks with dummy weights: emit this text's tokens (cycled) instead of the sampled ones, so
     # segmenter and talker see real words; every model computation still runs. None = off.
+    # `<|role_end|>` splits it into per-turn replies (turn k of a conversation plays reply k mod n) and
+    # `<tool_call>…</tool_call>` are the real special tokens, so a forced call is parsed like the model's.
     forced_reply: str | None = None
     # transcription turns (`TurnTask.TRANSCRIBE`) emit this text's tokens once, then end (stop); every model
     # computation still runs. None = the model's own transcript

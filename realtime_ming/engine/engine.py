@@ -46,6 +46,7 @@ from .config import EngineConfig
 from .models import ModelBundle
 from .prompt_budget import ContextLengthExceeded
 from .segmenter import Segmenter
+from .tool_calls import ToolCallParser, tool_names
 from .supervision import (
     FaultLog,
     InjectedEngineDeath,
@@ -90,6 +91,7 @@ class _Turn:
     talker_steps: int = 0
     t0_ms: float = 0.0
     ended: bool = False  # the terminal event was delivered (or held): nothing more reaches the sink
+    tool_parser: ToolCallParser | None = None  # the request has tools: calls are parsed out of the text
 
 
 class Engine:
@@ -438,6 +440,8 @@ class Engine:
         turn = _Turn(request, sink, [] if request.speculative else None,
                      Segmenter(self.cfg.segmenter) if with_audio else None)
         turn.t0_ms = self._now_ms()
+        if request.tools:
+            turn.tool_parser = ToolCallParser(request.turn_id, tool_names(request.tools))
         self._turns[request.turn_id] = turn
         self._mark(turn, Stage.SUBMITTED)
         if self._fault_injection and asks_for_engine_death(request):
@@ -481,11 +485,10 @@ class Engine:
             if out.text:
                 if Stage.FIRST_TOKEN not in turn.stages:
                     self._mark(turn, Stage.FIRST_TOKEN)
-                turn.text += out.text
-                self._emit(turn, TextDelta(turn.request.turn_id, out.text))
-                if turn.segmenter is not None:
-                    self._route_segments(turn, turn.segmenter.push(out.text, self._now_ms()))
+                self._route_text(turn, turn.tool_parser.feed(out.text) if turn.tool_parser else [out.text])
             if out.finish is not None:
+                if turn.tool_parser is not None:
+                    self._route_text(turn, turn.tool_parser.finish())
                 turn.thinker_done = True
                 turn.finish = out.finish
                 turn.usage = (turn.usage[0], turn.usage[1], out.output_tokens)
@@ -547,6 +550,17 @@ class Engine:
             turn.ended = True
             if turn.held is None:  # an unconfirmed speculative turn ends silently
                 self._call_sink(turn.sink, event)
+
+    def _route_text(self, turn: _Turn, pieces: list) -> None:
+        """Spoken text to the client and the segmenter; function-call events to the client only."""
+        for piece in pieces:
+            if not isinstance(piece, str):
+                self._emit(turn, piece)
+            elif piece:
+                turn.text += piece
+                self._emit(turn, TextDelta(turn.request.turn_id, piece))
+                if turn.segmenter is not None:
+                    self._route_segments(turn, turn.segmenter.push(piece, self._now_ms()))
 
     def _release(self, turn_id: str) -> None:
         self._thinker.cancel(turn_id)

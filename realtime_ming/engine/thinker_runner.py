@@ -23,6 +23,7 @@ from ..model.multimodal import AudioInput, ImageInput, MediaKind, VideoInput, pr
 from ..model.thinker import ThinkerKVCache
 from ..model.tokenizer import ChatMessage
 from .api import ContentKind, EngineBusyError, FinishReason, PromptTokens, TurnRequest, TurnTask
+from .forced import Forced, forced_segments, forced_token, plan_forced
 from .config import EngineConfig
 from .graphs import upload
 from .models import ModelBundle
@@ -78,6 +79,7 @@ class _Row:
     next_token: int | None = None
     text: str = ""
     emitted: int = 0  # characters of `text` already handed out (stop-string hold-back)
+    forced: Forced | None = None  # tokens this row must emit (forced prefix / forced reply)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,9 +116,13 @@ class ThinkerRunner:
         self.rows: dict[str, _Row] = {}
         self._prefill_queue: deque[str] = deque()
         self._clock = 0
-        self._forced = {TurnTask.REPLY: self.tok.encode(self.cfg.forced_reply) if self.cfg.forced_reply else None,
-                        TurnTask.TRANSCRIBE: (self.tok.encode(self.cfg.forced_transcript)
-                                              if self.cfg.forced_transcript else None)}
+        # forced reply: `<|role_end|>`-separated segments (tool markers as their special tokens); a turn plays
+        # the segment picked by how many assistant messages its history has, cycled when it has no end token
+        self._forced = forced_segments(self.tok, self.cfg.forced_reply) if self.cfg.forced_reply else None
+        # forced transcript (transcription side requests): said once, then the turn ends
+        self._forced_transcript = (Forced(tuple(self.tok.encode(self.cfg.forced_transcript)) + (self.tok.eos_id,), False)
+                                   if self.cfg.forced_transcript else None)
+        self._markers = self.tok.marker_ids()  # with tools, tool-call markers reach the text stream verbatim
         self._vision = _VisionCache(VISION_CACHE_BYTES)
         buckets = (self.cfg.decode_buckets, self.cfg.kv_buckets or default_kv_buckets(self.cfg.max_seq_len))
         widths = tuple(w for w in self.cfg.prefill_buckets if w <= self.cfg.prefill_chunk_tokens)
@@ -198,8 +204,9 @@ class ThinkerRunner:
                     payloads.append((MediaKind.VIDEO_FRAME, vi))
             if msg.role == "system":
                 system_parts.extend(i for i in items if isinstance(i, str))
-            elif items:
-                messages.append((ChatMessage(msg.role, tuple(items)), payloads))
+            elif items or msg.tool_calls or msg.role == "tool":
+                calls = tuple((c.name, c.arguments) for c in msg.tool_calls)
+                messages.append((ChatMessage(msg.role, tuple(items), tool_calls=calls), payloads))
         system = "\n".join(system_parts) if system_parts else None
         return system, messages
 
@@ -207,7 +214,8 @@ class ThinkerRunner:
         """The chat prompt within the context budget (the request's truncation policy drops the oldest
         messages, never the system prompt) and the media payloads of the messages it kept."""
         system, messages = self._chat(request)
-        fitted = fit_prompt(lambda first: self.tok.build_prompt([m for m, _ in messages[first:]], system=system),
+        fitted = fit_prompt(lambda first: self.tok.build_prompt([m for m, _ in messages[first:]], system=system,
+                                                                tools=request.tools),
                             len(messages), self.tok.token_id("<role>"), max_seq_len=self.cfg.max_seq_len,
                             max_tokens=request.sampling.max_tokens, policy=request.truncation)
         if fitted.dropped:
@@ -252,7 +260,9 @@ class ThinkerRunner:
             gen = torch.Generator(device=self.device).manual_seed(seed)
         self.rows[request.turn_id] = _Row(request, slot, prep, list(tail.input_ids), 0, prep.rope_delta,
                                           len(ids), p, self.tok.incremental_decoder(), gen,
-                                          (_by_modality(prompt.spans, len(ids)), _by_modality(prompt.spans, p)))
+                                          (_by_modality(prompt.spans, len(ids)), _by_modality(prompt.spans, p)),
+                                          forced=(self._forced_transcript if request.task is TurnTask.TRANSCRIBE
+                                                  else plan_forced(self.tok, request, self._forced)))
         self._enqueue_prefill(request)
 
     def _enqueue_prefill(self, request: TurnRequest) -> None:
@@ -420,18 +430,13 @@ class ThinkerRunner:
         """Account a sampled token: stream its text, apply eos / stop strings / length limits."""
         sp = row.request.sampling
         finish = None
-        forced = self._forced[row.request.task]
-        if forced:
-            n = len(row.generated)
-            if row.request.task is TurnTask.TRANSCRIBE:  # a transcript is said once, then the turn ends
-                token = forced[n] if n < len(forced) else self.tok.eos_id
-            else:
-                token = forced[n % len(forced)]
+        token = forced_token(row.forced, len(row.generated), token)
         if token == self.tok.eos_id and not sp.ignore_eos:
             finish = FinishReason.STOP
         else:
             row.generated.append(token)
-            row.text += row.decoder.push(token)
+            marker = self._markers.get(token) if row.request.tools else None  # else skipped like every special
+            row.text += row.decoder.push(token) if marker is None else row.decoder.flush() + marker
             if len(row.generated) >= sp.max_tokens or len(row.slot.ids) + 1 >= self.cfg.max_seq_len:
                 finish = FinishReason.LENGTH
         if finish is not None:

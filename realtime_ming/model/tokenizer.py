@@ -9,9 +9,10 @@ byte-level tokenizers for the CPU default live in tiny_tokenizer.py.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from tokenizers import Tokenizer
 
@@ -41,6 +42,13 @@ DEFAULT_SYSTEM_PROMPT = "你是一个友好的AI助手。"
 _THINKING = "\n\ndetailed thinking {}"
 _ROLE_TAGS = {"user": "HUMAN", "assistant": "ASSISTANT"}
 _REQUIRED = ("<role>", "</role>", "<|role_end|>")
+# the chat template's tool block (rendered into the system turn when tools are given) and tool markers
+TOOL_MARKERS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
+_TOOLS_HEAD = ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+               "You are provided with function signatures within <tools></tools> XML tags:\n<tools>")
+_TOOLS_TAIL = ("\n</tools>\n\nFor each function call, return a json object with function name and arguments "
+               "within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, "
+               "\"arguments\": <args-json-object>}\n</tool_call>\n")
 
 
 class TokenizerNotFoundError(FileNotFoundError):
@@ -65,10 +73,11 @@ class ChatMessage:
 
     role: str
     content: str | tuple[str | ImageInput | AudioInput | VideoInput, ...]
+    tool_calls: tuple[tuple[str, str], ...] = ()  # assistant: (name, arguments JSON text) per call
 
     def __post_init__(self):
-        if self.role not in _ROLE_TAGS:
-            raise ValueError(f"chat role must be 'user' or 'assistant', got {self.role!r}")
+        if self.role not in (*_ROLE_TAGS, "tool"):
+            raise ValueError(f"chat role must be 'user', 'assistant' or 'tool', got {self.role!r}")
 
 
 class IncrementalDecoder:
@@ -186,21 +195,47 @@ class ThinkerTokenizer:
         return IncrementalDecoder(self.tokenizer, skip_special_tokens)
 
     def build_prompt(self, messages: Sequence[ChatMessage], *, system: str | None = None, thinking: bool = False,
-                     add_generation_prompt: bool = True) -> MultimodalPrompt:
+                     add_generation_prompt: bool = True, tools: Sequence[Mapping] = ()) -> MultimodalPrompt:
         """Chat prompt in the official processor format (§1.6), media expanded in content order (§4).
 
         `<role>SYSTEM</role>{system}\\n\\ndetailed thinking off<|role_end|>` (system defaults to
         你是一个友好的AI助手。), then `<role>HUMAN</role>…<|role_end|>` / `<role>ASSISTANT</role>…<|role_end|>`
         per message, then `<role>ASSISTANT</role>` when `add_generation_prompt`.
+
+        Tools (each a JSON object, written with `json.dumps` as the template's `tojson`) go between the
+        system text and `detailed thinking`; an assistant message's `tool_calls` follow its text as
+        `<tool_call>\\n{"name": …, "arguments": …}\\n</tool_call>`; consecutive "tool" messages share one
+        `<role>OBSERVATION</role>` turn, each `\\n<tool_response>\\n…\\n</tool_response>` — exactly the
+        checkpoint's chat template, with the tool markers as their special tokens.
         """
         b = PromptBuilder(self.encode, self.media)
         self._turn(b, "SYSTEM")
-        b.text(DEFAULT_SYSTEM_PROMPT if system is None else system).text(_THINKING.format("on" if thinking else "off"))
+        head = DEFAULT_SYSTEM_PROMPT if system is None else system
+        thinking_line = _THINKING.format("on" if thinking else "off")
+        if tools:
+            b.text(head + "\n\n")
+            block = _TOOLS_HEAD + "".join("\n" + json.dumps(t, ensure_ascii=False) for t in tools) + _TOOLS_TAIL
+            self._markup(b, block)
+            b.text(thinking_line[2:])
+        else:
+            b.text(head).text(thinking_line)
         b.special(self._role_end)
-        for msg in messages:
+        for i, msg in enumerate(messages):
+            if msg.role == "tool":
+                self._tool_response(b, msg, first=i == 0 or messages[i - 1].role != "tool",
+                                    last=i == len(messages) - 1 or messages[i + 1].role != "tool")
+                continue
             self._turn(b, _ROLE_TAGS[msg.role])
-            for item in (msg.content,) if isinstance(msg.content, str) else msg.content:
+            items = (msg.content,) if isinstance(msg.content, str) else msg.content
+            for item in items:
                 b.add(item)
+            has_text = any(isinstance(item, str) and item for item in items)
+            for k, (name, arguments) in enumerate(msg.tool_calls):
+                if k or has_text:
+                    b.text("\n")
+                self._markup(b, f'<tool_call>\n{{"name": "')
+                b.text(f'{name}", "arguments": {arguments}')
+                self._markup(b, "}\n</tool_call>")
             b.special(self._role_end)
         if add_generation_prompt:
             self._turn(b, "ASSISTANT")
@@ -208,6 +243,39 @@ class ThinkerTokenizer:
 
     def _turn(self, b: PromptBuilder, tag: str) -> None:
         b.special(self._role).text(tag).special(self._role_close)
+
+    def _tool_response(self, b: PromptBuilder, msg: ChatMessage, *, first: bool, last: bool) -> None:
+        if first:
+            self._turn(b, "OBSERVATION")
+        self._markup(b, "\n<tool_response>\n")
+        b.text(msg.content if isinstance(msg.content, str) else "".join(i for i in msg.content if isinstance(i, str)))
+        self._markup(b, "\n</tool_response>")
+        if last:
+            b.special(self._role_end)
+
+    def _markup(self, b: PromptBuilder, text: str) -> None:
+        """Template text whose tool markers are the special tokens (literal when the vocabulary lacks them)."""
+        for piece in re.split("(" + "|".join(map(re.escape, TOOL_MARKERS)) + ")", text):
+            tid = self.tokenizer.token_to_id(piece) if piece in TOOL_MARKERS else None
+            if tid is not None:
+                b.special(tid)
+            elif piece:
+                b.text(piece)
+
+    def marker_ids(self) -> dict[int, str]:
+        """Special-token id -> text of the tool markers this vocabulary has."""
+        ids = {t: self.tokenizer.token_to_id(t) for t in TOOL_MARKERS}
+        return {i: t for t, i in ids.items() if i is not None}
+
+    def encode_markup(self, text: str) -> list[int]:
+        """Text whose tool markers and `<|role_end|>` are their special tokens, the rest literal (forced text)."""
+        b = PromptBuilder(self.encode, self.media)
+        for piece in re.split(r"(<\|role_end\|>)", text):
+            if piece == "<|role_end|>":
+                b.special(self._role_end)
+            elif piece:
+                self._markup(b, piece)
+        return list(b.build().input_ids)
 
 
 def _missing_message(looked: list[Path]) -> str:

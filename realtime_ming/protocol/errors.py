@@ -298,6 +298,17 @@ class ErrorCode(StrEnum):
         _SERVER,
         "Transcription of item '{item_id}' failed: {reason}.",
     )
+    INVALID_TOOL_CALL = (
+        "invalid_tool_call",
+        _SERVER,
+        "Response '{response_id}' failed: the model wrote a malformed function call ({detail}); the call was"
+        " neither run nor spoken, and the conversation is unchanged apart from this response.",
+    )
+    TOOL_CHOICE_UNKNOWN_FUNCTION = (
+        "tool_choice_unknown_function",
+        _INVALID,
+        "tool_choice names the function '{name}', which is not among the tools ({names}).",
+    )
     SERVER_SHUTTING_DOWN = (
         "server_shutting_down",
         _SERVER,

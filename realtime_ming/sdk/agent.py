@@ -57,6 +57,7 @@ from ..session.audio_io import wire_format
 from .audio import AudioInput, encode_input_audio
 from .errors import ConnectionClosed, RealtimeError, ServerError
 from .transcripts import Transcripts
+from .tools import ToolRunner
 from .turn import TurnCollector, TurnResult
 
 __all__ = ["UNSET", "AgentOptions", "Opening", "RealtimeAgent"]
@@ -161,6 +162,7 @@ class RealtimeAgent:
         self._input_format = AudioFormat()
         self._requested: dict[str, Any] = {}  # every session change asked for (replayed on resume)
         self.transcripts = Transcripts()  # user audio items' transcripts (session `transcription` on)
+        self.tool_runner = ToolRunner(self.send)  # registered function tools (`add_tool`)
 
     # ---- transport contract ------------------------------------------------------------------
     async def _transmit(self, event: ClientEvent) -> None:
@@ -177,6 +179,7 @@ class RealtimeAgent:
             self._session = event.session
             self._input_format = event.session.input_format
         self.transcripts.observe(event)
+        self.tool_runner.observe(event)
         await self._events.put(event)
         if isinstance(event, SessionCreated):
             self._created.set()
@@ -372,6 +375,7 @@ class RealtimeAgent:
         max_output_tokens: MaxOutputTokens | None = None,
         temperature: float | None = None,
         metadata: Mapping[str, str] | None = None,
+        tool_choice: ToolChoice | None = None,
         out_of_band: bool = False,
         input: Sequence[ConversationItem | ItemReference | str] | None = None,
     ) -> None:
@@ -387,9 +391,29 @@ class RealtimeAgent:
             max_output_tokens=max_output_tokens,
             temperature=temperature,
             metadata=metadata,
+            tool_choice=tool_choice,
             input=context,
         )
         await self.send(ce.ResponseCreate(response=params))
+
+    async def add_tool(
+        self,
+        fn: Callable[..., Any],
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        parameters: Mapping[str, Any] | None = None,
+    ) -> FunctionTool:
+        """Register `fn` (sync or async) as a function tool and put every registered tool in the session.
+
+        When the model calls it, the agent runs `fn(**arguments)`, sends the result as a
+        `function_call_output` item once the response is done, then asks for a new response (see
+        `sdk.tools`). The schema comes from `fn`'s annotations unless `parameters` is given; the
+        description from its docstring. Handled calls are listed in `tool_runner.results`.
+        """
+        tool = self.tool_runner.add(fn, name=name, description=description, parameters=parameters)
+        await self.update_session(tools=tuple(self.tool_runner.tools.values()))
+        return tool
 
     async def cancel(self, response_id: str | None = None) -> None:
         """Cancel the active response (answer: `response.done` with status `cancelled`)."""

@@ -12,9 +12,11 @@ from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 
 from ..audio import pcm
-from ..engine.api import Content, ContentKind, Message
+from ..engine.api import Content, ContentKind, Message, ToolCall
 from ..protocol.items import (
     ConversationItem,
+    FunctionCallItem,
+    FunctionCallOutputItem,
     InputAudio,
     InputImage,
     ItemStatus,
@@ -27,13 +29,13 @@ from ..protocol.values import AudioFormat
 from .audio_io import encode_audio_once
 from .content import content_nbytes
 
-__all__ = ["AssistantItem", "Conversation", "StoredItem"]
+__all__ = ["AssistantItem", "Conversation", "StoredItem", "merge_calls"]
 
 
 @dataclass
 class StoredItem:
     """A client-created or committed item; `content[i]` is the model view of `item.content[i]`
-    (empty for function-call items, which the model does not see)."""
+    (empty for function-call items, whose model view `message()` makes from the item itself)."""
 
     item: ConversationItem
     content: tuple[Content, ...] = ()
@@ -61,10 +63,22 @@ class StoredItem:
         held = sum(content_nbytes(c) for c in self.content)
         if isinstance(self.item, MessageItem):
             held += sum(len(p.image_url) for p in self.item.content if isinstance(p, InputImage))
+        elif isinstance(self.item, FunctionCallItem):
+            held += len(self.item.arguments)
+        else:
+            held += len(self.item.output)
         return held
 
     def message(self) -> Message | None:
-        """The engine message, or None for items the model does not see."""
+        """The engine message, or None for items the model does not see: a function call is an assistant
+        message carrying the call (merged into the assistant text before it by `merge_calls`), its output
+        a "tool" message; a call that did not complete (malformed, cut) is not shown to the model."""
+        if isinstance(self.item, FunctionCallItem):
+            if self.item.status not in (None, ItemStatus.COMPLETED):
+                return None
+            return Message(Role.ASSISTANT.value, (), tool_calls=(ToolCall(self.item.name, self.item.arguments),))
+        if isinstance(self.item, FunctionCallOutputItem):
+            return Message("tool", (Content.of_text(self.item.output),))
         if not isinstance(self.item, MessageItem) or not self.content:
             return None
         return Message(self.item.role.value, self.content)
@@ -198,5 +212,20 @@ class Conversation:
         return self._items.pop(item_id, None) is not None
 
     def history(self) -> tuple[Message, ...]:
-        """Engine messages of every item the model sees, oldest first."""
-        return tuple(m for m in (entry.message() for entry in self._items.values()) if m is not None)
+        """Engine messages of every item the model sees, oldest first (calls merged into their turn)."""
+        return merge_calls(entry.message() for entry in self._items.values())
+
+
+def merge_calls(messages) -> tuple[Message, ...]:
+    """Messages without the Nones, each function call appended to the assistant message right before it
+    (its text, or earlier calls of the same turn), as the chat template renders one assistant turn."""
+    out: list[Message] = []
+    for message in messages:
+        if message is None:
+            continue
+        last = out[-1] if out else None
+        if message.tool_calls and not message.content and last is not None and last.role == Role.ASSISTANT.value:
+            out[-1] = Message(last.role, last.content, last.tool_calls + message.tool_calls)
+        else:
+            out.append(message)
+    return tuple(out)

@@ -44,7 +44,8 @@ from ..protocol.server_events import (
 from ..protocol.values import AudioFormat, MaxOutputTokens, Modality
 from .actions import ResponseFinished
 from .audio_io import OutputEncoder
-from .conversation import AssistantItem
+from .conversation import AssistantItem, Conversation
+from .tools import ResponseCalls
 
 __all__ = ["ActiveResponse", "ResponseSpec", "failure_error"]
 
@@ -112,9 +113,11 @@ class ActiveResponse:
         frame_ms: int,
         input_end_at: float,
         is_speculative: bool,
+        conversation: Conversation | None = None,
     ) -> None:
         self.spec = spec
         self.item = item
+        self.calls = ResponseCalls(spec.response_id, conversation)  # function calls: output items 1, 2, …
         self.input_end_at = input_end_at
         self.is_speculative = is_speculative
         self.first_audio_at: float | None = None
@@ -131,7 +134,7 @@ class ActiveResponse:
         return self.spec.response_id
 
     def _response(self, status: ResponseStatus, details: StatusDetails | None, usage: Usage | None) -> Response:
-        output = () if status is ResponseStatus.IN_PROGRESS else (self.item.view(),)
+        output = () if status is ResponseStatus.IN_PROGRESS else (self.item.view(), *self.calls.views())
         return Response(
             id=self.id,
             voice=self.spec.voice,
@@ -215,6 +218,7 @@ class ActiveResponse:
         events.append(ResponseOutputItemDone(response_id=self.id, output_index=0, item=self.item.view()))
         if self.spec.conversation_id is not None:
             events.append(ConversationItemDone(item=self.item.view()))
+        events += self.calls.finish()
         details = None if status is ResponseStatus.COMPLETED else StatusDetails(type=status, reason=reason, error=error)
         events.append(ResponseDone(response=self._response(status, details, usage)))
         if timing_events:

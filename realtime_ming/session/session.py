@@ -29,6 +29,9 @@ from ..engine.api import (
     StageMark,
     TextDelta,
     Truncation,
+    ToolCallArguments,
+    ToolCallEnd,
+    ToolCallStart,
     TurnCancelled,
     TurnDone,
     TurnEvent,
@@ -75,7 +78,8 @@ from .actions import (
 from .audio_io import MODEL_SAMPLE_RATE_HZ
 from .config import SessionSettings
 from .content import MediaLimits, media_parts, part_to_content, strip_audio
-from .conversation import AssistantItem, Conversation, StoredItem
+from .conversation import AssistantItem, Conversation, StoredItem, merge_calls
+from .tools import check_tool_choice, engine_tools, response_tools
 from .failures import log_failure
 from .idle import IdleTimer
 from .input import BufferFull, InputTurns, SpeechBegan, SpeechEnded, TurnSignal
@@ -256,6 +260,7 @@ class Session:
         if "transcription" in event.session.changes:
             new = replace(new, transcription=check_transcription(
                 new.transcription, self._served_model, event.session.param("transcription")))
+        check_tool_choice(new.tools, new.tool_choice, event.session.param("tool_choice"))
         if new.voice != self.config.voice and self._has_spoken:
             return self._error(ErrorCode.CANNOT_UPDATE_VOICE, event.event_id, param=event.session.param("voice"))
         if "tracing" in event.session.changes:
@@ -419,6 +424,7 @@ class Session:
                 ErrorCode.UNKNOWN_VOICE, event.event_id, param="response.voice", voice=voice,
                 voices=", ".join(sorted(self._accepted_voices)),
             )
+        check_tool_choice(*response_tools(self.config, params), "response.tool_choice")
         history = None if params.input is None else self._history_from(params.input)
         # An out-of-band response leaves the conversation as it is: a speculative turn stays valid.
         actions = [] if oob else self._discard_speculation()
@@ -436,10 +442,8 @@ class Session:
                     )
             else:
                 entry = self._store_item(item, f"response.input[{i}]")
-            message = entry.message()
-            if message is not None:
-                messages.append(message)
-        return tuple(messages)
+            messages.append(entry.message())
+        return merge_calls(messages)
 
     def _on_response_cancel(self, event: ce.ResponseCancel, now: float) -> list[Action]:
         if event.response_id in self._oob:
@@ -549,6 +553,7 @@ class Session:
         if instructions is None:
             instructions = self.config.instructions
         max_tokens = spec.max_output_tokens
+        tools, forced_prefix = engine_tools(*response_tools(self.config, params))
         return TurnRequest(
             turn_id=turn_id,
             conversation_id=spec.conversation_id or self._oob_conversation_id,
@@ -562,6 +567,8 @@ class Session:
             with_audio=spec.is_audio,
             speed=self.config.speed,
             truncation=_engine_truncation(self.config.truncation),
+            tools=tools,
+            forced_prefix=forced_prefix,
         )
 
     def _engine_voice(self, voice: str) -> str:
@@ -591,6 +598,7 @@ class Session:
             self.conversation.insert(item)
         response = ActiveResponse(
             spec, item, engine_rate_hz=OUTPUT_SAMPLE_RATE_HZ, frame_ms=self.settings.output_frame_ms,
+            conversation=self.conversation if spec.conversation_id is not None else None,
             input_end_at=now, is_speculative=turn_id is not None,
         )
         if spec.conversation_id is None:
@@ -655,10 +663,16 @@ class Session:
         if isinstance(event, StageMark):
             response.on_stage(event.stage, event.t)
             return []
+        if isinstance(event, (ToolCallStart, ToolCallArguments, ToolCallEnd)):
+            return [Send(e) for e in response.calls.on_event(event)]
         if isinstance(event, TurnDone):
             usage = usage_of(event)
             for stage, t in event.stages.items():
                 response.on_stage(stage, t)
+            malformed = response.calls.failure()
+            if malformed is not None and not (event.finish_reason is FinishReason.LENGTH
+                                              and response.calls.unterminated):
+                return self._finish_response(ResponseStatus.FAILED, now, error=malformed, usage=usage)
             if event.finish_reason is FinishReason.LENGTH:
                 return self._finish_response(
                     ResponseStatus.INCOMPLETE, now, response=response, reason=StatusReason.MAX_OUTPUT_TOKENS,

@@ -1,0 +1,220 @@
+"""Function calling (issue 18): Ming's chat template rendering of tools / calls / results (compared with the
+checkpoint's own Jinja template), the incremental call parser, and the engine path (tiny model, forced
+reply and forced prefix): a call is parsed out of the stream, never spoken, and reported as call events."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import jinja2
+import jinja2.sandbox
+import pytest
+
+from realtime_ming.engine import Engine
+from realtime_ming.engine.api import (
+    Content,
+    Message,
+    SamplingParams,
+    TextDelta,
+    ToolCall,
+    ToolCallArguments,
+    ToolCallEnd,
+    ToolCallStart,
+    TurnCancelled,
+    TurnDone,
+    TurnFailed,
+    TurnRequest,
+)
+from realtime_ming.engine.config import EngineConfig, ThinkerRunnerConfig
+from realtime_ming.engine.tool_calls import ToolCallParser
+from realtime_ming.model.tiny_tokenizer import tiny_thinker_tokenizer
+from realtime_ming.model.tokenizer import MING_TOKENIZER_DIR, ChatMessage
+
+pytestmark = pytest.mark.timeout(120)
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather of a city — now.",
+                                             "parameters": {"type": "object",
+                                                            "properties": {"city": {"type": "string"}}}}}
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+
+def _template() -> jinja2.Template:
+    """The checkpoint's chat template in the environment transformers renders it with (tojson = json.dumps,
+    ensure_ascii False, keys unsorted; trim_blocks / lstrip_blocks)."""
+    config = json.loads((MING_TOKENIZER_DIR / "tokenizer_config.json").read_text(encoding="utf-8"))
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                      extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = lambda x, **_: json.dumps(x, ensure_ascii=False)
+    return env.from_string(config["chat_template"])
+
+
+@pytest.mark.parametrize("calls", [1, 2])
+def test_prompt_matches_the_checkpoint_template(calls):
+    """Tools in the system turn, an assistant's text + calls, consecutive tool results: token-for-token text
+    equal to the template's rendering, with the tool markers as their special tokens."""
+    tok = tiny_thinker_tokenizer()
+    args = ['{"city": "Paris"}', '{"city": "Lyon"}'][:calls]
+    conversation = [
+        ("user", "What's the weather in Paris?"),
+        ("assistant", "Let me check.", args),
+        *[("tool", f'{{"temp_c": {20 + i}}}') for i in range(calls)],
+        ("user", "And tomorrow?"),
+        ("assistant", "", ['{"city": "Paris", "day": "tomorrow"}']),
+        ("tool", "sunny"),
+    ]
+    hf = [{"role": "system", "content": "You are terse."}]
+    ours = []
+    for role, content, *rest in conversation:
+        if role == "assistant":
+            hf.append({"role": role, "content": content,
+                       "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": a}}
+                                      for a in rest[0]]})
+            ours.append(ChatMessage(role, (content,) if content else (),
+                                    tool_calls=tuple(("get_weather", a) for a in rest[0])))
+        else:
+            hf.append({"role": role, "content": content})
+            ours.append(ChatMessage(role, content))
+    want = _template().render(messages=hf, tools=[WEATHER], add_generation_prompt=True)
+    prompt = tok.build_prompt(ours, system="You are terse.", tools=[WEATHER])
+    assert tok.decode(prompt.input_ids, skip_special_tokens=False) == want
+    markers = tok.marker_ids()
+    assert sum(1 for i in prompt.input_ids if markers.get(i) == "<tool_call>") == 2 + calls + 1  # the instructions name it twice
+    assert sum(1 for i in prompt.input_ids if markers.get(i) == "<tool_response>") == calls + 1
+
+
+def test_prompt_without_tools_is_unchanged():
+    tok = tiny_thinker_tokenizer()
+    msgs = [ChatMessage("user", "hi")]
+    want = _template().render(messages=[{"role": "system", "content": "S"}, {"role": "user", "content": "hi"}],
+                              add_generation_prompt=True)
+    assert tok.decode(tok.build_prompt(msgs, system="S").input_ids, skip_special_tokens=False) == want
+
+
+def _parse(text: str, step: int, names=("get_weather",)) -> list:
+    parser, out = ToolCallParser("t", names), []
+    for i in range(0, len(text), step):
+        out += parser.feed(text[i:i + step])
+    out += parser.finish()
+    merged: list = []
+    for piece in out:  # adjacent text / argument deltas merged: the split must not matter
+        if merged and type(piece) is type(merged[-1]) and isinstance(piece, (str, ToolCallArguments)):
+            merged[-1] = merged[-1] + piece if isinstance(piece, str) else ToolCallArguments("t", merged[-1].delta
+                                                                                               + piece.delta)
+        else:
+            merged.append(piece)
+    return merged
+
+
+@pytest.mark.parametrize("step", [1, 2, 3, 7, 1000])
+def test_parser_splits_text_and_call_at_any_chunking(step):
+    out = _parse("Let me check. " + CALL + "\n" + CALL.replace("Paris", "Lyon"), step)
+    assert out == ["Let me check. ",
+                   ToolCallStart("t", "get_weather"), ToolCallArguments("t", '{"city": "Paris"}'),
+                   ToolCallEnd("t", "get_weather", '{"city": "Paris"}'), "\n",
+                   ToolCallStart("t", "get_weather"), ToolCallArguments("t", '{"city": "Lyon"}'),
+                   ToolCallEnd("t", "get_weather", '{"city": "Lyon"}')]
+
+
+def test_parser_streams_arguments_before_the_call_ends():
+    parser = ToolCallParser("t", ["get_weather"])
+    out = parser.feed('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par')
+    assert out == [ToolCallStart("t", "get_weather"), ToolCallArguments("t", '{"city": "Par')]
+    assert parser.feed('is"}') == [ToolCallArguments("t", 'is"')]  # the `}` may close the outer object: held
+    assert parser.feed('}\n</tool_call>') == [ToolCallArguments("t", '}'),
+                                              ToolCallEnd("t", "get_weather", '{"city": "Paris"}')]
+
+
+@pytest.mark.parametrize("text,error", [
+    ('<tool_call>{"name": "get_weather", "arguments": {"city": }}</tool_call>', "not JSON"),
+    ('<tool_call>{"name": "launch", "arguments": {}}</tool_call>', "unknown function 'launch'"),
+    ('<tool_call>{"name": "get_weather", "arguments": [1]}</tool_call>', "not a JSON object"),
+    ('<tool_call>{"name": "get_weather", "arguments": {"city": "Pa', "unterminated"),
+    ('<tool_call>not json at all</tool_call>', "not JSON"),
+])
+def test_parser_reports_malformed_calls_and_never_passes_them_as_text(text, error):
+    out = _parse("Hi. " + text + " Bye.", 3)
+    assert out[0] == "Hi. "
+    ends = [p for p in out if isinstance(p, ToolCallEnd)]
+    assert len(ends) == 1 and ends[0].arguments is None and error in ends[0].error
+    spoken = "".join(p for p in out if isinstance(p, str))
+    assert "tool_call" not in spoken and "get_weather" not in spoken and "launch" not in spoken
+
+
+def test_parser_reorders_nothing_when_the_head_is_unusual():
+    out = _parse('<tool_call>{"arguments": {"city": "Rome"}, "name": "get_weather"}</tool_call>', 4)
+    assert out == [ToolCallStart("t", "get_weather"), ToolCallArguments("t", '{"city": "Rome"}'),
+                   ToolCallEnd("t", "get_weather", '{"city": "Rome"}')]
+
+
+# ---- the engine (tiny random model) ----------------------------------------------------------------------
+class _Sink:
+    def __init__(self):
+        self.events, self.done = [], threading.Event()
+
+    def __call__(self, event):
+        self.events.append(event)
+        if isinstance(event, (TurnDone, TurnCancelled, TurnFailed)):
+            self.done.set()
+
+
+def _turn(engine, turn_id, history, *, tools=(WEATHER,), prefix="", max_tokens=80, with_audio=True):
+    sink = _Sink()
+    engine.submit(TurnRequest(turn_id, "conv", tuple(history), sampling=SamplingParams(max_tokens=max_tokens),
+                              tools=tools, forced_prefix=prefix, with_audio=with_audio), sink)
+    assert sink.done.wait(90)
+    return sink.events
+
+
+@pytest.fixture(scope="module")
+def forced_engine():
+    reply = "Let me check. " + CALL + "<|role_end|>It is sunny in Paris.<|role_end|>"
+    engine = Engine.create(EngineConfig(thinker=ThinkerRunnerConfig(forced_reply=reply, max_seq_len=1024)))
+    yield engine
+    engine.close()
+
+
+def test_forced_tool_call_reply_gives_call_events_and_is_not_spoken(forced_engine):
+    user = Message("user", (Content.of_text("Weather in Paris?"),))
+    events = _turn(forced_engine, "t1", [user])
+    calls = [e for e in events if isinstance(e, (ToolCallStart, ToolCallArguments, ToolCallEnd))]
+    assert calls[0] == ToolCallStart("t1", "get_weather")
+    assert "".join(e.delta for e in calls if isinstance(e, ToolCallArguments)) == '{"city": "Paris"}'
+    assert calls[-1] == ToolCallEnd("t1", "get_weather", '{"city": "Paris"}')
+    done = events[-1]
+    assert isinstance(done, TurnDone) and done.text == "Let me check. " and done.audio_samples > 0
+    assert "".join(e.text for e in events if isinstance(e, TextDelta)) == "Let me check. "
+    # the call and its result enter the next prompt; the next forced segment answers
+    history = [user, Message("assistant", (Content.of_text("Let me check."),),
+                             tool_calls=(ToolCall("get_weather", '{"city": "Paris"}'),)),
+               Message("tool", (Content.of_text('{"temp_c": 21}'),))]
+    events = _turn(forced_engine, "t2", history)
+    assert events[-1].text == "It is sunny in Paris." and not any(isinstance(e, ToolCallStart) for e in events)
+
+
+def test_without_tools_no_call_is_parsed_and_markers_are_skipped(forced_engine):
+    """No tools (tool_choice none): nothing is parsed; the markers are special tokens, skipped like all."""
+    user = Message("user", (Content.of_text("Weather?"),))
+    events = _turn(forced_engine, "t3", [user], tools=(), with_audio=False)
+    assert not any(isinstance(e, ToolCallStart) for e in events)
+    assert events[-1].text == "Let me check. " + CALL.replace("<tool_call>", "").replace("</tool_call>", "")
+
+
+@pytest.fixture(scope="module")
+def random_engine():
+    engine = Engine.create(EngineConfig(thinker=ThinkerRunnerConfig(max_seq_len=1024)))
+    yield engine
+    engine.close()
+
+
+def test_forced_prefix_makes_the_random_model_call_the_named_function(random_engine):
+    """Constrained decoding: the reply starts with the call prefix whatever the weights sample."""
+    user = Message("user", (Content.of_text("Weather in Paris?"),))
+    plain = _turn(random_engine, "r0", [user], max_tokens=12, with_audio=False)
+    assert not any(isinstance(e, ToolCallStart) for e in plain)
+    events = _turn(random_engine, "r1", [user], prefix='<tool_call>\n{"name": "get_weather", "arguments": ',
+                   max_tokens=80, with_audio=False)
+    assert events[1:] and ToolCallStart("r1", "get_weather") in events
+    ends = [e for e in events if isinstance(e, ToolCallEnd)]
+    assert len(ends) == 1 and ends[0].name == "get_weather"  # random arguments: well formed or a clear error
+    assert ends[0].arguments is not None or ends[0].error
