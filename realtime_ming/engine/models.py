@@ -8,6 +8,8 @@ CAMPPlus speaker vector when `talker/campplus.onnx` is present).
 
 from __future__ import annotations
 
+import contextlib
+
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -198,8 +200,12 @@ class ModelBundle:
                 feats = speaker_fbank(resample_torchaudio_compatible(wave, sr, 16000))
                 spk = torch.as_tensor(campplus(feats)).to(dev, self.dtype)
             wave44 = resample_torchaudio_compatible(wave, sr, self.cfg.vae.sample_rate) if sr != self.cfg.vae.sample_rate else wave
-            with torch.no_grad():
-                posterior, _ = self.vae.encode_prompt(wave44[None].to(self.devices["vae"]), self.cfg.talker.patch_size)
+            # each model runs with its own device current: Triton launches on the current device, which is
+            # the thinker's when the VAE or the talker sits on another GPU
+            vae_dev = torch.device(self.devices["vae"])
+            with torch.no_grad(), _current(vae_dev):
+                posterior, _ = self.vae.encode_prompt(wave44[None].to(vae_dev), self.cfg.talker.patch_size)
+            with torch.no_grad(), _current(torch.device(dev)):
                 # the reference samples the posterior; the mean keeps the voice deterministic (docs/model.md §6.3)
                 voice = talker.register_voice(spk, posterior.mean.to(dev, self.dtype))
             self.voices[name] = (voice, preset.prompt_text)
@@ -315,3 +321,8 @@ def _talker_tokenizer(root: Path | None, tokenizer_path: str | None) -> Tokenize
         "talker tokenizer not found: expected talker/llm/tokenizer.json in the checkpoint "
         f"(looked at {', '.join(map(str, candidates)) or 'no checkpoint folder'}); "
         "pass engine.talker_tokenizer_path to use another file")
+
+
+def _current(device: torch.device):
+    """`device` as the current CUDA device for the block (a no-op context off CUDA)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
