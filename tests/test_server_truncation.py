@@ -54,11 +54,11 @@ async def _turn(client: WsClient, text: str) -> dict:
     return (await client.recv_until("response.done", timeout=60))[-1]["response"]
 
 
-@pytest.mark.parametrize("truncation", ["auto", {"type": "retention_ratio", "retention_ratio": 0.6}])
-async def test_a_session_far_past_the_context_keeps_answering(client, truncation):
+@pytest.mark.parametrize(("truncation", "turns"), [("auto", 200), ({"type": "retention_ratio", "retention_ratio": 0.6}, 50)])
+async def test_a_session_far_past_the_context_keeps_answering(client, truncation, turns):
     await _configure(client, truncation)
     inputs = []
-    for turn in range(50):  # ~25 tokens per turn: the context is crossed around turn 8
+    for turn in range(turns):  # ~25 tokens per turn: the context is crossed around turn 8
         response = await _turn(client, f"User turn {turn}: please keep answering me.")
         assert response["status"] in ("completed", "incomplete"), response  # incomplete = max_output_tokens
         inputs.append(response["usage"]["input_tokens"])
