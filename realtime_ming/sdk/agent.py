@@ -8,6 +8,8 @@ the producer waits (socket reading or the session task pauses), nothing is dropp
 
 from __future__ import annotations
 
+import abc
+
 import asyncio
 import base64
 import io
@@ -144,7 +146,7 @@ def _image_data_url(image: Any) -> str:
     return f"data:image/{kind};base64,{base64.b64encode(data).decode('ascii')}"
 
 
-class RealtimeAgent:
+class RealtimeAgent(abc.ABC):
     """One Realtime session, whatever carries it. Drive it from one event loop and one reader.
 
     Calls send client events and return at once (answers arrive as events); `recv()` or
@@ -165,13 +167,13 @@ class RealtimeAgent:
         self.tool_runner = ToolRunner(self.send)  # registered function tools (`add_tool`)
 
     # ---- transport contract ------------------------------------------------------------------
+    @abc.abstractmethod
     async def _transmit(self, event: ClientEvent) -> None:
         """Carry one client event to the session (the transport implements this)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     async def close(self) -> None:
         """End the session and release what it holds; unread events are discarded. Idempotent."""
-        raise NotImplementedError
 
     async def _deliver(self, event: ServerEvent) -> None:
         """Transport side: queue one server event (waits while the queue is full)."""
