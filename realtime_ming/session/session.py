@@ -5,6 +5,10 @@
 engine commands. It owns the input buffer, server_vad turns (speculative turns started at a
 pause, confirmed at speech stop, discarded on resume), the conversation, the one active response,
 barge-in and truncation. Nothing here touches a socket, a thread or a GPU.
+
+`Session` dispatches and owns the state; the work per concern lives beside it as functions of the
+session: `lifecycle` (creating, finishing and cancelling responses, out-of-band responses, engine
+events, failed-turn cleanup), `items` (`conversation.item.*`) and `session_update` (`session.update`).
 """
 
 from __future__ import annotations
@@ -15,42 +19,21 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..audio.denoise import DenoiserUnavailable
 from ..audio.pcm import AudioFormatError
 from ..audio.turns import SpeechPaused, SpeechResumed
 from ..audio.vad import VadBackend
-from ..engine.api import (
-    OUTPUT_SAMPLE_RATE_HZ,
-    AudioChunk,
-    Content,
-    FinishReason,
-    Message,
-    SamplingParams,
-    StageMark,
-    TextDelta,
-    Truncation,
-    ToolCallArguments,
-    ToolCallEnd,
-    ToolCallStart,
-    TurnCancelled,
-    TurnDone,
-    TurnEvent,
-    TurnFailed,
-    TurnRequest,
-)
+from ..engine.api import Content, Message, TurnEvent
 from ..protocol import client_events as ce
 from ..protocol.dialect import Dialect
-from ..protocol.errors import ErrorCode, ErrorType, ProtocolError
+from ..protocol.errors import ErrorCode, ProtocolError
 from ..protocol.events import ClientEvent
 from ..protocol.ids import IdPrefix, new_id
-from ..protocol.items import ContentPart, InputAudio, ItemReference, ItemStatus, MessageItem, Role
-from ..protocol.responses import ErrorDetail, ResponseStatus, StatusReason
+from ..protocol.items import ContentPart, InputAudio, ItemStatus, MessageItem, Role
+from ..protocol.responses import StatusReason
 from ..protocol.server_events import (
     ConversationItemAdded,
     ConversationItemDeleted,
     ConversationItemDone,
-    ConversationItemRetrieved,
-    ConversationItemTruncated,
     Error,
     InputAudioBufferCleared,
     InputAudioBufferCommitted,
@@ -58,14 +41,9 @@ from ..protocol.server_events import (
     InputAudioBufferSpeechStopped,
     InputAudioBufferTimeoutTriggered,
     SessionCreated,
-    SessionUpdated,
 )
-from ..protocol.session import (
-    SemanticVad,
-    ServerVad,
-    SessionConfig,
-    apply_patch,
-)
+from ..protocol.session import SemanticVad, ServerVad, SessionConfig
+from . import items, lifecycle
 from .actions import (
     Action,
     CancelTurn,
@@ -78,15 +56,13 @@ from .actions import (
 from .audio_io import MODEL_SAMPLE_RATE_HZ
 from .config import SessionSettings
 from .content import MediaLimits, media_parts, part_to_content, strip_audio
-from .conversation import AssistantItem, Conversation, StoredItem, merge_calls
-from .tools import check_tool_choice, engine_tools, response_tools
+from .conversation import Conversation, StoredItem
 from .failures import log_failure
 from .idle import IdleTimer
 from .input import BufferFull, InputTurns, SpeechBegan, SpeechEnded, TurnSignal
-from .response import ActiveResponse, ResponseSpec, failure_error
-from .tracing import check_tracing_update, trace_response
-from .usage import usage_of
-from .transcription import Transcriber, check_transcription
+from .response import ActiveResponse
+from .session_update import on_session_update
+from .transcription import Transcriber
 
 __all__ = ["OPENAI_VOICE_ALIASES", "Session"]
 
@@ -203,15 +179,8 @@ class Session:
             return [Send(Error.from_protocol_error(error.with_event_id(event.event_id)))]
         except Exception as exc:  # a bug must cost this request, never the session
             log_failure(log, self.config.id, event.type, event.event_id, exc)
-            actions: list[Action] = []
-            if self._response is not None and self._response is not before:
-                # The failed handler created a response whose turn may never have been
-                # submitted: drop it, or the session would refuse every later response.
-                actions.append(CancelTurn(self._response.id))
-                self._response = None
-            for response_id in set(self._oob) - oob_before:
-                actions.append(CancelTurn(self._oob.pop(response_id).id))
-            return actions + self._error(ErrorCode.SERVER_ERROR, event.event_id)
+            return lifecycle.drop_responses_since(self, before, oob_before) + self._error(
+                ErrorCode.SERVER_ERROR, event.event_id)
 
         finally:
             self._predecoded.clear()
@@ -238,47 +207,10 @@ class Session:
         """Handling the output of `turn_id` failed unexpectedly: stop its engine turn and end its
         response `failed` with `server_error` (the next response works). No-op for a turn that
         is not the active response's."""
-        response = self._response_of(turn_id)
-        if response is None:
-            return []
-        error = ErrorDetail(
-            type=ErrorType.SERVER.value, code=ErrorCode.SERVER_ERROR.value, message=ErrorCode.SERVER_ERROR.render()
-        )
-        actions: list[Action] = [CancelTurn(turn_id)]
-        try:
-            return actions + self._finish_response(ResponseStatus.FAILED, now, response=response, error=error)
-        except Exception as exc:  # its events cannot be built either: it ends without them
-            self._forget(response)
-            log_failure(log, self.config.id, "response.done", turn_id, exc)
-            return actions
+        return lifecycle.abort_response(self, turn_id, now)
 
     def _error(self, code: ErrorCode, event_id: str | None, *, param: str | None = None, **values: object) -> list[Action]:
         return [Send(Error.from_protocol_error(ProtocolError(code, param=param, event_id=event_id, **values)))]
-
-    def _on_session_update(self, event: ce.SessionUpdate, now: float) -> list[Action]:
-        new = apply_patch(self.config, event.session, voices=self._accepted_voices)
-        if "transcription" in event.session.changes:
-            new = replace(new, transcription=check_transcription(
-                new.transcription, self._served_model, event.session.param("transcription")))
-        check_tool_choice(new.tools, new.tool_choice, event.session.param("tool_choice"))
-        if new.voice != self.config.voice and self._has_spoken:
-            return self._error(ErrorCode.CANNOT_UPDATE_VOICE, event.event_id, param=event.session.param("voice"))
-        if "tracing" in event.session.changes:
-            check_tracing_update(self.config, new, event.session.param("tracing"))
-        if new.noise_reduction != self.config.noise_reduction:
-            try:
-                self._input.set_noise_reduction(new.noise_reduction is not None)
-            except DenoiserUnavailable as exc:  # refuse rather than echo a setting that would not act
-                assert new.noise_reduction is not None
-                return self._error(ErrorCode.UNSUPPORTED_NOISE_REDUCTION, event.event_id,
-                                   param=event.session.param("noise_reduction"),
-                                   kind=new.noise_reduction.type.value, detail=str(exc))
-        old, self.config = self.config, new
-        actions = self._discard_speculation()
-        if (new.input_format, new.turn_detection) != (old.input_format, old.turn_detection):
-            self._input.configure(new.input_format, new.turn_detection)
-        actions.append(Send(SessionUpdated(session=new)))
-        return actions
 
     def _on_append(self, event: ce.InputAudioBufferAppend, now: float) -> list[Action]:
         td = self.config.turn_detection
@@ -305,7 +237,8 @@ class Session:
         item_id, audio = self._input.commit()
         actions: list[Action] = [Send(InputAudioBufferTimeoutTriggered(
             audio_start_ms=span[0], audio_end_ms=span[1], item_id=item_id))]
-        return actions + self._discard_speculation() + self._commit_audio(item_id, audio) + self._start_response(now)
+        actions += self._discard_speculation() + self._commit_audio(item_id, audio)
+        return actions + lifecycle.start_response(self, now)
 
     def _on_commit(self, event: ce.InputAudioBufferCommit, now: float) -> list[Action]:
         # The resampler holds back its filter delay (up to 85 ms for 8 kHz G.711): the commit
@@ -324,28 +257,6 @@ class Session:
         self._input.clear(reset_decoder=True)
         return self._discard_speculation() + [Send(InputAudioBufferCleared())]
 
-    def _on_item_create(self, event: ce.ConversationItemCreate, now: float) -> list[Action]:
-        item = event.item
-        if item.id is not None and item.id in self.conversation:
-            return self._error(ErrorCode.DUPLICATE_ITEM_ID, event.event_id, param="item.id", item_id=item.id)
-        previous = event.previous_item_id
-        if previous is not None and previous != "root" and previous not in self.conversation:
-            return self._error(
-                ErrorCode.ITEM_CREATE_INVALID_PREVIOUS_ITEM_ID, event.event_id, param="previous_item_id",
-                item_id=previous,
-            )
-        stored = self._store_item(item, "item")
-        if stored.nbytes > self.media.max_conversation_bytes:
-            return self._error(ErrorCode.ITEM_TOO_LARGE, event.event_id, param="item", num_bytes=stored.nbytes,
-                               max_bytes=self.media.max_conversation_bytes)
-        actions = self._discard_speculation()
-        previous_id = self.conversation.insert(stored, previous)
-        view = stored.view()
-        return actions + [
-            Send(ConversationItemAdded(item=view, previous_item_id=previous_id)),
-            Send(ConversationItemDone(item=view, previous_item_id=previous_id)),
-        ] + self._evict(stored.id)
-
     def _evict(self, *keep: str | None) -> list[Action]:
         """Apply the conversation's bounds (items, bytes): the oldest items go, each announced."""
         active = None if self._response is None else self._response.item.id
@@ -358,102 +269,6 @@ class Session:
             return StoredItem(item)
         contents = tuple(self._content(part, f"{param}.content[{i}]") for i, part in enumerate(item.content))
         return StoredItem(replace(item, content=tuple(strip_audio(p) for p in item.content)), contents)
-
-    def _on_item_retrieve(self, event: ce.ConversationItemRetrieve, now: float) -> list[Action]:
-        entry = self.conversation.get(event.item_id)
-        if entry is None:
-            return self._error(
-                ErrorCode.ITEM_RETRIEVE_INVALID_ITEM_ID, event.event_id, param="item_id", item_id=event.item_id
-            )
-        if isinstance(entry, AssistantItem):
-            view = entry.view(with_audio=True)
-        else:
-            view = entry.view(input_format=self.config.input_format)
-        return [Send(ConversationItemRetrieved(item=view))]
-
-    def _on_item_delete(self, event: ce.ConversationItemDelete, now: float) -> list[Action]:
-        if not self.conversation.delete(event.item_id):
-            return self._error(
-                ErrorCode.ITEM_DELETE_INVALID_ITEM_ID, event.event_id, param="item_id", item_id=event.item_id
-            )
-        actions = self._discard_speculation() + self._transcriber.forget_item(event.item_id)
-        return actions + [Send(ConversationItemDeleted(item_id=event.item_id))]
-
-    def _on_item_truncate(self, event: ce.ConversationItemTruncate, now: float) -> list[Action]:
-        entry = self.conversation.get(event.item_id)
-        if entry is None:
-            return self._error(
-                ErrorCode.ITEM_TRUNCATE_INVALID_ITEM_ID, event.event_id, param="item_id", item_id=event.item_id
-            )
-        if not isinstance(entry, AssistantItem) or not entry.is_audio or event.content_index != 0:
-            return self._error(
-                ErrorCode.TRUNCATE_CONTENT_INDEX_INVALID, event.event_id, param="content_index",
-                item_id=event.item_id, content_index=event.content_index,
-            )
-        actions: list[Action] = []
-        if self._response is not None and self._response.item is entry:
-            # The client stopped playing this item: the rest of its response is unwanted.
-            actions += self._cancel_response(StatusReason.CLIENT_CANCELLED, now)
-        duration_ms = entry.audio_ms
-        if event.audio_end_ms > duration_ms + 1.0:  # 1 ms: clients round the played time up
-            return actions + self._error(
-                ErrorCode.TRUNCATE_AUDIO_END_MS_INVALID, event.event_id, param="audio_end_ms",
-                audio_end_ms=event.audio_end_ms, duration_ms=int(duration_ms), item_id=event.item_id,
-            )
-        entry.truncate(min(event.audio_end_ms, int(duration_ms)))
-        actions += self._discard_speculation()
-        return actions + [
-            Send(ConversationItemTruncated(
-                item_id=event.item_id, content_index=event.content_index, audio_end_ms=event.audio_end_ms
-            ))
-        ]
-
-    def _on_response_create(self, event: ce.ResponseCreate, now: float) -> list[Action]:
-        params = event.response
-        oob = params.conversation is ce.ConversationMode.NONE
-        if oob and len(self._oob) >= self.settings.max_out_of_band_responses:
-            return self._error(ErrorCode.TOO_MANY_OUT_OF_BAND_RESPONSES, event.event_id, param="response.conversation",
-                               active=len(self._oob), limit=self.settings.max_out_of_band_responses)
-        if not oob and self._response is not None:
-            return self._error(
-                ErrorCode.CONVERSATION_ALREADY_HAS_ACTIVE_RESPONSE, event.event_id, response_id=self._response.id
-            )
-        voice = params.voice or self.config.voice
-        if voice not in self._accepted_voices:
-            return self._error(
-                ErrorCode.UNKNOWN_VOICE, event.event_id, param="response.voice", voice=voice,
-                voices=", ".join(sorted(self._accepted_voices)),
-            )
-        check_tool_choice(*response_tools(self.config, params), "response.tool_choice")
-        history = None if params.input is None else self._history_from(params.input)
-        # An out-of-band response leaves the conversation as it is: a speculative turn stays valid.
-        actions = [] if oob else self._discard_speculation()
-        return actions + self._start_response(now, params=params, history=history)
-
-    def _history_from(self, items) -> tuple[Message, ...]:
-        """Engine messages for `response.create` `input` (references and inline items)."""
-        messages = []
-        for i, item in enumerate(items):
-            if isinstance(item, ItemReference):
-                entry = self.conversation.get(item.id)
-                if entry is None:
-                    raise ProtocolError(
-                        ErrorCode.ITEM_RETRIEVE_INVALID_ITEM_ID, param=f"response.input[{i}].id", item_id=item.id
-                    )
-            else:
-                entry = self._store_item(item, f"response.input[{i}]")
-            messages.append(entry.message())
-        return merge_calls(messages)
-
-    def _on_response_cancel(self, event: ce.ResponseCancel, now: float) -> list[Action]:
-        if event.response_id in self._oob:
-            turn_id = event.response_id
-            return [CancelTurn(turn_id)] + self._finish_response(
-                ResponseStatus.CANCELLED, now, response=self._oob[turn_id], reason=StatusReason.CLIENT_CANCELLED
-            )
-        if self._response is None or (event.response_id is not None and event.response_id != self._response.id):
-            return self._error(ErrorCode.RESPONSE_CANCEL_NOT_ACTIVE, event.event_id)
-        return self._cancel_response(StatusReason.CLIENT_CANCELLED, now)
 
     def _on_output_audio_clear(self, event: ce.OutputAudioBufferClear, now: float) -> list[Action]:
         # WebSocket sessions have no server-side playout buffer; there is nothing to clear and
@@ -470,7 +285,7 @@ class Session:
                 audio_start_ms=signal.audio_start_ms, item_id=signal.item_id
             ))]
             if self._response is not None and td.interrupt_response:
-                actions += self._cancel_response(StatusReason.TURN_DETECTED, now)
+                actions += lifecycle.cancel_response(self, StatusReason.TURN_DETECTED, now)
             return actions
         if isinstance(signal, SpeechPaused):
             if td.create_response and self._response is None and self._speculation is None:
@@ -487,7 +302,8 @@ class Session:
         turn_id = new_id(IdPrefix.RESPONSE)
         self._speculation = _Speculation(turn_id, audio)
         user = Message(Role.USER.value, (Content.of_audio(audio, MODEL_SAMPLE_RATE_HZ),))
-        request = self._turn_request(turn_id, self._spec(turn_id, None), self.conversation.history() + (user,), None)
+        spec = lifecycle.spec_for(self, turn_id, None)
+        request = lifecycle.turn_request(self, turn_id, spec, self.conversation.history() + (user,), None)
         return [SubmitTurn(replace(request, speculative=True))]
 
     def _discard_speculation(self) -> list[Action]:
@@ -511,8 +327,8 @@ class Session:
             return actions
         if speculation is not None:
             actions.append(ConfirmTurn(speculation.turn_id))
-            return actions + self._start_response(now, turn_id=speculation.turn_id)
-        return actions + self._start_response(now)
+            return actions + lifecycle.start_response(self, now, turn_id=speculation.turn_id)
+        return actions + lifecycle.start_response(self, now)
 
     def _commit_audio(self, item_id: str, audio: np.ndarray) -> list[Action]:
         # A turn shorter than the audio encoder's minimum (a very short VAD turn, min_commit_ms 0) is
@@ -531,201 +347,27 @@ class Session:
             self._transcriber.start(item_id, 0, stored.content[0], self.config.transcription)
         return actions + self._evict(item_id)
 
-    # ---- responses ---------------------------------------------------------------------------
-    def _spec(self, response_id: str, params: ce.ResponseParams | None) -> ResponseSpec:
-        p = params or ce.ResponseParams()
-        oob = p.conversation is ce.ConversationMode.NONE
-        return ResponseSpec(
-            response_id=response_id,
-            voice=p.voice or self.config.voice,
-            output_modalities=p.output_modalities or self.config.output_modalities,
-            output_format=p.output_format or self.config.output_format,
-            max_output_tokens=p.max_output_tokens or self.config.max_output_tokens,
-            temperature=p.temperature if p.temperature is not None else self.config.temperature,
-            conversation_id=None if oob else self.conversation_id,
-            metadata=p.metadata,
-        )
-
-    def _turn_request(
-        self, turn_id: str, spec: ResponseSpec, history: tuple[Message, ...], params: ce.ResponseParams | None
-    ) -> TurnRequest:
-        instructions = params.instructions if params is not None and params.instructions is not None else None
-        if instructions is None:
-            instructions = self.config.instructions
-        max_tokens = spec.max_output_tokens
-        tools, forced_prefix = engine_tools(*response_tools(self.config, params))
-        return TurnRequest(
-            turn_id=turn_id,
-            conversation_id=spec.conversation_id or self._oob_conversation_id,
-            history=history,
-            system=instructions or None,
-            sampling=SamplingParams(
-                temperature=spec.temperature,
-                max_tokens=self.settings.max_output_tokens if max_tokens == "inf" else max_tokens,
-            ),
-            voice=self._engine_voice(spec.voice) if spec.is_audio else None,
-            with_audio=spec.is_audio,
-            speed=self.config.speed,
-            truncation=_engine_truncation(self.config.truncation),
-            tools=tools,
-            forced_prefix=forced_prefix,
-        )
-
-    def _engine_voice(self, voice: str) -> str:
-        """The checkpoint voice that speaks `voice` (OpenAI aliases use the default voice)."""
-        return voice if voice in self.voices else self._default_voice
-
-    def _start_response(
-        self,
-        now: float,
-        *,
-        params: ce.ResponseParams | None = None,
-        history: tuple[Message, ...] | None = None,
-        turn_id: str | None = None,
-    ) -> list[Action]:
-        """Create the active response; submit its turn unless it is a confirmed speculation."""
-        self._idle.disarm()
-        spec = self._spec(turn_id or new_id(IdPrefix.RESPONSE), params)
-        actions: list[Action] = []
-        if turn_id is None:
-            if spec.conversation_id is None:
-                self._oob_used = True
-            turn_history = history if history is not None else self.conversation.history()
-            actions.append(SubmitTurn(self._turn_request(spec.response_id, spec, turn_history, params)))
-        item = AssistantItem(new_id(IdPrefix.ITEM), is_audio=spec.is_audio)
-        previous = self.conversation.last_id()
-        if spec.conversation_id is not None:
-            self.conversation.insert(item)
-        response = ActiveResponse(
-            spec, item, engine_rate_hz=OUTPUT_SAMPLE_RATE_HZ, frame_ms=self.settings.output_frame_ms,
-            conversation=self.conversation if spec.conversation_id is not None else None,
-            input_end_at=now, is_speculative=turn_id is not None,
-        )
-        if spec.conversation_id is None:
-            self._oob[spec.response_id] = response
-        else:
-            self._response = response
-        if spec.is_audio:
-            self._has_spoken = True
-        actions += [Send(e) for e in response.created_events(previous)]
-        return actions
-
-    def _response_of(self, turn_id: str) -> ActiveResponse | None:
-        """The running response (default conversation or out of band) of engine turn `turn_id`."""
-        if self._response is not None and self._response.id == turn_id:
-            return self._response
-        return self._oob.get(turn_id)
-
-    def _forget(self, response: ActiveResponse) -> None:
-        if response is self._response:
-            self._response = None
-        self._oob.pop(response.id, None)
-
-    def _finish_response(
-        self, status: ResponseStatus, now: float, *, response: ActiveResponse | None = None, **details
-    ) -> list[Action]:
-        response = response or self._response
-        assert response is not None
-        main = response is self._response
-        self._forget(response)
-        td = self.config.turn_detection
-        if (main and isinstance(td, ServerVad) and td.idle_timeout_ms is not None
-                and status is not ResponseStatus.CANCELLED):
-            self._idle.arm(self._input.position_ms, response.item.audio_ms, td.idle_timeout_ms)
-        events, record = response.finish(status, now, timing_events=self.config.timing_events, **details)
-        trace_response(self.config, response.id, status, details.get("usage"))
-        return [Send(e) for e in events] + [record] + self._evict()
-
-    def _cancel_response(self, reason: StatusReason, now: float) -> list[Action]:
-        """Barge-in or client cancel: stop the engine turn and end the response at once."""
-        assert self._response is not None
-        turn_id = self._response.id
-        return [CancelTurn(turn_id)] + self._finish_response(ResponseStatus.CANCELLED, now, reason=reason)
-
     # ---- engine events -----------------------------------------------------------------------
     def handle_engine_event(self, event: TurnEvent, now: float) -> list[Action]:
         """Apply one engine event; output of turns that are no longer active is dropped."""
         if self._transcriber.owns(event.turn_id):
             return self._transcriber.on_engine_event(event)
-        return self._on_engine_event(event, now) + self._release_transcriptions()
+        return lifecycle.on_engine_event(self, event, now) + self._release_transcriptions()
 
     def _release_transcriptions(self) -> list[Action]:
         return self._transcriber.release(self._response)
 
-    def _on_engine_event(self, event: TurnEvent, now: float) -> list[Action]:
-        response = self._response_of(event.turn_id)
-        if response is None:
-            return []
-        if isinstance(event, TextDelta):
-            return [Send(e) for e in response.on_text(event.text)]
-        if isinstance(event, AudioChunk):
-            return [Send(e) for e in response.on_audio(event.pcm, now)]
-        if isinstance(event, StageMark):
-            response.on_stage(event.stage, event.t)
-            return []
-        if isinstance(event, (ToolCallStart, ToolCallArguments, ToolCallEnd)):
-            return [Send(e) for e in response.calls.on_event(event)]
-        if isinstance(event, TurnDone):
-            usage = usage_of(event)
-            for stage, t in event.stages.items():
-                response.on_stage(stage, t)
-            malformed = response.calls.failure()
-            if malformed is not None and not (event.finish_reason is FinishReason.LENGTH
-                                              and response.calls.unterminated):
-                return self._finish_response(ResponseStatus.FAILED, now, error=malformed, usage=usage)
-            if event.finish_reason is FinishReason.LENGTH:
-                return self._finish_response(
-                    ResponseStatus.INCOMPLETE, now, response=response, reason=StatusReason.MAX_OUTPUT_TOKENS,
-                    usage=usage,
-                )
-            return self._finish_response(ResponseStatus.COMPLETED, now, response=response, usage=usage)
-        if isinstance(event, TurnCancelled):
-            return self._finish_response(ResponseStatus.CANCELLED, now, response=response)
-        assert isinstance(event, TurnFailed)
-        return self._on_turn_failed(response, event, now)
-
-    def _on_turn_failed(self, response: ActiveResponse, event: TurnFailed, now: float) -> list[Action]:
-        """A failed response names its cause; unless the cause is transient (capacity, shutdown, a dead
-        engine), the input items the turn added (the user/system items after the last assistant item) are
-        removed from the conversation, each with `conversation.item.deleted`, so that the next response
-        does not fail on them again."""
-        error, transient = failure_error(response.id, event)
-        log.warning("response %s failed in the engine (%s): %s", response.id, error.code, event.message)
-        actions = self._finish_response(ResponseStatus.FAILED, now, response=response, error=error)
-        if transient or response.spec.conversation_id is None:
-            return actions
-        new_inputs = []
-        for entry in self.conversation.newest_first():
-            if entry is response.item:
-                continue
-            if isinstance(entry, AssistantItem):
-                break
-            new_inputs.append(entry.id)
-        for item_id in reversed(new_inputs):
-            self.conversation.delete(item_id)
-            actions += self._transcriber.forget_item(item_id)
-            actions.append(Send(ConversationItemDeleted(item_id=item_id)))
-        return actions
-
-
-def _engine_truncation(value) -> Truncation:
-    """The engine's truncation policy for the session's (validated) `truncation` value."""
-    if isinstance(value, str):
-        return Truncation(value)
-    limits = value.get("token_limits") or {}
-    return Truncation("retention_ratio", float(value["retention_ratio"]), limits.get("post_instructions"))
-
 
 _HANDLERS: dict[type, Callable[[Session, ClientEvent, float], list[Action]]] = {
-    ce.SessionUpdate: Session._on_session_update,
+    ce.SessionUpdate: on_session_update,
     ce.InputAudioBufferAppend: Session._on_append,
     ce.InputAudioBufferCommit: Session._on_commit,
     ce.InputAudioBufferClear: Session._on_clear,
-    ce.ConversationItemCreate: Session._on_item_create,
-    ce.ConversationItemRetrieve: Session._on_item_retrieve,
-    ce.ConversationItemDelete: Session._on_item_delete,
-    ce.ConversationItemTruncate: Session._on_item_truncate,
-    ce.ResponseCreate: Session._on_response_create,
-    ce.ResponseCancel: Session._on_response_cancel,
+    ce.ConversationItemCreate: items.on_item_create,
+    ce.ConversationItemRetrieve: items.on_item_retrieve,
+    ce.ConversationItemDelete: items.on_item_delete,
+    ce.ConversationItemTruncate: items.on_item_truncate,
+    ce.ResponseCreate: lifecycle.on_response_create,
+    ce.ResponseCancel: lifecycle.on_response_cancel,
     ce.OutputAudioBufferClear: Session._on_output_audio_clear,
 }
