@@ -147,7 +147,7 @@ class _Report:
 
     def raise_if_any(self, missing: list[str], what: str) -> None:
         sections = [
-            (f"missing keys", missing),
+            ("missing keys", missing),
             ("unexpected keys", self.unexpected),
             ("shape mismatches", self.shape),
             ("unreadable tensors", self.errors),

@@ -233,7 +233,7 @@ class ThinkerTokenizer:
             for k, (name, arguments) in enumerate(msg.tool_calls):
                 if k or has_text:
                     b.text("\n")
-                self._markup(b, f'<tool_call>\n{{"name": "')
+                self._markup(b, '<tool_call>\n{"name": "')
                 b.text(f'{name}", "arguments": {arguments}')
                 self._markup(b, "}\n</tool_call>")
             b.special(self._role_end)

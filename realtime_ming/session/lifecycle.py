@@ -302,7 +302,7 @@ def on_engine_event(session: Session, event: TurnEvent, now: float) -> list[Acti
         malformed = response.calls.failure()
         if malformed is not None and not (event.finish_reason is FinishReason.LENGTH
                                           and response.calls.unterminated):
-            return finish_response(session, ResponseStatus.FAILED, now, error=malformed, usage=usage)
+            return finish_response(session, ResponseStatus.FAILED, now, response=response, error=malformed, usage=usage)
         if event.finish_reason is FinishReason.LENGTH:
             return finish_response(
                 session, ResponseStatus.INCOMPLETE, now, response=response, reason=StatusReason.MAX_OUTPUT_TOKENS,
