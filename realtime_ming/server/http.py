@@ -170,7 +170,8 @@ class HttpRoutes:
     async def respond(self, request: Request) -> Response | None:
         """The HTTP response for `request`, or None when it should upgrade to WebSocket (cancel-safe)."""
         target = request.path
-        head = request.method == "HEAD"
+        method = getattr(request, "method", "GET")  # websockets < 17 parses GET requests only (no attribute)
+        head = method == "HEAD"
         if len(target) > MAX_TARGET_CHARS:
             return text_response(http.HTTPStatus.REQUEST_URI_TOO_LONG, "Request target too long.\n", head=head)
         path = request_path(target)
@@ -178,7 +179,7 @@ class HttpRoutes:
             if getattr(request, "protocol", "HTTP/1.1") != "HTTP/1.1":
                 return text_response(http.HTTPStatus.BAD_REQUEST, "A WebSocket upgrade needs HTTP/1.1.\n")
             return None
-        if request.method not in ("GET", "HEAD"):
+        if method not in ("GET", "HEAD"):
             response = text_response(http.HTTPStatus.METHOD_NOT_ALLOWED, "Only GET and HEAD are served.\n")
             response.headers["Allow"] = "GET, HEAD"
             return response
