@@ -83,3 +83,23 @@ def fixture_tokenizers(root: Path) -> tuple[str, str]:
             paths.append(str(folder / kind / "tokenizer.json"))
         _TOKENIZERS[root] = (paths[0], paths[1])
     return _TOKENIZERS[root]
+
+
+@pytest.fixture(scope="module")
+def engine():
+    """The embedded tiny engine (CPU), shared by one module's tests (a module may define its own)."""
+    from realtime_ming.engine import Engine
+    from realtime_ming.engine.config import EngineConfig
+
+    eng = Engine.create(EngineConfig())
+    yield eng
+    eng.close()
+
+
+@pytest.fixture
+async def server(engine):
+    """A server with the default config on a free loopback port, serving `engine`."""
+    from realtime_ming.server import RealtimeServer, load_config
+
+    async with RealtimeServer(load_config(None, ["server.port=0"]), engine) as srv:
+        yield srv

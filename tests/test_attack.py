@@ -16,26 +16,11 @@ from server_support import espeak, silence
 from bench.attack.barge import barge_ins
 from bench.attack.flood import flood
 from bench.attack.soak import soak
-from realtime_ming.server import RealtimeServer, load_config
 from realtime_ming.session.runner import AudioPacer
 
 pytestmark = pytest.mark.timeout(240)
 
 
-@pytest.fixture(scope="module")
-def engine():
-    from realtime_ming.engine import Engine
-    from realtime_ming.engine.config import EngineConfig
-
-    eng = Engine.create(EngineConfig())
-    yield eng
-    eng.close()
-
-
-@pytest.fixture
-async def server(engine):
-    async with RealtimeServer(load_config(None, ["server.port=0"]), engine) as srv:
-        yield srv
 
 
 def _url(srv) -> str:

@@ -35,20 +35,6 @@ pytestmark = pytest.mark.timeout(240)
 WIRE_RATE_HZ = 24000
 
 
-@pytest.fixture(scope="module")
-def engine():
-    from realtime_ming.engine import Engine
-    from realtime_ming.engine.config import EngineConfig
-
-    eng = Engine.create(EngineConfig())
-    yield eng
-    eng.close()
-
-
-@pytest.fixture
-async def server(engine):
-    async with RealtimeServer(load_config(None, ["server.port=0"]), engine) as srv:
-        yield srv
 
 
 def _png(width: int, height: int) -> str:

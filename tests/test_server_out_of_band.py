@@ -15,7 +15,7 @@ from server_support import WsClient, seconds
 from websockets.asyncio.client import connect
 
 from realtime_ming.protocol import Dialect
-from realtime_ming.server import RealtimeServer, load_config
+from realtime_ming.server import RealtimeServer
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -25,19 +25,6 @@ _NAMES = {
 }
 
 
-@pytest.fixture(scope="module")
-def engine():
-    from realtime_ming.engine import Engine
-    from realtime_ming.engine.config import EngineConfig
-    eng = Engine.create(EngineConfig())
-    yield eng
-    eng.close()
-
-
-@pytest.fixture
-async def server(engine):
-    async with RealtimeServer(load_config(None, ["server.port=0"]), engine) as srv:
-        yield srv
 
 
 async def _client(srv: RealtimeServer, dialect: Dialect) -> WsClient:

@@ -17,25 +17,12 @@ from websockets.asyncio.client import connect
 
 from bench.end_of_turn import espeak
 from realtime_ming.protocol import Dialect
-from realtime_ming.server import RealtimeServer, load_config
+from realtime_ming.server import RealtimeServer
 
 pytestmark = pytest.mark.timeout(240)
 WIRE_HZ = 24000
 
 
-@pytest.fixture(scope="module")
-def engine():
-    from realtime_ming.engine import Engine
-    from realtime_ming.engine.config import EngineConfig
-    eng = Engine.create(EngineConfig())
-    yield eng
-    eng.close()
-
-
-@pytest.fixture
-async def server(engine):
-    async with RealtimeServer(load_config(None, ["server.port=0"]), engine) as srv:
-        yield srv
 
 
 async def _client(srv: RealtimeServer, turn_detection: dict | None = None) -> WsClient:
