@@ -157,8 +157,11 @@ def run(args: argparse.Namespace) -> int:
     if plots and importlib.util.find_spec("matplotlib") is None:  # said before the run, not after it
         print("bench: matplotlib is not installed, so no plots (pip install 'realtime-ming[bench]')", file=sys.stderr)
         plots = False
+    def checkpoint(partial: dict) -> None:  # a run killed midway keeps its finished levels (no plots: fast)
+        write_results(partial, Path(cfg.out_dir), plots=False)
+
     with asyncio.Runner(loop_factory=_event_loop_factory()) as runner:
-        results = runner.run(run_benchmark(cfg, turns, _command_line()))
+        results = runner.run(run_benchmark(cfg, turns, _command_line(), on_level=checkpoint))
     paths = write_results(results, Path(cfg.out_dir), plots=plots)
     table = [line for line in paths["markdown"].read_text().split("## Results", 1)[-1].split("\n## ", 1)[0].splitlines()
              if line.startswith("|")]

@@ -137,8 +137,12 @@ def _progress(total: int, enabled: bool):
     return tqdm(total=total, unit="turn", disable=not enabled, dynamic_ncols=True)
 
 
-async def run_benchmark(cfg: BenchConfig, turns: Sequence[SpokenTurn], command: str = "") -> dict[str, Any]:
-    """Run the whole sweep and return the results object (see `report.write_results`)."""
+async def run_benchmark(cfg: BenchConfig, turns: Sequence[SpokenTurn], command: str = "",
+                        on_level: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Run the whole sweep and return the results object (see `report.write_results`).
+
+    `on_level(partial)` after every finished level: the results so far, summarised over the concurrency
+    levels already complete (a run stopped midway keeps what it measured)."""
     results: dict[str, Any] = {
         "schema": RESULTS_SCHEMA,
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -169,6 +173,10 @@ async def run_benchmark(cfg: BenchConfig, turns: Sequence[SpokenTurn], command: 
                     if "session" not in info and sessions[0].session_echo is not None:
                         info["session"] = sessions[0].session_echo
                         info["timings_enabled"] = sessions[0].timings_enabled
+            if on_level is not None:
+                done = tuple(c for c in cfg.concurrency if any(lv["concurrency"] == c for lv in results["levels"]))
+                on_level({**results, "levels": list(results["levels"]), "partial": True,
+                          "summary": _summaries(cfg, results["levels"], done)})
     results["summary"] = _summaries(cfg, results["levels"])
     if cfg.is_comparison:
         base, other = (t.name for t in cfg.targets)
@@ -181,11 +189,12 @@ async def run_benchmark(cfg: BenchConfig, turns: Sequence[SpokenTurn], command: 
     return results
 
 
-def _summaries(cfg: BenchConfig, levels: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def _summaries(cfg: BenchConfig, levels: Sequence[dict[str, Any]],
+               concurrency: Sequence[int] | None = None) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for target in cfg.targets:
         out[target.name] = {}
-        for c in cfg.concurrency:
+        for c in cfg.concurrency if concurrency is None else concurrency:
             group = [lv for lv in levels if lv["target"] == target.name and lv["concurrency"] == c]
             samples = [s for lv in group for s in lv["samples"]]
             out[target.name][str(c)] = summarise(samples, sum(lv["measured_wall_s"] for lv in group))

@@ -165,6 +165,26 @@ async def test_bench_comparison_interleaves_two_targets(stub_server, tmp_path, t
     assert "## Comparison: B / A" in paths["markdown"].read_text()
 
 
+async def test_bench_checkpoints_each_finished_level(stub_server, tmp_path, turns_cache):
+    """`on_level` gets the results after every level, summarised over finished levels only, and they write."""
+    url = f"ws://127.0.0.1:{stub_server.port}/v1/realtime"
+    cfg = _config(url, tmp_path / "ckpt", turns_cache, mode=TurnMode.MANUAL, max_turn_s=1.0, concurrency=(1, 2))
+    turns = load_turns(use_default=True, wav_dir=None, cache_dir=cfg.turns_cache_dir, wire_rate_hz=cfg.sample_rate_hz,
+                       silence_dbfs=cfg.silence_dbfs, max_turn_s=cfg.max_turn_s)
+    seen = []
+
+    def on_level(partial):
+        seen.append(partial)
+        write_results(partial, tmp_path / "ckpt", plots=False)
+
+    final = await run_benchmark(cfg, turns, "pytest", on_level=on_level)
+    assert [sorted(p["summary"]["A"]) for p in seen] == [["1"], ["1", "2"]]
+    assert all(p["partial"] is True for p in seen) and "partial" not in final
+    assert [lv["concurrency"] for lv in seen[0]["levels"]] == [1]
+    assert seen[-1]["summary"] == final["summary"]
+    assert "| A | 2 | 2/2" in (tmp_path / "ckpt" / "summary.md").read_text()
+
+
 def test_engine_bench_runs_and_writes_its_tables(tmp_path):
     """bench.engine_bench on the tiny CPU engine: one level, spoken and text, JSON + Markdown with throughput."""
     import json
