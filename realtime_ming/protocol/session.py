@@ -353,6 +353,17 @@ class SessionConfig:
         """Same as `session_to_wire(self, dialect)`."""
         return session_to_wire(self, dialect)
 
+    @classmethod
+    def from_wire(cls, value: Any, param: str, dialect: Dialect) -> SessionConfig:
+        """The inverse of `session_to_wire`, through the same field table; fields `dialect` does not carry
+        keep their defaults. Server values are read as written (a temperature of 0 = greedy is kept)."""
+        obj = expect_object(value, param)
+        table = tuple(f for f in _SESSION_FIELDS[dialect] if f.name != "temperature")
+        values = decode_fields(obj, table, dialect, param)
+        if obj.get("temperature") is not None:
+            values["temperature"] = expect_number(obj["temperature"], join(param, "temperature"))
+        return cls(id=expect_str(obj.get("id"), join(param, "id")), **values)
+
     @property
     def is_audio_output(self) -> bool:
         """Whether responses speak (audio + transcript) rather than write text."""
