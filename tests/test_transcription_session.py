@@ -89,6 +89,18 @@ def test_realtime_only_fields_are_refused_in_a_transcription_session(session, pa
     assert h.session.config.session_type is SessionType.TRANSCRIPTION and h.session.config.instructions == ""
 
 
+def test_idle_timeout_is_refused_in_a_transcription_session():
+    """idle_timeout_ms prompts a reply after silence: a transcription session has none to prompt."""
+    h = Harness(Dialect.GA)
+    h.send(type="session.update", session={"type": "realtime", "audio": {"input": {
+        "turn_detection": {"type": "server_vad", "idle_timeout_ms": 5000}}}})
+    h.send(type="session.update", session={"type": "transcription"})
+    error = h.last("error")["error"]
+    assert (error["code"], error["param"]) == ("realtime_only_parameter",
+                                               "session.audio.input.turn_detection.idle_timeout_ms")
+    assert h.session.config.session_type is SessionType.REALTIME
+
+
 def test_transcription_cannot_be_turned_off_and_defaults_on():
     h = Harness(Dialect.GA)
     h.send(type="session.update", session={"type": "transcription"})

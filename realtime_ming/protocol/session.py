@@ -514,7 +514,7 @@ def apply_patch(
     does not have, `invalid_value` for turning its transcription off) without any change.
     """
     if patch.changes.get("session_type", current.session_type) is SessionType.TRANSCRIPTION:
-        _check_transcription_patch(patch)
+        _check_transcription_patch(patch, patch.changes.get("turn_detection", current.turn_detection))
     voice = patch.changes.get("voice")
     if voices is not None and voice is not None and voice not in voices:
         raise ProtocolError(
@@ -539,7 +539,10 @@ def apply_update(
     return apply_patch(current, parse_session_update(update, dialect), voices=voices)
 
 
-def _check_transcription_patch(patch: SessionPatch) -> None:
+def _check_transcription_patch(patch: SessionPatch, turn_detection: TurnDetection) -> None:
+    if isinstance(turn_detection, ServerVad) and turn_detection.idle_timeout_ms is not None:
+        # it prompts a reply after silence; a transcription session has none
+        raise ProtocolError(ErrorCode.REALTIME_ONLY_PARAMETER, param=patch.param("turn_detection") + ".idle_timeout_ms")
     for name in sorted(patch.changes.keys() - TRANSCRIPTION_SESSION_NAMES - {"session_type"}):
         raise ProtocolError(ErrorCode.REALTIME_ONLY_PARAMETER, param=patch.param(name))
     if "transcription" in patch.changes and patch.changes["transcription"] is None:
