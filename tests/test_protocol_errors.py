@@ -127,7 +127,7 @@ BAD_FRAMES: list[tuple[str | bytes, Dialect, ErrorCode, str | None, str | None]]
         "session.audio.input.turn_detection.type",
         "u1",
     ),
-    (_update({"type": "transcription"}), GA, ErrorCode.UNSUPPORTED_SESSION_TYPE, "session.type", "u1"),
+    (_update({"type": "translation"}), GA, ErrorCode.UNSUPPORTED_SESSION_TYPE, "session.type", "u1"),
     (_update({"voice": "alloy"}), GA, ErrorCode.UNKNOWN_PARAMETER, "session.voice", "u1"),
     (
         _update({"audio": {"output": {"voice": "ash"}}}),
@@ -305,6 +305,9 @@ FROZEN_CODES = {
     "transcription_failed": ErrorType.SERVER,
     "invalid_tool_call": ErrorType.SERVER,
     "tool_choice_unknown_function": ErrorType.INVALID_REQUEST,
+    "realtime_only_parameter": ErrorType.INVALID_REQUEST,
+    "transcription_session_no_response": ErrorType.INVALID_REQUEST,
+    "session_type_change_while_responding": ErrorType.INVALID_REQUEST,
 }
 
 

@@ -42,9 +42,10 @@ def _validate(config: SessionConfig, dialect: Dialect) -> dict[str, Any]:
 
 
 def test_session_fields_all_have_wire_paths() -> None:
-    """Every SessionConfig attribute except id is mapped by the GA or the beta field table."""
+    """Every SessionConfig attribute except id and the session type (the GA `type` header) is mapped by the
+    GA or the beta field table."""
     mapped = {f.name for table in _SESSION_FIELDS.values() for f in table}
-    assert {f.name for f in fields(SessionConfig)} - {"id"} == mapped
+    assert {f.name for f in fields(SessionConfig)} - {"id", "session_type"} == mapped
 
 
 def test_session_defaults_render_valid_ga_and_beta() -> None:

@@ -104,7 +104,24 @@ class ErrorCode(StrEnum):
     UNSUPPORTED_SESSION_TYPE = (
         "unsupported_session_type",
         _INVALID,
-        "Unsupported session type '{session_type}'; this server only runs 'realtime' sessions.",
+        "Unsupported session type '{session_type}'; this server runs 'realtime' and 'transcription' sessions.",
+    )
+    REALTIME_ONLY_PARAMETER = (
+        "realtime_only_parameter",
+        _INVALID,
+        "'{param}' applies to realtime sessions only; a transcription session takes audio.input"
+        " (format, transcription, noise_reduction, turn_detection) and include.",
+    )
+    TRANSCRIPTION_SESSION_NO_RESPONSE = (
+        "transcription_session_no_response",
+        _INVALID,
+        "This is a transcription session: it transcribes committed audio and never creates responses"
+        " (switch it to session.type 'realtime' for replies).",
+    )
+    SESSION_TYPE_CHANGE_WHILE_RESPONDING = (
+        "session_type_change_while_responding",
+        _INVALID,
+        "The session type cannot change while a response is in progress; cancel it or wait for response.done.",
     )
     UNSUPPORTED_TRANSCRIPTION_MODEL = (
         "unsupported_transcription_model",

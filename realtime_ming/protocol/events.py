@@ -3,7 +3,7 @@
 Every event is a frozen dataclass whose class attribute `type` is its GA wire name and whose
 class name is that name in CamelCase (`response.output_audio.delta` -> `ResponseOutputAudioDelta`);
 `@register` checks both and files the class. Client events decode through their `wire_fields`
-table; server events encode their dataclass fields. `codec` is the only user of the registry.
+table; server events encode their dataclass fields and read them back by their annotations. `codec` is the only user of the registry.
 """
 
 from __future__ import annotations
@@ -14,7 +14,14 @@ from types import MappingProxyType
 from typing import Any, ClassVar, Final, TypeVar
 
 from realtime_ming.protocol.dialect import Dialect
-from realtime_ming.protocol.wire import JsonValue, WireField, decode_fields, encode_attributes, to_json
+from realtime_ming.protocol.wire import (
+    JsonValue,
+    WireField,
+    decode_fields,
+    encode_attributes,
+    read_dataclass,
+    to_json,
+)
 
 __all__ = ["CLIENT_EVENTS", "SERVER_EVENTS", "ClientEvent", "ServerEvent", "class_name_for", "register"]
 
@@ -50,6 +57,12 @@ class ServerEvent:
     def wire_body(self, dialect: Dialect) -> dict[str, JsonValue]:
         """All fields except `type` and `event_id`, encoded for `dialect`."""
         return {f.name: to_json(getattr(self, f.name), dialect) for f in fields(self)}
+
+    @classmethod
+    def from_wire(cls, obj: Mapping[str, Any], dialect: Dialect) -> ServerEvent:
+        """The inverse of `wire_body`: each field read by its annotation (`wire.from_json`); `type` and
+        `event_id` are not fields. Raises `ProtocolError` (what `decode.decode_server_event` uses)."""
+        return read_dataclass(cls, obj, "", dialect)
 
 
 _client_events: dict[str, type[ClientEvent]] = {}

@@ -10,13 +10,24 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import ClassVar
+from typing import Any, ClassVar, Final
 
 from realtime_ming.protocol.dialect import Dialect
 from realtime_ming.protocol.errors import ProtocolError
 from realtime_ming.protocol.items import ConversationItem
-from realtime_ming.protocol.values import MODALITIES, AudioFormat, MaxOutputTokens, Modality
-from realtime_ming.protocol.wire import JsonValue, to_json
+from realtime_ming.protocol.values import AUDIO_FORMAT, MODALITIES, VOICE, AudioFormat, MaxOutputTokens, Modality
+from realtime_ming.protocol.wire import (
+    NON_NEGATIVE_INT,
+    JsonValue,
+    WireField,
+    decode_fields,
+    encode_attributes,
+    expect_number,
+    expect_object,
+    join,
+    read_dataclass,
+    to_json,
+)
 
 __all__ = [
     "Conversation",
@@ -110,28 +121,32 @@ class Usage:
         """All generated tokens."""
         return self.output_text_tokens + self.output_audio_tokens
 
-    def to_wire(self, _dialect: Dialect) -> JsonValue:
-        """The `usage` object with its token details."""
-        return {
-            "total_tokens": self.input_tokens + self.output_tokens,
-            "input_tokens": self.input_tokens,
-            "output_tokens": self.output_tokens,
-            "input_token_details": {
-                "text_tokens": self.input_text_tokens,
-                "audio_tokens": self.input_audio_tokens,
-                "image_tokens": self.input_image_tokens,
-                "cached_tokens": self.input_cached_tokens,
-                "cached_tokens_details": {
-                    "text_tokens": self.input_cached_text_tokens,
-                    "audio_tokens": self.input_cached_audio_tokens,
-                    "image_tokens": self.input_cached_image_tokens,
-                },
-            },
-            "output_token_details": {
-                "text_tokens": self.output_text_tokens,
-                "audio_tokens": self.output_audio_tokens,
-            },
-        }
+    def to_wire(self, dialect: Dialect) -> JsonValue:
+        """The `usage` object: totals, then every count at its `_USAGE_FIELDS` path."""
+        totals = {"total_tokens": self.input_tokens + self.output_tokens,
+                  "input_tokens": self.input_tokens, "output_tokens": self.output_tokens}
+        return {**totals, **encode_attributes(self, _USAGE_FIELDS, dialect, skip_none=False)}
+
+    @classmethod
+    def from_wire(cls, value: Any, param: str, dialect: Dialect) -> Usage:
+        """The inverse of `to_wire` (the totals are derived, so not read)."""
+        return cls(**decode_fields(expect_object(value, param), _USAGE_FIELDS, dialect, param))
+
+
+_USAGE_FIELDS: Final = tuple(
+    WireField.at(name, NON_NEGATIVE_INT, path)
+    for name, path in (
+        ("input_text_tokens", "input_token_details.text_tokens"),
+        ("input_audio_tokens", "input_token_details.audio_tokens"),
+        ("input_image_tokens", "input_token_details.image_tokens"),
+        ("input_cached_tokens", "input_token_details.cached_tokens"),
+        ("input_cached_text_tokens", "input_token_details.cached_tokens_details.text_tokens"),
+        ("input_cached_audio_tokens", "input_token_details.cached_tokens_details.audio_tokens"),
+        ("input_cached_image_tokens", "input_token_details.cached_tokens_details.image_tokens"),
+        ("output_text_tokens", "output_token_details.text_tokens"),
+        ("output_audio_tokens", "output_token_details.audio_tokens"),
+    )
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -181,6 +196,32 @@ class Response:
             )
         return wire
 
+    @classmethod
+    def from_wire(cls, value: Any, param: str, dialect: Dialect) -> Response:
+        """The inverse of `to_wire` for `dialect` (GA carries no `temperature`: read back as `None`).
+        Server values are read as written (a beta temperature of 0 = greedy is kept)."""
+        obj = expect_object(value, param)
+        known: dict[str, Any] = {}
+        if dialect is Dialect.GA:
+            output = expect_object(expect_object(obj.get("audio", {}), join(param, "audio")).get("output", {}),
+                                   join(param, "audio.output"))
+            shape = {"output_modalities": obj.get("output_modalities"), "voice": output.get("voice"),
+                     "output_format": output.get("format")}
+            paths = {"output_modalities": "output_modalities", "voice": "audio.output.voice",
+                     "output_format": "audio.output.format"}
+        else:
+            shape = {"output_modalities": obj.get("modalities"), "voice": obj.get("voice"),
+                     "output_format": obj.get("output_audio_format")}
+            paths = {"output_modalities": "modalities", "voice": "voice", "output_format": "output_audio_format"}
+            if obj.get("temperature") is not None:
+                known["temperature"] = expect_number(obj["temperature"], join(param, "temperature"))
+        codecs = {"output_modalities": MODALITIES, "voice": VOICE, "output_format": AUDIO_FORMAT}
+        for name, raw in shape.items():
+            if raw is not None:
+                known[name] = codecs[name].decode(raw, join(param, paths[name]), dialect)
+        rest = {key: item for key, item in obj.items() if key not in ("temperature", *paths)}
+        return read_dataclass(cls, rest, param, dialect, **known)
+
 
 @dataclass(frozen=True, slots=True)
 class Conversation:
@@ -214,13 +255,14 @@ class RateLimit:
 class TranscriptionTokenUsage:
     """Token usage of an input transcription."""
 
+    type: ClassVar[str] = "tokens"
     input_tokens: int
     output_tokens: int
 
     def to_wire(self, _dialect: Dialect) -> JsonValue:
         """`{"type": "tokens", ...}`."""
         return {
-            "type": "tokens",
+            "type": self.type,
             "input_tokens": self.input_tokens,
             "output_tokens": self.output_tokens,
             "total_tokens": self.input_tokens + self.output_tokens,
@@ -231,11 +273,12 @@ class TranscriptionTokenUsage:
 class TranscriptionDurationUsage:
     """Duration-billed usage of an input transcription."""
 
+    type: ClassVar[str] = "duration"
     seconds: float
 
     def to_wire(self, _dialect: Dialect) -> JsonValue:
         """`{"type": "duration", "seconds": ...}`."""
-        return {"type": "duration", "seconds": self.seconds}
+        return {"type": self.type, "seconds": self.seconds}
 
 
 TranscriptionUsage = TranscriptionTokenUsage | TranscriptionDurationUsage

@@ -17,7 +17,12 @@ from enum import StrEnum
 from typing import Any, Final, TypeAlias
 
 from realtime_ming.protocol.dialect import Dialect
-from realtime_ming.protocol.errors import MAX_QUOTE_CHARS, ErrorCode, ProtocolError, clip
+from realtime_ming.protocol.errors import (
+    MAX_QUOTE_CHARS,
+    ErrorCode,
+    ProtocolError,
+    clip,
+)
 from realtime_ming.protocol.ids import IdPrefix, new_id
 from realtime_ming.protocol.limits import (
     MAX_DESCRIPTION_CHARS,
@@ -80,6 +85,7 @@ __all__ = [
     "ServerVad",
     "SessionConfig",
     "SessionPatch",
+    "SessionType",
     "TurnDetection",
     "apply_patch",
     "apply_update",
@@ -89,6 +95,14 @@ __all__ = [
 
 DEFAULT_MODEL: Final = "Ming-flash-omni-2.0"
 DEFAULT_VOICE: Final = "DB30"  # Ming's default talker voice (docs/model.md §5.4)
+
+
+class SessionType(StrEnum):
+    """GA `session.type`: a `realtime` session converses; a `transcription` session only transcribes the
+    committed audio (`input_audio_buffer.committed` -> `conversation.item.input_audio_transcription.*`)."""
+
+    REALTIME = "realtime"
+    TRANSCRIPTION = "transcription"
 
 
 class Eagerness(StrEnum):
@@ -348,10 +362,26 @@ class SessionConfig:
     include: tuple[str, ...] | None = None
     prompt: Mapping[str, JsonValue] | None = None
     timing_events: bool = False
+    session_type: SessionType = SessionType.REALTIME
 
     def to_wire(self, dialect: Dialect) -> dict[str, JsonValue]:
         """Same as `session_to_wire(self, dialect)`."""
         return session_to_wire(self, dialect)
+
+    @classmethod
+    def from_wire(cls, value: Any, param: str, dialect: Dialect) -> SessionConfig:
+        """The inverse of `session_to_wire`, through the same field table; fields `dialect` does not carry
+        keep their defaults. Server values are read as written (a temperature of 0 = greedy is kept)."""
+        obj = expect_object(value, param)
+        if dialect is Dialect.GA and obj.get("type") == SessionType.TRANSCRIPTION:
+            values = decode_fields(obj, _TRANSCRIPTION_SESSION_FIELDS, dialect, param)
+            return cls(id=expect_str(obj.get("id"), join(param, "id")), session_type=SessionType.TRANSCRIPTION,
+                       **values)
+        table = tuple(f for f in _SESSION_FIELDS[dialect] if f.name != "temperature")
+        values = decode_fields(obj, table, dialect, param)
+        if obj.get("temperature") is not None:
+            values["temperature"] = expect_number(obj["temperature"], join(param, "temperature"))
+        return cls(id=expect_str(obj.get("id"), join(param, "id")), **values)
 
     @property
     def is_audio_output(self) -> bool:
@@ -402,6 +432,15 @@ _SESSION_FIELDS: Final[dict[Dialect, tuple[WireField, ...]]] = {
 }
 
 
+# The GA transcription session (`RealtimeTranscriptionSessionCreateRequest`): audio input and `include` only.
+TRANSCRIPTION_SESSION_NAMES: Final = frozenset(
+    {"input_format", "transcription", "noise_reduction", "turn_detection", "include"}
+)
+_TRANSCRIPTION_SESSION_FIELDS: Final = tuple(
+    f for f in _SESSION_FIELDS[Dialect.GA] if f.name in TRANSCRIPTION_SESSION_NAMES
+)
+
+
 def _top_level_keys(dialect: Dialect) -> frozenset[str]:
     return frozenset(f.path[0] for f in _SESSION_FIELDS[dialect])
 
@@ -425,7 +464,8 @@ class SessionPatch:
     def to_wire(self, dialect: Dialect) -> JsonValue:
         """The update as a client would send it (fields absent from `dialect` are left out)."""
         wire = encode_fields(self.changes, _SESSION_FIELDS[dialect], dialect)
-        return {"type": "realtime", **wire} if dialect is Dialect.GA else wire
+        session_type = self.changes.get("session_type", SessionType.REALTIME)
+        return {"type": session_type.value, **wire} if dialect is Dialect.GA else wire
 
     def param(self, name: str) -> str:
         """Wire param path of attribute `name` in this patch's dialect, e.g. `session.voice`."""
@@ -433,13 +473,17 @@ class SessionPatch:
         return ".".join(("session", *path))
 
 
-def _check_session_type(obj: Mapping[str, Any], param: str) -> None:
-    session_type = obj.get("type", "realtime")
+def _session_type(obj: Mapping[str, Any], param: str) -> SessionType | None:
+    """The GA `session.type` of an update (`None`: not sent, the type stays)."""
+    if "type" not in obj:
+        return None
     type_param = join(param, "type")
-    if expect_str(session_type, type_param) != "realtime":
+    session_type = expect_str(obj["type"], type_param)
+    if session_type not in tuple(SessionType):
         raise ProtocolError(
             ErrorCode.UNSUPPORTED_SESSION_TYPE, param=type_param, session_type=clip(session_type, MAX_QUOTE_CHARS)
         )
+    return SessionType(session_type)
 
 
 def parse_session_update(value: Any, dialect: Dialect, param: str = "session") -> SessionPatch:
@@ -452,10 +496,13 @@ def parse_session_update(value: Any, dialect: Dialect, param: str = "session") -
     foreign = sorted(_FOREIGN_KEYS[dialect] & obj.keys())
     if foreign:
         raise ProtocolError(ErrorCode.UNKNOWN_PARAMETER, param=join(param, foreign[0]), dialect=dialect.name)
+    changes = {}
     if dialect is Dialect.GA:
-        _check_session_type(obj, param)
+        session_type = _session_type(obj, param)
+        if session_type is not None:
+            changes["session_type"] = session_type
         refuse_unsupported(obj, param, dialect)
-    return SessionPatch(decode_fields(obj, _SESSION_FIELDS[dialect], dialect, param), dialect)
+    return SessionPatch({**decode_fields(obj, _SESSION_FIELDS[dialect], dialect, param), **changes}, dialect)
 
 
 def apply_patch(
@@ -463,8 +510,11 @@ def apply_patch(
 ) -> SessionConfig:
     """Return `current` with `patch` applied; `voices` (if given) lists the accepted voices.
 
-    Raises `ProtocolError` (`unknown_voice`) without any change.
+    Raises `ProtocolError` (`unknown_voice`; `realtime_only_parameter` for a field a transcription session
+    does not have, `invalid_value` for turning its transcription off) without any change.
     """
+    if patch.changes.get("session_type", current.session_type) is SessionType.TRANSCRIPTION:
+        _check_transcription_patch(patch, patch.changes.get("turn_detection", current.turn_detection))
     voice = patch.changes.get("voice")
     if voices is not None and voice is not None and voice not in voices:
         raise ProtocolError(
@@ -489,11 +539,25 @@ def apply_update(
     return apply_patch(current, parse_session_update(update, dialect), voices=voices)
 
 
+def _check_transcription_patch(patch: SessionPatch, turn_detection: TurnDetection) -> None:
+    if isinstance(turn_detection, ServerVad) and turn_detection.idle_timeout_ms is not None:
+        # it prompts a reply after silence; a transcription session has none
+        raise ProtocolError(ErrorCode.REALTIME_ONLY_PARAMETER, param=patch.param("turn_detection") + ".idle_timeout_ms")
+    for name in sorted(patch.changes.keys() - TRANSCRIPTION_SESSION_NAMES - {"session_type"}):
+        raise ProtocolError(ErrorCode.REALTIME_ONLY_PARAMETER, param=patch.param(name))
+    if "transcription" in patch.changes and patch.changes["transcription"] is None:
+        raise invalid_value(patch.param("transcription"), "a transcription session always transcribes;"
+                            " send a transcription object (or leave it out for the served model's ASR)")
+
+
 def session_to_wire(config: SessionConfig, dialect: Dialect) -> dict[str, JsonValue]:
     """The full effective session: GA nested shape with `type: "realtime"`, or beta flat shape.
 
     Raises `ValueError` for beta when the config uses a PCM rate other than 24 kHz.
     """
+    if config.session_type is SessionType.TRANSCRIPTION and dialect is Dialect.GA:
+        header = {"type": config.session_type.value, "id": config.id, "object": "realtime.transcription_session"}
+        return {**header, **encode_attributes(config, _TRANSCRIPTION_SESSION_FIELDS, dialect, skip_none=False)}
     table = _SESSION_FIELDS[dialect]
     if dialect is Dialect.BETA:
         # The beta SDK types `session.model` as a literal list of OpenAI model ids; leave ours out.

@@ -4,29 +4,37 @@ Every `expect_*` helper raises `ProtocolError` naming the offending `param` path
 (`session.audio.input.format.rate`, `item.content[0].text`): wrong JSON types are
 `invalid_event`, well-typed but unacceptable values are `invalid_value`. A `WireField` table
 drives both decoding and encoding of one object, so the two directions cannot drift apart.
+`to_json` writes typed values; `from_json` reads them back by their type annotation.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import types
+import typing
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import MISSING, dataclass, fields, is_dataclass
 from enum import StrEnum
 from typing import Any, Final, Generic, TypeAlias, TypeVar
 
-from realtime_ming.protocol.dialect import Dialect
-from realtime_ming.protocol.errors import MAX_QUOTE_CHARS, ErrorCode, ProtocolError, clip
+from realtime_ming.protocol.dialect import Dialect, content_type_from_wire
+from realtime_ming.protocol.errors import (
+    MAX_QUOTE_CHARS,
+    ErrorCode,
+    ProtocolError,
+    clip,
+)
 from realtime_ming.protocol.limits import MAX_ID_CHARS, MAX_TEXT_CHARS
 
 __all__ = [
     "BOOL",
     "ID",
+    "INT64_MAX",
     "NON_NEGATIVE_INT",
     "STRING",
     "TEXT",
     "Codec",
-    "INT64_MAX",
     "JsonValue",
     "WireField",
     "decode_fields",
@@ -42,11 +50,13 @@ __all__ = [
     "expect_object",
     "expect_str",
     "expect_text",
+    "from_json",
     "invalid_value",
     "join",
     "nullable",
     "number_codec",
     "quote",
+    "read_dataclass",
     "text_codec",
     "to_json",
 ]
@@ -322,6 +332,91 @@ def to_json(value: Any, dialect: Dialect) -> JsonValue:
     if is_dataclass(value) and not isinstance(value, type):
         return {f.name: to_json(getattr(value, f.name), dialect) for f in fields(value)}
     raise TypeError(f"cannot encode {type(value).__name__} as JSON")
+
+
+_HINTS: Final[dict[type, dict[str, Any]]] = {}
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    """The resolved field annotations of `cls` (the modules use postponed annotations)."""
+    hints = _HINTS.get(cls)
+    if hints is None:
+        hints = _HINTS[cls] = typing.get_type_hints(cls)
+    return hints
+
+
+def read_dataclass(cls: type, obj: Mapping[str, Any], param: str, dialect: Dialect, **known: Any) -> Any:
+    """Build dataclass `cls` from the keys of `obj` named like its fields (each read by its annotation);
+    `known` values are taken as given. Absent fields take their defaults; a required one raises."""
+    hints = _hints(cls)
+    values = dict(known)
+    for f in fields(cls):
+        if f.name in values or not f.init:
+            continue
+        if f.name not in obj:
+            if f.default is MISSING and f.default_factory is MISSING:
+                where = join(param, f.name)
+                raise ProtocolError(ErrorCode.INVALID_EVENT, param=where, detail=f"missing required field '{where}'")
+            continue
+        values[f.name] = from_json(obj[f.name], hints[f.name], join(param, f.name), dialect)
+    return cls(**values)
+
+
+def _union(value: Any, options: tuple[Any, ...], param: str, dialect: Dialect) -> Any:
+    if type(None) in options:
+        if value is None:
+            return None
+        options = tuple(o for o in options if o is not type(None))
+    if len(options) == 1:
+        return from_json(value, options[0], param, dialect)
+    tagged = {getattr(o, "type", None): o for o in options if isinstance(o, type)}
+    if None in tagged or len(tagged) != len(options):  # e.g. `int | Literal["inf"]`: try each in turn
+        for option in options:
+            try:
+                return from_json(value, option, param, dialect)
+            except ProtocolError:
+                continue
+        raise invalid_value(param, f"the value fits none of {len(options)} shapes")
+    obj = expect_object(value, param)
+    kind = content_type_from_wire(expect_str(obj.get("type"), join(param, "type")))
+    if kind not in tagged:
+        raise invalid_value(join(param, "type"), f"{quote(kind)} is not one of {', '.join(map(repr, tagged))}")
+    return from_json(obj, tagged[kind], param, dialect)
+
+
+def from_json(value: Any, annotation: Any, param: str, dialect: Dialect) -> Any:
+    """Read `value` as the type `annotation` (the inverse of `wire.to_json`); raises `ProtocolError`."""
+    origin = typing.get_origin(annotation)
+    if origin in (types.UnionType, typing.Union):
+        return _union(value, typing.get_args(annotation), param, dialect)
+    if origin is typing.Literal:
+        return expect_choice(value, param, typing.get_args(annotation))
+    if origin is tuple:
+        item_type = typing.get_args(annotation)[0]
+        return tuple(from_json(v, item_type, join(param, i), dialect) for i, v in enumerate(expect_list(value, param)))
+    if origin in (Mapping, dict):
+        value_type = typing.get_args(annotation)[1]
+        return {k: from_json(v, value_type, join(param, k), dialect) for k, v in expect_object(value, param).items()}
+    if annotation is str:
+        return expect_str(value, param)
+    if annotation is bool:
+        return expect_bool(value, param)
+    if annotation is int:
+        return expect_int(value, param)
+    if annotation is float:
+        return expect_number(value, param)
+    if annotation is type(None):
+        if value is not None:
+            raise invalid_value(param, "must be null")
+        return None
+    if isinstance(annotation, type) and issubclass(annotation, StrEnum):
+        return annotation(expect_choice(value, param, tuple(m.value for m in annotation)))
+    from_wire = getattr(annotation, "from_wire", None)
+    if from_wire is not None:
+        return from_wire(value, param, dialect)
+    if isinstance(annotation, type) and is_dataclass(annotation):
+        return read_dataclass(annotation, expect_object(value, param), param, dialect)
+    raise TypeError(f"no JSON reader for {annotation!r}")
 
 
 def encode_attributes(

@@ -44,6 +44,7 @@ from ..protocol.session import (
     NoiseReduction,
     SessionConfig,
     SessionPatch,
+    SessionType,
     TurnDetection,
     parse_session_update,
 )
@@ -291,13 +292,17 @@ class RealtimeAgent(abc.ABC):
         max_output_tokens: MaxOutputTokens | _Unset = UNSET,
         temperature: float | _Unset = UNSET,
         timing_events: bool | _Unset = UNSET,
+        session_type: SessionType | str | _Unset = UNSET,
     ) -> None:
         """Send a `session.update` with the given fields; the rest stays as it is.
+
+        `session_type="transcription"` (GA) makes a transcription session: committed audio (server VAD
+        turns or `commit()`) is transcribed into `transcripts`, and no response is ever created.
 
         `turn_detection=None` switches server VAD off (manual `commit()` + `create_response()`);
         an int format means PCM16 at that rate (44100 = Ming's native output). The answer is a
         `session.updated` (or an `error`) event. Raises `ValueError` for a field this dialect
-        cannot carry (GA has no `temperature`; beta only 24 kHz PCM).
+        cannot carry (GA has no `temperature`; beta only 24 kHz PCM and no session type).
         """
         given = {
             "instructions": instructions, "voice": voice, "speed": speed, "turn_detection": turn_detection,
@@ -308,6 +313,7 @@ class RealtimeAgent(abc.ABC):
             "input_format": input_format if isinstance(input_format, _Unset) else _audio_format(input_format),
             "output_format": output_format if isinstance(output_format, _Unset) else _audio_format(output_format),
             "tools": tools if isinstance(tools, _Unset) else tuple(tools),
+            "session_type": session_type if isinstance(session_type, _Unset) else SessionType(session_type),
         }
         patch = SessionPatch({k: v for k, v in given.items() if not isinstance(v, _Unset)}, self.dialect)
         self._check_expressible(patch)

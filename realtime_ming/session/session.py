@@ -42,7 +42,7 @@ from ..protocol.server_events import (
     InputAudioBufferTimeoutTriggered,
     SessionCreated,
 )
-from ..protocol.session import SemanticVad, ServerVad, SessionConfig
+from ..protocol.session import SemanticVad, ServerVad, SessionConfig, SessionType
 from . import items, lifecycle
 from .actions import (
     Action,
@@ -172,6 +172,8 @@ class Session:
         handler = _HANDLERS.get(type(event))
         if handler is None:
             return self._error(ErrorCode.UNSUPPORTED_EVENT, event.event_id, event_type=event.type)
+        if isinstance(event, ce.ResponseCreate) and self.config.session_type is SessionType.TRANSCRIPTION:
+            return self._error(ErrorCode.TRANSCRIPTION_SESSION_NO_RESPONSE, event.event_id, param="type")
         before, oob_before = self._response, set(self._oob)
         try:
             return handler(self, event, now) + self._release_transcriptions()
@@ -288,7 +290,7 @@ class Session:
                 actions += lifecycle.cancel_response(self, StatusReason.TURN_DETECTED, now)
             return actions
         if isinstance(signal, SpeechPaused):
-            if td.create_response and self._response is None and self._speculation is None:
+            if self._auto_respond(td) and self._response is None and self._speculation is None:
                 return self._speculate(now)
             return []
         if isinstance(signal, SpeechResumed):
@@ -306,6 +308,10 @@ class Session:
         request = lifecycle.turn_request(self, turn_id, spec, self.conversation.history() + (user,), None)
         return [SubmitTurn(replace(request, speculative=True))]
 
+    def _auto_respond(self, td: ServerVad | SemanticVad) -> bool:
+        """Whether a VAD turn starts a response (never in a transcription session: it only transcribes)."""
+        return td.create_response and self.config.session_type is SessionType.REALTIME
+
     def _discard_speculation(self) -> list[Action]:
         if self._speculation is None:
             return []
@@ -321,7 +327,7 @@ class Session:
         # prefix matches the history of the next turn.
         audio = speculation.audio if speculation is not None else signal.audio
         actions += self._commit_audio(signal.item_id, audio)
-        if not td.create_response or self._response is not None:
+        if not self._auto_respond(td) or self._response is not None:
             if speculation is not None:
                 actions.append(DiscardTurn(speculation.turn_id))
             return actions

@@ -1,7 +1,7 @@
 """`session.update`: validate the patched configuration, then apply it to a `Session` at once.
 
 A refused update (voice after the first audio response, an unavailable denoiser, a bad tool
-choice, transcription or tracing value) leaves the session as it was.
+choice, transcription or tracing value, a type change while a response runs) leaves the session as it was.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from ..protocol.session import apply_patch
 from .actions import Action, Send
 from .tools import check_tool_choice
 from .tracing import check_tracing_update
-from .transcription import check_transcription
+from .transcription import check_transcription, transcription_session_defaults
 
 if TYPE_CHECKING:
     from .session import Session
@@ -27,6 +27,10 @@ __all__ = ["on_session_update"]
 
 def on_session_update(session: Session, event: ce.SessionUpdate, now: float) -> list[Action]:
     new = apply_patch(session.config, event.session, voices=session._accepted_voices)
+    if new.session_type is not session.config.session_type:
+        if session._response is not None or session._oob:
+            return session._error(ErrorCode.SESSION_TYPE_CHANGE_WHILE_RESPONDING, event.event_id, param="session.type")
+        new = transcription_session_defaults(new, session._served_model)
     if "transcription" in event.session.changes:
         new = replace(new, transcription=check_transcription(
             new.transcription, session._served_model, event.session.param("transcription")))

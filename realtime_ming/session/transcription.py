@@ -26,6 +26,10 @@ again in that slot (sharing the reply's KV would need a slot fork the engine doe
 (`release`) at that moment, when the reply ends, or at once when no reply is coming; in the engine
 its prefill queues behind every reply's (`TurnTask.TRANSCRIBE`).
 
+GA `transcription`-type sessions (`session.type: "transcription"`) run only this: server VAD turns (or
+`input_audio_buffer.commit`) become user audio items that are transcribed, and no response is ever created
+(`response.create` -> `transcription_session_no_response`; realtime-only fields -> `realtime_only_parameter`).
+
 `model`: any transcription model name the OpenAI types allow (except `gpt-4o-transcribe-diarize`, whose
 speaker labels Ming does not produce) and the served model's own name are accepted; all run Ming's ASR,
 and the session reports the served model's name as the transcription model.
@@ -59,7 +63,7 @@ from ..protocol.server_events import (
     ConversationItemInputAudioTranscriptionDelta,
     ConversationItemInputAudioTranscriptionFailed,
 )
-from ..protocol.session import InputTranscription
+from ..protocol.session import InputTranscription, SessionConfig, SessionType
 from .actions import Action, CancelTurn, CloseConversation, Send, SubmitTurn
 from .conversation import Conversation, StoredItem
 from .response import ActiveResponse
@@ -70,6 +74,7 @@ __all__ = [
     "Transcriber",
     "asr_message",
     "check_transcription",
+    "transcription_session_defaults",
 ]
 
 # The reference's ASR instruction (inclusionAI/Ming README.md "Audio tasks": ASR).
@@ -118,6 +123,14 @@ def check_transcription(value: InputTranscription | None, served_model: str, par
             supported=", ".join((served_model, *OPENAI_TRANSCRIPTION_MODELS)),
         )
     return replace(value, model=served_model)
+
+
+def transcription_session_defaults(config: SessionConfig, served_model: str) -> SessionConfig:
+    """`config` on becoming a GA `transcription` session: its transcription is on (the served model's ASR
+    unless the update set one), since transcribing committed audio is all such a session does."""
+    if config.session_type is SessionType.TRANSCRIPTION and config.transcription is None:
+        return replace(config, transcription=InputTranscription(model=served_model))
+    return config
 
 
 def asr_message(audio: Content, setting: InputTranscription) -> Message:
