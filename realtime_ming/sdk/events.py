@@ -26,6 +26,7 @@ from ..protocol.items import (
     InputAudio,
     InputImage,
     InputText,
+    InputVideo,
     ItemStatus,
     MessageItem,
     OutputAudio,
@@ -99,6 +100,11 @@ def _part(value: Any, param: str, _dialect: Dialect) -> ContentPart:
     if kind in (InputText.type, OutputText.type):
         text_cls = InputText if kind == InputText.type else OutputText
         return text_cls(expect_str(obj.get("text"), join(param, "text")))
+    if kind == InputImage.type and "video" in obj:  # a stored `input_video` clip (docs/protocol.md §4.1)
+        video = expect_object(obj["video"], join(param, "video"))
+        frames, duration = video.get("num_frames"), video.get("duration_s")
+        return InputVideo(num_frames=None if frames is None else int(frames),
+                          duration_s=None if duration is None else float(duration))
     if kind == InputImage.type:
         url = expect_str(obj.get("image_url"), join(param, "image_url"))
         return InputImage(url, _opt_enum(ImageDetail, obj, "detail", param))
