@@ -273,3 +273,11 @@ async def test_example_video_turn_sends_a_clip_file_and_gets_a_spoken_reply(tmp_
     assert process.returncode == 0, err.decode()
     assert "sent video file clip.mp4" in out.decode() and "failed" not in out.decode(), out.decode()
     assert (tmp_path / "answer.wav").stat().st_size > 44
+
+
+def test_video_url_without_pyav_names_the_missing_extra(monkeypatch):
+    """No PyAV (the `video` extra): a data:video part gets `video_decoder_unavailable`, not a crash."""
+    monkeypatch.setitem(sys.modules, "av", None)  # `import av` raises ImportError
+    with pytest.raises(Exception) as missing:
+        decode_video_url("data:video/mp4;base64,AAAA", "item.content[0].video_url")
+    assert missing.value.code == "video_decoder_unavailable" and missing.value.param == "item.content[0].video_url"
