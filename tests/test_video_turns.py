@@ -24,11 +24,19 @@ from server_support import WsClient, pcm16_b64, seconds, tone
 from websockets.asyncio.client import connect
 
 from realtime_ming.engine.api import ContentKind
-from realtime_ming.model.image_processing import VideoSampling, preprocess_video, video_frame_indices
+from realtime_ming.model.image_processing import (
+    VideoSampling,
+    preprocess_video,
+    video_frame_indices,
+)
 from realtime_ming.protocol import Dialect
 from realtime_ming.protocol.items import VideoFrame
 from realtime_ming.server import RealtimeServer, load_config
-from realtime_ming.session.content import MediaLimits, decode_video_frames, decode_video_url
+from realtime_ming.session.content import (
+    MediaLimits,
+    decode_video_frames,
+    decode_video_url,
+)
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from server_support import espeak
-from test_web import FINISHED, MIC_RATE_HZ, _mic_file, _ms, _open, _page
+from test_web import MIC_RATE_HZ, _mic_file, _ms, _open, _page
 
 from realtime_ming.engine.api import ContentKind
 from realtime_ming.server import RealtimeServer, load_config

@@ -18,7 +18,7 @@ import io
 import warnings
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 
 import numpy as np
 
