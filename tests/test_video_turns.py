@@ -68,6 +68,18 @@ def _mp4(frames: list[np.ndarray], fps: int) -> bytes:
     return buffer.getvalue()
 
 
+@pytest.fixture(scope="module")
+def engine():
+    """The tiny engine with a fixed reply (its random-weight text cannot be spoken; every stage still
+    runs, the video prefill included), so that a spoken answer has audio."""
+    from realtime_ming.engine import Engine
+    from realtime_ming.engine.config import EngineConfig, ThinkerRunnerConfig
+
+    eng = Engine.create(EngineConfig(thinker=ThinkerRunnerConfig(forced_reply="I see a square moving.")))
+    yield eng
+    eng.close()
+
+
 class SpyEngine:
     """The real engine, recording every submitted `TurnRequest`."""
 
