@@ -28,6 +28,7 @@ __all__ = [
     "image_grid",
     "video_frame_indices",
     "video_frame_size",
+    "video_grid_indices",
     "preprocess_video",
     "batch_vision_inputs",
 ]
@@ -188,6 +189,34 @@ def video_frame_size(height: int, width: int, num_frames: int, sampling: VideoSa
     """Per-frame target size: `smart_resize` within a budget of total_pixels / num_frames · frame_factor."""
     max_pixels = max(sampling.total_pixels / num_frames * sampling.frame_factor, int(sampling.min_pixels * 1.05))
     return smart_resize(height, width, factor, sampling.min_pixels, max_pixels)
+
+
+def video_grid_indices(timestamps_s: Sequence[float], sampling: VideoSampling = VideoSampling()) -> list[int]:
+    """Frames of a timed clip at the sampling rate: index of the frame shown at each `t0 + k / fps`.
+
+    The clip lasts from its first timestamp to its last plus one mean frame interval (a single
+    frame: `1 / fps`), as V1 counts `total_frames / video_fps` seconds. The count is V1's
+    `duration * fps` (truncated, at least `min(min_frames, len)`), rounded up to a multiple of
+    `frame_factor` (V1 pads with the last frame; a grid point past the end holds the last frame,
+    which is the same). On this uniform grid `preprocess_video(frames, sampling.fps)` keeps every
+    frame and stamps frame pair k with `k · frame_factor / fps` seconds, so the timestamps the
+    model reads are the clip's own. Raises ValueError for no frames, decreasing timestamps, or a
+    clip needing more than `max_frames` frames.
+    """
+    stamps = np.asarray(timestamps_s, dtype=np.float64)
+    if stamps.ndim != 1 or stamps.size < 1:
+        raise ValueError("a clip needs at least one timestamp")
+    if np.any(np.diff(stamps) <= 0) or not np.all(np.isfinite(stamps)):
+        raise ValueError("frame timestamps must be finite and increase strictly")
+    interval = (stamps[-1] - stamps[0]) / (stamps.size - 1) if stamps.size > 1 else 1.0 / sampling.fps
+    duration = stamps[-1] - stamps[0] + interval
+    count = max(1, int(duration * sampling.fps + 1e-6), min(sampling.min_frames, stamps.size))
+    count = -(-count // sampling.frame_factor) * sampling.frame_factor
+    if count > sampling.max_frames:
+        raise ValueError(f"a clip of {duration:.2f} s needs {count} frames at {sampling.fps:g} fps,"
+                         f" more than {sampling.max_frames}")
+    grid = stamps[0] + np.arange(count) / sampling.fps
+    return (np.searchsorted(stamps, grid + 1e-6, side="right") - 1).tolist()
 
 
 def preprocess_video(frames, video_fps: float, cfg: PreprocessorConfig = PreprocessorConfig(),

@@ -200,6 +200,18 @@ class ErrorCode(StrEnum):
         _INVALID,
         "The image of {width}x{height} pixels has an aspect ratio above {max_ratio}.",
     )
+    INVALID_VIDEO = ("invalid_video", _INVALID, "Invalid video: {detail}.")
+    VIDEO_TOO_LONG = (
+        "video_too_long",
+        _INVALID,
+        "The video of {duration_s:.1f} s exceeds the limit of {max_s:g} s per item.",
+    )
+    VIDEO_DECODER_UNAVAILABLE = (
+        "video_decoder_unavailable",
+        _INVALID,
+        "This server cannot decode video containers (install the 'video' extra: PyAV); send the clip as"
+        " 'frames' (image data URLs with timestamps) instead.",
+    )
     INPUT_AUDIO_TOO_SHORT = (
         "input_audio_too_short",
         _INVALID,

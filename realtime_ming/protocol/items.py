@@ -19,18 +19,21 @@ from realtime_ming.protocol.limits import (
     MAX_INPUT_ITEMS,
     MAX_NAME_CHARS,
     MAX_TEXT_CHARS,
+    MAX_VIDEO_FRAMES,
 )
 from realtime_ming.protocol.wire import (
     Codec,
     JsonValue,
     expect_choice,
     expect_list,
+    expect_number,
     expect_object,
     expect_str,
     expect_text,
     invalid_value,
     join,
     quote,
+    read_dataclass,
 )
 
 __all__ = [
@@ -44,12 +47,14 @@ __all__ = [
     "InputAudio",
     "InputImage",
     "InputText",
+    "InputVideo",
     "ItemReference",
     "ItemStatus",
     "MessageItem",
     "OutputAudio",
     "OutputText",
     "Role",
+    "VideoFrame",
 ]
 
 
@@ -121,6 +126,70 @@ class InputImage:
         detail = None if self.detail is None else self.detail.value
         return _part_wire(self.type, dialect, image_url=self.image_url, detail=detail)
 
+    @classmethod
+    def from_wire(cls, value: Any, param: str, dialect: Dialect) -> InputImage | InputVideo:
+        """A server frame's `input_image` part; one carrying a `video` summary is a stored `InputVideo` clip."""
+        obj = expect_object(value, param)
+        if "video" not in obj:
+            return read_dataclass(cls, obj, param, dialect)
+        where = join(param, "video")
+        video = expect_object(obj["video"], where)
+        frames, duration = video.get("num_frames"), video.get("duration_s")
+        return InputVideo(
+            num_frames=None if frames is None else int(expect_number(frames, join(where, "num_frames"))),
+            duration_s=None if duration is None else float(expect_number(duration, join(where, "duration_s"))))
+
+
+@dataclass(frozen=True, slots=True)
+class VideoFrame:
+    """One frame of an `input_video` clip: an image data URL shown from `timestamp_s` on."""
+
+    image_url: str
+    timestamp_s: float
+
+    def to_wire(self) -> JsonValue:
+        """Wire frame."""
+        return {"image_url": self.image_url, "timestamp_s": self.timestamp_s}
+
+
+@dataclass(frozen=True, slots=True)
+class InputVideo:
+    """realtime_ming extension (GA only, docs/protocol.md §4.1): a short clip for Ming's video path.
+
+    Sent as `frames` (image data URLs with strictly increasing timestamps) or as one `video_url`
+    (`data:video/...;base64,...`, decoded by the server when it has the `video` extra). Once stored,
+    the payload is dropped and the part is shown in server events as an `input_image` part without
+    `image_url` carrying a `video` summary (`num_frames`, `duration_s`): GA has no video content type,
+    and every client that reads GA items accepts that shape.
+    """
+
+    type: ClassVar[str] = "input_video"
+    frames: tuple[VideoFrame, ...] = ()
+    video_url: str | None = None
+    num_frames: int | None = None  # the stored summary: frames the model sees
+    duration_s: float | None = None
+
+    @property
+    def has_payload(self) -> bool:
+        """Whether the part still carries its frames or video bytes (a client request), not only the summary."""
+        return bool(self.frames) or self.video_url is not None
+
+    def to_wire(self, dialect: Dialect) -> JsonValue:
+        """Wire content part: the request shape while it carries a payload, else the stored summary."""
+        if self.has_payload:
+            wire: dict[str, JsonValue] = {"type": self.type}
+            if self.video_url is not None:
+                wire["video_url"] = self.video_url
+            else:
+                wire["frames"] = [frame.to_wire() for frame in self.frames]
+            return wire
+        summary: dict[str, JsonValue] = {}
+        if self.num_frames is not None:
+            summary["num_frames"] = self.num_frames
+        if self.duration_s is not None:
+            summary["duration_s"] = self.duration_s
+        return {"type": InputImage.type, "video": summary}
+
 
 @dataclass(frozen=True, slots=True)
 class OutputText:
@@ -147,14 +216,16 @@ class OutputAudio:
         return _part_wire(self.type, dialect, transcript=self.transcript, audio=self.audio)
 
 
-ContentPart: TypeAlias = InputText | InputAudio | InputImage | OutputText | OutputAudio
+ContentPart: TypeAlias = InputText | InputAudio | InputImage | InputVideo | OutputText | OutputAudio
 
 _PARTS_BY_ROLE: Final[dict[Role, tuple[type[ContentPart], ...]]] = {
     Role.SYSTEM: (InputText,),
-    Role.USER: (InputText, InputAudio, InputImage),
+    Role.USER: (InputText, InputAudio, InputImage, InputVideo),
     Role.ASSISTANT: (OutputText, OutputAudio),
 }
-_PART_TYPES: Final = {cls.type: cls for cls in (InputText, InputAudio, InputImage, OutputText, OutputAudio)}
+_PART_TYPES: Final = {
+    cls.type: cls for cls in (InputText, InputAudio, InputImage, InputVideo, OutputText, OutputAudio)
+}
 
 
 def _opt_str(obj: Any, key: str, param: str) -> str | None:
@@ -176,22 +247,63 @@ def _opt_id(obj: Any, key: str, param: str) -> str | None:
     return _opt_text(obj, key, param, MAX_ID_CHARS, single_line=True)
 
 
-def _decode_image(obj: Any, param: str, dialect: Dialect) -> InputImage:
-    if dialect is Dialect.BETA:
-        raise invalid_value(join(param, "type"), "input_image is not part of the beta protocol")
-    url_param = join(param, "image_url")
-    url = expect_str(obj.get("image_url"), url_param)
+def _image_url(value: Any, param: str) -> str:
+    url = expect_str(value, param)
     if not url.startswith("data:image/") or ";base64," not in url:
         raise ProtocolError(
             ErrorCode.INVALID_IMAGE,
-            param=url_param,
+            param=param,
             detail="image_url must be a data URL of the form data:image/<type>;base64,<data>",
         )
+    return url
+
+
+def _decode_image(obj: Any, param: str, dialect: Dialect) -> InputImage:
+    if dialect is Dialect.BETA:
+        raise invalid_value(join(param, "type"), "input_image is not part of the beta protocol")
+    url = _image_url(obj.get("image_url"), join(param, "image_url"))
     detail = obj.get("detail")
     choices = tuple(d.value for d in ImageDetail)
     return InputImage(
         url, None if detail is None else ImageDetail(expect_choice(detail, join(param, "detail"), choices))
     )
+
+
+def _decode_frames(value: Any, param: str) -> tuple[VideoFrame, ...]:
+    raw = expect_list(value, param, MAX_VIDEO_FRAMES)
+    if not raw:
+        raise ProtocolError(ErrorCode.INVALID_VIDEO, param=param, detail="a clip needs at least one frame")
+    frames: list[VideoFrame] = []
+    for i, entry in enumerate(raw):
+        frame_param = join(param, i)
+        obj = expect_object(entry, frame_param)
+        unknown = sorted(set(obj) - {"image_url", "timestamp_s"})
+        if unknown:
+            raise invalid_value(join(frame_param, unknown[0]), "a frame has only 'image_url' and 'timestamp_s'")
+        url = _image_url(obj.get("image_url"), join(frame_param, "image_url"))
+        stamp_param = join(frame_param, "timestamp_s")
+        stamp = expect_number(obj.get("timestamp_s"), stamp_param, minimum=0.0)
+        if frames and stamp <= frames[-1].timestamp_s:
+            raise ProtocolError(ErrorCode.INVALID_VIDEO, param=stamp_param,
+                                detail="frame timestamps must increase strictly")
+        frames.append(VideoFrame(url, stamp))
+    return tuple(frames)
+
+
+def _decode_video(obj: Any, param: str, dialect: Dialect) -> InputVideo:
+    if dialect is Dialect.BETA:
+        raise invalid_value(join(param, "type"), "input_video is not part of the beta protocol")
+    if ("frames" in obj) == ("video_url" in obj):
+        raise ProtocolError(ErrorCode.INVALID_VIDEO, param=param,
+                            detail="input_video needs exactly one of 'frames' and 'video_url'")
+    if "frames" in obj:
+        return InputVideo(frames=_decode_frames(obj["frames"], join(param, "frames")))
+    url_param = join(param, "video_url")
+    url = expect_str(obj["video_url"], url_param)
+    if not url.startswith("data:video/") or ";base64," not in url:
+        raise ProtocolError(ErrorCode.INVALID_VIDEO, param=url_param,
+                            detail="video_url must be a data URL of the form data:video/<type>;base64,<data>")
+    return InputVideo(video_url=url)
 
 
 def _decode_part(value: Any, param: str, role: Role, dialect: Dialect) -> ContentPart:
@@ -207,6 +319,8 @@ def _decode_part(value: Any, param: str, role: Role, dialect: Dialect) -> Conten
         )
     if cls is InputImage:
         return _decode_image(obj, param, dialect)
+    if cls is InputVideo:
+        return _decode_video(obj, param, dialect)
     if cls is InputText or cls is OutputText:
         return cls(expect_text(obj.get("text"), join(param, "text"), MAX_TEXT_CHARS))
     audio, transcript = _opt_str(obj, "audio", param), _opt_text(obj, "transcript", param, MAX_TEXT_CHARS)

@@ -35,6 +35,7 @@ __all__ = [
     "MAX_SCHEMA_JSON_BYTES",
     "MAX_TEXT_CHARS",
     "MAX_TOOLS",
+    "MAX_VIDEO_FRAMES",
     "check_json",
     "load_json",
     "text_problem",
@@ -48,6 +49,7 @@ MAX_TEXT_CHARS: Final = 131_072  # message text, transcripts, instructions, call
 MAX_DESCRIPTION_CHARS: Final = 8192  # a tool description, a transcription prompt
 MAX_TOOLS: Final = 128
 MAX_CONTENT_PARTS: Final = 64  # content parts of one message
+MAX_VIDEO_FRAMES: Final = 512  # frames of one `input_video` part (sampled down to the model's rate)
 MAX_INPUT_ITEMS: Final = 1024  # items and references in a `response.create` `input`
 MAX_METADATA_PAIRS: Final = 16
 MAX_METADATA_KEY_CHARS: Final = 64

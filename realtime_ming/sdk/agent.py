@@ -13,6 +13,7 @@ import abc
 import asyncio
 import base64
 import io
+import mimetypes
 import os
 import time
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
@@ -33,10 +34,12 @@ from ..protocol.items import (
     ImageDetail,
     InputImage,
     InputText,
+    InputVideo,
     ItemReference,
     MessageItem,
     OutputText,
     Role,
+    VideoFrame,
 )
 from ..protocol.server_events import Error, SessionCreated, SessionUpdated
 from ..protocol.session import (
@@ -145,6 +148,29 @@ def _image_data_url(image: Any) -> str:
         picture.save(buffer, format="PNG")
         data, kind = buffer.getvalue(), "png"
     return f"data:image/{kind};base64,{base64.b64encode(data).decode('ascii')}"
+
+
+def _video_part(video: Any, fps: float | None, timestamps_s: Sequence[float] | None, mime_type: str | None) -> InputVideo:
+    """A clip → `input_video`: a file path or encoded bytes become a `data:video/...` URL; a sequence of
+    frames (anything `add_image` takes) becomes timed image frames (`timestamps_s`, or `k / fps`)."""
+    if isinstance(video, str | os.PathLike | bytes | bytearray | memoryview):
+        if timestamps_s is not None or fps is not None:
+            raise ValueError("fps / timestamps_s apply to a sequence of frames, not to a video file")
+        if isinstance(video, str | os.PathLike):
+            mime_type = mime_type or mimetypes.guess_type(os.fspath(video))[0]
+            with open(video, "rb") as handle:
+                video = handle.read()
+        mime_type = mime_type or "video/mp4"
+        if not mime_type.startswith("video/"):
+            raise ValueError(f"not a video type: {mime_type!r}")
+        return InputVideo(video_url=f"data:{mime_type};base64,{base64.b64encode(bytes(video)).decode('ascii')}")
+    frames = list(video)
+    if (timestamps_s is None) == (fps is None):
+        raise ValueError("give exactly one of fps and timestamps_s for a sequence of frames")
+    stamps = [float(t) for t in timestamps_s] if timestamps_s is not None else [k / fps for k in range(len(frames))]
+    if len(stamps) != len(frames):
+        raise ValueError(f"{len(frames)} frames but {len(stamps)} timestamps")
+    return InputVideo(frames=tuple(VideoFrame(_image_data_url(f), t) for f, t in zip(frames, stamps)))
 
 
 class RealtimeAgent(abc.ABC):
@@ -461,6 +487,28 @@ class RealtimeAgent(abc.ABC):
         parts: list[Any] = [InputImage(url, None if detail is None else ImageDetail(detail))]
         if text is not None:
             parts.append(InputText(text))
+        return await self.add_item(MessageItem(role=Role.USER, content=tuple(parts)), previous_item_id=previous_item_id)
+
+    async def add_video(
+        self,
+        video: Any,
+        *,
+        fps: float | None = None,
+        timestamps_s: Sequence[float] | None = None,
+        text: str | None = None,
+        mime_type: str | None = None,
+        previous_item_id: str | None = None,
+    ) -> str:
+        """Add a user message with a short video clip through Ming's video path (the `input_video`
+        extension, docs/protocol.md §4.1; GA dialect only) and optional text; returns the item id.
+
+        `video` is a video file path or its encoded bytes (sent as a `data:video/...` URL, `mime_type`
+        or the file suffix names the container; the server decodes it with its `video` extra), or a
+        sequence of frames (paths, encoded images, [H, W, 3] uint8 arrays, PIL images) shown at
+        `timestamps_s` or at a constant `fps`. The server samples it at the model's 2 frames per second.
+        """
+        part = await asyncio.to_thread(_video_part, video, fps, timestamps_s, mime_type)
+        parts: list[Any] = [part] + ([InputText(text)] if text is not None else [])
         return await self.add_item(MessageItem(role=Role.USER, content=tuple(parts)), previous_item_id=previous_item_id)
 
     async def delete_item(self, item_id: str) -> None:

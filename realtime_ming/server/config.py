@@ -105,6 +105,7 @@ class LimitsConfig:
     max_conversation_bytes: int = 128 * 2**20  # stored audio/images/text per session; oldest items evicted beyond
     max_image_pixels: int = 36_000_000  # image width x height, read from its header before decoding
     max_item_text_chars: int = 256 * 1024  # text of one content part
+    max_video_s: float = 60.0  # one `input_video` clip, first to last frame (sampled at the model's 2 fps)
     open_timeout_s: float = 10.0  # WebSocket opening handshake
     drain_timeout_s: float = 20.0  # SIGTERM: responses in progress get this long to finish, then sessions close
     shutdown_timeout_s: float = 5.0  # graceful shutdown: wait for handlers this long

@@ -92,6 +92,7 @@ class ConnectionContext:
             max_audio_s=self.settings.max_input_audio_s,
             max_image_pixels=self.limits.max_image_pixels,
             max_text_chars=self.limits.max_item_text_chars,
+            max_video_s=self.limits.max_video_s,
             max_conversation_bytes=self.limits.max_conversation_bytes,
         )
 

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import io
 import warnings
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
@@ -31,11 +33,14 @@ from ..protocol.items import (
     InputAudio,
     InputImage,
     InputText,
+    InputVideo,
     MessageItem,
     OutputAudio,
     OutputText,
+    VideoFrame,
 )
 from ..protocol.values import AudioFormat
+from ..protocol.wire import join
 from .audio_io import MODEL_SAMPLE_RATE_HZ, wire_format
 
 __all__ = [
@@ -43,9 +48,11 @@ __all__ = [
     "content_nbytes",
     "decode_audio",
     "decode_image_url",
+    "decode_video_frames",
+    "decode_video_url",
     "media_parts",
     "part_to_content",
-    "strip_audio",
+    "stored_part",
 ]
 
 
@@ -67,6 +74,7 @@ class MediaLimits:
     max_text_chars: int = 256 * 1024  # per text part
     min_audio_ms: float = 100.0  # per audio part (also the manual-commit minimum)
     max_audio_s: float = 60.0  # per audio part
+    max_video_s: float = 60.0  # per video part (first to last frame)
     max_conversation_bytes: int = 128 * 2**20  # what the conversation stores; oldest items evicted beyond
 
     @classmethod
@@ -75,6 +83,13 @@ class MediaLimits:
         names = {f.name for f in fields(cls)}
         model = {k: v for k, v in (media or {}).items() if k in names}
         return cls(**model, **budgets)
+
+    @property
+    def video_sampling(self):
+        """The model's video frame sampling (`model.image_processing.VideoSampling`, Ming's V1 constants)."""
+        from ..model.image_processing import VideoSampling
+
+        return VideoSampling()
 
     @property
     def min_audio_samples(self) -> int:
@@ -91,26 +106,22 @@ def _image_error(code: ErrorCode, param: str, **values) -> ProtocolError:
 LOW_DETAIL_MAX_PIXELS = 512 * 512
 
 
-def decode_image_url(url: str, param: str, limits: MediaLimits = MediaLimits(),
-                     detail: ImageDetail | None = None) -> np.ndarray:
-    """`data:image/...;base64,...` → [H, W, 3] uint8 RGB at the model's preprocessing size.
+def _b64_payload(url: str, param: str, code: ErrorCode) -> bytes:
+    try:
+        return base64.b64decode(url.split(";base64,", 1)[1], validate=True)
+    except (IndexError, binascii.Error, ValueError) as exc:
+        raise ProtocolError(code, param=param, detail=str(exc) or type(exc).__name__) from exc
 
-    The header is read first (Pillow opens lazily): an image over the pixel budget, with a side
-    below `image_factor` or an aspect ratio above the model's maximum is rejected before any
-    pixel is decoded. Raises ProtocolError (invalid_image, image_too_large, image_too_small,
-    image_aspect_ratio_too_large).
-    """
+
+@contextlib.contextmanager
+def _opened_image(url: str, param: str, limits: MediaLimits):
+    """The image of a data URL, opened lazily (only its header read) and checked against the pixel
+    budget, the minimum side and the aspect ratio; decoding errors become ProtocolError."""
     from PIL import Image
-
-    from ..model.image_processing import resize_bicubic, smart_resize
 
     # The pixel budget below is checked from the header first; Pillow's own warning would only add noise.
     warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
-
-    try:
-        data = base64.b64decode(url.split(";base64,", 1)[1], validate=True)
-    except (IndexError, binascii.Error, ValueError) as exc:
-        raise ProtocolError(ErrorCode.INVALID_IMAGE, param=param, detail=str(exc) or type(exc).__name__) from exc
+    data = _b64_payload(url, param, ErrorCode.INVALID_IMAGE)
     try:
         with Image.open(io.BytesIO(data)) as image:
             width, height = image.size
@@ -122,15 +133,7 @@ def decode_image_url(url: str, param: str, limits: MediaLimits = MediaLimits(),
             if max(width, height) / min(width, height) > limits.max_aspect_ratio:
                 raise _image_error(ErrorCode.IMAGE_ASPECT_RATIO_TOO_LARGE, param,
                                    max_ratio=f"{limits.max_aspect_ratio:g}", **dims)
-            max_pixels = limits.image_max_pixels
-            if detail is ImageDetail.LOW:
-                max_pixels = max(min(max_pixels, LOW_DETAIL_MAX_PIXELS), limits.image_min_pixels)
-            target_h, target_w = smart_resize(height, width, limits.image_factor, limits.image_min_pixels,
-                                              max_pixels)
-            if min(target_h, target_w) < limits.image_factor:  # squeezed to nothing by the area bound
-                raise _image_error(ErrorCode.IMAGE_ASPECT_RATIO_TOO_LARGE, param,
-                                   max_ratio=f"{limits.max_aspect_ratio:g}", **dims)
-            rgb = np.asarray(image.convert("RGB"), dtype=np.uint8)
+            yield image
     except ProtocolError:
         raise
     except Image.DecompressionBombError as exc:  # Pillow's own guard, above ~179 M pixels
@@ -138,7 +141,108 @@ def decode_image_url(url: str, param: str, limits: MediaLimits = MediaLimits(),
                            max_pixels=limits.max_image_pixels) from exc
     except (ValueError, OSError, SyntaxError, Image.UnidentifiedImageError) as exc:
         raise ProtocolError(ErrorCode.INVALID_IMAGE, param=param, detail=str(exc) or type(exc).__name__) from exc
+
+
+def _rgb(image) -> np.ndarray:
+    return np.asarray(image.convert("RGB"), dtype=np.uint8)
+
+
+def decode_image_url(url: str, param: str, limits: MediaLimits = MediaLimits(),
+                     detail: ImageDetail | None = None) -> np.ndarray:
+    """`data:image/...;base64,...` → [H, W, 3] uint8 RGB at the model's preprocessing size.
+
+    The header is read first (Pillow opens lazily): an image over the pixel budget, with a side
+    below `image_factor` or an aspect ratio above the model's maximum is rejected before any
+    pixel is decoded. Raises ProtocolError (invalid_image, image_too_large, image_too_small,
+    image_aspect_ratio_too_large).
+    """
+    from ..model.image_processing import resize_bicubic, smart_resize
+
+    with _opened_image(url, param, limits) as image:
+        width, height = image.size
+        max_pixels = limits.image_max_pixels
+        if detail is ImageDetail.LOW:
+            max_pixels = max(min(max_pixels, LOW_DETAIL_MAX_PIXELS), limits.image_min_pixels)
+        target_h, target_w = smart_resize(height, width, limits.image_factor, limits.image_min_pixels, max_pixels)
+        if min(target_h, target_w) < limits.image_factor:  # squeezed to nothing by the area bound
+            raise _image_error(ErrorCode.IMAGE_ASPECT_RATIO_TOO_LARGE, param,
+                               max_ratio=f"{limits.max_aspect_ratio:g}", width=width, height=height)
+        rgb = _rgb(image)
     return resize_bicubic(rgb, target_h, target_w)
+
+
+def _clip_indices(stamps: list[float], param: str, limits: MediaLimits) -> list[int]:
+    from ..model.image_processing import video_grid_indices
+
+    if stamps[-1] - stamps[0] > limits.max_video_s:
+        raise ProtocolError(ErrorCode.VIDEO_TOO_LONG, param=param, duration_s=stamps[-1] - stamps[0],
+                            max_s=limits.max_video_s)
+    try:
+        return video_grid_indices(stamps, limits.video_sampling)
+    except ValueError as exc:
+        raise ProtocolError(ErrorCode.INVALID_VIDEO, param=param, detail=str(exc)) from exc
+
+
+def _clip_size(height: int, width: int, count: int, limits: MediaLimits) -> tuple[int, int]:
+    from ..model.image_processing import video_frame_size
+
+    return video_frame_size(height, width, count, limits.video_sampling, limits.image_factor)
+
+
+def _video(indices: list[int], picked: Mapping[int, np.ndarray], limits: MediaLimits) -> Content:
+    return Content(ContentKind.VIDEO, video=np.stack([picked[i] for i in indices]), fps=limits.video_sampling.fps)
+
+
+def decode_video_frames(frames: tuple[VideoFrame, ...], param: str, limits: MediaLimits = MediaLimits()) -> Content:
+    """`input_video` frames → VIDEO content: the frames shown at the model's sampling rate
+    (`video_grid_indices`), each resized to the per-frame budget size, with `fps` = that rate.
+
+    Every frame's header is checked (`invalid_image` & co. name the frame); only the sampled
+    frames are decoded, one at a time. Frames of another size than the clip's most common one are
+    resized to it first (as the reference does). Raises ProtocolError (also `video_too_long`).
+    """
+    from ..model.image_processing import resize_bicubic
+
+    indices = _clip_indices([f.timestamp_s for f in frames], join(param, "frames"), limits)
+    sizes = []
+    for i, frame in enumerate(frames):
+        with _opened_image(frame.image_url, f"{param}.frames[{i}].image_url", limits) as image:
+            sizes.append(image.size)
+    width, height = Counter(sizes[i] for i in indices).most_common(1)[0][0]
+    target_h, target_w = _clip_size(height, width, len(indices), limits)
+    picked: dict[int, np.ndarray] = {}
+    for i in dict.fromkeys(indices):
+        with _opened_image(frames[i].image_url, f"{param}.frames[{i}].image_url", limits) as image:
+            rgb = _rgb(image)
+        if rgb.shape[:2] != (height, width):
+            rgb = resize_bicubic(rgb, height, width)
+        picked[i] = resize_bicubic(rgb, target_h, target_w)
+    return _video(indices, picked, limits)
+
+
+def decode_video_url(url: str, param: str, limits: MediaLimits = MediaLimits()) -> Content:
+    """`data:video/...;base64,...` → VIDEO content, sampled and resized as `decode_video_frames`
+    (needs PyAV, the `video` extra; else `video_decoder_unavailable`)."""
+    from ..model.image_processing import resize_bicubic
+    from .video_container import decode_frames, probe
+
+    data = _b64_payload(url, param, ErrorCode.INVALID_VIDEO)
+    probed = probe(data, param, max_pixels=limits.max_image_pixels, max_s=limits.max_video_s)
+    if min(probed.width, probed.height) < limits.image_factor:
+        raise _image_error(ErrorCode.IMAGE_TOO_SMALL, param, min_side=limits.image_factor,
+                           width=probed.width, height=probed.height)
+    if max(probed.width, probed.height) / min(probed.width, probed.height) > limits.max_aspect_ratio:
+        raise _image_error(ErrorCode.IMAGE_ASPECT_RATIO_TOO_LARGE, param, max_ratio=f"{limits.max_aspect_ratio:g}",
+                           width=probed.width, height=probed.height)
+    indices = _clip_indices(list(probed.timestamps_s), param, limits)
+    target_h, target_w = _clip_size(probed.height, probed.width, len(indices), limits)
+    picked: dict[int, np.ndarray] = {}
+
+    def keep(i: int, rgb: np.ndarray) -> None:
+        picked[i] = resize_bicubic(np.ascontiguousarray(rgb), target_h, target_w)
+
+    decode_frames(data, param, probed, set(indices), keep)
+    return _video(indices, picked, limits)
 
 
 def decode_audio(b64: str, fmt: AudioFormat, param: str, limits: MediaLimits = MediaLimits()) -> np.ndarray:
@@ -177,6 +281,10 @@ def part_to_content(part: ContentPart, input_format: AudioFormat, param: str,
         return _text(part.text, param, limits)
     if isinstance(part, InputImage):
         return Content.of_image(decode_image_url(part.image_url, param, limits, part.detail))
+    if isinstance(part, InputVideo):
+        if part.video_url is not None:
+            return decode_video_url(part.video_url, join(param, "video_url"), limits)
+        return decode_video_frames(part.frames, param, limits)
     if isinstance(part, InputAudio) and part.audio is not None:
         return Content.of_audio(decode_audio(part.audio, input_format, param, limits), MODEL_SAMPLE_RATE_HZ)
     assert isinstance(part, InputAudio | OutputAudio)
@@ -191,10 +299,14 @@ def content_nbytes(content: Content) -> int:
     return 0 if array is None else int(array.nbytes)
 
 
-def strip_audio(part: ContentPart) -> ContentPart:
-    """The part as shown in `conversation.item.added/done` (audio bytes omitted, docs/protocol.md §5.1)."""
+def stored_part(part: ContentPart, content: Content) -> ContentPart:
+    """The part as stored and shown in `conversation.item.*` events: audio bytes omitted
+    (docs/protocol.md §5.1), a video replaced by its summary (frames the model sees, their span)."""
     if isinstance(part, InputAudio) and part.audio is not None:
         return InputAudio(transcript=part.transcript)
+    if isinstance(part, InputVideo) and content.video is not None and content.fps:
+        frames = int(content.video.shape[0])
+        return InputVideo(num_frames=frames, duration_s=round(frames / content.fps, 3))
     return part
 
 
@@ -210,5 +322,5 @@ def media_parts(event: object) -> list[tuple[str, ContentPart]]:
         (f"{param}.content[{i}]", part)
         for param, item in items if isinstance(item, MessageItem)
         for i, part in enumerate(item.content)
-        if isinstance(part, InputImage) or (isinstance(part, InputAudio) and part.audio is not None)
+        if isinstance(part, InputImage | InputVideo) or (isinstance(part, InputAudio) and part.audio is not None)
     ]

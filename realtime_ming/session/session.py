@@ -55,7 +55,7 @@ from .actions import (
 )
 from .audio_io import MODEL_SAMPLE_RATE_HZ
 from .config import SessionSettings
-from .content import MediaLimits, media_parts, part_to_content, strip_audio
+from .content import MediaLimits, media_parts, part_to_content, stored_part
 from .conversation import Conversation, StoredItem
 from .failures import log_failure
 from .idle import IdleTimer
@@ -270,7 +270,8 @@ class Session:
         if not isinstance(item, MessageItem):
             return StoredItem(item)
         contents = tuple(self._content(part, f"{param}.content[{i}]") for i, part in enumerate(item.content))
-        return StoredItem(replace(item, content=tuple(strip_audio(p) for p in item.content)), contents)
+        parts = tuple(stored_part(p, c) for p, c in zip(item.content, contents))
+        return StoredItem(replace(item, content=parts), contents)
 
     def _on_output_audio_clear(self, event: ce.OutputAudioBufferClear, now: float) -> list[Action]:
         # WebSocket sessions have no server-side playout buffer; there is nothing to clear and

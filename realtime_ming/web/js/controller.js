@@ -38,6 +38,9 @@ export function newDemoRecord() {
     speechStarted: 0,
     speechStopped: 0,
     committed: 0,
+    cameraOn: false,
+    cameraFrames: 0, // camera frames sent as input_image items
+    cameraFramesBySpeech: {}, // user speech item id -> camera frames sent while it was spoken
     transcripts: {}, // user item id -> its final transcript (Ming's own ASR), or null when it failed
     receivedSamples: 0,
     playedSamples: 0,
@@ -66,6 +69,8 @@ export class VoiceChat {
     this.demo = demo;
     this.client = null;
     this.audio = null;
+    this.camera = null;
+    this.speakingItem = null;
     this.isMuted = false;
     this._reset();
   }
@@ -157,6 +162,8 @@ export class VoiceChat {
   async _teardown() {
     const { client, audio } = this;
     this.client = this.audio = null;
+    this.camera?.pause();
+    this.speakingItem = null;
     if (client) client.close();
     if (audio) await audio.close();
     this.activeResponse = null;
@@ -206,6 +213,29 @@ export class VoiceChat {
     this.ui.transcript.image(dataUrl, name);
   }
 
+  /**
+   * The camera (a CameraStreamer) whose frames go out while the user speaks; null turns it off.
+   * Frames are sent from speech_started to speech_stopped, so they precede the committed speech.
+   */
+  setCamera(camera) {
+    this.camera?.pause();
+    this.camera = camera;
+    this.demo.cameraOn = camera !== null;
+    if (camera && this.demo.state === State.USER_SPEAKING) camera.resume();
+  }
+
+  /** One camera frame (a JPEG data URL) as an `input_image` item of the turn being spoken. */
+  sendCameraFrame(dataUrl) {
+    if (!this.isConnected) return;
+    this.client.send({
+      type: "conversation.item.create",
+      item: { type: "message", role: "user", content: [{ type: "input_image", image_url: dataUrl }] },
+    });
+    const d = this.demo;
+    d.cameraFrames++;
+    if (this.speakingItem) d.cameraFramesBySpeech[this.speakingItem] = (d.cameraFramesBySpeech[this.speakingItem] || 0) + 1;
+  }
+
   _onMicFrame(pcm, rms) {
     const d = this.demo;
     d.micFrames++;
@@ -231,9 +261,13 @@ export class VoiceChat {
         this.ui.transcript.userTurn(ev.item_id);
         this._setState(State.USER_SPEAKING);
         this._interrupt(false);
+        this.speakingItem = ev.item_id;
+        this.camera?.resume();
         break;
       case "input_audio_buffer.speech_stopped":
         d.speechStopped++;
+        this.camera?.pause();
+        this.speakingItem = null;
         this.turnEndAt = performance.now();
         if (this.userSpeech.has(ev.item_id)) {
           const speech = this.userSpeech.get(ev.item_id);

@@ -3,6 +3,7 @@
  * from GET /v1/models and wires buttons, keyboard and views to a VoiceChat. Test hooks:
  * `window.__demo` (the live record, see controller.js) and `window.__chat` (the VoiceChat).
  */
+import { CameraStreamer } from "./camera.js";
 import { LatencyChart, median } from "./chart.js";
 import { State, VoiceChat, newDemoRecord } from "./controller.js";
 import { httpUrl } from "./realtime.js";
@@ -15,6 +16,8 @@ const $ = (id) => document.getElementById(id);
 const dom = {
   connect: $("connect-btn"),
   mute: $("mute-btn"),
+  camera: $("camera-btn"),
+  cameraPreview: $("camera-preview"),
   server: $("server-url"),
   apiKey: $("api-key"),
   voice: $("voice"),
@@ -53,9 +56,10 @@ const ui = {
     dom.connect.classList.toggle("is-danger", isOnline);
     dom.connect.setAttribute("aria-busy", String(state === State.CONNECTING));
     dom.connect.disabled = state === State.CONNECTING;
-    for (const control of [dom.composerInput, dom.send, dom.attach, dom.mute]) control.disabled = !isOnline;
+    for (const control of [dom.composerInput, dom.send, dom.attach, dom.mute, dom.camera]) control.disabled = !isOnline;
     for (const control of [dom.server, dom.apiKey, dom.outputRate]) control.disabled = state !== State.DISCONNECTED;
     if (state === State.DISCONNECTED) {
+      setCamera(false);
       transcript.settle();
       ui.setVoiceLocked(false);
     }
@@ -159,6 +163,26 @@ function setMuted(isMuted) {
   dom.mute.querySelector(".label").textContent = isMuted ? "Unmute" : "Mute";
 }
 
+const camera = new CameraStreamer(dom.cameraPreview, (dataUrl) => chat.sendCameraFrame(dataUrl));
+
+/** Turn the camera on (frames go with the user's speech) or off. */
+async function setCamera(isOn) {
+  if (isOn) {
+    try {
+      await camera.start();
+    } catch (err) {
+      demo.cameraError = err.name || "error";
+      banner.show("Camera unavailable", `${err.message || err.name}. Voice and text still work.`, "warning");
+      isOn = false;
+    }
+  } else {
+    camera.stop();
+  }
+  chat.setCamera(isOn ? camera : null);
+  dom.camera.setAttribute("aria-pressed", String(isOn));
+  dom.camera.querySelector(".label").textContent = isOn ? "Camera off" : "Camera";
+}
+
 /** A picked image file → JPEG data URL no larger than MAX_IMAGE_SIDE on either side. */
 async function imageToDataUrl(file) {
   const bitmap = await createImageBitmap(file);
@@ -174,6 +198,7 @@ async function imageToDataUrl(file) {
 dom.connect.addEventListener("click", toggleConnection);
 $("settings").addEventListener("submit", (e) => e.preventDefault());
 dom.mute.addEventListener("click", () => setMuted(!chat.isMuted));
+dom.camera.addEventListener("click", () => setCamera(!camera.isOn));
 dom.server.addEventListener("change", () => loadModels(dom.voice.value));
 dom.voice.addEventListener("change", () => {
   saveSettings();
@@ -207,6 +232,9 @@ document.addEventListener("keydown", (e) => {
   if (e.key === "m" && !dom.mute.disabled) {
     e.preventDefault();
     dom.mute.click();
+  } else if (e.key === "v" && !dom.camera.disabled) {
+    e.preventDefault();
+    dom.camera.click();
   } else if (e.key === "c" && !dom.connect.disabled) {
     e.preventDefault();
     dom.connect.click();

@@ -1,0 +1,72 @@
+"""The demo's camera button in headless Chromium (fake camera and microphone, issue 19).
+
+The fake microphone plays espeak-ng speech; with the camera on, the page sends downscaled JPEG
+frames as `input_image` items from speech_started to speech_stopped. The server's engine (the
+tiny model behind a recording wrapper) must get a reply request whose prompt holds those camera
+frames, in order, before the spoken turn's audio, and the reply is played.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from server_support import espeak
+from test_web import MIC_RATE_HZ, _mic_file, _ms, _open, _page
+
+from realtime_ming.engine.api import ContentKind
+from realtime_ming.server import RealtimeServer, load_config
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
+
+
+@pytest.fixture(scope="module")
+def speech(tmp_path_factory) -> np.ndarray:
+    return espeak("Look at this, what do you see here?", tmp_path_factory.mktemp("speech"), MIC_RATE_HZ)
+
+
+class _Recording:
+    """The real engine, recording every submitted request."""
+
+    def __init__(self, engine) -> None:
+        self._engine = engine
+        self.requests: list = []
+
+    def submit(self, request, sink) -> None:
+        self.requests.append(request)
+        self._engine.submit(request, sink)
+
+    def __getattr__(self, name: str):
+        return getattr(self._engine, name)
+
+
+async def test_web_camera_frames_go_with_a_spoken_turn(engine, speech, tmp_path):
+    recording = _Recording(engine)
+    mic = _mic_file(tmp_path, speech, gap_s=8.0)
+    config = load_config(None, ["server.port=0", "session.max_output_tokens=16"])
+    async with RealtimeServer(config, recording) as srv, _page(mic) as page:
+        await _open(page, srv)
+        await page.click("#connect-btn")
+        await page.wait_for_function("() => __demo.state === 'listening'", timeout=_ms(30))
+        await page.click("#camera-btn")
+        await page.wait_for_function("() => __demo.cameraOn", timeout=_ms(10))
+        await page.wait_for_function(
+            """() => Object.values(__demo.responses).some(r => FINISHED.includes(r.status) && r.audioDeltas > 0)
+                 && Object.values(__demo.cameraFramesBySpeech).some(n => n > 0)""",
+            timeout=_ms(180),
+        )
+        demo = await page.evaluate("window.__demo")
+        pressed = await page.get_attribute("#camera-btn", "aria-pressed")
+        preview_shown = await page.is_visible("#camera-preview")
+    assert pressed == "true" and preview_shown
+    assert demo["errors"] == [] and page.errors == [] and "cameraError" not in demo
+    spoken = {item: n for item, n in demo["cameraFramesBySpeech"].items() if n > 0}
+    assert demo["sent"]["conversation.item.create"] == demo["cameraFrames"] >= sum(spoken.values())
+    replies = [r for r in recording.requests if r.task.value == "reply"]
+    assert replies, "no reply request reached the engine"
+    history = replies[0].history
+    kinds = [tuple(c.kind for c in m.content) for m in history]
+    audio_at = kinds.index((ContentKind.AUDIO,))
+    images = [k for k in kinds[:audio_at] if k == (ContentKind.IMAGE,)]
+    assert len(images) >= 1  # the frames sent while the user spoke precede the spoken turn
+    frame = history[0].content[0].image
+    assert frame.ndim == 3 and max(frame.shape[:2]) <= 512  # the page downscales frames before sending
