@@ -26,6 +26,8 @@ __all__ = ["on_session_update"]
 
 
 def on_session_update(session: Session, event: ce.SessionUpdate, now: float) -> list[Action]:
+    if "voice" in event.session.changes:
+        session._accepted_voices.check(event.session.changes["voice"], event.session.param("voice"))
     new = apply_patch(session.config, event.session, voices=session._accepted_voices)
     if "transcription" in event.session.changes:
         new = replace(new, transcription=check_transcription(
