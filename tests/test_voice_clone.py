@@ -254,3 +254,23 @@ def test_docs_name_the_voice_endpoint_and_the_alias_rule():
         text = (REPO / doc).read_text()
         assert "/v1/realtime/voices" in text and "voice_not_found" in text, doc
     assert json.dumps(list(OPENAI_VOICE_ALIASES))  # the names the docs list
+
+
+async def test_sdk_register_voice_and_use_it(server, clip):
+    """The SDK helper registers from samples, lists, and maps refusals to VoiceError / AuthenticationError."""
+    from realtime_ming.sdk import AuthenticationError, VoiceError, delete_voice, list_voices, register_voice
+
+    url = f"ws://127.0.0.1:{server.port}/v1/realtime"
+    samples, rate = clip
+    voice = await register_voice(url, samples, TRANSCRIPT, name="sdk", api_key=KEY_A, sample_rate=rate)
+    assert voice.id.startswith("voice_") and voice.name == "sdk"
+    assert [v.id for v in await list_voices(url, api_key=KEY_A)] == [voice.id]
+    with pytest.raises(VoiceError) as bad:
+        await register_voice(url, samples[: rate // 4], TRANSCRIPT, api_key=KEY_A, sample_rate=rate)
+    assert bad.value.status == 400 and bad.value.code == "audio_too_short" and bad.value.param == "audio_sample"
+    with pytest.raises(AuthenticationError):
+        await list_voices(url, api_key="wrong")
+    await delete_voice(url, voice.id, api_key=KEY_A)
+    with pytest.raises(VoiceError) as gone:
+        await delete_voice(url, voice.id, api_key=KEY_A)
+    assert gone.value.status == 404 and gone.value.code == "voice_not_found"
