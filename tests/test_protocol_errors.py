@@ -305,6 +305,7 @@ FROZEN_CODES = {
     "transcription_failed": ErrorType.SERVER,
     "invalid_tool_call": ErrorType.SERVER,
     "tool_choice_unknown_function": ErrorType.INVALID_REQUEST,
+    "voice_not_found": ErrorType.INVALID_REQUEST,
 }
 
 
