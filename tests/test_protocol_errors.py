@@ -311,6 +311,7 @@ FROZEN_CODES = {
     "realtime_only_parameter": ErrorType.INVALID_REQUEST,
     "transcription_session_no_response": ErrorType.INVALID_REQUEST,
     "session_type_change_while_responding": ErrorType.INVALID_REQUEST,
+    "voice_not_found": ErrorType.INVALID_REQUEST,
 }
 
 

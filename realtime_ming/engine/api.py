@@ -183,7 +183,8 @@ class TurnRequest:
     history: tuple[Message, ...]
     system: str | None = None
     sampling: SamplingParams = field(default_factory=SamplingParams)
-    voice: str | None = None  # None = the checkpoint's default voice
+    # a checkpoint voice's name, a voice cloned at run time (`voice_store.CustomVoice`), or None = the default
+    voice: Any = None
     with_audio: bool = True
     speculative: bool = False
     speed: float = 1.0

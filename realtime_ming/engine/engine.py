@@ -190,6 +190,10 @@ class Engine:
     def voices(self) -> list[str]:
         return list(self.bundle.voices)
 
+    def voice_encoder(self):
+        """Registers cloned voices (`voice_prompt.VoiceEncoder`; call it off the engine thread); None without a talker."""
+        return self.bundle.voice_encoder if self._talker is not None else None
+
     def stats(self) -> EngineStats:
         """Snapshot after every command sent so far has been applied (blocks up to 10 s)."""
         done = threading.Event()
@@ -432,7 +436,8 @@ class Engine:
         elif len(self._turns) >= self.cfg.max_queued_turns + self.cfg.thinker.max_batch:
             refusal = FailureCode.ENGINE_BUSY, "engine busy: too many active turns"
         with_audio = request.with_audio and self._talker is not None
-        if refusal is None and request.voice is not None and with_audio and request.voice not in self.bundle.voices:
+        if (refusal is None and isinstance(request.voice, str) and with_audio
+                and request.voice not in self.bundle.voices):
             refusal = FailureCode.INVALID_PROMPT, f"unknown voice {request.voice!r}"
         if refusal is not None:
             self._call_sink(sink, TurnFailed(request.turn_id, refusal[1], refusal[0]))

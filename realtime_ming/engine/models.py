@@ -8,8 +8,6 @@ CAMPPlus speaker vector when `talker/campplus.onnx` is present).
 
 from __future__ import annotations
 
-import contextlib
-
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +33,7 @@ from ..model.vae import AudioVAE
 from ..model.vision import VisionProjector, VisionTransformer
 from .audio_graphs import AudioEncoderGraphs
 from .config import EngineConfig
+from .voice_prompt import VoiceEncoder
 
 __all__ = ["ModelBundle", "TINY_NOTICE"]
 
@@ -80,6 +79,7 @@ class ModelBundle:
     is_tiny_default: bool = False
     devices: dict = field(default_factory=dict)
     audio_graphs: AudioEncoderGraphs | None = None  # the encoder + projector per clip-length bucket
+    voice_encoder: VoiceEncoder | None = None  # registers voices (presets at load, clones at run time)
 
     has_talker = True
 
@@ -161,7 +161,7 @@ class ModelBundle:
             fused.configure_cuda()  # no per-length cuDNN attention plans; Triton MoE experts
             if not fused.available():
                 log.warning("Triton is not installed: the CUDA models run the reference PyTorch ops (slower)")
-        bundle._register_voices(progress)
+        bundle._register_voices(progress, cfg.talker.max_prompt_len)
         bundle.default_voice = cfg.default_voice or next(iter(bundle.voices))
         if bundle.default_voice not in bundle.voices:
             raise ValueError(f"default voice {bundle.default_voice!r} not among {sorted(bundle.voices)}")
@@ -169,8 +169,7 @@ class ModelBundle:
             log.warning(TINY_NOTICE)
         return bundle
 
-    def _register_voices(self, progress: Progress | None) -> None:
-        from ..audio.fbank import speaker_fbank
+    def _register_voices(self, progress: Progress | None, max_prompt_len: int) -> None:
         from ..audio.resample import resample_torchaudio_compatible
 
         campplus = None
@@ -180,6 +179,12 @@ class ModelBundle:
         elif not self.is_tiny_default:
             log.warning("talker/campplus.onnx not found: voices are used without a speaker embedding")
         talker, dev = self.talker, self.devices["talker"]
+        tok = self.talker_tokenizer
+        # a voice may take half the talker prompt: the talker speaks longer text in halves (TalkerRunner)
+        self.voice_encoder = VoiceEncoder(talker, self.vae, campplus, torch.device(dev),
+                                          torch.device(self.devices["vae"]), self.dtype,
+                                          lambda text: tok.encode(text, add_special_tokens=False).ids,
+                                          self.talker_special, max_prompt_len // 2)
         for i, (name, preset) in enumerate(self.cfg.voices.items()):
             if progress:
                 progress("voices", i, len(self.cfg.voices))
@@ -195,19 +200,8 @@ class ModelBundle:
 
             wav, sr = soundfile.read(str(preset.prompt_wav_path), dtype="float32", always_2d=True)
             wave = torch.from_numpy(np.ascontiguousarray(wav[:, 0]))
-            spk = None
-            if campplus is not None:
-                feats = speaker_fbank(resample_torchaudio_compatible(wave, sr, 16000))
-                spk = torch.as_tensor(campplus(feats)).to(dev, self.dtype)
-            wave44 = resample_torchaudio_compatible(wave, sr, self.cfg.vae.sample_rate) if sr != self.cfg.vae.sample_rate else wave
-            # each model runs with its own device current: Triton launches on the current device, which is
-            # the thinker's when the VAE or the talker sits on another GPU
-            vae_dev = torch.device(self.devices["vae"])
-            with torch.no_grad(), _current(vae_dev):
-                posterior, _ = self.vae.encode_prompt(wave44[None].to(vae_dev), self.cfg.talker.patch_size)
-            with torch.no_grad(), _current(torch.device(dev)):
-                # the reference samples the posterior; the mean keeps the voice deterministic (docs/model.md §6.3)
-                voice = talker.register_voice(spk, posterior.mean.to(dev, self.dtype))
+            # the reference's (torchaudio) resampler: presets match the reference's registration bit for bit
+            voice = self.voice_encoder.encode(wave, sr, preset.prompt_text, resample_torchaudio_compatible)
             self.voices[name] = (voice, preset.prompt_text)
 
     # ---- serving helpers -------------------------------------------------------------------
@@ -321,8 +315,3 @@ def _talker_tokenizer(root: Path | None, tokenizer_path: str | None) -> Tokenize
         "talker tokenizer not found: expected talker/llm/tokenizer.json in the checkpoint "
         f"(looked at {', '.join(map(str, candidates)) or 'no checkpoint folder'}); "
         "pass engine.talker_tokenizer_path to use another file")
-
-
-def _current(device: torch.device):
-    """`device` as the current CUDA device for the block (a no-op context off CUDA)."""
-    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()

@@ -30,6 +30,7 @@ from .graphs import upload
 from .models import ModelBundle
 from .talker_step import Progress, TalkerPrefiller, TalkerStepper
 from .vae_step import VAEStepper
+from .voice_store import CustomVoice
 
 __all__ = ["TalkerRunner", "TalkerOutput", "stream_seed"]
 
@@ -59,7 +60,7 @@ class _Job:
     turn_id: str
     segment_id: int
     text: str
-    voice: str
+    voice: str | CustomVoice
     seed: int
 
 
@@ -120,7 +121,7 @@ class TalkerRunner:
         self._encode = lambda text: tok.encode(text, add_special_tokens=False).ids
 
     # ---- bookkeeping --------------------------------------------------------------------------
-    def enqueue(self, turn_id: str, segment_id: int, text: str, voice: str | None, speed: float = 1.0,
+    def enqueue(self, turn_id: str, segment_id: int, text: str, voice: str | CustomVoice | None, speed: float = 1.0,
                 seed: int | None = None) -> None:
         """Queue a segment: the reference front-end cuts it into talker jobs (may be none).
 
@@ -218,7 +219,7 @@ class TalkerRunner:
         return started
 
     def _start(self, job: _Job, queue: deque) -> None:
-        voice, prompt_text = self.bundle.voices[job.voice]
+        voice, prompt_text = self._voice(job.voice)
         patches = voice.num_patches
         while True:
             prompt = build_talker_prompt(self._encode, self.bundle.talker_special, job.text,
@@ -250,6 +251,12 @@ class TalkerRunner:
         silence = SilenceHolder(self.vae.cfg.sample_rate) if self.cfg.silence_holder else None
         generator = torch.Generator(device=self.device).manual_seed(job.seed)
         self.streams.append(_Stream(job, t, max_steps, silence=silence, generator=generator))
+
+    def _voice(self, voice: str | CustomVoice) -> tuple:
+        """(VoicePrompt, transcript) of a checkpoint voice's name or of a cloned voice."""
+        if isinstance(voice, CustomVoice):
+            return voice.prompt, voice.prompt_text
+        return self.bundle.voices[voice]
 
     def _launch_advance(self) -> tuple:
         n = len(self.streams)

@@ -150,6 +150,12 @@ class ErrorCode(StrEnum):
         "Input noise reduction '{kind}' is not available on this server ({detail}); set noise_reduction to null.",
     )
     UNKNOWN_VOICE = ("unknown_voice", _INVALID, "Unknown voice '{voice}'; available voices: {voices}.")
+    VOICE_NOT_FOUND = (
+        "voice_not_found",
+        _INVALID,
+        "Custom voice '{voice}' was not found for this API key: register it with POST /v1/realtime/voices "
+        "(voices are per API key and the least recently used are evicted).",
+    )
     UNSUPPORTED_PARAMETER = (
         "unsupported_parameter",
         _INVALID,

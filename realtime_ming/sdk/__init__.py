@@ -22,6 +22,7 @@ from .events import parse_server_event
 from .local import LocalAgent
 from .transcripts import Transcript, TranscriptionFailed, Transcripts
 from .turn import TurnResult, TurnTimings
+from .voices import RegisteredVoice, VoiceError, delete_voice, list_voices, register_voice
 
 __all__ = [
     "UNSET",
@@ -38,14 +39,19 @@ __all__ = [
     "RealtimeClient",
     "RealtimeError",
     "ReconnectPolicy",
+    "RegisteredVoice",
     "ServerError",
     "Transcript",
     "TranscriptionFailed",
     "Transcripts",
     "TurnResult",
     "TurnTimings",
+    "VoiceError",
+    "delete_voice",
+    "list_voices",
     "parse_server_event",
     "read_audio_file",
     "realtime_url",
+    "register_voice",
     "save_wav",
 ]

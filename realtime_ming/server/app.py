@@ -40,10 +40,12 @@ from ..protocol.session import DEFAULT_MODEL, DEFAULT_VOICE
 from .config import ServerConfig, config_to_dict, resolve_api_keys
 from .connection import ConnectionContext, serve_connection
 from .handshake import check_access, inspect_handshake, select_subprotocol
-from .http import HttpRoutes, default_web_roots, text_response
+from .http import HttpRoutes, default_web_roots, request_path, text_response
+from .http_body import BodyConnection, body_connection_factory
 from .lifecycle import TurnTracker
 from .metrics import ServerMetrics
 from .startup import StartupError, check_exposure, load_failure, open_listener, prepare, ssl_context
+from .voice_routes import VoiceRoutes
 
 __all__ = ["EXIT_ENGINE_DIED", "TINY_MODEL_NOTICE", "RealtimeServer", "ServingEngine", "load_engine", "run_server"]
 
@@ -107,6 +109,8 @@ class RealtimeServer:
             models=self._models,
             web_roots=default_web_roots(cfg.server.web_dir),
         )
+        encoder = getattr(engine, "voice_encoder", None)
+        self.voice_routes = VoiceRoutes(cfg.server.voices, cfg.server.auth, encoder if callable(encoder) else lambda: None)
         self._ctx = ConnectionContext(
             engine=self._turns,
             settings=cfg.session,
@@ -117,6 +121,7 @@ class RealtimeServer:
             default_voice=self.default_voice,
             make_vad=self._make_vad,
             media_info=self._info.get("media"),
+            voice_lookup=self.voice_routes.lookup_for,
         )
 
     @property
@@ -168,6 +173,7 @@ class RealtimeServer:
             max_size=limits.max_message_bytes,
             max_queue=limits.max_inbound_frames,
             open_timeout=limits.open_timeout_s,
+            create_connection=body_connection_factory(self.cfg.server.voices.max_upload_bytes),
         )
         log.info("listening on %s (HTTP on the same port)", self.url)
 
@@ -228,6 +234,7 @@ class RealtimeServer:
                 await server.wait_closed()
         except TimeoutError:
             log.warning("sessions still open after %.1f s; leaving them", timeout_s)
+        self.voice_routes.close()
 
     async def __aenter__(self) -> RealtimeServer:  # noqa: PYI034 (final class)
         await self.start()
@@ -237,6 +244,10 @@ class RealtimeServer:
         await self.close()
 
     async def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
+        if VoiceRoutes.matches(request_path(request.path)):
+            return await self.voice_routes.respond(connection, request)
+        if isinstance(connection, BodyConnection):
+            request.method = connection.http_method  # websockets < 17 is shown GET for every method
         response = await self.routes.respond(request)
         if response is not None:
             return response

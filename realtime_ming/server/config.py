@@ -32,6 +32,7 @@ __all__ = [
     "ListenConfig",
     "ServerConfig",
     "TlsConfig",
+    "VoicesConfig",
     "config_to_dict",
     "load_config",
     "load_serve_config",
@@ -119,6 +120,35 @@ class LimitsConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class VoicesConfig:
+    """Voice cloning (`POST /v1/realtime/voices`): upload validation and the bounded per-API-key store."""
+
+    enabled: bool = True
+    max_voices: int = 256  # in the store, all API keys together (least recently used evicted beyond)
+    max_voices_per_key: int = 16  # per API key (that key's least recently used evicted beyond)
+    max_store_bytes: int = 256 * 2**20  # tensors held by the store (least recently used evicted beyond)
+    max_upload_bytes: int = 8 * 2**20  # request body (wav, or JSON with base64 wav); larger -> 413
+    min_duration_s: float = 1.0
+    max_duration_s: float = 30.0
+    min_sample_rate_hz: int = 8000
+    max_sample_rate_hz: int = 192000
+    max_channels: int = 2  # stereo is mixed down to mono
+    max_transcript_chars: int = 1000
+    max_name_chars: int = 64
+    max_pending: int = 4  # registrations being computed at once; more -> 429
+    workers: int = 1  # threads computing embeddings + prompt latents (never the engine thread or event loop)
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            if f.name != "enabled" and getattr(self, f.name) <= 0:
+                raise ValueError(f"server.voices.{f.name} must be > 0")
+        if self.min_duration_s > self.max_duration_s:
+            raise ValueError("server.voices.min_duration_s must be <= max_duration_s")
+        if self.min_sample_rate_hz > self.max_sample_rate_hz:
+            raise ValueError("server.voices.min_sample_rate_hz must be <= max_sample_rate_hz")
+
+
+@dataclass(frozen=True, slots=True)
 class ListenConfig:
     host: str = "127.0.0.1"
     port: int = 8000  # 0 = an ephemeral port (tests)
@@ -127,6 +157,7 @@ class ListenConfig:
     auth: AuthConfig = field(default_factory=AuthConfig)
     tls: TlsConfig = field(default_factory=TlsConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
+    voices: VoicesConfig = field(default_factory=VoicesConfig)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

@@ -75,12 +75,7 @@ def on_response_create(session: Session, event: ce.ResponseCreate, now: float) -
         return session._error(
             ErrorCode.CONVERSATION_ALREADY_HAS_ACTIVE_RESPONSE, event.event_id, response_id=session._response.id
         )
-    voice = params.voice or session.config.voice
-    if voice not in session._accepted_voices:
-        return session._error(
-            ErrorCode.UNKNOWN_VOICE, event.event_id, param="response.voice", voice=voice,
-            voices=", ".join(sorted(session._accepted_voices)),
-        )
+    session._accepted_voices.check(params.voice or session.config.voice, "response.voice", event.event_id)
     check_tool_choice(*response_tools(session.config, params), "response.tool_choice")
     history = None if params.input is None else _history_from(session, params.input)
     # An out-of-band response leaves the conversation as it is: a speculative turn stays valid.
@@ -162,9 +157,9 @@ def turn_request(
     )
 
 
-def _engine_voice(session: Session, voice: str) -> str:
-    """The checkpoint voice that speaks `voice` (OpenAI aliases use the default voice)."""
-    return voice if voice in session.voices else session._default_voice
+def _engine_voice(session: Session, voice: str):
+    """The checkpoint voice or the cloned voice that speaks `voice` (OpenAI names: the default voice)."""
+    return session._accepted_voices.engine_voice(voice)
 
 
 def _engine_truncation(value) -> Truncation:

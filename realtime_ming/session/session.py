@@ -63,14 +63,12 @@ from .input import BufferFull, InputTurns, SpeechBegan, SpeechEnded, TurnSignal
 from .response import ActiveResponse
 from .session_update import on_session_update
 from .transcription import Transcriber
+from .voices import OPENAI_VOICE_ALIASES, SessionVoices, VoiceLookup
 
 __all__ = ["OPENAI_VOICE_ALIASES", "Session"]
 
 log = logging.getLogger(__name__)
 
-# OpenAI's built-in voice names (docs/protocol.md §3.1). Clients send them by default
-# (openai-agents: "ash"), so they are accepted and spoken with the session's default voice.
-OPENAI_VOICE_ALIASES = ("alloy", "ash", "ballad", "coral", "echo", "sage", "shimmer", "verse", "marin", "cedar")
 
 
 @dataclass(slots=True)
@@ -95,13 +93,14 @@ class Session:
         default_voice: str,
         make_vad: Callable[[str], VadBackend],
         media: MediaLimits | None = None,
+        custom_voices: VoiceLookup | None = None,
     ) -> None:
         self.settings = settings
         self.media = media or MediaLimits(min_audio_ms=settings.min_commit_ms, max_audio_s=settings.max_input_audio_s)
         self.dialect = dialect
         self.voices = tuple(voices)
         self._default_voice = default_voice
-        self._accepted_voices = self.voices + tuple(v for v in OPENAI_VOICE_ALIASES if v not in self.voices)
+        self._accepted_voices = SessionVoices(self.voices, default_voice, custom_voices)
         vad = settings.vad
         turn_detection = (
             ServerVad(

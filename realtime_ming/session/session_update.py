@@ -26,6 +26,8 @@ __all__ = ["on_session_update"]
 
 
 def on_session_update(session: Session, event: ce.SessionUpdate, now: float) -> list[Action]:
+    if "voice" in event.session.changes:
+        session._accepted_voices.check(event.session.changes["voice"], event.session.param("voice"))
     new = apply_patch(session.config, event.session, voices=session._accepted_voices)
     if new.session_type is not session.config.session_type:
         if session._response is not None or session._oob:

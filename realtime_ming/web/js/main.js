@@ -8,6 +8,7 @@ import { LatencyChart, median } from "./chart.js";
 import { State, VoiceChat, newDemoRecord } from "./controller.js";
 import { httpUrl } from "./realtime.js";
 import { Banner, LevelMeter, StatusView, Transcript } from "./ui.js";
+import { setupVoiceClone } from "./voiceclone.js";
 
 const SETTINGS_KEY = "realtime-ming-demo";
 const MAX_IMAGE_SIDE = 1024; // images are downscaled before upload (a message stays small)
@@ -245,3 +246,16 @@ const saved = loadSettings();
 ui.setState(State.DISCONNECTED);
 chart.draw();
 loadModels(saved.voice);
+
+// "Clone my voice" (POST /v1/realtime/voices): the new voice joins the picker, selected.
+setupVoiceClone({
+  button: $("clone-voice"),
+  transcript: $("clone-text"),
+  status: $("clone-status"),
+  voicesUrl: () => httpUrl(dom.server.value, "/v1/realtime/voices"),
+  apiKey: () => dom.apiKey.value.trim(),
+  onVoice: (id, name) => {
+    dom.voice.append(new Option(`${name} (cloned)`, id));
+    dom.voice.value = id;
+  },
+});

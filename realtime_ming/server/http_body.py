@@ -1,0 +1,145 @@
+"""HTTP request bodies on the WebSocket server's port.
+
+websockets parses the request head only and treats whatever follows as WebSocket frames, so a
+POST body would be read as garbage frames and the connection dropped before any response.
+`BodyConnection` (passed to `serve(create_connection=...)`) takes the body off the byte stream
+before websockets sees it: it watches the bytes up to the end of the head, and when the head
+declares a body (`Content-Length`) it hands websockets the head alone and keeps the body for the
+HTTP route (`await connection.request_body()`), with the `Content-Length` header removed (websockets
+refuses a request that declares a body). websockets < 17 parses GET requests only: the request line
+of another method reaches it as GET, and the route reads the real one from `http_method`. A body over `max_body_bytes` is never buffered
+(the route answers 413); `Transfer-Encoding` (chunked) is not supported (411). After the head,
+every byte goes straight to websockets: the realtime upgrade pays one branch per read.
+`Expect: 100-continue` (curl, for large uploads) gets its interim response when the body fits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from typing import Any
+
+from websockets.asyncio.server import ServerConnection
+
+__all__ = ["BodyConnection", "BodyError", "body_connection_factory"]
+
+_HEAD_LIMIT = 64 * 1024  # past this without a blank line, websockets' own header limits answer
+
+
+class BodyError(Exception):
+    """The request body cannot be read: carries the HTTP status (411, 413, 400) and the text."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _header_values(head: bytes, name: bytes) -> list[bytes]:
+    values = []
+    for line in head.split(b"\r\n")[1:]:
+        key, sep, value = line.partition(b":")
+        if sep and key.strip().lower() == name:
+            values.append(value.strip())
+    return values
+
+
+class BodyConnection(ServerConnection):
+    """A ServerConnection that keeps a declared request body away from the WebSocket parser."""
+
+    def __init__(self, *args: Any, max_body_bytes: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._max_body = max_body_bytes
+        self._head: bytearray | None = bytearray()  # None once the head has been handed over
+        self._body: bytearray | None = None  # the body being received
+        self._expected = 0
+        self._discard = False  # a refused body: its bytes are dropped
+        self._body_done: asyncio.Future[bytes] = self.loop.create_future()
+        self.http_method = "GET"  # the request line's method (websockets may be shown GET instead)
+
+    async def request_body(self) -> bytes:
+        """The request's body (b"" when it declared none); raises BodyError."""
+        return await asyncio.shield(self._body_done)
+
+    def data_received(self, data: bytes) -> None:
+        if self._head is None:
+            if self._body is not None:
+                self._take_body(data)
+            elif not self._discard:
+                super().data_received(data)
+            return
+        self._head += data
+        end = self._head.find(b"\r\n\r\n")
+        if end == -1:
+            if len(self._head) > _HEAD_LIMIT:
+                self._pass_through(bytes(self._head))
+            return
+        head, rest = bytes(self._head[: end + 4]), bytes(self._head[end + 4 :])
+        self._head = None
+        method, sep, tail = head.partition(b" ")
+        if sep and method not in (b"GET", b"HEAD") and method.isalpha() and len(method) <= 16:
+            self.http_method = method.decode("ascii")
+            head = b"GET " + tail
+        elif sep and method.isalpha():
+            self.http_method = method.decode("ascii")
+        if _header_values(head, b"transfer-encoding"):
+            self._refuse(BodyError(411, "Chunked request bodies are not supported: send Content-Length."))
+            super().data_received(_without_header(head, b"transfer-encoding"))
+            return
+        lengths = _header_values(head, b"content-length")
+        if not lengths:
+            self._finish(b"")
+            super().data_received(head + rest)
+            return
+        if len(set(lengths)) != 1 or not lengths[0].isdigit() or len(lengths[0]) > 18:
+            self._refuse(BodyError(400, "Invalid Content-Length header."))
+        elif int(lengths[0]) > self._max_body:
+            self._refuse(BodyError(413, f"The request body is over the limit of {self._max_body} bytes."))
+        else:
+            self._expected = int(lengths[0])
+            self._body = bytearray()
+            if any(v.lower() == b"100-continue" for v in _header_values(head, b"expect")) and self._expected:
+                self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        super().data_received(_without_header(head, b"content-length"))
+        if self._body is not None:
+            self._take_body(rest)
+
+    def _take_body(self, data: bytes) -> None:
+        assert self._body is not None
+        need = self._expected - len(self._body)
+        self._body += data[:need]
+        if len(self._body) >= self._expected:
+            body, self._body = bytes(self._body), None
+            self._finish(body)
+            self._discard = True  # nothing follows a body on this connection (one request each): dropped
+
+    def _pass_through(self, data: bytes) -> None:
+        self._head = None
+        self._finish(b"")
+        super().data_received(data)
+
+    def _finish(self, body: bytes) -> None:
+        if not self._body_done.done():
+            self._body_done.set_result(body)
+
+    def _refuse(self, error: BodyError) -> None:
+        self._discard = True
+        if not self._body_done.done():
+            self._body_done.set_exception(error)
+            self._body_done.exception()  # retrieved: no "never retrieved" warning when no route reads it
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self._body_done.done():
+            self._refuse(BodyError(400, "The connection closed before the request body was complete."))
+        super().connection_lost(exc)
+
+
+def _without_header(head: bytes, name: bytes) -> bytes:
+    lines = head.split(b"\r\n")
+    kept = [lines[0]] + [line for line in lines[1:] if line.partition(b":")[0].strip().lower() != name]
+    return b"\r\n".join(kept)
+
+
+def body_connection_factory(max_body_bytes: int):
+    """The `create_connection` argument of `serve()`: BodyConnections with this body limit."""
+    return functools.partial(BodyConnection, max_body_bytes=max_body_bytes)
