@@ -186,10 +186,10 @@ def test_runner_puts_the_caption_into_every_job_prompt(monkeypatch, fixture_root
     monkeypatch.setattr(tr, "build_talker_prompt", recording)
     cfg = _config(fixture_root)
     bundle = ModelBundle.load(cfg)
-    talker_cfg = dataclasses.replace(cfg.talker, steps_per_word=1, max_prompt_len=2048)  # the tiny tokenizer is verbose
+    talker_cfg = dataclasses.replace(cfg.talker, steps_per_word=1, max_prompt_len=1024)  # the tiny tokenizer is verbose
     runner = tr.TalkerRunner(bundle, dataclasses.replace(cfg, talker=talker_cfg))
-    runner.enqueue("t", 0, "今天气温25℃，我们下午3:30出发去公园散步吧。", None, seed=1, caption=HAPPY)
+    runner.enqueue("t", 0, "气温25℃，下午3:30出发。", None, seed=1, caption=HAPPY)
     while runner.has_work():
         assert all(out.error is None for out in runner.step())
     assert calls and all(caption == HAPPY for _, caption in calls)
-    assert "".join(text for text, _ in calls) == "今天气温二十五摄氏度，我们下午三点三十分出发去公园散步吧。"
+    assert "".join(text for text, _ in calls) == "气温二十五摄氏度，下午三点三十分出发。"
