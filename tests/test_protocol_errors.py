@@ -247,6 +247,7 @@ FROZEN_CODES = {
     "invalid_json": ErrorType.INVALID_REQUEST,
     "invalid_event": ErrorType.INVALID_REQUEST,
     "invalid_value": ErrorType.INVALID_REQUEST,
+    "invalid_speech_style": ErrorType.INVALID_REQUEST,
     "unknown_parameter": ErrorType.INVALID_REQUEST,
     "unknown_event": ErrorType.INVALID_REQUEST,
     "unsupported_event": ErrorType.INVALID_REQUEST,

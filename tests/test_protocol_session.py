@@ -65,7 +65,7 @@ def test_session_defaults_render_valid_ga_and_beta() -> None:
         "interrupt_response": True,
         "idle_timeout_ms": None,
     }
-    assert ga["realtime_ming"] == {"timing_events": False}
+    assert ga["realtime_ming"] == {"timing_events": False, "speech": None}
     assert beta["modalities"] == ["text", "audio"]
     assert beta["input_audio_format"] == beta["output_audio_format"] == "pcm16"
     assert "idle_timeout_ms" not in beta["turn_detection"]
@@ -199,7 +199,7 @@ def test_apply_update_timing_events_opt_in(dialect: Dialect) -> None:
     assert SessionConfig().timing_events is False
     after = apply_update(SessionConfig(), {"realtime_ming": {"timing_events": True}}, dialect)
     assert after.timing_events is True
-    assert session_to_wire(after, dialect)["realtime_ming"] == {"timing_events": True}
+    assert session_to_wire(after, dialect)["realtime_ming"] == {"timing_events": True, "speech": None}
     assert apply_update(after, {"instructions": "x"}, dialect).timing_events is True
 
 

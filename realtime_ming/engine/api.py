@@ -187,7 +187,8 @@ class TurnRequest:
     voice: Any = None
     with_audio: bool = True
     speculative: bool = False
-    speed: float = 1.0
+    # the talker's style caption (`model/talker_caption.py`: speech rate, emotion, dialect, …); None = none
+    caption: str | None = None
     truncation: Truncation = field(default_factory=Truncation)
     task: TurnTask = TurnTask.REPLY
     # function tools rendered into the system turn as the chat template does (each a JSON object)

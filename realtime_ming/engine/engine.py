@@ -531,8 +531,8 @@ class Engine:
         for seg in segments:
             if Stage.FIRST_SEGMENT not in turn.stages:
                 self._mark(turn, Stage.FIRST_SEGMENT)
-            self._talker.enqueue(turn.request.turn_id, seg.segment_id, seg.text,
-                                 turn.request.voice, turn.request.speed, turn.request.sampling.seed)
+            self._talker.enqueue(turn.request.turn_id, seg.segment_id, seg.text, turn.request.voice,
+                                 seed=turn.request.sampling.seed, caption=turn.request.caption)
 
     def _mark(self, turn: _Turn, stage: Stage) -> None:
         t = time.monotonic()

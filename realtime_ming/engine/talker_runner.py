@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import deque
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -23,6 +23,7 @@ import torch
 from ..model.cfm import CFMParams, sway_time_grid
 from ..model.qwen2 import KVCache
 from ..model.talker import build_talker_prompt, duration_step_cap, initial_history, should_stop
+from ..model.number_zh import talker_tn
 from ..model.talker_text import talker_job_texts
 from ..model.vae_stream import SilenceHolder, VAEStreamState
 from .config import EngineConfig
@@ -62,6 +63,7 @@ class _Job:
     text: str
     voice: str | CustomVoice
     seed: int
+    caption: str | None = None  # the talker's style caption (speech rate, emotion, …), as the turn asked
 
 
 def stream_seed(turn_seed: int, job_index: int) -> int:
@@ -121,17 +123,22 @@ class TalkerRunner:
         self._encode = lambda text: tok.encode(text, add_special_tokens=False).ids
 
     # ---- bookkeeping --------------------------------------------------------------------------
-    def enqueue(self, turn_id: str, segment_id: int, text: str, voice: str | CustomVoice | None, speed: float = 1.0,
-                seed: int | None = None) -> None:
-        """Queue a segment: the reference front-end cuts it into talker jobs (may be none).
+    def enqueue(self, turn_id: str, segment_id: int, text: str, voice: str | CustomVoice | None, *,
+                seed: int | None = None, caption: str | None = None) -> None:
+        """Queue a segment: the reference front-end cuts it into talker jobs (may be none), each text
+        normalised as the reference's TalkerTN does (`model/number_zh.py`); a job left with nothing to
+        say is dropped. `caption` goes into every job's prompt (`build_talker_prompt(caption=…)`).
 
         `seed` (default: the engine seed) and the job's index within the turn fix its noise.
         """
         voice = voice or self.bundle.default_voice
         jobs = self.queues.setdefault(turn_id, deque())
         counter = self._job_count.get(turn_id, 0)
-        for piece in talker_job_texts(text):
-            jobs.append(_Job(turn_id, segment_id, piece, voice, stream_seed(self.seed if seed is None else seed, counter)))
+        for piece in talker_job_texts(text, tn=talker_tn):
+            if not piece.strip():
+                continue
+            seed_ = stream_seed(self.seed if seed is None else seed, counter)
+            jobs.append(_Job(turn_id, segment_id, piece, voice, seed_, caption))
             counter += 1
         self._job_count[turn_id] = counter
 
@@ -221,18 +228,21 @@ class TalkerRunner:
     def _start(self, job: _Job, queue: deque) -> None:
         voice, prompt_text = self._voice(job.voice)
         patches = voice.num_patches
+        # the caption's tokens stay whatever the text's length: only the text part is worth halving
+        fixed = 0 if job.caption is None else len(self._encode(job.caption)) + 1
         while True:
             prompt = build_talker_prompt(self._encode, self.bundle.talker_special, job.text,
                                          num_speakers=0 if voice.spk_embed is None else 1,
-                                         prompt_text=prompt_text if patches else None, prompt_patches=patches)
+                                         prompt_text=prompt_text if patches else None, prompt_patches=patches,
+                                         caption=job.caption)
             # text the reference front-end could not cut (no spaces, no punctuation) may not fit the
             # talker cache: speak it in halves rather than fail
-            if len(prompt.input_ids) <= self.cfg.max_prompt_len // 2 or len(job.text) < 2:
+            if len(prompt.input_ids) - fixed <= self.cfg.max_prompt_len // 2 or len(job.text) < 2:
                 break
             half = len(job.text) // 2
-            queue.appendleft(_Job(job.turn_id, job.segment_id, job.text[half:], job.voice,
-                                    stream_seed(job.seed, 1)))  # not seed + 1: that is the next job's seed
-            job = _Job(job.turn_id, job.segment_id, job.text[:half], job.voice, job.seed)
+            queue.appendleft(replace(job, text=job.text[half:],
+                                     seed=stream_seed(job.seed, 1)))  # not seed + 1: that is the next job's seed
+            job = replace(job, text=job.text[:half])
         spk = [] if voice.spk_embed is None else [voice.spk_embed]
         embeds = self.talker.prompt_embeds(prompt, spk, voice.prompt_emb if patches else None)
         t = embeds.shape[1]

@@ -14,7 +14,8 @@ from typing import Any, ClassVar, Final
 from realtime_ming.protocol.dialect import Dialect
 from realtime_ming.protocol.events import ClientEvent, register
 from realtime_ming.protocol.items import ITEM, ITEMS_OR_REFERENCES, ConversationItem, ItemReference
-from realtime_ming.protocol.session import SESSION_PATCH, TEMPERATURE, SessionPatch
+from realtime_ming.protocol.session import SESSION_PATCH, SPEED, TEMPERATURE, SessionPatch
+from realtime_ming.protocol.speech_style import SPEECH_STYLE, SpeechStyle
 from realtime_ming.protocol.unsupported import refuse_unsupported
 from realtime_ming.protocol.values import (
     AUDIO_FORMAT,
@@ -161,6 +162,8 @@ class ResponseParams:
     """Per-response overrides from `response.create`; `None` means "use the session's value".
 
     `input`, when set, replaces the conversation as the model's context (items and references).
+    `speed` and `speech` (extension `realtime_ming.speed` / `realtime_ming.speech`) override the
+    session's speaking rate and speech style for this response.
     """
 
     conversation: ConversationMode = ConversationMode.AUTO
@@ -174,6 +177,8 @@ class ResponseParams:
     temperature: float | None = None
     metadata: Mapping[str, str] | None = None
     input: tuple[ConversationItem | ItemReference, ...] | None = None
+    speed: float | None = None
+    speech: SpeechStyle | None = None
 
     def to_wire(self, dialect: Dialect) -> JsonValue:
         """The `response` object as a client sends it."""
@@ -188,6 +193,8 @@ def _shared_response_fields() -> tuple[WireField, ...]:
         WireField.at("tool_choice", nullable(TOOL_CHOICE)),
         WireField.at("metadata", nullable(METADATA)),
         WireField.at("input", nullable(ITEMS_OR_REFERENCES)),
+        WireField.at("speed", nullable(SPEED), "realtime_ming.speed"),
+        WireField.at("speech", nullable(SPEECH_STYLE), "realtime_ming.speech"),
     )
 
 

@@ -129,6 +129,11 @@ class ErrorCode(StrEnum):
         "Unsupported transcription model '{model}': {reason}. Input audio is transcribed by the served model's own"
         " ASR; accepted names: {supported}.",
     )
+    INVALID_SPEECH_STYLE = (
+        "invalid_speech_style",
+        _INVALID,
+        "Invalid speech style at '{param}': {detail}.",
+    )
     UNSUPPORTED_AUDIO_FORMAT = (
         "unsupported_audio_format",
         _INVALID,

@@ -6,7 +6,8 @@ One field table per dialect maps `SessionConfig` attributes to wire paths (GA ne
 `[]` clears tools, `null` clears turn detection / transcription / noise reduction. Nested
 objects (a format, turn detection, transcription) are replaced as a whole, missing sub-fields
 taking their defaults. Any bad value raises `ProtocolError` before anything changes.
-Extension: `realtime_ming: {"timing_events": true}` opts in to `realtime_ming.response.timings`.
+Extension: `realtime_ming: {"timing_events": true}` opts in to `realtime_ming.response.timings`;
+`realtime_ming: {"speech": {...}}` sets the talker's speech style (`protocol/speech_style.py`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from realtime_ming.protocol.limits import (
     MAX_METADATA_VALUE_CHARS,
     MAX_TEXT_CHARS,
 )
+from realtime_ming.protocol.speech_style import SPEECH_STYLE, SpeechStyle
 from realtime_ming.protocol.unsupported import refuse_prompt, refuse_unsupported
 from realtime_ming.protocol.values import (
     AUDIO_FORMAT,
@@ -339,7 +341,8 @@ class SessionConfig:
     `model` is always the served model (a requested name is validated and
     reported back as the served one). `tracing` is logged per response (`session.tracing`);
     `include` and `prompt` only take their empty values (anything else is `unsupported_parameter`).
-    `timing_events` is our opt-in for `realtime_ming.response.timings`.
+    `timing_events` is our opt-in for `realtime_ming.response.timings`; `speech` (with `speed`) is
+    the talker's speech style (`realtime_ming.speech`, replaced as a whole, `null` clears).
     """
 
     id: str = field(default_factory=lambda: new_id(IdPrefix.SESSION))
@@ -363,6 +366,7 @@ class SessionConfig:
     prompt: Mapping[str, JsonValue] | None = None
     timing_events: bool = False
     session_type: SessionType = SessionType.REALTIME
+    speech: SpeechStyle | None = None
 
     def to_wire(self, dialect: Dialect) -> dict[str, JsonValue]:
         """Same as `session_to_wire(self, dialect)`."""
@@ -390,6 +394,7 @@ class SessionConfig:
 
 
 _TIMING_EVENTS = WireField.at("timing_events", BOOL, "realtime_ming.timing_events")
+_SPEECH = WireField.at("speech", nullable(SPEECH_STYLE), "realtime_ming.speech")
 _SESSION_FIELDS: Final[dict[Dialect, tuple[WireField, ...]]] = {
     Dialect.GA: (
         WireField.at("model", ID),
@@ -410,6 +415,7 @@ _SESSION_FIELDS: Final[dict[Dialect, tuple[WireField, ...]]] = {
         WireField.at("include", _INCLUDE),
         WireField.at("prompt", _PROMPT),
         _TIMING_EVENTS,
+        _SPEECH,
     ),
     Dialect.BETA: (
         WireField.at("model", ID),
@@ -428,6 +434,7 @@ _SESSION_FIELDS: Final[dict[Dialect, tuple[WireField, ...]]] = {
         WireField.at("temperature", TEMPERATURE),
         WireField.at("tracing", _TRACING),
         _TIMING_EVENTS,
+        _SPEECH,
     ),
 }
 

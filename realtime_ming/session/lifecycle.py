@@ -29,6 +29,7 @@ from ..engine.api import (
     TurnFailed,
     TurnRequest,
 )
+from ..model.talker_caption import TalkerCaption
 from ..protocol import client_events as ce
 from ..protocol.errors import ErrorCode, ErrorType, ProtocolError
 from ..protocol.ids import IdPrefix, new_id
@@ -36,6 +37,7 @@ from ..protocol.items import ItemReference
 from ..protocol.responses import ErrorDetail, ResponseStatus, StatusReason
 from ..protocol.server_events import ConversationItemDeleted
 from ..protocol.session import ServerVad
+from ..protocol.speech_style import caption_labels
 from .actions import Action, CancelTurn, Send, SubmitTurn
 from .conversation import AssistantItem, merge_calls
 from .failures import log_failure
@@ -150,11 +152,19 @@ def turn_request(
         ),
         voice=_engine_voice(session, spec.voice) if spec.is_audio else None,
         with_audio=spec.is_audio,
-        speed=session.config.speed,
+        caption=_talker_caption(session, params) if spec.is_audio else None,
         truncation=_engine_truncation(session.config.truncation),
         tools=tools,
         forced_prefix=forced_prefix,
     )
+
+
+def _talker_caption(session: Session, params: ce.ResponseParams | None) -> str | None:
+    """The talker caption for the response's speed and speech style (the response's override, else the session's)."""
+    p = params or ce.ResponseParams()
+    speed = p.speed if p.speed is not None else session.config.speed
+    style = p.speech if p.speech is not None else session.config.speech
+    return TalkerCaption(**caption_labels(style, speed)).instruction()
 
 
 def _engine_voice(session: Session, voice: str):

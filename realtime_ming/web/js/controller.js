@@ -58,6 +58,11 @@ export function newDemoRecord() {
   };
 }
 
+/** The `realtime_ming.speech` extension object for the demo's style picker (`null` = natural). */
+function speechStyle({ emotion } = {}) {
+  return emotion ? { emotion } : null;
+}
+
 export class VoiceChat {
   /**
    * @param {object} ui view callbacks (see main.js): setState, transcript, latency, level, error,
@@ -98,7 +103,7 @@ export class VoiceChat {
   }
 
   /** Open audio, connect, configure the session, start the microphone; false on failure. */
-  async connect({ serverUrl, apiKey, voice, outputRate, model }) {
+  async connect({ serverUrl, apiKey, voice, outputRate, model, style }) {
     this._reset();
     this._setState(State.CONNECTING);
     this.audio = new AudioIO({
@@ -119,7 +124,7 @@ export class VoiceChat {
         : err.kind === "unreachable" ? "Server unreachable" : "Could not connect", err.message, err.kind);
       return false;
     }
-    this.client.send(this._sessionUpdate(voice, outputRate));
+    this.client.send(this._sessionUpdate(voice, outputRate, style));
     this.demo.sent = this.client.sentCounts;
     try {
       await this.audio.startMic({ targetRate: INPUT_RATE_HZ, frameMs: FRAME_MS });
@@ -131,8 +136,8 @@ export class VoiceChat {
     return this.isConnected;
   }
 
-  _sessionUpdate(voice, outputRate) {
-    const output = { format: { type: "audio/pcm", rate: outputRate } };
+  _sessionUpdate(voice, outputRate, style = {}) {
+    const output = { format: { type: "audio/pcm", rate: outputRate }, speed: style.speed ?? 1 };
     if (voice) output.voice = voice;
     return {
       type: "session.update",
@@ -149,9 +154,18 @@ export class VoiceChat {
           // 44.1 kHz is this server's extension (the model's native rate); 24 kHz is standard.
           output,
         },
-        realtime_ming: { timing_events: true },
+        realtime_ming: { timing_events: true, speech: speechStyle(style) },
       },
     };
+  }
+
+  /** Change the speaking rate and style (`audio.output.speed`, `realtime_ming.speech`) for later replies. */
+  setSpeechStyle(style) {
+    if (!this.isConnected) return;
+    this.client.send({
+      type: "session.update",
+      session: { type: "realtime", audio: { output: { speed: style.speed } }, realtime_ming: { speech: speechStyle(style) } },
+    });
   }
 
   /** Close the session and release the microphone. */

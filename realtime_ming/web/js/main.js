@@ -24,6 +24,9 @@ const dom = {
   voice: $("voice"),
   voiceHint: $("voice-hint"),
   outputRate: $("output-rate"),
+  speed: $("speed"),
+  speedValue: $("speed-value"),
+  emotion: $("emotion"),
   composer: $("composer"),
   composerInput: $("composer-input"),
   send: $("send-btn"),
@@ -155,7 +158,13 @@ async function toggleConnection() {
     voice: dom.voice.value,
     outputRate: Number(dom.outputRate.value),
     model: dom.modelName.dataset.model || "",
+    style: currentStyle(),
   });
+}
+
+/** The speed slider and style picker as sent to the server. */
+function currentStyle() {
+  return { speed: Number(dom.speed.value), emotion: dom.emotion.value };
 }
 
 function setMuted(isMuted) {
@@ -206,6 +215,10 @@ dom.voice.addEventListener("change", () => {
   chat.setVoice(dom.voice.value);
 });
 dom.outputRate.addEventListener("change", saveSettings);
+for (const control of [dom.speed, dom.emotion]) {
+  control.addEventListener("change", () => chat.setSpeechStyle(currentStyle()));
+}
+dom.speed.addEventListener("input", () => { dom.speedValue.textContent = `${Number(dom.speed.value).toFixed(2)}×`; });
 dom.clear.addEventListener("click", () => transcript.clear());
 dom.attach.addEventListener("click", () => dom.imageInput.click());
 dom.imageInput.addEventListener("change", async () => {
