@@ -9,8 +9,8 @@ from typing import Callable, Union
 
 from .api import TurnEvent, TurnRequest
 
-__all__ = ["Cancel", "Capture", "CloseConversation", "Command", "Confirm", "Discard", "InputsReady", "Sink",
-           "Stats", "Stop", "Submit"]
+__all__ = ["Cancel", "Capture", "CloseConversation", "Command", "Confirm", "Discard", "EngineStats", "InputsReady",
+           "Sink", "Stats", "Stop", "Submit"]
 
 Sink = Callable[[TurnEvent], None]
 
@@ -50,6 +50,18 @@ class Cancel:
 @dataclass(frozen=True, slots=True)
 class CloseConversation:
     conversation_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    """Occupancy snapshot (tests assert that cancels leak nothing)."""
+
+    turns: int
+    thinker_rows: int
+    talker_streams: int
+    cached_conversations: int
+    queued_commands: int
+    preparing: int = 0  # submitted turns whose inputs are still being prepared (off the engine thread)
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,8 +45,8 @@ from .api import (
     TurnFailed,
     TurnRequest,
 )
-from .commands import (Cancel, Capture, CloseConversation, Command, Confirm, Discard, InputsReady, Sink, Stats, Stop,
-                       Submit)
+from .commands import (Cancel, Capture, CloseConversation, Command, Confirm, Discard, EngineStats, InputsReady, Sink,
+                       Stats, Stop, Submit)
 from .config import EngineConfig
 from .models import ModelBundle
 from .prompt_budget import ContextLengthExceeded
@@ -66,18 +66,6 @@ from .thinker_runner import ThinkerRunner
 __all__ = ["Engine", "EngineStats"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class EngineStats:
-    """Occupancy snapshot (tests assert that cancels leak nothing)."""
-
-    turns: int
-    thinker_rows: int
-    talker_streams: int
-    cached_conversations: int
-    queued_commands: int
-    preparing: int = 0  # submitted turns whose inputs are still being prepared (off the engine thread)
 
 
 @dataclass
