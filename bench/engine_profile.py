@@ -36,7 +36,7 @@ from realtime_ming.engine.api import (  # noqa: E402
     TurnFailed,
     TurnRequest,
 )
-from realtime_ming.engine.thinker_runner import _to_16k  # noqa: E402
+from realtime_ming.engine.input_processor import _to_16k  # noqa: E402
 from realtime_ming.server import load_config  # noqa: E402
 
 REPLY = "Sure. The weather today looks sunny, with a light breeze from the west and a high of twenty degrees. "

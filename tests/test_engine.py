@@ -329,14 +329,14 @@ def test_engine_batched_prefill_of_mixed_prompts_equals_each_alone(make_engine, 
     alone = [_run(engine, make("-solo")) for make in requests]
     widths: list[list[int]] = []
     runner = engine._thinker
-    original = runner._prefill_batch
+    original = runner.scheduler.prefill_batch
 
-    def spy():
-        chosen = original()
+    def spy(fits=None):
+        chosen = original(fits)
         widths.append([end - start for _, start, end in chosen])
         return chosen
 
-    runner._prefill_batch = spy
+    runner.scheduler.prefill_batch = spy
     together = [Recorder() for _ in requests]
     for make, rec in zip(requests, together):
         engine.submit(make("-all"), rec)
@@ -412,7 +412,7 @@ def test_engine_confirmed_speculative_turn_equals_normal_turn(make_engine):
     live.wait()
     parked = Recorder()
     engine.submit(_request("s2", PROMPT_A, seed=3, speculative=True), parked)
-    _wait_stats(engine, lambda s: (s.turns, s.thinker_rows, s.talker_streams) == (1, 0, 0))
+    _wait_stats(engine, lambda s: (s.turns, s.preparing, s.thinker_rows, s.talker_streams) == (1, 0, 0, 0))
     assert parked.events == []
     engine.confirm("s2")
     parked.wait()
@@ -435,7 +435,7 @@ def test_engine_discarded_speculative_turn_emits_nothing_and_frees_slot(make_eng
     stats = engine.stats()
     assert (stats.turns, stats.thinker_rows, stats.talker_streams) == (0, 0, 0)
     engine.submit(_request("d2", PROMPT_B, speculative=True), parked)
-    _wait_stats(engine, lambda s: (s.turns, s.thinker_rows, s.talker_streams) == (1, 0, 0))
+    _wait_stats(engine, lambda s: (s.turns, s.preparing, s.thinker_rows, s.talker_streams) == (1, 0, 0, 0))
     engine.discard("d2")
     assert engine.stats().turns == 0
     _close_all(engine, ["d0", "d1", "d2"])
@@ -489,44 +489,43 @@ def test_thinker_step_in_flight_skips_rows_cancelled_meanwhile(fixture_root, bun
     runner = ThinkerRunner(bundle, _config(fixture_root))
     for turn_id, text in (("a", PROMPT_A), ("b", PROMPT_B)):
         runner.admit(_request(turn_id, text))
-    while runner._prefill_queue:  # both prompts prefilled, both rows generating
+    while runner.scheduler.prefill_queue:  # both prompts prefilled, both rows generating
         runner.step()
     launched = runner.launch()
     assert {r.request.turn_id for r in launched.decoded} == {"a", "b"}
-    cached = list(runner.rows["a"].slot.ids)
+    cached = list(runner.scheduler.rows["a"].slot.ids)
     runner.cancel("a")
     outputs = runner.collect(launched)
-    assert [o.turn_id for o in outputs] == ["b"] and "a" not in runner.rows
+    assert [o.turn_id for o in outputs] == ["b"] and "a" not in runner.scheduler.rows
     runner.admit(_request("a2", "And the mountains?", conversation="a"))
-    assert runner.rows["a2"].cached_tokens > 0 and runner.rows["a2"].slot.ids == cached[:runner.rows["a2"].cached_tokens]
+    a2 = runner.scheduler.rows["a2"]
+    assert a2.cached_tokens > 0 and a2.slot.ids == cached[:a2.cached_tokens]
 
 
 def test_prefill_batch_stays_within_a_graphed_shape(fixture_root, bundle):
     """With prefill graphs, a batch of queued prompts is not grown past the last shape a graph serves (rows
     are padded to a power of two and rows x width must stay within the budget), even where the unpadded
     batch would still fit the budget."""
-    from types import SimpleNamespace
 
     from realtime_ming.engine.graphs import pick_bucket
     from realtime_ming.engine.thinker_runner import ThinkerRunner
 
     probe = ThinkerRunner(bundle, _config(fixture_root))
     probe.admit(_request("probe", PROMPT_A))
-    width = len(probe.rows["probe"].tail_ids)
+    width = len(probe.scheduler.rows["probe"].tail_ids)
     widths = (32, 64, 128, 256, 512)
     budget = 8 * pick_bucket(widths, width)  # the 8-row graph of this width is the largest that fits
     assert budget // width > 8  # ... while 9 unpadded rows still fit the budget
     runner = ThinkerRunner(bundle, _config(fixture_root, prefill_chunk_tokens=budget))
     for i in range(12):
         runner.admit(_request(f"t{i}", PROMPT_A))
-    assert len(runner._prefill_batch()) == budget // width  # no graphs (CPU): the budget alone
+    assert len(runner.scheduler.prefill_batch()) == budget // width  # no graphs (CPU): the budget alone
 
     def fits(w, rows):  # the graphs a prefiller with this budget captures
         r = pick_bucket((1, 2, 4, 8, 16), rows)
         return r is not None and pick_bucket([x for x in widths if x * r <= budget], w) is not None
 
-    runner.prefiller = SimpleNamespace(fits=fits)
-    assert len(runner._prefill_batch()) == 8
+    assert len(runner.scheduler.prefill_batch(fits)) == 8
 
 
 @pytest.mark.parametrize("kind", ["image", "audio"])

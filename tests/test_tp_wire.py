@@ -29,6 +29,7 @@ def _calls() -> list[tuple[str, tuple, dict]]:
         ("embed", (torch.tensor([[3, 1, 4]]),), {}),
         ("logits", (embeds[:, -1].to(torch.bfloat16),), {}),
         ("decoder_capture", (), {}),
+        ("kv_copy", (2, 0, 17), {}),
         ("stop", (), {}),
     ]
 
@@ -50,7 +51,7 @@ def _rank(rank: int, port: int, out: str) -> None:
                 pub.publish(method, args, kwargs)
         else:
             inbox = Receiver("cpu")
-            got = [inbox.receive() for _ in _calls()]
+            got = [tuple(inbox.receive()) for _ in _calls()]
             torch.save(got, out)
     finally:
         dist.destroy_process_group()

@@ -91,6 +91,8 @@ class EngineConfig:
     talker: TalkerRunnerConfig = field(default_factory=TalkerRunnerConfig)
     segmenter: SegmenterConfig = field(default_factory=SegmenterConfig)
     max_queued_turns: int = 64  # submitted but not yet admitted; beyond -> TurnFailed("engine busy")
+    input_workers: int = 2  # threads preparing requests (chat template, tokens, media) off the engine thread
+    media_cache_mb: int = 512  # preprocessed media kept by content (history images are not preprocessed again)
     # benchmarks only: build the thinker as one rank of a TP=N group alone on its one device, every
     # collective skipped (dummy weights; output meaningless): the per-GPU cost of a TP=N deployment
     # measured where N GPUs are not at hand. 1 = off.
@@ -99,6 +101,10 @@ class EngineConfig:
     def __post_init__(self):
         if self.weights not in ("checkpoint", "dummy"):
             raise ValueError("engine.weights must be 'checkpoint' or 'dummy'")
+        if self.input_workers < 1:
+            raise ValueError("engine.input_workers must be >= 1")
+        if self.media_cache_mb < 0:
+            raise ValueError("engine.media_cache_mb must be >= 0")
         if self.bench_tp_shadow < 1:
             raise ValueError("engine.bench_tp_shadow must be >= 1")
         if self.bench_tp_shadow > 1 and (self.weights != "dummy" and self.model_path is not None

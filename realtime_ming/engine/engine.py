@@ -4,10 +4,12 @@ Each step runs the thinker's and the talker's GPU work side by side (the talker 
 and queues the thinker's next step before waiting for the talker's (`_step`): text routed to the talker in
 one step is spoken from the next.
 
-Callers (the session layer, the SDK) submit `TurnRequest`s from any thread; commands enter
-through a thread-safe inbox and are applied at step boundaries, so a cancel never interrupts a
-kernel. Each turn's events go to its `sink`, called on the engine thread (the sink must be
-cheap and thread-safe, e.g. `loop.call_soon_threadsafe(queue.put_nowait, event)`).
+Callers (the session layer, the SDK) submit `TurnRequest`s from any thread; commands (`engine/commands.py`)
+enter through a thread-safe inbox and are applied at step boundaries, so a cancel never interrupts a
+kernel. A submitted request is prepared at once by the input processor's worker threads (chat template,
+tokens, media preprocessing: `engine/input_processor.py`); the engine thread admits it to the thinker
+when both its Submit and its preparation are done. Each turn's events go to its `sink`, called on the
+engine thread (the sink must be cheap and thread-safe, e.g. `loop.call_soon_threadsafe(queue.put_nowait, event)`).
 Speculative turns run normally but their events are held until `confirm`; `discard` drops them.
 
 Supervision: a command that fails is reported to its caller alone (a turn whose admission raises ends
@@ -24,6 +26,7 @@ import logging
 import queue
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -42,6 +45,8 @@ from .api import (
     TurnFailed,
     TurnRequest,
 )
+from .commands import (Cancel, Capture, CloseConversation, Command, Confirm, Discard, EngineStats, InputsReady, Sink,
+                       Stats, Stop, Submit)
 from .config import EngineConfig
 from .models import ModelBundle
 from .prompt_budget import ContextLengthExceeded
@@ -52,6 +57,7 @@ from .supervision import (
     InjectedEngineDeath,
     WorkerWatch,
     asks_for_engine_death,
+    dead_workers,
     fault_injection_enabled,
 )
 from .talker_runner import TalkerRunner
@@ -60,19 +66,6 @@ from .thinker_runner import ThinkerRunner
 __all__ = ["Engine", "EngineStats"]
 
 log = logging.getLogger(__name__)
-
-Sink = Callable[[TurnEvent], None]
-
-
-@dataclass(frozen=True, slots=True)
-class EngineStats:
-    """Occupancy snapshot (tests assert that cancels leak nothing)."""
-
-    turns: int
-    thinker_rows: int
-    talker_streams: int
-    cached_conversations: int
-    queued_commands: int
 
 
 @dataclass
@@ -92,6 +85,7 @@ class _Turn:
     t0_ms: float = 0.0
     ended: bool = False  # the terminal event was delivered (or held): nothing more reaches the sink
     tool_parser: ToolCallParser | None = None  # the request has tools: calls are parsed out of the text
+    prepared: Future | None = None  # its input processing, until the turn is admitted to the thinker
 
 
 class Engine:
@@ -131,12 +125,12 @@ class Engine:
 
     def capture(self, progress: Callable[[str, int, int], None] | None = None, timeout_s: float = 1800.0) -> None:
         """Capture the runners' CUDA graphs on the engine thread (no-op on CPU / enforce_eager)."""
-        done, errors = threading.Event(), []
-        self._put(("capture", progress, done, errors))
-        if not done.wait(timeout_s):
+        cmd = Capture(progress)
+        self._put(cmd)
+        if not cmd.done.wait(timeout_s):
             raise RuntimeError(f"CUDA-graph capture did not finish within {timeout_s:.0f} s")
-        if errors:  # a server must not start half-captured: the caller sees the failure
-            raise RuntimeError(f"CUDA-graph capture failed: {errors[0]}") from errors[0]
+        if cmd.errors:  # a server must not start half-captured: the caller sees the failure
+            raise RuntimeError(f"CUDA-graph capture failed: {cmd.errors[0]}") from cmd.errors[0]
 
     def warmup(self, timeout_s: float = 300.0) -> None:
         """Run one short spoken turn end to end so first-call costs (allocator growth, kernel selection,
@@ -162,20 +156,27 @@ class Engine:
 
     # ---- thread-safe API -------------------------------------------------------------------
     def submit(self, request: TurnRequest, sink: Sink) -> None:
-        """Start a turn; on a dead engine `sink` gets TurnFailed(ENGINE_UNAVAILABLE) at once, on this thread."""
-        self._put(("submit", request, sink))
+        """Start a turn; on a dead engine `sink` gets TurnFailed(ENGINE_UNAVAILABLE) at once, on this thread.
+        Its inputs are prepared from now on, off the engine thread."""
+        if self._dead is not None:
+            prepared: Future = Future()
+            prepared.cancel()
+        else:
+            prepared = self._thinker.inputs.submit(request)
+            prepared.add_done_callback(lambda f, turn_id=request.turn_id: self._put(InputsReady(turn_id, f)))
+        self._put(Submit(request, sink, prepared))
 
     def confirm(self, turn_id: str) -> None:
-        self._put(("confirm", turn_id))
+        self._put(Confirm(turn_id))
 
     def discard(self, turn_id: str) -> None:
-        self._put(("discard", turn_id))
+        self._put(Discard(turn_id))
 
     def cancel(self, turn_id: str) -> None:
-        self._put(("cancel", turn_id))
+        self._put(Cancel(turn_id))
 
     def close_conversation(self, conversation_id: str) -> None:
-        self._put(("close_conversation", conversation_id))
+        self._put(CloseConversation(conversation_id))
 
     def health(self) -> EngineHealth:
         """Alive, or dead with the reason (thread died, a tensor-parallel worker exited, closed). Any thread."""
@@ -196,11 +197,10 @@ class Engine:
 
     def stats(self) -> EngineStats:
         """Snapshot after every command sent so far has been applied (blocks up to 10 s)."""
-        done = threading.Event()
-        box: list[EngineStats] = []
-        self._put(("stats", box, done))
-        done.wait(10.0)
-        return box[0] if box else EngineStats(-1, -1, -1, -1, -1)
+        cmd = Stats([])
+        self._put(cmd)
+        cmd.done.wait(10.0)
+        return cmd.box[0] if cmd.box else EngineStats(-1, -1, -1, -1, -1, -1)
 
     def close(self) -> None:
         """Stop the thread; active turns end with TurnFailed(ENGINE_UNAVAILABLE, "engine stopped"). Idempotent.
@@ -210,10 +210,11 @@ class Engine:
         if self._watch is not None:
             self._watch.stop()
         if self._thread.is_alive():
-            self._put(("stop",))
+            self._put(Stop())
             self._thread.join(timeout=30 if self._dead is None else 1)
         stuck = self._thread.is_alive()
         self._die("engine closed")
+        self._thinker.close()
         if stuck:
             log.error("engine thread did not stop; tensor-parallel workers are killed, the thread is left behind")
             abort = getattr(self.bundle.thinker, "abort", None)
@@ -223,7 +224,7 @@ class Engine:
         self.bundle.close()
 
     # ---- supervision ----------------------------------------------------------------------------
-    def _put(self, cmd: tuple) -> None:
+    def _put(self, cmd: Command) -> None:
         with self._lock:
             if self._dead is None:
                 self._inbox.put(cmd)
@@ -253,37 +254,42 @@ class Engine:
                 break
             self._reject(cmd, FailureCode.ENGINE_UNAVAILABLE, message)
 
-    def _reject(self, cmd: tuple, code: FailureCode, message: str) -> None:
+    def _reject(self, cmd: Command, code: FailureCode, message: str) -> None:
         """Report a command that could not be applied to its caller (a terminal event, an error, a wake-up)."""
-        kind = cmd[0]
-        if kind == "submit":
-            turn = self._turns.get(cmd[1].turn_id)
-            if turn is not None and turn.sink is cmd[2]:
-                self._fail(cmd[1].turn_id, message, code)
-            else:
-                self._call_sink(cmd[2], TurnFailed(cmd[1].turn_id, message, code))
-        elif kind in ("confirm", "cancel", "discard"):
-            parked = self._parked.pop(cmd[1], None)
-            if parked is not None and kind == "confirm":
-                for event in parked.held:
-                    self._call_sink(parked.sink, event)
-            turn = self._turns.get(cmd[1])
-            if turn is not None:  # a live turn whose command failed: it still ends, and its caller hears of it
-                if kind == "discard":
-                    turn.held = []  # silent, as a discard is
-                elif kind == "confirm" and turn.held is not None:
-                    held, turn.held = turn.held, None
-                    for event in held:
-                        self._call_sink(turn.sink, event)
-                self._fail(cmd[1], message, code)
-                self._parked.pop(cmd[1], None)
-        elif kind == "stats":
-            cmd[2].set()
-        elif kind == "capture":
-            cmd[3].append(RuntimeError(message))
-            cmd[2].set()
-        elif kind == "stop":
-            self._stopping = True
+        match cmd:
+            case Submit(request=request, sink=sink):
+                cmd.prepared.cancel()
+                turn = self._turns.get(request.turn_id)
+                if turn is not None and turn.sink is sink:
+                    self._fail(request.turn_id, message, code)
+                else:
+                    self._call_sink(sink, TurnFailed(request.turn_id, message, code))
+            case InputsReady(turn_id=turn_id):
+                turn = self._turns.get(turn_id)
+                if turn is not None and turn.prepared is cmd.prepared:
+                    self._fail(turn_id, message, code)
+            case Confirm(turn_id=turn_id) | Cancel(turn_id=turn_id) | Discard(turn_id=turn_id):
+                parked = self._parked.pop(turn_id, None)
+                if parked is not None and isinstance(cmd, Confirm):
+                    for event in parked.held:
+                        self._call_sink(parked.sink, event)
+                turn = self._turns.get(turn_id)
+                if turn is not None:  # a live turn whose command failed: it still ends, and its caller hears of it
+                    if isinstance(cmd, Discard):
+                        turn.held = []  # silent, as a discard is
+                    elif isinstance(cmd, Confirm) and turn.held is not None:
+                        held, turn.held = turn.held, None
+                        for event in held:
+                            self._call_sink(turn.sink, event)
+                    self._fail(turn_id, message, code)
+                    self._parked.pop(turn_id, None)
+            case Stats():
+                cmd.done.set()
+            case Capture():
+                cmd.errors.append(RuntimeError(message))
+                cmd.done.set()
+            case Stop():
+                self._stopping = True
 
     def _call_sink(self, sink: Sink, event: TurnEvent) -> None:
         """Deliver one event; a sink that raises is the caller's bug: logged, never the engine's death."""
@@ -312,7 +318,7 @@ class Engine:
                     break
                 self._step()
             except Exception as exc:  # a model failure fails the turns in flight, not the engine
-                dead = self._dead_rank()
+                dead = dead_workers(self.bundle.thinker)
                 if dead is not None:  # the step's collective failed because a rank is gone: never again
                     self._worker_died(f"{dead} (seen as {type(exc).__name__} in a step)")
                     break
@@ -324,22 +330,6 @@ class Engine:
                     self._guarded("invalidating a failed turn's cache", self._thinker.close_conversation,
                                   turn.request.conversation_id)
         self._parked.clear()
-
-    def _dead_rank(self, wait_s: float = 0.5) -> str | None:
-        """After a failed step: the tensor-parallel workers that are gone, if any. A peer's death reaches
-        rank 0 as a collective error (e.g. gloo's connection reset) a moment before its process is reaped,
-        so this looks for up to `wait_s`; without workers it answers at once."""
-        dead_workers = getattr(self.bundle.thinker, "dead_workers", None)
-        if dead_workers is None:
-            return None
-        deadline = time.monotonic() + wait_s
-        while True:
-            dead = dead_workers()
-            if dead:
-                return "tensor-parallel workers gone: " + ", ".join(dead)
-            if time.monotonic() >= deadline:
-                return None
-            time.sleep(0.05)
 
     def _guarded(self, place: str, fn: Callable, *args) -> None:
         try:
@@ -370,9 +360,11 @@ class Engine:
                 try:
                     self._apply(cmd)
                 except Exception as exc:  # one command's failure is reported to its caller alone
-                    self._faults.report(f"engine command {cmd[0]!r}", exc)
-                    code = FailureCode.ADMISSION_FAILED if cmd[0] == "submit" else FailureCode.ENGINE_ERROR
-                    self._reject(cmd, code, f"{cmd[0]} failed: {type(exc).__name__}: {exc}")
+                    name = type(cmd).__name__
+                    self._faults.report(f"engine command {name}", exc)
+                    admitting = isinstance(cmd, (Submit, InputsReady))
+                    code = FailureCode.ADMISSION_FAILED if admitting else FailureCode.ENGINE_ERROR
+                    self._reject(cmd, code, f"{name} failed: {type(exc).__name__}: {exc}")
             if self._stopping:
                 return
             try:
@@ -380,56 +372,62 @@ class Engine:
             except queue.Empty:
                 return
 
-    def _apply(self, cmd: tuple) -> None:
-        kind = cmd[0]
-        if kind == "submit":
-            self._admit(cmd[1], cmd[2])
-        elif kind == "confirm":
-            parked = self._parked.pop(cmd[1], None)
-            if parked is not None:
-                for event in parked.held:
-                    self._call_sink(parked.sink, event)
-                return
-            turn = self._turns.get(cmd[1])
-            if turn is not None and turn.held is not None:
-                held, turn.held = turn.held, None
-                self._mark(turn, Stage.CONFIRMED)
-                with self._lock:
-                    for event in held:
-                        self._call_sink(turn.sink, event)
-        elif kind == "discard":
-            self._parked.pop(cmd[1], None)
-            turn = self._turns.pop(cmd[1], None)
-            if turn is not None:
-                turn.ended = True
-                self._guarded(f"releasing turn {cmd[1]}", self._release, cmd[1])
-        elif kind == "cancel":
-            self._parked.pop(cmd[1], None)
-            turn = self._turns.pop(cmd[1], None)
-            if turn is not None:  # the caller hears TurnCancelled even if freeing the rows fails
-                self._guarded(f"releasing turn {cmd[1]}", self._release, cmd[1])
-                self._emit_terminal(turn, TurnCancelled(cmd[1], turn.text))
-        elif kind == "close_conversation":
-            self._thinker.close_conversation(cmd[1])
-        elif kind == "stats":
-            cmd[1].append(EngineStats(
-                len(self._turns) + len(self._parked), self._thinker.num_rows(), self._talker.num_streams() if self._talker else 0,
-                self._thinker.num_cached(), self._inbox.qsize()))
-            cmd[2].set()
-        elif kind == "capture":
-            try:
-                self._thinker.capture(cmd[1])
-                if self._talker is not None:
-                    self._talker.capture(cmd[1])
-            except Exception as exc:  # reported to Engine.capture's caller; the engine thread lives on
-                log.exception("CUDA-graph capture failed")
-                cmd[3].append(exc)
-            finally:
-                cmd[2].set()
-        elif kind == "stop":
-            self._stopping = True
+    def _apply(self, cmd: Command) -> None:
+        match cmd:
+            case Submit(request=request, sink=sink):
+                self._admit(request, sink, cmd.prepared)
+            case InputsReady(turn_id=turn_id):
+                turn = self._turns.get(turn_id)
+                if turn is not None and turn.prepared is cmd.prepared:  # else cancelled, or admitted already
+                    self._admit_prepared(turn)
+            case Confirm(turn_id=turn_id):
+                parked = self._parked.pop(turn_id, None)
+                if parked is not None:
+                    for event in parked.held:
+                        self._call_sink(parked.sink, event)
+                    return
+                turn = self._turns.get(turn_id)
+                if turn is not None and turn.held is not None:
+                    held, turn.held = turn.held, None
+                    self._mark(turn, Stage.CONFIRMED)
+                    with self._lock:
+                        for event in held:
+                            self._call_sink(turn.sink, event)
+            case Discard(turn_id=turn_id):
+                self._parked.pop(turn_id, None)
+                turn = self._turns.pop(turn_id, None)
+                if turn is not None:
+                    turn.ended = True
+                    self._guarded(f"releasing turn {turn_id}", self._release, turn_id)
+            case Cancel(turn_id=turn_id):
+                self._parked.pop(turn_id, None)
+                turn = self._turns.pop(turn_id, None)
+                if turn is not None:  # the caller hears TurnCancelled even if freeing the rows fails
+                    self._guarded(f"releasing turn {turn_id}", self._release, turn_id)
+                    self._emit_terminal(turn, TurnCancelled(turn_id, turn.text))
+            case CloseConversation(conversation_id=conversation_id):
+                self._thinker.close_conversation(conversation_id)
+            case Stats():
+                preparing = sum(1 for t in self._turns.values() if t.prepared is not None)
+                cmd.box.append(EngineStats(
+                    len(self._turns) + len(self._parked), self._thinker.num_rows(),
+                    self._talker.num_streams() if self._talker else 0, self._thinker.num_cached(),
+                    self._inbox.qsize(), preparing))
+                cmd.done.set()
+            case Capture(progress=progress):
+                try:
+                    self._thinker.capture(progress)
+                    if self._talker is not None:
+                        self._talker.capture(progress)
+                except Exception as exc:  # reported to Engine.capture's caller; the engine thread lives on
+                    log.exception("CUDA-graph capture failed")
+                    cmd.errors.append(exc)
+                finally:
+                    cmd.done.set()
+            case Stop():
+                self._stopping = True
 
-    def _admit(self, request: TurnRequest, sink: Sink) -> None:
+    def _admit(self, request: TurnRequest, sink: Sink, prepared: Future) -> None:
         refusal = None
         if request.turn_id in self._turns or request.turn_id in self._parked:
             refusal = FailureCode.ADMISSION_FAILED, "duplicate turn id"
@@ -440,19 +438,27 @@ class Engine:
                 and request.voice not in self.bundle.voices):
             refusal = FailureCode.INVALID_PROMPT, f"unknown voice {request.voice!r}"
         if refusal is not None:
+            prepared.cancel()
             self._call_sink(sink, TurnFailed(request.turn_id, refusal[1], refusal[0]))
             return
         turn = _Turn(request, sink, [] if request.speculative else None,
                      Segmenter(self.cfg.segmenter) if with_audio else None)
         turn.t0_ms = self._now_ms()
+        turn.prepared = prepared
         if request.tools:
             turn.tool_parser = ToolCallParser(request.turn_id, tool_names(request.tools))
         self._turns[request.turn_id] = turn
         self._mark(turn, Stage.SUBMITTED)
         if self._fault_injection and asks_for_engine_death(request):
             raise InjectedEngineDeath(f"fault injection: turn {request.turn_id} asked for the engine's death")
-        try:  # tokenising, media preprocessing and encoding, prefix matching
-            self._thinker.admit(request)
+        if prepared.done():  # else its InputsReady admits it
+            self._admit_prepared(turn)
+
+    def _admit_prepared(self, turn: _Turn) -> None:
+        """Admit a turn whose inputs are prepared to the thinker (prefix matching, encoders), or fail it."""
+        request, prepared, turn.prepared = turn.request, turn.prepared, None
+        try:  # a preparation error (a prompt over budget, media the model rejects) is raised here
+            self._thinker.admit(request, prepared.result())
         except EngineBusyError as exc:
             self._fail(request.turn_id, str(exc), FailureCode.ENGINE_BUSY)
             return

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 
 from .api import ContentKind, TurnRequest
@@ -30,6 +31,7 @@ __all__ = [
     "InjectedEngineDeath",
     "WorkerWatch",
     "asks_for_engine_death",
+    "dead_workers",
     "fault_injection_enabled",
 ]
 
@@ -104,3 +106,20 @@ class WorkerWatch:
                 self._on_death("; ".join(f"tensor-parallel worker {p.name} (pid {p.pid}) exited with code "
                                          f"{p.exitcode}" for p in dead))
                 return
+
+
+def dead_workers(thinker: object, wait_s: float = 0.5) -> str | None:
+    """After a failed step: the tensor-parallel workers that are gone, if any. A peer's death reaches
+    rank 0 as a collective error (e.g. gloo's connection reset) a moment before its process is reaped,
+    so this looks for up to `wait_s`; without workers it answers at once."""
+    gone = getattr(thinker, "dead_workers", None)
+    if gone is None:
+        return None
+    deadline = time.monotonic() + wait_s
+    while True:
+        dead = gone()
+        if dead:
+            return "tensor-parallel workers gone: " + ", ".join(dead)
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.05)

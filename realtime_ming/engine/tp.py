@@ -37,6 +37,7 @@ from ..model.config import CheckpointConfig
 from ..model.layers import TPGroup
 from ..model.loader import init_dummy, load_weights, read_weight_map
 from ..model.thinker import Thinker, ThinkerKVCache
+from .kv_slots import copy_kv_prefix
 from .thinker_decode import ThinkerDecoder
 from .thinker_prefill import ThinkerPrefiller
 from .tp_wire import Publisher, Receiver
@@ -168,24 +169,24 @@ def _worker(rank: int, launch: TPLaunch, parent: int) -> None:
     decoder = prefiller = None
     inbox = Receiver(device)
     with torch.no_grad():
-        while True:
-            method, args, kwargs = inbox.receive()
-            if method == "stop":
-                break
-            if method == "decoder_init":
-                decoder = ThinkerDecoder(thinker, cache, *args, device=device, **kwargs)
-            elif method == "decoder_capture":
-                decoder.capture()
-            elif method == "decoder_step":
-                decoder.step(*args)
-            elif method == "prefiller_init":
-                prefiller = ThinkerPrefiller(thinker, cache, *args, dtype=launch.dtype, device=device, **kwargs)
-            elif method == "prefiller_capture":
-                prefiller.capture()
-            elif method == "prefiller_step":
-                prefiller.step(**kwargs)
-            else:
-                _run(thinker, cache, method, args, kwargs)
+        while (call := inbox.receive()).method != "stop":
+            match call:
+                case ("decoder_init", args, kwargs):
+                    decoder = ThinkerDecoder(thinker, cache, *args, device=device, **kwargs)
+                case ("decoder_capture", _, _):
+                    decoder.capture()
+                case ("decoder_step", args, _):
+                    decoder.step(*args)
+                case ("prefiller_init", args, kwargs):
+                    prefiller = ThinkerPrefiller(thinker, cache, *args, dtype=launch.dtype, device=device, **kwargs)
+                case ("prefiller_capture", _, _):
+                    prefiller.capture()
+                case ("prefiller_step", _, kwargs):
+                    prefiller.step(**kwargs)
+                case ("kv_copy", args, _):
+                    copy_kv_prefix(cache, *args)
+                case (method, args, kwargs):
+                    _run(thinker, cache, method, args, kwargs)
     _release((decoder, prefiller))
     del decoder, prefiller
     if device.type == "cuda":
@@ -229,6 +230,11 @@ class ThinkerProxy:
         local = ThinkerPrefiller(self.local, cache, tuple(widths), dtype=self.launch.dtype, device=self.device, **shape)
         self._steps.append(local)
         return _ProxyPrefiller(local, self._pub)
+
+    def copy_kv(self, cache: ThinkerKVCache, src: int, dst: int, length: int) -> None:
+        """Copy a slot's K/V prefix into another slot on every rank (`KVSlotManager.fork`)."""
+        self._pub.publish("kv_copy", (int(src), int(dst), int(length)))
+        copy_kv_prefix(cache, src, dst, length)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self._call("embed", ids)

@@ -14,14 +14,16 @@ raises before anything is broadcast, so the ranks never disagree about what was 
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.distributed as dist
 
-__all__ = ["HEADER_LEN", "METHODS", "Publisher", "Receiver"]
+__all__ = ["HEADER_LEN", "METHODS", "Call", "Publisher", "Receiver"]
 
 HEADER_LEN = 1024  # int64s: a decode step of B rows takes 4 * B + 14
 METHODS = ("stop", "embed", "forward", "logits", "decoder_init", "decoder_capture", "decoder_step",
-           "prefiller_init", "prefiller_capture", "prefiller_step")
+           "prefiller_init", "prefiller_capture", "prefiller_step", "kv_copy")
 # keyword arguments the thinker calls take (a key code is a positional index below _POSITIONAL, else one of these)
 KEYWORDS = ("slots", "cache_positions", "kv_len", "image_mask", "audio_mask", "enforce_eager", "rows", "tokens",
             "embeds", "rotary", "cpos")
@@ -29,6 +31,14 @@ _POSITIONAL = 16
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.int16,
           torch.int8, torch.uint8, torch.bool)
 _NONE, _INT, _BOOL, _INTS, _TENSOR = range(5)
+
+
+class Call(NamedTuple):
+    """One published thinker call, as a worker receives it: `method` is one of METHODS."""
+
+    method: str
+    args: tuple
+    kwargs: dict
 
 
 def _encode(method: str, args: tuple, kwargs: dict) -> tuple[list[int], list[torch.Tensor]]:
@@ -95,13 +105,13 @@ class Publisher:
 
 
 class Receiver:
-    """A worker's side: `receive()` -> (method, args, kwargs) with its tensors materialised on `device`."""
+    """A worker's side: `receive()` -> the next Call, its tensors materialised on `device`."""
 
     def __init__(self, device: torch.device | str):
         self.device = torch.device(device)
         self._header = torch.zeros(HEADER_LEN, dtype=torch.int64, device=self.device)
 
-    def receive(self) -> tuple[str, tuple, dict]:
+    def receive(self) -> Call:
         dist.broadcast(self._header, src=0)
         words = self._header.tolist()
         method, count, at = METHODS[words[0]], words[1], 2
@@ -127,5 +137,5 @@ class Receiver:
                 args.append(v)
             else:
                 kwargs[KEYWORDS[key - _POSITIONAL]] = v
-        return method, tuple(args), kwargs
+        return Call(method, tuple(args), kwargs)
 
