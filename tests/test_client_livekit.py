@@ -14,7 +14,6 @@ tool call, then an answer, and whose ASR side turn plays a forced transcript.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 import numpy as np
 import pytest
@@ -85,6 +84,11 @@ class _Generations:
         self.done.append(got)
         self.changed.set()
 
+    async def close(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
     async def wait(self, count: int, timeout: float) -> None:
         async with asyncio.timeout(seconds(timeout)):
             while len(self.done) < count:
@@ -149,10 +153,7 @@ async def test_livekit_realtime_session_spoken_turn_tool_and_transcript(tap, tmp
     finally:
         await session.aclose()
         await model.aclose()
-        for task in generations.tasks:
-            task.cancel()
-        with contextlib.suppress(Exception):
-            await asyncio.gather(*generations.tasks, return_exceptions=True)
+        await generations.close()
     assert not tap.failures, tap.failures
     assert not errors, errors
     assert first["text"] == "Let me check. " and first["audio"]
@@ -174,3 +175,55 @@ async def test_livekit_realtime_session_spoken_turn_tool_and_transcript(tap, tmp
     assert [f["response"]["status"] for f in tap.frames if f["type"] == "response.done"] == ["completed"] * 2
     session_update = next(e for e in tap.sent if e["type"] == "session.update")
     assert session_update["session"]["audio"]["input"]["turn_detection"]["type"] == "semantic_vad"
+
+
+async def test_livekit_text_session_tool_round_trip(tap):
+    """Text only (`modalities=["text"]`, no turn detection, no transcription): the user's message goes in with
+    `update_chat_ctx` (created at `previous_item_id="root"`), `generate_reply` brings the call, the tool's
+    output goes back the same way and the follow-up generation's text is the answer; no audio comes."""
+    from livekit.agents import llm
+    from livekit.agents.llm.utils import execute_function_call
+    from livekit.plugins.openai import realtime
+
+    ran: list[str] = []
+
+    @llm.function_tool
+    async def get_weather(city: str) -> str:
+        """The weather of a city."""
+        ran.append(city)
+        return f"sunny in {city}"
+
+    model = realtime.RealtimeModel(model="ming", api_key="x", base_url=f"http://127.0.0.1:{tap.port}/v1",
+                                   modalities=["text"], turn_detection=None, input_audio_transcription=None)
+    session = model.session()
+    errors: list = []
+    session.on("error", errors.append)
+    generations = _Generations(session)
+    try:
+        await session.update_tools([get_weather])
+        chat_ctx = session.chat_ctx.copy()
+        chat_ctx.add_message(role="user", content="What's the weather in Paris?")
+        await session.update_chat_ctx(chat_ctx)
+        await asyncio.wait_for(session.generate_reply(), seconds(30))
+        await generations.wait(1, 120)
+        (call,) = generations.done[0]["calls"]
+        result = await execute_function_call(call, session.tools)
+        chat_ctx = session.chat_ctx.copy()
+        chat_ctx.items.append(result.fnc_call_out)
+        await session.update_chat_ctx(chat_ctx)
+        await asyncio.wait_for(session.generate_reply(), seconds(30))
+        await generations.wait(2, 120)
+    finally:
+        await session.aclose()
+        await model.aclose()
+        await generations.close()
+    assert not tap.failures, tap.failures
+    assert not errors, errors
+    assert ran == ["Paris"]
+    first, second = generations.done
+    assert first["text"] == "Let me check. " and second["text"] == ANSWER
+    assert not first["audio"] and not second["audio"] and not second["calls"]
+    creates = [e for e in tap.sent if e["type"] == "conversation.item.create"]
+    assert creates[0]["previous_item_id"] == "root" and creates[0]["item"]["role"] == "user"
+    assert not any(f["type"].startswith("response.output_audio") for f in tap.frames)
+    assert [f["response"]["status"] for f in tap.frames if f["type"] == "response.done"] == ["completed"] * 2

@@ -101,7 +101,9 @@ async def _run(tap: FrameTap, session_properties, messages: list, calls: list, s
     from pipecat.pipeline.pipeline import Pipeline
     from pipecat.pipeline.worker import PipelineWorker
     from pipecat.processors.aggregators.llm_context import LLMContext
-    from pipecat.processors.aggregators.llm_response_universal import LLMContextAggregatorPair
+    from pipecat.processors.aggregators.llm_response_universal import (
+        LLMContextAggregatorPair,
+    )
     from pipecat.services.openai.realtime.llm import OpenAIRealtimeLLMService
     from pipecat.workers.runner import WorkerRunner
 
