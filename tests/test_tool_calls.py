@@ -192,12 +192,15 @@ def test_forced_tool_call_reply_gives_call_events_and_is_not_spoken(forced_engin
     assert events[-1].text == "It is sunny in Paris." and not any(isinstance(e, ToolCallStart) for e in events)
 
 
-def test_without_tools_no_call_is_parsed_and_markers_are_skipped(forced_engine):
-    """No tools (tool_choice none): nothing is parsed; the markers are special tokens, skipped like all."""
+def test_without_tools_a_call_is_parsed_out_and_never_spoken(forced_engine):
+    """No tools (tool_choice none, or tools not sent yet): a call the model writes anyway is still parsed
+    out of the text — never spoken — and ends as a malformed call naming why."""
     user = Message("user", (Content.of_text("Weather?"),))
     events = _turn(forced_engine, "t3", [user], tools=(), with_audio=False)
     assert not any(isinstance(e, ToolCallStart) for e in events)
-    assert events[-1].text == "Let me check. " + CALL.replace("<tool_call>", "").replace("</tool_call>", "")
+    (end,) = [e for e in events if isinstance(e, ToolCallEnd)]
+    assert end.arguments is None and "offers no tools" in end.error
+    assert events[-1].text == "Let me check. "
 
 
 @pytest.fixture(scope="module")

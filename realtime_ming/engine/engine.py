@@ -44,6 +44,7 @@ from .api import (
     TurnEvent,
     TurnFailed,
     TurnRequest,
+    TurnTask,
 )
 from .commands import (Cancel, Capture, CloseConversation, Command, Confirm, Discard, EngineStats, InputsReady, Sink,
                        Stats, Stop, Submit)
@@ -445,7 +446,7 @@ class Engine:
                      Segmenter(self.cfg.segmenter) if with_audio else None)
         turn.t0_ms = self._now_ms()
         turn.prepared = prepared
-        if request.tools:
+        if request.task is TurnTask.REPLY:  # without tools too: a call the model makes up is never spoken
             turn.tool_parser = ToolCallParser(request.turn_id, tool_names(request.tools))
         self._turns[request.turn_id] = turn
         self._mark(turn, Stage.SUBMITTED)

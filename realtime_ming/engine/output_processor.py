@@ -1,13 +1,13 @@
 """The thinker's output processor: a sampled token becomes streamed text and maybe a finish.
 
-Applies the row's forced tokens, eos, tool-call markers (with tools they reach the text stream verbatim),
+Applies the row's forced tokens, eos, tool-call markers (a reply's reach the text stream verbatim),
 the length limits (max_tokens, the context) and stop strings (text that could still grow into a stop
 string is held back until it cannot).
 """
 
 from __future__ import annotations
 
-from .api import FinishReason
+from .api import FinishReason, TurnTask
 from .forced import forced_token
 from .scheduler import Row
 
@@ -29,7 +29,9 @@ class OutputProcessor:
             finish = FinishReason.STOP
         else:
             row.generated.append(token)
-            marker = self._markers.get(token) if row.request.tools else None  # else skipped like every special
+            # a reply's tool markers reach the text (its parser drops a call to a function it does not offer);
+            # a transcription skips them like every special token
+            marker = self._markers.get(token) if row.request.task is TurnTask.REPLY else None
             row.text += row.decoder.push(token) if marker is None else row.decoder.flush() + marker
             if len(row.generated) >= sp.max_tokens or len(row.slot.ids) + 1 >= self.max_seq_len:
                 finish = FinishReason.LENGTH

@@ -60,6 +60,9 @@ class ToolCallParser:
             if (self._state, len(self._buf)) == before:
                 return out
 
+    def _unknown(self, name: object) -> str:
+        return f"unknown function {name!r}" + ("" if self.names else " (the response offers no tools)")
+
     def finish(self) -> list[Piece]:
         """End of the turn: release held text; a call still open ends as unterminated."""
         out: list[Piece] = []
@@ -96,7 +99,7 @@ class ToolCallParser:
             except json.JSONDecodeError:
                 name = m.group(1)
             if name not in self.names:
-                out.append(ToolCallEnd(self.turn_id, name, None, f"unknown function {name!r}"))
+                out.append(ToolCallEnd(self.turn_id, name, None, self._unknown(name)))
                 self._state = "skip"
                 return
             self._name, self._head_text = name, self._buf[: m.end()]
@@ -155,7 +158,7 @@ class ToolCallParser:
         name = call.get("name") if isinstance(call, dict) else None
         if not isinstance(name, str) or name not in self.names:
             return [ToolCallEnd(self.turn_id, name if isinstance(name, str) else None, None,
-                                f"unknown function {name!r}")]
+                                self._unknown(name))]
         arguments, error = _arguments(body)
         if error is not None:
             return [ToolCallEnd(self.turn_id, name, None, error)]
