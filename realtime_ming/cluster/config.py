@@ -28,7 +28,7 @@ class AutoscalingConfig:
     """Serve autoscaling on open sessions per replica.
 
     A replica aims at `target_fraction` of its capacity, so new capacity starts while the others
-    still have room: replica start-up (model load, graph capture) takes `startup_s` seconds, and at
+    still have room: replica start-up (model load, graph capture) takes time, and at
     the target there are (1 - target_fraction) x capacity sessions of headroom per replica to cover it.
     Sessions are long: scale down slowly (`downscale_delay_s`) and a scaled-down replica drains.
     """
@@ -39,7 +39,6 @@ class AutoscalingConfig:
     target_fraction: float = 0.75
     upscale_delay_s: float = 5.0
     downscale_delay_s: float = 600.0
-    startup_s: float = 60.0  # documented expectation of one replica's start-up; bounds the upscale delay
 
     def __post_init__(self) -> None:
         if not 0 <= self.min_replicas <= self.max_replicas or self.max_replicas < 1:
