@@ -181,11 +181,15 @@ async def test_killed_replica_ends_its_sessions_cleanly_and_the_other_serves(clu
     ray.kill(ray.get_actor(victim["actor_name"], namespace="serve"), no_restart=True)
 
     async def outcome(client: WsClient):
+        """lost: closed by the middleware; served: the reply finished and the session stays open."""
         try:
-            frames = await client.recv_until("response.done", timeout=240)
-            return "served", frames[-1]
+            done = (await client.recv_until("response.done", timeout=240))[-1]
+            code, reason, _ = await _closed(client, timeout=20)
         except ConnectionClosed:
             return "lost", (client.ws.close_code, client.ws.close_reason, client.frames[-1])
+        except TimeoutError:
+            return "served", done
+        return "lost", (code, reason, client.frames[-1])
 
     results = await asyncio.gather(*(outcome(c) for c in clients))
     lost = [r[1] for r in results if r[0] == "lost"]
