@@ -98,7 +98,7 @@ def speech(tmp_path_factory) -> np.ndarray:
 
 
 async def _open(url: str) -> WsClient:
-    client = WsClient(await connect(url, open_timeout=seconds(30)), Dialect.GA)
+    client = WsClient(await connect(url, open_timeout=seconds(30), ping_interval=None), Dialect.GA)
     assert (await client.recv(timeout=30))["type"] == "session.created"
     await client.send(type="session.update", session={"type": "realtime", "audio": {"input": {"turn_detection": None}}})
     await client.recv_until("session.updated", timeout=30)

@@ -44,9 +44,11 @@ def replica_capacity(cfg) -> int:
 def _serve_replica_impl() -> Any | None:
     """Ray Serve's replica object of this process (holds `_shutting_down`), or None."""
     for obj in gc.get_objects():
-        if type(obj).__name__ == "ReplicaActor" and hasattr(obj, "_replica_impl"):
-            impl = obj._replica_impl
-            return impl if hasattr(impl, "_shutting_down") else None
+        if isinstance(obj, dict) or not hasattr(type(obj), "perform_graceful_shutdown"):
+            continue  # the actor class is generated per deployment (ServeReplica:<app>:<deployment>)
+        impl = getattr(obj, "_replica_impl", None)
+        if impl is not None and hasattr(impl, "_shutting_down"):
+            return impl
     return None
 
 
