@@ -128,9 +128,17 @@ def _run_bench(args: argparse.Namespace) -> int:
     return bench.run(args)
 
 
+def _cluster_cli():
+    from .cluster import cli
+
+    return cli
+
+
 # name -> (help, add_arguments, run), one subcommand each.
 _COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
     "serve": ("run the /v1/realtime server", _add_serve_arguments, _run_serve),
+    "serve-cluster": ("run /v1/realtime on Ray Serve: many replicas, one endpoint (pip install 'realtime-ming[cluster]')",
+                      lambda parser: _cluster_cli().add_arguments(parser), lambda args: _cluster_cli().run(args)),
     "bench": ("TTFA benchmark against a /v1/realtime server (needs the source checkout's bench/)",
               _add_bench_arguments, _run_bench),
 }

@@ -286,6 +286,7 @@ FROZEN_CODES = {
     "engine_error": ErrorType.SERVER,
     "engine_unavailable": ErrorType.SERVER,
     "engine_overloaded": ErrorType.SERVER,
+    "replica_lost": ErrorType.SERVER,
     "engine_admission_failed": ErrorType.SERVER,
     "invalid_prompt": ErrorType.INVALID_REQUEST,
     "server_shutting_down": ErrorType.SERVER,

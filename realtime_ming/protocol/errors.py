@@ -318,6 +318,12 @@ class ErrorCode(StrEnum):
         "The model engine is unavailable, so response '{response_id}' failed; the server is restarting or"
         " shutting down. Reconnect and retry.",
     )
+    REPLICA_LOST = (
+        "replica_lost",
+        _SERVER,
+        "The server replica that held this session stopped unexpectedly; the session and its conversation are"
+        " gone. Reconnect to continue on another replica.",
+    )
     ENGINE_OVERLOADED = (
         "engine_overloaded",
         _SERVER,

@@ -39,12 +39,25 @@ from ..engine.api import EngineHandle, engine_health
 from ..protocol.session import DEFAULT_MODEL, DEFAULT_VOICE
 from .config import ServerConfig, config_to_dict, resolve_api_keys
 from .connection import ConnectionContext, serve_connection
-from .handshake import check_access, inspect_handshake, select_subprotocol
+from .handshake import (
+    HandshakeInfo,
+    check_access,
+    inspect_handshake,
+    select_subprotocol,
+)
 from .http import HttpRoutes, default_web_roots, request_path, text_response
 from .http_body import BodyConnection, body_connection_factory
 from .lifecycle import TurnTracker
 from .metrics import ServerMetrics
-from .startup import StartupError, check_exposure, load_failure, open_listener, prepare, ssl_context
+from .startup import (
+    StartupError,
+    check_exposure,
+    load_failure,
+    open_listener,
+    prepare,
+    ssl_context,
+)
+from .transport import Transport, WebsocketsTransport
 from .voice_routes import VoiceRoutes
 
 __all__ = ["EXIT_ENGINE_DIED", "TINY_MODEL_NOTICE", "RealtimeServer", "ServingEngine", "load_engine", "run_server"]
@@ -158,9 +171,7 @@ class RealtimeServer:
         limits = self.cfg.server.limits
         check_exposure(self.cfg)
         tls = ssl_context(self.cfg.server.tls)
-        if self.cfg.session.vad.backend == VadKind.SILERO.value:
-            self._silero = await asyncio.to_thread(create_silero_session)
-        await asyncio.to_thread(shared_smart_turn)  # semantic_vad's model, loaded off the loop (~1-2 s)
+        await self.prepare()
         sock = self._sock or open_listener(self.cfg.server.host, self.cfg.server.port)
         self._server = await serve(
             self._handle,
@@ -176,6 +187,13 @@ class RealtimeServer:
             create_connection=body_connection_factory(self.cfg.server.voices.max_upload_bytes),
         )
         log.info("listening on %s (HTTP on the same port)", self.url)
+
+    async def prepare(self) -> None:
+        """Load what sessions share (the Silero VAD session, semantic_vad's model) off the loop; `start`
+        calls it, a transport that serves `serve_session` itself (server/asgi.py) calls it once."""
+        if self.cfg.session.vad.backend == VadKind.SILERO.value and self._silero is None:
+            self._silero = await asyncio.to_thread(create_silero_session)
+        await asyncio.to_thread(shared_smart_turn)  # semantic_vad's model, loaded off the loop (~1-2 s)
 
     @property
     def draining(self) -> bool:
@@ -258,7 +276,10 @@ class RealtimeServer:
         return None
 
     async def _handle(self, ws: ServerConnection) -> None:
-        info = inspect_handshake(ws.request)
+        await self.serve_session(WebsocketsTransport(ws), inspect_handshake(ws.request))
+
+    async def serve_session(self, ws: Transport, info: HandshakeInfo) -> None:
+        """Admit (or refuse with 1013) and run one accepted `/v1/realtime` connection to its end."""
         if self._draining:
             self.metrics.refusals.labels("draining").inc()
             await ws.close(CloseCode.TRY_AGAIN_LATER, "server is shutting down; try again later")

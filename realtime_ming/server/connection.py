@@ -1,4 +1,4 @@
-"""One `/v1/realtime` connection: reader, session and writer tasks in one TaskGroup.
+"""One `/v1/realtime` connection: reader, session and writer tasks in one TaskGroup, over any `Transport`.
 
 The reader parses frames into client events (oversize frames become `frame_too_large` errors),
 the session task runs the `SessionRunner`, the writer sends serialised events with a send
@@ -21,8 +21,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from websockets.asyncio.server import ServerConnection
-from websockets.exceptions import ConnectionClosed
 from websockets.frames import CloseCode
 
 from ..audio.vad import VadBackend
@@ -47,6 +45,7 @@ from ..session.failures import log_failure
 from .config import LimitsConfig
 from .handshake import HandshakeInfo
 from .metrics import ServerMetrics
+from .transport import Transport, TransportClosed
 
 __all__ = ["ConnectionContext", "SessionEnded", "serve_connection"]
 
@@ -144,7 +143,7 @@ def _observe(metrics: ServerMetrics) -> Callable[[Action], None]:
     return on_action
 
 
-async def _read(ws: ServerConnection, runner: SessionRunner, outbound: _Outbound, ctx: ConnectionContext,
+async def _read(ws: Transport, runner: SessionRunner, outbound: _Outbound, ctx: ConnectionContext,
                 info: HandshakeInfo) -> None:
     limits = ctx.limits
     while True:
@@ -157,7 +156,7 @@ async def _read(ws: ServerConnection, runner: SessionRunner, outbound: _Outbound
             outbound.put(serialise(Error.from_protocol_error(error), info.dialect))
             outbound.put(_Close(CloseCode.NORMAL_CLOSURE, f"idle timeout: no client events for {limits.idle_timeout_s:g} s"))
             return
-        except ConnectionClosed:
+        except TransportClosed:
             raise SessionEnded(None) from None
         if len(message) > limits.max_frame_bytes:
             event = ProtocolError(ErrorCode.FRAME_TOO_LARGE, num_bytes=len(message), max_bytes=limits.max_frame_bytes)
@@ -172,7 +171,7 @@ async def _read(ws: ServerConnection, runner: SessionRunner, outbound: _Outbound
         await runner.put_client(event)
 
 
-async def _write(ws: ServerConnection, outbound: _Outbound, limits: LimitsConfig) -> None:
+async def _write(ws: Transport, outbound: _Outbound, limits: LimitsConfig) -> None:
     while True:
         item = await outbound.get()
         if isinstance(item, _Close):
@@ -182,32 +181,32 @@ async def _write(ws: ServerConnection, outbound: _Outbound, limits: LimitsConfig
                 await ws.send(item)
         except TimeoutError:
             raise SessionEnded(CloseCode.POLICY_VIOLATION, "client is not reading") from None
-        except ConnectionClosed:
+        except TransportClosed:
             raise SessionEnded(None) from None
         outbound.sent(item)
 
 
-async def _close(ws: ServerConnection, code: CloseCode, reason: str, timeout_s: float) -> None:
+async def _close(ws: Transport, code: CloseCode, reason: str, timeout_s: float) -> None:
     """The closing handshake within `timeout_s`; a peer that does not take it is cut off (TCP abort)."""
     try:
         async with asyncio.timeout(timeout_s):
             await ws.close(code, reason)
     except TimeoutError:
-        ws.transport.abort()
+        ws.abort()
 
 
-async def _send_quietly(ws: ServerConnection, frame: str | None) -> None:
+async def _send_quietly(ws: Transport, frame: str | None) -> None:
     """Best-effort last message before a 1011 close (the peer may be gone already)."""
     if frame is None:
         return
     try:
         async with asyncio.timeout(1.0):
             await ws.send(frame)
-    except (TimeoutError, ConnectionClosed):
+    except (TimeoutError, TransportClosed):
         pass
 
 
-async def serve_connection(ws: ServerConnection, ctx: ConnectionContext, info: HandshakeInfo) -> None:
+async def serve_connection(ws: Transport, ctx: ConnectionContext, info: HandshakeInfo) -> None:
     """Run one accepted realtime connection to its end (the caller has counted it as a session)."""
     session = Session(
         ctx.settings,

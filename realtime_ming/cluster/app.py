@@ -1,0 +1,147 @@
+"""Ray Serve applications of the cluster and `realtime-ming serve-cluster`.
+
+Two Serve applications share the HTTP proxy: the replicas at `/v1/realtime` (one engine each,
+`max_ongoing_requests` = session capacity, so a WebSocket is one request for its life and a full
+replica is never chosen) and the front at `/` (health, models, metrics, demo; no GPU, no engine).
+Keeping HTTP off the replicas means a /health poll never takes a session slot.
+
+`build_apps(cluster_cfg)` returns both bound applications; `app_builder` / `front_builder` are
+the import paths for a `serve run` / `serve deploy` config (configs/cluster-serve.yaml);
+`run_cluster` is the CLI.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+from typing import Any
+
+from .config import ClusterConfig, load_cluster_config
+
+__all__ = ["REPLICA_DEPLOYMENT", "app_builder", "build_apps", "deployment_options", "front_builder", "run_cluster"]
+
+log = logging.getLogger(__name__)
+
+REPLICA_DEPLOYMENT = "RealtimeReplica"
+FRONT_DEPLOYMENT = "ClusterFront"
+REALTIME_ROUTE = "/v1/realtime"
+PROXY_CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
+PROXY_CALLBACK = "realtime_ming.cluster.proxy:middlewares"
+
+
+def _server_config(cluster: ClusterConfig):
+    from ..server.config import load_serve_config
+
+    return load_serve_config(cluster.server_config, list(cluster.overrides))
+
+
+def deployment_options(cluster: ClusterConfig) -> dict[str, Any]:
+    """Serve options of the replica deployment derived from the cluster and server configs."""
+    from .replica import replica_capacity
+
+    cfg = _server_config(cluster)
+    capacity = replica_capacity(cfg)
+    grace = cluster.graceful_shutdown_timeout_s
+    if grace is None:
+        grace = cfg.server.limits.drain_timeout_s + 15.0
+    options: dict[str, Any] = {
+        "name": REPLICA_DEPLOYMENT,
+        "max_ongoing_requests": capacity,
+        "ray_actor_options": {"num_cpus": cluster.num_cpus, "num_gpus": cluster.num_gpus},
+        "graceful_shutdown_timeout_s": grace,
+        "graceful_shutdown_wait_loop_s": 0.5,
+        "health_check_period_s": cluster.health_check_period_s,
+        "health_check_timeout_s": cluster.health_check_timeout_s,
+    }
+    if cluster.autoscaling is not None:
+        options["autoscaling_config"] = cluster.autoscaling.serve_config(capacity)
+    else:
+        options["num_replicas"] = cluster.replicas
+    return options
+
+
+def _replica_app(cluster: ClusterConfig):
+    from ray import serve
+
+    from .replica import RealtimeReplica
+
+    cls = serve.deployment(**deployment_options(cluster))(serve.ingress()(RealtimeReplica))
+    return cls.bind(cluster.server_config, list(cluster.overrides), cluster.app_name, cluster.report_interval_s)
+
+
+def _front_app(cluster: ClusterConfig):
+    from ray import serve
+
+    from .front import ClusterFront
+
+    web_dir = _server_config(cluster).server.web_dir
+    cls = serve.deployment(name=FRONT_DEPLOYMENT, num_replicas=1, max_ongoing_requests=256,
+                           ray_actor_options={"num_cpus": 0})(serve.ingress()(ClusterFront))
+    return cls.bind(cluster.app_name, REPLICA_DEPLOYMENT, cluster.report_interval_s, cluster.replica_stale_s, web_dir)
+
+
+def build_apps(cluster: ClusterConfig) -> dict[str, tuple[Any, str]]:
+    """Serve application name -> (bound application, route prefix)."""
+    return {
+        cluster.app_name: (_replica_app(cluster), REALTIME_ROUTE),
+        f"{cluster.app_name}-front": (_front_app(cluster), "/"),
+    }
+
+
+def app_builder(args: dict[str, Any]):
+    """`import_path` of the replica application in a Serve config; `args` are cluster config keys."""
+    return _replica_app(load_cluster_config(None, **dict(args or {})))
+
+
+def front_builder(args: dict[str, Any]):
+    """`import_path` of the front application in a Serve config; `args` as for `app_builder`."""
+    return _front_app(load_cluster_config(None, **dict(args or {})))
+
+
+def proxy_env(cluster: ClusterConfig) -> dict[str, str]:
+    """The environment Serve's proxy needs for the realtime middleware (cluster/proxy.py), also set in
+    this process: a Ray instance started from here (ray.init without an address) passes it to its proxies.
+    A Ray cluster started elsewhere (`ray start`, KubeRay) needs it on every node (docs/cluster.md)."""
+    import os
+
+    env = {PROXY_CALLBACK_ENV: PROXY_CALLBACK, "REALTIME_MING_ADMISSION_WAIT_S": str(cluster.admission_wait_s)}
+    os.environ.update(env)
+    return env
+
+
+def start_serve(cluster: ClusterConfig, address: str | None = None) -> None:
+    """Connect to (or start) Ray, start Serve's proxy with the realtime middleware, deploy both applications."""
+    import ray
+    from ray import serve
+
+    proxy_env(cluster)
+    if not ray.is_initialized():
+        ray.init(address=address, namespace="serve", log_to_driver=False)
+    serve.start(http_options={"host": cluster.host, "port": cluster.port})
+    for name, (app, prefix) in build_apps(cluster).items():
+        serve.run(app, name=name, route_prefix=prefix, blocking=False)
+
+
+def run_cluster(cluster: ClusterConfig, address: str | None = None) -> int:
+    """CLI: deploy, print the URL, serve until SIGINT/SIGTERM, then `serve.shutdown()` (replicas drain)."""
+    import ray
+    from ray import serve
+
+    start_serve(cluster, address)
+    print(f"realtime-ming: cluster serving on ws://{cluster.host}:{cluster.port}/v1/realtime "
+          f"(health: http://{cluster.host}:{cluster.port}/health)", file=sys.stderr, flush=True)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    log.info("shutting down: replicas drain (graceful_shutdown_timeout_s bounds it)")
+    serve.shutdown()
+    from .registry import NAMESPACE, registry_name
+
+    try:
+        ray.kill(ray.get_actor(registry_name(cluster.app_name), namespace=NAMESPACE))
+    except ValueError:
+        pass
+    return 0

@@ -1,0 +1,67 @@
+"""The cluster's /metrics: every replica's series (label `replica`) plus cluster totals.
+
+Replicas report their own Prometheus exposition (server/metrics.py). The front renders, per family,
+the replica series with a `replica` label (same names as a single server, so `sum without
+(replica)` gives the total) and, under `realtime_ming_cluster_*`, the sums across the replicas now
+reporting (counters, gauges and histogram buckets add up), plus the replica states and capacity.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+
+__all__ = ["render_cluster_metrics"]
+
+_PREFIX = "realtime_ming_"
+_CLUSTER = "realtime_ming_cluster_"
+
+
+def _cluster_name(name: str) -> str:
+    return _CLUSTER + name[len(_PREFIX):] if name.startswith(_PREFIX) else _CLUSTER + name
+
+
+class _Snapshot:
+    def __init__(self, families: list[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> list[Metric]:
+        return self._families
+
+
+def render_cluster_metrics(replicas: list[dict[str, Any]], states: dict[str, str]) -> bytes:
+    """Exposition of `replicas` (reports with `replica` and `metrics` text) and their `states`
+    (replica id -> healthy / draining / down)."""
+    per: dict[str, Metric] = {}
+    total: dict[str, Metric] = {}
+    sums: dict[str, dict[tuple, float]] = defaultdict(lambda: defaultdict(float))
+    for report in replicas:
+        if states.get(report["replica"]) == "down":
+            continue  # a dead replica's last numbers are not current
+        for family in text_string_to_metric_families(report.get("metrics") or ""):
+            mine = per.setdefault(family.name, Metric(family.name, family.documentation, family.type))
+            total.setdefault(family.name, Metric(_cluster_name(family.name),
+                                                 f"{family.documentation} (all replicas)", family.type))
+            for sample in family.samples:
+                mine.add_sample(sample.name, {**sample.labels, "replica": report["replica"]}, sample.value)
+                if not sample.name.endswith("_created"):
+                    sums[family.name][(sample.name, tuple(sorted(sample.labels.items())))] += sample.value
+    for name, metric in total.items():
+        for (sample_name, labels), value in sums[name].items():
+            metric.add_sample(_cluster_name(sample_name), dict(labels), value)
+    replicas_metric = Metric(_CLUSTER + "replicas", "Replicas by state (healthy, draining, down).", "gauge")
+    counts = {"healthy": 0, "draining": 0, "down": 0}
+    for state in states.values():
+        counts[state] = counts.get(state, 0) + 1
+    for state, n in counts.items():
+        replicas_metric.add_sample(_CLUSTER + "replicas", {"state": state}, n)
+    capacity = Metric(_CLUSTER + "capacity", "Sessions the healthy replicas can hold.", "gauge")
+    capacity.add_sample(_CLUSTER + "capacity", {}, sum(r.get("capacity", 0) for r in replicas
+                                                       if states.get(r["replica"]) == "healthy"))
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Snapshot([*per.values(), *total.values(), replicas_metric, capacity]))
+    return generate_latest(registry)

@@ -1,0 +1,162 @@
+"""One Ray Serve replica: one engine, one `RealtimeServer`, served through the ASGI transport.
+
+Sessions: each accepted `/v1/realtime` WebSocket is one Serve request for its whole life, so it
+stays on this replica and counts against `max_ongoing_requests` (= the replica's capacity): Serve's
+router never hands a new session to a full replica (the replica refuses above the limit and the
+router tries another).
+
+Draining: when Serve starts stopping this replica (scale-down, rolling upgrade, `serve shutdown`)
+it stops routing to it and waits up to `graceful_shutdown_timeout_s` for its requests to end. The
+replica notices the stop and drains like the single server on SIGTERM: new responses are refused,
+responses in progress finish (within `server.limits.drain_timeout_s`), then the sessions close with
+1001, the open requests end and Serve completes the stop. Serve has no public hook for "stopping
+began"; the replica reads the flag of Ray Serve 2.60's replica object (`_shutting_down`), found
+once at start. Without it (another Ray version) the drain still runs in `__del__`, after Serve's
+own wait.
+
+Failure: a dead engine fails its responses (`engine_unavailable`), the sessions close with 1011 and
+`check_health` fails, so Serve replaces the replica. A replica process that dies outright is
+handled by the proxy middleware (cluster/proxy.py): its sessions get `replica_lost` and 1012.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import time
+from typing import Any
+
+from websockets.frames import CloseCode
+
+__all__ = ["RealtimeReplica", "replica_capacity"]
+
+log = logging.getLogger(__name__)
+
+_WATCH_S = 0.1  # how often the replica looks for "Serve is stopping me" and a dead engine
+
+
+def replica_capacity(cfg) -> int:
+    """Sessions one replica serves at once: min(server.limits.max_sessions, engine.thinker.max_slots)."""
+    return max(1, min(cfg.server.limits.max_sessions, cfg.engine.thinker.max_slots))
+
+
+def _serve_replica_impl() -> Any | None:
+    """Ray Serve's replica object of this process (holds `_shutting_down`), or None."""
+    for obj in gc.get_objects():
+        if isinstance(obj, dict) or not hasattr(type(obj), "perform_graceful_shutdown"):
+            continue  # the actor class is generated per deployment (ServeReplica:<app>:<deployment>)
+        impl = getattr(obj, "_replica_impl", None)
+        if impl is not None and hasattr(impl, "_shutting_down"):
+            return impl
+    return None
+
+
+class RealtimeReplica:
+    """The replica deployment's class (wrapped by `serve.ingress()` / `serve.deployment` in cluster/app.py)."""
+
+    async def __init__(self, server_config: str | None, overrides: list[str], app_name: str,
+                     report_interval_s: float) -> None:
+        from ray import serve
+
+        from ..server.app import RealtimeServer, load_engine
+        from ..server.asgi import RealtimeAsgiApp
+        from ..server.config import load_serve_config
+        from ..server.startup import prepare
+        from .registry import registry_actor
+
+        cfg = prepare(load_serve_config(server_config, overrides))
+        self.engine = await asyncio.to_thread(load_engine, cfg)
+        self.server = RealtimeServer(cfg, self.engine)
+        self.asgi = RealtimeAsgiApp(self.server)
+        await self.asgi.ensure_prepared()
+        self.capacity = replica_capacity(cfg)
+        context = serve.get_replica_context()
+        self.replica_id = context.replica_id.unique_id
+        self.actor_name = context.replica_id.to_full_id_str()
+        self._registry = registry_actor(app_name)
+        self._report_interval_s = report_interval_s
+        self._stopping = False
+        self._drained = False
+        self._serve_impl = await asyncio.to_thread(_serve_replica_impl)
+        if self._serve_impl is None:
+            log.warning("replica %s: Ray Serve's stop flag not found (not Ray 2.60?): the drain runs only "
+                        "after Serve's own graceful_shutdown wait", self.replica_id)
+        self._tasks = [asyncio.create_task(self._report_loop()), asyncio.create_task(self._watch())]
+        log.info("replica %s ready: %d session(s) of capacity", self.replica_id, self.capacity)
+
+    def __serve_build_asgi_app__(self):
+        return self.asgi
+
+    # ---- state ---------------------------------------------------------------------------------
+    def report(self) -> dict[str, Any]:
+        """What the front shows for this replica (/health, /v1/models, /metrics)."""
+        server = self.server
+        _, health = server._health("health")
+        return {
+            "replica": self.replica_id,
+            "actor_name": self.actor_name,
+            "health": health,
+            "alive": server.engine_failure() is None,
+            "draining": server.draining,
+            "sessions": server.num_sessions,
+            "capacity": self.capacity,
+            "models": server._models(),
+            "metrics": server.metrics.render().decode(),
+            "reported_at": time.time(),
+        }
+
+    async def _report_loop(self) -> None:
+        while True:
+            try:
+                await self._registry.report.remote(self.replica_id, self.report())
+            except Exception as exc:  # the registry restarts (max_restarts=-1): report again next time
+                log.warning("replica %s: report failed: %s", self.replica_id, exc)
+            await asyncio.sleep(self._report_interval_s)
+
+    async def _watch(self) -> None:
+        """Drain when Serve starts stopping this replica; close the sessions when the engine dies."""
+        server = self.server
+        while True:
+            await asyncio.sleep(_WATCH_S)
+            if self._serve_impl is not None and getattr(self._serve_impl, "_shutting_down", False):
+                log.info("replica %s: Serve is stopping it: draining", self.replica_id)
+                await self.drain()
+                return
+            reason = server.engine_failure()
+            if reason is not None:
+                log.critical("replica %s: engine dead (%s): closing its sessions", self.replica_id, reason)
+                server.begin_drain()
+                await server.wait_responses_done(1.0)  # the engine failed them: let response.done go out
+                await self.asgi.close_sessions(CloseCode.INTERNAL_ERROR, "model engine unavailable")
+                return
+
+    async def drain(self) -> bool:
+        """Refuse new sessions and responses, let responses in progress finish, close the sessions (1001)."""
+        if self._drained:
+            return True
+        self._drained = True
+        done = await self.asgi.drain(self.server.cfg.server.limits.drain_timeout_s)
+        try:
+            await self._registry.report.remote(self.replica_id, self.report())
+        except Exception:
+            pass
+        return done
+
+    async def check_health(self) -> None:
+        """Serve's health check: a dead engine makes the replica unhealthy (Serve replaces it)."""
+        reason = self.server.engine_failure()
+        if reason is not None:
+            raise RuntimeError(f"engine dead: {reason}")
+
+    async def __del__(self) -> None:
+        if not hasattr(self, "_tasks"):  # the constructor failed: nothing was started
+            return
+        await self.drain()
+        for task in self._tasks:
+            task.cancel()
+        try:
+            await self._registry.forget.remote(self.replica_id)
+        except Exception:
+            pass
+        await asyncio.to_thread(self.engine.close)

@@ -1,0 +1,105 @@
+"""The cluster's pieces that need no Ray: the proxy middleware's admission and replica-loss answers,
+the metrics aggregation, replica states and the cluster config."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from realtime_ming.cluster.config import ClusterConfigError, load_cluster_config
+from realtime_ming.cluster.front import replica_states
+from realtime_ming.cluster.metrics import render_cluster_metrics
+from realtime_ming.cluster.proxy import FULL_REASON, RealtimeProxyMiddleware
+from realtime_ming.server.metrics import ServerMetrics
+
+SCOPE = {"type": "websocket", "path": "/v1/realtime", "query_string": b"", "headers": [], "subprotocols": ["realtime"]}
+
+
+async def _run(app, wait_s: float = 0.2) -> list[dict]:
+    sent: list[dict] = []
+
+    async def receive():
+        await asyncio.sleep(3600)
+
+    async def send(message):
+        sent.append(message)
+
+    await RealtimeProxyMiddleware(app, admission_wait_s=wait_s)(dict(SCOPE), receive, send)
+    return sent
+
+
+async def test_no_replica_answering_in_time_is_refused_like_a_full_server():
+    cancelled = asyncio.Event()
+
+    async def queued_forever(scope, receive, send):
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    sent = await _run(queued_forever)
+    assert sent == [{"type": "websocket.accept", "subprotocol": "realtime"},
+                    {"type": "websocket.close", "code": 1013, "reason": FULL_REASON}]
+    assert cancelled.is_set()  # the queued request is withdrawn
+
+
+async def test_replica_lost_after_accept_gets_an_error_event_and_1012():
+    async def dies(scope, receive, send):
+        await send({"type": "websocket.accept", "subprotocol": "realtime"})
+        raise RuntimeError("actor died")
+
+    sent = await _run(dies)
+    assert sent[0]["type"] == "websocket.accept"
+    event = json.loads(sent[1]["text"])
+    assert event["type"] == "error" and event["error"]["code"] == "replica_lost"
+    assert sent[2]["type"] == "websocket.close" and sent[2]["code"] == 1012
+
+
+async def test_a_session_the_replica_closed_passes_through_untouched():
+    async def normal(scope, receive, send):
+        await send({"type": "websocket.accept", "subprotocol": None})
+        await send({"type": "websocket.close", "code": 1000, "reason": ""})
+
+    sent = await _run(normal)
+    assert [m["type"] for m in sent] == ["websocket.accept", "websocket.close"] and sent[1]["code"] == 1000
+
+
+def _report(rid: str, sessions: int, ttfa: list[float]) -> dict:
+    metrics = ServerMetrics()
+    metrics.sessions.set(sessions)
+    for value in ttfa:
+        metrics.ttfa.observe(value)
+    return {"replica": rid, "capacity": 4, "sessions": sessions, "alive": True, "draining": False,
+            "metrics": metrics.render().decode(), "age_s": 0.1}
+
+
+def test_cluster_metrics_keep_each_replica_and_sum_them():
+    reports = [_report("a", 3, [0.1, 0.2]), _report("b", 1, [0.3])]
+    text = render_cluster_metrics(reports, {"a": "healthy", "b": "healthy"}).decode()
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in text_string_to_metric_families(text) for s in f.samples}
+    assert samples[("realtime_ming_sessions", (("replica", "a"),))] == 3
+    assert samples[("realtime_ming_cluster_sessions", ())] == 4
+    assert samples[("realtime_ming_cluster_ttfa_seconds_count", ())] == 3
+    assert samples[("realtime_ming_cluster_capacity", ())] == 8
+    down = render_cluster_metrics(reports, {"a": "healthy", "b": "down"}).decode()
+    assert 'realtime_ming_sessions{replica="b"}' not in down and "realtime_ming_cluster_sessions 3.0" in down
+
+
+def test_replica_states_from_reports():
+    reports = {"a": {"alive": True, "age_s": 0.2}, "b": {"alive": True, "age_s": 9.0},
+               "c": {"alive": False, "age_s": 0.1}, "d": {"alive": True, "draining": True, "age_s": 0.1}}
+    assert replica_states(reports, 5.0) == {"a": "healthy", "b": "down", "c": "down", "d": "draining"}
+
+
+def test_cluster_config_rejects_unknown_and_bad_keys(tmp_path):
+    with pytest.raises(ClusterConfigError, match="replica"):
+        load_cluster_config(None, replica=2)
+    with pytest.raises(ClusterConfigError, match="target_fraction"):
+        load_cluster_config(None, autoscaling={"target_fraction": 0})
+    cfg = load_cluster_config(None, autoscaling={"max_replicas": 3})
+    assert cfg.autoscaling.serve_config(8)["target_ongoing_requests"] == 6.0
