@@ -105,6 +105,11 @@ class InputTurns:
         """The detector is inside a (possible) turn."""
         return self._detector is not None and self._detector.state is not TurnState.SILENCE
 
+    @property
+    def judging_barge_in(self) -> bool:
+        """A guarded speech candidate is being judged (the reply's output is held meanwhile)."""
+        return self._detector is not None and self._detector.judging_barge_in
+
     def configure(self, fmt: AudioFormat, turn_detection: TurnDetection) -> None:
         """Set the input format and turn detection (a new detector starts on the current clock)."""
         if self._decoder is None or self._decoder.format != fmt:
