@@ -13,8 +13,9 @@ transcript delta, no `.done`), and when the candidate is judged:
 
 The hold never outlives its candidate: `OutputHold.sync` releases it whenever the detector is no
 longer judging one (turn started or dropped, buffer cleared or committed, detection reconfigured,
-the response gone) and after `max_hold_s` of wall-clock time (a client that stops streaming
-mid-candidate cannot freeze the reply).
+the response gone) and once `max_hold_s` of wall-clock time have passed, checked on every client and
+engine event (a client that stops streaming mid-candidate cannot freeze a reply that is still being
+generated; one whose engine turn already ended is released by the client's next event).
 """
 
 from __future__ import annotations
