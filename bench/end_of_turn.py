@@ -2,7 +2,8 @@
 
 For each mode: split-turn rate on utterances with a mid-sentence pause (more than one SpeechEnded),
 end-of-speech → turn-end delay on complete sentences, and Smart Turn CPU ms per decision.
-Run: `python3 -m bench.end_of_turn [--pause-ms 700]` (synthesises with espeak-ng; ~1 min on one core).
+Run: `python3 -m bench.end_of_turn [--pause-ms 700]` (synthesises with espeak-ng; ~1 min on one core);
+`--cost`: Smart Turn CPU ms per decision by batch size; `--load 64`: 64 sessions' decisions on 2 threads.
 """
 
 from __future__ import annotations
@@ -12,10 +13,14 @@ import base64
 import json
 import statistics
 import subprocess
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import soxr
 
+from realtime_ming.audio.end_of_turn import SmartTurn, smart_turn_features
 from realtime_ming.audio.vad import VadKind, create_silero_session, create_vad
 from realtime_ming.protocol.session import Eagerness, SemanticVad, ServerVad
 from realtime_ming.protocol.values import AudioFormat
@@ -78,11 +83,72 @@ def _modes() -> dict[str, object]:
     }
 
 
+def cost(clips: list[np.ndarray], batches: tuple[int, ...] = (1, 2, 4, 8), repeats: int = 3) -> dict:
+    """CPU ms of one decision: features alone, and features + ONNX per clip at each batch size (medians)."""
+    model = SmartTurn()
+    out: dict[str, float] = {}
+    started = time.thread_time()
+    for _ in range(repeats):
+        for c in clips:
+            smart_turn_features(c)
+    out["features_cpu_ms"] = round((time.thread_time() - started) * 1000.0 / (repeats * len(clips)), 1)
+    for b in batches:
+        per_clip = []
+        for _ in range(repeats):
+            for i in range(0, len(clips) - b + 1, b):
+                started = time.thread_time()
+                model.predict_batch(clips[i: i + b])
+                per_clip.append((time.thread_time() - started) * 1000.0 / b)
+        out[f"batch{b}_cpu_ms_per_decision"] = round(statistics.median(per_clip), 1)
+    return out
+
+
+def load(clips: list[np.ndarray], sessions: int, turn_s: float, workers: int, duration_s: float) -> dict:
+    """`sessions` sessions each asking one decision every `turn_s` (staggered), served by `workers` threads
+    (the session-audio pool) through the shared batching `SmartTurn`: decision latency and whether it keeps up."""
+    model = SmartTurn()
+    model.predict(clips[0])  # warm
+    latencies: list[float] = []
+    lock = threading.Lock()
+    t0 = time.monotonic()
+
+    def decide(due: float, clip: np.ndarray) -> None:
+        model.predict(clip)
+        with lock:
+            latencies.append(time.monotonic() - due)
+
+    schedule = sorted((t0 + (k + s / sessions) * turn_s, s) for s in range(sessions)
+                      for k in range(int(duration_s / turn_s)))
+    cpu0 = time.process_time()
+    with ThreadPoolExecutor(workers) as pool:
+        for due, s in schedule:
+            time.sleep(max(0.0, due - time.monotonic()))
+            pool.submit(decide, due, clips[s % len(clips)])
+    wall = time.monotonic() - t0
+    lat = sorted(latencies)
+    return {
+        "sessions": sessions, "turn_every_s": turn_s, "workers": workers, "decisions": len(lat),
+        "offered_per_s": round(sessions / turn_s, 1), "served_per_s": round(len(lat) / wall, 1),
+        "latency_ms_p50": round(1000 * lat[len(lat) // 2], 1), "latency_ms_p90": round(1000 * lat[int(0.9 * (len(lat) - 1))], 1),
+        "latency_ms_max": round(1000 * lat[-1], 1), "cpu_ms_per_decision": round(1000 * (time.process_time() - cpu0) / len(lat), 1),
+    }
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--pause-ms", type=int, default=700)
     parser.add_argument("--modes", default="", help="comma-separated substrings of mode names (default: all)")
+    parser.add_argument("--cost", action="store_true", help="only the Smart Turn cost per decision and batch size")
+    parser.add_argument("--load", type=int, default=0, metavar="SESSIONS",
+                        help="only the concurrent-session load test with this many sessions")
+    parser.add_argument("--turn-s", type=float, default=4.0, help="load: seconds between one session's decisions")
+    parser.add_argument("--workers", type=int, default=2, help="load: threads serving decisions (cores)")
+    parser.add_argument("--duration-s", type=float, default=20.0)
     args = parser.parse_args(argv)
+    if args.cost or args.load:
+        clips = [soxr.resample(espeak(t, v), _WIRE_HZ, 16000).astype(np.float32) for t in COMPLETE for v in VOICES[:2]]
+        print(json.dumps(cost(clips) if args.cost else load(clips, args.load, args.turn_s, args.workers, args.duration_s)))
+        return
     wanted = [m for m in args.modes.split(",") if m]
     session = create_silero_session()
     paused = [espeak(t, v, args.pause_ms) for t in PAUSED for v in VOICES]

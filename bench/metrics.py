@@ -32,7 +32,7 @@ __all__ = [
 
 PERCENTILES = (50, 90, 99)
 UNDERRUN_THRESHOLDS_MS = (50, 100, 200)
-_SUMMARY_METRICS = ("ttfa_user_s", "ttfa_server_s", "ttft_user_s", "ttfa_server_reported_s", "vad_delay_s",
+_SUMMARY_METRICS = ("ttfa_user_s", "created_user_s", "ttfa_server_s", "ttft_user_s", "ttfa_server_reported_s", "vad_delay_s",
                     "max_gap_s", "underrun_max_s", "rtf", "stream_rtf", "audio_s")
 # Our server's timing-event keys along the data path; `confirmed` is the VAD's end-of-turn decision
 # (a speculative turn starts before it), `response_done` the session's response.done.
@@ -72,6 +72,7 @@ def _response_metrics(r: ResponseTrace, speech_end: float, rate_hz: int) -> dict
     out: dict[str, Any] = {
         "ttfa_user_s": _diff(first, speech_end),
         "ttft_user_s": _diff(r.first_text_at, speech_end),
+        "created_user_s": _diff(r.created_at, speech_end),  # end of speech → response.created
         "audio_s": audio_s,
         "num_chunks": len(r.audio_at),
         "max_gap_s": float(gaps.max()) if gaps.size else None,

@@ -151,3 +151,37 @@ def test_semantic_vad_model_failure_falls_back_to_silence(caplog):
     ends = _ends_ms(turns, np.concatenate([tone(0.6, MODEL_HZ), silence(2.5, MODEL_HZ)]))
     assert len(ends) == 1 and 600 + 2000 <= ends[0] <= 600 + 2100
     assert "end-of-turn model failed" in caplog.text
+
+
+def test_semantic_vad_model_call_starts_early_ms_before_the_decision_on_another_thread():
+    """The pause's call starts at start_after_ms of silence (audio heard by then) on a decision thread,
+    and its answer is taken at decide_after_ms: the model's CPU overlaps the rest of the wait."""
+    policy = EAGERNESS_POLICY["auto"]
+    seen: list[tuple[int, str]] = []
+
+    def judge(audio: np.ndarray) -> float:
+        seen.append((audio.size, threading.current_thread().name))
+        return 0.99
+
+    turns = InputTurns(VadSettings(), lambda _kind: EnergyVad(), 60.0, end_of_turn=judge)
+    turns.configure(AudioFormat(sample_rate_hz=MODEL_HZ), SemanticVad(eagerness=Eagerness.AUTO))
+    ends = _ends_ms(turns, np.concatenate([silence(0.3, MODEL_HZ), tone(0.6, MODEL_HZ), silence(2.0, MODEL_HZ)]))
+    assert len(ends) == 1 and 900 + policy.decide_after_ms <= ends[0] <= 900 + policy.decide_after_ms + 100
+    ((size, thread),) = seen
+    assert thread != threading.current_thread().name and thread.startswith("end-of-turn")
+    # the clip is the turn (with its prefix padding) up to start_after_ms into the silence, not decide_after_ms
+    heard_silence_ms = size // 16 - (600 + 300)
+    assert policy.start_after_ms - 50 <= heard_silence_ms < policy.decide_after_ms
+
+
+def test_semantic_vad_clear_mid_pause_drops_the_early_call():
+    """input_audio_buffer.clear between the early start and the decision: the stale answer is never used;
+    the next turn gets its own call."""
+    calls: list[int] = []
+    turns = _turns(Eagerness.AUTO, 0.99, calls)
+    policy = EAGERNESS_POLICY["auto"]
+    pre = np.concatenate([tone(0.6, MODEL_HZ), silence((policy.start_after_ms + 40) / 1000, MODEL_HZ)])
+    assert _ends_ms(turns, pre) == [] and len(calls) <= 1
+    turns.clear()
+    ends = _ends_ms(turns, np.concatenate([silence(0.3, MODEL_HZ), tone(0.6, MODEL_HZ), silence(1.0, MODEL_HZ)]))
+    assert len(ends) == 1 and len(calls) == 2

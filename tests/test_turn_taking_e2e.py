@@ -12,7 +12,7 @@ import asyncio
 
 import numpy as np
 import pytest
-from server_support import WsClient, chunks, pcm16_b64, silence
+from server_support import StubEngine, WsClient, chunks, pcm16_b64, silence
 from websockets.asyncio.client import connect
 
 from bench.end_of_turn import espeak
@@ -117,4 +117,59 @@ async def test_real_interruption_cancels_the_reply(server):
     assert types.index("input_audio_buffer.speech_started") < types.index("response.done")
     assert done["response"]["id"] == response_id
     assert (done["response"]["status"], done["response"]["status_details"]["reason"]) == ("cancelled", "turn_detected")
+    await client.ws.close()
+
+
+
+@pytest.fixture
+async def streaming_server():
+    """Our server on a scripted engine whose reply is a steady audio stream (20 ms of tone every 20 ms),
+    so the time the reply's audio stops is measurable to the frame (the tiny CPU model streams in bursts)."""
+    from realtime_ming.server import load_config
+
+    stub = StubEngine(words=("word ",) * 1000, chunk_s=0.02, step_s=0.02)
+    try:
+        async with RealtimeServer(load_config(None, ["server.port=0"]), stub) as srv:
+            yield srv
+    finally:
+        stub.close()
+
+
+async def test_real_interruption_stops_the_reply_audio_fast(streaming_server):
+    """A real interruption streamed in real time (20 ms appends) over a steadily streaming reply: the
+    reply's last audio delta leaves within a few VAD windows of the speech onset (output held from the
+    first speech window), long before speech_started (judged after barge_in_min_speech_ms)."""
+    client = await _client(streaming_server)
+    await client.send(type="response.create")
+    response_id = (await client.recv_until("response.output_audio.delta", timeout=30))[-1]["response_id"]
+    received: list[tuple[float, dict]] = []
+    loop = asyncio.get_running_loop()
+
+    async def receive() -> None:
+        while True:
+            frame = await client.recv(30)
+            received.append((loop.time(), frame))
+            if frame["type"] == "input_audio_buffer.speech_stopped":
+                return
+
+    reader = asyncio.create_task(receive())
+    lead = silence(0.6)
+    audio = np.concatenate([lead, espeak("No, I meant the other one, the blue one.", "en-us"), silence(1.0)])
+    step, onset_at = WIRE_HZ // 50, None
+    t0 = loop.time()
+    for i in range(0, audio.size, step):
+        await asyncio.sleep(max(0.0, t0 + i / WIRE_HZ - loop.time()))
+        await client.send(type="input_audio_buffer.append", audio=pcm16_b64(audio[i: i + step]))
+        if onset_at is None and i + step > lead.size:
+            onset_at = loop.time()
+    await asyncio.wait_for(reader, 30)
+    deltas = [t for t, f in received if f["type"] == "response.output_audio.delta" and f["response_id"] == response_id]
+    started = next(t for t, f in received if f["type"] == "input_audio_buffer.speech_started")
+    done = next(f for _, f in received if f["type"] == "response.done")
+    assert (done["response"]["status"], done["response"]["status_details"]["reason"]) == ("cancelled", "turn_detected")
+    streaming = sum(onset_at - 0.3 < t < onset_at for t in deltas)
+    assert streaming >= 3, f"the reply was not streaming at the onset ({streaming} deltas in the 300 ms before it)"
+    stop_ms, cancel_ms = (deltas[-1] - onset_at) * 1000.0, (started - onset_at) * 1000.0
+    assert stop_ms <= 250.0, (stop_ms, cancel_ms)  # without the hold: ~530 ms (the cancel's time)
+    assert cancel_ms > 300.0  # the cancel itself waits for the judgement; the audio did not
     await client.ws.close()

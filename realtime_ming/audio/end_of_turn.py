@@ -11,7 +11,9 @@ a batch runs are served together by the next `InferenceSession.run` (no added wa
 
 from __future__ import annotations
 
+import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,7 @@ __all__ = [
     "SMART_TURN_WINDOW_SAMPLES",
     "EndOfTurnPolicy",
     "SmartTurn",
+    "decision_pool",
     "shared_smart_turn",
     "smart_turn_features",
     "smart_turn_model_path",
@@ -153,12 +156,22 @@ class EndOfTurnPolicy:
     threshold: float
     decide_after_ms: int
     fallback_ms: int
+    # The model call starts this much before the decision point (on the audio heard by then), so its
+    # ~100+ ms of CPU overlaps the rest of the wait instead of following it.
+    early_ms: int = 100
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.threshold <= 1.0:
             raise ValueError(f"threshold: must be in [0, 1], got {self.threshold}")
         if not 0 < self.decide_after_ms < self.fallback_ms:
             raise ValueError(f"need 0 < decide_after_ms < fallback_ms, got {self.decide_after_ms}, {self.fallback_ms}")
+        if not 0 <= self.early_ms < self.decide_after_ms:
+            raise ValueError(f"early_ms: must be in [0, decide_after_ms), got {self.early_ms}")
+
+    @property
+    def start_after_ms(self) -> int:
+        """Silence after which the model call starts."""
+        return self.decide_after_ms - self.early_ms
 
 
 # "high" ends a turn on weaker evidence, "low" lets the user take their time: it asks only after 800 ms
@@ -173,6 +186,17 @@ EAGERNESS_POLICY: dict[str, EndOfTurnPolicy] = {
 
 _SHARED: SmartTurn | None = None
 _SHARED_LOCK = threading.Lock()
+_POOL: ThreadPoolExecutor | None = None
+
+
+def decision_pool() -> ThreadPoolExecutor:
+    """Process-wide threads that run end-of-turn calls started ahead of their decision point (one per
+    core; concurrent calls share `SmartTurn` batches)."""
+    global _POOL
+    with _SHARED_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="end-of-turn")
+        return _POOL
 
 
 def shared_smart_turn() -> SmartTurn:

@@ -134,6 +134,11 @@ class TurnDetector:
                 self._step(self._vad.speech_prob(self._window), end - size, end, events)
         return events
 
+    @property
+    def judging_barge_in(self) -> bool:
+        """Guarded and a speech candidate is being judged: a reply may be about to be interrupted."""
+        return self._guard and self._state is TurnState.PENDING
+
     def guard_barge_in(self, on: bool) -> None:
         """While on (a reply is playing), a turn starts only on a real interruption (see the config)."""
         self._guard = on

@@ -10,12 +10,18 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ..audio.denoise import RnnoiseDenoiser
-from ..audio.end_of_turn import EAGERNESS_POLICY, EndOfTurnPolicy, shared_smart_turn
+from ..audio.end_of_turn import (
+    EAGERNESS_POLICY,
+    EndOfTurnPolicy,
+    decision_pool,
+    shared_smart_turn,
+)
 from ..audio.pcm import b64decode_audio
 from ..audio.turns import (
     SpeechPaused,
@@ -79,6 +85,7 @@ class InputTurns:
         self._end_of_turn = end_of_turn
         self._policy: EndOfTurnPolicy | None = None  # semantic_vad only
         self._decided = False  # Smart Turn already asked during the current pause
+        self._early: Future | None = None  # the current pause's Smart Turn call, started early_ms ahead
         self.last_decision: tuple[float, float] | None = None  # (P(complete), CPU ms) of the latest call
         self._make_vad = make_vad
         self._max_buffer_ms = max_buffer_s * 1000.0
@@ -105,11 +112,17 @@ class InputTurns:
         """The detector is inside a (possible) turn."""
         return self._detector is not None and self._detector.state is not TurnState.SILENCE
 
+    @property
+    def judging_barge_in(self) -> bool:
+        """A guarded speech candidate is being judged (the reply's output is held meanwhile)."""
+        return self._detector is not None and self._detector.judging_barge_in
+
     def configure(self, fmt: AudioFormat, turn_detection: TurnDetection) -> None:
         """Set the input format and turn detection (a new detector starts on the current clock)."""
         if self._decoder is None or self._decoder.format != fmt:
             self._decoder = InputDecoder(fmt)
         self._speech_item_id = None
+        self._decided, self._early = False, None
         if turn_detection is None:
             self._detector = None
             return
@@ -163,7 +176,8 @@ class InputTurns:
             return []
         signals = [self._signal(event) for event in self._detector.feed(samples)]
         if any(isinstance(signal, SpeechResumed | SpeechBegan | SpeechEnded) for signal in signals):
-            self._decided = False
+            self._decided, self._early = False, None  # a call still running for a pause that ended: ignored
+        self._start_end_of_turn()
         stopped = self._judge_end_of_turn()
         if stopped is not None:
             signals.append(self._signal(stopped))
@@ -172,21 +186,35 @@ class InputTurns:
             self._buffer.drop_before(self._buffer.end_sample - keep)
         return signals
 
+    def _start_end_of_turn(self) -> None:
+        """semantic_vad: at `start_after_ms` of silence, start the pause's one Smart Turn call (off this thread)."""
+        detector, policy = self._detector, self._policy
+        if policy is None or detector is None or self._decided or self._early is not None or self._end_of_turn is None:
+            return
+        if detector.silence_ms() >= policy.start_after_ms:
+            self._early = decision_pool().submit(self._timed_call, self._end_of_turn, self.speech_so_far())
+
+    @staticmethod
+    def _timed_call(model: Callable[[np.ndarray], float], audio: np.ndarray) -> tuple[float, float]:
+        started = time.thread_time()
+        return model(audio), (time.thread_time() - started) * 1000.0
+
     def _judge_end_of_turn(self) -> SpeechStopped | None:
-        """semantic_vad: once per pause, after `decide_after_ms` of silence, ask the end-of-turn model."""
+        """semantic_vad: once per pause, after `decide_after_ms` of silence, take the end-of-turn model's answer
+        (waiting for the rest of the call started `early_ms` before)."""
         detector, policy = self._detector, self._policy
         if policy is None or detector is None or self._decided or self._end_of_turn is None:
             return None
         if detector.silence_ms() < policy.decide_after_ms:
             return None
         self._decided = True
-        started = time.thread_time()
+        call, self._early = self._early, None
         try:
-            prob = self._end_of_turn(self.speech_so_far())
+            prob, cpu_ms = call.result() if call is not None else self._timed_call(self._end_of_turn, self.speech_so_far())
         except Exception:  # the silence fallback still ends the turn; one log line, never a lost session
             log.exception("end-of-turn model failed; waiting for the %d ms silence fallback", policy.fallback_ms)
             return None
-        self.last_decision = (prob, (time.thread_time() - started) * 1000.0)
+        self.last_decision = (prob, cpu_ms)
         return detector.end_turn() if prob >= policy.threshold else None
 
     def _abs_sample(self, ms: int) -> int:
@@ -235,6 +263,7 @@ class InputTurns:
         """Drop buffered audio and restart turn detection (the sample clock keeps running)."""
         self._buffer.clear()
         self._speech_item_id = None
+        self._decided, self._early = False, None
         if self._detector is not None:
             self._detector.reset()
         if reset_decoder and self._decoder is not None:

@@ -54,6 +54,7 @@ from .actions import (
     SubmitTurn,
 )
 from .audio_io import MODEL_SAMPLE_RATE_HZ
+from .barge_in import OutputHold, max_hold_s, sync_output_hold
 from .config import SessionSettings
 from .content import MediaLimits, media_parts, part_to_content, stored_part
 from .conversation import Conversation, StoredItem
@@ -126,6 +127,7 @@ class Session:
         self._input = InputTurns(vad, make_vad, settings.max_input_audio_s)
         self._input.configure(self.config.input_format, self.config.turn_detection)
         self._speculation: _Speculation | None = None
+        self._hold = OutputHold(max_hold_s(vad.detector))  # the reply's output while a barge-in is judged
         self._response: ActiveResponse | None = None  # the one response of the default conversation
         self._oob: dict[str, ActiveResponse] = {}  # out-of-band responses running beside it, by id
         self._idle = IdleTimer()  # GA turn_detection.idle_timeout_ms
@@ -175,7 +177,7 @@ class Session:
             return self._error(ErrorCode.TRANSCRIPTION_SESSION_NO_RESPONSE, event.event_id, param="type")
         before, oob_before = self._response, set(self._oob)
         try:
-            return handler(self, event, now) + self._release_transcriptions()
+            return handler(self, event, now) + sync_output_hold(self, now) + self._release_transcriptions()
         except ProtocolError as error:
             return [Send(Error.from_protocol_error(error.with_event_id(event.event_id)))]
         except Exception as exc:  # a bug must cost this request, never the session
@@ -358,7 +360,11 @@ class Session:
         """Apply one engine event; output of turns that are no longer active is dropped."""
         if self._transcriber.owns(event.turn_id):
             return self._transcriber.on_engine_event(event)
-        return lifecycle.on_engine_event(self, event, now) + self._release_transcriptions()
+        actions = sync_output_hold(self, now) if self._hold.active else []
+        if self._hold.holds(event.turn_id):  # a possible interruption is being judged: nothing goes out yet
+            self._hold.add(event)
+            return actions
+        return actions + lifecycle.on_engine_event(self, event, now) + self._release_transcriptions()
 
     def _release_transcriptions(self) -> list[Action]:
         return self._transcriber.release(self._response)
