@@ -22,8 +22,9 @@ from tokenizers import Tokenizer
 from ..model.audio_encoder import AudioProjector, WhisperEncoder, audio_token_lengths, max_mel_frames
 from ..model.campplus import CampPlus
 from ..model.config import CheckpointConfig, load_checkpoint_config
-from ..model.kernels import TRITON, Kernels, available as triton_available
 from ..model.image_processing import MAX_ASPECT_RATIO, VisionInput, image_grid, preprocess_image
+from ..model.kernels import TRITON, Kernels
+from ..model.kernels import available as triton_available
 from ..model.layers import TPGroup
 from ..model.loader import init_dummy, load_weights, read_weight_map
 from ..model.presets import preset_config

@@ -16,11 +16,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ThinkerConfig
-from .layers import SINGLE, ColumnParallelLinear, RowParallelLinear, TPGroup, concat_params, mark_tp
 from .kernels import moe_decode as decode_kernels
 from .kernels.moe_experts import fused_experts
 from .kernels.selection import REFERENCE, Kernels
 from .kernels.swiglu import silu_mul
+from .layers import SINGLE, ColumnParallelLinear, RowParallelLinear, TPGroup, concat_params, mark_tp
 from .loader import TensorSource, narrow_for_rank
 
 __all__ = [

@@ -16,11 +16,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .config import Qwen2Config
 from .kernels.rotary import RotaryStyle, head_rotary
 from .kernels.selection import REFERENCE, Kernels
 from .kernels.slot_attention import decode_attention
 from .kernels.swiglu import silu_mul
-from .config import Qwen2Config
 from .layers import RMSNorm, concat_params, prenorm_stack, rope_inv_freq
 
 __all__ = ["KVCache", "Qwen2Model", "Qwen2Rotary", "causal_window_mask"]

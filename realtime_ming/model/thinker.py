@@ -16,11 +16,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .config import ThinkerConfig, load_checkpoint_config
 from .kernels.rotary import RotaryStyle, head_rotary
 from .kernels.sdpa import attention_any_length
 from .kernels.selection import REFERENCE, Kernels
 from .kernels.slot_attention import decode_attention, prefill_attention, prefill_attention_supported
-from .config import ThinkerConfig, load_checkpoint_config
 from .layers import (
     SINGLE,
     ColumnParallelLinear,
