@@ -30,7 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_timing import Results, cuda_ms, measure_ceilings, param_bytes
 
 from realtime_ming.engine.graphs import BucketedGraph, GraphInput
-from realtime_ming.model import fused, moe, moe_triton
+from realtime_ming.model import moe
+from realtime_ming.model.kernels import Kernels, available, select_kernels
 from realtime_ming.model.audio_encoder import AudioProjector, WhisperEncoder
 from realtime_ming.model.cfm import CFMParams, sway_time_grid
 from realtime_ming.model.layers import TPGroup
@@ -54,17 +55,12 @@ KV_CAP = 512
 DEV = "cuda"  # --dry-cpu: "cpu" with the tiny preset (plumbing check, eager only)
 
 
-def build(cls, *args, seed=0):
-    """Construct on meta and fill with seeded dummy bf16 weights on the device."""
+def build(cls, *args, seed=0, kernels: Kernels | None = None):
+    """Construct on meta (with `kernels`, for the models that take a selection) and fill with seeded dummy
+    bf16 weights on the device."""
     with torch.device("meta"):
-        module = cls(*args)
+        module = cls(*args) if kernels is None else cls(*args, kernels=kernels)
     return init_dummy(module, seed=seed, device=DEV, dtype=BF16).eval()
-
-
-def set_triton(on: bool) -> None:
-    """Switch moe.py's CUDA experts to the Triton kernel (no-op where Triton is missing: dry runs)."""
-    if moe_triton.available():
-        moe_triton.enable() if on else moe_triton.disable()
 
 
 def bench_config(dry: bool):
@@ -115,6 +111,8 @@ class Bench:
                 "fused_kernels": not args.no_fused,
                 "thinker_tp_shadow": args.tp_shadow}
         self.res = Results(Path(args.out), meta)
+        # the serving engine's selection (`--no-fused`: the reference ops, the Triton MoE experts kept)
+        self.kernels = Kernels(triton=not args.no_fused, moe_experts=True)
         self.t0 = time.time()
         self.bw = None
         self.times: dict = {}
@@ -192,15 +190,15 @@ class Bench:
         """Per bucket: eager torch, graphed torch (gather forced), eager Triton, graphed Triton (ms)."""
         d = thinker.cfg.hidden_size
         out = {b: {} for b in THINKER_BUCKETS}
-        # with the fused kernels on, decode batches take thinker_kernels' MoE path whatever moe.py's
-        # switches say: only the Triton variants are distinct
-        variants = ("eager_triton", "graph_triton") if fused.enabled_on(DEV) else (
+        # with the fused kernels on, decode batches take kernels.moe_decode's path whatever the experts'
+        # selection says: only the Triton variants are distinct
+        variants = ("eager_triton", "graph_triton") if self.kernels.on_device(DEV) else (
             "eager_torch", "graph_torch_gather", "eager_triton", "graph_triton")
         for variant in variants:
             if self.over_budget(f"{label}/{variant}"):
                 break
             triton_on = variant.endswith("triton")
-            set_triton(triton_on)
+            self.set_experts(thinker, triton_on)
             moe.GATHER_MAX_ROWS = 10 ** 9 if variant == "graph_torch_gather" else 16
             graph = None
             if variant.startswith("graph"):
@@ -217,14 +215,18 @@ class Bench:
                 print(f"  {label} {variant} B={b}: {out[b][variant]:.3f} ms", flush=True)
             del graph
             torch.cuda.empty_cache()
-        set_triton(False)
+        self.set_experts(thinker, False)
         moe.GATHER_MAX_ROWS = 16
         return out
+
+    def set_experts(self, model, on: bool) -> None:
+        """Select the Triton MoE experts (or moe.py's PyTorch paths) for `model` (no effect without Triton)."""
+        select_kernels(model, dataclasses.replace(self.kernels, moe_experts=on))
 
     def thinker(self):
         n = self.args.thinker_layers
         tcfg = dataclasses.replace(self.cfg.thinker, num_hidden_layers=n)
-        thinker = build(Thinker, tcfg, self.tp)
+        thinker = build(Thinker, tcfg, self.tp, kernels=self.kernels)
         self.cache = ThinkerKVCache.allocate(tcfg, max(THINKER_BUCKETS), KV_CAP, device=DEV, dtype=BF16, tp=self.tp)
         self.thinker_model = thinker
         full_layers = self.cfg.thinker.num_hidden_layers
@@ -269,14 +271,14 @@ class Bench:
         for b in (1, 16):
             inp = self.thinker_inputs(thinker, b, t=t, pos0=0)
             for variant in ("torch", "triton"):
-                set_triton(variant == "triton")
+                self.set_experts(thinker, variant == "triton")
                 with torch.no_grad():
                     one = cuda_ms(partial(self.layer_fn(thinker, self.cache, range(1, 2)), **inp), reps=5)["median_ms"]
                     stack = cuda_ms(partial(self.stack_fn(thinker, self.cache), **inp), reps=5)["median_ms"]
                 out[f"B{b}_{variant}"] = {"one_moe_layer_ms": one, f"stack{n}_ms": stack,
                                           "full32_est_ms": stack + (self.cfg.thinker.num_hidden_layers - n) * one}
                 print(f"  prefill B={b} T={t} {variant}: {out[f'B{b}_{variant}']}", flush=True)
-        set_triton(False)
+        self.set_experts(thinker, False)
         self.res.stage("thinker_prefill", out)
         self.res.table(f"Thinker prefill, {t} tokens per stream ({PROMPT_TOKENS} prompt + 1 s audio) (ms)",
                        ["case", "one MoE layer", f"{n}-layer stack", "32 layers est"],
@@ -289,7 +291,7 @@ class Bench:
 
     def talker(self):
         tc = self.cfg.talker
-        talker = build(Talker, tc, seed=1)
+        talker = build(Talker, tc, seed=1, kernels=self.kernels)
         top = max(self.talker_buckets)
         h, c, p, s, hh = talker.hidden_size, talker.latent_dim, tc.patch_size, tc.steps, tc.history_patch_size
         cache = KVCache.allocate(tc.llm, top, KV_CAP, DEV, BF16)
@@ -430,7 +432,7 @@ class Bench:
     # ---- VAE -----------------------------------------------------------------------------------
 
     def vae(self):
-        vae = build(AudioVAE, self.cfg.vae, seed=2)
+        vae = build(AudioVAE, self.cfg.vae, seed=2, kernels=self.kernels)
         top = max(self.talker_buckets)
         st = VAEStreamState.allocate(vae, top, chunk_latents=4)
         c = self.cfg.vae.dec_kwargs.latent_dim
@@ -544,21 +546,17 @@ def main() -> None:
     ap.add_argument("--talker-buckets", type=lambda v: [int(x) for x in v.split(",")], default=list(TALKER_BUCKETS),
                     help="batch buckets graphed and timed for the talker and VAE (comma-separated)")
     ap.add_argument("--dry-cpu", action="store_true", help="plumbing check on CPU with the tiny preset")
-    ap.add_argument("--no-fused", action="store_true", help="reference PyTorch ops instead of model.fused / "
-                    "thinker_kernels (A/B)")
+    ap.add_argument("--no-fused", action="store_true", help="reference PyTorch ops instead of the Triton "
+                    "kernels of model.kernels (A/B; the MoE prefill experts stay Triton)")
     ap.add_argument("--tp-shadow", type=int, default=1, help="build the thinker as one rank of TP=N with the "
                     "collectives skipped: per-GPU compute of a TP=N deployment on one GPU")
     args = ap.parse_args()
-    if args.no_fused:
-        fused.set_enabled(False)
-    if torch.cuda.is_available():
-        fused.configure_cuda()  # the serving engine's kernel choices (no cuDNN attention plans per length)
     global DEV
     if args.dry_cpu:
         DEV = "cpu"
     elif not torch.cuda.is_available():
         sys.exit("gpu_bench needs a CUDA GPU (or --dry-cpu)")
-    elif not moe_triton.available():
+    elif not available():
         sys.exit("gpu_bench needs Triton")
     bench = Bench(args)
     stages = ["ceilings", "thinker", "thinker_prefill", "talker", "talker_profile", "vae", "talker_throughput", "encoders",

@@ -24,10 +24,16 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from realtime_ming.model import fused, moe, thinker_kernels as tk  # noqa: E402
+from realtime_ming.model import moe  # noqa: E402
+from realtime_ming.model.kernels import TRITON  # noqa: E402
+from realtime_ming.model.kernels import moe_decode as md  # noqa: E402
+from realtime_ming.model.kernels import slot_attention as sa  # noqa: E402
+from realtime_ming.model.kernels.norm import add_rms_norm  # noqa: E402
+from realtime_ming.model.kernels.rotary import RotaryStyle, head_rotary  # noqa: E402
 from realtime_ming.model.presets import preset_config  # noqa: E402
 
 DEV, BF16 = "cuda", torch.bfloat16
+K = TRITON  # every kernel timed is the Triton one (its reference where noted)
 
 
 def graphed_us(fn, calls: int = 50, replays: int = 10) -> float:
@@ -89,8 +95,8 @@ class Layer:
         self.sg, self.su, self.sd = _w(self.inter, d), _w(self.inter, d), _w(d, self.inter)
         self.lm = _w(c.vocab_size // tp, d)
         self.flat = self.x[:, 0]
-        self.ids, self.weights = tk.route(self.flat, self.gate, self.bias, c.num_experts_per_tok, c.n_group,
-                                          c.topk_group, c.routed_scaling_factor)
+        self.ids, self.weights = md.route(self.flat, self.gate, self.bias, c.num_experts_per_tok, c.n_group,
+                                          c.topk_group, c.routed_scaling_factor, kernels=K)
 
     def ops(self) -> dict:
         """name -> (callable, bytes it must move)."""
@@ -103,19 +109,19 @@ class Layer:
         moe_bytes = (experts + 1) * 3 * d * self.inter * e2
         kv_bytes = b * self.kv * int(self.lengths[0]) * hd * e2 * 2
         return {
-            "add_rms_norm": (lambda: fused.add_rms_norm(self.x, self.x, self.norm_w, 1e-6), 3 * b * d * e2),
+            "add_rms_norm": (lambda: add_rms_norm(self.x, self.x, self.norm_w, 1e-6, kernels=K), 3 * b * d * e2),
             "qkv_gemm": (lambda: F.linear(self.x, self.w_qkv), self.w_qkv.numel() * e2),
-            "head_rotary+cache": (lambda: fused.head_rotary(
-                qkv, self.h, self.kv, hd, self.cos, self.sin, fused.RotaryStyle.NEOX_ROUND_EACH, q_norm=self.q_norm,
-                k_norm=self.k_norm, k_out=self.kc, v_out=self.vc, rows=self.slots, index=self.pos),
+            "head_rotary+cache": (lambda: head_rotary(
+                qkv, self.h, self.kv, hd, self.cos, self.sin, RotaryStyle.NEOX_ROUND_EACH, q_norm=self.q_norm,
+                k_norm=self.k_norm, k_out=self.kc, v_out=self.vc, rows=self.slots, index=self.pos, kernels=K),
                 qkv.numel() * e2 * 2),
-            "decode_attention": (lambda: tk.decode_attention(attn_in, self.kc, self.vc, self.slots, self.lengths),
+            "decode_attention": (lambda: sa.decode_attention(attn_in, self.kc, self.vc, self.slots, self.lengths, kernels=K),
                                  kv_bytes),
             "dense_gemm": (lambda: F.linear(out_flat, self.w_dense), self.w_dense.numel() * e2),
-            "route": (lambda: tk.route(self.flat, self.gate, self.bias, k, self.c.n_group, self.c.topk_group,
-                                       self.c.routed_scaling_factor), self.gate.numel() * e2),
-            "moe_decode": (lambda: tk.moe_decode(self.flat, self.ids, self.weights, self.w_gu, self.w_dn, self.sg,
-                                                 self.su, self.sd), moe_bytes),
+            "route": (lambda: md.route(self.flat, self.gate, self.bias, k, self.c.n_group, self.c.topk_group,
+                                       self.c.routed_scaling_factor, kernels=K), self.gate.numel() * e2),
+            "moe_decode": (lambda: md.moe_decode(self.flat, self.ids, self.weights, self.w_gu, self.w_dn, self.sg,
+                                                 self.su, self.sd, kernels=K), moe_bytes),
             "lm_head_gemm": (lambda: F.linear(self.flat, self.lm), self.lm.numel() * e2),
         }
 
@@ -128,11 +134,11 @@ def prefill_attention_cases(layer: Layer) -> dict:
         q = torch.randn(rows, layer.h, width, layer.hd, device=DEV, dtype=BF16)
         slots = torch.arange(rows, device=DEV)
         lengths = (start + torch.arange(width, device=DEV) + 1).expand(rows, width).contiguous()
-        got = tk.prefill_attention(q, layer.kc, layer.vc, slots, lengths)
-        ref = tk.prefill_attention_reference(q, layer.kc, layer.vc, slots, lengths)
+        got = sa.prefill_attention(q, layer.kc, layer.vc, slots, lengths, kernels=K)
+        ref = sa.prefill_attention_reference(q, layer.kc, layer.vc, slots, lengths)
         err = ((got.float() - ref.float()).norm() / ref.float().norm()).item()
-        new_us = graphed_us(lambda: tk.prefill_attention(q, layer.kc, layer.vc, slots, lengths), calls=20)
-        old_us = graphed_us(lambda: tk.prefill_attention_reference(q, layer.kc, layer.vc, slots, lengths), calls=20)
+        new_us = graphed_us(lambda: sa.prefill_attention(q, layer.kc, layer.vc, slots, lengths, kernels=K), calls=20)
+        old_us = graphed_us(lambda: sa.prefill_attention_reference(q, layer.kc, layer.vc, slots, lengths), calls=20)
         key = f"{rows}x{width}@{start}"
         res[key] = {"kernel_us": round(new_us, 2), "replaced_us": round(old_us, 2), "rel_err": round(err, 5)}
         print(f"prefill attention {key:12s} kernel {new_us:8.2f} us  replaced path {old_us:8.2f} us  "
@@ -144,8 +150,8 @@ def check_route(layer: Layer) -> dict:
     """The router kernel vs moe.select_experts on the same inputs: mismatching tokens, logits error."""
     c = layer.c
     x = _w(16, layer.d, scale=1.0)
-    ids, w = tk.route(x, layer.gate, layer.bias, c.num_experts_per_tok, c.n_group, c.topk_group,
-                      c.routed_scaling_factor)
+    ids, w = md.route(x, layer.gate, layer.bias, c.num_experts_per_tok, c.n_group, c.topk_group,
+                      c.routed_scaling_factor, kernels=K)
     logits = F.linear(x.float(), layer.gate.float())
     ref_ids, ref_w = moe.select_experts(logits, layer.bias, c.num_experts_per_tok, c.n_group, c.topk_group,
                                         c.routed_scaling_factor)
@@ -164,8 +170,8 @@ def tune_moe(layer: Layer) -> list:
     for gu_n, gu_k, gu_w in itertools.product((2, 4, 8, 16, 32), (256, 512, 1024), (1, 2, 4)):
         t = {"gu_n": gu_n, "gu_k": gu_k, "gu_warps": gu_w}
         try:
-            us = graphed_us(lambda: tk.moe_decode(layer.flat, layer.ids, layer.weights, layer.w_gu, layer.w_dn,
-                                                  layer.sg, layer.su, layer.sd, tune=t))
+            us = graphed_us(lambda: md.moe_decode(layer.flat, layer.ids, layer.weights, layer.w_gu, layer.w_dn,
+                                                  layer.sg, layer.su, layer.sd, kernels=K, tune=t))
         except Exception as exc:  # noqa: BLE001 - a config that does not compile is skipped
             us = float("nan")
             print("  skip", t, type(exc).__name__)
@@ -175,8 +181,8 @@ def tune_moe(layer: Layer) -> list:
     for dn_d, dn_k, dn_w in itertools.product((2, 4, 8, 16, 32), (128, 256, 512), (1, 2, 4)):
         t = {**best_gu, "dn_d": dn_d, "dn_k": dn_k, "dn_warps": dn_w}
         try:
-            us = graphed_us(lambda: tk.moe_decode(layer.flat, layer.ids, layer.weights, layer.w_gu, layer.w_dn,
-                                                  layer.sg, layer.su, layer.sd, tune=t))
+            us = graphed_us(lambda: md.moe_decode(layer.flat, layer.ids, layer.weights, layer.w_gu, layer.w_dn,
+                                                  layer.sg, layer.su, layer.sd, kernels=K, tune=t))
         except Exception as exc:  # noqa: BLE001
             us = float("nan")
             print("  skip", t, type(exc).__name__)

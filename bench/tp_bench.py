@@ -40,7 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_timing import measure_ceilings, param_bytes
 
 from realtime_ming.engine.graphs import BucketedGraph, GraphInput
-from realtime_ming.model import moe, moe_triton
+from realtime_ming.model import moe
+from realtime_ming.model.kernels import Kernels, available
 from realtime_ming.model.config import ThinkerConfig, load_checkpoint_config
 from realtime_ming.model.layers import TPGroup
 from realtime_ming.model.loader import init_dummy, load_weights, read_weight_map
@@ -71,10 +72,15 @@ def _thinker_config(args) -> ThinkerConfig:
     return preset_config(args.preset).thinker
 
 
+def _kernels(args) -> Kernels:
+    """The Triton kernels where they apply (CUDA), the MoE experts as `--moe` says."""
+    return Kernels(triton=True, moe_experts=args.moe == "triton")
+
+
 def _build_shard(cfg: ThinkerConfig, args, tp: TPGroup, device: torch.device, dtype: torch.dtype) -> Thinker:
     """This rank's shard: checkpoint keys `model.*` narrowed by the loader, or seeded dummy values."""
     with torch.device("meta"):
-        thinker = Thinker(cfg, tp)
+        thinker = Thinker(cfg, tp, kernels=_kernels(args))
     if args.checkpoint:
         load_weights(thinker, read_weight_map(args.checkpoint), prefix="model.", device=device, dtype=dtype, tp=tp,
                      what=f"thinker rank {tp.rank}")
@@ -452,10 +458,7 @@ def _bench_rank(rank: int, args, device: torch.device) -> None:
             "env": {k: os.environ.get(k) for k in _NCCL_ENV}, **_device_info(device, rank)}
     report = Report(Path(args.out), meta, enabled=rank == 0)
     lock = Lockstep(report, args.budget_s)
-    if args.moe == "triton":
-        moe_triton.enable()
-    else:
-        moe_triton.disable()
+    if args.moe != "triton":
         moe.GATHER_MAX_ROWS = 10 ** 9  # the sync-free gather path, so the step can be captured
     report.log(f"building thinker shard {rank}/{args.tp} ({cfg.num_hidden_layers} layers, {cfg.num_experts} experts)")
     t = time.perf_counter()
@@ -528,7 +531,7 @@ def _parse(argv=None):
     if args.tp is None:
         args.tp = max(1, torch.cuda.device_count()) if args.device == "cuda" else 1
     args.dtype = args.dtype or ("bf16" if args.device == "cuda" else "fp32")
-    triton_ok = args.device == "cuda" and moe_triton.available()
+    triton_ok = args.device == "cuda" and available()
     args.moe = args.moe or ("triton" if triton_ok else "torch")
     if args.moe == "triton" and not triton_ok:
         ap.error("--moe triton needs CUDA and Triton")

@@ -1,4 +1,5 @@
-"""model.fused: every Triton kernel equals the reference PyTorch math it replaces.
+"""model.kernels (norm, rotary, swiglu, sdpa, dit_attention, cfm_step): every Triton kernel equals the
+reference PyTorch math it replaces.
 
 On a GPU machine the kernels run compiled on CUDA tensors; elsewhere they run in Triton's CPU
 interpreter (conftest sets TRITON_INTERPRET=1), so CI checks the same kernel code. bf16 results
@@ -10,14 +11,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from realtime_ming.model import fused
+from realtime_ming.model.kernels import REFERENCE, TRITON, Kernels, interpreting, select_kernels
+from realtime_ming.model.kernels.norm import add_rms_norm, rms_norm, rms_norm_reference
+from realtime_ming.model.kernels.rotary import RotaryStyle, head_rotary, head_rotary_reference
+from realtime_ming.model.kernels.swiglu import silu_mul
 
 pytestmark = pytest.mark.skipif(
-    not (torch.cuda.is_available() or fused.interpreting()),
+    not (torch.cuda.is_available() or interpreting()),
     reason="needs a CUDA GPU, or Triton's CPU interpreter (Triton >= 3.7 installed; conftest turns it on)")
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.bfloat16]
+# the Triton kernels on this machine's tensors: compiled on CUDA, else in the CPU interpreter
+ON = Kernels(triton=True, cpu_interpreter=DEVICE == "cpu" and interpreting())
 
 
 def _close(got: torch.Tensor, want: torch.Tensor) -> None:
@@ -41,16 +47,16 @@ def _randn(*shape, dtype, seed=0):
 def test_rms_norm(dtype, dim):
     x = _randn(3, 5, dim, dtype=dtype) * 3
     w = 1 + 0.1 * _randn(dim, dtype=dtype, seed=1)
-    _close(fused.rms_norm(x, w, 1e-6, force=True), fused.rms_norm_reference(x, w, 1e-6))
+    _close(rms_norm(x, w, 1e-6, kernels=ON), rms_norm_reference(x, w, 1e-6))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_add_rms_norm_returns_norm_and_sum(dtype):
     x, d = _randn(4, 7, 128, dtype=dtype), _randn(4, 7, 128, dtype=dtype, seed=2)
     w = 1 + 0.1 * _randn(128, dtype=dtype, seed=1)
-    y, s = fused.add_rms_norm(x, d, w, 1e-6, force=True)
+    y, s = add_rms_norm(x, d, w, 1e-6, kernels=ON)
     _close(s, x + d)
-    _close(y, fused.rms_norm_reference(x + d, w, 1e-6))
+    _close(y, rms_norm_reference(x + d, w, 1e-6))
 
 
 def _tables(b, t, rd, dtype, batched=True):
@@ -71,14 +77,14 @@ def test_head_rotary_returns_q_k_v(dtype, model):
     if model == "qwen2":
         b, t, h, kv, hd = 2, 5, 4, 2, 64
         cos, sin = _tables(b, t, hd, dtype)
-        style = fused.RotaryStyle.NEOX_ROUND_EACH
+        style = RotaryStyle.NEOX_ROUND_EACH
     else:
         b, t, h, kv, hd = 3, 6, 4, 4, 64
         cos, sin = _tables(b, t, hd, torch.float32, batched=False)
-        style = fused.RotaryStyle.INTERLEAVED_FP32
+        style = RotaryStyle.INTERLEAVED_FP32
     qkv = _randn(b, t, (h + 2 * kv) * hd, dtype=dtype)
-    got = fused.head_rotary(qkv, h, kv, hd, cos, sin, style, force=True)
-    want = fused.head_rotary_reference(qkv, h, kv, hd, cos, sin, style)
+    got = head_rotary(qkv, h, kv, hd, cos, sin, style, kernels=ON)
+    want = head_rotary_reference(qkv, h, kv, hd, cos, sin, style)
     for g, w in zip(got, want):
         _close(g, w.contiguous())
 
@@ -92,12 +98,12 @@ def test_head_rotary_thinker_qk_norm_partial_into_cache(dtype):
     cos, sin = _tables(b, t, rd, dtype)
     rows = torch.tensor([3, 1], device=DEVICE)
     index = torch.tensor([[5, 6, 7], [0, 1, 9]], device=DEVICE)  # 9 = the sink column
-    style = fused.RotaryStyle.NEOX_ROUND_EACH
+    style = RotaryStyle.NEOX_ROUND_EACH
     caches = [torch.zeros(5, kv, 10, hd, device=DEVICE, dtype=dtype) for _ in range(4)]
-    q, k_none, _ = fused.head_rotary(qkv, h, kv, hd, cos, sin, style, q_norm=qn, k_norm=kn, k_out=caches[0],
-                                     v_out=caches[1], rows=rows, index=index, force=True)
-    q_ref, _, _ = fused.head_rotary(qkv, h, kv, hd, cos, sin, style, q_norm=qn, k_norm=kn, k_out=caches[2],
-                                    v_out=caches[3], rows=rows, index=index)  # CPU/eager: the reference path
+    q, k_none, _ = head_rotary(qkv, h, kv, hd, cos, sin, style, q_norm=qn, k_norm=kn, k_out=caches[0],
+                               v_out=caches[1], rows=rows, index=index, kernels=ON)
+    q_ref, _, _ = head_rotary(qkv, h, kv, hd, cos, sin, style, q_norm=qn, k_norm=kn, k_out=caches[2],
+                              v_out=caches[3], rows=rows, index=index, kernels=REFERENCE)
     assert k_none is None
     _close(q, q_ref.contiguous())
     _close(caches[0], caches[2])
@@ -109,20 +115,48 @@ def test_head_rotary_thinker_qk_norm_partial_into_cache(dtype):
 def test_silu_mul(dtype):
     x = _randn(2, 3, 2 * 200, dtype=dtype)
     gate, up = x.split(200, dim=-1)
-    _close(fused.silu_mul(x, force=True), torch.nn.functional.silu(gate) * up)
+    _close(silu_mul(x, kernels=ON), torch.nn.functional.silu(gate) * up)
 
 
-def test_disabled_means_reference():
-    """set_enabled(False) routes everything to the reference ops (benchmarks A/B the two)."""
+def test_reference_selection_runs_the_reference_ops():
+    """`REFERENCE` never takes a kernel; the Triton selection does on this machine's tensors (CUDA, or CPU in
+    the interpreter) and `TRITON` without the interpreter flag never on CPU tensors (benchmarks A/B the two)."""
     x = _randn(2, 64, dtype=torch.float32)
     w = torch.ones(64, device=DEVICE)
-    fused.set_enabled(False)
-    try:
-        assert not fused.use_triton(x, force=True)
-    finally:
-        fused.set_enabled(True)
-    assert fused.use_triton(x, force=True) == (DEVICE == "cuda" or fused.interpreting())
-    _close(fused.rms_norm(x, w, 1e-6, force=True), fused.rms_norm_reference(x, w, 1e-6))
+    assert not REFERENCE.applies(x) and not REFERENCE.on_device(DEVICE) and not REFERENCE.experts_apply(x)
+    assert ON.applies(x)
+    assert TRITON.applies(x) == (DEVICE == "cuda") and TRITON.applies(x.cpu()) is False
+    assert TRITON.on_device("cpu") is False and TRITON.experts_apply(x.cpu()) is False
+    assert torch.equal(rms_norm(x, w, 1e-6, kernels=REFERENCE), rms_norm_reference(x, w, 1e-6))
+    _close(rms_norm(x, w, 1e-6, kernels=ON), rms_norm_reference(x, w, 1e-6))
+
+
+def test_a_selection_is_checked_and_frozen():
+    with pytest.raises(ValueError, match="needs triton=True"):
+        Kernels(cpu_interpreter=True)
+    with pytest.raises(AttributeError):
+        TRITON.triton = False
+    assert Kernels(triton=True, moe_experts=True) == TRITON and hash(TRITON) == hash(Kernels(True, True))
+
+
+def test_modules_keep_the_selection_they_were_built_with():
+    """Two models built with different selections run side by side (no process-wide switch);
+    `select_kernels` re-selects every module of one model, and only that model."""
+    from realtime_ming.model.dit import DiT
+    from realtime_ming.model.presets import preset_config
+    from realtime_ming.model.tiny_tokenizer import TINY_VOCAB_SIZE, tiny_talker_special_ids, tiny_thinker_special_ids
+
+    cfg = preset_config("tiny", thinker_ids=tiny_thinker_special_ids(), talker_ids=tiny_talker_special_ids(),
+                        vocab=TINY_VOCAB_SIZE).talker.flowmodel
+    fast, plain = DiT(cfg, kernels=ON), DiT(cfg)
+    holders = [m for m in fast.modules() if isinstance(getattr(m, "kernels", None), Kernels)]
+    assert len(holders) >= 3 * cfg.depth and all(m.kernels == ON for m in holders)
+    assert all(m.kernels == REFERENCE for m in plain.modules() if isinstance(getattr(m, "kernels", None), Kernels))
+    assert select_kernels(fast, REFERENCE) is fast
+    assert all(m.kernels == REFERENCE for m in holders)
+    assert plain.blocks[0].norm1.kernels == REFERENCE
+    with pytest.raises(TypeError):
+        select_kernels(fast, "triton")
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="the GELU epilogue path is CUDA only")
@@ -130,7 +164,7 @@ def test_dit_feedforward_gelu_epilogue_is_the_tanh_gelu():
     """FeedForward on CUDA runs tanh-GELU as the GEMM epilogue; it equals Linear -> GELU(tanh) (fp32)."""
     from realtime_ming.model.dit import FeedForward
 
-    ff = FeedForward(64, 4).to(DEVICE)
+    ff = FeedForward(64, 4, kernels=TRITON).to(DEVICE)
     x = _randn(3, 7, 64, dtype=torch.float32)
     with torch.no_grad():
         torch.backends.cuda.matmul.allow_tf32 = False
@@ -140,7 +174,7 @@ def test_dit_feedforward_gelu_epilogue_is_the_tanh_gelu():
 def test_attention_any_length_grouped_kv_with_mask_equals_sdpa_gqa():
     """Grouped K/V + mask (thinker prefill) is computed with K/V expanded per query head: same result as
     SDPA's own enable_gqa path."""
-    from realtime_ming.model.fused import attention_any_length
+    from realtime_ming.model.kernels.sdpa import attention_any_length
 
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(2, 8, 5, 16, generator=gen)
@@ -158,25 +192,25 @@ def test_dit_rotary_attention_equals_rotary_sdpa_merge(dtype, t, heads, hd, spli
     """The DiT's one-kernel attention (interleaved rotary of q/k, softmax attention, heads merged) equals
     head_rotary -> SDPA -> transpose/reshape, for the DiT's 37 tokens, the aggregator's 5 and an odd width,
     with the queries split into blocks (few rows) and not (many rows)."""
-    from realtime_ming.model import dit_kernels
     from realtime_ming.model.dit import InterleavedRotary
+    from realtime_ming.model.kernels import dit_attention
 
-    monkeypatch.setattr(dit_kernels, "_SPLIT_BELOW", 1 << 30 if split else 1)
+    monkeypatch.setattr(dit_attention, "_SPLIT_BELOW", 1 << 30 if split else 1)
 
     qkv = _randn(2, t, 3 * heads * hd, dtype=dtype)
     cos, sin = InterleavedRotary(hd).to(DEVICE)(t)
-    assert dit_kernels.fits(qkv, heads, cos, force=True)
-    got = dit_kernels.rotary_attention(qkv, heads, cos, sin, force=True)
-    _close(got, dit_kernels.rotary_attention_reference(qkv, heads, cos, sin))
+    assert dit_attention.fits(qkv, heads, cos, kernels=ON)
+    got = dit_attention.rotary_attention(qkv, heads, cos, sin, kernels=ON)
+    _close(got, dit_attention.rotary_attention_reference(qkv, heads, cos, sin))
     # out of the kernel's range: the reference path, same result
-    assert not dit_kernels.fits(qkv[:, :1].expand(2, 200, -1), heads, cos, force=True)
+    assert not dit_attention.fits(qkv[:, :1].expand(2, 200, -1), heads, cos, kernels=ON)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_cfm_step_equals_guided_euler_plus_noise(dtype):
     """One kernel for v = v_c + (v_c - v_u)·cfg, y + v·dt, + noise·sqrt(|dt|)·rnd equals the reference ops,
     per-row cfg / noise scale and one shared."""
-    from realtime_ming.model import dit_kernels
+    from realtime_ming.model.kernels.cfm_step import cfm_step, cfm_step_reference
 
     y, rnd = _randn(3, 4, 64, dtype=dtype), _randn(3, 4, 64, dtype=dtype, seed=1)
     both = _randn(6, 4, 64, dtype=dtype, seed=2)
@@ -184,8 +218,8 @@ def test_cfm_step_equals_guided_euler_plus_noise(dtype):
     for cfg, scale in ((torch.tensor([2.0, 1.5, 0.0]), torch.tensor([0.25, 0.0, 0.5])),
                        (torch.tensor([2.0]), torch.tensor([0.0]))):
         cfg, scale = cfg.to(DEVICE, dtype).reshape(-1, 1, 1), scale.to(DEVICE, dtype).reshape(-1, 1, 1)
-        got = dit_kernels.cfm_step(y, both, dt, cfg, scale, rnd, force=True)
-        want = dit_kernels.cfm_step_reference(y, both, dt, cfg, scale, rnd)
+        got = cfm_step(y, both, dt, cfg, scale, rnd, kernels=ON)
+        want = cfm_step_reference(y, both, dt, cfg, scale, rnd)
         if dtype == torch.float32:
             _close(got, want)
         else:  # one rounding in the kernel, five in the reference chain

@@ -10,6 +10,7 @@ from realtime_ming.model.cfm import CFMParams, sway_time_grid
 from realtime_ming.model.loader import init_dummy
 from realtime_ming.model.presets import tiny_config
 from realtime_ming.model.qwen2 import KVCache
+from realtime_ming.model.kernels import TRITON
 from realtime_ming.model.talker import Talker
 from realtime_ming.model.tiny_tokenizer import (
     TINY_VOCAB_SIZE,
@@ -37,7 +38,7 @@ def test_eager_on_cpu_is_the_plain_call():
 def talker():
     cfg = tiny_config(tiny_thinker_special_ids(), tiny_talker_special_ids(), TINY_VOCAB_SIZE).talker
     with torch.device("meta"):
-        model = Talker(cfg)
+        model = Talker(cfg, kernels=TRITON)
     return init_dummy(model, seed=3, device="cuda", dtype=torch.float32).eval()
 
 

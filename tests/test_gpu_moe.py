@@ -1,4 +1,4 @@
-"""model.moe_triton: the fused Triton experts equal moe.py's reference math (CUDA + Triton only)."""
+"""model.kernels.moe_experts: the fused Triton experts equal moe.py's reference math (CUDA + Triton only)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,15 @@ import dataclasses
 import pytest
 import torch
 
-from realtime_ming.model import moe, moe_triton
+from realtime_ming.model import moe
+from realtime_ming.model.kernels import REFERENCE, Kernels, available, select_kernels
+from realtime_ming.model.kernels.moe_experts import fused_experts
 from realtime_ming.model.loader import init_dummy
 from realtime_ming.model.presets import preset_config
 
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)"),
-    pytest.mark.skipif(not moe_triton.available(), reason="needs Triton (import triton failed)"),
+    pytest.mark.skipif(not available(), reason="needs Triton (import triton failed)"),
 ]
 
 
@@ -44,7 +46,7 @@ def test_fused_experts_bf16_matches_fp32_reference(tokens):
     ids, weights = _routing(tokens, cfg.num_experts_per_tok, 32, seed=tokens + 1)
     x = torch.randn(tokens, cfg.hidden_size, device="cuda").to(torch.bfloat16)
     ref = moe.experts_grouped(x.float(), ids, weights, w_gu.float(), w_d.float())
-    got = moe_triton.fused_experts(x, ids, weights, w_gu, w_d)
+    got = fused_experts(x, ids, weights, w_gu, w_d)
     torch_bf16 = (moe.experts_gathered if tokens * cfg.num_experts_per_tok <= 64 else moe.experts_grouped)(
         x, ids, weights, w_gu, w_d)
     assert got.dtype == torch.float32 and torch.isfinite(got).all()
@@ -59,7 +61,7 @@ def test_fused_experts_fp32_exact(tokens):
     ids, weights = _routing(tokens, cfg.num_experts_per_tok, 16, seed=8)
     x = torch.randn(tokens, cfg.hidden_size, device="cuda")
     ref = moe.experts_grouped(x.double(), ids, weights.double(), w_gu.double(), w_d.double())
-    assert _rel(moe_triton.fused_experts(x, ids, weights, w_gu, w_d), ref) < 1e-5
+    assert _rel(fused_experts(x, ids, weights, w_gu, w_d), ref) < 1e-5
 
 
 @torch.no_grad()
@@ -68,27 +70,30 @@ def test_fused_experts_capture_in_cuda_graph():
     cfg, w_gu, w_d = _experts(16, torch.bfloat16, seed=11)
     ids, weights = _routing(4, cfg.num_experts_per_tok, 16, seed=12)
     x = torch.randn(4, cfg.hidden_size, device="cuda").to(torch.bfloat16)
-    want = moe_triton.fused_experts(x, ids, weights, w_gu, w_d)
+    want = fused_experts(x, ids, weights, w_gu, w_d)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = moe_triton.fused_experts(x, ids, weights, w_gu, w_d)
+        out = fused_experts(x, ids, weights, w_gu, w_d)
     graph.replay()
     torch.testing.assert_close(out, want, atol=0, rtol=0)
 
 
 @torch.no_grad()
 def test_sparse_moe_block_with_kernel_switch():
-    """SparseMoeBlock with moe_triton.enable() matches the PyTorch path (bf16, rel. L2 < 1e-2); disable() restores it."""
+    """SparseMoeBlock with the Triton experts selected matches the PyTorch experts (bf16, rel. L2 < 1e-2); the
+    selection is the block's own: re-selecting the PyTorch experts gives the first result back exactly."""
     cfg = dataclasses.replace(preset_config("ming-flash-omni-2.0").thinker, num_experts=32, n_group=8, topk_group=4)
+    torch_experts = Kernels(triton=True)  # every other Triton kernel on, the experts in PyTorch
     with torch.device("meta"):
-        block = moe.SparseMoeBlock(cfg)
+        block = moe.SparseMoeBlock(cfg, kernels=torch_experts)
     init_dummy(block, seed=5, device="cuda", dtype=torch.bfloat16)
-    x = torch.randn(2, 9, cfg.hidden_size, device="cuda").to(torch.bfloat16)
+    x = torch.randn(2, 9, cfg.hidden_size, device="cuda").to(torch.bfloat16)  # 18 tokens: past the decode kernels
     want = block(x)
-    moe_triton.enable()
-    try:
-        got = block(x)
-    finally:
-        moe_triton.disable()
-    assert moe._EXPERT_KERNEL is None
+    assert not block.kernels.experts_apply(x)
+    select_kernels(block, Kernels(triton=True, moe_experts=True))
+    assert block.kernels.experts_apply(x)
+    got = block(x)
+    select_kernels(block, torch_experts)
+    assert torch.equal(block(x), want)
     assert _rel(got, want) < 1e-2
+    assert _rel(select_kernels(block, REFERENCE)(x), want) < 1e-2

@@ -16,6 +16,7 @@ from realtime_ming.engine.talker_step import talker_step
 from realtime_ming.model.cfm import CFMParams, sway
 from realtime_ming.model.config import load_checkpoint_config
 from realtime_ming.model.qwen2 import KVCache
+from realtime_ming.model.kernels import TRITON
 from realtime_ming.model.talker import generate, initial_history, load_talker
 
 pytestmark = pytest.mark.timeout(300)
@@ -30,7 +31,7 @@ STOP_ATOL = 1e-5
 @pytest.fixture(scope="module")
 def talker(fixture_root):
     cfg = load_checkpoint_config(fixture_root).talker
-    return load_talker(cfg, fixture_root / "talker" / "model.safetensors", dtype=torch.float32)
+    return load_talker(cfg, fixture_root / "talker" / "model.safetensors", dtype=torch.float32, kernels=TRITON)
 
 
 @torch.no_grad()

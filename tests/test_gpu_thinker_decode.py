@@ -20,6 +20,7 @@ from realtime_ming.engine.api import Content, Message, SamplingParams, TurnDone,
 from realtime_ming.engine.config import EngineConfig, PlacementConfig, ThinkerRunnerConfig
 from realtime_ming.engine.thinker_decode import ThinkerDecoder, default_kv_buckets, eager_kv_len
 from realtime_ming.engine.thinker_prefill import ThinkerPrefiller
+from realtime_ming.model.kernels import TRITON
 from realtime_ming.model.thinker import ThinkerKVCache, load_thinker
 from conftest import fixture_tokenizers
 
@@ -124,7 +125,7 @@ def test_gpu_thinker_and_talker_on_different_gpus_graphed(fixture_root, cpu_refe
 @cuda
 def test_graphed_decoder_logits_equal_eager_across_batches_and_kv_buckets(fixture_root):
     """Every batch 1..5 (buckets 1, 2, 4, 8: padded rows) at positions in both KV buckets: graph == eager."""
-    thinker = load_thinker(fixture_root, device="cuda")
+    thinker = load_thinker(fixture_root, device="cuda", kernels=TRITON)
     caches = [ThinkerKVCache.allocate(thinker.cfg, 8, 512, device="cuda") for _ in range(2)]
     for c in caches:  # same random history in both caches
         c.k.normal_(generator=torch.Generator("cuda").manual_seed(0))
@@ -145,8 +146,8 @@ def test_graphed_decoder_logits_equal_eager_across_batches_and_kv_buckets(fixtur
 
 @cuda
 def test_bf16_graphed_decoder_within_bf16_tolerance_of_fp32(fixture_root):
-    thinker32 = load_thinker(fixture_root, device="cuda")
-    thinker16 = load_thinker(fixture_root, device="cuda", dtype=torch.bfloat16)
+    thinker32 = load_thinker(fixture_root, device="cuda", kernels=TRITON)
+    thinker16 = load_thinker(fixture_root, device="cuda", dtype=torch.bfloat16, kernels=TRITON)
     outs = []
     for model, dtype in ((thinker32, torch.float32), (thinker16, torch.bfloat16)):
         cache = ThinkerKVCache.allocate(model.cfg, 4, 256, device="cuda", dtype=dtype)
@@ -199,7 +200,7 @@ def test_graphed_multi_row_prefill_equals_eager(fixture_root):
     """Several prompts as one graphed chunk (rows padded to the bucket, widths to theirs) equal the eager
     prefill of the same rows, hidden states and K/V."""
     torch.backends.cuda.matmul.allow_tf32 = False
-    thinker = load_thinker(fixture_root, device="cuda")
+    thinker = load_thinker(fixture_root, device="cuda", kernels=TRITON)
     caches = [ThinkerKVCache.allocate(thinker.cfg, 6, 256, device="cuda") for _ in range(2)]
     pre = ThinkerPrefiller(thinker, caches[0], (16, 32, 64), dtype=torch.float32, device="cuda", rows=(1, 2, 4, 8),
                            tokens=128)
@@ -224,7 +225,7 @@ def test_graphed_prefill_equals_eager_prefill(fixture_root):
     """Padded width buckets (sink-written padding, whole-slot attention) give the eager prefill's hidden
     states and K/V, for text and audio-routed tokens, after a cached prefix."""
     torch.backends.cuda.matmul.allow_tf32 = False
-    thinker = load_thinker(fixture_root, device="cuda")
+    thinker = load_thinker(fixture_root, device="cuda", kernels=TRITON)
     caches = [ThinkerKVCache.allocate(thinker.cfg, 4, 256, device="cuda") for _ in range(2)]
     pre = ThinkerPrefiller(thinker, caches[0], (16, 32, 64), dtype=torch.float32, device="cuda")
     pre.capture()

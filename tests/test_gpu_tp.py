@@ -12,6 +12,7 @@ import torch.multiprocessing as mp
 from realtime_ming.engine.graphs import BucketedGraph, GraphInput
 from realtime_ming.model.layers import TPGroup
 from realtime_ming.model.rope3d import text_position_ids
+from realtime_ming.model.kernels import TRITON
 from realtime_ming.model.thinker import ThinkerKVCache, load_thinker
 
 WORLD = 2
@@ -54,7 +55,7 @@ def _worker(rank: int, port: int, root: str, ids: torch.Tensor, out_dir: str) ->
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
     try:
-        thinker = load_thinker(root, tp=TPGroup(rank, WORLD), device=f"cuda:{rank}")
+        thinker = load_thinker(root, tp=TPGroup(rank, WORLD), device=f"cuda:{rank}", kernels=TRITON)
         results = [_run(thinker, ids, f"cuda:{rank}", graphed) for graphed in (False, True)]
         torch.save(results, f"{out_dir}/rank{rank}.pt")
     finally:
@@ -65,7 +66,7 @@ def test_fixture_thinker_tp2_nccl_matches_tp1(fixture_root, load_case, tmp_path)
     """fp32 logits of both NCCL ranks (eager and graphed decode) equal TP=1 within 1e-4; greedy tokens identical."""
     tensors, _ = load_case("thinker_text")
     ids = tensors["input_ids"]
-    ref_logits, ref_tokens = _run(load_thinker(fixture_root, device="cuda:0"), ids, "cuda:0", graphed=False)
+    ref_logits, ref_tokens = _run(load_thinker(fixture_root, device="cuda:0", kernels=TRITON), ids, "cuda:0", graphed=False)
     mp.spawn(_worker, args=(_free_port(), str(fixture_root), ids, str(tmp_path)), nprocs=WORLD, join=True)
     for rank in range(WORLD):
         for logits, tokens in torch.load(tmp_path / f"rank{rank}.pt"):

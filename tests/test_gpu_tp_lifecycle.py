@@ -14,6 +14,7 @@ import torch.distributed as dist
 from realtime_ming.engine.thinker_decode import ThinkerDecoder
 from realtime_ming.engine.tp import start_tp
 from realtime_ming.model.config import load_checkpoint_config
+from realtime_ming.model.kernels import TRITON
 from realtime_ming.model.thinker import ThinkerKVCache, load_thinker
 from test_checkpoint_variants import make_variant
 
@@ -54,7 +55,7 @@ def test_gpu_tp2_graphed_close_is_clean_and_bounded(fixture_root):
 def test_gpu_tp2_with_one_replicated_kv_head_decodes_like_tp1(fixture_root, tmp_path):
     _, root = make_variant(fixture_root, tmp_path)
     assert load_checkpoint_config(root).thinker.num_key_value_heads == 1
-    one = load_thinker(root, device=DEVICES[0])
+    one = load_thinker(root, device=DEVICES[0], kernels=TRITON)
     cache = ThinkerKVCache.allocate(one.cfg, 2, SEQ, device=DEVICES[0], dtype=torch.float32, tp=one.tp)
     with torch.no_grad():
         want = _teacher_forced(ThinkerDecoder(one, cache, (1, 2), (SEQ,), device=DEVICES[0], enforce_eager=True))

@@ -1,4 +1,5 @@
-"""model.thinker_kernels: decode and prefill attention, router and MoE decode kernels equal the reference math.
+"""model.kernels.slot_attention (decode and prefill attention) and model.kernels.moe_decode (router and MoE
+decode experts): each kernel equals the reference math.
 
 CUDA when present, else Triton's CPU interpreter (conftest sets TRITON_INTERPRET=1).
 """
@@ -9,14 +10,19 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from realtime_ming.model import fused, moe, thinker_kernels as tk
+from realtime_ming.model import moe
+from realtime_ming.model.kernels import Kernels, interpreting
+from realtime_ming.model.kernels import moe_decode as md
+from realtime_ming.model.kernels import slot_attention as sa
 
 pytestmark = pytest.mark.skipif(
-    not (torch.cuda.is_available() or fused.interpreting()),
+    not (torch.cuda.is_available() or interpreting()),
     reason="needs a CUDA GPU, or Triton's CPU interpreter (Triton >= 3.7 installed; conftest turns it on)")
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.bfloat16]
+# the Triton kernels on this machine's tensors: compiled on CUDA, else in the CPU interpreter
+ON = Kernels(triton=True, cpu_interpreter=DEVICE == "cpu" and interpreting())
 
 
 def _tol(dtype) -> float:
@@ -46,8 +52,8 @@ def test_decode_attention_matches_sdpa(dtype, heads, kv, hd):
     vc = _randn(slots, kv, cap, hd, dtype=dtype, seed=2)
     slot = torch.tensor([4, 0, 2], device=DEVICE)
     lengths = torch.tensor([1, 257, 40], device=DEVICE)
-    got = tk.decode_attention(q, kc, vc, slot, lengths, force=True)
-    want = tk.decode_attention_reference(q.float(), kc.float(), vc.float(), slot, lengths)
+    got = sa.decode_attention(q, kc, vc, slot, lengths, kernels=ON)
+    want = sa.decode_attention_reference(q.float(), kc.float(), vc.float(), slot, lengths)
     assert got.shape == (b, heads, 1, hd) and got.dtype == dtype
     assert _rel(got, want) < _tol(dtype)
     # length 1: the output is exactly that slot's first value row (softmax over one key)
@@ -66,7 +72,7 @@ def test_prefill_attention_matches_sdpa(dtype, heads, kv, hd, t):
     vc = _randn(slots, kv, cap, hd, dtype=dtype, seed=2)
     slot = torch.tensor([2, 0, 3], device=DEVICE)
     pos = torch.stack([torch.arange(t), 150 + torch.arange(t), torch.zeros(t, dtype=torch.long)]).to(DEVICE)
-    got = tk.prefill_attention(q, kc, vc, slot, pos + 1, force=True)
+    got = sa.prefill_attention(q, kc, vc, slot, pos + 1, kernels=ON)
     assert got.shape == (3, heads, t, hd) and got.dtype == dtype
     # outside truth: each query's softmax over exactly its visible keys, one at a time, in float64
     g = heads // kv
@@ -76,7 +82,7 @@ def test_prefill_attention_matches_sdpa(dtype, heads, kv, hd, t):
         w = torch.softmax(k @ q[b, h, i].double() / hd ** 0.5, dim=0)
         want = w @ vc[slot[b], h // g, :n].double()
         assert _rel(got[b, h, i], want) < _tol(dtype)
-    ref = tk.prefill_attention_reference(q.float(), kc.float(), vc.float(), slot, pos + 1)
+    ref = sa.prefill_attention_reference(q.float(), kc.float(), vc.float(), slot, pos + 1)
     assert _rel(got, ref) < _tol(dtype)
 
 
@@ -87,7 +93,7 @@ def test_route_matches_select_experts(experts, groups, topk_group, top_k):
     x = _randn(n, d, dtype=torch.bfloat16)
     w = _randn(experts, d, dtype=torch.bfloat16, seed=1, scale=d ** -0.5)
     bias = _randn(experts, seed=2, scale=0.05).to(torch.bfloat16)
-    got_ids, got_w = tk.route(x, w, bias, top_k, groups, topk_group, 2.5, force=True)
+    got_ids, got_w = md.route(x, w, bias, top_k, groups, topk_group, 2.5, kernels=ON)
     ref_ids, ref_w = moe.select_experts(F.linear(x.float(), w.float()), bias, top_k, groups, topk_group, 2.5)
     go, ro = got_ids.sort(dim=-1), ref_ids.sort(dim=-1)
     assert torch.equal(go.values, ro.values)
@@ -97,8 +103,8 @@ def test_route_matches_select_experts(experts, groups, topk_group, top_k):
 def test_route_declines_what_it_cannot_do():
     """Too many tokens (prefill) or a non-power-of-two group: the caller's reference runs instead."""
     w, bias = _randn(16, 64), _randn(16)
-    assert tk.route(_randn(tk.MAX_DECODE_TOKENS + 1, 64), w, bias, 2, 4, 2, 1.0, force=True) is None
-    assert tk.route(_randn(2, 64), _randn(12, 64), _randn(12), 2, 4, 2, 1.0, force=True) is None
+    assert md.route(_randn(md.MAX_DECODE_TOKENS + 1, 64), w, bias, 2, 4, 2, 1.0, kernels=ON) is None
+    assert md.route(_randn(2, 64), _randn(12, 64), _randn(12), 2, 4, 2, 1.0, kernels=ON) is None
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -114,7 +120,7 @@ def test_moe_decode_matches_reference(dtype, tokens):
     ids = torch.stack([torch.randperm(e, generator=torch.Generator().manual_seed(10 + i))[:k] for i in range(tokens)])
     ids = ids.to(DEVICE)
     weights = _randn(tokens, k, seed=6).abs() + 0.1
-    got = tk.moe_decode(x, ids, weights, w_gu, w_d, sg, su, sd, force=True)
+    got = md.moe_decode(x, ids, weights, w_gu, w_d, sg, su, sd, kernels=ON)
     routed = moe.experts_gathered(x, ids, weights, w_gu, w_d)
     shared = F.linear(F.silu(F.linear(x, sg)) * F.linear(x, su), sd)
     want = routed.to(dtype) + shared

@@ -17,11 +17,12 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-from ..model import fused
 from ..model.audio_encoder import AudioProjector, WhisperEncoder, audio_token_lengths, max_mel_frames
 from ..model.campplus import CampPlus
 from ..model.config import CheckpointConfig, load_checkpoint_config
 from ..model.image_processing import MAX_ASPECT_RATIO, VisionInput, image_grid, preprocess_image
+from ..model.kernels import TRITON, Kernels
+from ..model.kernels import available as triton_available
 from ..model.layers import TPGroup
 from ..model.loader import init_dummy, load_weights, read_weight_map
 from ..model.presets import preset_config
@@ -46,9 +47,10 @@ Progress = Callable[[str, int, int], None]
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def _build(cls, *args, weights=None, prefix="", device, dtype, seed, what, progress=None):
+def _build(cls, *args, weights=None, prefix="", device, dtype, seed, what, progress=None,
+           kernels: Kernels | None = None):
     with torch.device("meta"):
-        module = cls(*args)
+        module = cls(*args) if kernels is None else cls(*args, kernels=kernels)
     if weights is None:
         init_dummy(module, seed=seed, device=device, dtype=dtype)
     else:
@@ -122,13 +124,14 @@ class ModelBundle:
             talker_w = read_weight_map(folder / "talker" / "model.safetensors")
             vae_w = read_weight_map(folder / "talker" / "vae" / "model.safetensors")
         common = dict(dtype=dtype, seed=cfg.seed, progress=progress)
+        kernels = TRITON  # every Triton kernel where a model runs on CUDA (no kernel applies on CPU)
         ming = ck.ming
         hidden = ming.llm_config.hidden_size
         if place.tp_size > 1:
             from .tp import start_tp
 
             thinker = start_tp(ck, place.thinker_devices, None if dummy else cfg.model_path, dtype, cfg.seed,
-                               cfg.thinker.max_slots, cfg.thinker.max_seq_len)
+                               cfg.thinker.max_slots, cfg.thinker.max_seq_len, kernels=kernels)
         else:
             shadow = cfg.bench_tp_shadow
             tp = TPGroup(0, shadow, shadow=True) if shadow > 1 else TPGroup()
@@ -136,7 +139,7 @@ class ModelBundle:
                 log.warning("bench_tp_shadow=%d: the thinker is rank 0 of TP=%d alone on %s, collectives skipped "
                             "(benchmark of per-GPU cost; its output is meaningless)", shadow, shadow, devices["thinker"])
             thinker = _build(Thinker, ming.llm_config, tp, weights=root_w, prefix="model.",
-                             device=devices["thinker"], what="thinker", **common)
+                             device=devices["thinker"], what="thinker", kernels=kernels, **common)
         audio_encoder = _build(WhisperEncoder, ming.audio_config, weights=root_w, prefix="audio.",
                                device=devices["encoder"], what="audio encoder", **common)
         audio_projector = _build(AudioProjector, ming.audio_config, hidden, weights=root_w,
@@ -145,8 +148,9 @@ class ModelBundle:
                         device=devices["encoder"], what="vision", **common)
         vision_projector = _build(VisionProjector, ming.vision_config, hidden, weights=root_w, prefix="linear_proj.",
                                   device=devices["encoder"], what="vision projector", **common)
-        talker = _build(Talker, ck.talker, weights=talker_w, device=devices["talker"], what="talker", **common)
-        vae = _build(AudioVAE, ck.vae, weights=vae_w, device=devices["vae"], what="vae", **common)
+        talker = _build(Talker, ck.talker, weights=talker_w, device=devices["talker"], what="talker", kernels=kernels,
+                        **common)
+        vae = _build(AudioVAE, ck.vae, weights=vae_w, device=devices["vae"], what="vae", kernels=kernels, **common)
         special = TalkerSpecialIds(**{
             f: _token_id(talker_tok, tok) for f, tok in (
                 ("im_start", "<|im_start|>"), ("im_end", "<|im_end|>"), ("vision_start", "<|vision_start|>"),
@@ -158,8 +162,7 @@ class ModelBundle:
                                                  cfg.thinker.audio_buckets, dtype=dtype, device=devices["encoder"],
                                                  out_device=devices["thinker"], enforce_eager=cfg.enforce_eager)
         if any(torch.device(d).type == "cuda" for d in devices.values()):
-            fused.configure_cuda()  # no per-length cuDNN attention plans; Triton MoE experts
-            if not fused.available():
+            if not triton_available():
                 log.warning("Triton is not installed: the CUDA models run the reference PyTorch ops (slower)")
         bundle._register_voices(progress, cfg.talker.max_prompt_len)
         bundle.default_voice = cfg.default_voice or next(iter(bundle.voices))

@@ -1,6 +1,6 @@
 """Thinker decode step: one token per row -> next-token logits, CUDA-graphed per (KV bucket, batch bucket).
 
-With the fused decode attention (CUDA, `model.thinker_kernels`) every row reads its own slot up to
+With the fused decode attention (CUDA, `model.kernels.slot_attention`) every row reads its own slot up to
 its own position, so one graph per batch bucket serves every length. Otherwise attention reads the
 first `kv_len` positions of each row's KV slot, and a CUDA graph needs that length fixed: the
 decoder keeps one `BucketedGraph` per KV bucket (the smallest one covering the longest row is

@@ -32,8 +32,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from ..model import fused
 from ..model.config import CheckpointConfig
+from ..model.kernels import TRITON, Kernels
 from ..model.layers import TPGroup
 from ..model.loader import init_dummy, load_weights, read_weight_map
 from ..model.thinker import Thinker, ThinkerKVCache
@@ -65,6 +65,7 @@ class TPLaunch:
     max_slots: int
     max_seq_len: int
     port: int
+    kernels: Kernels = TRITON  # every rank builds its shard with rank 0's kernel selection
 
 
 def _free_port() -> int:
@@ -86,7 +87,7 @@ def _init(rank: int, launch: TPLaunch) -> TPGroup:
 
 def _build_shard(launch: TPLaunch, tp: TPGroup) -> Thinker:
     with torch.device("meta"):
-        thinker = Thinker(launch.ck.thinker, tp)
+        thinker = Thinker(launch.ck.thinker, tp, kernels=launch.kernels)
     device = launch.devices[tp.rank]
     if launch.model_path is None:
         init_dummy(thinker, seed=launch.seed + tp.rank, device=device, dtype=launch.dtype)
@@ -160,8 +161,6 @@ def _exit_with_parent(parent: int, poll_s: float = 0.5) -> None:
 def _worker(rank: int, launch: TPLaunch, parent: int) -> None:
     _exit_with_parent(parent)
     tp = _init(rank, launch)
-    if torch.device(launch.devices[rank]).type == "cuda":
-        fused.configure_cuda()  # the same kernel choices as rank 0
     thinker = _build_shard(launch, tp)
     device = torch.device(launch.devices[rank])
     cache = ThinkerKVCache.allocate(launch.ck.thinker, launch.max_slots, launch.max_seq_len,
@@ -347,13 +346,13 @@ class _ProxyPrefiller(_ProxyGraphs):
 
 
 def start_tp(ck: CheckpointConfig, devices: tuple[str, ...], model_path: str | None, dtype: torch.dtype,
-             seed: int, max_slots: int, max_seq_len: int) -> ThinkerProxy:
+             seed: int, max_slots: int, max_seq_len: int, kernels: Kernels = TRITON) -> ThinkerProxy:
     """Spawn ranks 1..N-1, join the process group as rank 0, build rank 0's shard.
 
     If joining or rank 0's shard build fails, the workers are ended and the process group destroyed
     before the error propagates, so a later engine in this process can start its own group.
     """
-    launch = TPLaunch(ck, tuple(devices), model_path, dtype, seed, max_slots, max_seq_len, _free_port())
+    launch = TPLaunch(ck, tuple(devices), model_path, dtype, seed, max_slots, max_seq_len, _free_port(), kernels)
     ctx = mp.get_context("spawn")
     procs = [ctx.Process(target=_worker, args=(r, launch, os.getpid()), daemon=True, name=f"tp-rank-{r}")
              for r in range(1, len(devices))]

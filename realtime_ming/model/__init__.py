@@ -1,7 +1,8 @@
 """Pure PyTorch Ming-flash-omni-2.0 modules, configs and weight loading (no serving concerns).
 
 Entry points: `load_all` (configs + root model + talker + AudioVAE from a checkpoint folder or a
-preset), `load_ming` / `build_ming` (root model only), `load_checkpoint_config`, `preset_config`.
+preset), `load_ming` / `build_ming` (root model only), `load_checkpoint_config`, `preset_config`;
+`Kernels` / `TRITON` / `REFERENCE` (`model.kernels`): the kernel selection a model is built with.
 """
 
 from .._lazy import lazy_exports
@@ -11,6 +12,9 @@ _WHERE = {
     "CheckpointConfig": ".config",
     "ConfigError": ".config",
     "load_checkpoint_config": ".config",
+    "Kernels": ".kernels",
+    "REFERENCE": ".kernels",
+    "TRITON": ".kernels",
     "TPGroup": ".layers",
     "LoadError": ".loader",
     "checkpoint_keys": ".loader",

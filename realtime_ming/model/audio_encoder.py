@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import fused
+from .kernels.sdpa import attention_any_length
 from .config import AudioEncoderConfig
 
 __all__ = [
@@ -110,7 +110,7 @@ class _WhisperAttention(nn.Module):
     def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None = None) -> torch.Tensor:
         b, t, c = x.shape
         q, k, v = (proj(x).view(b, t, self.n_head, -1).transpose(1, 2) for proj in (self.query, self.key, self.value))
-        out = fused.attention_any_length(q, k, v, attn_mask=key_mask)  # non-causal; scale 1/sqrt(head_dim)
+        out = attention_any_length(q, k, v, attn_mask=key_mask)  # non-causal; scale 1/sqrt(head_dim)
         return self.out(out.transpose(1, 2).reshape(b, t, c))
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from . import dit_kernels
+from .kernels.cfm_step import cfm_step
 from .dit import DiT
 
 __all__ = ["EPSS_TIMESTEPS", "SWAY_COEF", "CFMParams", "epss_time_grid", "sway", "sway_time_grid", "CFM"]
@@ -101,8 +101,8 @@ class CFM(nn.Module):
         cfg = _per_row(cfg_strength)
         for i in range(steps):
             # y += v·dt with v = v_c + (v_c − v_u)·cfg, then the SDE noise: one kernel on CUDA
-            y = dit_kernels.cfm_step(y, self.model.forward_with_cfg(y, i, ctx), t[i + 1] - t[i], cfg, noise_scale,
-                                     sde_rnd[i])
+            y = cfm_step(y, self.model.forward_with_cfg(y, i, ctx), t[i + 1] - t[i], cfg, noise_scale, sde_rnd[i],
+                         kernels=self.model.kernels)
             if trajectory:
                 states.append(y)
         return (y, torch.stack(states)) if trajectory else y

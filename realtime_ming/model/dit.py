@@ -15,9 +15,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import dit_kernels, fused
 from .config import DiTConfig
-from .fused import apply_interleaved_rotary
+from .kernels.dit_attention import rotary_attention
+from .kernels.rotary import apply_interleaved_rotary
+from .kernels.selection import REFERENCE, Kernels
 from .layers import RMSNorm, concat_params, prenorm_stack
 
 __all__ = [
@@ -80,9 +81,9 @@ class InterleavedRotary(nn.Module):
 class Attention(nn.Module):
     """Bidirectional multi-head attention (`to_q/to_k/to_v/to_out.0`, biases), RoPE on q and k."""
 
-    def __init__(self, dim: int, heads: int):
+    def __init__(self, dim: int, heads: int, *, kernels: Kernels = REFERENCE):
         super().__init__()
-        self.heads = heads
+        self.heads, self.kernels = heads, kernels
         self.to_q = nn.Linear(dim, dim)
         self.to_k = nn.Linear(dim, dim)
         self.to_v = nn.Linear(dim, dim)
@@ -92,14 +93,15 @@ class Attention(nn.Module):
         projs = (self.to_q, self.to_k, self.to_v)
         qkv = F.linear(x, concat_params(self, "_qkv_w", tuple(p.weight for p in projs)),
                        concat_params(self, "_qkv_b", tuple(p.bias for p in projs)))
-        return self.to_out[0](dit_kernels.rotary_attention(qkv, self.heads, cos, sin))
+        return self.to_out[0](rotary_attention(qkv, self.heads, cos, sin, kernels=self.kernels))
 
 
 class FeedForward(nn.Module):
     """Linear → tanh-GELU → Linear, keys `ff.0.0` and `ff.2` (index 1 was a Dropout)."""
 
-    def __init__(self, dim: int, mult: float):
+    def __init__(self, dim: int, mult: float, *, kernels: Kernels = REFERENCE):
         super().__init__()
+        self.kernels = kernels
         inner = int(dim * mult)
         self.ff = nn.Sequential(
             nn.Sequential(nn.Linear(dim, inner), nn.GELU(approximate="tanh")),
@@ -109,7 +111,7 @@ class FeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lin = self.ff[0][0]
-        if fused.enabled_on(x.device):  # the tanh-GELU as the GEMM's epilogue (cuBLASLt): one kernel, not two
+        if self.kernels.on_device(x.device):  # the tanh-GELU as the GEMM's epilogue (cuBLASLt): one kernel, not two
             rows = x.reshape(-1, x.shape[-1])
             h = torch._addmm_activation(lin.bias, rows, lin.weight.t(), use_gelu=True).view(*x.shape[:-1], -1)
             return self.ff[2](h)
@@ -119,12 +121,12 @@ class FeedForward(nn.Module):
 class DiTBlock(nn.Module):
     """Pre-norm block: x += Attn(RMSNorm1(x)); x += FF(RMSNorm2(x)) (run by `run_blocks`)."""
 
-    def __init__(self, dim: int, heads: int, mlp_ratio: float):
+    def __init__(self, dim: int, heads: int, mlp_ratio: float, *, kernels: Kernels = REFERENCE):
         super().__init__()
-        self.norm1 = RMSNorm(dim, _NORM_EPS)
-        self.attn = Attention(dim, heads)
-        self.norm2 = RMSNorm(dim, _NORM_EPS)
-        self.mlp = FeedForward(dim, mlp_ratio)
+        self.norm1 = RMSNorm(dim, _NORM_EPS, kernels=kernels)
+        self.attn = Attention(dim, heads, kernels=kernels)
+        self.norm2 = RMSNorm(dim, _NORM_EPS, kernels=kernels)
+        self.mlp = FeedForward(dim, mlp_ratio, kernels=kernels)
 
     def forward(self, x: torch.Tensor, h: torch.Tensor, cos: torch.Tensor,
                 sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -143,9 +145,9 @@ def run_blocks(blocks: nn.ModuleList, x: torch.Tensor, cos: torch.Tensor, sin: t
 class FinalLayer(nn.Module):
     """RMSNorm then Linear (`norm_final`, `linear`)."""
 
-    def __init__(self, dim: int, out_dim: int):
+    def __init__(self, dim: int, out_dim: int, *, kernels: Kernels = REFERENCE):
         super().__init__()
-        self.norm_final = RMSNorm(dim, _NORM_EPS)
+        self.norm_final = RMSNorm(dim, _NORM_EPS, kernels=kernels)
         self.linear = nn.Linear(dim, out_dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -192,18 +194,19 @@ class DiT(nn.Module):
     Keys `t_embedder`, `x_embedder`, `c_embedder`, `rotary_embed`, `blocks.N`, `final_layer`.
     """
 
-    def __init__(self, cfg: DiTConfig):
+    def __init__(self, cfg: DiTConfig, *, kernels: Kernels = REFERENCE):
         super().__init__()
         d = cfg.hidden_size
         if d % cfg.num_heads:
             raise ValueError(f"flowmodel.hidden_size {d} not divisible by num_heads {cfg.num_heads}")
-        self.cfg = cfg
+        self.cfg, self.kernels = cfg, kernels
         self.t_embedder = TimestepEmbedder(d)
         self.x_embedder = nn.Linear(cfg.in_channels, d)
         self.c_embedder = CondEmbedder(cfg.llm_cond_dim, d)
         self.rotary_embed = InterleavedRotary(d // cfg.num_heads)
-        self.blocks = nn.ModuleList(DiTBlock(d, cfg.num_heads, cfg.mlp_ratio) for _ in range(cfg.depth))
-        self.final_layer = FinalLayer(d, cfg.in_channels)
+        self.blocks = nn.ModuleList(DiTBlock(d, cfg.num_heads, cfg.mlp_ratio, kernels=kernels)
+                                    for _ in range(cfg.depth))
+        self.final_layer = FinalLayer(d, cfg.in_channels, kernels=kernels)
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, cond: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
         """x [N, P, C] noisy patch, t [N], cond [N, 1, Dc], history [N, Hh, C] → velocity [N, P, C]."""
@@ -250,7 +253,7 @@ class Aggregator(nn.Module):
     same blocks and rotary as the DiT run bidirectionally; the CLS row goes through `final_layer`.
     """
 
-    def __init__(self, cfg: DiTConfig, llm_hidden: int):
+    def __init__(self, cfg: DiTConfig, llm_hidden: int, *, kernels: Kernels = REFERENCE):
         super().__init__()
         d = cfg.hidden_size
         if d % cfg.num_heads:
@@ -259,8 +262,9 @@ class Aggregator(nn.Module):
         self.word_embedder = nn.Embedding(1, d)
         self.x_embedder = nn.Linear(cfg.in_channels, d)
         self.rotary_embed = InterleavedRotary(d // cfg.num_heads)
-        self.blocks = nn.ModuleList(DiTBlock(d, cfg.num_heads, cfg.mlp_ratio) for _ in range(cfg.depth))
-        self.final_layer = FinalLayer(d, llm_hidden)
+        self.blocks = nn.ModuleList(DiTBlock(d, cfg.num_heads, cfg.mlp_ratio, kernels=kernels)
+                                    for _ in range(cfg.depth))
+        self.final_layer = FinalLayer(d, llm_hidden, kernels=kernels)
 
     def forward(self, latents: torch.Tensor) -> torch.Tensor:
         x = self.x_embedder(latents)

@@ -15,14 +15,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import fused
-from .fused import apply_rotary, rotate_half
+from .kernels.norm import add_rms_norm, rms_norm
+from .kernels.selection import REFERENCE, Kernels
 
 __all__ = [
     "TPGroup",
     "RMSNorm",
-    "rotate_half",
-    "apply_rotary",
     "rope_inv_freq",
     "ColumnParallelLinear",
     "RowParallelLinear",
@@ -106,19 +104,21 @@ def mark_tp(param: nn.Parameter, dim: int | None, splits: tuple[int, ...] | None
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm as in HF Qwen2/BailingMoeV2: normalise in fp32, cast back, then multiply the weight."""
+    """RMSNorm as in HF Qwen2/BailingMoeV2: normalise in fp32, cast back, then multiply the weight
+    (one Triton kernel where `kernels` applies)."""
 
-    def __init__(self, dim: int, eps: float = 1e-6):
+    def __init__(self, dim: int, eps: float = 1e-6, *, kernels: Kernels = REFERENCE):
         super().__init__()
         self.eps = eps
+        self.kernels = kernels
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return fused.rms_norm(x, self.weight, self.eps)
+        return rms_norm(x, self.weight, self.eps, kernels=self.kernels)
 
     def add(self, x: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(norm(x + delta), x + delta): a residual add fused with the norm that follows it."""
-        return fused.add_rms_norm(x, delta, self.weight, self.eps)
+        return add_rms_norm(x, delta, self.weight, self.eps, kernels=self.kernels)
 
 
 def prenorm_stack(layers, x: torch.Tensor, input_norm, final_norm: "RMSNorm", step) -> torch.Tensor:

@@ -25,6 +25,7 @@ from .audio_encoder import (
     encode_wrapped,
 )
 from .config import CheckpointConfig, ConfigError, MingConfig, load_checkpoint_config
+from .kernels.selection import REFERENCE, Kernels
 from .layers import SINGLE, TPGroup
 from .loader import init_dummy, load_weights, materialize, read_weight_map
 from .presets import preset_config
@@ -47,14 +48,15 @@ class MingOmni(nn.Module):
     """Root `model.safetensors` weights: `model` (Thinker), `vision` + `linear_proj`, `audio` + `linear_proj_audio`.
 
     Only the thinker is tensor-parallel (`tp`); the encoders are replicated. No forward: the
-    engine calls the parts (`model` per step, `image_embeds` / `audio_embeds` at prefill).
+    engine calls the parts (`model` per step, `image_embeds` / `audio_embeds` at prefill). `kernels`
+    (default: the reference PyTorch ops) selects the thinker's Triton kernels.
     """
 
-    def __init__(self, cfg: MingConfig, tp: TPGroup = SINGLE):
+    def __init__(self, cfg: MingConfig, tp: TPGroup = SINGLE, *, kernels: Kernels = REFERENCE):
         super().__init__()
-        self.cfg, self.tp = cfg, tp
+        self.cfg, self.tp, self.kernels = cfg, tp, kernels
         hidden = cfg.llm_config.hidden_size
-        self.model = Thinker(cfg.llm_config, tp)
+        self.model = Thinker(cfg.llm_config, tp, kernels=kernels)
         self.vision = VisionTransformer(cfg.vision_config)
         self.linear_proj = VisionProjector(cfg.vision_config, hidden)
         self.audio = WhisperEncoder(cfg.audio_config)
@@ -103,7 +105,7 @@ def _place(ming: MingOmni, device, encoder_device, dtype: torch.dtype) -> None:
 
 def load_ming(checkpoint_dir: str | Path, *, dtype: torch.dtype = torch.float32, device="cpu",
               tp: TPGroup = SINGLE, encoder_device=None,
-              progress: Callable[[int, int], None] | None = None) -> MingOmni:
+              progress: Callable[[int, int], None] | None = None, kernels: Kernels = REFERENCE) -> MingOmni:
     """Build the root on meta and strictly load every root shard (via the index) straight into `dtype`.
 
     `encoder_device` (default `device`) holds vision/audio and their projectors; the thinker is
@@ -112,7 +114,7 @@ def load_ming(checkpoint_dir: str | Path, *, dtype: torch.dtype = torch.float32,
     """
     cfg = load_checkpoint_config(checkpoint_dir).ming
     with torch.device("meta"):
-        ming = MingOmni(cfg, tp)
+        ming = MingOmni(cfg, tp, kernels=kernels)
     _place(ming, device, encoder_device, dtype)
     load_weights(ming, read_weight_map(checkpoint_dir), device=device, dtype=dtype, tp=tp,
                  what="Ming root checkpoint (model.safetensors)", progress=progress)
@@ -124,7 +126,7 @@ def _part_seed(seed: int, part: str) -> int:
 
 
 def build_ming(cfg: MingConfig, *, weights: str = "dummy", seed: int = 0, dtype: torch.dtype = torch.float32,
-               device="cpu", tp: TPGroup = SINGLE, encoder_device=None) -> MingOmni:
+               device="cpu", tp: TPGroup = SINGLE, encoder_device=None, kernels: Kernels = REFERENCE) -> MingOmni:
     """The root module without a checkpoint: `weights="dummy"` (seeded random, on the device) or "meta".
 
     Dummy values depend only on (seed, part, parameter name), never on construction order.
@@ -132,7 +134,7 @@ def build_ming(cfg: MingConfig, *, weights: str = "dummy", seed: int = 0, dtype:
     if weights not in ("dummy", "meta"):
         raise ValueError(f"weights must be 'dummy' or 'meta', got {weights!r}")
     with torch.device("meta"):
-        ming = MingOmni(cfg, tp)
+        ming = MingOmni(cfg, tp, kernels=kernels)
     if weights == "meta":
         return ming.eval()
     for name in ("model",) + _ENCODERS:
@@ -189,6 +191,7 @@ def load_all(
     seed: int = 0,
     parts: Collection[str] = PARTS,
     progress: Progress | None = None,
+    kernels: Kernels = REFERENCE,
 ) -> MingModels:
     """Load (or dummy-initialise) the root model, the talker and the AudioVAE, all in eval mode.
 
@@ -202,6 +205,8 @@ def load_all(
     parts: which of "ming", "talker", "vae" to load; the others are None (e.g. on TP ranks > 0).
     progress(stage, done, total): stage in PARTS; called per tensor when loading and once per part
         (done == total == 1) for dummy weights.
+    kernels: the Triton kernels the thinker, talker and AudioVAE run (`kernels.TRITON`); default the
+        reference PyTorch ops.
     Raises ConfigError (config files) or LoadError (weights) naming every problem; ValueError for
     bad arguments.
     """
@@ -225,10 +230,10 @@ def load_all(
         if weights == "checkpoint":
             cb = (lambda done, total: progress("ming", done, total)) if progress else None
             ming = load_ming(folder, dtype=dtype, device=place["thinker"], tp=tp, encoder_device=place["encoders"],
-                             progress=cb)
+                             progress=cb, kernels=kernels)
         else:
             ming = build_ming(cfg.ming, seed=seed, dtype=dtype, device=place["thinker"], tp=tp,
-                              encoder_device=place["encoders"])
+                              encoder_device=place["encoders"], kernels=kernels)
             if progress:
                 progress("ming", 1, 1)
     for stage, cls, part_cfg, rel in (("talker", Talker, cfg.talker, Path("talker", "model.safetensors")),
@@ -236,7 +241,7 @@ def load_all(
         if stage not in parts:
             continue
         with torch.device("meta"):
-            module = cls(part_cfg)
+            module = cls(part_cfg, kernels=kernels)
         if weights == "checkpoint":
             _load_file_root(module, folder / rel, stage, device=place[stage], dtype=dtype, progress=progress)
         else:

@@ -15,8 +15,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import fused, thinker_kernels
 from .config import ThinkerConfig
+from .kernels import moe_decode as decode_kernels
+from .kernels.moe_experts import fused_experts
+from .kernels.selection import REFERENCE, Kernels
+from .kernels.swiglu import silu_mul
 from .layers import SINGLE, ColumnParallelLinear, RowParallelLinear, TPGroup, concat_params, mark_tp
 from .loader import TensorSource, narrow_for_rank
 
@@ -29,23 +32,12 @@ __all__ = [
     "experts_gathered",
     "experts_grouped",
     "GATHER_MAX_ROWS",
-    "set_expert_kernel",
 ]
 
 # (token, expert) pairs up to which the experts' weights are gathered per token (no host sync,
 # static shapes: the decode path). Above it, tokens are sorted by expert and each expert that
-# received tokens runs once (prefill). The GPU path replaces both with fused kernels.
+# received tokens runs once (prefill). The GPU path replaces both with fused kernels (`Kernels`).
 GATHER_MAX_ROWS = 16
-
-
-# Opt-in fused expert kernel for CUDA tensors (moe_triton.enable()); None = the PyTorch paths below.
-_EXPERT_KERNEL = None
-
-
-def set_expert_kernel(kernel) -> None:
-    """Install `kernel(x, ids, weights, w_gate_up, w_down) -> [N, D] fp32` for CUDA inputs (None = off)."""
-    global _EXPERT_KERNEL
-    _EXPERT_KERNEL = kernel
 
 
 class Routing(NamedTuple):
@@ -59,15 +51,17 @@ class Routing(NamedTuple):
 class DenseMLP(nn.Module):
     """SwiGLU `down(silu(gate(x)) * up(x))`; `reduce=False` leaves the TP partial sum to the caller."""
 
-    def __init__(self, hidden: int, intermediate: int, tp: TPGroup = SINGLE, reduce: bool = True):
+    def __init__(self, hidden: int, intermediate: int, tp: TPGroup = SINGLE, reduce: bool = True, *,
+                 kernels: Kernels = REFERENCE):
         super().__init__()
+        self.kernels = kernels
         self.gate_proj = ColumnParallelLinear(hidden, intermediate, tp=tp)
         self.up_proj = ColumnParallelLinear(hidden, intermediate, tp=tp)
         self.down_proj = RowParallelLinear(intermediate, hidden, tp=tp, reduce=reduce)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = F.linear(x, concat_params(self, "_gate_up", (self.gate_proj.weight, self.up_proj.weight)))
-        return self.down_proj(fused.silu_mul(gate_up))
+        return self.down_proj(silu_mul(gate_up, kernels=self.kernels))
 
 
 def select_experts(
@@ -174,11 +168,13 @@ def _stacked_loader(tp: TPGroup, intermediate: int):
 
 
 class SparseMoeBlock(nn.Module):
-    """Routed experts (stacked) + shared expert; MultiRouter picks a gate per token from the masks."""
+    """Routed experts (stacked) + shared expert; MultiRouter picks a gate per token from the masks.
 
-    def __init__(self, cfg: ThinkerConfig, tp: TPGroup = SINGLE):
+    `kernels`: the Triton router and decode experts (`triton`) and prefill experts (`moe_experts`)."""
+
+    def __init__(self, cfg: ThinkerConfig, tp: TPGroup = SINGLE, *, kernels: Kernels = REFERENCE):
         super().__init__()
-        self.cfg, self.tp = cfg, tp
+        self.cfg, self.tp, self.kernels = cfg, tp, kernels
         e, d = cfg.num_experts, cfg.hidden_size
         local = tp.divide(cfg.moe_intermediate_size, "moe_intermediate_size")
         self.gate = MoEGate(cfg)
@@ -191,7 +187,8 @@ class SparseMoeBlock(nn.Module):
         for p, shards in ((self.experts_gate_up, 2 * e), (self.experts_down, e)):
             mark_tp(p, None)
             p.weight_loader, p.num_shards, p.stacked = loader, shards, True
-        self.shared_experts = DenseMLP(d, cfg.moe_intermediate_size * cfg.num_shared_experts, tp, reduce=False)
+        self.shared_experts = DenseMLP(d, cfg.moe_intermediate_size * cfg.num_shared_experts, tp, reduce=False,
+                                       kernels=kernels)
 
     def route(self, x: torch.Tensor, image_mask: torch.Tensor | None = None,
               audio_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -225,8 +222,8 @@ class SparseMoeBlock(nn.Module):
         decoded = None
         if image_mask is None and audio_mask is None:  # text tokens: the fused decode kernels may apply
             c = self.cfg
-            decoded = thinker_kernels.route(flat, self.gate.weight, self.gate.expert_bias, c.num_experts_per_tok,
-                                            c.n_group, c.topk_group, c.routed_scaling_factor)
+            decoded = decode_kernels.route(flat, self.gate.weight, self.gate.expert_bias, c.num_experts_per_tok,
+                                           c.n_group, c.topk_group, c.routed_scaling_factor, kernels=self.kernels)
         if decoded is None:
             ids, weights = self.route(
                 flat,
@@ -240,12 +237,13 @@ class SparseMoeBlock(nn.Module):
         shared = self.shared_experts
         out = None
         if decoded is not None:  # routed + shared experts in two launches
-            out = thinker_kernels.moe_decode(flat, ids, weights, self.experts_gate_up, self.experts_down,
-                                             shared.gate_proj.weight, shared.up_proj.weight, shared.down_proj.weight)
+            out = decode_kernels.moe_decode(flat, ids, weights, self.experts_gate_up, self.experts_down,
+                                            shared.gate_proj.weight, shared.up_proj.weight, shared.down_proj.weight,
+                                            kernels=self.kernels)
         if out is None:
             experts = experts_gathered if ids.numel() <= GATHER_MAX_ROWS else experts_grouped
-            if _EXPERT_KERNEL is not None and flat.is_cuda:
-                experts = _EXPERT_KERNEL
+            if self.kernels.experts_apply(flat):
+                experts = fused_experts
             routed = experts(flat, ids, weights, self.experts_gate_up, self.experts_down)
             out = routed.to(x.dtype) + shared(flat)
         return self.tp.all_reduce(out).view(b, t, d)

@@ -16,8 +16,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import fused, thinker_kernels
 from .config import Qwen2Config
+from .kernels.rotary import RotaryStyle, head_rotary
+from .kernels.selection import REFERENCE, Kernels
+from .kernels.slot_attention import decode_attention
+from .kernels.swiglu import silu_mul
 from .layers import RMSNorm, concat_params, prenorm_stack, rope_inv_freq
 
 __all__ = ["KVCache", "Qwen2Model", "Qwen2Rotary", "causal_window_mask"]
@@ -107,8 +110,9 @@ class Qwen2Rotary(nn.Module):
 class Qwen2Attention(nn.Module):
     """q/k/v projections (with bias; run as one fused GEMM), NeoX RoPE, GQA attention, o_proj."""
 
-    def __init__(self, cfg: Qwen2Config):
+    def __init__(self, cfg: Qwen2Config, *, kernels: Kernels = REFERENCE):
         super().__init__()
+        self.kernels = kernels
         self.num_heads = cfg.num_attention_heads
         self.num_kv = cfg.num_key_value_heads
         self.head_dim = cfg.resolved_head_dim
@@ -125,17 +129,19 @@ class Qwen2Attention(nn.Module):
         projs = (self.q_proj, self.k_proj, self.v_proj)
         qkv = F.linear(x, concat_params(self, "_qkv_w", tuple(p.weight for p in projs)),
                        concat_params(self, "_qkv_b", tuple(p.bias for p in projs)))
-        style = fused.RotaryStyle.NEOX_ROUND_EACH
+        style = RotaryStyle.NEOX_ROUND_EACH
         if cache_kv is not None:
             ck, cv = cache_kv  # [B, kv, S, d] views into the cache: k/v written at their slots
-            q, _, _ = fused.head_rotary(qkv, self.num_heads, self.num_kv, self.head_dim, cos, sin, style,
-                                        k_out=ck, v_out=cv, index=slots)
+            q, _, _ = head_rotary(qkv, self.num_heads, self.num_kv, self.head_dim, cos, sin, style,
+                                  k_out=ck, v_out=cv, index=slots, kernels=self.kernels)
             k, v = ck, cv
         else:
-            q, k, v = fused.head_rotary(qkv, self.num_heads, self.num_kv, self.head_dim, cos, sin, style)
+            q, k, v = head_rotary(qkv, self.num_heads, self.num_kv, self.head_dim, cos, sin, style,
+                                  kernels=self.kernels)
         if lengths is not None:
             rows = torch.arange(b, device=x.device)
-            return self.o_proj(thinker_kernels.decode_attention(q, k, v, rows, lengths).reshape(b, t, -1))
+            out = decode_attention(q, k, v, rows, lengths, kernels=self.kernels)
+            return self.o_proj(out.reshape(b, t, -1))
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.num_kv != self.num_heads)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
@@ -143,15 +149,16 @@ class Qwen2Attention(nn.Module):
 class Qwen2MLP(nn.Module):
     """SwiGLU; gate and up run as one fused GEMM."""
 
-    def __init__(self, cfg: Qwen2Config):
+    def __init__(self, cfg: Qwen2Config, *, kernels: Kernels = REFERENCE):
         super().__init__()
+        self.kernels = kernels
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x):
         gate_up = F.linear(x, concat_params(self, "_gate_up", (self.gate_proj.weight, self.up_proj.weight)))
-        return self.down_proj(fused.silu_mul(gate_up))
+        return self.down_proj(silu_mul(gate_up, kernels=self.kernels))
 
 
 class Qwen2Layer(nn.Module):
@@ -159,12 +166,12 @@ class Qwen2Layer(nn.Module):
     `forward` takes the residual x and h = input_layernorm(x), and returns (x after attention, the
     MLP output) for the caller to add with the next norm (`Qwen2Model.forward`)."""
 
-    def __init__(self, cfg: Qwen2Config):
+    def __init__(self, cfg: Qwen2Config, *, kernels: Kernels = REFERENCE):
         super().__init__()
-        self.self_attn = Qwen2Attention(cfg)
-        self.mlp = Qwen2MLP(cfg)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Qwen2Attention(cfg, kernels=kernels)
+        self.mlp = Qwen2MLP(cfg, kernels=kernels)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, kernels=kernels)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, kernels=kernels)
 
     def forward(self, x, h, cos, sin, mask, cache_kv=None, slots=None, lengths=None):
         h, x = self.post_attention_layernorm.add(x, self.self_attn(h, cos, sin, mask, cache_kv, slots, lengths))
@@ -180,17 +187,17 @@ class Qwen2Model(nn.Module):
     checkpoint tensors (strict loading) but never run.
     """
 
-    def __init__(self, cfg: Qwen2Config, run_layers: int | None = None):
+    def __init__(self, cfg: Qwen2Config, run_layers: int | None = None, *, kernels: Kernels = REFERENCE):
         super().__init__()
-        self.cfg = cfg
+        self.cfg, self.kernels = cfg, kernels
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(Qwen2Layer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(Qwen2Layer(cfg, kernels=kernels) for _ in range(cfg.num_hidden_layers))
         if run_layers is None:
             run_layers = cfg.num_hidden_layers
         if not 0 < run_layers <= cfg.num_hidden_layers:
             raise ValueError(f"run_layers must be in 1..{cfg.num_hidden_layers}, got {run_layers}")
         self.run_layers = run_layers
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, kernels=kernels)
         self.rotary = Qwen2Rotary(cfg.resolved_head_dim, cfg.rope_theta)
 
     def forward(self, inputs_embeds: torch.Tensor, positions: torch.Tensor,
@@ -208,7 +215,7 @@ class Qwen2Model(nn.Module):
             k_pos = cache.slot_pos
         masks: dict[int | None, torch.Tensor] = {}
         lengths = None
-        if cache is not None and positions.shape[1] == 1 and fused.use_triton(inputs_embeds):
+        if cache is not None and positions.shape[1] == 1 and self.kernels.applies(inputs_embeds):
             # decode: a window-less layer's row sees cache slots 0..position (no wrap: without a window the
             # capacity exceeds the longest sequence); padding rows (-1) read one slot, their output is dropped
             lengths = (positions[:, 0] + 1).clamp(1, cache.capacity)

@@ -21,6 +21,7 @@ from .campplus import SPEAKER_DIM
 from .cfm import CFM, CFMParams, sway_time_grid
 from .config import TalkerConfig
 from .dit import Aggregator, DiT
+from .kernels.selection import REFERENCE, Kernels
 from .loader import load_weights, read_weight_map
 from .qwen2 import KVCache, Qwen2Model
 
@@ -181,10 +182,11 @@ class Talker(nn.Module):
     """`BailingTalker2` weights: `model` (Qwen2), `cfm.model` (DiT), `aggregator`, `stop_head`, `spk_head`.
 
     The Qwen2 LM ties its word embeddings but the talker never computes token logits, so there
-    is no `lm_head` (none is stored either).
+    is no `lm_head` (none is stored either). `kernels` (default: the reference PyTorch ops) selects the
+    Triton kernels every module runs.
     """
 
-    def __init__(self, cfg: TalkerConfig):
+    def __init__(self, cfg: TalkerConfig, *, kernels: Kernels = REFERENCE):
         super().__init__()
         if cfg.llm is None:
             raise ValueError("TalkerConfig.llm (talker/llm/config.json) is required")
@@ -195,10 +197,10 @@ class Talker(nn.Module):
             raise ValueError("flowmodel and aggregator in_channels (latent width) differ")
         if cfg.history_patch_size < cfg.patch_size:
             raise ValueError("history_patch_size must be >= patch_size")
-        self.cfg = cfg
-        self.model = Qwen2Model(cfg.llm)
-        self.cfm = CFM(DiT(cfg.flowmodel))
-        self.aggregator = Aggregator(cfg.aggregator, hidden)
+        self.cfg, self.kernels = cfg, kernels
+        self.model = Qwen2Model(cfg.llm, kernels=kernels)
+        self.cfm = CFM(DiT(cfg.flowmodel, kernels=kernels))
+        self.aggregator = Aggregator(cfg.aggregator, hidden, kernels=kernels)
         self.stop_head = nn.Linear(hidden, 2)
         self.spk_head = nn.Linear(SPK_DIM, hidden)
 
@@ -280,10 +282,10 @@ class Talker(nn.Module):
 
 
 def load_talker(cfg: TalkerConfig, weights: str | Path, *, device: torch.device | str = "cpu",
-                dtype: torch.dtype = torch.float32) -> Talker:
+                dtype: torch.dtype = torch.float32, kernels: Kernels = REFERENCE) -> Talker:
     """Build on meta and strictly load `talker/model.safetensors` (or its folder) in eval mode."""
     with torch.device("meta"):
-        talker = Talker(cfg)
+        talker = Talker(cfg, kernels=kernels)
     load_weights(talker, read_weight_map(weights), device=device, dtype=dtype, what="talker")
     return talker.eval()
 

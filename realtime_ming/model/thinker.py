@@ -16,8 +16,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from . import fused, thinker_kernels
 from .config import ThinkerConfig, load_checkpoint_config
+from .kernels.rotary import RotaryStyle, head_rotary
+from .kernels.sdpa import attention_any_length
+from .kernels.selection import REFERENCE, Kernels
+from .kernels.slot_attention import decode_attention, prefill_attention, prefill_attention_supported
 from .layers import (
     SINGLE,
     ColumnParallelLinear,
@@ -70,8 +73,9 @@ class ThinkerKVCache:
 class ThinkerAttention(nn.Module):
     """`BailingMoeV2Attention`: keys query_key_value / q_norm / k_norm / dense."""
 
-    def __init__(self, cfg: ThinkerConfig, tp: TPGroup = SINGLE):
+    def __init__(self, cfg: ThinkerConfig, tp: TPGroup = SINGLE, *, kernels: Kernels = REFERENCE):
         super().__init__()
+        self.kernels = kernels
         hd = cfg.resolved_head_dim
         self.head_dim = hd
         self.num_heads = tp.divide(cfg.num_attention_heads, "num_attention_heads")
@@ -79,8 +83,8 @@ class ThinkerAttention(nn.Module):
         q, kv = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
         self.query_key_value = ColumnParallelLinear(cfg.hidden_size, q + 2 * kv, bias=cfg.use_qkv_bias, tp=tp,
                                                     splits=(q, (kv, cfg.num_key_value_heads), (kv, cfg.num_key_value_heads)))
-        self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
-        self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
+        self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, kernels=kernels)
+        self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, kernels=kernels)
         self.dense = RowParallelLinear(q, cfg.hidden_size, bias=cfg.use_bias, tp=tp)
 
     def forward(self, x, cos, sin, mask, kv=None, slots=None, write_idx=None, kv_len=None, lengths=None):
@@ -88,20 +92,21 @@ class ThinkerAttention(nn.Module):
         [B] for a one-token decode step, [B, T] for a prompt chunk; `mask` and `kv_len` are then unused."""
         b, t, _ = x.shape
         qkv = self.query_key_value(x)
-        args = (qkv, self.num_heads, self.num_kv, self.head_dim, cos, sin, fused.RotaryStyle.NEOX_ROUND_EACH)
-        norms = dict(q_norm=self.q_norm.weight, k_norm=self.k_norm.weight, eps=self.q_norm.eps)
+        args = (qkv, self.num_heads, self.num_kv, self.head_dim, cos, sin, RotaryStyle.NEOX_ROUND_EACH)
+        norms = dict(q_norm=self.q_norm.weight, k_norm=self.k_norm.weight, eps=self.q_norm.eps,
+                     kernels=self.kernels)
         if kv is None:
-            q, k, v = fused.head_rotary(*args, **norms)
+            q, k, v = head_rotary(*args, **norms)
         else:
             ck, cv = kv  # [slots, kv, capacity + 1, hd] views into the cache
-            q, _, _ = fused.head_rotary(*args, **norms, k_out=ck, v_out=cv, rows=slots, index=write_idx)
+            q, _, _ = head_rotary(*args, **norms, k_out=ck, v_out=cv, rows=slots, index=write_idx)
             if lengths is not None:  # every row reads its own slot in place
-                attend = thinker_kernels.decode_attention if lengths.dim() == 1 else thinker_kernels.prefill_attention
-                out = attend(q, ck, cv, slots, lengths)
+                attend = decode_attention if lengths.dim() == 1 else prefill_attention
+                out = attend(q, ck, cv, slots, lengths, kernels=self.kernels)
                 return self.dense(out.transpose(1, 2).reshape(b, t, -1))
             k = ck[:, :, :kv_len].index_select(0, slots)
             v = cv[:, :, :kv_len].index_select(0, slots)
-        out = fused.attention_any_length(q, k, v, attn_mask=mask, enable_gqa=self.num_kv != self.num_heads)
+        out = attention_any_length(q, k, v, attn_mask=mask, enable_gqa=self.num_kv != self.num_heads)
         return self.dense(out.transpose(1, 2).reshape(b, t, -1))
 
 
@@ -112,14 +117,15 @@ class ThinkerLayer(nn.Module):
     ffn output): the residual adds run fused with the norm after them (`Thinker.forward`).
     """
 
-    def __init__(self, cfg: ThinkerConfig, index: int, tp: TPGroup = SINGLE):
+    def __init__(self, cfg: ThinkerConfig, index: int, tp: TPGroup = SINGLE, *, kernels: Kernels = REFERENCE):
         super().__init__()
         self.index = index
-        self.attention = ThinkerAttention(cfg, tp)
+        self.attention = ThinkerAttention(cfg, tp, kernels=kernels)
         self.is_moe = index >= cfg.first_k_dense_replace
-        self.mlp = SparseMoeBlock(cfg, tp) if self.is_moe else DenseMLP(cfg.hidden_size, cfg.intermediate_size, tp)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = (SparseMoeBlock(cfg, tp, kernels=kernels) if self.is_moe
+                    else DenseMLP(cfg.hidden_size, cfg.intermediate_size, tp, kernels=kernels))
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, kernels=kernels)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, kernels=kernels)
 
     def forward(self, x, h, cos, sin, mask, kv, slots, write_idx, kv_len, lengths, image_mask, audio_mask, routing):
         h, x = self.post_attention_layernorm.add(x, self.attention(h, cos, sin, mask, kv, slots, write_idx, kv_len,
@@ -132,24 +138,26 @@ class ThinkerLayer(nn.Module):
 class ThinkerModel(nn.Module):
     """`BailingMoeV2Model` body: keys word_embeddings / layers.N / norm."""
 
-    def __init__(self, cfg: ThinkerConfig, tp: TPGroup = SINGLE):
+    def __init__(self, cfg: ThinkerConfig, tp: TPGroup = SINGLE, *, kernels: Kernels = REFERENCE):
         super().__init__()
         self.word_embeddings = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
-        self.layers = nn.ModuleList(ThinkerLayer(cfg, i, tp) for i in range(cfg.num_hidden_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(ThinkerLayer(cfg, i, tp, kernels=kernels) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, kernels=kernels)
         self.rotary = ThinkerRotary(cfg.rotary_dim, cfg.rope_theta, cfg.is_video_rope)
 
 
 class Thinker(nn.Module):
-    """`BailingMoeV2ForCausalLM` (load with prefix `model.`): forward -> final-normed hidden states."""
+    """`BailingMoeV2ForCausalLM` (load with prefix `model.`): forward -> final-normed hidden states.
 
-    def __init__(self, cfg: ThinkerConfig, tp: TPGroup = SINGLE):
+    `kernels` (default: the reference PyTorch ops) selects the Triton kernels every module runs."""
+
+    def __init__(self, cfg: ThinkerConfig, tp: TPGroup = SINGLE, *, kernels: Kernels = REFERENCE):
         super().__init__()
-        self.cfg, self.tp = cfg, tp
-        self.model = ThinkerModel(cfg, tp)
+        self.cfg, self.tp, self.kernels = cfg, tp, kernels
+        self.model = ThinkerModel(cfg, tp, kernels=kernels)
         self.lm_head = ParallelLMHead(cfg.hidden_size, cfg.vocab_size, tp)
         attn = self.model.layers[0].attention  # this rank's attention shapes suit the prefill kernel
-        self._prefill_kernel = thinker_kernels.prefill_attention_supported(attn.num_heads, attn.num_kv, attn.head_dim)
+        self._prefill_kernel = prefill_attention_supported(attn.num_heads, attn.num_kv, attn.head_dim)
 
     @staticmethod
     def checkpoint_key_map(key: str) -> tuple[str | None, object]:
@@ -215,7 +223,7 @@ class Thinker(nn.Module):
         # instead of the NaN of an all-masked softmax row (NaN would reach the MoE router)
         q_pos = cache_positions if cache is None else cache_positions.clamp(min=0)
         lengths = mask = None
-        if cache is not None and fused.use_triton(inputs_embeds) and (t == 1 or self._prefill_kernel):
+        if cache is not None and self.kernels.applies(inputs_embeds) and (t == 1 or self._prefill_kernel):
             # the attention kernels read each row's slot in place, indices 0..position
             lengths = q_pos[:, 0] + 1 if t == 1 else q_pos + 1
         else:
@@ -229,19 +237,18 @@ class Thinker(nn.Module):
         return prenorm_stack([self.model.layers[i] for i in run], inputs_embeds, lambda layer: layer.input_layernorm,
                              self.model.norm, step)
 
-    @staticmethod
-    def decode_reads_exact_lengths(device: torch.device | str) -> bool:
+    def decode_reads_exact_lengths(self, device: torch.device | str) -> bool:
         """True when a one-token step on `device` reads each slot up to its own position (the fused
         attention kernel): `kv_len` is then ignored and one CUDA graph serves every length."""
-        return fused.enabled_on(device)
+        return self.kernels.on_device(device)
 
 
 def load_thinker(checkpoint_dir: str | Path, *, dtype: torch.dtype = torch.float32, device="cpu",
-                 tp: TPGroup = SINGLE) -> Thinker:
+                 tp: TPGroup = SINGLE, kernels: Kernels = REFERENCE) -> Thinker:
     """Build the thinker of a checkpoint folder on meta and load its `model.*` weights (strict)."""
     cfg = load_checkpoint_config(checkpoint_dir).thinker
     with torch.device("meta"):
-        thinker = Thinker(cfg, tp)
+        thinker = Thinker(cfg, tp, kernels=kernels)
     load_weights(thinker, read_weight_map(checkpoint_dir), prefix="model.", dtype=dtype, device=device, tp=tp,
                  what="thinker")
     return thinker.eval()

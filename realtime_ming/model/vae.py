@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import VAEConfig, VAEDecoderConfig, VAEEncoderConfig
+from .kernels.selection import REFERENCE, Kernels
 from .qwen2 import Qwen2Model
 
 __all__ = [
@@ -106,12 +107,12 @@ class ISTFTHead(nn.Module):
 class VAEDecoder(nn.Module):
     """`Decoder`: fc1 -> linear ×patch upsampling -> causal sliding-window Qwen2 -> ISTFT head (§6.2)."""
 
-    def __init__(self, cfg: VAEDecoderConfig, patch_size: int):
+    def __init__(self, cfg: VAEDecoderConfig, patch_size: int, *, kernels: Kernels = REFERENCE):
         super().__init__()
         bb = cfg.backbone
         self.patch_size = patch_size
         self.fc1 = nn.Linear(cfg.latent_dim, bb.hidden_size)
-        self.decoder = Qwen2Model(bb)
+        self.decoder = Qwen2Model(bb, kernels=kernels)
         self.head = ISTFTHead(bb.hidden_size, n_fft=4 * cfg.output_dim, hop=cfg.output_dim)
 
     def forward(self, latents: torch.Tensor) -> torch.Tensor:
@@ -143,15 +144,17 @@ class VAEEncoder(nn.Module):
     from the original count, so layer i keeps `layer_window(i)` of the backbone config.)
     """
 
-    def __init__(self, cfg: VAEEncoderConfig, patch_size: int):
+    def __init__(self, cfg: VAEEncoderConfig, patch_size: int, *, kernels: Kernels = REFERENCE):
         super().__init__()
         bb = cfg.backbone
         h = bb.hidden_size
         self.input_dim, self.hop, self.patch_size = cfg.input_dim, cfg.hop_size, patch_size
         self.fc1 = nn.Linear(cfg.input_dim, h, bias=False)
         self.fc2 = nn.Linear(h, h)
-        self.encoder = Qwen2Model(bb, run_layers=min(bb.num_hidden_layers, REFERENCE_AGGREGATOR_LAYERS))
-        self.aggregator = Qwen2Model(dataclasses.replace(bb, num_hidden_layers=REFERENCE_AGGREGATOR_LAYERS))
+        self.encoder = Qwen2Model(bb, run_layers=min(bb.num_hidden_layers, REFERENCE_AGGREGATOR_LAYERS),
+                                  kernels=kernels)
+        self.aggregator = Qwen2Model(dataclasses.replace(bb, num_hidden_layers=REFERENCE_AGGREGATOR_LAYERS),
+                                     kernels=kernels)
         self.cls_embed = nn.Parameter(torch.empty(1, 1, h))
         self.fc3 = nn.Linear(h, 2 * cfg.latent_dim)
         self.norm = nn.LayerNorm(h)
@@ -188,13 +191,14 @@ class Posterior:
 
 
 class AudioVAE(nn.Module):
-    """Root of `talker/vae/model.safetensors` (keys `encoder.*`, `decoder.*`, no prefix)."""
+    """Root of `talker/vae/model.safetensors` (keys `encoder.*`, `decoder.*`, no prefix); `kernels` (default:
+    the reference PyTorch ops) selects the Triton kernels its Qwen2 backbones run."""
 
-    def __init__(self, cfg: VAEConfig):
+    def __init__(self, cfg: VAEConfig, *, kernels: Kernels = REFERENCE):
         super().__init__()
-        self.cfg = cfg
-        self.encoder = VAEEncoder(cfg.enc_kwargs, cfg.patch_size)
-        self.decoder = VAEDecoder(cfg.dec_kwargs, cfg.patch_size)
+        self.cfg, self.kernels = cfg, kernels
+        self.encoder = VAEEncoder(cfg.enc_kwargs, cfg.patch_size, kernels=kernels)
+        self.decoder = VAEDecoder(cfg.dec_kwargs, cfg.patch_size, kernels=kernels)
 
     @property
     def samples_per_latent(self) -> int:

@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import fused
+from .kernels.sdpa import attention_any_length
 from .config import VisionConfig
-from .layers import apply_rotary
+from .kernels.rotary import apply_rotary
 
 __all__ = [
     "Grid",
@@ -81,7 +81,7 @@ class _VisionAttention(nn.Module):
         for length, count in segments:
             stop = start + length * count
             qs, ks, vs = (t[start:stop].view(count, length, self.num_heads, -1).transpose(1, 2) for t in (q, k, v))
-            out[start:stop] = fused.attention_any_length(qs, ks, vs).transpose(1, 2).reshape(stop - start,
+            out[start:stop] = attention_any_length(qs, ks, vs).transpose(1, 2).reshape(stop - start,
                                                                                                   self.num_heads, -1)
             start = stop
         return self.proj(out.reshape(n, dim))

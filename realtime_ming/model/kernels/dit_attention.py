@@ -1,19 +1,20 @@
-"""Triton kernels of the talker's CFM sampler: the DiT / aggregator attention (rotary + attention + head
-merge) and the guided Euler + SDE-noise update, one launch each.
+"""The DiT / aggregator attention of the talker's CFM sampler (rotary + attention + head merge) as one
+Triton launch.
 
 A DiT block's attention over its short sequence (1 condition + 32 history + 4 patch tokens, or the
 aggregator's 5) was four kernels per call on a GPU — the rotary of q and k, cuDNN's attention with
 its memset, and the copy that merges the heads back — ~11 µs of a ~39 µs block, 88 blocks per talker
-step. Here one program per (row, head) — per block of 16 queries when there are few pairs — reads its q, k, v straight from the fused projection
+step. Here one program per (row, head) — per block of 16 queries when there are few pairs — reads its
+q, k, v straight from the fused projection
 [B, T, 3·D], rotates q and k (interleaved pairs, fp32, rounded once: `RotaryStyle.INTERLEAVED_FP32`),
 runs the whole T x T attention in registers (T <= 128) and writes its head's slice of the merged
 output [B, T, D], so the output projection reads it as is.
 
-Numerics: q, k rounded to the activation dtype after the rotary (as `fused.head_rotary`), scores
+Numerics: q, k rounded to the activation dtype after the rotary (as `rotary.head_rotary`), scores
 and softmax in fp32, the unnormalised probabilities rounded to the activation dtype for the P·V
-product and the sum divided out last (as flash attention does). Dispatch as in `fused`:
-CUDA tensors with Triton, CPU tensors in Triton's interpreter under `fused.interpret_on_cpu()`;
-anything else, and shapes outside the kernel's range, take the reference path.
+product and the sum divided out last (as flash attention does). Dispatch by the model's
+`Kernels` (`applies`: CUDA tensors, or CPU tensors in Triton's interpreter); anything else, and shapes
+outside the kernel's range, take the reference path.
 """
 
 from __future__ import annotations
@@ -23,43 +24,41 @@ import math
 import torch
 import torch.nn.functional as F
 
-from . import fused
+from .rotary import RotaryStyle, head_rotary
+from .selection import REFERENCE, Kernels, interpreting
+from .triton_import import tl, triton
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - exercised on CPU-only machines
-    triton = None
-
-__all__ = ["rotary_attention", "rotary_attention_reference", "fits", "cfm_step", "cfm_step_reference"]
+__all__ = ["MAX_TOKENS", "fits", "rotary_attention", "rotary_attention_reference"]
 
 MAX_TOKENS = 128  # the whole score tile lives in registers
 _BLOCK_M = 16  # query rows per program: (row, head, query block) programs, 96 for one CFG pair of 37 tokens
 _SPLIT_BELOW = 256  # (row, head) pairs below which the queries are split into blocks of _BLOCK_M
 
 
-def rotary_attention_reference(qkv: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """qkv [B, T, 3·D] -> bidirectional attention of the rotated heads, merged [B, T, D] (the PyTorch ops)."""
+def rotary_attention_reference(qkv: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor, *,
+                               kernels: Kernels = REFERENCE) -> torch.Tensor:
+    """qkv [B, T, 3·D] -> bidirectional attention of the rotated heads, merged [B, T, D] (the PyTorch ops;
+    the rotary by `rotary.head_rotary` under `kernels`, the path `rotary_attention` falls back to)."""
     b, t, width = qkv.shape
     d = width // 3
-    q, k, v = fused.head_rotary(qkv, heads, heads, d // heads, cos, sin, fused.RotaryStyle.INTERLEAVED_FP32)
+    q, k, v = head_rotary(qkv, heads, heads, d // heads, cos, sin, RotaryStyle.INTERLEAVED_FP32, kernels=kernels)
     return F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, t, d)
 
 
-def fits(qkv: torch.Tensor, heads: int, cos: torch.Tensor, force: bool = False) -> bool:
+def fits(qkv: torch.Tensor, heads: int, cos: torch.Tensor, *, kernels: Kernels) -> bool:
     """Whether the kernel serves this call: Triton dispatch, T <= MAX_TOKENS, a power-of-two head dim
     16..128 rotated whole, one cos/sin table [T, hd] for the batch."""
     b, t, width = qkv.shape
     hd = width // 3 // heads if heads else 0
-    return (fused.use_triton(qkv, force) and t <= MAX_TOKENS and width == 3 * heads * hd
+    return (kernels.applies(qkv) and t <= MAX_TOKENS and width == 3 * heads * hd
             and 16 <= hd <= 128 and hd & (hd - 1) == 0 and cos.dim() == 2 and tuple(cos.shape) == (t, hd))
 
 
 def rotary_attention(qkv: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor,
-                     force: bool = False) -> torch.Tensor:
+                     *, kernels: Kernels) -> torch.Tensor:
     """`rotary_attention_reference` in one kernel where `fits` (else the reference)."""
-    if not fits(qkv, heads, cos, force):
-        return rotary_attention_reference(qkv, heads, cos, sin)
+    if not fits(qkv, heads, cos, kernels=kernels):
+        return rotary_attention_reference(qkv, heads, cos, sin, kernels=kernels)
     b, t, width = qkv.shape
     d = width // 3
     hd = d // heads
@@ -74,60 +73,11 @@ def rotary_attention(qkv: torch.Tensor, heads: int, cos: torch.Tensor, sin: torc
     _rotary_attention_kernel[(b * heads, triton.cdiv(t, block_m))](
         qkv, cos, sin, out, t, heads, d, 1.0 / math.sqrt(hd), qkv.stride(0), qkv.stride(1), out.stride(0),
         out.stride(1), HD=hd, BLOCK_M=block_m, BLOCK_T=block_t,
-        PREC="ieee" if qkv.dtype == torch.float32 else "tf32", UPCAST=fused.interpreting(), num_warps=4)
-    return out
-
-
-def cfm_step_reference(y: torch.Tensor, both: torch.Tensor, dt: torch.Tensor, cfg: torch.Tensor,
-                       noise_scale: torch.Tensor, rnd: torch.Tensor) -> torch.Tensor:
-    """One sampler step (docs/model.md §5.6): v = v_c + (v_c − v_u)·cfg from the DiT's [cond ; uncond] rows
-    both [2B, P, C]; y [B, P, C] + v·dt, then + noise_scale·sqrt(|dt|)·rnd. cfg, noise_scale [B, 1, 1]
-    (or broadcastable); dt a 0-d tensor. The reference's op order and roundings."""
-    v_c, v_u = both.chunk(2, dim=0)
-    y = y + (v_c + (v_c - v_u) * cfg) * dt
-    return y + noise_scale * (dt.abs() ** 0.5) * rnd
-
-
-def cfm_step(y: torch.Tensor, both: torch.Tensor, dt: torch.Tensor, cfg: torch.Tensor, noise_scale: torch.Tensor,
-             rnd: torch.Tensor, force: bool = False) -> torch.Tensor:
-    """`cfm_step_reference` in one kernel (fp32 arithmetic, rounded once) on CUDA; else the reference.
-    Replaces ~11 elementwise launches per step (10 steps per talker step)."""
-    b = y.shape[0]
-    if (not fused.use_triton(y, force) or not (y.is_contiguous() and both.is_contiguous() and rnd.is_contiguous())
-            or both.shape[0] != 2 * b or cfg.numel() not in (1, b) or noise_scale.numel() not in (1, b)):
-        return cfm_step_reference(y, both, dt, cfg, noise_scale, rnd)
-    out = torch.empty_like(y)
-    n, per_row = y.numel(), y[0].numel()
-    block = 1024
-    _cfm_step_kernel[(triton.cdiv(n, block),)](
-        y, both, dt.reshape(1), cfg.reshape(-1).contiguous(), noise_scale.reshape(-1).contiguous(), rnd, out,
-        n, per_row, CFG_ROWS=cfg.numel(), NOISE_ROWS=noise_scale.numel(), BLOCK=block, num_warps=4)
+        PREC="ieee" if qkv.dtype == torch.float32 else "tf32", UPCAST=interpreting(), num_warps=4)
     return out
 
 
 if triton is not None:
-
-    @triton.jit(do_not_specialize=['n'])
-    def _cfm_step_kernel(y_ptr, both_ptr, dt_ptr, cfg_ptr, ns_ptr, rnd_ptr, out_ptr, n, per_row,
-                         CFG_ROWS: tl.constexpr, NOISE_ROWS: tl.constexpr, BLOCK: tl.constexpr):
-        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        live = i < n
-        row = i // per_row
-        dt = tl.load(dt_ptr).to(tl.float32)
-        if CFG_ROWS > 1:
-            cfg = tl.load(cfg_ptr + row, mask=live, other=0.0).to(tl.float32)
-        else:
-            cfg = tl.load(cfg_ptr).to(tl.float32)
-        if NOISE_ROWS > 1:
-            ns = tl.load(ns_ptr + row, mask=live, other=0.0).to(tl.float32)
-        else:
-            ns = tl.load(ns_ptr).to(tl.float32)
-        v_c = tl.load(both_ptr + i, mask=live, other=0.0).to(tl.float32)
-        v_u = tl.load(both_ptr + n + i, mask=live, other=0.0).to(tl.float32)  # the unconditional half
-        y = tl.load(y_ptr + i, mask=live, other=0.0).to(tl.float32)
-        r = tl.load(rnd_ptr + i, mask=live, other=0.0).to(tl.float32)
-        y = y + (v_c + (v_c - v_u) * cfg) * dt + ns * tl.sqrt(tl.abs(dt)) * r
-        tl.store(out_ptr + i, y.to(out_ptr.dtype.element_ty), mask=live)
 
     @triton.jit
     def _rotary_attention_kernel(qkv_ptr, cos_ptr, sin_ptr, out_ptr, T, H, D, scale,

@@ -6,27 +6,16 @@ y = Σ_k w_k · down_e(silu(gate_e(x)) · up_e(x)) over the stacked [E, 2I, D] /
 one expert (static worst-case block count, so shapes never depend on the routing); kernel 1 reads
 each used expert's gate|up tiles once per block and writes silu(g)·u, kernel 2 applies down and
 the routing weight. Decode (few pairs) and prefill (many) share the kernels; only BLOCK_M differs.
-`enable()` installs it as moe.py's expert kernel for CUDA tensors.
+A model runs it where its `Kernels.moe_experts` is selected (`SparseMoeBlock`, CUDA tensors).
 """
 
 from __future__ import annotations
 
 import torch
 
-try:  # the GPU machines have Triton; CPU-only installs may not
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - exercised on CPU-only machines
-    triton = None
+from .triton_import import tl, triton
 
-from . import moe
-
-__all__ = ["align_pairs", "available", "disable", "enable", "fused_experts"]
-
-
-def available() -> bool:
-    """True when Triton imports (the kernels also need CUDA tensors unless TRITON_INTERPRET=1)."""
-    return triton is not None
+__all__ = ["align_pairs", "fused_experts"]
 
 
 def _block_m(num_pairs: int, num_experts: int) -> int:
@@ -140,7 +129,7 @@ def fused_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w_g
     ids [N, k] int64, weights [N, k] fp32, w_gate_up [E, 2I, D], w_down [E, D, I] (contiguous).
     """
     if triton is None:
-        raise RuntimeError("moe_triton.fused_experts needs Triton")
+        raise RuntimeError("moe_experts.fused_experts needs Triton")
     n, k = ids.shape
     e, two_i, d = w_gate_up.shape
     inter = two_i // 2
@@ -164,15 +153,3 @@ def fused_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w_g
                        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=min(block_k, max(16, triton.next_power_of_2(inter))),
                        PREC=prec, num_warps=num_warps, num_stages=num_stages)
     return y.view(n, k, d).sum(1)
-
-
-def enable() -> None:
-    """Route moe.py's CUDA expert computation (decode and prefill) through `fused_experts`."""
-    if triton is None:
-        raise RuntimeError("Triton is not installed")
-    moe.set_expert_kernel(fused_experts)
-
-
-def disable() -> None:
-    """Back to the pure-PyTorch gather / grouped paths."""
-    moe.set_expert_kernel(None)
