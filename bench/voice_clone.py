@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import shutil
 import statistics
@@ -182,32 +183,41 @@ def _talker_profile(args, clip: Path) -> dict:
     clone_prompt = bundle.voice_encoder.encode(torch.from_numpy(wav[:, 0].copy()), sr, args.transcript,
                                                soxr_resampler, check_length=True)
     clone = CustomVoice("voice_bench", "bench", "bench", clone_prompt, args.transcript, len(wav) / sr, 0)
-    runner = TalkerRunner(bundle, cfg)
-    runner.capture()
-    devices = {d for d in (runner.device, runner.vae_device) if d.type == "cuda"}
+    runners = {"": TalkerRunner(bundle, cfg)}
+    if cfg.talker.voice_head_cache > 0:  # the same work without the voice's cached prompt head
+        off = dataclasses.replace(cfg, talker=dataclasses.replace(cfg.talker, voice_head_cache=0))
+        runners[", no head cache"] = TalkerRunner(bundle, off)
+    devices = set()
+    for runner in runners.values():
+        runner.capture()
+        devices |= {d for d in (runner.device, runner.vae_device) if d.type == "cuda"}
 
     def sync():
         for d in devices:
             torch.cuda.synchronize(d)
 
     starts: list[tuple[float, int]] = []
-    inner = runner._start
 
-    def timed_start(job, queue):
-        sync()
-        t0 = clock()
-        inner(job, queue)
-        sync()
-        starts.append((clock() - t0, runner.streams[-1].pos))
+    def timed(runner):
+        inner = runner._start
 
-    runner._start = timed_start
-    text = args.segment
+        def start(job, queue):
+            sync()
+            t0 = clock()
+            inner(job, queue)
+            sync()
+            starts.append((clock() - t0, runner.streams[-1].pos))
 
-    def one(voice) -> dict:
+        runner._start = start
+
+    for runner in runners.values():
+        timed(runner)
+
+    def one(runner, voice) -> dict:
         starts.clear()
         sync()
         t0, first, steps = clock(), None, 0
-        runner.enqueue("bench", 0, text, voice)
+        runner.enqueue("bench", 0, args.segment, voice)
         while runner.has_work():
             outs = runner.step()
             steps += 1
@@ -224,20 +234,25 @@ def _talker_profile(args, clip: Path) -> dict:
     voices = {"preset_no_prompt": lambda: with_preset_prompt(no_prompt),
               "preset_clip_prompt": lambda: with_preset_prompt((clone_prompt, args.transcript)),
               "cloned": lambda: clone}
-    samples: dict[str, list[dict]] = {k: [] for k in voices}
-    for name, pick in voices.items():  # warm-up
-        one(pick())
+    cases = {name + suffix: (runner, pick) for suffix, runner in runners.items() for name, pick in voices.items()}
+    samples: dict[str, list[dict]] = {k: [] for k in cases}
+    for runner, pick in cases.values():  # warm-up
+        one(runner, pick())
     for i in range(args.runs):
-        for name in (list(voices) if i % 2 == 0 else list(voices)[::-1]):
-            samples[name].append(one(voices[name]()))
+        for name in (list(cases) if i % 2 == 0 else list(cases)[::-1]):
+            runner, pick = cases[name]
+            samples[name].append(one(runner, pick()))
     out = {}
     for name, runs in samples.items():
         out[name] = {"jobs_per_segment": runs[0]["jobs"], "prompt_tokens": runs[0]["prompt_tokens"],
                      "first_job_start_ms": round(statistics.median(r["start_ms"][0] for r in runs), 2),
+                     "later_job_start_ms": round(statistics.median(x for r in runs for x in r["start_ms"][1:]), 2)
+                     if runs[0]["jobs"] > 1 else None,
                      "all_job_starts_ms": round(statistics.median(sum(r["start_ms"]) for r in runs), 2),
                      "first_pcm_ms": round(statistics.median(r["first_pcm_ms"] for r in runs), 2),
                      "first_pcm_step": runs[0]["first_pcm_step"]}
-    return {"segment": text, "voice_duration_s": round(len(wav) / sr, 3), "voices": out,
+    runner = runners[""]
+    return {"segment": args.segment, "voice_duration_s": round(len(wav) / sr, 3), "voices": out,
             "clock": "engine-thread CPU time (torch 1 thread)" if cpu else "wall time, CUDA synchronised",
             "head_cache": {"size": runner.heads.size, "hits": runner.heads.hits, "misses": runner.heads.misses},
             "prefill_buckets": list(runner.prefiller.graph.buckets), "graphed": not runner.prefiller.graph.eager,
@@ -248,13 +263,14 @@ def _summary(args, result: dict) -> str:
     lines = [f"# voice_clone bench ({'talker profile' if args.talker_profile else 'TTFA'})", "",
              f"command: `python3 -m bench.voice_clone {' '.join(sys.argv[1:])}`", ""]
     if args.talker_profile:
-        lines += [f"segment: {result['segment']!r}; clock: {result['clock']}; voice prompt head cache: "
+        lines += [f"segment: {result['segment']!r}; clock: {result['clock']} (medians); prefill graph widths "
+                  f"{result['prefill_buckets']} (graphed: {result['graphed']}); voice prompt head cache: "
                   f"{result['head_cache']}", "",
-                  "| voice | jobs/segment | prompt tokens | first job start ms | all starts ms | first PCM ms |",
-                  "|---|---|---|---|---|---|"]
+                  "| voice | jobs/segment | prompt tokens | first job start ms | later job start ms "
+                  "| all starts ms | first PCM ms |", "|---|---|---|---|---|---|---|"]
         for name, v in result["voices"].items():
             lines.append(f"| {name} | {v['jobs_per_segment']} | {v['prompt_tokens']} | {v['first_job_start_ms']} "
-                         f"| {v['all_job_starts_ms']} | {v['first_pcm_ms']} |")
+                         f"| {v['later_job_start_ms']} | {v['all_job_starts_ms']} | {v['first_pcm_ms']} |")
     else:
         t = result["ttfa"]
         lines += [f"preset `{result.get('preset_voice', args.preset_voice)}` (prompt: {args.preset_prompt}) vs "
