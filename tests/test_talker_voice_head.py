@@ -141,3 +141,26 @@ def test_voice_prompt_budget_leaves_room_for_text(fixture_root, bundle):
     with pytest.raises(ValueError):
         TalkerRunnerConfig(voice_head_cache=-1)
     assert dataclasses.replace(talker, min_text_tokens=0).voice_prompt_budget == talker.max_prompt_len // 2
+
+
+def test_longest_clip_that_fits_the_voice_budget(bundle):
+    """`max_clip_seconds` (from the VAE's samples per prompt patch) is exact: that clip fits, one patch more
+    is refused with VoicePromptTooLong, whose message names the limit."""
+    from realtime_ming.engine.voice_prompt import VoicePromptTooLong
+
+    enc = bundle.voice_encoder
+    transcript = "Nice to meet you."
+    seconds = enc.max_clip_seconds(transcript)
+    rate = enc.vae_rate_hz
+    patch = enc.samples_per_patch
+    assert seconds > 0 and round(seconds * rate) % patch == 0
+    rng = np.random.default_rng(0)
+
+    def wave(n: int) -> torch.Tensor:
+        return torch.from_numpy(rng.standard_normal(n).astype(np.float32) * 0.1)
+
+    n = round(seconds * rate)
+    voice = enc.encode(wave(n), rate, transcript, lambda w, a, b: w, check_length=True)
+    assert enc.prompt_tokens(voice, transcript) == enc.max_prompt_tokens
+    with pytest.raises(VoicePromptTooLong, match=f"clips up to {seconds:.1f} s"):
+        enc.encode(wave(n + 1), rate, transcript, lambda w, a, b: w, check_length=True)
