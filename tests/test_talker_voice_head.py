@@ -164,3 +164,36 @@ def test_longest_clip_that_fits_the_voice_budget(bundle):
     assert enc.prompt_tokens(voice, transcript) == enc.max_prompt_tokens
     with pytest.raises(VoicePromptTooLong, match=f"clips up to {seconds:.1f} s"):
         enc.encode(wave(n + 1), rate, transcript, lambda w, a, b: w, check_length=True)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_graphed_prefill_from_the_head_equals_eager_full_prefills():
+    """CUDA: the graphed runner loading a cloned voice's head into the staging cache speaks what the eager
+    runner without the head cache speaks (fp32, 1e-3 of the peak)."""
+    from realtime_ming.engine.config import PlacementConfig
+
+    place = PlacementConfig(thinker_devices=("cpu",), talker_device="cuda", encoder_device="cpu", vae_device="cuda")
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        gpu = ModelBundle.load(EngineConfig(dtype="float32", placement=place))
+        enc = gpu.voice_encoder
+        wave = torch.from_numpy(np.random.default_rng(1).standard_normal(2 * enc.vae_rate_hz).astype(np.float32) * 0.1)
+        prompt = enc.encode(wave, enc.vae_rate_hz, "Hello.", lambda w, a, b: w)
+        voice = CustomVoice("voice_gpu", "owner", "gpu", prompt, "Hello.", 2.0, 0)
+
+        def runner(graphs: bool, heads: int) -> TalkerRunner:
+            talker = TalkerRunnerConfig(max_streams=2, buckets=(1, 2), silence_holder=False, voice_head_cache=heads)
+            r = TalkerRunner(gpu, EngineConfig(enforce_eager=not graphs, talker=talker))
+            r.capture()
+            return r
+
+        want = _speak(runner(False, 0), voice)
+        graphed = runner(True, 8)
+        assert not graphed.prefiller.graph.eager
+        got = _speak(graphed, voice)
+        assert graphed.heads.hits == len(talker_job_texts(TEXT)) - 1
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-3 * float(np.abs(want).max()))
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
