@@ -64,13 +64,30 @@ class TalkerRunnerConfig:
     sigma: float = 0.25
     temperature: float = 0.0
     buckets: tuple[int, ...] = (1, 2, 4, 8, 16)
-    prefill_buckets: tuple[int, ...] = (32, 64, 96, 128, 192, 256)  # CUDA-graph prompt lengths of a new stream
+    # CUDA-graph prompt lengths of a new stream; one of max_prompt_len // 2 (the longest prompt a job prefills)
+    # is added when the largest is shorter
+    prefill_buckets: tuple[int, ...] = (32, 64, 96, 128, 192, 256)
+    # a cloned voice's prompt (transcript + audio patches) may take max_prompt_len // 2 − this many talker
+    # tokens, so every job keeps room for this much reply text (fewer, longer jobs per segment)
+    min_text_tokens: int = 32
+    voice_head_cache: int = 32  # voices whose prompt head (system … transcript K/V) is kept; 0 = off
     steps_per_word: int = 0  # >0: benchmarks fix the talker length (ignore the stop head)
     silence_holder: bool = True  # the reference's trailing-silence holder on each stream (§6.4)
 
     def __post_init__(self):
         if self.max_streams < 1:
             raise ValueError("engine.talker.max_streams must be >= 1")
+        if not self.prefill_buckets or min(self.prefill_buckets) < 1:
+            raise ValueError("engine.talker.prefill_buckets must be positive prompt lengths")
+        if self.voice_head_cache < 0:
+            raise ValueError("engine.talker.voice_head_cache must be >= 0")
+        if not 0 <= self.min_text_tokens < self.max_prompt_len // 2:
+            raise ValueError("engine.talker.min_text_tokens must be in [0, max_prompt_len // 2)")
+
+    @property
+    def voice_prompt_budget(self) -> int:
+        """Talker tokens a cloned voice's prompt (with an empty reply text) may take."""
+        return self.max_prompt_len // 2 - self.min_text_tokens
 
 
 @dataclass(frozen=True, slots=True)

@@ -164,7 +164,7 @@ class ModelBundle:
         if any(torch.device(d).type == "cuda" for d in devices.values()):
             if not triton_available():
                 log.warning("Triton is not installed: the CUDA models run the reference PyTorch ops (slower)")
-        bundle._register_voices(progress, cfg.talker.max_prompt_len)
+        bundle._register_voices(progress, cfg.talker.voice_prompt_budget)
         bundle.default_voice = cfg.default_voice or next(iter(bundle.voices))
         if bundle.default_voice not in bundle.voices:
             raise ValueError(f"default voice {bundle.default_voice!r} not among {sorted(bundle.voices)}")
@@ -172,40 +172,47 @@ class ModelBundle:
             log.warning(TINY_NOTICE)
         return bundle
 
-    def _register_voices(self, progress: Progress | None, max_prompt_len: int) -> None:
-        from ..audio.resample import resample_torchaudio_compatible
-
+    def _register_voices(self, progress: Progress | None, voice_prompt_budget: int) -> None:
         campplus = None
         onnx = Path(self.cfg.root) / "talker" / "campplus.onnx" if self.cfg.root else None
         if onnx is not None and onnx.is_file():
             campplus = CampPlus(onnx)
         elif not self.is_tiny_default:
             log.warning("talker/campplus.onnx not found: voices are used without a speaker embedding")
-        talker, dev = self.talker, self.devices["talker"]
         tok = self.talker_tokenizer
-        # a voice may take half the talker prompt: the talker speaks longer text in halves (TalkerRunner)
-        self.voice_encoder = VoiceEncoder(talker, self.vae, campplus, torch.device(dev),
+        # a voice may take half the talker prompt less room for text: the talker speaks longer text in halves
+        self.voice_encoder = VoiceEncoder(self.talker, self.vae, campplus, torch.device(self.devices["talker"]),
                                           torch.device(self.devices["vae"]), self.dtype,
                                           lambda text: tok.encode(text, add_special_tokens=False).ids,
-                                          self.talker_special, max_prompt_len // 2)
+                                          self.talker_special, voice_prompt_budget)
         for i, (name, preset) in enumerate(self.cfg.voices.items()):
             if progress:
                 progress("voices", i, len(self.cfg.voices))
-            if preset.prompt_wav_path is None or not Path(preset.prompt_wav_path).is_file():
-                if preset.prompt_wav_path is not None:
-                    log.warning("voice %s: prompt wav %s missing; using it without a voice prompt", name,
-                                preset.prompt_wav_path)
-                empty = torch.zeros(1, 0, talker.latent_dim, device=dev, dtype=self.dtype)
-                self.voices[name] = (VoicePrompt(None, empty, torch.zeros(1, 0, talker.hidden_size, device=dev,
-                                                                         dtype=self.dtype)), "")
-                continue
-            import soundfile
+            wav = preset.prompt_wav_path
+            if wav is not None and not Path(wav).is_file():
+                log.warning("voice %s: prompt wav %s missing; using it without a voice prompt", name, wav)
+                wav = None
+            self.set_preset_voice(name, preset.prompt_text, wav)
 
-            wav, sr = soundfile.read(str(preset.prompt_wav_path), dtype="float32", always_2d=True)
-            wave = torch.from_numpy(np.ascontiguousarray(wav[:, 0]))
-            # the reference's (torchaudio) resampler: presets match the reference's registration bit for bit
-            voice = self.voice_encoder.encode(wave, sr, preset.prompt_text, resample_torchaudio_compatible)
-            self.voices[name] = (voice, preset.prompt_text)
+    def set_preset_voice(self, name: str, prompt_text: str, prompt_wav: str | Path | None) -> None:
+        """Register (or replace) the checkpoint voice `name` from its prompt wav + transcript, as at load
+        (the reference's resampler); without a wav the voice has no prompt. Benchmarks give the dummy
+        presets (whose wav is not shipped) a prompt this way."""
+        talker, dev = self.talker, self.devices["talker"]
+        if prompt_wav is None:
+            empty = torch.zeros(1, 0, talker.latent_dim, device=dev, dtype=self.dtype)
+            self.voices[name] = (VoicePrompt(None, empty, torch.zeros(1, 0, talker.hidden_size, device=dev,
+                                                                     dtype=self.dtype)), "")
+            return
+        import soundfile
+
+        from ..audio.resample import resample_torchaudio_compatible
+
+        wav, sr = soundfile.read(str(prompt_wav), dtype="float32", always_2d=True)
+        wave = torch.from_numpy(np.ascontiguousarray(wav[:, 0]))
+        # the reference's (torchaudio) resampler: presets match the reference's registration bit for bit
+        voice = self.voice_encoder.encode(wave, sr, prompt_text, resample_torchaudio_compatible)
+        self.voices[name] = (voice, prompt_text)
 
     # ---- serving helpers -------------------------------------------------------------------
     @torch.no_grad()

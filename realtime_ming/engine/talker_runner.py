@@ -29,7 +29,7 @@ from ..model.vae_stream import SilenceHolder, VAEStreamState
 from .config import EngineConfig
 from .graphs import upload
 from .models import ModelBundle
-from .talker_step import Progress, TalkerPrefiller, TalkerStepper
+from .talker_step import Progress, TalkerPrefiller, TalkerStepper, VoiceHeadCache, prefill_buckets
 from .vae_step import VAEStepper
 from .voice_store import CustomVoice
 
@@ -108,8 +108,13 @@ class TalkerRunner:
                                      dtype=self.dtype, device=self.device, enforce_eager=cfg.enforce_eager)
         self.vae_step = VAEStepper(self.vae, self.vae_state, self.cfg.buckets, device=self.vae_device,
                                    enforce_eager=cfg.enforce_eager)
-        self.prefiller = TalkerPrefiller(self.talker, self.cfg.max_prompt_len, self.cfg.prefill_buckets,
+        # every prompt `_start` prefills fits a graph: a job's prompt is cut to `prompt_limit` tokens
+        self.prompt_limit = self.cfg.max_prompt_len // 2
+        self.prefiller = TalkerPrefiller(self.talker, self.cfg.max_prompt_len,
+                                         prefill_buckets(self.cfg.prefill_buckets, self.cfg.max_prompt_len,
+                                                         self.prompt_limit),
                                          dtype=self.dtype, device=self.device, enforce_eager=cfg.enforce_eager)
+        self.heads = VoiceHeadCache(self.cfg.voice_head_cache)  # each voice's prompt head, prefilled once
         self.seed = cfg.seed
         # the talker's and the VAE's work goes to their own CUDA streams, so it runs beside the thinker's
         cuda = {d for d in (self.device, self.vae_device) if d.type == "cuda"}
@@ -237,7 +242,7 @@ class TalkerRunner:
                                          caption=job.caption)
             # text the reference front-end could not cut (no spaces, no punctuation) may not fit the
             # talker cache: speak it in halves rather than fail
-            if len(prompt.input_ids) - fixed <= self.cfg.max_prompt_len // 2 or len(job.text) < 2:
+            if len(prompt.input_ids) - fixed <= self.prompt_limit or len(job.text) < 2:
                 break
             half = len(job.text) // 2
             queue.appendleft(replace(job, text=job.text[half:],
@@ -249,7 +254,12 @@ class TalkerRunner:
         if t >= self.cfg.max_prompt_len - 2:
             raise ValueError(f"talker prompt of {t} tokens exceeds engine.talker.max_prompt_len")
         r = len(self.streams)
-        self.h[r] = self.prefiller(embeds, self.cache.rows(r, r + 1))[0]
+        row = self.cache.rows(r, r + 1)
+        head = self.heads.get(voice, prompt_text)
+        start = 0 if head is None else min(head.shared(prompt.input_ids), t - 1)
+        self.h[r] = self.prefiller(embeds, row, head if start else None, start)[0]
+        if head is None:
+            self._keep_head(voice, prompt_text, row)
         self.his[r] = initial_history(voice.prompt_lat, self.his.shape[1], self.his.shape[2],
                                       device=self.device, dtype=self.dtype)[0]
         self.vae_state.reset(upload([r], torch.int64, self.vae_device))
@@ -261,6 +271,20 @@ class TalkerRunner:
         silence = SilenceHolder(self.vae.cfg.sample_rate) if self.cfg.silence_holder else None
         generator = torch.Generator(device=self.device).manual_seed(job.seed)
         self.streams.append(_Stream(job, t, max_steps, silence=silence, generator=generator))
+
+    def _keep_head(self, voice, prompt_text: str, row) -> None:
+        """Cache the K/V of `voice`'s prompt head (every token before the reply text) from `row`, just
+        prefilled with one of its prompts: later jobs in this voice prefill only the rest."""
+        if self.heads.size <= 0:
+            return
+        ids = []
+        for text in ("", "."):  # the two prompts agree exactly up to the text
+            ids.append(build_talker_prompt(self._encode, self.bundle.talker_special, text,
+                                           num_speakers=0 if voice.spk_embed is None else 1,
+                                           prompt_text=prompt_text if voice.num_patches else None,
+                                           prompt_patches=voice.num_patches).input_ids)
+        n = next((i for i, (a, b) in enumerate(zip(*ids)) if a != b), min(map(len, ids)))
+        self.heads.put(voice, prompt_text, ids[0][:n], row)
 
     def _voice(self, voice: str | CustomVoice) -> tuple:
         """(VoicePrompt, transcript) of a checkpoint voice's name or of a cloned voice."""

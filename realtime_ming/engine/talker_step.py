@@ -12,15 +12,18 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
 from ..model.qwen2 import KVCache
-from ..model.talker import Talker, history_update
+from ..model.talker import Talker, VoicePrompt, history_update
 from .graphs import BucketedGraph, GraphInput, pick_bucket
 
-__all__ = ["TalkerPrefiller", "TalkerStepper", "talker_step"]
+__all__ = ["PromptHead", "TalkerPrefiller", "TalkerStepper", "VoiceHeadCache", "prefill_buckets", "talker_step"]
 
 log = logging.getLogger(__name__)
 
@@ -121,12 +124,80 @@ class TalkerStepper:
             return self.graph.step(next_embed=next_embed, pos=pos, fresh=fresh, h=h, his=his, y0=y0, sde_rnd=sde_rnd)
 
 
+def prefill_buckets(buckets: Sequence[int], capacity: int, longest_prompt: int) -> tuple[int, ...]:
+    """The prefill graph widths: `buckets` capped at `capacity`, plus `longest_prompt` (rounded up to a multiple
+    of 32, capped at `capacity`) when the largest bucket is shorter, so the longest prompt the runner
+    prefills (a voice prompt at its budget plus the reply text: `TalkerRunner`'s split threshold) replays a
+    graph instead of running eager."""
+    widths = {min(int(b), capacity) for b in buckets}
+    if widths and max(widths) < longest_prompt:
+        widths.add(min(-(-longest_prompt // 32) * 32, capacity))
+    return tuple(sorted(widths))
+
+
+@dataclass(frozen=True)
+class PromptHead:
+    """The K/V of a voice's fixed talker-prompt head: every token before the reply text (system, user,
+    instruction, speaker slot, ` Text input:`, the voice's transcript). The talker LM is causal, so these
+    K/V do not depend on the text after them: a job in this voice loads them and prefills the rest."""
+
+    voice: weakref.ref  # the VoicePrompt they were computed with (its speaker embedding is in the head)
+    prompt_text: str
+    ids: tuple[int, ...]
+    k: torch.Tensor  # [layers, 1, kv_heads, len(ids), head_dim]
+    v: torch.Tensor
+
+    def shared(self, ids: Sequence[int]) -> int:
+        """How many leading tokens of a prompt's `ids` the head holds."""
+        n = 0
+        for a, b in zip(self.ids, ids):
+            if a != b:
+                break
+            n += 1
+        return n
+
+
+class VoiceHeadCache:
+    """`PromptHead`s of the last `size` voices used (LRU; 0 = off). Keys are the voices' identities: a
+    replaced or dropped voice's entry is never matched (its weak reference is dead or another object)."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._heads: OrderedDict[int, PromptHead] = OrderedDict()
+        self.hits = self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._heads)
+
+    def get(self, voice: VoicePrompt, prompt_text: str) -> PromptHead | None:
+        head = self._heads.get(id(voice))
+        if head is None or head.voice() is not voice or head.prompt_text != prompt_text:
+            self.misses += 1
+            return None
+        self._heads.move_to_end(id(voice))
+        self.hits += 1
+        return head
+
+    def put(self, voice: VoicePrompt, prompt_text: str, ids: Sequence[int], row: KVCache) -> None:
+        """Keep the first len(ids) positions of `row` (just prefilled with a prompt starting with `ids`)."""
+        if self.size <= 0 or not ids:
+            return
+        n = len(ids)  # positions 0..n-1 sit in slots 0..n-1 (n < capacity)
+        k, v = row.k[:, :1, :, :n].clone(), row.v[:, :1, :, :n].clone()
+        self._heads[id(voice)] = PromptHead(weakref.ref(voice), prompt_text, tuple(ids), k, v)
+        self._heads.move_to_end(id(voice))
+        while len(self._heads) > self.size:
+            self._heads.popitem(last=False)
+
+
 class TalkerPrefiller:
     """Talker-LM prefill of one new stream's prompt, CUDA-graphed per prompt-length bucket.
 
     The graph prefills a one-row staging cache (the prompt padded with position -1: its K/V go to
     the sink slot); the caller's row then receives a copy of that row (~3 MB). Eager (CPU,
-    enforce_eager, longer prompts): `Talker.prefill` straight into the caller's row.
+    enforce_eager, longer prompts): `Talker.prefill` straight into the caller's row. A voice's cached
+    `PromptHead` is loaded into the target first, so only the tokens after it are prefilled (a shorter
+    bucket).
     """
 
     def __init__(self, talker: Talker, capacity: int, buckets: Sequence[int], *, dtype: torch.dtype,
@@ -141,21 +212,33 @@ class TalkerPrefiller:
                                    enforce_eager=enforce_eager)
 
     def _fn(self, embeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        self.stage.reset()
         return self.talker.prefill(embeds, positions, self.stage)
 
     def capture(self) -> None:
         self.graph.capture()
 
     @torch.no_grad()
-    def __call__(self, embeds: torch.Tensor, row: KVCache) -> torch.Tensor:
-        """Prefill prompt embeds [1, T, H] into the one-row cache view `row` (reset first) -> h [1, 1, H]."""
+    def __call__(self, embeds: torch.Tensor, row: KVCache, head: PromptHead | None = None,
+                 start: int = 0) -> torch.Tensor:
+        """Prefill prompt embeds [1, T, H] into the one-row cache view `row` (reset first) -> h [1, 1, H].
+
+        With `head`, its first `start` (< T) positions are loaded instead of computed: only embeds[:, start:]
+        run through the LM (same K/V and h: the LM is causal).
+        """
         t = embeds.shape[1]
-        positions = torch.arange(t, device=self.device)[None]
-        if self.graph.eager or pick_bucket(self.graph.buckets, t) is None:
-            row.reset()
-            return self.talker.prefill(embeds, positions, row)
-        h = self.graph.step(embeds=embeds, positions=positions)
+        if not 0 <= start < t or (start and head is None):
+            raise ValueError(f"prefill start {start} outside a {t}-token prompt (or no head)")
+        positions = torch.arange(start, t, device=self.device)[None]
+        graphed = not self.graph.eager and pick_bucket(self.graph.buckets, t - start) is not None
+        target = self.stage if graphed else row
+        target.reset()
+        if start:
+            target.k[:, :1, :, :start].copy_(head.k[..., :start, :])
+            target.v[:, :1, :, :start].copy_(head.v[..., :start, :])
+            target.slot_pos[:1, :start].copy_(torch.arange(start, device=self.device)[None])
+        if not graphed:
+            return self.talker.prefill(embeds[:, start:], positions, row)
+        h = self.graph.step(embeds=embeds[:, start:], positions=positions)
         row.k.copy_(self.stage.k)
         row.v.copy_(self.stage.v)
         row.slot_pos.copy_(self.stage.slot_pos)

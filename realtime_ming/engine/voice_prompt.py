@@ -69,6 +69,19 @@ class VoiceEncoder:
     def vae_rate_hz(self) -> int:
         return self.vae.cfg.sample_rate
 
+    @property
+    def samples_per_patch(self) -> int:
+        """VAE-rate samples behind one `<audioPatch>` of a voice prompt (hop × VAE patch × talker patch)."""
+        return self.vae.samples_per_latent * self.talker.cfg.patch_size
+
+    def max_clip_seconds(self, transcript: str) -> float:
+        """The longest clip whose prompt, with `transcript`, fits `max_prompt_tokens` (0 when none does)."""
+        fixed = len(build_talker_prompt(self.encode_text, self.special, "",
+                                        num_speakers=0 if self.campplus is None else 1,
+                                        prompt_text=transcript, prompt_patches=1)) - 1
+        patches = max(0, self.max_prompt_tokens - fixed)
+        return patches * self.samples_per_patch / self.vae_rate_hz
+
     def prompt_tokens(self, voice: VoicePrompt, transcript: str) -> int:
         """Talker-prompt length of `voice` with `transcript` and an empty reply text."""
         prompt = build_talker_prompt(self.encode_text, self.special, "",
@@ -106,7 +119,8 @@ class VoiceEncoder:
             if used > self.max_prompt_tokens:
                 raise VoicePromptTooLong(
                     f"the voice prompt (transcript + audio) takes {used} talker tokens; at most "
-                    f"{self.max_prompt_tokens} fit — use a shorter clip or transcript")
+                    f"{self.max_prompt_tokens} fit (with this transcript, clips up to "
+                    f"{self.max_clip_seconds(transcript):.1f} s) — use a shorter clip or transcript")
         return voice
 
     def _stream(self, device: torch.device) -> torch.cuda.Stream | None:
