@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import json
 import logging
 import struct
 import zlib
@@ -131,8 +132,7 @@ async def test_client_that_stops_reading_images_is_still_closed(engine, caplog):
     async with RealtimeServer(cfg, engine) as srv:
         client = await _client(srv, max_queue=1)
         # From here on the client reads nothing: its websockets buffer (max_queue=1) fills and TCP stops.
-        frame = '{"type":"conversation.item.create","item":{"type":"message","role":"user","content":' \
-                '[{"type":"input_image","image_url":"%s"}]}}' % url
+        frame = json.dumps({"type": "conversation.item.create", "item": _image_item(url)})
         for _ in range(40):
             if srv.num_sessions == 0:
                 break
