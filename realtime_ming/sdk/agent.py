@@ -444,8 +444,9 @@ class RealtimeAgent(abc.ABC):
         When the model calls it, the agent runs `fn(**arguments)`, sends the result as a
         `function_call_output` item once the response is done, then asks for a new response (see
         `sdk.tools`). The schema comes from `fn`'s annotations unless `parameters` is given; the
-        description from its docstring. Handled calls are listed in `tool_runner.results`. While another response holds the conversation the
-        follow-up waits for it (or is that response, when it started after the results went in).
+        description from its docstring. Handled calls are listed in `tool_runner.results`. While another
+        response holds the conversation, the follow-up waits for it (or is that response, when it started
+        after the results went in).
         """
         tool = self.tool_runner.add(fn, name=name, description=description, parameters=parameters)
         await self.update_session(tools=tuple(self.tool_runner.tools.values()))
