@@ -208,7 +208,8 @@ class RealtimeAgent(abc.ABC):
             self._session = event.session
             self._input_format = event.session.input_format
         self.transcripts.observe(event)
-        self.tool_runner.observe(event)
+        if self.tool_runner.observe(event):  # the refusal of the runner's own follow-up request
+            return
         await self._events.put(event)
         if isinstance(event, SessionCreated):
             self._created.set()
@@ -443,7 +444,9 @@ class RealtimeAgent(abc.ABC):
         When the model calls it, the agent runs `fn(**arguments)`, sends the result as a
         `function_call_output` item once the response is done, then asks for a new response (see
         `sdk.tools`). The schema comes from `fn`'s annotations unless `parameters` is given; the
-        description from its docstring. Handled calls are listed in `tool_runner.results`.
+        description from its docstring. Handled calls are listed in `tool_runner.results`. While another
+        response holds the conversation, the follow-up waits for it (or is that response, when it started
+        after the results went in).
         """
         tool = self.tool_runner.add(fn, name=name, description=description, parameters=parameters)
         await self.update_session(tools=tuple(self.tool_runner.tools.values()))

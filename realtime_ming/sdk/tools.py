@@ -4,8 +4,19 @@
 handler starts the handler at once (a coroutine function runs on the loop, a plain function in a worker
 thread) with the call's JSON arguments as keyword arguments. When that response's `response.done` arrives,
 the runner sends each result as a `function_call_output` item (a string as is, anything else as JSON; an
-exception as `{"error": "<Type>: <message>"}`) and then one `response.create`, so the model answers from
-the results. Calls of functions without a handler are left to the application (the events still arrive).
+exception as `{"error": "<Type>: <message>"}`) and then asks for the follow-up response, so the model
+answers from the results. Calls of functions without a handler are left to the application (the events
+still arrive).
+
+The follow-up is asked for exactly once and never lost. A conversation has one active response at a time:
+while another one is active (server VAD answering the user, the application's own request) the
+`response.create` waits for its `response.done`. A response that the server created after the results
+entered the conversation (their `conversation.item.added` was read before its `response.created`) sees
+them and is the follow-up: nothing more is sent. The runner's own request carries
+`metadata: {"realtime_ming_sdk.tool_follow_up": <its event id>}`, by which its `response.created` is known. When the request races such a response anyway and is
+refused with `conversation_already_has_active_response`, that refusal is the runner's own business: it
+is not delivered to the application, and the request is made again after the active response is done,
+unless that response saw the results.
 """
 
 from __future__ import annotations
@@ -16,14 +27,22 @@ import json
 import logging
 import types
 import typing
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..protocol import client_events as ce
+from ..protocol.errors import ErrorCode
 from ..protocol.events import ServerEvent
+from ..protocol.ids import IdPrefix, new_id
 from ..protocol.items import FunctionCallItem, FunctionCallOutputItem, ItemStatus
-from ..protocol.server_events import ResponseDone, ResponseOutputItemDone
+from ..protocol.server_events import (
+    ConversationItemAdded,
+    Error,
+    ResponseCreated,
+    ResponseDone,
+    ResponseOutputItemDone,
+)
 from ..protocol.values import FunctionTool
 
 __all__ = ["ToolCallResult", "ToolRunner", "function_schema"]
@@ -64,15 +83,33 @@ class ToolCallResult:
     output: str
 
 
+FOLLOW_UP_KEY = "realtime_ming_sdk.tool_follow_up"  # `metadata` key of the runner's own response.create
+
+
+@dataclass
+class _FollowUp:
+    """The response that answers the latest results (see the module doc)."""
+
+    last_item_id: str  # the last `function_call_output` item of the results
+    sent: bool = False  # every output was sent: the follow-up may be asked for
+    included: bool = False  # the last output's `conversation.item.added` was read: later responses see them
+    request_id: str | None = None  # our `response.create` (its event id) until created or refused
+    answered_by: str | None = None  # the response that sees the results
+
+
 @dataclass
 class ToolRunner:
-    """Handlers by function name and the calls in flight per response (see the module doc)."""
+    """Handlers by function name, the calls in flight per response and the follow-up response (see the
+    module doc)."""
 
     send: Callable[[Any], Awaitable[None]]
     handlers: dict[str, Callable[..., Any]] = field(default_factory=dict)
     tools: dict[str, FunctionTool] = field(default_factory=dict)
     results: list[ToolCallResult] = field(default_factory=list)
     _pending: dict[str, list[tuple[FunctionCallItem, asyncio.Task[str]]]] = field(default_factory=dict)
+    _active: str | None = None  # the conversation's active response, as read so far
+    _follow_up: _FollowUp | None = None
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     def add(self, fn: Callable[..., Any], *, name: str | None = None, description: str | None = None,
             parameters: Mapping[str, Any] | None = None) -> FunctionTool:
@@ -82,18 +119,62 @@ class ToolRunner:
         self.handlers[tool.name], self.tools[tool.name] = fn, tool
         return tool
 
-    def observe(self, event: ServerEvent) -> None:
-        """Look at one server event as it is delivered (never blocks the reader)."""
+    def observe(self, event: ServerEvent) -> bool:
+        """Look at one server event as it is delivered (never blocks the reader). True: the event is the
+        refusal of the runner's own follow-up request, handled here and not for the application."""
         if isinstance(event, ResponseOutputItemDone):
             item = event.item
             if (isinstance(item, FunctionCallItem) and item.status is ItemStatus.COMPLETED
                     and item.name in self.handlers and item.call_id is not None):
                 task = asyncio.get_running_loop().create_task(self._run(item))
                 self._pending.setdefault(event.response_id, []).append((item, task))
+            return False
+        follow_up = self._follow_up
+        if isinstance(event, ConversationItemAdded):
+            if follow_up is not None and event.item.id == follow_up.last_item_id:
+                follow_up.included = True
+        elif isinstance(event, ResponseCreated):
+            response = event.response
+            if response.conversation_id is not None:  # out-of-band responses neither block nor answer
+                self._active = response.id
+                if follow_up is not None:
+                    if follow_up.request_id is not None and (response.metadata or {}).get(FOLLOW_UP_KEY) \
+                            == follow_up.request_id:
+                        follow_up.request_id = None  # ours, accepted
+                    if follow_up.included and follow_up.answered_by is None:
+                        follow_up.answered_by = response.id
         elif isinstance(event, ResponseDone):
-            calls = self._pending.pop(event.response.id, None)
+            response_id = event.response.id
+            if response_id == self._active:
+                self._active = None
+            if follow_up is not None and follow_up.answered_by == response_id:
+                self._follow_up = None
+            else:
+                self._request_when_free()
+            calls = self._pending.pop(response_id, None)
             if calls:
-                asyncio.get_running_loop().create_task(self._reply(calls))
+                self._spawn(self._reply(calls))
+        elif (isinstance(event, Error) and follow_up is not None and follow_up.request_id is not None
+              and event.error.event_id == follow_up.request_id):
+            follow_up.request_id = None
+            if event.error.code == ErrorCode.CONVERSATION_ALREADY_HAS_ACTIVE_RESPONSE.value:
+                log.debug("follow-up response deferred: response %s is active", self._active)
+                return True  # asked again at that response's `response.done`, unless it sees the results
+            self._follow_up = None  # refused for another reason: the application sees why
+        return False
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _request_when_free(self) -> None:
+        """Ask for the follow-up now if it is due and no response is active (one request at a time)."""
+        follow_up = self._follow_up
+        if (follow_up is not None and follow_up.sent and follow_up.answered_by is None
+                and follow_up.request_id is None and self._active is None):
+            follow_up.request_id = new_id(IdPrefix.EVENT)
+            self._spawn(self._request(follow_up))
 
     async def _run(self, item: FunctionCallItem) -> str:
         fn = self.handlers[item.name]
@@ -111,13 +192,32 @@ class ToolRunner:
         return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
 
     async def _reply(self, calls: list[tuple[FunctionCallItem, asyncio.Task[str]]]) -> None:
+        ids = [new_id(IdPrefix.ITEM) for _ in calls]
+        previous = self._follow_up  # results still waiting: one response answers them and these
+        follow_up = self._follow_up = _FollowUp(ids[-1], request_id=None if previous is None else previous.request_id)
         try:
-            for item, task in calls:
+            for (item, task), item_id in zip(calls, ids, strict=True):
                 output = await task
                 assert item.call_id is not None
-                await self.send(ce.ConversationItemCreate(item=FunctionCallOutputItem(call_id=item.call_id,
-                                                                                      output=output)))
+                await self.send(ce.ConversationItemCreate(item=FunctionCallOutputItem(
+                    call_id=item.call_id, output=output, id=item_id)))
                 self.results.append(ToolCallResult(item.call_id, item.name, item.arguments, output))
-            await self.send(ce.ResponseCreate(response=ce.ResponseParams()))
         except Exception as exc:  # the session ended meanwhile: nothing to answer
             log.info("tool results not sent: %s", exc)
+            if self._follow_up is follow_up:
+                self._follow_up = None
+            return
+        follow_up.sent = True
+        if self._follow_up is follow_up:
+            self._request_when_free()
+
+    async def _request(self, follow_up: _FollowUp) -> None:
+        assert follow_up.request_id is not None
+        event = ce.ResponseCreate(event_id=follow_up.request_id,
+                                  response=ce.ResponseParams(metadata={FOLLOW_UP_KEY: follow_up.request_id}))
+        try:
+            await self.send(event)
+        except Exception as exc:  # the session ended meanwhile: nothing to answer
+            log.info("follow-up response not requested: %s", exc)
+            if self._follow_up is follow_up:
+                self._follow_up = None

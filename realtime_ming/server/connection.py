@@ -7,6 +7,13 @@ as `SessionEnded`; the handler then closes with that code and frees the engine t
 
 Memory: what waits to be sent is bounded in bytes (`max_outbound_bytes`, the frame being sent
 included) and in frames; a client that lets more pile up is not reading and is closed with 1008.
+Echoes of stored items (`conversation.item.added` / `.done` / `.retrieved`) are queued as events and
+serialised only when their turn to be sent comes: the client's image data URLs they carry are the very
+strings the conversation stores, so a queued echo holds no copy of them. Those shared bytes are bounded
+apart (by `max_conversation_bytes`, what the conversation itself may hold), the rest of the echo (audio
+encoded for a retrieve, text) counts against `max_outbound_bytes` like any frame: an image up to the
+frame size is echoed twice and retrieved without the session ever exceeding its budget, while a client
+that stops reading is still closed.
 The close itself is bounded (`close_timeout_s`): a peer that never reads cannot take the closing
 handshake, so its TCP connection is then aborted and the session's memory freed at once.
 """
@@ -14,6 +21,7 @@ handshake, so its TCP connection is then aborted and the session's memory freed 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import sys
 import time
@@ -25,10 +33,17 @@ from websockets.frames import CloseCode
 
 from ..audio.vad import VadBackend
 from ..engine.api import EngineHandle
-from ..protocol.codec import parse, serialise
+from ..protocol.codec import event_to_wire, parse, serialise
+from ..protocol.dialect import Dialect
 from ..protocol.errors import ErrorCode, ProtocolError
 from ..protocol.events import ServerEvent
-from ..protocol.server_events import Error
+from ..protocol.items import ConversationItem, InputImage, MessageItem
+from ..protocol.server_events import (
+    ConversationItemAdded,
+    ConversationItemDone,
+    ConversationItemRetrieved,
+    Error,
+)
 from ..session import (
     Action,
     ConfirmTurn,
@@ -38,10 +53,10 @@ from ..session import (
     Session,
     SessionRunner,
 )
-from ..session.runner import SessionClosing
 from ..session.config import SessionSettings
 from ..session.content import MediaLimits
 from ..session.failures import log_failure
+from ..session.runner import SessionClosing
 from .config import LimitsConfig
 from .handshake import HandshakeInfo
 from .metrics import ServerMetrics
@@ -97,32 +112,88 @@ class ConnectionContext:
         )
 
 
+_ECHOES = (ConversationItemAdded, ConversationItemDone, ConversationItemRetrieved)
+
+
+def _echo_bytes(item: ConversationItem) -> tuple[int, int]:
+    """(bytes of the item's image data URLs, which are the conversation's own strings; bytes of its
+    other strings), as `sys.getsizeof` counts them."""
+    shared = own = 0
+    parts = item.content if isinstance(item, MessageItem) else (item,)
+    for part in parts:
+        for f in dataclasses.fields(part):
+            value = getattr(part, f.name)
+            if isinstance(value, str):
+                size = sys.getsizeof(value)
+                if isinstance(part, InputImage) and f.name == "image_url":
+                    shared += size
+                else:
+                    own += size
+    return shared, own
+
+
+@dataclass(frozen=True, slots=True)
+class _Echo:
+    """An item event serialised by the writer just before it is sent (see the module doc)."""
+
+    event: ServerEvent
+    dialect: Dialect
+    timing_events: bool
+    shared: int  # bytes the conversation holds anyway (the client's image data URLs)
+    own: int  # bytes only this event holds, plus the frame's envelope
+
+    def frame(self) -> str | None:
+        return serialise(self.event, self.dialect, timing_events=self.timing_events)
+
+
 class _Outbound:
     """Frames waiting for the writer, bounded in bytes (a frame counts until its send completed) and in
-    number. `put` never blocks: past a bound the client is not reading, and the session ends (1008)."""
+    number. `put` never blocks: past a bound the client is not reading, and the session ends (1008).
+    An `_Echo` counts its own bytes against `max_bytes` and its shared ones against `max_echo_bytes`."""
 
-    def __init__(self, max_bytes: int, max_frames: int) -> None:
-        self._queue: asyncio.Queue[str | _Close] = asyncio.Queue()
-        self._max_bytes, self._max_frames = max_bytes, max_frames
+    _ENVELOPE = 256  # an echo's JSON keys and ids, beyond its strings
+
+    def __init__(self, max_bytes: int, max_frames: int, max_echo_bytes: int) -> None:
+        self._queue: asyncio.Queue[str | _Echo | _Close] = asyncio.Queue()
+        self._max_bytes, self._max_frames, self._max_echo_bytes = max_bytes, max_frames, max_echo_bytes
         self.nbytes = 0  # memory held by queued and in-flight frames
+        self.echo_bytes = 0  # conversation strings referenced by queued and in-flight echoes
 
-    def put(self, item: str | _Close) -> None:
-        if isinstance(item, str):
-            size = sys.getsizeof(item)
-            if self.nbytes and (self.nbytes + size > self._max_bytes or self._queue.qsize() >= self._max_frames):
-                raise SessionEnded(
-                    CloseCode.POLICY_VIOLATION,
-                    f"client is not reading: {self.nbytes + size} bytes / {self._queue.qsize() + 1} events "
-                    f"to send exceed the limit of {self._max_bytes} bytes / {self._max_frames} events",
-                )
-            self.nbytes += size
+    def echo(self, event: ServerEvent, dialect: Dialect, timing_events: bool) -> _Echo:
+        """`event` (an item event) as a deferred frame."""
+        shared, own = _echo_bytes(event.item)  # type: ignore[attr-defined]
+        return _Echo(event, dialect, timing_events, shared, own + self._ENVELOPE)
+
+    def _refuse(self, held: int, size: int, limit: int, what: str) -> None:
+        raise SessionEnded(
+            CloseCode.POLICY_VIOLATION,
+            f"client is not reading: {held + size} {what} / {self._queue.qsize() + 1} events "
+            f"to send exceed the limit of {limit} / {self._max_frames}",
+        )
+
+    def put(self, item: str | _Echo | _Close) -> None:
+        if isinstance(item, _Close):
+            self._queue.put_nowait(item)
+            return
+        size, shared = (sys.getsizeof(item), 0) if isinstance(item, str) else (item.own, item.shared)
+        full = self._queue.qsize() >= self._max_frames
+        if self.nbytes and (self.nbytes + size > self._max_bytes or full):
+            self._refuse(self.nbytes, size, self._max_bytes, "bytes")
+        if shared and self.echo_bytes and (self.echo_bytes + shared > self._max_echo_bytes or full):
+            self._refuse(self.echo_bytes, shared, self._max_echo_bytes, "image bytes")
+        self.nbytes += size
+        self.echo_bytes += shared
         self._queue.put_nowait(item)
 
-    async def get(self) -> str | _Close:
+    async def get(self) -> str | _Echo | _Close:
         return await self._queue.get()
 
-    def sent(self, frame: str) -> None:
-        self.nbytes -= sys.getsizeof(frame)
+    def sent(self, item: str | _Echo) -> None:
+        if isinstance(item, str):
+            self.nbytes -= sys.getsizeof(item)
+        else:
+            self.nbytes -= item.own
+            self.echo_bytes -= item.shared
 
 
 def _observe(metrics: ServerMetrics) -> Callable[[Action], None]:
@@ -176,9 +247,13 @@ async def _write(ws: Transport, outbound: _Outbound, limits: LimitsConfig) -> No
         item = await outbound.get()
         if isinstance(item, _Close):
             raise SessionEnded(item.code, item.reason)
+        frame = item if isinstance(item, str) else item.frame()
+        if frame is None:  # not reached: `emit` queues only echoes that have a wire form
+            outbound.sent(item)
+            continue
         try:
             async with asyncio.timeout(limits.send_timeout_s):
-                await ws.send(item)
+                await ws.send(frame)
         except TimeoutError:
             raise SessionEnded(CloseCode.POLICY_VIOLATION, "client is not reading") from None
         except TransportClosed:
@@ -186,8 +261,14 @@ async def _write(ws: Transport, outbound: _Outbound, limits: LimitsConfig) -> No
         outbound.sent(item)
 
 
+_MAX_CLOSE_REASON_BYTES = 123  # RFC 6455 5.5: a control frame's payload is at most 125 bytes, 2 of them the code
+
+
 async def _close(ws: Transport, code: CloseCode, reason: str, timeout_s: float) -> None:
-    """The closing handshake within `timeout_s`; a peer that does not take it is cut off (TCP abort)."""
+    """The closing handshake within `timeout_s`; a peer that does not take it is cut off (TCP abort).
+    A reason longer than a close frame can carry is cut (websockets would refuse the frame and leave
+    the connection open)."""
+    reason = reason.encode()[:_MAX_CLOSE_REASON_BYTES].decode(errors="ignore")
     try:
         async with asyncio.timeout(timeout_s):
             await ws.close(code, reason)
@@ -221,10 +302,16 @@ async def serve_connection(ws: Transport, ctx: ConnectionContext, info: Handshak
     logger = logging.LoggerAdapter(log, {"session": session.config.id})
     # Overflow policy: past the outbound budget the session ends (1008); a client that reads too
     # slowly to ever reach it but has stopped altogether hits send_timeout_s.
-    outbound = _Outbound(ctx.limits.max_outbound_bytes, ctx.limits.max_outbound_events)
+    outbound = _Outbound(ctx.limits.max_outbound_bytes, ctx.limits.max_outbound_events,
+                         ctx.limits.max_conversation_bytes)
 
     async def emit(event: ServerEvent) -> None:
-        frame = serialise(event, info.dialect, timing_events=session.config.timing_events)
+        timing_events = session.config.timing_events
+        if isinstance(event, _ECHOES):  # serialised by the writer (the wire dict is cheap: it shares the strings)
+            if event_to_wire(event, info.dialect, timing_events=timing_events) is not None:
+                outbound.put(outbound.echo(event, info.dialect, timing_events))
+            return
+        frame = serialise(event, info.dialect, timing_events=timing_events)
         if frame is not None:
             outbound.put(frame)
 
