@@ -104,7 +104,13 @@ def test_vad_turn_transcription_waits_for_the_replys_first_audio(first_output):
         assert _asr_requests(h) == []  # text alone is not the first audio of a spoken reply
         h.engine(AudioChunk(reply.turn_id, _engine_pcm(0.2)))
         (asr,) = _asr_requests(h)
-        assert asr.history[0].content[1] is h.session.conversation.get(item_id).content[0]
+        # the shared layout: the reply's own prompt, the instruction following the user's audio in its turn, and
+        # the reply's conversation as the slot it forks
+        assert asr.history[:-1] == reply.history[:-1] and asr.prefix_from == reply.conversation_id
+        assert (asr.system, asr.tools, asr.truncation) == (reply.system, reply.tools, reply.truncation)
+        audio, instruction = asr.history[-1].content
+        assert audio is reply.history[-1].content[0] and instruction.text == ASR_INSTRUCTION
+        assert np.array_equal(audio.audio, h.session.conversation.get(item_id).content[0].audio)
     else:  # the failed reply removes its input item: nothing is left to transcribe
         h.engine(TurnFailed(reply.turn_id, "boom", FailureCode.ENGINE_ERROR))
         assert h.last("conversation.item.deleted")["item_id"] == item_id
