@@ -103,6 +103,8 @@ def test_vad_turn_transcription_waits_for_the_replys_first_audio(first_output):
         h.engine(TextDelta(reply.turn_id, "Hi"))
         assert _asr_requests(h) == []  # text alone is not the first audio of a spoken reply
         h.engine(AudioChunk(reply.turn_id, _engine_pcm(0.2)))
+        assert _asr_requests(h) == []  # not while the first audio delta is being sent
+        h.engine(AudioChunk(reply.turn_id, _engine_pcm(0.2)))
         (asr,) = _asr_requests(h)
         # the shared layout: the reply's own prompt, the instruction following the user's audio in its turn, and
         # the reply's conversation as the slot it forks

@@ -224,6 +224,7 @@ class Transcriber:
         self._jobs: dict[str, _Job] = {}
         self._pending: list[_Held] = []  # held until the reply's first output (module doc)
         self._reply: TurnRequest | None = None  # the newest reply turn of the conversation (shared layout)
+        self._first_output_of: str | None = None  # the reply whose first output was seen (`release`)
         self._used = False
 
     def note_reply(self, request: TurnRequest) -> None:
@@ -242,9 +243,15 @@ class Transcriber:
 
     def release(self, reply: ActiveResponse | None) -> list[Action]:
         """Submit the held transcriptions, oldest first, unless `reply` (the active response) has not sent its
-        first audio (text, for a text reply) yet: a transcription never delays a reply's first output."""
-        if reply is not None and (reply.first_audio_at is None if reply.spec.is_audio else not reply.item.text):
-            return []
+        first audio (text, for a text reply) yet, or sent it just now: the transcription is submitted on the next
+        event, after that first output went out, so it never delays a reply's first output (not even by the
+        engine and input work it starts while the first delta is still being written)."""
+        if reply is not None:
+            if reply.first_audio_at is None if reply.spec.is_audio else not reply.item.text:
+                return []
+            if self._first_output_of != reply.id:  # the call that produced the first output
+                self._first_output_of = reply.id
+                return []
         pending, self._pending = self._pending, []
         return [SubmitTurn(self._request(held)) for held in pending]
 
