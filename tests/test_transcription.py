@@ -103,8 +103,16 @@ def test_vad_turn_transcription_waits_for_the_replys_first_audio(first_output):
         h.engine(TextDelta(reply.turn_id, "Hi"))
         assert _asr_requests(h) == []  # text alone is not the first audio of a spoken reply
         h.engine(AudioChunk(reply.turn_id, _engine_pcm(0.2)))
+        assert _asr_requests(h) == []  # not while the first audio delta is being sent
+        h.engine(AudioChunk(reply.turn_id, _engine_pcm(0.2)))
         (asr,) = _asr_requests(h)
-        assert asr.history[0].content[1] is h.session.conversation.get(item_id).content[0]
+        # the shared layout: the reply's own prompt, the instruction following the user's audio in its turn, and
+        # the reply's conversation as the slot it forks
+        assert asr.history[:-1] == reply.history[:-1] and asr.prefix_from == reply.conversation_id
+        assert (asr.system, asr.tools, asr.truncation) == (reply.system, reply.tools, reply.truncation)
+        audio, instruction = asr.history[-1].content
+        assert audio is reply.history[-1].content[0] and instruction.text == ASR_INSTRUCTION
+        assert np.array_equal(audio.audio, h.session.conversation.get(item_id).content[0].audio)
     else:  # the failed reply removes its input item: nothing is left to transcribe
         h.engine(TurnFailed(reply.turn_id, "boom", FailureCode.ENGINE_ERROR))
         assert h.last("conversation.item.deleted")["item_id"] == item_id
@@ -199,15 +207,21 @@ def test_deleting_the_item_cancels_its_transcription_and_close_frees_the_slot():
 
 
 class _RecordingEngine:
-    """The real engine; remembers every request submitted to it."""
+    """The real engine; remembers every request submitted to it and each turn's TurnDone."""
 
     def __init__(self, engine) -> None:
         self._engine = engine
         self.requests: list = []
+        self.done: dict[str, TurnDone] = {}
 
     def submit(self, request, sink) -> None:
         self.requests.append(request)
-        self._engine.submit(request, sink)
+
+        def recording(event) -> None:
+            if isinstance(event, TurnDone):
+                self.done[event.turn_id] = event
+            sink(event)
+        self._engine.submit(request, recording)
 
     def __getattr__(self, name):
         return getattr(self._engine, name)
@@ -242,7 +256,8 @@ async def _offline_text(engine, request) -> str:
                 done.set_result(event)
         loop.call_soon_threadsafe(take)
 
-    engine.submit(dataclasses.replace(request, turn_id="offline_asr", conversation_id="offline_asr"), sink)
+    engine.submit(dataclasses.replace(request, turn_id="offline_asr", conversation_id="offline_asr", prefix_from=None),
+                  sink)
     assert isinstance(await asyncio.wait_for(done, 120), TurnDone)
     engine.close_conversation("offline_asr")
     return "".join(texts)
@@ -287,8 +302,15 @@ async def test_spoken_turn_is_transcribed_by_the_engine_beside_the_reply(engine,
         await ws.close()
 
     (asr,) = [r for r in recording.requests if r.task is TurnTask.TRANSCRIBE]
-    assert "English" in asr.history[0].content[0].text and not asr.with_audio
-    heard_s = asr.history[0].content[1].audio.size / MODEL_HZ
+    audio, instruction = asr.history[-1].content  # the shared layout: the reply's prompt, then the instruction
+    assert "English" in instruction.text and not asr.with_audio
+    (reply,) = [r for r in recording.requests if r.task is TurnTask.REPLY]
+    assert asr.prefix_from == reply.conversation_id and asr.history[:-1] == reply.history[:-1]
+    # it started from the reply's prefilled K/V: the whole audio was reused, only the instruction prefilled
+    usage = recording.done[asr.turn_id]
+    tail = usage.prompt_tokens - usage.cached_tokens  # the instruction, `<|role_end|>`, the generation prompt
+    assert usage.cached.audio == usage.prompt.audio > 0 and tail <= len(engine.bundle.tokenizer.encode(instruction.text)) + 16
+    heard_s = audio.audio.size / MODEL_HZ
     assert abs(heard_s - speech.size / 24000) < 0.8  # the user's speech, not the trailing silence
     # the transcript is the model's own: the same ASR request run again alone gives the same (greedy) text
     assert await _offline_text(engine, asr) == completed["transcript"]

@@ -196,6 +196,11 @@ class TurnRequest:
     # text (tool markers become their special tokens) the reply is forced to start with: constrained
     # decoding of a required / named function call's prefix
     forced_prefix: str = ""
+    # a side request (a transcription): the conversation whose KV slot it starts from. Its prompt shares that
+    # conversation's running prompt up to some point (e.g. through the user's audio); the engine admits it once
+    # that conversation's turn has prefilled its prompt, copies the shared prefix's K/V (`KVSlotManager.fork`)
+    # and prefills only the rest
+    prefix_from: str | None = None
 
 
 class Stage(enum.Enum):

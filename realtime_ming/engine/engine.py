@@ -98,6 +98,7 @@ class Engine:
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._turns: dict[str, _Turn] = {}
         self._parked: dict[str, _Turn] = {}  # speculative turns that ended before confirm/discard
+        self._forks: list[_Turn] = []  # prepared side requests waiting for their source's prefill (`fork_ready`)
         self._thinker = ThinkerRunner(bundle, cfg)
         self._talker = TalkerRunner(bundle, cfg) if bundle.has_talker else None
         self._stopping = False
@@ -313,10 +314,13 @@ class Engine:
     def _run(self) -> None:
         while not self._stopping and self._dead is None:
             try:
-                busy = bool(self._turns) and (self._thinker.has_work() or (self._talker and self._talker.has_work()))
+                busy = bool(self._turns) and (self._thinker.has_work() or bool(self._forks)
+                                              or (self._talker and self._talker.has_work()))
                 self._drain(block=not busy, timeout=self._idle_timeout())
                 if self._stopping or self._dead is not None:
                     break
+                if self._forks:
+                    self._admit_forks()
                 self._step()
             except Exception as exc:  # a model failure fails the turns in flight, not the engine
                 dead = dead_workers(self.bundle.thinker)
@@ -455,8 +459,22 @@ class Engine:
         if prepared.done():  # else its InputsReady admits it
             self._admit_prepared(turn)
 
+    def _admit_forks(self) -> None:
+        """Admit the waiting side requests whose source conversation has prefilled its prompt (or stopped)."""
+        waiting, self._forks = self._forks, []
+        for turn in waiting:
+            if self._turns.get(turn.request.turn_id) is turn and turn.prepared is not None:  # else gone or admitted
+                self._admit_prepared(turn)
+
     def _admit_prepared(self, turn: _Turn) -> None:
-        """Admit a turn whose inputs are prepared to the thinker (prefix matching, encoders), or fail it."""
+        """Admit a turn whose inputs are prepared to the thinker (prefix matching, encoders), or fail it; a side
+        request waits (`_forks`) while the turn whose prefix it reuses is still prefilling."""
+        source = turn.request.prefix_from
+        if source is not None and (not self._thinker.fork_ready(turn.request) or any(
+                t.prepared is not None and t.request.conversation_id == source for t in self._turns.values())):
+            if turn not in self._forks:  # its source's turn is still being prepared or prefilled
+                self._forks.append(turn)
+            return
         request, prepared, turn.prepared = turn.request, turn.prepared, None
         try:  # a preparation error (a prompt over budget, media the model rejects) is raised here
             self._thinker.admit(request, prepared.result())

@@ -71,6 +71,10 @@ class Scheduler:
         else:
             queue.insert(side, turn_id)
 
+    def prefilling(self, conversation_id: str) -> bool:
+        """Whether a turn of `conversation_id` still has prompt tokens to prefill (a fork of it would miss them)."""
+        return any(self.rows[t].slot.conversation_id == conversation_id for t in self.prefill_queue)
+
     def remove(self, turn_id: str) -> Row | None:
         """Drop a row (finished or cancelled) and free its slot for the next turn."""
         row = self.rows.pop(turn_id, None)

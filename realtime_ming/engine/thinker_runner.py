@@ -138,8 +138,11 @@ class ThinkerRunner:
         prompt = prepared.prompt
         marks.append(time.perf_counter())
         ids = list(prompt.input_ids)
-        slot = self.slots.acquire(request.conversation_id)
-        p = self.slots.match_prefix(slot.ids, ids, prompt.spans)
+        if request.prefix_from is not None:  # a side request: starts from the source's prefix (K/V copied)
+            slot, p = self.slots.fork(request.prefix_from, request.conversation_id, ids, prompt.spans)
+        else:
+            slot = self.slots.acquire(request.conversation_id)
+            p = self.slots.match_prefix(slot.ids, ids, prompt.spans)
         tail = prompt.tail(p)
         embeds = self._encode_tail(prompt.spans, prepared.payloads, p)
         marks.append(time.perf_counter())
@@ -163,6 +166,11 @@ class ThinkerRunner:
                                (_by_modality(prompt.spans, len(ids)), _by_modality(prompt.spans, p)),
                                forced=(self._forced_transcript if request.task is TurnTask.TRANSCRIBE
                                        else plan_forced(self.tok, request, self._forced))))
+
+    def fork_ready(self, request: TurnRequest) -> bool:
+        """Whether `request` may be admitted now: a side request waits while its source conversation's turn is
+        still prefilling (its fork would copy less of the shared prompt), never holding that turn up."""
+        return request.prefix_from is None or not self.scheduler.prefilling(request.prefix_from)
 
     def _encode_tail(self, spans, payloads, start: int) -> dict:
         """Encoder outputs for the media whose placeholders lie in the tail (from token `start`)."""

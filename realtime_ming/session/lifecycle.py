@@ -196,7 +196,10 @@ def start_response(
         if spec.conversation_id is None:
             session._oob_used = True
         turn_history = history if history is not None else session.conversation.history()
-        actions.append(SubmitTurn(turn_request(session, spec.response_id, spec, turn_history, params)))
+        request = turn_request(session, spec.response_id, spec, turn_history, params)
+        if spec.conversation_id is not None:  # a transcription of its user audio reuses its prefill
+            session._transcriber.note_reply(request)
+        actions.append(SubmitTurn(request))
     item = AssistantItem(new_id(IdPrefix.ITEM), is_audio=spec.is_audio)
     previous = session.conversation.last_id()
     if spec.conversation_id is not None:

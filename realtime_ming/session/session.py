@@ -307,8 +307,10 @@ class Session:
         self._speculation = _Speculation(turn_id, audio)
         user = Message(Role.USER.value, (Content.of_audio(audio, MODEL_SAMPLE_RATE_HZ),))
         spec = lifecycle.spec_for(self, turn_id, None)
-        request = lifecycle.turn_request(self, turn_id, spec, self.conversation.history() + (user,), None)
-        return [SubmitTurn(replace(request, speculative=True))]
+        request = replace(lifecycle.turn_request(self, turn_id, spec, self.conversation.history() + (user,), None),
+                          speculative=True)
+        self._transcriber.note_reply(request)  # the transcription of this audio reuses its prefill
+        return [SubmitTurn(request)]
 
     def _auto_respond(self, td: ServerVad | SemanticVad) -> bool:
         """Whether a VAD turn starts a response (never in a transcription session: it only transcribes)."""

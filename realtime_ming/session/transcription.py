@@ -5,11 +5,35 @@ talker, greedy) whose text streams out as `conversation.item.input_audio_transcr
 ends with `.completed` (the transcript is then stored on the item, so `conversation.item.retrieve` shows
 it) or `.failed` (with the engine's failure code).
 
-The prompt is the one the reference uses for ASR (inclusionAI/Ming `README.md`, "Audio tasks" → ASR, and
-`ming_sdk/ming.py`: one HUMAN turn holding the instruction text and then the audio, no system prompt beyond
-the processor's default)::
+Two prompt layouts, both with the reference's ASR instruction (inclusionAI/Ming `README.md`, "Audio tasks"
+→ ASR, and `ming_sdk/ming.py`):
 
-    <role>HUMAN</role>Please recognize the language of this speech and transcribe it. Format: oral.<audio>…</audio>
+* **shared** (the item is the user turn of a reply: a VAD turn that responds, a speculative turn): the reply's
+  own prompt — its system turn (instructions, tools), the earlier conversation and the user's audio turn —
+  with the instruction following the audio in that same HUMAN turn::
+
+      …<role>HUMAN</role><audio>…</audio>Please recognize the language of this speech and transcribe it.
+      Format: oral.<|role_end|><role>ASSISTANT</role>
+
+  Everything up to the end of the audio is token for token the reply's prompt, so the side request
+  (`TurnRequest.prefix_from`) starts from a copy of the K/V the reply already prefilled (speculatively, while
+  the user was still pausing; `KVSlotManager.fork`) and prefills only the instruction (~20 tokens): no second
+  audio encoding, no second prefill of the conversation.
+* **reference** (no reply shares the audio: manual commits without a response yet, `transcription`-type
+  sessions): the reference's exact prompt, one HUMAN turn holding the instruction and then the audio after
+  the processor's default system turn::
+
+      <role>HUMAN</role>Please recognize the language of this speech and transcribe it. Format: oral.<audio>…</audio>
+
+Fidelity of the shared layout: the K/V of the audio depends on everything before it, so only a prompt in
+which the audio comes before the instruction can reuse the reply's prefill. The audio-first order is the
+one vLLM-Omni's Ming-flash-omni 2.0 example uses for the same instruction (its `use_audio` query: audio, then
+"Please recognize … Format: oral."), and Ming's ASR is context-aware: the earlier conversation and the
+session's instructions are context it is trained to use (names, terms), the instruction being the last
+thing the model reads before it answers. What differs from the reference is that context (a persona system
+prompt could in principle pull the model towards answering instead of transcribing) and the order;
+transcripts of the shared layout are the model's own greedy output over that prompt, identical to
+prefilling the same prompt from scratch (tests/test_transcription_kv.py).
 
 Context (Ming's context-aware ASR takes hotwords or preceding text as plain text in the same turn):
 
@@ -20,11 +44,12 @@ Context (Ming's context-aware ASR takes hotwords or preceding text as plain text
   {English} or {Chinese}."; unknown codes are passed as given.
 
 The transcription turn has its own KV slot (`<conversation>_asr`), so the reply's cached prefix is never
-evicted by it (and the slot is freed after each transcription); it encodes and prefills the user's audio
-again in that slot (sharing the reply's KV would need a slot fork the engine does not have). It never delays the reply's first audio: the session holds it
-(`start`) while a reply to the same input has not sent its first audio (or text) yet, and submits it
-(`release`) at that moment, when the reply ends, or at once when no reply is coming; in the engine
-its prefill queues behind every reply's (`TurnTask.TRANSCRIBE`).
+evicted by it (and the slot is freed after each transcription); in the shared layout that slot starts as a
+device-side copy of the reply slot's shared prefix. It never delays the reply's first audio: the session
+holds it (`start`) while a reply to the same input has not sent its first audio (or text) yet, and submits
+it (`release`) at that moment, when the reply ends, or at once when no reply is coming; in the engine a side
+request is admitted only once the reply's prompt is prefilled, and its prefill queues behind every reply's
+(`TurnTask.TRANSCRIBE`).
 
 GA `transcription`-type sessions (`session.type: "transcription"`) run only this: server VAD turns (or
 `input_audio_buffer.commit`) become user audio items that are transcribed, and no response is ever created
@@ -40,8 +65,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Final
 
+import numpy as np
+
 from ..engine.api import (
     Content,
+    ContentKind,
     FailureCode,
     Message,
     SamplingParams,
@@ -72,6 +100,8 @@ __all__ = [
     "ASR_INSTRUCTION",
     "OPENAI_TRANSCRIPTION_MODELS",
     "Transcriber",
+    "asr_followup",
+    "asr_instruction",
     "asr_message",
     "check_transcription",
     "transcription_session_defaults",
@@ -133,8 +163,8 @@ def transcription_session_defaults(config: SessionConfig, served_model: str) -> 
     return config
 
 
-def asr_message(audio: Content, setting: InputTranscription) -> Message:
-    """The reference's ASR user turn for `audio`, with `prompt` and `language` as context (module doc)."""
+def asr_instruction(setting: InputTranscription) -> str:
+    """The ASR instruction with `prompt`, `keywords` and `language(s)` as context (module doc)."""
     codes = (setting.language,) if setting.language else setting.languages
     if codes:
         names = " or ".join(_LANGUAGES.get(code.lower(), code) for code in codes)
@@ -145,7 +175,28 @@ def asr_message(audio: Content, setting: InputTranscription) -> Message:
         instruction = f"Hotwords: {', '.join(setting.keywords)}\n{instruction}"
     if setting.prompt:
         instruction = f"Context: {setting.prompt}\n{instruction}"
-    return Message("user", (Content.of_text(instruction), audio))
+    return instruction
+
+
+def asr_message(audio: Content, setting: InputTranscription) -> Message:
+    """The reference layout: one user turn, the instruction and then `audio` (module doc)."""
+    return Message("user", (Content.of_text(asr_instruction(setting)), audio))
+
+
+def asr_followup(history: tuple[Message, ...], audio: Content, setting: InputTranscription) -> tuple[Message, ...] | None:
+    """The shared layout: `history` (a reply's, ending with the user turn that holds `audio`) with the instruction
+    following that turn's content; None when `history` does not end with that audio."""
+    if not history or history[-1].role != "user" or not any(_same_audio(c, audio) for c in history[-1].content):
+        return None
+    last = history[-1]
+    return history[:-1] + (Message("user", last.content + (Content.of_text(asr_instruction(setting)),)),)
+
+
+def _same_audio(part: Content, audio: Content) -> bool:
+    if part.kind is not ContentKind.AUDIO or part.sample_rate_hz != audio.sample_rate_hz:
+        return False
+    return part.audio is audio.audio or (part.audio.shape == audio.audio.shape
+                                         and bool(np.array_equal(part.audio, audio.audio)))
 
 
 @dataclass
@@ -155,6 +206,15 @@ class _Job:
     text: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class _Held:
+    """A transcription not submitted yet: its request is built at `release` (the reply's prompt is known then)."""
+
+    turn_id: str
+    audio: Content
+    setting: InputTranscription
+
+
 class Transcriber:
     """The transcription side turns of one session: submit at commit, route engine events, store results."""
 
@@ -162,8 +222,15 @@ class Transcriber:
         self._conversation = conversation
         self.conversation_id = conversation_id + "_asr"
         self._jobs: dict[str, _Job] = {}
-        self._pending: list[TurnRequest] = []  # held until the reply's first output (module doc)
+        self._pending: list[_Held] = []  # held until the reply's first output (module doc)
+        self._reply: TurnRequest | None = None  # the newest reply turn of the conversation (shared layout)
+        self._first_output_of: str | None = None  # the reply whose first output was seen (`release`)
         self._used = False
+
+    def note_reply(self, request: TurnRequest) -> None:
+        """A reply turn of the conversation was submitted (speculative or not): a transcription of the audio its
+        prompt ends with reuses that prompt's prefix."""
+        self._reply = request
 
     def owns(self, turn_id: str) -> bool:
         """Whether `turn_id` is one of this session's transcription turns."""
@@ -176,11 +243,30 @@ class Transcriber:
 
     def release(self, reply: ActiveResponse | None) -> list[Action]:
         """Submit the held transcriptions, oldest first, unless `reply` (the active response) has not sent its
-        first audio (text, for a text reply) yet: a transcription never delays a reply's first output."""
-        if reply is not None and (reply.first_audio_at is None if reply.spec.is_audio else not reply.item.text):
-            return []
+        first audio (text, for a text reply) yet, or sent it just now: the transcription is submitted on the next
+        event, after that first output went out, so it never delays a reply's first output (not even by the
+        engine and input work it starts while the first delta is still being written)."""
+        if reply is not None:
+            if reply.first_audio_at is None if reply.spec.is_audio else not reply.item.text:
+                return []
+            if self._first_output_of != reply.id:  # the call that produced the first output
+                self._first_output_of = reply.id
+                return []
         pending, self._pending = self._pending, []
-        return [SubmitTurn(request) for request in pending]
+        return [SubmitTurn(self._request(held)) for held in pending]
+
+    def _request(self, held: _Held) -> TurnRequest:
+        """The side turn of `held`: the shared layout when the newest reply's prompt ends with its audio, else the
+        reference layout (module doc)."""
+        reply = self._reply
+        history = asr_followup(reply.history, held.audio, held.setting) if reply is not None else None
+        common = dict(turn_id=held.turn_id, conversation_id=self.conversation_id, with_audio=False,
+                      sampling=SamplingParams(temperature=0.0, max_tokens=MAX_TRANSCRIPT_TOKENS),
+                      task=TurnTask.TRANSCRIBE)
+        if history is None:
+            return TurnRequest(history=(asr_message(held.audio, held.setting),), **common)
+        return TurnRequest(history=history, system=reply.system, tools=reply.tools, truncation=reply.truncation,
+                           prefix_from=reply.conversation_id, **common)
 
     def start(self, item_id: str, content_index: int, audio: Content, setting: InputTranscription) -> None:
         """Prepare the transcription of `audio` (part `content_index` of user item `item_id`); it is held
@@ -188,15 +274,7 @@ class Transcriber:
         turn_id = new_id(IdPrefix.RESPONSE)
         self._jobs[turn_id] = _Job(item_id, content_index)
         self._used = True
-        request = TurnRequest(
-            turn_id=turn_id,
-            conversation_id=self.conversation_id,
-            history=(asr_message(audio, setting),),
-            sampling=SamplingParams(temperature=0.0, max_tokens=MAX_TRANSCRIPT_TOKENS),
-            with_audio=False,
-            task=TurnTask.TRANSCRIBE,
-        )
-        self._pending.append(request)
+        self._pending.append(_Held(turn_id, audio, setting))
 
     def on_engine_event(self, event: TurnEvent) -> list[Action]:
         """Apply one engine event of a transcription turn (see `owns`)."""
