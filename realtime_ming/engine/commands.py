@@ -10,7 +10,7 @@ from typing import Callable, Union
 from .api import TurnEvent, TurnRequest
 
 __all__ = ["Cancel", "Capture", "CloseConversation", "Command", "Confirm", "Discard", "EngineStats", "InputsReady",
-           "Sink", "Stats", "Stop", "Submit"]
+           "Sink", "Stats", "Stop", "Submit", "Wake"]
 
 Sink = Callable[[TurnEvent], None]
 
@@ -30,6 +30,11 @@ class InputsReady:
 
     turn_id: str
     prepared: Future
+
+
+@dataclass(frozen=True, slots=True)
+class Wake:
+    """An admitted turn's encoders finished (posted by the encoder worker): the next step completes its admission."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,4 +91,4 @@ class Stop:
     pass
 
 
-Command = Union[Submit, InputsReady, Confirm, Discard, Cancel, CloseConversation, Stats, Capture, Stop]
+Command = Union[Submit, InputsReady, Wake, Confirm, Discard, Cancel, CloseConversation, Stats, Capture, Stop]

@@ -27,7 +27,6 @@ import queue
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from typing import Callable
 
 from .api import (
@@ -47,12 +46,14 @@ from .api import (
     TurnTask,
 )
 from .commands import (Cancel, Capture, CloseConversation, Command, Confirm, Discard, EngineStats, InputsReady, Sink,
-                       Stats, Stop, Submit)
+                       Stats, Stop, Submit, Wake)
 from .config import EngineConfig
 from .models import ModelBundle
 from .prompt_budget import ContextLengthExceeded
 from .segmenter import Segmenter
 from .tool_calls import ToolCallParser, tool_names
+from .turn_state import TurnState as _Turn
+from .warmup import warm_up
 from .supervision import (
     FaultLog,
     InjectedEngineDeath,
@@ -69,24 +70,10 @@ __all__ = ["Engine", "EngineStats"]
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class _Turn:
-    request: TurnRequest
-    sink: Sink
-    held: list | None  # events of an unconfirmed speculative turn
-    segmenter: Segmenter | None
-    stages: dict = field(default_factory=dict)
-    text: str = ""
-    thinker_done: bool = False
-    finish: FinishReason | None = None
-    usage: tuple[int, int, int] = (0, 0, 0)  # prompt, cached, output tokens
-    by_modality: tuple = (None, None)  # (prompt, cached) PromptTokens
-    audio_samples: int = 0
-    talker_steps: int = 0
-    t0_ms: float = 0.0
-    ended: bool = False  # the terminal event was delivered (or held): nothing more reaches the sink
-    tool_parser: ToolCallParser | None = None  # the request has tools: calls are parsed out of the text
-    prepared: Future | None = None  # its input processing, until the turn is admitted to the thinker
+# admission errors that are answers, not bugs: every slot busy; the conversation does not fit, even truncated as
+# asked; content the model cannot take (too long, media it rejects)
+_REFUSALS = ((EngineBusyError, FailureCode.ENGINE_BUSY), (ContextLengthExceeded, FailureCode.CONTEXT_LENGTH_EXCEEDED),
+             (ValueError, FailureCode.INVALID_PROMPT))
 
 
 class Engine:
@@ -99,7 +86,7 @@ class Engine:
         self._turns: dict[str, _Turn] = {}
         self._parked: dict[str, _Turn] = {}  # speculative turns that ended before confirm/discard
         self._forks: list[_Turn] = []  # prepared side requests waiting for their source's prefill (`fork_ready`)
-        self._thinker = ThinkerRunner(bundle, cfg)
+        self._thinker = ThinkerRunner(bundle, cfg, wake=lambda: self._put(Wake()))  # an admission's encoders finished
         self._talker = TalkerRunner(bundle, cfg) if bundle.has_talker else None
         self._stopping = False
         self._in_flight = None  # the thinker step queued at the end of the last engine step, collected by the next
@@ -135,26 +122,8 @@ class Engine:
             raise RuntimeError(f"CUDA-graph capture failed: {cmd.errors[0]}") from cmd.errors[0]
 
     def warmup(self, timeout_s: float = 300.0) -> None:
-        """Run one short spoken turn end to end so first-call costs (allocator growth, kernel selection,
-        Triton compiles, lazy imports) are paid at startup, not by the first user (moshi's `warmup`).
-        Two turns: a short text one, then one with 5 s of quiet audio, so the audio encoder, the audio
-        router's prefill path and both variants of the prefill expert kernel (<= and > 128 tokens) are
-        among them."""
-        import numpy as np
-
-        from .api import Content, Message, SamplingParams
-
-        audio = (0.01 * np.random.default_rng(0).standard_normal(5 * 16000)).astype(np.float32)
-        text = Content.of_text("Hello, warm up.")
-        for i, content in enumerate(((text,), (text, Content.of_audio(audio, 16000)))):  # short, then > 128 tokens
-            done = threading.Event()
-            request = TurnRequest(f"warmup-{i}", f"__warmup_{i}__", (Message("user", content),),
-                                  sampling=SamplingParams(max_tokens=8, ignore_eos=True))
-            self.submit(request, lambda ev, done=done: done.set() if isinstance(ev, (TurnDone, TurnFailed,
-                                                                                     TurnCancelled)) else None)
-            if not done.wait(timeout_s):
-                log.warning("engine warmup turn %d did not finish within %.0f s", i, timeout_s)
-            self.close_conversation(f"__warmup_{i}__")
+        """Pay first-call costs at startup, not on the first user's turn (`engine/warmup.py`)."""
+        warm_up(self, timeout_s)
 
     # ---- thread-safe API -------------------------------------------------------------------
     def submit(self, request: TurnRequest, sink: Sink) -> None:
@@ -431,6 +400,8 @@ class Engine:
                     cmd.done.set()
             case Stop():
                 self._stopping = True
+            case Wake():  # the step that follows completes the admissions whose encoders finished
+                pass
 
     def _admit(self, request: TurnRequest, sink: Sink, prepared: Future) -> None:
         refusal = None
@@ -467,8 +438,9 @@ class Engine:
                 self._admit_prepared(turn)
 
     def _admit_prepared(self, turn: _Turn) -> None:
-        """Admit a turn whose inputs are prepared to the thinker (prefix matching, encoders), or fail it; a side
-        request waits (`_forks`) while the turn whose prefix it reuses is still prefilling."""
+        """Admit a turn whose inputs are prepared to the thinker (prefix matching; its tail's media go to the
+        encoder worker, and `_launch` completes the admission), or fail it; a side request waits (`_forks`) while
+        the turn whose prefix it reuses is still being prepared, encoded or prefilled."""
         source = turn.request.prefix_from
         if source is not None and (not self._thinker.fork_ready(turn.request) or any(
                 t.prepared is not None and t.request.conversation_id == source for t in self._turns.values())):
@@ -477,23 +449,33 @@ class Engine:
             return
         request, prepared, turn.prepared = turn.request, turn.prepared, None
         try:  # a preparation error (a prompt over budget, media the model rejects) is raised here
-            self._thinker.admit(request, prepared.result())
-        except EngineBusyError as exc:
-            self._fail(request.turn_id, str(exc), FailureCode.ENGINE_BUSY)
+            queued = self._thinker.admit(request, prepared.result())
+        except Exception as exc:
+            self._admission_failed(request, exc)
             return
-        except ContextLengthExceeded as exc:  # the conversation does not fit, even truncated as asked
-            self._fail(request.turn_id, str(exc), FailureCode.CONTEXT_LENGTH_EXCEEDED)
+        if queued:
+            self._mark(turn, Stage.ENCODERS_DONE)
+
+    def _admission_failed(self, request: TurnRequest, exc: Exception) -> None:
+        """Fail a turn whose admission raised: a known refusal with its code (`_REFUSALS`); anything else is a
+        bug this request reached: it fails alone (its cache invalidated), the engine goes on."""
+        code = next((code for kind, code in _REFUSALS if isinstance(exc, kind)), None)
+        if code is not None:
+            self._fail(request.turn_id, str(exc), code)
             return
-        except ValueError as exc:  # content the model cannot take (too long, media it rejects)
-            self._fail(request.turn_id, str(exc), FailureCode.INVALID_PROMPT)
-            return
-        except Exception as exc:  # a bug reached by this request: it fails alone, the engine goes on
-            self._faults.report(f"admission of turn {request.turn_id}", exc)
-            self._fail(request.turn_id, f"admission failed: {type(exc).__name__}: {exc}", FailureCode.ADMISSION_FAILED)
-            self._guarded("invalidating a failed turn's cache", self._thinker.close_conversation,
-                          request.conversation_id)
-            return
-        self._mark(turn, Stage.ENCODERS_DONE)
+        self._faults.report(f"admission of turn {request.turn_id}", exc)
+        self._fail(request.turn_id, f"admission failed: {type(exc).__name__}: {exc}", FailureCode.ADMISSION_FAILED)
+        self._guarded("invalidating a failed turn's cache", self._thinker.close_conversation, request.conversation_id)
+
+    def _launch(self):
+        """Complete the admissions whose encoders finished, then queue the thinker's next step."""
+        for turn_id, error in self._thinker.admitted():
+            turn = self._turns.get(turn_id)
+            if turn is not None and error is None:
+                self._mark(turn, Stage.ENCODERS_DONE)
+            elif turn is not None:
+                self._admission_failed(turn.request, error)
+        return self._thinker.launch()
 
     def _step(self) -> None:
         # Pipelined: thinker step k is in flight when this starts (else it is queued now); the talker's step is
@@ -501,7 +483,7 @@ class Engine:
         # at once, and only then does the engine wait for the talker's step (stop decisions, VAE, PCM). The
         # GPU(s) always have the thinker's next step to run while the host waits on or post-processes the talker.
         if self._in_flight is None:
-            self._in_flight = self._thinker.launch()
+            self._in_flight = self._launch()
         talking = self._talker.launch() if self._talker is not None else None
         launched, self._in_flight = self._in_flight, None
         for out in self._thinker.collect(launched):
@@ -529,8 +511,8 @@ class Engine:
         for turn in list(self._turns.values()):
             if turn.segmenter is not None and not turn.thinker_done:
                 self._route_segments(turn, turn.segmenter.tick(now))
-        if self._thinker.has_work():
-            self._in_flight = self._thinker.launch()
+        if self._thinker.has_work() or self._thinker.encoding():
+            self._in_flight = self._launch()
         if self._talker is not None:
             for out in self._talker.finish(talking):
                 turn = self._turns.get(out.turn_id)

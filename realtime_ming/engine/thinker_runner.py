@@ -15,7 +15,9 @@ from __future__ import annotations
 import logging
 import random
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -25,7 +27,8 @@ from .api import FinishReason, PromptTokens, TurnRequest, TurnTask
 from .config import EngineConfig
 from .forced import Forced, forced_segments, plan_forced
 from .graphs import upload
-from .input_processor import InputProcessor, PreparedInputs, expand_payloads
+from .encoder_worker import EncoderWorker, encode_tail, tail_has_media
+from .input_processor import InputProcessor, PreparedInputs
 from .kv_slots import KVSlotManager, copy_kv_prefix
 from .models import ModelBundle
 from .output_processor import OutputProcessor
@@ -65,10 +68,23 @@ class _Launched:
     ready: object  # torch.cuda.Event | None
 
 
+@dataclass(slots=True)
+class _Pending:
+    """An admission waiting for its tail's encoders (on the encoder worker); its slot is reserved."""
+
+    request: TurnRequest
+    prepared: PreparedInputs
+    slot: object  # KVSlot
+    start: int  # the cached prefix it keeps
+    t0: float  # perf_counter at admission
+    encoded: Future | None = None
+
+
 class ThinkerRunner:
     """Runs on the engine thread only."""
 
-    def __init__(self, bundle: ModelBundle, cfg: EngineConfig):
+    def __init__(self, bundle: ModelBundle, cfg: EngineConfig, wake: Callable[[], None] | None = None):
+        """`wake` is called from the encoder worker when an admission's encoders finished (`admitted`)."""
         self.bundle = bundle
         self.cfg = cfg.thinker
         self.model = bundle.thinker
@@ -81,6 +97,8 @@ class ThinkerRunner:
         self.inputs = InputProcessor(bundle, max_seq_len=self.cfg.max_seq_len, workers=cfg.input_workers,
                                      cache_bytes=cfg.media_cache_mb * 2**20, slots=self.slots)
         self.outputs = OutputProcessor(self.tok, self.cfg.max_seq_len)
+        self._encoder = EncoderWorker(bundle, self.inputs.vision, out_device=self.device, on_done=wake)
+        self._pending: dict[str, _Pending] = {}  # turn id -> admission whose encoders run, in admission order
         # forced reply: `<|role_end|>`-separated segments (tool markers as their special tokens); a turn plays
         # the segment picked by how many assistant messages its history has, cycled when it has no end token
         self._forced = forced_segments(self.tok, self.cfg.forced_reply) if self.cfg.forced_reply else None
@@ -117,9 +135,14 @@ class ThinkerRunner:
 
     def cancel(self, turn_id: str) -> None:
         self.scheduler.remove(turn_id)
+        pending = self._pending.pop(turn_id, None)
+        if pending is not None:  # its encoders' result is dropped (a queued job does not run)
+            pending.encoded.cancel()
+            pending.slot.busy = None
 
     def close(self) -> None:
         self.inputs.close()
+        self._encoder.close()
 
     def _copy_kv(self, src: int, dst: int, length: int) -> None:
         copy = getattr(self.model, "copy_kv", None)  # tensor-parallel proxy: every rank copies its shard
@@ -129,34 +152,78 @@ class ThinkerRunner:
             copy_kv_prefix(self.cache, src, dst, length)
 
     # ---- admission: prefix reuse, media encoding ------------------------------------------------
-    def admit(self, request: TurnRequest, prepared: PreparedInputs | None = None) -> None:
-        """Reuse the slot's cached prefix, encode the tail's media; queue the tail's prefill. `prepared` comes
-        from the input processor (the engine prepares every request off this thread); None prepares it here."""
-        marks = [time.perf_counter()]
+    def admit(self, request: TurnRequest, prepared: PreparedInputs | None = None) -> bool:
+        """Reuse the slot's cached prefix and queue the tail's prefill. `prepared` comes from the input
+        processor (the engine prepares every request off this thread); None prepares it here. A tail with media
+        is encoded on the encoder worker meanwhile (the slot is the turn's from now on): -> False, and the
+        admission completes in a later `launch` (`admitted` reports it). A tail without media: -> True, queued."""
+        t0 = time.perf_counter()
         if prepared is None:
             prepared = self.inputs.prepare(request)
-        prompt = prepared.prompt
-        marks.append(time.perf_counter())
-        ids = list(prompt.input_ids)
+        ids = list(prepared.prompt.input_ids)
         if request.prefix_from is not None:  # a side request: starts from the source's prefix (K/V copied)
-            slot, p = self.slots.fork(request.prefix_from, request.conversation_id, ids, prompt.spans)
+            slot, p = self.slots.fork(request.prefix_from, request.conversation_id, ids, prepared.prompt.spans)
         else:
             slot = self.slots.acquire(request.conversation_id)
-            p = self.slots.match_prefix(slot.ids, ids, prompt.spans)
-        tail = prompt.tail(p)
-        embeds = self._encode_tail(prompt.spans, prepared.payloads, p)
-        marks.append(time.perf_counter())
-        prep = prepare_prefill(self.model.embed, tail, self.tok.media, cache_start=p,
-                               rope_delta=int(prepared.positions[0, p]) - p, device=self.device, **embeds)
-        marks.append(time.perf_counter())
-        parts = [(b - a) * 1e3 for a, b in zip(marks, marks[1:])]
-        if sum(parts) > SLOW_ADMISSION_MS:
-            # the encoders run asynchronously: their GPU time (and any earlier queued GPU work) shows up in
-            # "embed + splice", whose host-to-device copy waits for it
-            log.info("admission of %s took %.0f ms: prompt + media preprocessing %.0f, encoders %.0f, embed + "
-                     "splice %.0f (%d new tokens)", request.turn_id, sum(parts), *parts, len(ids) - p)
+            p = self.slots.match_prefix(slot.ids, ids, prepared.prompt.spans)
         slot.ids = ids[:p]
         slot.busy = request.turn_id
+        pending = _Pending(request, prepared, slot, p, t0)
+        if self._encoder is not None and tail_has_media(prepared.prompt.spans, p):
+            pending.encoded = self._encoder.submit(prepared.prompt.spans, prepared.payloads, p)
+            self._pending[request.turn_id] = pending
+            return False
+        try:
+            self._queue(pending, self._encode(pending))
+        except BaseException:
+            slot.busy = None
+            raise
+        return True
+
+    def admitted(self) -> list[tuple[str, BaseException | None]]:
+        """Complete the admissions whose encoders finished (their prefill is queued): -> (turn id, None) for
+        each, (turn id, the error) for each that failed (its slot is free again)."""
+        done = []
+        for turn_id, pending in list(self._pending.items()):
+            if not pending.encoded.done():
+                continue
+            del self._pending[turn_id]
+            try:
+                self._queue(pending, pending.encoded.result().take(self.device))
+            except Exception as exc:  # the encoders', or the splice's: this turn fails alone
+                pending.slot.busy = None
+                done.append((turn_id, exc))
+            else:
+                done.append((turn_id, None))
+        return done
+
+    def encoding(self) -> int:
+        """Admissions whose encoders are still running."""
+        return len(self._pending)
+
+    def _encode(self, pending: "_Pending") -> dict:
+        """The tail's encoder outputs, on this thread (no encoder worker, or no media in the tail)."""
+        with torch.no_grad():
+            return encode_tail(self.bundle, self.inputs.vision, pending.prepared.prompt.spans,
+                               pending.prepared.payloads, pending.start)
+
+    def _queue(self, pending: "_Pending", embeds: dict) -> None:
+        """Embed the tail, splice its encoder outputs (no host sync), queue its prefill."""
+        request, prepared, slot, p = pending.request, pending.prepared, pending.slot, pending.start
+        prompt = prepared.prompt
+        ids = list(prompt.input_ids)
+        tail = prompt.tail(p)
+        t1 = time.perf_counter()
+        with torch.no_grad():
+            prep = prepare_prefill(self.model.embed, tail, self.tok.media, cache_start=p,
+                                   rope_delta=int(prepared.positions[0, p]) - p, device=self.device, **embeds)
+        t2 = time.perf_counter()
+        total = (t2 - pending.t0) * 1e3
+        if total > SLOW_ADMISSION_MS:
+            # with media in the tail, "encoders" is the wall time on the encoder worker (the engine thread
+            # stepped meanwhile); "embed + splice" is engine-thread time, queued without a host sync
+            log.info("admission of %s took %.0f ms: encoders %.0f, embed + splice %.0f (%d new tokens)",
+                     request.turn_id, total, (t1 - pending.t0) * 1e3, (t2 - t1) * 1e3, len(ids) - p)
         gen = None
         if request.sampling.temperature > 0:
             seed = request.sampling.seed if request.sampling.seed is not None else random.getrandbits(63)
@@ -169,28 +236,10 @@ class ThinkerRunner:
 
     def fork_ready(self, request: TurnRequest) -> bool:
         """Whether `request` may be admitted now: a side request waits while its source conversation's turn is
-        still prefilling (its fork would copy less of the shared prompt), never holding that turn up."""
-        return request.prefix_from is None or not self.scheduler.prefilling(request.prefix_from)
-
-    def _encode_tail(self, spans, payloads, start: int) -> dict:
-        """Encoder outputs for the media whose placeholders lie in the tail (from token `start`)."""
-        images, frames, audio = [], [], []
-        for span, (kind, payload) in zip(spans, expand_payloads(payloads, spans)):
-            if span.start < start:
-                continue
-            if kind is MediaKind.AUDIO:
-                audio.append(self.bundle.encode_audio(payload))
-            elif kind is MediaKind.IMAGE:
-                vi = self.inputs.vision(payload)  # prepared already, unless the slot lost the image meanwhile
-                images.append(self.bundle.encode_image(vi.pixel_values, vi.grid_thw))
-            else:
-                frames.append(self.bundle.encode_image(*payload))
-        out = {"audio_clips": audio}
-        if images:
-            out["image_embeds"] = torch.cat(images)
-        if frames:
-            out["video_embeds"] = torch.cat(frames)
-        return out
+        still being encoded or prefilled (its fork would copy less of the shared prompt), never holding it up."""
+        source = request.prefix_from
+        return source is None or not (self.scheduler.prefilling(source) or any(
+            pending.request.conversation_id == source for pending in self._pending.values()))
 
     # ---- stepping ----------------------------------------------------------------------------
     def capture(self, progress=None) -> None:
@@ -201,7 +250,11 @@ class ThinkerRunner:
         self.bundle.audio_graphs.capture(progress)
 
     def step(self) -> list[ThinkerOutput]:
-        """One batched prefill chunk (the oldest pending prompts) and one decode step for every generating row."""
+        """One batched prefill chunk (the oldest pending prompts) and one decode step for every generating row
+        (admissions whose encoders finished join it; a failed one raises)."""
+        for _, error in self.admitted():
+            if error is not None:
+                raise error
         return self.collect(self.launch())
 
     def launch(self) -> "_Launched":

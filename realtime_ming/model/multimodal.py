@@ -348,7 +348,7 @@ def splice_embeddings(
     image_embeds [N, D] go, in order, into every `<imagePatch>` position and video_embeds into every
     `<framePatch>` (counts must match exactly); audio_clips[b][j] [n, D] fills span audio_spans[b][j]
     = (start, length), truncated to `length` (a shorter clip is an error). Start/end tokens keep
-    their word embeddings. Host-syncs (prefill only).
+    their word embeddings. `input_ids` on the CPU (embeddings anywhere): no host sync; on the GPU: host-syncs.
     """
     out = inputs_embeds.clone()
     for embeds, tok, name in ((image_embeds, media.image_patch, "<imagePatch>"),
@@ -359,7 +359,7 @@ def splice_embeddings(
         if have != rows:
             raise ValueError(f"{have} {name} positions but {rows} embedding rows to splice")
         if rows:
-            out[mask] = embeds.to(out.dtype)
+            out[_positions(mask, out.device)] = embeds.to(out.dtype)
     if len(audio_clips) != len(audio_spans):
         raise ValueError("audio_clips and audio_spans need one entry per batch row")
     for b, (clips, spans) in enumerate(zip(audio_clips, audio_spans)):
@@ -370,6 +370,23 @@ def splice_embeddings(
                 raise ValueError(f"row {b}: audio clip of {clip.shape[0]} tokens for a {length}-token placeholder")
             out[b, start:start + length] = clip[:length].to(out.dtype)
     return out
+
+
+def _positions(mask: torch.Tensor, device: torch.device):
+    """The (row, column) indices of a [B, T] mask, on `device`: a host mask goes up without a host sync."""
+    if mask.device == device:
+        return mask
+    index = mask.nonzero(as_tuple=True)
+    if device.type != "cuda":
+        return tuple(i.to(device) for i in index)
+    return tuple(i.pin_memory().to(device, non_blocking=True) for i in index)
+
+
+def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on `device`; a CUDA copy goes from pinned memory, without a host sync."""
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 def router_masks(input_ids: torch.Tensor, media: MediaTokenIds,
@@ -409,9 +426,11 @@ def prepare_prefill(
 ) -> PrefillInputs:
     """Embed `prompt` (the new tokens of a slot, starting at cache position `cache_start` whose
     earlier tokens had `rope_delta`), splice the media, and compute positions and router masks."""
-    ids = torch.tensor([prompt.input_ids], dtype=torch.int64, device=device)
+    device = torch.device(device)
+    host_ids = torch.tensor([prompt.input_ids], dtype=torch.int64)  # counted and indexed on the host: no sync
+    ids = _to_device(host_ids, device)
     spans = prompt.audio_placeholder_loc_lens
-    embeds = splice_embeddings(embed(ids), ids, media, image_embeds=image_embeds, video_embeds=video_embeds,
+    embeds = splice_embeddings(embed(ids), host_ids, media, image_embeds=image_embeds, video_embeds=video_embeds,
                                audio_clips=[list(audio_clips)], audio_spans=[spans])
     pos, nxt = rope_index_3d(prompt.input_ids, media, prompt.image_grid_thw, prompt.video_grid_thw,
                              start=cache_start + rope_delta)
@@ -420,7 +439,7 @@ def prepare_prefill(
     has_image = bool(prompt.image_grid_thw or prompt.video_grid_thw)
     return PrefillInputs(
         inputs_embeds=embeds,
-        position_ids=pos.unsqueeze(1).to(device),
+        position_ids=_to_device(pos.unsqueeze(1), device),
         cache_positions=torch.arange(cache_start, cache_start + t, device=device).unsqueeze(0),
         image_mask=image_mask if has_image else None,
         audio_mask=audio_mask if spans else None,
