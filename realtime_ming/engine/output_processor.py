@@ -1,6 +1,6 @@
 """The thinker's output processor: a sampled token becomes streamed text and maybe a finish.
 
-Applies the row's forced tokens, eos, tool-call markers (a reply's reach the text stream verbatim),
+Applies the row's forced tokens, eos, tool-call markers (a reply's `<tool_call>` / `</tool_call>` reach the text stream verbatim),
 the length limits (max_tokens, the context) and stop strings (text that could still grow into a stop
 string is held back until it cannot).
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 from .api import FinishReason, TurnTask
 from .forced import forced_token
 from .scheduler import Row
+from .tool_calls import CALL_CLOSE, CALL_OPEN
 
 __all__ = ["OutputProcessor"]
 
@@ -18,7 +19,9 @@ class OutputProcessor:
     def __init__(self, tokenizer, max_seq_len: int):
         self.tok = tokenizer
         self.max_seq_len = max_seq_len
-        self._markers = tokenizer.marker_ids()
+        # only the call markers reach the text (the reply's parser cuts calls out); a `<tool_response>` the model
+        # writes is skipped like every other special token
+        self._markers = {i: t for i, t in tokenizer.marker_ids().items() if t in (CALL_OPEN, CALL_CLOSE)}
 
     def accept(self, row: Row, token: int) -> tuple[str, FinishReason | None]:
         """Account a sampled token: -> (the text it releases, the finish reason if the row is done)."""

@@ -301,6 +301,8 @@ class ThinkerRunner:
         """Run the scheduler's chunks as one padded batch (padding: cache position -1, written to the sink).
         -> the rows whose prompt is now complete and their sampled first ids (device)."""
         chosen = self.scheduler.prefill_batch(self.prefiller.fits if self.prefiller is not None else None)
+        if not chosen:  # a scheduler may hold the queue back this step
+            return [], None
         width = max(end - start for _, start, end in chosen)
         b, dev = len(chosen), self.device
         first = chosen[0][0].prefill
