@@ -120,8 +120,9 @@ def start_serve(cluster: ClusterConfig, address: str | None = None) -> None:
     if not ray.is_initialized():
         ray.init(address=address, namespace="serve", log_to_driver=False)
     serve.start(http_options={"host": cluster.host, "port": cluster.port})
-    for name, (app, prefix) in build_apps(cluster).items():
-        serve.run(app, name=name, route_prefix=prefix, blocking=False)
+    # both applications at once: the front starts while the replicas load their engines
+    serve.run_many([serve.RunTarget(target=app, name=name, route_prefix=prefix)
+                    for name, (app, prefix) in build_apps(cluster).items()])
 
 
 def run_cluster(cluster: ClusterConfig, address: str | None = None) -> int:
