@@ -52,6 +52,11 @@ def _get(url: str, method: str = "GET", data: bytes | None = None) -> tuple[int,
         return exc.code, json.loads(exc.read())
 
 
+def _text(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=seconds(30)) as reply:
+        return reply.read().decode()
+
+
 def _wait_healthy(base: str, replicas: int, timeout_s: float = 420) -> dict:
     """Poll /health until `replicas` replicas are healthy (bounded: a replica loads in ~20-60 s on a busy 2-core box)."""
     deadline = time.monotonic() + seconds(timeout_s)
@@ -72,7 +77,11 @@ def _serve_config(port: int, replicas: int):
     count is the deployment's `num_replicas`, so changing it is a lightweight update (no restart of the others)."""
     from ray.serve.schema import ServeDeploySchema
 
-    from realtime_ming.cluster.app import FRONT_DEPLOYMENT, REALTIME_ROUTE, REPLICA_DEPLOYMENT
+    from realtime_ming.cluster.app import (
+        FRONT_DEPLOYMENT,
+        REALTIME_ROUTE,
+        REPLICA_DEPLOYMENT,
+    )
 
     args = {"port": port, "num_cpus": 1, "replica_stale_s": 3.0,
             "overrides": [f"server.limits.max_sessions={MAX_SESSIONS}", "server.limits.drain_timeout_s=60"]}
@@ -192,8 +201,7 @@ async def test_health_models_metrics_and_voices_over_both_replicas(cluster):
     assert health["capacity"] == 2 * MAX_SESSIONS and len(health["replicas"]) == 2
     status, models = _get(f"{cluster['base']}/v1/models")
     assert status == 200 and models["data"][0]["object"] == "model"
-    with urllib.request.urlopen(f"{cluster['base']}/metrics", timeout=seconds(30)) as reply:
-        text = reply.read().decode()
+    text = await asyncio.to_thread(_text, f"{cluster['base']}/metrics")
     ids = {r["replica"] for r in health["replicas"]}
     for rid in ids:
         assert f'realtime_ming_sessions{{replica="{rid}"}}' in text
