@@ -103,3 +103,44 @@ def test_cluster_config_rejects_unknown_and_bad_keys(tmp_path):
         load_cluster_config(None, autoscaling={"target_fraction": 0})
     cfg = load_cluster_config(None, autoscaling={"max_replicas": 3})
     assert cfg.autoscaling.serve_config(8)["target_ongoing_requests"] == 6.0
+
+
+@pytest.mark.parametrize("method,path", [("POST", "/v1/realtime/voices"), ("GET", "/v1/realtime/voices"),
+                                         ("GET", "/v1/realtime/voices/custom:abc?x=1"),
+                                         ("DELETE", "/v1/realtime/voices/custom:abc")])
+async def test_voice_routes_are_refused_with_501_naming_why(method, path):
+    from realtime_ming.cluster.proxy import VOICES_UNSUPPORTED
+    from realtime_ming.server.voice_routes import VOICES_PATH
+
+    called = []
+
+    async def replica(scope, receive, send):
+        called.append(scope)
+
+    target, _, query = path.partition("?")
+    scope = {"type": "http", "method": method, "path": target, "query_string": query.encode(), "headers": []}
+    sent: list[dict] = []
+
+    async def send(message):
+        sent.append(message)
+
+    await RealtimeProxyMiddleware(replica)(scope, None, send)
+    assert not called  # no replica (no session slot) is used
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 501
+    assert dict(sent[0]["headers"])[b"content-type"] == b"application/json"
+    error = json.loads(sent[1]["body"])["error"]
+    assert error["code"] == VOICES_UNSUPPORTED and "replica" in error["message"]
+    assert path.startswith(VOICES_PATH)  # the proxy's copy of the path is the voice routes' own
+
+
+async def test_other_http_requests_pass_through_the_middleware():
+    called = []
+
+    async def replica(scope, receive, send):
+        called.append(scope["path"])
+
+    for path in ("/v1/realtime", "/v1/realtime/voicesX", "/health"):
+        await RealtimeProxyMiddleware(replica)({"type": "http", "path": path, "query_string": b"", "headers": []},
+                                               None, None)
+    assert called == ["/v1/realtime", "/v1/realtime/voicesX", "/health"]
+

@@ -4,6 +4,10 @@
   capacity). A new session that no replica has accepted within `admission_wait_s` is withdrawn from
   that queue and refused exactly as a full single server refuses it: accepted, then closed with 1013
   "server at its session limit; try again later". A slot that frees within the wait is taken.
+* Voice cloning: `/v1/realtime/voices` is refused with 501 `voice_cloning_unsupported` (JSON error).
+  A replica keeps registered voices in its own memory, so a voice registered through one replica
+  would be unknown to the sessions the others serve; the cluster refuses the routes instead of
+  half-working (`voice_routes_refusal` also answers on a replica reached without this middleware).
 * Replica loss: when the replica holding a session dies, Serve's proxy just ends the request; the
   middleware then sends an `error` event (`replica_lost`) and closes with 1012 (service restart:
   reconnect), instead of a dropped TCP connection (1006).
@@ -18,6 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http
+import json
 import logging
 import os
 
@@ -30,12 +36,33 @@ from ..server.asgi import asgi_request
 from ..server.handshake import inspect_handshake, select_subprotocol
 from ..server.http import REALTIME_PATH, request_path
 
-__all__ = ["FULL_REASON", "LOST_REASON", "RealtimeProxyMiddleware", "middlewares"]
+__all__ = ["FULL_REASON", "LOST_REASON", "VOICES_PATH", "VOICES_UNSUPPORTED", "RealtimeProxyMiddleware", "is_voices_path",
+           "middlewares", "voice_routes_refusal"]
 
 log = logging.getLogger(__name__)
 
 FULL_REASON = "server at its session limit; try again later"  # the single server's words (server/app.py)
 LOST_REASON = "replica lost; reconnect"
+VOICES_PATH = REALTIME_PATH + "/voices"  # server/voice_routes.py's (not imported: it needs torch)
+VOICES_UNSUPPORTED = "voice_cloning_unsupported"
+_VOICES_MESSAGE = ("Voice cloning (/v1/realtime/voices) is not available on a Ray Serve cluster: each replica keeps "
+                   "its registered voices in its own memory, so a voice registered through one replica would be "
+                   "unknown to sessions on the others. Use a preset voice, or a single `realtime-ming serve` "
+                   "server for cloned voices.")
+
+
+def is_voices_path(path: str) -> bool:
+    path = request_path(path)
+    return path == VOICES_PATH or path.startswith(VOICES_PATH + "/")
+
+
+async def voice_routes_refusal(scope, send) -> None:
+    """Answer an HTTP request for `/v1/realtime/voices` (any method) with 501 and a JSON error."""
+    body = json.dumps({"error": {"type": "invalid_request_error", "code": VOICES_UNSUPPORTED,
+                                 "message": _VOICES_MESSAGE, "param": None}}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": int(http.HTTPStatus.NOT_IMPLEMENTED), "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 class RealtimeProxyMiddleware:
@@ -44,6 +71,9 @@ class RealtimeProxyMiddleware:
         self.admission_wait_s = admission_wait_s
 
     async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and is_voices_path(asgi_request(scope).path):
+            await voice_routes_refusal(scope, send)  # answered here: no replica slot, even when all are full
+            return
         if scope["type"] != "websocket" or request_path(asgi_request(scope).path) != REALTIME_PATH:
             await self.app(scope, receive, send)
             return

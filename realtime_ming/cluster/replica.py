@@ -14,6 +14,9 @@ began"; the replica reads the flag of Ray Serve 2.60's replica object (`_shuttin
 once at start. Without it (another Ray version) the drain still runs in `__del__`, after Serve's
 own wait.
 
+The upgrade response names the replica (`x-realtime-ming-replica`, its Serve replica id, as in
+/health and /metrics), so a client or an operator can tell which replica serves a session.
+
 Failure: a dead engine fails its responses (`engine_unavailable`), the sessions close with 1011 and
 `check_health` fails, so Serve replaces the replica. A replica process that dies outright is
 handled by the proxy middleware (cluster/proxy.py): its sessions get `replica_lost` and 1012.
@@ -29,10 +32,11 @@ from typing import Any
 
 from websockets.frames import CloseCode
 
-__all__ = ["RealtimeReplica", "replica_capacity"]
+__all__ = ["REPLICA_HEADER", "RealtimeReplica", "replica_capacity"]
 
 log = logging.getLogger(__name__)
 
+REPLICA_HEADER = "x-realtime-ming-replica"  # on every accepted upgrade: the replica serving the session
 _WATCH_S = 0.1  # how often the replica looks for "Serve is stopping me" and a dead engine
 
 
@@ -66,14 +70,14 @@ class RealtimeReplica:
         from .registry import registry_actor
 
         cfg = prepare(load_serve_config(server_config, overrides))
-        self.engine = await asyncio.to_thread(load_engine, cfg)
-        self.server = RealtimeServer(cfg, self.engine)
-        self.asgi = RealtimeAsgiApp(self.server)
-        await self.asgi.ensure_prepared()
-        self.capacity = replica_capacity(cfg)
         context = serve.get_replica_context()
         self.replica_id = context.replica_id.unique_id
         self.actor_name = context.replica_id.to_full_id_str()
+        self.engine = await asyncio.to_thread(load_engine, cfg)
+        self.server = RealtimeServer(cfg, self.engine)
+        self.asgi = RealtimeAsgiApp(self.server, accept_headers=[(REPLICA_HEADER, self.replica_id)])
+        await self.asgi.ensure_prepared()
+        self.capacity = replica_capacity(cfg)
         self._registry = registry_actor(app_name)
         self._report_interval_s = report_interval_s
         self._stopping = False
@@ -86,7 +90,18 @@ class RealtimeReplica:
         log.info("replica %s ready: %d session(s) of capacity", self.replica_id, self.capacity)
 
     def __serve_build_asgi_app__(self):
-        return self.asgi
+        from ..server.asgi import asgi_request
+        from .proxy import is_voices_path, voice_routes_refusal
+
+        asgi = self.asgi
+
+        async def app(scope, receive, send) -> None:
+            if scope["type"] == "http" and is_voices_path(asgi_request(scope).path):
+                await voice_routes_refusal(scope, send)  # without the proxy middleware (see cluster/proxy.py)
+                return
+            await asgi(scope, receive, send)
+
+        return app
 
     # ---- state ---------------------------------------------------------------------------------
     def report(self) -> dict[str, Any]:

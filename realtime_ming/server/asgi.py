@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import http
 import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from websockets.datastructures import Headers
@@ -109,11 +110,13 @@ class RealtimeAsgiApp:
     """ASGI callable over a `RealtimeServer` whose `start()` is never called (the ASGI server owns the port).
 
     The engine's lifetime stays with the caller. `lifespan` startup runs `server.prepare()`;
-    `drain(timeout_s)` is the graceful stop of server/app.py for this transport.
+    `drain(timeout_s)` is the graceful stop of server/app.py for this transport. `accept_headers`
+    (lower-case name, value) go on every accepted upgrade's response (a cluster replica names itself).
     """
 
-    def __init__(self, server: RealtimeServer) -> None:
+    def __init__(self, server: RealtimeServer, accept_headers: Sequence[tuple[str, str]] = ()) -> None:
         self.server = server
+        self._accept_headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in accept_headers]
         self._open: set[AsgiTransport] = set()
         self._prepared = False
 
@@ -182,7 +185,8 @@ class RealtimeAsgiApp:
             await self._refuse(scope, send, text_response(refusal.status, refusal.message))
             return
         await self.ensure_prepared()
-        await send({"type": "websocket.accept", "subprotocol": select_subprotocol(info.subprotocols)})
+        await send({"type": "websocket.accept", "subprotocol": select_subprotocol(info.subprotocols),
+                    "headers": self._accept_headers})
         transport = AsgiTransport(receive, send, server.cfg.server.limits.max_message_bytes)
         self._open.add(transport)
         try:
