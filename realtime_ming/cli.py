@@ -66,10 +66,9 @@ def serve_config(args: argparse.Namespace):
 
 def _fail(message: object) -> int:
     """Print `message` as the one stderr line of a failed start; the exit status is 2."""
-    from .server.startup import one_line
+    from .server.startup import fail_start
 
-    print(f"realtime-ming: {one_line(message)}", file=sys.stderr, flush=True)
-    return 2
+    return fail_start(message)
 
 
 def _run_serve(args: argparse.Namespace) -> int:

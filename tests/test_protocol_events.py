@@ -460,6 +460,7 @@ def test_protocol_imports_only_stdlib_and_itself() -> None:
         "enum",
         "json",
         "math",
+        "re",
         "secrets",
         "types",
         "typing",

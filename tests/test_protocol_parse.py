@@ -55,6 +55,7 @@ from realtime_ming.protocol import (
     TranscriptionSessionUpdate,
     parse,
 )
+from realtime_ming.protocol.session import SessionType
 
 SDK_CLIENT_UNIONS = {Dialect.GA: TypeAdapter(GaClientEvent), Dialect.BETA: TypeAdapter(BetaClientEvent)}
 PNG = "data:image/png;base64,iVBORw0KGgo="
@@ -110,6 +111,7 @@ GA_SESSION_CHANGES = {
     "include": (),
     "prompt": None,
     "timing_events": True,
+    "session_type": SessionType.REALTIME,
 }
 BETA_SESSION = {
     "model": "gpt-4o-realtime-preview",

@@ -25,8 +25,16 @@ def test_configs_folder_is_not_empty():
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_shipped_config_loads(path):
-    """Every configs/*.yaml loads into a ServerConfig without unknown keys."""
-    assert isinstance(load_config(path), ServerConfig)
+    """Every configs/*.yaml loads without unknown keys: a server config into a ServerConfig; a cluster config
+    (`cluster-*.yaml`, `realtime-ming serve-cluster`) into a ClusterConfig whose replicas' server config loads too."""
+    if not path.name.startswith("cluster-"):
+        assert isinstance(load_config(path), ServerConfig)
+        return
+    from realtime_ming.cluster.config import load_cluster_config
+
+    cluster = load_cluster_config(path)
+    server = None if cluster.server_config is None else Path(__file__).parent.parent / cluster.server_config
+    assert isinstance(load_config(server, cluster.overrides), ServerConfig)
 
 
 def test_defaults_without_a_file():

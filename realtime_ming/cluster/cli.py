@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..cli import _fail
+    from ..server.startup import fail_start as _fail
 
     try:
         import ray  # noqa: F401

@@ -15,6 +15,7 @@ import ipaddress
 import logging
 import socket
 import ssl
+import sys
 from pathlib import Path
 
 from ..engine.config import EngineConfig
@@ -46,6 +47,12 @@ class StartupError(Exception):
 def one_line(text: object) -> str:
     """`text` with its line breaks and runs of spaces folded into single spaces."""
     return " ".join(str(text).split())
+
+
+def fail_start(message: object) -> int:
+    """Print `message` as the one stderr line of a failed start (`realtime-ming: …`); -> exit status 2."""
+    print(f"realtime-ming: {one_line(message)}", file=sys.stderr, flush=True)
+    return 2
 
 
 def prepare(cfg: ServerConfig) -> ServerConfig:
