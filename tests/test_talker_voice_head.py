@@ -83,7 +83,8 @@ def test_prefill_from_a_head_equals_the_full_prefill(bundle):
                               "How are you?", num_speakers=0 if prompt.spk_embed is None else 1,
                               prompt_text=text, prompt_patches=prompt.num_patches)
     embeds = talker.prompt_embeds(ids, [] if prompt.spk_embed is None else [prompt.spk_embed], prompt.prompt_emb)
-    t, cap = embeds.shape[1], 128
+    t = embeds.shape[1]
+    cap = -(-(t + 1) // 32) * 32  # the prompt fits the cache (no window: a longer one would wrap the ring)
     prefiller = TalkerPrefiller(talker, cap, (32, 64), dtype=bundle.dtype, device="cpu")
     full = KVCache.allocate(talker.cfg.llm, 1, cap, "cpu", bundle.dtype)
     h_full = prefiller(embeds, full)
@@ -102,6 +103,51 @@ def test_prefill_from_a_head_equals_the_full_prefill(bundle):
         prefiller(embeds, part, None, 3)  # a start needs a head
     with pytest.raises(ValueError):
         prefiller(embeds, part, head, t)  # at least one token is prefilled (its h is the output)
+
+
+def test_prefill_and_head_refuse_a_prompt_longer_than_the_cache(bundle):
+    """Without a window a prompt past the cache's capacity wraps its ring: two positions land in one slot in a
+    single write (which one stays is unspecified) and the K/V a head would keep are not positions 0..n-1 —
+    refused with a clear error, never a silently wrong h."""
+    talker, llm = bundle.talker, bundle.talker.cfg.llm
+    cap = 32
+    prefiller = TalkerPrefiller(talker, cap, (32,), dtype=bundle.dtype, device="cpu")
+    row = KVCache.allocate(llm, 1, cap, "cpu", bundle.dtype)
+    embeds = torch.zeros(1, cap + 1, talker.hidden_size, dtype=bundle.dtype)
+    with pytest.raises(ValueError, match="does not fit"):
+        prefiller(embeds, row)
+    assert prefiller(embeds[:, :cap], row).shape == (1, 1, talker.hidden_size)  # exactly full is fine
+    lat, hid = talker.latent_dim, talker.hidden_size
+    voice = VoicePrompt(None, torch.zeros(1, 0, lat), torch.zeros(1, 0, hid))
+    heads = VoiceHeadCache(2)
+    with pytest.raises(ValueError, match="does not fit"):
+        heads.put(voice, "", list(range(cap + 1)), row)
+    assert len(heads) == 0
+
+
+def test_head_from_a_music_caption_job_names_its_own_tokens(fixture_root, bundle):
+    """A voice's first job whose text is a music caption has no ` Text input:` line: the head kept from its
+    prefill holds that prompt's tokens, so a later ordinary job in the voice still speaks what a full prefill
+    speaks (a head named by another prompt's ids would load K/V shifted by that line)."""
+    from realtime_ming.model.talker import is_music_caption
+
+    caption = "Genre: pop Mood: calm Instrument: piano Theme: rain Duration: ten"
+    assert is_music_caption(caption) and talker_job_texts(caption) == [caption]
+    voice = _clone(bundle)
+
+    def speak(runner: TalkerRunner) -> np.ndarray:
+        runner.enqueue("m", 0, caption, voice, seed=3)
+        while runner.has_work():
+            assert all(out.error is None for out in runner.step())
+        runner.forget("m")
+        return _speak(runner, voice)
+
+    want = speak(TalkerRunner(bundle, _config(fixture_root, voice_head_cache=0)))
+    cached = TalkerRunner(bundle, _config(fixture_root))
+    got = speak(cached)
+    assert cached.heads.hits == len(talker_job_texts(TEXT))
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
 
 
 def test_head_cache_is_bounded_and_keyed_by_the_voice_object(bundle):

@@ -259,7 +259,7 @@ class TalkerRunner:
         start = 0 if head is None else min(head.shared(prompt.input_ids), t - 1)
         self.h[r] = self.prefiller(embeds, row, head if start else None, start)[0]
         if head is None:
-            self._keep_head(voice, prompt_text, row)
+            self._keep_head(voice, prompt_text, prompt, row)
         self.his[r] = initial_history(voice.prompt_lat, self.his.shape[1], self.his.shape[2],
                                       device=self.device, dtype=self.dtype)[0]
         self.vae_state.reset(upload([r], torch.int64, self.vae_device))
@@ -272,19 +272,11 @@ class TalkerRunner:
         generator = torch.Generator(device=self.device).manual_seed(job.seed)
         self.streams.append(_Stream(job, t, max_steps, silence=silence, generator=generator))
 
-    def _keep_head(self, voice, prompt_text: str, row) -> None:
+    def _keep_head(self, voice, prompt_text: str, prompt, row) -> None:
         """Cache the K/V of `voice`'s prompt head (every token before the reply text) from `row`, just
-        prefilled with one of its prompts: later jobs in this voice prefill only the rest."""
-        if self.heads.size <= 0:
-            return
-        ids = []
-        for text in ("", "."):  # the two prompts agree exactly up to the text
-            ids.append(build_talker_prompt(self._encode, self.bundle.talker_special, text,
-                                           num_speakers=0 if voice.spk_embed is None else 1,
-                                           prompt_text=prompt_text if voice.num_patches else None,
-                                           prompt_patches=voice.num_patches).input_ids)
-        n = next((i for i, (a, b) in enumerate(zip(*ids)) if a != b), min(map(len, ids)))
-        self.heads.put(voice, prompt_text, ids[0][:n], row)
+        prefilled with `prompt`: later jobs in this voice prefill only the rest. The head's ids are that
+        prompt's own (a music-caption text has no ` Text input:` line), so they always name the K/V kept."""
+        self.heads.put(voice, prompt_text, prompt.input_ids[:prompt.text_start], row)
 
     def _voice(self, voice: str | CustomVoice) -> tuple:
         """(VoicePrompt, transcript) of a checkpoint voice's name or of a cloned voice."""

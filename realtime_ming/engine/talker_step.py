@@ -182,7 +182,9 @@ class VoiceHeadCache:
         """Keep the first len(ids) positions of `row` (just prefilled with a prompt starting with `ids`)."""
         if self.size <= 0 or not ids:
             return
-        n = len(ids)  # positions 0..n-1 sit in slots 0..n-1 (n < capacity)
+        n = len(ids)
+        if n > row.capacity:  # positions 0..n-1 sit in slots 0..n-1 only while none wrapped around the ring
+            raise ValueError(f"a {n}-token prompt head does not fit a {row.capacity}-slot talker cache")
         k, v = row.k[:, :1, :, :n].clone(), row.v[:, :1, :, :n].clone()
         self._heads[id(voice)] = PromptHead(weakref.ref(voice), prompt_text, tuple(ids), k, v)
         self._heads.move_to_end(id(voice))
@@ -228,6 +230,8 @@ class TalkerPrefiller:
         t = embeds.shape[1]
         if not 0 <= start < t or (start and head is None):
             raise ValueError(f"prefill start {start} outside a {t}-token prompt (or no head)")
+        if t > row.capacity:  # a window-less LM: a longer prompt would wrap the ring and overwrite its own K/V
+            raise ValueError(f"a {t}-token talker prompt does not fit a {row.capacity}-slot cache")
         positions = torch.arange(start, t, device=self.device)[None]
         graphed = not self.graph.eager and pick_bucket(self.graph.buckets, t - start) is not None
         target = self.stage if graphed else row

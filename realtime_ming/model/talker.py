@@ -84,11 +84,14 @@ class TalkerPrompt:
 
     speaker_slots: one position per speaker (the `<|vision_pad|>` right after `<|vision_start|>`);
     audio_slots: the `<audioPatch>` positions right after `<audio>`, one per prompt-audio patch.
+    text_start: where the reply text's ids begin; everything before it (system … the voice's transcript)
+    is the prompt's head, the same for every text in one voice (engine.talker_step.PromptHead).
     """
 
     input_ids: tuple[int, ...]
     speaker_slots: tuple[int, ...]
     audio_slots: tuple[int, ...]
+    text_start: int = 0
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -146,6 +149,7 @@ def build_talker_prompt(
         ids += encode(_TEXT_INPUT_PIECE)
     if use_voice_prompt:
         ids += encode(prompt_text)
+    text_start = len(ids)
     ids += encode(text)
     ids += _encode_special(encode, _IM_END_NL, special.im_end, first_only=True)
     ids += _encode_special(encode, _ASSISTANT_PIECE, special.im_start, first_only=True)
@@ -158,7 +162,7 @@ def build_talker_prompt(
         patch = _encode_special(encode, _AUDIO_PATCH, special.audio_patch, first_only=False)
         audio_slots = list(range(len(ids), len(ids) + prompt_patches))
         ids += patch * prompt_patches
-    return TalkerPrompt(tuple(ids), tuple(speaker_slots), tuple(audio_slots))
+    return TalkerPrompt(tuple(ids), tuple(speaker_slots), tuple(audio_slots), text_start)
 
 
 @dataclass(frozen=True)
