@@ -13,12 +13,15 @@ an unknown function, or unterminated when the turn ends). A malformed call is ne
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Iterable
 
 from .api import ToolCallArguments, ToolCallEnd, ToolCallStart
 
 __all__ = ["CALL_OPEN", "CALL_CLOSE", "ToolCallParser", "Piece", "tool_names"]
+
+log = logging.getLogger(__name__)
 
 CALL_OPEN = "<tool_call>"
 CALL_CLOSE = "</tool_call>"
@@ -58,10 +61,21 @@ class ToolCallParser:
             before = (self._state, len(self._buf))
             getattr(self, f"_{self._state}")(out, final=False)
             if (self._state, len(self._buf)) == before:
-                return out
+                return self._offered(out)
+
+    def _offered(self, out: list[Piece]) -> list[Piece]:
+        """Without tools offered (tool_choice none, tools not sent yet, the random-weight demo model) a call the
+        model writes is cut out of the spoken text and dropped — logged, not an outcome of the response."""
+        if self.names:
+            return out
+        for piece in out:
+            if isinstance(piece, ToolCallEnd):
+                log.info("turn %s: the model wrote a function call (%s) but the response offers no tools: not spoken",
+                         self.turn_id, piece.name or "no name")
+        return [piece for piece in out if isinstance(piece, str)]
 
     def _unknown(self, name: object) -> str:
-        return f"unknown function {name!r}" + ("" if self.names else " (the response offers no tools)")
+        return f"unknown function {name!r}"
 
     def finish(self) -> list[Piece]:
         """End of the turn: release held text; a call still open ends as unterminated."""
@@ -75,7 +89,7 @@ class ToolCallParser:
             out.append(ToolCallEnd(self.turn_id, self._name or None, None,
                                    "the call is unterminated (no </tool_call>)"))
         self._buf, self._state = "", "text"
-        return out
+        return self._offered(out)
 
     # ---- states -----------------------------------------------------------------------------------
     def _text(self, out: list[Piece], final: bool) -> None:
