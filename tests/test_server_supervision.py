@@ -105,11 +105,12 @@ async def test_admission_fault_fails_one_response_with_its_code(engine, monkeypa
     another session's response in progress completes, the next response of the faulty session completes."""
     admit, fired = engine._thinker.admit, []
 
-    def faulty(request):  # the first turn whose conversation mentions "boom" (once: its item stays in history)
+    def faulty(request, *args, **kwargs):  # the first turn whose conversation mentions "boom" (once: its item
+        # stays in history); admit's other arguments (the prepared inputs) pass through unchanged
         if not fired and any("boom" in (c.text or "") for m in request.history for c in m.content):
             fired.append(request.turn_id)
             raise TypeError("injected admission fault")
-        return admit(request)
+        return admit(request, *args, **kwargs)
 
     monkeypatch.setattr(engine._thinker, "admit", faulty)
     async with RealtimeServer(_config(), engine) as srv:
