@@ -4,6 +4,7 @@ a cancel or an encoder failure while encoding ends that turn alone and frees its
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import numpy as np
@@ -83,7 +84,7 @@ def gated(bundle, monkeypatch):
         started.set()
         assert release.wait(60)
         if fail:
-            raise ValueError(fail[0])
+            raise fail[0] if isinstance(fail[0], Exception) else ValueError(fail[0])
         return real(wave, graphed)
 
     monkeypatch.setattr(bundle, "encode_audio", encode)
@@ -160,5 +161,42 @@ def test_encoder_failure_fails_that_turn_alone(fixture_root, bundle, gated):
         assert bad.end.code is FailureCode.INVALID_PROMPT and "encoder rejects" in str(bad.end.message)
         assert running.done.wait(60) and isinstance(running.end, TurnDone)
         assert engine.health().alive and engine.stats().thinker_rows == 0
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("where", ["encoder", "splice"])
+def test_unexpected_encoder_or_splice_fault_fails_that_turn_alone(fixture_root, bundle, gated, monkeypatch, where):
+    """A bug reached on the encoder worker, or in the splice that completes the admission on the engine thread:
+    engine_admission_failed for that turn alone (its cache dropped), a running turn completes, the engine lives,
+    and the same conversation's next turn is admitted and completes."""
+    started, release, fail, _ = gated
+    engine = Engine(_config(fixture_root), bundle)
+    try:
+        if where == "encoder":
+            fail.append(TypeError("encoder bug"))
+        else:
+            queue_prefill = engine._thinker._queue
+
+            def splice(pending, embeds):
+                if pending.request.turn_id == "bad":
+                    raise TypeError("splice bug")
+                return queue_prefill(pending, embeds)
+
+            monkeypatch.setattr(engine._thinker, "_queue", splice)
+        running, bad = _Turn(), _Turn()
+        engine.submit(_text_turn("ok", 12), running)
+        engine.submit(_audio_turn("bad"), bad)
+        assert started.wait(30)
+        release.set()
+        assert bad.done.wait(30) and isinstance(bad.end, TurnFailed), bad.events
+        assert bad.end.code is FailureCode.ADMISSION_FAILED and f"{where} bug" in str(bad.end.message)
+        assert running.done.wait(60) and isinstance(running.end, TurnDone)
+        assert engine.health().alive
+        fail.clear()
+        again = _Turn()
+        engine.submit(dataclasses.replace(_audio_turn("bad-again"), conversation_id="bad"), again)
+        assert again.done.wait(60) and isinstance(again.end, TurnDone), again.events
+        assert engine.stats().thinker_rows == 0
     finally:
         engine.close()

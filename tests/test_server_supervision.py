@@ -105,11 +105,12 @@ async def test_admission_fault_fails_one_response_with_its_code(engine, monkeypa
     another session's response in progress completes, the next response of the faulty session completes."""
     admit, fired = engine._thinker.admit, []
 
-    def faulty(request):  # the first turn whose conversation mentions "boom" (once: its item stays in history)
+    def faulty(request, *args, **kwargs):  # the first turn whose conversation mentions "boom" (once: its item
+        # stays in history); admit's other arguments (the prepared inputs) pass through unchanged
         if not fired and any("boom" in (c.text or "") for m in request.history for c in m.content):
             fired.append(request.turn_id)
             raise TypeError("injected admission fault")
-        return admit(request)
+        return admit(request, *args, **kwargs)
 
     monkeypatch.setattr(engine._thinker, "admit", faulty)
     async with RealtimeServer(_config(), engine) as srv:
@@ -196,6 +197,9 @@ async def test_drain_finishes_replies_refuses_new_work_then_closes_1001():
 # ---- the CLI process ------------------------------------------------------------------------------
 
 
+_FORCED_STORY = "Once upon a time a small robot learned to sing, and every evening it sang to the sea. "
+
+
 def _start_cli(env: dict | None = None, *args: str) -> tuple[subprocess.Popen, int]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "realtime_ming.cli", "serve", "--port", "0", "--log-level", "WARNING", *args],
@@ -248,23 +252,30 @@ def test_cli_exits_nonzero_when_the_engine_dies():
 
 
 def test_cli_sigterm_lets_the_reply_finish_then_exits_zero():
-    """SIGTERM mid-reply: the reply completes (response.done completed), the session closes with 1001, exit 0."""
-    proc, port = _start_cli()
+    """SIGTERM mid-reply: the reply generates to its end (all its max_output_tokens, response.done incomplete /
+    max_output_tokens), the session closes with 1001, exit 0. The thinker plays a forced reply with no end token
+    (cycled; every model stage still runs): the random-weight model's own tokens may end the reply early or
+    write function-call markup (a failed response), which says nothing about the drain."""
+    max_tokens = 200
+    proc, port = _start_cli(None, "--set", f"engine.thinker.forced_reply={_FORCED_STORY}")
 
     async def scenario() -> tuple[dict, int]:
         client = await _open(port)
-        await _respond(client, "Tell me a story", max_tokens=300)
+        await _respond(client, "Tell me a story", max_tokens=max_tokens)
         await client.recv_until("response.output_text.delta", timeout=30)
         proc.send_signal(signal.SIGTERM)
-        response = await _done(client, timeout=30)
+        after = await client.recv_until("response.done", timeout=30)
+        assert any(e["type"] == "response.output_text.delta" for e in after)  # the reply went on after the signal
+        response = after[-1]["response"]
         with pytest.raises(ConnectionClosed) as closed:
             await asyncio.wait_for(client.ws.recv(), seconds(10))
         return response, closed.value.rcvd.code
 
     try:
         response, code = asyncio.run(scenario())
-        assert response["status"] in ("completed", "incomplete"), response  # generated to its end, not cut off
-        assert response["status_details"] is None or response["status_details"]["reason"] == "max_output_tokens"
+        assert response["status"] == "incomplete", response  # generated to its end, not cut off
+        assert response["status_details"]["reason"] == "max_output_tokens"
+        assert response["usage"]["output_token_details"]["text_tokens"] == max_tokens
         assert code == CloseCode.GOING_AWAY
         assert _wait_exit(proc, 30) == 0
     finally:
