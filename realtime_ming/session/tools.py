@@ -3,7 +3,8 @@
 
 Tools are rendered as the chat-completions shape `{"type": "function", "function": {name, description,
 parameters}}` that Ming's chat template is fed with. `tool_choice`: `auto` renders the tools and lets the
-model choose; `none` renders no tools (the model cannot call, and any call markup stays text); `required`
+model choose; `none` renders no tools (a call the model writes anyway is cut out of the spoken text and dropped, as
+with no tools at all: `engine/tool_calls.py`); `required`
 forces the reply to start with `<tool_call>\\n{"name": "` and a named function additionally forces its
 name and `", "arguments": ` (constrained decoding in the thinker), so a call is certain, not hoped for.
 
