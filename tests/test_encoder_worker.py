@@ -200,3 +200,34 @@ def test_unexpected_encoder_or_splice_fault_fails_that_turn_alone(fixture_root, 
         assert engine.stats().thinker_rows == 0
     finally:
         engine.close()
+
+
+def test_without_the_worker_encoders_run_on_the_engine_thread_with_the_same_output(fixture_root, bundle):
+    """`engine.encoder_worker: false`: no worker thread; an audio turn is encoded on the engine thread and says
+    exactly what it says with the worker."""
+    texts, threads = {}, {}
+    real = bundle.encode_audio
+    for worker in (True, False):
+        seen = []
+
+        def encode(wave, graphed=True, seen=seen):
+            seen.append(threading.current_thread().name)
+            return real(wave, graphed)
+
+        bundle.encode_audio = encode
+        try:
+            engine = Engine(dataclasses.replace(_config(fixture_root), encoder_worker=worker), bundle)
+            try:
+                assert (engine._thinker._encoder is not None) is worker
+                turn = _Turn()
+                engine.submit(_audio_turn(f"a-{worker}"), turn)
+                assert turn.done.wait(90) and isinstance(turn.end, TurnDone)
+                texts[worker] = turn.end.text
+            finally:
+                engine.close()
+        finally:
+            bundle.encode_audio = real
+        threads[worker] = set(seen)
+    assert texts[True] == texts[False]
+    assert threads[False] and all("encoder" not in name.lower() for name in threads[False])
+    assert threads[True] and threads[True] != threads[False]

@@ -110,6 +110,10 @@ class EngineConfig:
     max_queued_turns: int = 64  # submitted but not yet admitted; beyond -> TurnFailed("engine busy")
     input_workers: int = 2  # threads preparing requests (chat template, tokens, media) off the engine thread
     media_cache_mb: int = 512  # preprocessed media kept by content (history images are not preprocessed again)
+    # admission's audio/vision encoders on their own thread and CUDA stream (running turns keep decoding while a
+    # burst is encoded); false: on the engine thread. One worker serialises a burst: at 64 spoken sessions on one
+    # H200 its queue reached ~6 s (bench/results/gpu-h200-shadow-2026-11-26/)
+    encoder_worker: bool = True
     # benchmarks only: build the thinker as one rank of a TP=N group alone on its one device, every
     # collective skipped (dummy weights; output meaningless): the per-GPU cost of a TP=N deployment
     # measured where N GPUs are not at hand. 1 = off.

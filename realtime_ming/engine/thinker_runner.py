@@ -97,7 +97,8 @@ class ThinkerRunner:
         self.inputs = InputProcessor(bundle, max_seq_len=self.cfg.max_seq_len, workers=cfg.input_workers,
                                      cache_bytes=cfg.media_cache_mb * 2**20, slots=self.slots)
         self.outputs = OutputProcessor(self.tok, self.cfg.max_seq_len)
-        self._encoder = EncoderWorker(bundle, self.inputs.vision, out_device=self.device, on_done=wake)
+        self._encoder = (EncoderWorker(bundle, self.inputs.vision, out_device=self.device, on_done=wake)
+                         if cfg.encoder_worker else None)
         self._pending: dict[str, _Pending] = {}  # turn id -> admission whose encoders run, in admission order
         # forced reply: `<|role_end|>`-separated segments (tool markers as their special tokens); a turn plays
         # the segment picked by how many assistant messages its history has, cycled when it has no end token
@@ -142,7 +143,8 @@ class ThinkerRunner:
 
     def close(self) -> None:
         self.inputs.close()
-        self._encoder.close()
+        if self._encoder is not None:
+            self._encoder.close()
 
     def _copy_kv(self, src: int, dst: int, length: int) -> None:
         copy = getattr(self.model, "copy_kv", None)  # tensor-parallel proxy: every rank copies its shard
