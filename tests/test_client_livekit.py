@@ -15,38 +15,29 @@ from __future__ import annotations
 
 import asyncio
 
+import client_support
 import numpy as np
 import pytest
-from frame_tap import FrameTap
 from server_support import espeak, seconds, silence
-
-from realtime_ming.server import RealtimeServer, load_config
 
 pytest.importorskip("livekit.plugins.openai", reason="livekit-agents[openai] not installed")
 
 pytestmark = pytest.mark.timeout(240)
 
-CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-ANSWER = "It is sunny in Paris."
-FORCED = "Let me check. " + CALL + "<|role_end|>" + ANSWER + "<|role_end|>"
-HEARD = "What is the weather in Paris?"
-WIRE_HZ = 24000
+CALL, ANSWER, FORCED, HEARD, WIRE_HZ = client_support.CALL, client_support.ANSWER, client_support.FORCED, \
+    client_support.HEARD, client_support.WIRE_HZ
 
 
 @pytest.fixture(scope="module")
 def engine():
-    from realtime_ming.engine import Engine
-    from realtime_ming.engine.config import EngineConfig, ThinkerRunnerConfig
-
-    eng = Engine.create(EngineConfig(thinker=ThinkerRunnerConfig(max_seq_len=2048, forced_reply=FORCED,
-                                                                 forced_transcript=HEARD)))
+    eng = client_support.forced_tool_engine()
     yield eng
     eng.close()
 
 
 @pytest.fixture
 async def tap(engine):
-    async with RealtimeServer(load_config(None, ["server.port=0"]), engine) as srv, FrameTap(srv.port) as tap:
+    async with client_support.tapped_server(engine) as tap:
         yield tap
 
 

@@ -1,0 +1,32 @@
+"""What the real-client tests (pipecat, LiveKit) share: the forced reply with a Ming tool call, the engine that
+plays it, and the server behind a frame-validating tap."""
+
+from __future__ import annotations
+
+import contextlib
+
+from frame_tap import FrameTap
+
+from realtime_ming.server import RealtimeServer, load_config
+
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+ANSWER = "It is sunny in Paris."
+FORCED = "Let me check. " + CALL + "<|role_end|>" + ANSWER + "<|role_end|>"
+HEARD = "What is the weather in Paris?"
+WIRE_HZ = 24000
+
+
+def forced_tool_engine():
+    """The tiny engine playing FORCED (a tool call, then the answer) and transcribing HEARD."""
+    from realtime_ming.engine import Engine
+    from realtime_ming.engine.config import EngineConfig, ThinkerRunnerConfig
+
+    return Engine.create(EngineConfig(thinker=ThinkerRunnerConfig(max_seq_len=2048, forced_reply=FORCED,
+                                                                  forced_transcript=HEARD)))
+
+
+@contextlib.asynccontextmanager
+async def tapped_server(engine):
+    """Our server on `engine` behind a `FrameTap` (every server frame validated)."""
+    async with RealtimeServer(load_config(None, ["server.port=0"]), engine) as srv, FrameTap(srv.port) as tap:
+        yield tap
