@@ -176,12 +176,12 @@ async def _closed(client: WsClient, timeout: float = 120) -> tuple[int | None, s
     return client.ws.close_code, client.ws.close_reason or "", frames
 
 
-async def _long_reply(client: WsClient, max_tokens: int = 400) -> None:
-    """A text-prompted spoken reply; returns at its first audio delta."""
+async def _long_reply(client: WsClient, max_tokens: int = 400, until: str = "response.output_audio.delta") -> None:
+    """A text-prompted spoken reply; returns at its first `until` event (by default its first audio delta)."""
     await client.send(type="conversation.item.create",
                       item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Tell me a story."}]})
     await client.send(type="response.create", response={"max_output_tokens": max_tokens})
-    await client.recv_until("response.output_audio.delta", timeout=180)
+    await client.recv_until(until, timeout=180)
 
 
 async def _still_serving(client: WsClient) -> dict:
@@ -288,7 +288,9 @@ async def _draining_replica(base: str, timeout_s: float = 120) -> str:
 async def test_scale_down_drains_live_replies_then_closes_1001(cluster):
     _wait_healthy(cluster["base"], 2)  # the killed replica's replacement (it loads while the kill test ends)
     clients = await _open_full(cluster["ws"])
-    await asyncio.gather(*(_long_reply(c) for c in clients))
+    # the scale-down starts while every reply is live but before its first audio: on a 2-core box a reply's
+    # audio comes ~2 s before its end, so a stop issued after the first audio could land after the reply
+    await asyncio.gather(*(_long_reply(c, until="response.created") for c in clients))
     scale_down = asyncio.create_task(asyncio.to_thread(_deploy, cluster["port"], 1))  # 2 -> 1 replica
     stopped = await _draining_replica(cluster["base"])
     draining_seen = time.monotonic()

@@ -151,12 +151,17 @@ class RealtimeReplica:
         if self._drained:
             return True
         self._drained = True
+        self.server.begin_drain()
+        await self._report_now()  # /health shows `draining` from the start of the drain, not a report later
         done = await self.asgi.drain(self.server.cfg.server.limits.drain_timeout_s)
+        await self._report_now()
+        return done
+
+    async def _report_now(self) -> None:
         try:
             await self._registry.report.remote(self.replica_id, self.report())
-        except Exception:
-            pass
-        return done
+        except Exception as exc:
+            log.warning("replica %s: report failed: %s", self.replica_id, exc)
 
     async def check_health(self) -> None:
         """Serve's health check: a dead engine makes the replica unhealthy (Serve replaces it)."""
