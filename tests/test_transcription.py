@@ -15,7 +15,7 @@ import dataclasses
 import numpy as np
 import pytest
 from server_support import WsClient, chunks, espeak, pcm16_b64, silence, tone
-from test_session import MODEL_HZ, PCM16K, Harness, _engine_pcm
+from session_support import MODEL_HZ, PCM16K, Harness, engine_pcm
 from websockets.asyncio.client import connect
 
 from realtime_ming.engine.api import (
@@ -102,9 +102,9 @@ def test_vad_turn_transcription_waits_for_the_replys_first_audio(first_output):
     if first_output == "audio":
         h.engine(TextDelta(reply.turn_id, "Hi"))
         assert _asr_requests(h) == []  # text alone is not the first audio of a spoken reply
-        h.engine(AudioChunk(reply.turn_id, _engine_pcm(0.2)))
+        h.engine(AudioChunk(reply.turn_id, engine_pcm(0.2)))
         assert _asr_requests(h) == []  # not while the first audio delta is being sent
-        h.engine(AudioChunk(reply.turn_id, _engine_pcm(0.2)))
+        h.engine(AudioChunk(reply.turn_id, engine_pcm(0.2)))
         (asr,) = _asr_requests(h)
         # the shared layout: the reply's own prompt, the instruction following the user's audio in its turn, and
         # the reply's conversation as the slot it forks

@@ -10,7 +10,7 @@ import asyncio
 import numpy as np
 import pytest
 from server_support import WsClient, chunks, espeak, pcm16_b64, silence, tone
-from test_session import MODEL_HZ, PCM16K, Harness
+from session_support import MODEL_HZ, PCM16K, Harness
 from websockets.asyncio.client import connect
 
 from realtime_ming.engine.api import FinishReason, TextDelta, TurnDone, TurnTask
