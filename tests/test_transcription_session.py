@@ -121,16 +121,6 @@ def test_type_cannot_change_while_a_response_runs():
 # ---- the real server ---------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def engine():
-    from realtime_ming.engine import Engine
-    from realtime_ming.engine.config import EngineConfig
-
-    eng = Engine.create(EngineConfig())
-    yield eng
-    eng.close()
-
-
 async def test_spoken_turn_in_a_transcription_session_is_transcribed_by_the_server(engine, tmp_path):
     from realtime_ming.server import RealtimeServer, load_config
 
