@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -19,8 +19,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
 from realtime_ming.engine.config import EngineConfig, ThinkerRunnerConfig
+from realtime_ming.sdk import RealtimeClient
 
-__all__ = ["TINY_DEMO_REPLY", "add_connection_args", "demo_tone", "serve_if_needed", "tiny_engine_config"]
+__all__ = ["TINY_DEMO_REPLY", "add_connection_args", "add_question_args", "ask_about", "demo_tone", "serve_if_needed",
+           "tiny_engine_config"]
 
 TINY_DEMO_REPLY = "Hello! This is the tiny demo model speaking. It has random weights."
 
@@ -36,6 +38,31 @@ def add_connection_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key", default=None, help="API key, if the server requires one")
     parser.add_argument("--model", default=None, help="model id for the ?model= query")
     parser.add_argument("--beta", action="store_true", help="speak the beta dialect")
+
+
+def add_question_args(parser: argparse.ArgumentParser, question: str, output: str) -> None:
+    """--question / --text / --output / --max-output-tokens of the examples that ask about an image or a clip."""
+    parser.add_argument("--question", default=question)
+    parser.add_argument("--text", action="store_true", help="answer in text instead of speech")
+    parser.add_argument("--output", type=Path, default=Path(output))
+    parser.add_argument("--max-output-tokens", type=int, default=32)
+
+
+async def ask_about(args: argparse.Namespace, send: Callable[..., Awaitable[tuple[str, str]]]) -> int:
+    """One manual turn about media: connect (serving the tiny model if no --url), `await send(client)` adds the
+    user item and says what it sent (item id, description), then the text or spoken answer is printed / saved."""
+    async with (
+        serve_if_needed(args.url) as url,
+        RealtimeClient.connect(url, api_key=args.api_key, model=args.model) as client,
+    ):
+        await client.update_session(turn_detection=None, max_output_tokens=args.max_output_tokens)
+        item_id, what = await send(client)
+        await client.create_response(output_modalities="text" if args.text else "audio")
+        turn = await client.collect_turn()
+    print(f"sent {what} as item {item_id}; answer {turn.status.value}: {turn.text!r}")
+    if turn.audio.size:
+        print(f"spoken answer: {turn.duration_s:.2f} s -> {turn.save_wav(args.output)}")
+    return 0
 
 
 @asynccontextmanager

@@ -14,9 +14,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from _common import add_connection_args, serve_if_needed
-
-from realtime_ming.sdk import RealtimeClient
+from _common import add_connection_args, add_question_args, ask_about
 
 
 def gradient_picture(size: int = 64) -> np.ndarray:
@@ -29,28 +27,19 @@ def gradient_picture(size: int = 64) -> np.ndarray:
 
 async def main(args: argparse.Namespace) -> int:
     image = args.image if args.image is not None else gradient_picture()
-    async with (
-        serve_if_needed(args.url) as url,
-        RealtimeClient.connect(url, api_key=args.api_key, model=args.model) as client,
-    ):
-        await client.update_session(turn_detection=None, max_output_tokens=args.max_output_tokens)
-        item_id = await client.add_image(image, text=args.question)
-        await client.create_response(output_modalities="text" if args.text else "audio")
-        turn = await client.collect_turn()
-    print(f"asked with item {item_id}; answer {turn.status.value}: {turn.text!r}")
-    if turn.audio.size:
-        print(f"spoken answer: {turn.duration_s:.2f} s -> {turn.save_wav(args.output)}")
-    return 0
+
+    async def send(client) -> tuple[str, str]:
+        what = f"image file {args.image.name}" if args.image is not None else "a generated picture"
+        return await client.add_image(image, text=args.question), what
+
+    return await ask_about(args, send)
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_connection_args(parser)
     parser.add_argument("--image", type=Path, help="image file (default: a generated gradient)")
-    parser.add_argument("--question", default="What do you see in this picture?")
-    parser.add_argument("--text", action="store_true", help="answer in text instead of speech")
-    parser.add_argument("--output", type=Path, default=Path("image_answer.wav"))
-    parser.add_argument("--max-output-tokens", type=int, default=32)
+    add_question_args(parser, "What do you see in this picture?", "image_answer.wav")
     args = parser.parse_args()
     if args.beta:
         parser.error("images need the GA dialect")

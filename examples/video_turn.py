@@ -18,9 +18,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from _common import add_connection_args, serve_if_needed
-
-from realtime_ming.sdk import RealtimeClient
+from _common import add_connection_args, add_question_args, ask_about
 
 
 def moving_square(seconds: float = 3.0, fps: float = 10.0, size: int = 96) -> list[np.ndarray]:
@@ -38,24 +36,14 @@ def moving_square(seconds: float = 3.0, fps: float = 10.0, size: int = 96) -> li
 
 
 async def main(args: argparse.Namespace) -> int:
-    async with (
-        serve_if_needed(args.url) as url,
-        RealtimeClient.connect(url, api_key=args.api_key, model=args.model) as client,
-    ):
-        await client.update_session(turn_detection=None, max_output_tokens=args.max_output_tokens)
+    async def send(client) -> tuple[str, str]:
         if args.video is not None:
-            item_id = await client.add_video(args.video, text=args.question)
-            what = f"video file {args.video.name}"
-        else:
-            frames = args.frames or moving_square(fps=args.fps)
-            item_id = await client.add_video(frames, fps=args.fps, text=args.question)
-            what = f"{len(frames)} frames at {args.fps:g} fps"
-        await client.create_response(output_modalities="text" if args.text else "audio")
-        turn = await client.collect_turn()
-    print(f"sent {what} as item {item_id}; answer {turn.status.value}: {turn.text!r}")
-    if turn.audio.size:
-        print(f"spoken answer: {turn.duration_s:.2f} s -> {turn.save_wav(args.output)}")
-    return 0
+            return await client.add_video(args.video, text=args.question), f"video file {args.video.name}"
+        frames = args.frames or moving_square(fps=args.fps)
+        item_id = await client.add_video(frames, fps=args.fps, text=args.question)
+        return item_id, f"{len(frames)} frames at {args.fps:g} fps"
+
+    return await ask_about(args, send)
 
 
 def parse_args() -> argparse.Namespace:
@@ -65,10 +53,7 @@ def parse_args() -> argparse.Namespace:
     source.add_argument("--video", type=Path, help="video file (mp4, webm, ...; the server needs its 'video' extra)")
     source.add_argument("--frames", type=Path, nargs="+", help="image files, one frame each (default: a generated clip)")
     parser.add_argument("--fps", type=float, default=10.0, help="frame rate of --frames or the generated clip")
-    parser.add_argument("--question", default="What happens in this video?")
-    parser.add_argument("--text", action="store_true", help="answer in text instead of speech")
-    parser.add_argument("--output", type=Path, default=Path("video_answer.wav"))
-    parser.add_argument("--max-output-tokens", type=int, default=32)
+    add_question_args(parser, "What happens in this video?", "video_answer.wav")
     args = parser.parse_args()
     if args.beta:
         parser.error("video needs the GA dialect")

@@ -1,10 +1,12 @@
 """What the real-client tests (pipecat, LiveKit) share: the forced reply with a Ming tool call, the engine that
-plays it, and the server behind a frame-validating tap."""
+plays it, and the server behind a frame-validating tap; the test modules import the `engine` (one per module)
+and `tap` fixtures from here."""
 
 from __future__ import annotations
 
 import contextlib
 
+import pytest
 from frame_tap import FrameTap
 
 from realtime_ming.server import RealtimeServer, load_config
@@ -29,4 +31,17 @@ def forced_tool_engine():
 async def tapped_server(engine):
     """Our server on `engine` behind a `FrameTap` (every server frame validated)."""
     async with RealtimeServer(load_config(None, ["server.port=0"]), engine) as srv, FrameTap(srv.port) as tap:
+        yield tap
+
+
+@pytest.fixture(scope="module")
+def engine():
+    eng = forced_tool_engine()
+    yield eng
+    eng.close()
+
+
+@pytest.fixture
+async def tap(engine):
+    async with tapped_server(engine) as tap:
         yield tap

@@ -16,6 +16,7 @@ import pytest
 import soundfile as sf
 
 from realtime_ming.audio.resample import resample
+from realtime_ming.engine.api import TurnDone
 
 WIRE_RATE_HZ = 24000
 
@@ -118,6 +119,27 @@ def validate_frame(frame: dict, dialect, *, allow_timings: bool = False, allow_o
                 target = target[key]
             target["rate"] = WIRE_RATE_HZ
     validate_server_event(checked, dialect, allow_timings=allow_timings, allow_opt_in=allow_opt_in)
+
+
+class RecordingEngine:
+    """A real engine that remembers every request submitted to it and each turn's TurnDone (`done`)."""
+
+    def __init__(self, engine) -> None:
+        self._engine = engine
+        self.requests: list = []
+        self.done: dict = {}  # turn_id -> TurnDone
+
+    def submit(self, request, sink) -> None:
+        self.requests.append(request)
+
+        def recording(event) -> None:
+            if isinstance(event, TurnDone):
+                self.done[event.turn_id] = event
+            sink(event)
+        self._engine.submit(request, recording)
+
+    def __getattr__(self, name: str):
+        return getattr(self._engine, name)
 
 
 class StubEngine:

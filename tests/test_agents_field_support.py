@@ -18,15 +18,6 @@ from realtime_ming.server import RealtimeServer, load_config
 pytestmark = pytest.mark.timeout(240)
 
 
-@pytest.fixture(scope="module")
-def engine():
-    from realtime_ming.engine import Engine
-    from realtime_ming.engine.config import EngineConfig
-    eng = Engine.create(EngineConfig())
-    yield eng
-    eng.close()
-
-
 async def test_openai_agents_session_reports_served_model_and_is_traced(engine, caplog):
     caplog.set_level(logging.INFO, logger="realtime_ming.tracing")
     config = load_config(None, ["server.port=0", "session.max_output_tokens=8"])

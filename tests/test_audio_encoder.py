@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from tower_support import EMBED_TOL, HIDDEN_TOL, load_tower
 
 from realtime_ming.model.audio_encoder import (
     AudioProjector,
@@ -16,23 +17,13 @@ from realtime_ming.model.audio_encoder import (
     whisper_sinusoids,
 )
 from realtime_ming.model.audio_encoder import _conv1d_as_linear
-from realtime_ming.model.config import load_checkpoint_config
-from realtime_ming.model.loader import init_dummy, load_weights, read_weight_map
+from realtime_ming.model.loader import init_dummy
 
 CASE = "audio_frontend_and_encoder"
-EMBED_TOL = dict(rtol=1e-4, atol=1e-5)
-HIDDEN_TOL = dict(rtol=1e-4, atol=1e-4)
 
 
 def _build(root, dtype=torch.float32):
-    cfg = load_checkpoint_config(root).ming
-    weights = read_weight_map(root)
-    with torch.device("meta"):
-        encoder = WhisperEncoder(cfg.audio_config)
-        projector = AudioProjector(cfg.audio_config, cfg.llm_config.hidden_size)
-    load_weights(encoder, weights, prefix="audio.", dtype=dtype)
-    load_weights(projector, weights, prefix="linear_proj_audio.", dtype=dtype)
-    return cfg, encoder, projector
+    return load_tower(root, WhisperEncoder, AudioProjector, "audio_config", "audio.", "linear_proj_audio.", dtype)
 
 
 @pytest.fixture(scope="module")

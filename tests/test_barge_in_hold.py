@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 from server_support import b64_pcm16_samples, silence, tone
-from test_session import MODEL_HZ, Harness, _engine_pcm, _vad_harness, _vad_response
+from session_support import MODEL_HZ, Harness, engine_pcm, vad_harness, vad_response
 
 from realtime_ming.engine.api import AudioChunk, FinishReason, TextDelta, TurnDone
 from realtime_ming.session import CancelTurn
@@ -26,13 +26,13 @@ def _start_candidate(h: Harness) -> None:
 
 
 def test_backchannel_holds_then_releases_everything_in_order():
-    h = _vad_harness()
-    turn_id = _vad_response(h)
+    h = vad_harness()
+    turn_id = vad_response(h)
     before = _sent_samples(h)
     _start_candidate(h)
     start = len(h.frames)
     h.engine(TextDelta(turn_id, " done"))
-    h.engine(AudioChunk(turn_id, _engine_pcm(0.3)))
+    h.engine(AudioChunk(turn_id, engine_pcm(0.3)))
     assert h.frames[start:] == []  # held: nothing goes out while the candidate is judged
     h.append(np.concatenate([tone(0.2, MODEL_HZ), silence(1.0, MODEL_HZ)]))  # a 300 ms burst: a backchannel
     types = h.types(start)
@@ -48,12 +48,12 @@ def test_backchannel_holds_then_releases_everything_in_order():
 
 
 def test_interruption_cancels_and_the_held_audio_never_goes_out():
-    h = _vad_harness()
-    turn_id = _vad_response(h)
+    h = vad_harness()
+    turn_id = vad_response(h)
     sent_before = _sent_samples(h)
     _start_candidate(h)
     start = len(h.frames)
-    h.engine(AudioChunk(turn_id, _engine_pcm(0.5)))
+    h.engine(AudioChunk(turn_id, engine_pcm(0.5)))
     h.engine(TurnDone(turn_id, "Well", FinishReason.STOP, 1, 1, 1, 0, {}))  # even its end is held
     assert h.frames[start:] == []
     h.append(tone(0.9, MODEL_HZ))  # a real interruption
@@ -68,11 +68,11 @@ def test_interruption_cancels_and_the_held_audio_never_goes_out():
 
 
 def test_clearing_the_buffer_mid_candidate_releases_the_hold():
-    h = _vad_harness()
-    turn_id = _vad_response(h)
+    h = vad_harness()
+    turn_id = vad_response(h)
     _start_candidate(h)
     start = len(h.frames)
-    h.engine(AudioChunk(turn_id, _engine_pcm(0.2)))
+    h.engine(AudioChunk(turn_id, engine_pcm(0.2)))
     h.send(type="input_audio_buffer.clear")
     assert "response.output_audio.delta" in h.types(start)
     assert not h.session._hold.active
@@ -80,16 +80,16 @@ def test_clearing_the_buffer_mid_candidate_releases_the_hold():
 
 def test_a_hold_lasts_at_most_max_hold_s_of_wall_clock():
     """A client that stops streaming mid-candidate cannot freeze the reply."""
-    h = _vad_harness()
-    turn_id = _vad_response(h)
+    h = vad_harness()
+    turn_id = vad_response(h)
     _start_candidate(h)
     since = h.session._hold.since
     start = len(h.frames)
-    h.session.handle_engine_event(AudioChunk(turn_id, _engine_pcm(0.2)), since + 0.01)
+    h.session.handle_engine_event(AudioChunk(turn_id, engine_pcm(0.2)), since + 0.01)
     assert h.frames[start:] == []
-    h._take(h.session.handle_engine_event(AudioChunk(turn_id, _engine_pcm(0.2)),
+    h._take(h.session.handle_engine_event(AudioChunk(turn_id, engine_pcm(0.2)),
                                           since + h.session._hold.max_hold_s + 0.01))
     assert h.types(start).count("response.output_audio.delta") >= 2  # both chunks, in order
     assert not h.session._hold.active
-    h.engine(AudioChunk(turn_id, _engine_pcm(0.1)))  # the same candidate is not held again
+    h.engine(AudioChunk(turn_id, engine_pcm(0.1)))  # the same candidate is not held again
     assert not h.session._hold.active

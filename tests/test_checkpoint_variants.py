@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 from pathlib import Path
 
 import pytest
@@ -15,13 +14,13 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from safetensors.torch import save_file
+from thinker_support import free_port, greedy_decode
 
 from realtime_ming.model.config import MingConfig, load_checkpoint_config, parse
 from realtime_ming.model.layers import TPGroup
 from realtime_ming.model.loader import checkpoint_keys, narrow_for_rank, read_weight_map
 from realtime_ming.model.ming import MingOmni
-from realtime_ming.model.rope3d import text_position_ids
-from realtime_ming.model.thinker import Thinker, ThinkerKVCache, load_thinker
+from realtime_ming.model.thinker import Thinker, load_thinker
 
 WORLD = 2
 NEW_TOKENS = 3
@@ -162,36 +161,12 @@ def test_real_thinker_builds_at_tp8_with_replicated_kv_heads(fixture_root, rank)
     assert narrow_for_rank(full, qkv.tp_dim, qkv.tp_splits, tp).shape == qkv.shape
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _run(thinker, ids: torch.Tensor):
-    t = ids.shape[1]
-    pos = torch.arange(t)[None]
-    cache = ThinkerKVCache.allocate(thinker.cfg, 1, t + NEW_TOKENS, tp=thinker.tp)
-    slots, zero = torch.tensor([0]), torch.zeros(1, dtype=torch.int64)
-    with torch.no_grad():
-        logits = thinker.logits(thinker(thinker.embed(ids), pos.expand(3, 1, t), cache=cache, slots=slots,
-                                        cache_positions=pos))
-        token, out = logits[:, -1].argmax(-1), []
-        for step in range(NEW_TOKENS):
-            out.append(token)
-            cp = torch.tensor([[t + step]])
-            h = thinker(thinker.embed(token[:, None]), text_position_ids(cp, zero), cache=cache, slots=slots,
-                        cache_positions=cp)
-            token = thinker.logits(h[:, -1]).argmax(-1)
-    return logits, torch.stack(out, dim=1)
-
-
 def _worker(rank: int, world: int, port: int, root: str, ids: torch.Tensor, out_dir: str) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
         thinker = load_thinker(root, tp=TPGroup(rank, world))
         kv_heads = thinker.model.layers[0].attention.num_kv
-        torch.save((*_run(thinker, ids), kv_heads), f"{out_dir}/rank{rank}.pt")
+        torch.save((*greedy_decode(thinker, ids, NEW_TOKENS), kv_heads), f"{out_dir}/rank{rank}.pt")
     finally:
         dist.destroy_process_group()
 
@@ -200,8 +175,8 @@ def _assert_tp_matches_tp1(root: Path, world: int, tmp_path: Path) -> None:
     """`world` gloo ranks give the TP=1 logits and cached greedy tokens, each rank holding one replicated KV head."""
     assert load_checkpoint_config(root).thinker.num_key_value_heads < world  # the replicated case
     ids = torch.arange(5, 5 + 13)[None]
-    ref_logits, ref_tokens = _run(load_thinker(root), ids)
-    mp.spawn(_worker, args=(world, _free_port(), str(root), ids, str(tmp_path)), nprocs=world, join=True)
+    ref_logits, ref_tokens = greedy_decode(load_thinker(root), ids, NEW_TOKENS)
+    mp.spawn(_worker, args=(world, free_port(), str(root), ids, str(tmp_path)), nprocs=world, join=True)
     for rank in range(world):
         logits, tokens, kv_heads = torch.load(tmp_path / f"rank{rank}.pt")
         assert kv_heads == 1

@@ -18,27 +18,14 @@ import asyncio
 import client_support
 import numpy as np
 import pytest
+from client_support import ANSWER, HEARD, WIRE_HZ
 from server_support import espeak, seconds, silence
 
 pytest.importorskip("livekit.plugins.openai", reason="livekit-agents[openai] not installed")
 
 pytestmark = pytest.mark.timeout(240)
 
-CALL, ANSWER, FORCED, HEARD, WIRE_HZ = client_support.CALL, client_support.ANSWER, client_support.FORCED, \
-    client_support.HEARD, client_support.WIRE_HZ
-
-
-@pytest.fixture(scope="module")
-def engine():
-    eng = client_support.forced_tool_engine()
-    yield eng
-    eng.close()
-
-
-@pytest.fixture
-async def tap(engine):
-    async with client_support.tapped_server(engine) as tap:
-        yield tap
+engine, tap = client_support.engine, client_support.tap  # fixtures: the module's engine, a tapped server a test
 
 
 class _Generations:

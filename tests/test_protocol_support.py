@@ -1,7 +1,7 @@
 """No silent acceptance (README "Protocol support"): every field the server accepts has an observable
 effect, or the request gets an `error` with a specific code and param — in both dialects.
 
-Driven through the Sans-I/O session with wire frames (tests/test_session.py's `Harness`, which validates
+Driven through the Sans-I/O session with wire frames (tests/session_support.py's `Harness`, which validates
 every emitted frame against the openai package's GA / beta server-event unions).
 """
 
@@ -11,7 +11,7 @@ import logging
 
 import numpy as np
 import pytest
-from test_session import Harness
+from session_support import Harness
 
 from realtime_ming.engine.api import (
     AudioChunk,
@@ -322,10 +322,10 @@ def test_barge_in_cancels_the_main_response_only() -> None:
     """Speech during a spoken reply cancels that reply (`turn_detected`); an out-of-band response keeps
     running (it is not part of the conversation being interrupted) and completes."""
     from server_support import silence, tone
-    from test_session import MODEL_HZ, _vad_harness, _vad_response
+    from session_support import MODEL_HZ, vad_harness, vad_response
 
-    h = _vad_harness()
-    main_id = _vad_response(h)
+    h = vad_harness()
+    main_id = vad_response(h)
     h.send(type="response.create", response={"conversation": "none", "output_modalities": ["text"]})
     oob_id = h.submitted()[-1].turn_id
     h.append(tone(0.9, MODEL_HZ))  # longer than barge_in_min_speech_ms: a real interruption

@@ -59,16 +59,6 @@ async def test_a_failing_handler_sends_its_error_as_the_output_and_the_agent_ans
     assert second.status.value == "completed" and second.output[0].content[0].text == ANSWER
 
 
-@pytest.fixture(scope="module")
-def engine():
-    from realtime_ming.engine import Engine
-    from realtime_ming.engine.config import EngineConfig
-
-    eng = Engine.create(EngineConfig())
-    yield eng
-    eng.close()
-
-
 async def test_sdk_transcription_session_transcribes_a_spoken_turn_and_never_responds(engine, tmp_path):
     from realtime_ming.server import RealtimeServer, load_config
 

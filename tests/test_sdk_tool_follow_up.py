@@ -84,6 +84,24 @@ async def _open(server, sent: list):
     return agent
 
 
+async def get_weather(city: str) -> dict:
+    return {"city": city, "sky": "sunny"}
+
+
+async def _ask_while_racing(agent, racing, responses: int, settle_s: float = 2.0) -> list:
+    """Ask the weather (text answers, the `get_weather` tool) with `racing` sending the agent's events from the
+    first response.create on; events until `responses` response.done (`_run_until`); the agent is closed."""
+    try:
+        await agent.add_tool(get_weather)
+        await agent.update_session(turn_detection=None, output_modalities="text")
+        await agent.add_text("What's the weather in Paris?")
+        agent._transmit = racing
+        await agent.create_response()
+        return await _run_until(agent, responses, settle_s)
+    finally:
+        await agent.close()
+
+
 async def test_follow_up_waits_for_the_response_active_when_the_results_are_ready(server):
     """The application starts a (spoken, long) response while the handler runs: the results go in while
     it is active; the SDK asks for the follow-up only after its response.done, and that one answers."""
@@ -140,18 +158,7 @@ async def test_follow_up_refused_by_a_response_that_started_first_is_asked_again
             await transmit(injected[0])  # the server starts it before it sees the results
         await transmit(event)
 
-    async def get_weather(city: str) -> dict:
-        return {"city": city, "sky": "sunny"}
-
-    try:
-        await agent.add_tool(get_weather)
-        await agent.update_session(turn_detection=None, output_modalities="text")
-        await agent.add_text("What's the weather in Paris?")
-        agent._transmit = racing
-        await agent.create_response()
-        events = await _run_until(agent, 3)
-    finally:
-        await agent.close()
+    events = await _ask_while_racing(agent, racing, 3)
     assert not [e for e in events if isinstance(e, Error)]  # the refusal was the SDK's own business
     dones = [e for e in events if isinstance(e, ResponseDone)]
     assert len(dones) == 3 and _text(dones[1]) == FILLER  # the racing response did not see the results
@@ -175,18 +182,7 @@ async def test_a_response_that_sees_the_results_is_the_follow_up(server):
         if isinstance(event, ce.ConversationItemCreate) and isinstance(event.item, FunctionCallOutputItem):
             await transmit(ce.ResponseCreate(event_id="event_vad_like"))  # after the results, before the SDK's
 
-    async def get_weather(city: str) -> dict:
-        return {"city": city, "sky": "sunny"}
-
-    try:
-        await agent.add_tool(get_weather)
-        await agent.update_session(turn_detection=None, output_modalities="text")
-        await agent.add_text("What's the weather in Paris?")
-        agent._transmit = racing
-        await agent.create_response()
-        events = await _run_until(agent, 2, settle_s=3.0)
-    finally:
-        await agent.close()
+    events = await _ask_while_racing(agent, racing, 2, settle_s=3.0)
     assert not [e for e in events if isinstance(e, Error)]
     dones = [e for e in events if isinstance(e, ResponseDone)]
     assert len(dones) == 2 and dones[1].response.status.value == "completed"

@@ -38,16 +38,6 @@ pytestmark = pytest.mark.timeout(240)
 
 
 @pytest.fixture(scope="module")
-def engine():
-    """The real engine on the embedded tiny default (loaded once for the module)."""
-    from realtime_ming.engine import Engine
-    from realtime_ming.engine.config import EngineConfig
-    eng = Engine.create(EngineConfig())
-    yield eng
-    eng.close()
-
-
-@pytest.fixture(scope="module")
 def speech(tmp_path_factory) -> np.ndarray:
     """About 1.3 s of espeak-ng speech at 24 kHz."""
     return espeak("What time is it now?", tmp_path_factory.mktemp("speech"))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from test_session import Harness, _error
+from session_support import Harness, last_error
 from test_talker_loop import _recorded_encoder, case_special_ids, case_speak_text
 
 from realtime_ming.model.talker import build_talker_prompt
@@ -141,7 +141,7 @@ def test_invalid_style_is_a_specific_error_and_changes_nothing(speech, param):
     h.send(type="session.update", session={"type": "realtime", "realtime_ming": {"speech": {"emotion": "happy"}}})
     h.send(type="session.update", session={"type": "realtime", "audio": {"output": {"speed": 1.2}},
                                            "realtime_ming": {"speech": speech}}, event_id="e1")
-    err = _error(h)
+    err = last_error(h)
     assert (err["code"], err["param"], err["event_id"]) == ("invalid_speech_style", param, "e1")
     h.send(type="response.create")
     assert _captions(h) == [HAPPY]  # neither the style nor the speed of the refused update applied
@@ -150,10 +150,10 @@ def test_invalid_style_is_a_specific_error_and_changes_nothing(speech, param):
 def test_invalid_response_style_fails_that_create_only():
     h = Harness()
     h.send(type="response.create", response={"realtime_ming": {"speech": {"volume": "loud"}}}, event_id="r1")
-    err = _error(h)
+    err = last_error(h)
     assert (err["code"], err["param"]) == ("invalid_speech_style", "response.realtime_ming.speech.volume")
     h.send(type="response.create", response={"realtime_ming": {"speed": 2.0}}, event_id="r2")
-    assert _error(h)["param"] == "response.realtime_ming.speed"
+    assert last_error(h)["param"] == "response.realtime_ming.speed"
     assert h.submitted() == []
     h.send(type="response.create")
     assert _captions(h) == [None]

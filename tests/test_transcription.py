@@ -14,8 +14,8 @@ import dataclasses
 
 import numpy as np
 import pytest
-from server_support import WsClient, chunks, espeak, pcm16_b64, silence, tone
-from test_session import MODEL_HZ, PCM16K, Harness, _engine_pcm
+from server_support import RecordingEngine, WsClient, chunks, espeak, pcm16_b64, silence, tone
+from session_support import MODEL_HZ, PCM16K, Harness, engine_pcm
 from websockets.asyncio.client import connect
 
 from realtime_ming.engine.api import (
@@ -102,9 +102,9 @@ def test_vad_turn_transcription_waits_for_the_replys_first_audio(first_output):
     if first_output == "audio":
         h.engine(TextDelta(reply.turn_id, "Hi"))
         assert _asr_requests(h) == []  # text alone is not the first audio of a spoken reply
-        h.engine(AudioChunk(reply.turn_id, _engine_pcm(0.2)))
+        h.engine(AudioChunk(reply.turn_id, engine_pcm(0.2)))
         assert _asr_requests(h) == []  # not while the first audio delta is being sent
-        h.engine(AudioChunk(reply.turn_id, _engine_pcm(0.2)))
+        h.engine(AudioChunk(reply.turn_id, engine_pcm(0.2)))
         (asr,) = _asr_requests(h)
         # the shared layout: the reply's own prompt, the instruction following the user's audio in its turn, and
         # the reply's conversation as the slot it forks
@@ -206,37 +206,6 @@ def test_deleting_the_item_cancels_its_transcription_and_close_frees_the_slot():
 # ---- end to end ------------------------------------------------------------------------------
 
 
-class _RecordingEngine:
-    """The real engine; remembers every request submitted to it and each turn's TurnDone."""
-
-    def __init__(self, engine) -> None:
-        self._engine = engine
-        self.requests: list = []
-        self.done: dict[str, TurnDone] = {}
-
-    def submit(self, request, sink) -> None:
-        self.requests.append(request)
-
-        def recording(event) -> None:
-            if isinstance(event, TurnDone):
-                self.done[event.turn_id] = event
-            sink(event)
-        self._engine.submit(request, recording)
-
-    def __getattr__(self, name):
-        return getattr(self._engine, name)
-
-
-@pytest.fixture(scope="module")
-def engine():
-    from realtime_ming.engine import Engine
-    from realtime_ming.engine.config import EngineConfig
-
-    eng = Engine.create(EngineConfig())
-    yield eng
-    eng.close()
-
-
 @pytest.fixture(scope="module")
 def speech(tmp_path_factory) -> np.ndarray:
     return espeak("What time is it now?", tmp_path_factory.mktemp("speech"))
@@ -266,7 +235,7 @@ async def _offline_text(engine, request) -> str:
 async def test_spoken_turn_is_transcribed_by_the_engine_beside_the_reply(engine, speech):
     from realtime_ming.server import RealtimeServer, load_config
 
-    recording = _RecordingEngine(engine)
+    recording = RecordingEngine(engine)
     async with RealtimeServer(load_config(None, ["server.port=0"]), recording) as server:
         ws = await connect(f"ws://127.0.0.1:{server.port}/v1/realtime?model=ming")
         client = WsClient(ws, Dialect.GA)

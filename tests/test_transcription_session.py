@@ -10,7 +10,7 @@ import asyncio
 import numpy as np
 import pytest
 from server_support import WsClient, chunks, espeak, pcm16_b64, silence, tone
-from test_session import MODEL_HZ, PCM16K, Harness
+from session_support import MODEL_HZ, PCM16K, Harness
 from websockets.asyncio.client import connect
 
 from realtime_ming.engine.api import FinishReason, TextDelta, TurnDone, TurnTask
@@ -119,16 +119,6 @@ def test_type_cannot_change_while_a_response_runs():
 
 
 # ---- the real server ---------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def engine():
-    from realtime_ming.engine import Engine
-    from realtime_ming.engine.config import EngineConfig
-
-    eng = Engine.create(EngineConfig())
-    yield eng
-    eng.close()
 
 
 async def test_spoken_turn_in_a_transcription_session_is_transcribed_by_the_server(engine, tmp_path):

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from server_support import WsClient, pcm16_b64, seconds, tone
+from server_support import RecordingEngine, WsClient, pcm16_b64, seconds, tone
 from websockets.asyncio.client import connect
 
 from realtime_ming.engine.api import ContentKind
@@ -80,24 +80,9 @@ def engine():
     eng.close()
 
 
-class SpyEngine:
-    """The real engine, recording every submitted `TurnRequest`."""
-
-    def __init__(self, engine) -> None:
-        self._engine = engine
-        self.requests: list = []
-
-    def submit(self, request, sink) -> None:
-        self.requests.append(request)
-        self._engine.submit(request, sink)
-
-    def __getattr__(self, name: str):
-        return getattr(self._engine, name)
-
-
 @pytest.fixture
 async def spy(engine):
-    spy = SpyEngine(engine)
+    spy = RecordingEngine(engine)
     async with RealtimeServer(load_config(None, ["server.port=0"]), spy) as srv:
         spy.url = f"ws://127.0.0.1:{srv.port}/v1/realtime"
         yield spy

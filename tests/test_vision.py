@@ -5,25 +5,17 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from tower_support import EMBED_TOL, HIDDEN_TOL, load_tower
 
 from realtime_ming.model.config import load_checkpoint_config
-from realtime_ming.model.loader import init_dummy, load_weights, read_weight_map
+from realtime_ming.model.loader import init_dummy, read_weight_map
 from realtime_ming.model.vision import VisionProjector, VisionTransformer, grid_list, num_vision_tokens
 
 CASE = "vision"
-EMBED_TOL = dict(rtol=1e-4, atol=1e-5)
-HIDDEN_TOL = dict(rtol=1e-4, atol=1e-4)
 
 
 def _build(root, dtype=torch.float32):
-    cfg = load_checkpoint_config(root).ming
-    weights = read_weight_map(root)
-    with torch.device("meta"):
-        vit = VisionTransformer(cfg.vision_config)
-        projector = VisionProjector(cfg.vision_config, cfg.llm_config.hidden_size)
-    load_weights(vit, weights, prefix="vision.", dtype=dtype)
-    load_weights(projector, weights, prefix="linear_proj.", dtype=dtype)
-    return cfg, vit, projector
+    return load_tower(root, VisionTransformer, VisionProjector, "vision_config", "vision.", "linear_proj.", dtype)
 
 
 @pytest.fixture(scope="module")

@@ -50,17 +50,6 @@ def _ms(value_s: float) -> float:
 
 
 @pytest.fixture(scope="module")
-def engine():
-    """The real engine on the embedded tiny default (loaded once for the module)."""
-    from realtime_ming.engine import Engine
-    from realtime_ming.engine.config import EngineConfig
-
-    eng = Engine.create(EngineConfig())
-    yield eng
-    eng.close()
-
-
-@pytest.fixture(scope="module")
 def stub_engine():
     """A scripted engine for tests that need a server but no model output."""
     eng = StubEngine()

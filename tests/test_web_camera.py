@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from server_support import espeak
+from server_support import RecordingEngine, espeak
 from test_web import MIC_RATE_HZ, _mic_file, _ms, _open, _page
 
 from realtime_ming.engine.api import ContentKind
@@ -24,23 +24,8 @@ def speech(tmp_path_factory) -> np.ndarray:
     return espeak("Look at this, what do you see here?", tmp_path_factory.mktemp("speech"), MIC_RATE_HZ)
 
 
-class _Recording:
-    """The real engine, recording every submitted request."""
-
-    def __init__(self, engine) -> None:
-        self._engine = engine
-        self.requests: list = []
-
-    def submit(self, request, sink) -> None:
-        self.requests.append(request)
-        self._engine.submit(request, sink)
-
-    def __getattr__(self, name: str):
-        return getattr(self._engine, name)
-
-
 async def test_web_camera_frames_go_with_a_spoken_turn(engine, speech, tmp_path):
-    recording = _Recording(engine)
+    recording = RecordingEngine(engine)
     mic = _mic_file(tmp_path, speech, gap_s=8.0)
     config = load_config(None, ["server.port=0", "session.max_output_tokens=16"])
     async with RealtimeServer(config, recording) as srv, _page(mic) as page:

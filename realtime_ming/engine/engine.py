@@ -8,8 +8,9 @@ Callers (the session layer, the SDK) submit `TurnRequest`s from any thread; comm
 enter through a thread-safe inbox and are applied at step boundaries, so a cancel never interrupts a
 kernel. A submitted request is prepared at once by the input processor's worker threads (chat template,
 tokens, media preprocessing: `engine/input_processor.py`); the engine thread admits it to the thinker
-when both its Submit and its preparation are done. Each turn's events go to its `sink`, called on the
-engine thread (the sink must be cheap and thread-safe, e.g. `loop.call_soon_threadsafe(queue.put_nowait, event)`).
+when both its Submit and its preparation are done (`engine/admission.py`). Each turn's events go to its
+`sink`, called on the engine thread (the sink must be cheap and thread-safe, e.g.
+`loop.call_soon_threadsafe(queue.put_nowait, event)`).
 Speculative turns run normally but their events are held until `confirm`; `discard` drops them.
 
 Supervision: a command that fails is reported to its caller alone (a turn whose admission raises ends
@@ -29,9 +30,9 @@ import time
 from concurrent.futures import Future
 from typing import Callable
 
+from .admission import Admission
 from .api import (
     AudioChunk,
-    EngineBusyError,
     EngineHealth,
     FailureCode,
     FinishReason,
@@ -43,22 +44,16 @@ from .api import (
     TurnEvent,
     TurnFailed,
     TurnRequest,
-    TurnTask,
 )
 from .commands import (Cancel, Capture, CloseConversation, Command, Confirm, Discard, EngineStats, InputsReady, Sink,
                        Stats, Stop, Submit, Wake)
 from .config import EngineConfig
 from .models import ModelBundle
-from .prompt_budget import ContextLengthExceeded
-from .segmenter import Segmenter
-from .tool_calls import ToolCallParser, tool_names
 from .turn_state import TurnState as _Turn
 from .warmup import warm_up
 from .supervision import (
     FaultLog,
-    InjectedEngineDeath,
     WorkerWatch,
-    asks_for_engine_death,
     dead_workers,
     fault_injection_enabled,
 )
@@ -70,13 +65,7 @@ __all__ = ["Engine", "EngineStats"]
 log = logging.getLogger(__name__)
 
 
-# admission errors that are answers, not bugs: every slot busy; the conversation does not fit, even truncated as
-# asked; content the model cannot take (too long, media it rejects)
-_REFUSALS = ((EngineBusyError, FailureCode.ENGINE_BUSY), (ContextLengthExceeded, FailureCode.CONTEXT_LENGTH_EXCEEDED),
-             (ValueError, FailureCode.INVALID_PROMPT))
-
-
-class Engine:
+class Engine(Admission):
     """Owns the models and the engine thread. Create with `Engine.create(cfg)`; thread-safe API."""
 
     def __init__(self, cfg: EngineConfig, bundle: ModelBundle):
@@ -402,80 +391,6 @@ class Engine:
                 self._stopping = True
             case Wake():  # the step that follows completes the admissions whose encoders finished
                 pass
-
-    def _admit(self, request: TurnRequest, sink: Sink, prepared: Future) -> None:
-        refusal = None
-        if request.turn_id in self._turns or request.turn_id in self._parked:
-            refusal = FailureCode.ADMISSION_FAILED, "duplicate turn id"
-        elif len(self._turns) >= self.cfg.max_queued_turns + self.cfg.thinker.max_batch:
-            refusal = FailureCode.ENGINE_BUSY, "engine busy: too many active turns"
-        with_audio = request.with_audio and self._talker is not None
-        if (refusal is None and isinstance(request.voice, str) and with_audio
-                and request.voice not in self.bundle.voices):
-            refusal = FailureCode.INVALID_PROMPT, f"unknown voice {request.voice!r}"
-        if refusal is not None:
-            prepared.cancel()
-            self._call_sink(sink, TurnFailed(request.turn_id, refusal[1], refusal[0]))
-            return
-        turn = _Turn(request, sink, [] if request.speculative else None,
-                     Segmenter(self.cfg.segmenter) if with_audio else None)
-        turn.t0_ms = self._now_ms()
-        turn.prepared = prepared
-        if request.task is TurnTask.REPLY:  # without tools too: a call the model makes up is never spoken
-            turn.tool_parser = ToolCallParser(request.turn_id, tool_names(request.tools))
-        self._turns[request.turn_id] = turn
-        self._mark(turn, Stage.SUBMITTED)
-        if self._fault_injection and asks_for_engine_death(request):
-            raise InjectedEngineDeath(f"fault injection: turn {request.turn_id} asked for the engine's death")
-        if prepared.done():  # else its InputsReady admits it
-            self._admit_prepared(turn)
-
-    def _admit_forks(self) -> None:
-        """Admit the waiting side requests whose source conversation has prefilled its prompt (or stopped)."""
-        waiting, self._forks = self._forks, []
-        for turn in waiting:
-            if self._turns.get(turn.request.turn_id) is turn and turn.prepared is not None:  # else gone or admitted
-                self._admit_prepared(turn)
-
-    def _admit_prepared(self, turn: _Turn) -> None:
-        """Admit a turn whose inputs are prepared to the thinker (prefix matching; its tail's media go to the
-        encoder worker, and `_launch` completes the admission), or fail it; a side request waits (`_forks`) while
-        the turn whose prefix it reuses is still being prepared, encoded or prefilled."""
-        source = turn.request.prefix_from
-        if source is not None and (not self._thinker.fork_ready(turn.request) or any(
-                t.prepared is not None and t.request.conversation_id == source for t in self._turns.values())):
-            if turn not in self._forks:  # its source's turn is still being prepared or prefilled
-                self._forks.append(turn)
-            return
-        request, prepared, turn.prepared = turn.request, turn.prepared, None
-        try:  # a preparation error (a prompt over budget, media the model rejects) is raised here
-            queued = self._thinker.admit(request, prepared.result())
-        except Exception as exc:
-            self._admission_failed(request, exc)
-            return
-        if queued:
-            self._mark(turn, Stage.ENCODERS_DONE)
-
-    def _admission_failed(self, request: TurnRequest, exc: Exception) -> None:
-        """Fail a turn whose admission raised: a known refusal with its code (`_REFUSALS`); anything else is a
-        bug this request reached: it fails alone (its cache invalidated), the engine goes on."""
-        code = next((code for kind, code in _REFUSALS if isinstance(exc, kind)), None)
-        if code is not None:
-            self._fail(request.turn_id, str(exc), code)
-            return
-        self._faults.report(f"admission of turn {request.turn_id}", exc)
-        self._fail(request.turn_id, f"admission failed: {type(exc).__name__}: {exc}", FailureCode.ADMISSION_FAILED)
-        self._guarded("invalidating a failed turn's cache", self._thinker.close_conversation, request.conversation_id)
-
-    def _launch(self):
-        """Complete the admissions whose encoders finished, then queue the thinker's next step."""
-        for turn_id, error in self._thinker.admitted():
-            turn = self._turns.get(turn_id)
-            if turn is not None and error is None:
-                self._mark(turn, Stage.ENCODERS_DONE)
-            elif turn is not None:
-                self._admission_failed(turn.request, error)
-        return self._thinker.launch()
 
     def _step(self) -> None:
         # Pipelined: thinker step k is in flight when this starts (else it is queued now); the talker's step is

@@ -51,20 +51,28 @@ def align_pairs(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torc
 
 if triton is not None:
 
+    @triton.jit
+    def _block_of_program(rows_ptr, blocks_ptr, num_pairs,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        """This program's tile: its block's expert (num_experts for an unused block), the block's pairs
+        (`num_pairs` for padding), which of them are real, its BLOCK_N output columns and the K offsets."""
+        pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+        e = tl.load(blocks_ptr + pid_m)
+        pair = tl.load(rows_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+        valid = pair < num_pairs
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_k = tl.arange(0, BLOCK_K)
+        return e, pair, valid, offs_n, offs_k
+
     @triton.jit(do_not_specialize=['num_pairs'])
     def _gate_up_kernel(x_ptr, w_ptr, rows_ptr, blocks_ptr, act_ptr, num_pairs, num_experts, top_k, D, I,
                         stride_xm, stride_we, stride_wn, stride_am,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PREC: tl.constexpr):
         """act[pair, n] = silu(x·W[e, n]) · (x·W[e, I + n]) for one block of pairs × BLOCK_N columns."""
-        pid_m, pid_n = tl.program_id(0), tl.program_id(1)
-        e = tl.load(blocks_ptr + pid_m)
+        e, pair, valid, offs_n, offs_k = _block_of_program(rows_ptr, blocks_ptr, num_pairs, BLOCK_M, BLOCK_N, BLOCK_K)
         if e >= num_experts:
             return
-        pair = tl.load(rows_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
-        valid = pair < num_pairs
         token = tl.where(valid, pair // top_k, 0)
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        offs_k = tl.arange(0, BLOCK_K)
         x_ptrs = x_ptr + token[:, None].to(tl.int64) * stride_xm + offs_k[None, :]
         w_base = w_ptr + e.to(tl.int64) * stride_we
         g_ptrs = w_base + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
@@ -95,15 +103,10 @@ if triton is not None:
                      stride_am, stride_we, stride_wn, stride_ym,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PREC: tl.constexpr):
         """y[pair, n] = w_pair · round(act[pair]·W_down[e, n]) in fp32, for one block × BLOCK_N outputs."""
-        pid_m, pid_n = tl.program_id(0), tl.program_id(1)
-        e = tl.load(blocks_ptr + pid_m)
+        e, pair, valid, offs_n, offs_k = _block_of_program(rows_ptr, blocks_ptr, num_pairs, BLOCK_M, BLOCK_N, BLOCK_K)
         if e >= num_experts:
             return
-        pair = tl.load(rows_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
-        valid = pair < num_pairs
         safe = tl.where(valid, pair, 0)
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        offs_k = tl.arange(0, BLOCK_K)
         a_ptrs = act_ptr + safe[:, None].to(tl.int64) * stride_am + offs_k[None, :]
         w_ptrs = w_ptr + e.to(tl.int64) * stride_we + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
         n_ok = offs_n < D
