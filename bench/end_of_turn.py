@@ -85,22 +85,24 @@ def _modes() -> dict[str, object]:
 
 
 def cost(clips: list[np.ndarray], batches: tuple[int, ...] = (1, 2, 4, 8), repeats: int = 3) -> dict:
-    """CPU ms of one decision: features alone, and features + ONNX per clip at each batch size (medians)."""
+    """CPU ms of one decision (process CPU time, every thread counted): features alone, and features + ONNX
+    per clip at each batch size (medians), one caller at a time."""
     model = SmartTurn()
-    out: dict[str, float] = {}
-    started = time.thread_time()
+    out: dict[str, float] = {"load_avg_1m_before": round(os.getloadavg()[0], 2)}
+    started = time.process_time()
     for _ in range(repeats):
         for c in clips:
             smart_turn_features(c)
-    out["features_cpu_ms"] = round((time.thread_time() - started) * 1000.0 / (repeats * len(clips)), 1)
+    out["features_cpu_ms"] = round((time.process_time() - started) * 1000.0 / (repeats * len(clips)), 1)
     for b in batches:
         per_clip = []
         for _ in range(repeats):
             for i in range(0, len(clips) - b + 1, b):
-                started = time.thread_time()
+                started = time.process_time()
                 model.predict_batch(clips[i: i + b])
-                per_clip.append((time.thread_time() - started) * 1000.0 / b)
+                per_clip.append((time.process_time() - started) * 1000.0 / b)
         out[f"batch{b}_cpu_ms_per_decision"] = round(statistics.median(per_clip), 1)
+    out["load_avg_1m_after"] = round(os.getloadavg()[0], 2)
     return out
 
 

@@ -306,6 +306,8 @@ def test_semantic_vad_decision_still_running_does_not_block_the_append():
     pending.result(timeout=60)
     (ended,) = turns.poll()  # the client sent nothing more: the runner polls when the call is done
     assert isinstance(ended, SpeechEnded) and len(calls) == 1
+    # the turn ends at the decision point of the audio, not where the audio stream was when the answer came
+    assert abs(ended.audio_end_ms - (600 + policy.decide_after_ms)) <= 40  # 32 ms VAD windows
     assert turns.pending_decision is None and turns.last_decision is not None and turns.last_decision[0] == 0.99
     assert _ends_ms(turns, silence(0.1, MODEL_HZ)) == [] and turns.poll() == []
 

@@ -266,7 +266,12 @@ class InputTurns:
             log.exception("end-of-turn model failed; waiting for the %d ms silence fallback", policy.fallback_ms)
             return None
         self.last_decision = (prob, cpu_ms)
-        return detector.end_turn() if prob >= policy.threshold else None
+        stopped = detector.end_turn() if prob >= policy.threshold else None
+        if stopped is None:
+            return None
+        # A late answer (audio came faster than real time, or the model was slow) ends the turn where it
+        # would have ended on time: the audio after the decision point is this pause's silence.
+        return replace(stopped, audio_end_ms=min(stopped.audio_end_ms, stopped.speech_end_ms + policy.decide_after_ms))
 
     def _abs_sample(self, ms: int) -> int:
         return self._origin + ms * _SAMPLES_PER_MS
