@@ -11,11 +11,12 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import os
 import statistics
 import subprocess
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import soxr
@@ -84,53 +85,78 @@ def _modes() -> dict[str, object]:
 
 
 def cost(clips: list[np.ndarray], batches: tuple[int, ...] = (1, 2, 4, 8), repeats: int = 3) -> dict:
-    """CPU ms of one decision: features alone, and features + ONNX per clip at each batch size (medians)."""
+    """CPU ms of one decision (process CPU time, every thread counted): features alone, and features + ONNX
+    per clip at each batch size (medians), one caller at a time."""
     model = SmartTurn()
-    out: dict[str, float] = {}
-    started = time.thread_time()
+    out: dict[str, float] = {"load_avg_1m_before": round(os.getloadavg()[0], 2)}
+    started = time.process_time()
     for _ in range(repeats):
         for c in clips:
             smart_turn_features(c)
-    out["features_cpu_ms"] = round((time.thread_time() - started) * 1000.0 / (repeats * len(clips)), 1)
+    out["features_cpu_ms"] = round((time.process_time() - started) * 1000.0 / (repeats * len(clips)), 1)
     for b in batches:
         per_clip = []
         for _ in range(repeats):
             for i in range(0, len(clips) - b + 1, b):
-                started = time.thread_time()
+                started = time.process_time()
                 model.predict_batch(clips[i: i + b])
-                per_clip.append((time.thread_time() - started) * 1000.0 / b)
+                per_clip.append((time.process_time() - started) * 1000.0 / b)
         out[f"batch{b}_cpu_ms_per_decision"] = round(statistics.median(per_clip), 1)
+    out["load_avg_1m_after"] = round(os.getloadavg()[0], 2)
     return out
 
 
-def load(clips: list[np.ndarray], sessions: int, turn_s: float, workers: int, duration_s: float) -> dict:
-    """`sessions` sessions each asking one decision every `turn_s` (staggered), served by `workers` threads
-    (the session-audio pool) through the shared batching `SmartTurn`: decision latency and whether it keeps up."""
-    model = SmartTurn()
+def load(clips: list[np.ndarray], sessions: int, turn_s: float, workers: int, duration_s: float,
+         fallback_s: float | None = 4.0) -> dict:
+    """`sessions` sessions each asking one decision every `turn_s` (staggered), served as the server serves
+    them: `workers` decision threads, the shared `SmartTurn` with `workers` concurrent runs. A decision not
+    started `fallback_s` after it was asked is shed (its pause already ended at the silence fallback and
+    `InputTurns` cancelled it); `fallback_s` None: a plain FIFO that runs everything.
+    Latency: ask → answer of the decisions served; it keeps up when served ≈ offered and p90 stays bounded."""
+    model = SmartTurn(max_concurrent=workers)
     model.predict(clips[0])  # warm
-    latencies: list[float] = []
+    done: list[tuple[float, float]] = []  # (ask → answer s, answered at)
     lock = threading.Lock()
-    t0 = time.monotonic()
 
     def decide(due: float, clip: np.ndarray) -> None:
         model.predict(clip)
+        now = time.monotonic()
         with lock:
-            latencies.append(time.monotonic() - due)
+            done.append((now - due, now))
 
+    t0 = time.monotonic()
     schedule = sorted((t0 + (k + s / sessions) * turn_s, s) for s in range(sessions)
                       for k in range(int(duration_s / turn_s)))
-    cpu0 = time.process_time()
-    with ThreadPoolExecutor(workers) as pool:
+    waiting: list[tuple[float, Future]] = []  # (shed at, call) oldest first
+    shed = 0
+
+    def shed_due(now: float) -> int:
+        n = 0
+        while waiting and (waiting[0][1].done() or waiting[0][0] <= now):
+            n += waiting.pop(0)[1].cancel()
+        return n
+
+    cpu0, load0 = time.process_time(), os.getloadavg()[0]
+    with ThreadPoolExecutor(workers, thread_name_prefix="end-of-turn") as pool:
         for due, s in schedule:
             time.sleep(max(0.0, due - time.monotonic()))
-            pool.submit(decide, due, clips[s % len(clips)])
-    wall = time.monotonic() - t0
-    lat = sorted(latencies)
+            if fallback_s is not None:
+                shed += shed_due(time.monotonic())
+            waiting.append((due + (fallback_s or 0.0), pool.submit(decide, due, clips[s % len(clips)])))
+        while fallback_s is not None and waiting:
+            shed += shed_due(time.monotonic())
+            time.sleep(0.01)
+    cpu_ms = 1000 * (time.process_time() - cpu0)
+    lat = sorted(d for d, _ in done)
+    wall = max(a for _, a in done) - t0
     return {
-        "sessions": sessions, "turn_every_s": turn_s, "workers": workers, "decisions": len(lat),
+        "sessions": sessions, "turn_every_s": turn_s, "workers": workers, "shed_after_s": fallback_s,
+        "asked": len(schedule), "served": len(lat), "shed": shed,
         "offered_per_s": round(sessions / turn_s, 1), "served_per_s": round(len(lat) / wall, 1),
         "latency_ms_p50": round(1000 * lat[len(lat) // 2], 1), "latency_ms_p90": round(1000 * lat[int(0.9 * (len(lat) - 1))], 1),
-        "latency_ms_max": round(1000 * lat[-1], 1), "cpu_ms_per_decision": round(1000 * (time.process_time() - cpu0) / len(lat), 1),
+        "latency_ms_max": round(1000 * lat[-1], 1), "cpu_ms_per_decision": round(cpu_ms / len(lat), 1),
+        "cpu_cores_busy": round(cpu_ms / 1000 / wall, 2),
+        "load_avg_1m_before": round(load0, 2), "load_avg_1m_after": round(os.getloadavg()[0], 2),
     }
 
 
@@ -144,10 +170,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--turn-s", type=float, default=4.0, help="load: seconds between one session's decisions")
     parser.add_argument("--workers", type=int, default=2, help="load: threads serving decisions (cores)")
     parser.add_argument("--duration-s", type=float, default=20.0)
+    parser.add_argument("--shed-after-s", type=float, default=4.0,
+                        help="load: shed a decision not started this long after it was asked (semantic_vad auto's "
+                             "silence fallback); 0: a FIFO that runs every decision")
     args = parser.parse_args(argv)
     if args.cost or args.load:
         clips = [soxr.resample(espeak(t, v), _WIRE_HZ, 16000).astype(np.float32) for t in COMPLETE for v in VOICES[:2]]
-        print(json.dumps(cost(clips) if args.cost else load(clips, args.load, args.turn_s, args.workers, args.duration_s)))
+        print(json.dumps(cost(clips) if args.cost else load(clips, args.load, args.turn_s, args.workers, args.duration_s, args.shed_after_s or None)))
         return
     wanted = [m for m in args.modes.split(",") if m]
     session = create_silero_session()
@@ -157,7 +186,8 @@ def main(argv: list[str] | None = None) -> None:
     for name, td in _modes().items():
         if wanted and not any(w in name for w in wanted):
             continue
-        turns = InputTurns(VadSettings(), lambda _kind: create_vad(VadKind.SILERO, silero_session=session), 60.0)
+        turns = InputTurns(VadSettings(), lambda _kind: create_vad(VadKind.SILERO, silero_session=session), 60.0,
+                           decision_wait_s=None)  # audio faster than real time: wait for each answer
         turns.configure(AudioFormat(), td)
         splits, delays, cpu = 0, [], []
         for speech in paused:

@@ -2,11 +2,14 @@
 
 The user's last ≤ 8 s of 16 kHz speech → probability that the turn is complete. Features are
 whisper log-mel with 80 bins over exactly 8 s (audio left-padded with zeros, zero-mean unit-variance
-normalised first), computed by `mel.log_mel_spectrogram` with an 80-bin Slaney filterbank: the
+normalised first), the numbers of `mel.log_mel_spectrogram` with an 80-bin Slaney filterbank: the
 transformers `WhisperFeatureExtractor(chunk_length=8, do_normalize=True)` the model was trained on.
 
-`SmartTurn.predict` is thread-safe and batches itself: callers from several threads that arrive while
-a batch runs are served together by the next `InferenceSession.run` (no added wait when idle).
+`SmartTurn.predict` is thread-safe: up to `max_concurrent` `InferenceSession.run` calls (one a core,
+one intra-op thread each) run at once, and callers that arrive while all of them are busy are served
+together by the next free one (no added wait when idle). On a 2-core AVX2 host one decision is ~80-90 ms
+of one core whatever the batch (the ONNX is already int8 QDQ-quantized and its time axis is fixed at 800
+frames), so throughput comes from using every core, not from larger batches.
 """
 
 from __future__ import annotations
@@ -19,12 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
+from numpy.lib.stride_tricks import sliding_window_view
 
 from realtime_ming.audio.mel import (
     MEL_HOP_SAMPLES,
+    MEL_N_FFT,
     MEL_SAMPLE_RATE_HZ,
-    log_mel_spectrogram,
     slaney_mel_filterbank,
 )
 
@@ -44,7 +47,19 @@ SMART_TURN_WINDOW_SAMPLES = 8 * MEL_SAMPLE_RATE_HZ  # the model sees the last 8 
 SMART_TURN_NUM_BINS = 80
 _NUM_FRAMES = SMART_TURN_WINDOW_SAMPLES // MEL_HOP_SAMPLES  # 800
 _NORM_EPS = 1e-7
-_FILTERS = torch.from_numpy(slaney_mel_filterbank(num_bins=SMART_TURN_NUM_BINS))  # [80, 201]
+_WINDOW = (0.5 - 0.5 * np.cos(2.0 * np.pi * np.arange(MEL_N_FFT) / MEL_N_FFT)).astype(np.float32)  # periodic Hann
+
+
+def _sparse_filterbank() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The 80-bin Slaney filterbank as (FFT bin, weight) of its non-zeros, band-major, and each band's first index."""
+    filters = slaney_mel_filterbank(num_bins=SMART_TURN_NUM_BINS)  # [80, 201]
+    bands, cols = np.nonzero(filters)
+    if np.any(np.bincount(bands, minlength=SMART_TURN_NUM_BINS) == 0):
+        raise ValueError("a mel band of the Smart Turn filterbank has no weight")
+    return cols, filters[bands, cols], np.searchsorted(bands, np.arange(SMART_TURN_NUM_BINS))
+
+
+_FILTER_COLS, _FILTER_WEIGHTS, _FILTER_STARTS = _sparse_filterbank()
 
 
 def smart_turn_model_path() -> Path:
@@ -56,14 +71,25 @@ def smart_turn_model_path() -> Path:
 
 
 def smart_turn_features(audio: np.ndarray) -> np.ndarray:
-    """float32 16 kHz audio [n] → model input [80, 800]: last 8 s, zero-padded in front, normalised."""
+    """float32 16 kHz audio [n] → model input [80, 800]: last 8 s, zero-padded in front, normalised.
+
+    The same numbers as `mel.log_mel_spectrogram` with the 80-bin filterbank (tests hold them to it), in
+    single-threaded numpy: decisions run on several threads at once, and torch's intra-op pool spun up for
+    each of them costs up to 10x the ~9 ms CPU of the FFT itself on a busy 2-core host (measured:
+    bench/results/cpu-eot-2026-11-26)."""
     x = np.asarray(audio, dtype=np.float32).reshape(-1)[-SMART_TURN_WINDOW_SAMPLES:]
     if x.size < SMART_TURN_WINDOW_SAMPLES:
         x = np.pad(x, (SMART_TURN_WINDOW_SAMPLES - x.size, 0))
     x = (x - x.mean()) / np.sqrt(x.var() + _NORM_EPS)
-    mel = log_mel_spectrogram(x, filters=_FILTERS)  # [800, 80]
-    assert mel.shape == (_NUM_FRAMES, SMART_TURN_NUM_BINS), mel.shape
-    return mel.T.numpy()
+    padded = np.pad(x, MEL_N_FFT // 2, mode="reflect")  # centred frames, as torch.stft(center=True)
+    frames = sliding_window_view(padded, MEL_N_FFT)[::MEL_HOP_SAMPLES][:_NUM_FRAMES]  # last frame dropped
+    spec = np.fft.rfft(frames * _WINDOW, axis=-1)  # [800, 201] complex64
+    power = np.square(spec.real) + np.square(spec.imag)
+    # the filterbank's 391 non-zeros, band by band (a dense [800, 201] @ [201, 80] would go through BLAS threads)
+    mel = np.add.reduceat(power[:, _FILTER_COLS] * _FILTER_WEIGHTS, _FILTER_STARTS, axis=1)  # [800, 80]
+    log_spec = np.log10(np.maximum(mel, 1e-10))
+    log_spec = np.maximum(log_spec, log_spec.max() - 8.0)
+    return np.ascontiguousarray(((log_spec + 4.0) / 4.0).T, dtype=np.float32)
 
 
 def _create_session(path: Path | None, num_threads: int) -> Any:
@@ -92,19 +118,31 @@ class _Request:
 class SmartTurn:
     """One shared ONNX session for all sessions of a server; `predict` may be called from any thread.
 
-    Batching: a caller queues its features; if no batch is running it runs one over everything queued
-    (up to `max_batch`) and keeps going while requests remain; other callers wait for their result.
+    A caller queues its features; while fewer than `max_concurrent` (default: one a core) callers are
+    running batches it becomes one of them and runs batches over everything queued (up to `max_batch`)
+    until the queue is empty; otherwise it waits for a running caller to serve it.
     """
 
-    def __init__(self, path: Path | None = None, *, num_threads: int = 1, max_batch: int = 16) -> None:
+    def __init__(
+        self,
+        path: Path | None = None,
+        *,
+        num_threads: int = 1,
+        max_batch: int = 16,
+        max_concurrent: int | None = None,
+    ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch: must be >= 1, got {max_batch}")
+        max_concurrent = (os.cpu_count() or 1) if max_concurrent is None else max_concurrent
+        if max_concurrent < 1:
+            raise ValueError(f"max_concurrent: must be >= 1, got {max_concurrent}")
         self._session = _create_session(path, num_threads)
         self._input_name = self._session.get_inputs()[0].name
         self._max_batch = max_batch
+        self._max_concurrent = max_concurrent
         self._lock = threading.Lock()
         self._queue: list[_Request] = []
-        self._running = False
+        self._num_running = 0  # callers running batches now
 
     def predict_batch(self, clips: list[np.ndarray]) -> np.ndarray:
         """Complete-turn probabilities [len(clips)] of 16 kHz float32 clips (one ONNX call)."""
@@ -116,8 +154,8 @@ class SmartTurn:
         request = _Request(smart_turn_features(audio))
         with self._lock:
             self._queue.append(request)
-            lead = not self._running
-            self._running = self._running or lead
+            lead = self._num_running < self._max_concurrent
+            self._num_running += lead
         if lead:
             self._drain()
         request.done.wait()
@@ -130,7 +168,7 @@ class SmartTurn:
             with self._lock:
                 batch, self._queue = self._queue[: self._max_batch], self._queue[self._max_batch :]
                 if not batch:
-                    self._running = False
+                    self._num_running -= 1
                     return
             try:
                 probs = self._run(np.stack([r.features for r in batch]))

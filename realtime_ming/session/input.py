@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -44,6 +44,9 @@ log = logging.getLogger(__name__)
 _SAMPLES_PER_MS = MODEL_SAMPLE_RATE_HZ // 1000
 # Input kept before a possible speech start while the detector hears silence (prefix padding + slack).
 _SILENCE_KEEP_MS = 500
+# The most an append waits at the decision point for a running end-of-turn call (~ one 20-50 ms append):
+# under load the session-audio threads, shared by every session, must not queue behind the model.
+_DECISION_WAIT_S = 0.05
 
 
 class BufferFull(Exception):
@@ -79,13 +82,24 @@ class InputTurns:
         make_vad: Callable[[str], VadBackend],
         max_buffer_s: float,
         end_of_turn: Callable[[np.ndarray], float] | None = None,
+        decision_wait_s: float | None = _DECISION_WAIT_S,
+        decisions: Executor | None = None,
     ) -> None:
-        """`end_of_turn`: turn audio → P(complete) for semantic_vad (default: the shared Smart Turn)."""
+        """`end_of_turn`: turn audio → P(complete) for semantic_vad (default: the shared Smart Turn), called on
+        `decisions` (default: the process-wide `decision_pool`).
+
+        `decision_wait_s`: how long `append` may wait at the decision point for a model call still running;
+        past it `pending_decision` is that call, and its answer is taken by `poll` once it is done (or by a
+        later append): the thread, shared by every session's audio, moves on. None waits for the answer."""
+        if decision_wait_s is not None and decision_wait_s < 0:
+            raise ValueError(f"decision_wait_s: must be >= 0 or None, got {decision_wait_s}")
         self._vad = vad
         self._end_of_turn = end_of_turn
+        self._decision_wait_s = decision_wait_s
+        self._decisions = decisions
         self._policy: EndOfTurnPolicy | None = None  # semantic_vad only
-        self._decided = False  # Smart Turn already asked during the current pause
-        self._early: Future | None = None  # the current pause's Smart Turn call, started early_ms ahead
+        self._decided = False  # Smart Turn already answered during the current pause
+        self._call: Future | None = None  # the current pause's one Smart Turn call (started early_ms ahead)
         self.last_decision: tuple[float, float] | None = None  # (P(complete), CPU ms) of the latest call
         self._make_vad = make_vad
         self._max_buffer_ms = max_buffer_s * 1000.0
@@ -122,7 +136,7 @@ class InputTurns:
         if self._decoder is None or self._decoder.format != fmt:
             self._decoder = InputDecoder(fmt)
         self._speech_item_id = None
-        self._decided, self._early = False, None
+        self._drop_call()
         if turn_detection is None:
             self._detector = None
             return
@@ -175,8 +189,10 @@ class InputTurns:
         if self._detector is None:
             return []
         signals = [self._signal(event) for event in self._detector.feed(samples)]
-        if any(isinstance(signal, SpeechResumed | SpeechBegan | SpeechEnded) for signal in signals):
-            self._decided, self._early = False, None  # a call still running for a pause that ended: ignored
+        if not self._detector.silence_ms() or any(
+            isinstance(signal, SpeechResumed | SpeechBegan | SpeechEnded) for signal in signals
+        ):
+            self._drop_call()  # the pause is over (speech came back, or the turn ended): its call is obsolete
         self._start_end_of_turn()
         stopped = self._judge_end_of_turn()
         if stopped is not None:
@@ -186,13 +202,40 @@ class InputTurns:
             self._buffer.drop_before(self._buffer.end_sample - keep)
         return signals
 
+    @property
+    def pending_decision(self) -> Future | None:
+        """The end-of-turn call a past decision point still waits for (call `poll` when it is done)."""
+        detector, policy, call = self._detector, self._policy, self._call
+        if call is None or self._decided or policy is None or detector is None:
+            return None
+        return call if detector.silence_ms() >= policy.decide_after_ms else None
+
+    def poll(self) -> list[TurnSignal]:
+        """Take a pending decision's answer if it is there (never waits): [SpeechEnded] if it ends the turn."""
+        if self._call is None or not self._call.done():
+            return []
+        stopped = self._judge_end_of_turn()
+        return [] if stopped is None else [self._signal(stopped)]
+
+    def _drop_call(self) -> None:
+        """Forget the current pause's call; one not started yet never runs (the decision threads only ever
+        serve pauses still going on: under load, obsolete work is shed instead of queued)."""
+        if self._call is not None:
+            self._call.cancel()
+        self._decided, self._call = False, None
+
     def _start_end_of_turn(self) -> None:
         """semantic_vad: at `start_after_ms` of silence, start the pause's one Smart Turn call (off this thread)."""
         detector, policy = self._detector, self._policy
-        if policy is None or detector is None or self._decided or self._early is not None or self._end_of_turn is None:
+        if policy is None or detector is None or self._decided or self._call is not None or self._end_of_turn is None:
             return
         if detector.silence_ms() >= policy.start_after_ms:
-            self._early = decision_pool().submit(self._timed_call, self._end_of_turn, self.speech_so_far())
+            self._call = self._submit_call()
+
+    def _submit_call(self) -> Future:
+        assert self._end_of_turn is not None
+        pool = self._decisions or decision_pool()
+        return pool.submit(self._timed_call, self._end_of_turn, self.speech_so_far())
 
     @staticmethod
     def _timed_call(model: Callable[[np.ndarray], float], audio: np.ndarray) -> tuple[float, float]:
@@ -200,22 +243,35 @@ class InputTurns:
         return model(audio), (time.thread_time() - started) * 1000.0
 
     def _judge_end_of_turn(self) -> SpeechStopped | None:
-        """semantic_vad: once per pause, after `decide_after_ms` of silence, take the end-of-turn model's answer
-        (waiting for the rest of the call started `early_ms` before)."""
+        """semantic_vad: once per pause, from `decide_after_ms` of silence on, take the end-of-turn model's
+        answer: waiting up to `decision_wait_s` for the call started `early_ms` before, else on a later append
+        (a late "complete" still ends the turn; the silence fallback ends it whatever the model says)."""
         detector, policy = self._detector, self._policy
         if policy is None or detector is None or self._decided or self._end_of_turn is None:
             return None
         if detector.silence_ms() < policy.decide_after_ms:
             return None
-        self._decided = True
-        call, self._early = self._early, None
+        if self._call is None:  # the silence reached both points in one append
+            self._call = self._submit_call()
+        call = self._call
+        if not call.done():
+            try:
+                call.exception(timeout=self._decision_wait_s)
+            except TimeoutError:
+                return None
+        self._decided, self._call = True, None
         try:
-            prob, cpu_ms = call.result() if call is not None else self._timed_call(self._end_of_turn, self.speech_so_far())
+            prob, cpu_ms = call.result()
         except Exception:  # the silence fallback still ends the turn; one log line, never a lost session
             log.exception("end-of-turn model failed; waiting for the %d ms silence fallback", policy.fallback_ms)
             return None
         self.last_decision = (prob, cpu_ms)
-        return detector.end_turn() if prob >= policy.threshold else None
+        stopped = detector.end_turn() if prob >= policy.threshold else None
+        if stopped is None:
+            return None
+        # A late answer (audio came faster than real time, or the model was slow) ends the turn where it
+        # would have ended on time: the audio after the decision point is this pause's silence.
+        return replace(stopped, audio_end_ms=min(stopped.audio_end_ms, stopped.speech_end_ms + policy.decide_after_ms))
 
     def _abs_sample(self, ms: int) -> int:
         return self._origin + ms * _SAMPLES_PER_MS
@@ -263,7 +319,7 @@ class InputTurns:
         """Drop buffered audio and restart turn detection (the sample clock keeps running)."""
         self._buffer.clear()
         self._speech_item_id = None
-        self._decided, self._early = False, None
+        self._drop_call()
         if self._detector is not None:
             self._detector.reset()
         if reset_decoder and self._decoder is not None:

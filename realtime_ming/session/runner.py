@@ -52,6 +52,12 @@ class SessionClosing(Exception):
     of the request being handled, so the runner lets it through to its caller."""
 
 
+class _DecisionReady:
+    """The end-of-turn call a passed decision point waited for is done (posted by its decision thread)."""
+
+    __slots__ = ()
+
+
 class _EngineInput:
     """An engine event on the inbox (distinguishes it from client input)."""
 
@@ -118,21 +124,17 @@ class SessionRunner:
         self._emit = emit
         self._on_action = on_action
         self._loop = loop or asyncio.get_running_loop()
-        self._inbox: asyncio.Queue[_Inbound | _EngineInput] = asyncio.Queue()
+        self._inbox: asyncio.Queue[_Inbound | _EngineInput | _DecisionReady] = asyncio.Queue()
         self._client_slots = asyncio.Semaphore(max_pending_client)
         self._is_closed = False
         settings = session.settings
         self._pacer = AudioPacer(settings.max_audio_rate, settings.audio_burst_s)
         self._worker: concurrent.futures.Future | None = None  # an append being handled off the loop
+        self._watched: concurrent.futures.Future | None = None  # the end-of-turn call _watch_decision follows
 
     def engine_sink(self, event: TurnEvent) -> None:
         """Thread-safe: called by the engine thread for every event of this session's turns."""
-        if self._is_closed:
-            return
-        try:
-            self._loop.call_soon_threadsafe(self._inbox.put_nowait, _EngineInput(event))
-        except RuntimeError:  # the loop is closed: the session is gone, nobody wants the event
-            pass
+        self._post(_EngineInput(event))
 
     async def put_client(self, event: _Inbound) -> None:
         """Queue a parsed client event (or its parse error); waits while the inbox is full.
@@ -167,15 +169,41 @@ class SessionRunner:
                     self._log_failure(type(item.event).__name__, turn_id, exc)
                     actions = self.session.abort_response(turn_id, now)
                 await self._dispatch(actions, None)
+            elif isinstance(item, _DecisionReady):
+                try:
+                    actions = self.session.on_decision_ready(now)
+                except Exception as exc:  # the silence fallback still ends the turn
+                    self._log_failure("end-of-turn decision", None, exc)
+                    actions = []
+                await self._dispatch(actions, None)
             elif isinstance(item, InputAudioBufferAppend):
                 self._client_slots.release()
                 await self._dispatch(await self._off_loop(item, now), item)
+                self._watch_decision()
             else:
                 self._client_slots.release()
                 if media_parts(item):
                     await self._loop.run_in_executor(_MEDIA_DECODER, self.session.predecode, item)
                     now = time.monotonic()
                 await self._dispatch(self.session.handle_client_event(item, now), item)
+
+    def _watch_decision(self) -> None:
+        """An append left semantic_vad's decision waiting on its model call: act on the answer when it comes,
+        whether or not more audio arrives (the append thread did not wait for it)."""
+        call = self.session.pending_decision
+        if call is None or call is self._watched:
+            return
+        self._watched = call
+        call.add_done_callback(lambda _f: self._post(_DecisionReady()))
+
+    def _post(self, item: _DecisionReady | _EngineInput) -> None:
+        """Thread-safe: queue an item for the session task (dropped once the session or loop is gone)."""
+        if self._is_closed:
+            return
+        try:
+            self._loop.call_soon_threadsafe(self._inbox.put_nowait, item)
+        except RuntimeError:  # the loop is closed: the session is gone, nobody wants the event
+            pass
 
     async def _off_loop(self, event: InputAudioBufferAppend, now: float) -> list[Action]:
         """Handle an append (decode, resample, VAD) on a worker thread: the loop keeps serving every

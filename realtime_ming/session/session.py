@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -356,6 +357,19 @@ class Session:
         if self.config.transcription is not None:
             self._transcriber.start(item_id, 0, stored.content[0], self.config.transcription)
         return actions + self._evict(item_id)
+
+    @property
+    def pending_decision(self) -> Future | None:
+        """semantic_vad's end-of-turn call that a passed decision point waits for: call
+        `on_decision_ready` once it is done (the client may send no more audio meanwhile)."""
+        return self._input.pending_decision
+
+    def on_decision_ready(self, now: float) -> list[Action]:
+        """The pending end-of-turn call finished: end the turn now if it judged it complete."""
+        actions: list[Action] = []
+        for signal in self._input.poll():
+            actions += self._on_turn_signal(signal, now)
+        return actions
 
     # ---- engine events -----------------------------------------------------------------------
     def handle_engine_event(self, event: TurnEvent, now: float) -> list[Action]:
