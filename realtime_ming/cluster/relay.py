@@ -178,7 +178,7 @@ async def _relay(scope: dict, receive, send, replica: ClientConnection, lease_wa
             with contextlib.suppress(Exception):
                 await replica.close()
             return
-        received = replica.close_rcvd
+        received = replica.protocol.close_rcvd
         if received is not None:  # the replica closed: the client gets its code and reason
             with contextlib.suppress(Exception):
                 await send({"type": "websocket.close", "code": _sendable(received.code), "reason": received.reason})
