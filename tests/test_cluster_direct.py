@@ -333,9 +333,20 @@ async def test_no_lease_within_the_admission_wait_is_refused_like_a_full_server(
 async def test_a_direct_grant_is_relayed_to_the_replica():
     async with Replica() as replica:
         lease = replica.book.issue()
-        client = await _through_middleware(FakeLeaseCall([replica.grant(lease.token)]))
+        call = FakeLeaseCall([replica.grant(lease.token)])
+        client = await _through_middleware(call)
         assert client.sent[0]["type"] == "websocket.accept" and (REPLICA_HEADER.encode(), b"r1") in client.sent[0]["headers"]
         assert replica.closed_with == [(1000, "")]
+        assert not call.cancelled  # the lease call ended with the session
+
+
+async def test_an_unreachable_grant_cancels_its_lease_call():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        call = FakeLeaseCall([{"data_path": "direct", "host": "127.0.0.1", "port": s.getsockname()[1], "token": "t",
+                               "replica": "r1"}, {"never": "ends"}], delay_s=0.0)
+        client = await _through_middleware(call)
+    assert client.sent[-1]["code"] == 1011 and call.cancelled  # the replica's slot is freed at once
 
 
 async def test_replicas_on_the_serve_data_path_get_the_session_through_serve():

@@ -147,7 +147,8 @@ class RealtimeProxyMiddleware:
         if grant.get("data_path") != "direct":  # the replicas run the serve data path
             await self._through_serve(scope, _replaying(connect, receive), send)
             return
-        await relay_direct(scope, receive, send, grant, call, open_timeout_s=self.open_timeout_s)
+        if not await relay_direct(scope, receive, send, grant, call, open_timeout_s=self.open_timeout_s):
+            call.cancel()  # the session is over but the lease call is not: free the replica's Serve slot
 
     async def _through_serve(self, scope, receive, send) -> None:
         """The serve data path: the session is Serve's ASGI WebSocket request to a replica."""

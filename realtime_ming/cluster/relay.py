@@ -124,15 +124,16 @@ async def _lease_failure(lease_rest: AsyncIterator[Any]) -> BaseException | None
 
 
 async def relay_direct(scope: dict, receive, send, grant: dict[str, Any], lease_rest: AsyncIterator[Any], *,
-                       open_timeout_s: float = 10.0) -> None:
-    """Serve one client WebSocket (its `websocket.connect` already received) through the replica of `grant`."""
+                       open_timeout_s: float = 10.0) -> bool:
+    """Serve one client WebSocket (its `websocket.connect` already received) through the replica of `grant`.
+    Returns whether the lease call ended (False: the caller should cancel it)."""
     lease_watch = asyncio.ensure_future(_lease_failure(lease_rest))
     try:
         replica = await _open(scope, grant, open_timeout_s)
     except InvalidStatus as exc:  # the replica refused the upgrade (API key, Origin): the same answer
         lease_watch.cancel()
         await refuse_upgrade(scope, send, exc.response)
-        return
+        return False
     except (OSError, TimeoutError, InvalidHandshake) as exc:
         lease_watch.cancel()
         log.error("direct data path: cannot reach replica %s at %s:%s (%s). Open the replicas' direct ports "
@@ -140,7 +141,7 @@ async def relay_direct(scope: dict, receive, send, grant: dict[str, Any], lease_
                   grant.get("replica"), grant.get("host"), grant.get("port"), exc)
         await send({"type": "websocket.accept", "subprotocol": None})
         await send({"type": "websocket.close", "code": int(CloseCode.INTERNAL_ERROR), "reason": UNREACHABLE_REASON})
-        return
+        return False
     try:
         await send({"type": "websocket.accept", "subprotocol": replica.subprotocol,
                     "headers": [(REPLICA_HEADER.encode(), str(grant.get("replica", "")).encode("latin-1"))]})
@@ -152,6 +153,7 @@ async def relay_direct(scope: dict, receive, send, grant: dict[str, Any], lease_
             with contextlib.suppress(TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(asyncio.shield(lease_watch), _LEASE_END_WAIT_S)
         lease_watch.cancel()
+    return lease_watch.done() and not lease_watch.cancelled()
 
 
 async def _relay(scope: dict, receive, send, replica: ClientConnection, lease_watch: asyncio.Future) -> None:
