@@ -30,7 +30,7 @@ done
 
 cpu() {  # cumulative CPU seconds (user+sys) of the processes that carry the sessions
   echo "== $1 $(date -u +%H:%M:%S) $(uptime)"
-  ps -eo pid,times,args | grep -E "ServeReplica:realtime-ming:RealtimeReplica|ProxyActor|ServeController|realtime_ming.cli serve --config" \
+  ps -eo pid,times,args | grep -E "ServeReplica:realtime-ming|ProxyActor|ServeController|gcs_server|raylet|realtime_ming.cli serve --config" \
     | grep -v grep | awk '{printf "%8s %7ss  %s %s\n", $1, $2, $3, $4}'
 }
 cpu start > "$OUT/cpu.txt"
