@@ -144,3 +144,16 @@ async def test_other_http_requests_pass_through_the_middleware():
                                                None, None)
     assert called == ["/v1/realtime", "/v1/realtime/voicesX", "/health"]
 
+
+
+def test_cluster_config_data_path_keys():
+    from realtime_ming.cluster.app import direct_options
+
+    cfg = load_cluster_config(None, direct_port_range=[8100, 8131])
+    assert cfg.data_path == "direct" and cfg.direct_port_range == (8100, 8131)
+    assert direct_options(cfg) == {"host": None, "port_range": (8100, 8131), "lease_ttl_s": cfg.lease_ttl_s}
+    assert direct_options(load_cluster_config(None, data_path="serve")) is None
+    for bad, key in (({"data_path": "grpc"}, "data_path"), ({"direct_port_range": [9000, 8000]}, "direct_port_range"),
+                     ({"direct_port_range": [8000]}, "direct_port_range"), ({"lease_ttl_s": 0}, "lease_ttl_s")):
+        with pytest.raises(ClusterConfigError, match=key):
+            load_cluster_config(None, **bad)

@@ -18,13 +18,12 @@ import sys
 import threading
 from typing import Any
 
-from .config import ClusterConfig, load_cluster_config
+from .config import REPLICA_DEPLOYMENT, ClusterConfig, load_cluster_config
 
 __all__ = ["REPLICA_DEPLOYMENT", "app_builder", "build_apps", "deployment_options", "front_builder", "run_cluster"]
 
 log = logging.getLogger(__name__)
 
-REPLICA_DEPLOYMENT = "RealtimeReplica"
 FRONT_DEPLOYMENT = "ClusterFront"
 REALTIME_ROUTE = "/v1/realtime"
 PROXY_CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
@@ -69,7 +68,15 @@ def _replica_app(cluster: ClusterConfig):
     from .replica import RealtimeReplica
 
     cls = serve.deployment(**deployment_options(cluster))(serve.ingress()(RealtimeReplica))
-    return cls.bind(cluster.server_config, list(cluster.overrides), cluster.app_name, cluster.report_interval_s)
+    return cls.bind(cluster.server_config, list(cluster.overrides), cluster.app_name, cluster.report_interval_s,
+                    direct_options(cluster))
+
+
+def direct_options(cluster: ClusterConfig) -> dict[str, Any] | None:
+    """The replica's direct port (cluster/direct.py `DirectPort` arguments), None on the serve data path."""
+    if cluster.data_path != "direct":
+        return None
+    return {"host": cluster.direct_host, "port_range": cluster.direct_port_range, "lease_ttl_s": cluster.lease_ttl_s}
 
 
 def _front_app(cluster: ClusterConfig):
@@ -106,14 +113,15 @@ def proxy_env(cluster: ClusterConfig) -> dict[str, str]:
     here (ray.init without an address) passes it to its raylet, proxies and replicas. A Ray cluster
     started elsewhere (`ray start`, KubeRay) needs it on every node (docs/cluster.md).
 
-    * the realtime middleware of Serve's proxy (cluster/proxy.py) and its admission wait;
+    * the realtime middleware of Serve's proxy (cluster/proxy.py), its admission wait and the Serve
+      application whose replicas grant direct-path leases;
     * `RAY_worker_niceness=0`: Ray runs its workers (Serve's proxy and the replicas) at nice 15 by
       default, so on a machine with other busy processes the realtime path would get the leftovers
       of the CPU (measured: +60 ms TTFA_server p50 for the tiny model on a busy 2-core box)."""
     import os
 
     env = {PROXY_CALLBACK_ENV: PROXY_CALLBACK, "REALTIME_MING_ADMISSION_WAIT_S": str(cluster.admission_wait_s),
-           WORKER_NICENESS_ENV: "0"}
+           "REALTIME_MING_APP_NAME": cluster.app_name, WORKER_NICENESS_ENV: "0"}
     os.environ.update(env)
     return env
 

@@ -5,6 +5,12 @@ session behaves exactly as on one server. A replica's capacity is min(`server.li
 `engine.thinker.max_slots`): it is the Serve `max_ongoing_requests` of the replica deployment (one
 WebSocket = one ongoing request for its whole life), so Serve never routes a session to a full
 replica. Loading is light (no ray, no torch).
+
+`data_path` picks how a session's frames travel between Serve's proxy and its replica: `direct`
+(default) - the replica serves the session on its own `websockets` port (`direct_host`, a port of
+`direct_port_range`) and the proxy relays the client's frames to it over one TCP connection, so Ray is
+off the per-frame path; `serve` - every frame crosses Ray between the proxy and the replica actor (for
+networks where the proxies cannot reach the replicas' ports). Admission is Serve's in both.
 """
 
 from __future__ import annotations
@@ -16,7 +22,10 @@ from typing import Any
 
 import yaml
 
-__all__ = ["AutoscalingConfig", "ClusterConfig", "ClusterConfigError", "load_cluster_config"]
+__all__ = ["DATA_PATHS", "REPLICA_DEPLOYMENT", "AutoscalingConfig", "ClusterConfig", "ClusterConfigError", "load_cluster_config"]
+
+DATA_PATHS = ("direct", "serve")
+REPLICA_DEPLOYMENT = "RealtimeReplica"  # the Serve deployment of the replicas (the proxy's lease calls name it)
 
 
 class ClusterConfigError(ValueError):
@@ -77,10 +86,23 @@ class ClusterConfig:
     health_check_period_s: float = 2.0
     health_check_timeout_s: float = 10.0
     app_name: str = "realtime-ming"
+    data_path: str = "direct"  # direct: proxy -> replica's own port; serve: every frame through Ray
+    direct_host: str | None = None  # the replica's listen address (None: the node's IP as Ray reports it)
+    direct_port_range: tuple[int, int] | None = None  # [first, last] port to try (None: any free port)
+    lease_ttl_s: float = 10.0  # a direct-path token not used within this expires (and frees the slot)
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
             raise ClusterConfigError("replicas must be >= 1")
+        if self.data_path not in DATA_PATHS:
+            raise ClusterConfigError(f"data_path must be one of {', '.join(DATA_PATHS)} (got {self.data_path!r})")
+        if self.lease_ttl_s <= 0:
+            raise ClusterConfigError("lease_ttl_s must be > 0")
+        if self.direct_port_range is not None:
+            ports = self.direct_port_range
+            if (len(ports) != 2 or not all(isinstance(p, int) and not isinstance(p, bool) for p in ports)
+                    or not 1 <= ports[0] <= ports[1] <= 65535):
+                raise ClusterConfigError("direct_port_range must be [first, last] with 1 <= first <= last <= 65535")
         if self.admission_wait_s <= 0 or self.report_interval_s <= 0 or self.replica_stale_s <= self.report_interval_s:
             raise ClusterConfigError("admission_wait_s, report_interval_s > 0 and replica_stale_s > report_interval_s")
 
@@ -97,6 +119,8 @@ def _build(cls: type, data: Any, where: str) -> Any:
         if values.get("autoscaling") is not None:
             values["autoscaling"] = _build(AutoscalingConfig, values["autoscaling"], "autoscaling.")
         values["overrides"] = tuple(values.get("overrides") or ())
+        if isinstance(values.get("direct_port_range"), list):
+            values["direct_port_range"] = tuple(values["direct_port_range"])
     try:
         return cls(**values)
     except TypeError as exc:

@@ -8,6 +8,11 @@ or `down` (engine dead, or silent: the process or its node died).
 `/health` is 200 while at least one replica is healthy (`status` ok, or degraded when some are not),
 else 503; `/health/ready` is 200 while a healthy replica has a free session slot; `/health/live`
 is 200 while any replica is alive.
+
+The replicas' reports are read every `report_interval_s`; Serve's own view of the deployment
+(`serve.status()`, a controller call that costs the front and the controller CPU) and the pruning of
+old reports every `_SLOW_EVERY` refreshes (5 s at the default 0.5 s): Serve's replica states change
+on the scale of replica starts and stops, and on a small node that CPU is the models'.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from typing import Any
 __all__ = ["ClusterFront", "replica_states"]
 
 log = logging.getLogger(__name__)
+
+_SLOW_EVERY = 10  # refreshes between two reads of Serve's status (and two prunes of the registry)
 
 
 def replica_states(reports: dict[str, dict[str, Any]], stale_s: float) -> dict[str, str]:
@@ -91,12 +98,15 @@ class ClusterFront:
 
         return app
 
-    async def _refresh(self) -> None:
+    async def _refresh(self, slow: bool = True) -> None:
         try:
             self.reports = await self._registry.snapshot.remote()
-            await self._registry.prune.remote(max(60.0, 10 * self.stale_s))
+            if slow:
+                await self._registry.prune.remote(max(60.0, 10 * self.stale_s))
         except Exception as exc:
             log.warning("registry unavailable: %s", exc)
+        if not slow:
+            return
         try:
             self.serve_view = await asyncio.to_thread(self._serve_status)
         except Exception as exc:
@@ -115,9 +125,11 @@ class ClusterFront:
         return {"status": str(getattr(deployment.status, "value", deployment.status)), "replica_states": states}
 
     async def _refresh_loop(self) -> None:
+        count = 0
         while True:
             await asyncio.sleep(self._interval_s)
-            await self._refresh()
+            count += 1
+            await self._refresh(slow=count % _SLOW_EVERY == 0)
 
     def health(self, probe: str = "health") -> tuple[http.HTTPStatus, dict]:
         states = replica_states(self.reports, self.stale_s)

@@ -1,6 +1,12 @@
 """ASGI middleware for Ray Serve's HTTP proxy: the cluster's `/v1/realtime` answers like a single server.
 
-* Admission: Serve queues a request while every replica is at `max_ongoing_requests` (= its session
+* Data path: a new session first takes a lease from the replica deployment (a Serve-routed streaming
+  call, `RealtimeReplica.lease`, open for the session's life, so it counts against the replica's
+  `max_ongoing_requests`). A replica on the `direct` data path grants its own port and a one-time
+  token, and the session's frames are relayed over one TCP connection to that port (cluster/relay.py):
+  Ray is off the per-frame path. A replica on the `serve` data path says so, and the session goes
+  through Serve as an ASGI WebSocket request (every frame crossing Ray), as below.
+* Admission: Serve queues a request (the lease call, or the WebSocket request) while every replica is at `max_ongoing_requests` (= its session
   capacity). A new session that no replica has accepted within `admission_wait_s` is withdrawn from
   that queue and refused exactly as a full single server refuses it: accepted, then closed with 1013
   "server at its session limit; try again later". A slot that frees within the wait is taken.
@@ -14,7 +20,8 @@
 
 Ray Serve 2.60 installs proxy middlewares only through the environment variable
 `RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=realtime_ming.cluster.proxy:middlewares` of the proxy
-processes (`REALTIME_MING_ADMISSION_WAIT_S` sets the wait): `realtime-ming serve-cluster` sets it
+processes (`REALTIME_MING_ADMISSION_WAIT_S` sets the wait, `REALTIME_MING_APP_NAME` the Serve
+application of the replicas, default `realtime-ming`): `realtime-ming serve-cluster` sets it
 for a Ray instance it starts; a cluster started with `ray start` or KubeRay sets it on every node.
 """
 
@@ -26,23 +33,24 @@ import http
 import json
 import logging
 import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Protocol
 
 from websockets.frames import CloseCode
 
-from ..protocol.codec import serialise
-from ..protocol.errors import ErrorCode, ProtocolError
-from ..protocol.server_events import Error
 from ..server.asgi import asgi_request
-from ..server.handshake import inspect_handshake, select_subprotocol
+from ..server.handshake import select_subprotocol
 from ..server.http import REALTIME_PATH, request_path
+from .config import REPLICA_DEPLOYMENT
+from .relay import LOST_REASON, close_replica_lost, relay_direct
 
-__all__ = ["FULL_REASON", "LOST_REASON", "VOICES_PATH", "VOICES_UNSUPPORTED", "RealtimeProxyMiddleware", "is_voices_path",
-           "middlewares", "voice_routes_refusal"]
+__all__ = ["FULL_REASON", "LOST_REASON", "VOICES_PATH", "VOICES_UNSUPPORTED", "LeaseCall", "RealtimeProxyMiddleware",
+           "is_voices_path", "middlewares", "voice_routes_refusal"]
 
 log = logging.getLogger(__name__)
 
 FULL_REASON = "server at its session limit; try again later"  # the single server's words (server/app.py)
-LOST_REASON = "replica lost; reconnect"
+DEFAULT_APP_NAME = "realtime-ming"
 VOICES_PATH = REALTIME_PATH + "/voices"  # server/voice_routes.py's (not imported: it needs torch)
 VOICES_UNSUPPORTED = "voice_cloning_unsupported"
 _VOICES_MESSAGE = ("Voice cloning (/v1/realtime/voices) is not available on a Ray Serve cluster: each replica keeps "
@@ -65,10 +73,42 @@ async def voice_routes_refusal(scope, send) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+class LeaseCall(Protocol):
+    """A streaming lease call (Serve's DeploymentResponseGenerator): the grant, then the end of the session."""
+
+    def __aiter__(self) -> AsyncIterator[dict[str, Any]]: ...
+
+    async def __anext__(self) -> dict[str, Any]: ...
+
+    def cancel(self) -> None: ...
+
+
+async def _refuse_full(scope, send) -> None:
+    """What a full single server answers: accepted, then 1013 with its reason."""
+    await send({"type": "websocket.accept", "subprotocol": select_subprotocol(tuple(scope.get("subprotocols") or ()))})
+    await send({"type": "websocket.close", "code": int(CloseCode.TRY_AGAIN_LATER), "reason": FULL_REASON})
+
+
+def _replaying(first: dict, receive):
+    """`receive` that hands out `first` (a message already read) once before the rest."""
+    pending = [first]
+
+    async def replay():
+        return pending.pop() if pending else await receive()
+
+    return replay
+
+
 class RealtimeProxyMiddleware:
-    def __init__(self, app, admission_wait_s: float = 1.0) -> None:
+    """`leases` opens a lease call on the replica deployment (None: every session through Serve)."""
+
+    def __init__(self, app, admission_wait_s: float = 1.0,
+                 leases: Callable[[], Awaitable[LeaseCall]] | None = None, open_timeout_s: float = 10.0) -> None:
         self.app = app
         self.admission_wait_s = admission_wait_s
+        self.leases = leases
+        self.open_timeout_s = open_timeout_s
+        self._lease_problem_logged = False
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http" and is_voices_path(asgi_request(scope).path):
@@ -77,6 +117,41 @@ class RealtimeProxyMiddleware:
         if scope["type"] != "websocket" or request_path(asgi_request(scope).path) != REALTIME_PATH:
             await self.app(scope, receive, send)
             return
+        if self.leases is None:
+            await self._through_serve(scope, receive, send)
+            return
+        connect = await receive()
+        if connect["type"] != "websocket.connect":
+            return
+        try:
+            call = await self.leases()
+        except Exception as exc:  # e.g. no such Serve application: the request routing still works
+            if not self._lease_problem_logged:
+                self._lease_problem_logged = True
+                log.warning("no lease handle on the replica deployment (%s): sessions go through Serve "
+                            "(set REALTIME_MING_APP_NAME to the replicas' Serve application)", exc)
+            await self._through_serve(scope, _replaying(connect, receive), send)
+            return
+        try:
+            async with asyncio.timeout(self.admission_wait_s):
+                grant = await call.__anext__()
+        except TimeoutError:  # no replica took the session: every one is full
+            call.cancel()
+            await _refuse_full(scope, send)
+            return
+        except Exception as exc:  # StopAsyncIteration too: the replica failed before granting (died while starting)
+            log.warning("lease call failed before a grant: %r", exc)
+            call.cancel()
+            await _refuse_full(scope, send)
+            return
+        if grant.get("data_path") != "direct":  # the replicas run the serve data path
+            await self._through_serve(scope, _replaying(connect, receive), send)
+            return
+        if not await relay_direct(scope, receive, send, grant, call, open_timeout_s=self.open_timeout_s):
+            call.cancel()  # the session is over but the lease call is not: free the replica's Serve slot
+
+    async def _through_serve(self, scope, receive, send) -> None:
+        """The serve data path: the session is Serve's ASGI WebSocket request to a replica."""
         answered = asyncio.Event()
         state = {"accepted": False, "closed": False}
 
@@ -99,9 +174,7 @@ class RealtimeProxyMiddleware:
             task.cancel()
             with contextlib.suppress(BaseException):
                 await task
-            offered = tuple(scope.get("subprotocols") or ())
-            await send({"type": "websocket.accept", "subprotocol": select_subprotocol(offered)})
-            await send({"type": "websocket.close", "code": int(CloseCode.TRY_AGAIN_LATER), "reason": FULL_REASON})
+            await _refuse_full(scope, send)
             return
         try:
             await task
@@ -110,21 +183,35 @@ class RealtimeProxyMiddleware:
         if state["closed"]:
             return
         if not state["accepted"]:  # the replica failed before accepting (e.g. it died while starting)
-            await send({"type": "websocket.accept", "subprotocol": select_subprotocol(tuple(scope.get("subprotocols") or ()))})
-            await send({"type": "websocket.close", "code": int(CloseCode.TRY_AGAIN_LATER), "reason": FULL_REASON})
+            await _refuse_full(scope, send)
             return
-        dialect = inspect_handshake(asgi_request(scope)).dialect
-        frame = serialise(Error.from_protocol_error(ProtocolError(ErrorCode.REPLICA_LOST)), dialect)
-        with contextlib.suppress(Exception):
-            if frame is not None:
-                await send({"type": "websocket.send", "text": frame})
-            await send({"type": "websocket.close", "code": int(CloseCode.SERVICE_RESTART), "reason": LOST_REASON})
+        await close_replica_lost(scope, send)
 
 
-def middlewares(admission_wait_s: float | None = None) -> list:
+class _ServeLeases:
+    """Opens `RealtimeReplica.lease` calls through a Serve handle (made on first use, off the proxy's loop)."""
+
+    def __init__(self, app_name: str) -> None:
+        self.app_name = app_name
+        self._handle: Any = None
+
+    def _make_handle(self):
+        from ray import serve
+
+        return serve.get_deployment_handle(REPLICA_DEPLOYMENT, self.app_name).options(method_name="lease", stream=True)
+
+    async def __call__(self) -> LeaseCall:
+        if self._handle is None:
+            self._handle = await asyncio.to_thread(self._make_handle)
+        return self._handle.remote()
+
+
+def middlewares(admission_wait_s: float | None = None, app_name: str | None = None) -> list:
     """The proxy middleware list (Starlette `Middleware` entries): the proxy callback's return value."""
     from starlette.middleware import Middleware
 
     if admission_wait_s is None:
         admission_wait_s = float(os.environ.get("REALTIME_MING_ADMISSION_WAIT_S", "1.0"))
-    return [Middleware(RealtimeProxyMiddleware, admission_wait_s=admission_wait_s)]
+    if app_name is None:
+        app_name = os.environ.get("REALTIME_MING_APP_NAME", DEFAULT_APP_NAME)
+    return [Middleware(RealtimeProxyMiddleware, admission_wait_s=admission_wait_s, leases=_ServeLeases(app_name))]

@@ -14,6 +14,14 @@ began"; the replica reads the flag of Ray Serve 2.60's replica object (`_shuttin
 once at start. Without it (another Ray version) the drain still runs in `__del__`, after Serve's
 own wait.
 
+Data path (cluster config `data_path`): with `direct` (default) the replica also serves sessions on
+its own `websockets` port (cluster/direct.py): the proxy middleware takes a lease through the
+streaming `lease` call (one Serve request for the session's life, so admission is unchanged), then
+relays the client's frames over one TCP connection to that port, with Ray off the per-frame path;
+requests without a live one-time lease token are refused 403. With `serve` the session is the
+WebSocket Serve's proxy hands the replica as ASGI, every frame crossing Ray. Both run the same
+`RealtimeServer.serve_session`.
+
 The upgrade response names the replica (`x-realtime-ming-replica`, its Serve replica id, as in
 /health and /metrics), so a client or an operator can tell which replica serves a session.
 
@@ -25,18 +33,21 @@ handled by the proxy middleware (cluster/proxy.py): its sessions get `replica_lo
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import logging
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from websockets.frames import CloseCode
+
+from .lease import REPLICA_HEADER
 
 __all__ = ["REPLICA_HEADER", "RealtimeReplica", "replica_capacity"]
 
 log = logging.getLogger(__name__)
 
-REPLICA_HEADER = "x-realtime-ming-replica"  # on every accepted upgrade: the replica serving the session
 _WATCH_S = 0.1  # how often the replica looks for "Serve is stopping me" and a dead engine
 
 
@@ -60,23 +71,31 @@ class RealtimeReplica:
     """The replica deployment's class (wrapped by `serve.ingress()` / `serve.deployment` in cluster/app.py)."""
 
     async def __init__(self, server_config: str | None, overrides: list[str], app_name: str,
-                     report_interval_s: float) -> None:
+                     report_interval_s: float, direct: dict[str, Any] | None = None) -> None:
         from ray import serve
 
         from ..server.app import RealtimeServer, load_engine
         from ..server.asgi import RealtimeAsgiApp
-        from ..server.config import load_serve_config
+        from ..server.config import TlsConfig, load_serve_config
         from ..server.startup import prepare
+        from .direct import DirectPort
         from .registry import registry_actor
 
         cfg = prepare(load_serve_config(server_config, overrides))
+        # TLS ends at Serve's proxy; the direct hop proxy -> replica is plain TCP inside the cluster
+        cfg = dataclasses.replace(cfg, server=dataclasses.replace(cfg.server, tls=TlsConfig()))
         context = serve.get_replica_context()
         self.replica_id = context.replica_id.unique_id
         self.actor_name = context.replica_id.to_full_id_str()
+        self.direct = DirectPort(**direct) if direct is not None else None
         self.engine = await asyncio.to_thread(load_engine, cfg)
-        self.server = RealtimeServer(cfg, self.engine)
+        self.server = RealtimeServer(cfg, self.engine, sock=self.direct and self.direct.sock,
+                                     admit=self.direct and self.direct.gate.process_request)
         self.asgi = RealtimeAsgiApp(self.server, accept_headers=[(REPLICA_HEADER, self.replica_id)])
         await self.asgi.ensure_prepared()
+        if self.direct is not None:
+            await self.server.start()
+            log.info("replica %s: direct data path on %s", self.replica_id, self.direct.address)
         self.capacity = replica_capacity(cfg)
         self._registry = registry_actor(app_name)
         self._report_interval_s = report_interval_s
@@ -102,6 +121,17 @@ class RealtimeReplica:
             await asgi(scope, receive, send)
 
         return app
+
+    async def lease(self) -> AsyncIterator[dict[str, Any]]:
+        """Admission of a session on the direct data path (called by the proxy middleware with
+        `stream=True`): yields {data_path: direct, host, port, token, replica}, then stays open until
+        the session that used the token ends (or the token expires unused). A replica on the serve
+        data path yields {data_path: serve} and ends: the proxy then relays through Serve."""
+        if self.direct is None:
+            yield {"data_path": "serve", "replica": self.replica_id}
+            return
+        async for grant in self.direct.grants(self.replica_id):
+            yield grant
 
     # ---- state ---------------------------------------------------------------------------------
     def report(self) -> dict[str, Any]:
@@ -144,6 +174,7 @@ class RealtimeReplica:
                 server.begin_drain()
                 await server.wait_responses_done(1.0)  # the engine failed them: let response.done go out
                 await self.asgi.close_sessions(CloseCode.INTERNAL_ERROR, "model engine unavailable")
+                await server.close(CloseCode.INTERNAL_ERROR, "model engine unavailable")  # the direct sessions
                 return
 
     async def drain(self) -> bool:
@@ -154,6 +185,7 @@ class RealtimeReplica:
         self.server.begin_drain()
         await self._report_now()  # /health shows `draining` from the start of the drain, not a report later
         done = await self.asgi.drain(self.server.cfg.server.limits.drain_timeout_s)
+        await self.server.close()  # the direct sessions: 1001 (their responses finished above)
         await self._report_now()
         return done
 

@@ -26,6 +26,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import yaml
@@ -96,12 +97,17 @@ class RealtimeServer:
     The engine's lifetime belongs to the caller (`close()` does not stop it). `sock` is an already
     bound, listening socket to serve on (`startup.open_listener`); None = bind `server.host:port`.
     A non-loopback host without API keys refuses to start unless `server.auth.allow_unauthenticated`.
+    `admit` (a `websockets` process_request hook) answers every request first and refuses what it
+    returns a response for; a server started with one skips that exposure check, the hook deciding
+    who may connect (a cluster replica's one-time lease tokens, realtime_ming/cluster/lease.py).
     """
 
-    def __init__(self, cfg: ServerConfig, engine: ServingEngine, *, sock: socket.socket | None = None) -> None:
+    def __init__(self, cfg: ServerConfig, engine: ServingEngine, *, sock: socket.socket | None = None,
+                 admit: Callable[[ServerConnection, Request], Response | None] | None = None) -> None:
         self.cfg = cfg = resolve_api_keys(cfg)
         self.engine = engine
         self._sock = sock
+        self._admit = admit
         self.metrics = ServerMetrics()
         self._info = dict(engine.info())
         self.model_id = cfg.server.model_id or str(self._info.get("model") or DEFAULT_MODEL)
@@ -169,7 +175,8 @@ class RealtimeServer:
     async def start(self) -> None:
         """Bind (unless given a socket) and start accepting (returns at once). Raises StartupError."""
         limits = self.cfg.server.limits
-        check_exposure(self.cfg)
+        if self._admit is None:
+            check_exposure(self.cfg)
         tls = ssl_context(self.cfg.server.tls)
         await self.prepare()
         sock = self._sock or open_listener(self.cfg.server.host, self.cfg.server.port)
@@ -262,6 +269,8 @@ class RealtimeServer:
         await self.close()
 
     async def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
+        if self._admit is not None and (refusal := self._admit(connection, request)) is not None:
+            return refusal
         if VoiceRoutes.matches(request_path(request.path)):
             return await self.voice_routes.respond(connection, request)
         if isinstance(connection, BodyConnection):

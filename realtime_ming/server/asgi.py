@@ -30,7 +30,7 @@ from .transport import TransportClosed
 if TYPE_CHECKING:
     from .app import RealtimeServer
 
-__all__ = ["AsgiTransport", "RealtimeAsgiApp", "asgi_request"]
+__all__ = ["AsgiTransport", "RealtimeAsgiApp", "asgi_request", "refuse_upgrade"]
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +106,15 @@ async def _send_response(send, response: Response, *, websocket: bool) -> None:
     await send({"type": f"{prefix}.body", "body": bytes(response.body)})
 
 
+async def refuse_upgrade(scope: Scope, send, response: Response) -> None:
+    """Refuse an ASGI WebSocket upgrade with `response` (401, 403, ...) where the server offers the denial
+    response extension, else with a close before accepting (the ASGI server then answers 403)."""
+    if "websocket.http.response" in (scope.get("extensions") or {}):
+        await _send_response(send, response, websocket=True)
+    else:
+        await send({"type": "websocket.close", "code": int(CloseCode.POLICY_VIOLATION), "reason": ""})
+
+
 class RealtimeAsgiApp:
     """ASGI callable over a `RealtimeServer` whose `start()` is never called (the ASGI server owns the port).
 
@@ -162,12 +171,6 @@ class RealtimeAsgiApp:
             response.headers["Upgrade"] = "websocket"
         await _send_response(send, response, websocket=False)
 
-    async def _refuse(self, scope: Scope, send, response: Response) -> None:
-        if "websocket.http.response" in (scope.get("extensions") or {}):
-            await _send_response(send, response, websocket=True)
-        else:
-            await send({"type": "websocket.close", "code": int(CloseCode.POLICY_VIOLATION), "reason": ""})
-
     async def _websocket(self, scope: Scope, receive, send) -> None:
         server = self.server
         request = asgi_request(scope)
@@ -176,13 +179,13 @@ class RealtimeAsgiApp:
             return
         if request_path(request.path) != REALTIME_PATH:
             response = await server.routes.respond(request)
-            await self._refuse(scope, send, response or text_response(http.HTTPStatus.NOT_FOUND, "Not found.\n"))
+            await refuse_upgrade(scope, send, response or text_response(http.HTTPStatus.NOT_FOUND, "Not found.\n"))
             return
         info = inspect_handshake(request)
         refusal = check_access(info, server.cfg.server.auth)
         if refusal is not None:
             server.metrics.refusals.labels(refusal.reason).inc()
-            await self._refuse(scope, send, text_response(refusal.status, refusal.message))
+            await refuse_upgrade(scope, send, text_response(refusal.status, refusal.message))
             return
         await self.ensure_prepared()
         await send({"type": "websocket.accept", "subprotocol": select_subprotocol(info.subprotocols),

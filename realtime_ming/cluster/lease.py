@@ -1,0 +1,133 @@
+"""Session leases of the direct data path: one-time tokens for a replica's own `websockets` port.
+
+Serve's proxy obtains a lease through a Serve-routed streaming call on the replica deployment (so it
+counts against `max_ongoing_requests` like a session), then connects to the replica's direct port with
+the token in the `x-realtime-ming-lease` header. A token is secret (`secrets.token_urlsafe`, 256
+bits), single use, and valid for `ttl_s` after it was issued; any request on the direct port without
+a live token is refused with 403 before the upgrade (HTTP routes included). `LeaseGate.process_request`
+is the `websockets` hook that checks it; the lease ends when the connection that claimed it closes (or
+when it expires unclaimed), which ends the streaming call and frees the Serve slot.
+
+Plain Python (no Ray), so it is testable alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import http
+import logging
+import secrets
+import time
+from dataclasses import dataclass, field
+
+from websockets.asyncio.server import ServerConnection
+from websockets.http11 import Request, Response
+
+from ..server.http import text_response
+
+__all__ = ["LEASE_HEADER", "REPLICA_HEADER", "Lease", "LeaseBook", "LeaseGate"]
+
+log = logging.getLogger(__name__)
+
+LEASE_HEADER = "x-realtime-ming-lease"
+REPLICA_HEADER = "x-realtime-ming-replica"  # on every accepted upgrade: the replica serving the session
+_REFUSED = "This port serves only sessions admitted by the cluster's proxy.\n"
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
+
+
+@dataclass(eq=False)
+class Lease:
+    """One admitted session: its token until claimed, then the connection's life."""
+
+    token: str
+    expires_at: float  # time.monotonic() deadline for the claim
+    claimed: asyncio.Event = field(default_factory=asyncio.Event)
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def wait_done(self) -> bool:
+        """Return once the lease is over: True after the claiming connection closed, False when the token
+        expired unused (or was revoked). Cancel-safe."""
+        remaining = self.expires_at - time.monotonic()
+        if not self.claimed.is_set():
+            try:
+                async with asyncio.timeout(max(0.0, remaining)):
+                    await self.claimed.wait()
+            except TimeoutError:
+                return False
+        await self.ended.wait()
+        return True
+
+
+class LeaseBook:
+    """The replica's outstanding tokens (by SHA-256 digest, so a lookup compares no secret)."""
+
+    def __init__(self, ttl_s: float) -> None:
+        if ttl_s <= 0:
+            raise ValueError("ttl_s must be > 0")
+        self.ttl_s = ttl_s
+        self._pending: dict[bytes, Lease] = {}
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def issue(self) -> Lease:
+        self._expire()
+        lease = Lease(secrets.token_urlsafe(32), time.monotonic() + self.ttl_s)
+        self._pending[_digest(lease.token)] = lease
+        return lease
+
+    def claim(self, token: str | None) -> Lease | None:
+        """The lease of `token`, taken out of the book (single use); None when unknown, used or expired."""
+        self._expire()
+        if not token:
+            return None
+        lease = self._pending.pop(_digest(token), None)
+        if lease is None:
+            return None
+        lease.claimed.set()
+        return lease
+
+    def revoke(self, lease: Lease) -> None:
+        """Withdraw an unclaimed token (its streaming call ended); a claimed lease is left to its connection."""
+        if self._pending.get(_digest(lease.token)) is lease:
+            del self._pending[_digest(lease.token)]
+        if not lease.claimed.is_set():
+            lease.ended.set()
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for key in [k for k, lease in self._pending.items() if lease.expires_at <= now]:
+            self._pending.pop(key).ended.set()
+
+
+class LeaseGate:
+    """`process_request` of the replica's direct port: a live token or 403 before anything else."""
+
+    def __init__(self, book: LeaseBook) -> None:
+        self.book = book
+        self._watchers: set[asyncio.Task] = set()
+        self.refused = 0
+
+    def process_request(self, connection: ServerConnection, request: Request) -> Response | None:
+        tokens = request.headers.get_all(LEASE_HEADER)
+        lease = self.book.claim(tokens[0]) if len(tokens) == 1 else None
+        if lease is None:
+            self.refused += 1
+            log.warning("direct port: refused a request without a valid lease token from %s",
+                        connection.remote_address)
+            return text_response(http.HTTPStatus.FORBIDDEN, _REFUSED)
+        task = asyncio.ensure_future(self._end_on_close(connection, lease))
+        self._watchers.add(task)
+        task.add_done_callback(self._watchers.discard)
+        return None
+
+    @staticmethod
+    async def _end_on_close(connection: ServerConnection, lease: Lease) -> None:
+        try:
+            await connection.wait_closed()
+        finally:
+            lease.ended.set()
