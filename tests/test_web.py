@@ -49,13 +49,20 @@ def _ms(value_s: float) -> float:
     return seconds(value_s) * 1000.0
 
 
+# What the thinker says (cycled until max_output_tokens). The tiny model's own random text holds few
+# whitespace words and sentence ends, so how soon its segmenter hands the talker a first segment — and
+# whether a reply is spoken at all — was chance; with real words every reply speaks from its first sentence.
+FORCED_REPLY = "Sure, here is a long answer. It goes on sentence after sentence, so there is time to talk over it. "
+
+
 @pytest.fixture(scope="module")
 def engine():
-    """The real engine on the embedded tiny default (loaded once for the module)."""
+    """The real engine on the embedded tiny default (loaded once for the module), its thinker emitting
+    FORCED_REPLY's tokens (`engine.thinker.forced_reply`: every model computation still runs)."""
     from realtime_ming.engine import Engine
-    from realtime_ming.engine.config import EngineConfig
+    from realtime_ming.engine.config import EngineConfig, ThinkerRunnerConfig
 
-    eng = Engine.create(EngineConfig())
+    eng = Engine.create(EngineConfig(thinker=ThinkerRunnerConfig(forced_reply=FORCED_REPLY)))
     yield eng
     eng.close()
 
@@ -162,17 +169,32 @@ async def test_web_spoken_turn_is_played_and_timed(engine, speech, tmp_path):
 
 
 async def test_web_barge_in_stops_playback_and_cancels(engine, speech, tmp_path):
-    """The looping fake mic talks over a long reply: playback stops at once (player idle), the item
-    is truncated to exactly the samples played, the server acknowledges it and cancels the response."""
-    mic = _mic_file(tmp_path, speech, gap_s=2.5)
-    found = """() => __demo.bargeIns.flatMap(b => b.items.map(i => ({...i, playbackState: b.playbackState})))
+    """The user waits (mic muted) until a long spoken reply plays, then the looping fake mic talks over
+    it: playback stops at once (player idle), the item is truncated to exactly the samples played, the
+    server acknowledges it and cancels the response (turn_detected).
+
+    Every step waits for the page's own events, not for the mic loop's timing: with the mic live the
+    next looped sentence could arrive before the reply's first audio (a slow machine, a late first
+    segment), and a reply cancelled before it played proves nothing here.
+    """
+    mic = _mic_file(tmp_path, speech, gap_s=4.0)  # the pause that leaves time to mute after the first turn
+    found = """(playing) => __demo.bargeIns.flatMap(b => b.items.map(i => ({...i, playbackState: b.playbackState})))
                  .find(i => { const r = __demo.responses[i.responseId];
-                              return r.status === 'cancelled' && r.playedSamples > 0
+                              return i.responseId === playing && r.status === 'cancelled' && r.playedSamples > 0
                                   && __demo.truncated.some(t => t.itemId === i.itemId); })"""
     async with _server(engine) as srv, _page(mic) as page:
         await _open(page, srv)
         await page.click("#connect-btn")
-        handle = await page.wait_for_function(found, timeout=_ms(180))
+        await page.wait_for_function("() => __demo.speechStopped >= 1", timeout=_ms(60), polling=20)
+        await page.click("#mute-btn")  # the first turn is spoken: hold the next one until the reply plays
+        playing = await (await page.wait_for_function(
+            """() => { const r = Object.entries(__demo.responses).find(([, r]) => r.status === 'in_progress'
+                                                                        && r.playedSamples > 0);
+                       return r && r[0]; }""",
+            timeout=_ms(120),
+        )).json_value()
+        await page.click("#mute-btn")  # unmuted: the looping mic's next sentence talks over the reply
+        handle = await page.wait_for_function(found, arg=playing, timeout=_ms(60))
         cut = await handle.json_value()
         demo = await page.evaluate("window.__demo")
         if os.environ.get(SCREENSHOT_ENV):
