@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from server_support import espeak
-from test_web import MIC_RATE_HZ, _mic_file, _ms, _open, _page
+from test_web import MIC_RATE_HZ, _mic_file, _open, _page, _wait_for
 
 from realtime_ming.engine.api import ContentKind
 from realtime_ming.server import RealtimeServer, load_config
@@ -46,14 +46,11 @@ async def test_web_camera_frames_go_with_a_spoken_turn(engine, speech, tmp_path)
     async with RealtimeServer(config, recording) as srv, _page(mic) as page:
         await _open(page, srv)
         await page.click("#connect-btn")
-        await page.wait_for_function("() => __demo.state === 'listening'", timeout=_ms(30))
+        await _wait_for(page, "() => __demo.state === 'listening'", 30)
         await page.click("#camera-btn")
-        await page.wait_for_function("() => __demo.cameraOn", timeout=_ms(10))
-        await page.wait_for_function(
-            """() => Object.values(__demo.responses).some(r => FINISHED.includes(r.status) && r.audioDeltas > 0)
-                 && Object.values(__demo.cameraFramesBySpeech).some(n => n > 0)""",
-            timeout=_ms(180),
-        )
+        await _wait_for(page, "() => __demo.cameraOn", 10)
+        await _wait_for(page, """() => Object.values(__demo.responses).some(r => FINISHED.includes(r.status) && r.audioDeltas > 0)
+                 && Object.values(__demo.cameraFramesBySpeech).some(n => n > 0)""", 180)
         demo = await page.evaluate("window.__demo")
         pressed = await page.get_attribute("#camera-btn", "aria-pressed")
         preview_shown = await page.is_visible("#camera-preview")
