@@ -203,8 +203,10 @@ async def test_web_barge_in_stops_playback_and_cancels(engine, speech, tmp_path)
     async with _server(engine) as srv, _page(mic) as page:
         await _open(page, srv)
         await page.click("#connect-btn")
-        await _wait_for(page, "() => __demo.speechStopped >= 1", 60)
-        await page.click("#mute-btn")  # the first turn is spoken: hold the next one until the reply plays
+        # The first turn is spoken: mute (the page itself, within 20 ms of speech_stopped, no round trip
+        # to this process) so the next looped sentence waits until the reply plays.
+        await _wait_for(page, "() => __demo.speechStopped >= 1 && (document.getElementById('mute-btn').click(), true)", 60)
+        assert await page.get_attribute("#mute-btn", "aria-pressed") == "true"
         playing = await (await _wait_for(
             page,
             """() => { const r = Object.entries(__demo.responses).find(([, r]) => r.status === 'in_progress'
