@@ -55,14 +55,19 @@ def _ms(value_s: float) -> float:
 FORCED_REPLY = "Sure, here is a long answer. It goes on sentence after sentence, so there is time to talk over it. "
 
 
-@pytest.fixture(scope="module")
-def engine():
-    """The real engine on the embedded tiny default (loaded once for the module), its thinker emitting
-    FORCED_REPLY's tokens (`engine.thinker.forced_reply`: every model computation still runs)."""
+def speaking_engine():
+    """The real engine on the embedded tiny default, its thinker emitting FORCED_REPLY's tokens
+    (`engine.thinker.forced_reply`: every model computation still runs)."""
     from realtime_ming.engine import Engine
     from realtime_ming.engine.config import EngineConfig, ThinkerRunnerConfig
 
-    eng = Engine.create(EngineConfig(thinker=ThinkerRunnerConfig(forced_reply=FORCED_REPLY)))
+    return Engine.create(EngineConfig(thinker=ThinkerRunnerConfig(forced_reply=FORCED_REPLY)))
+
+
+@pytest.fixture(scope="module")
+def engine():
+    """`speaking_engine()`, loaded once for the module."""
+    eng = speaking_engine()
     yield eng
     eng.close()
 
