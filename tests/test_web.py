@@ -49,6 +49,29 @@ def _ms(value_s: float) -> float:
     return seconds(value_s) * 1000.0
 
 
+# What the thinker says (cycled until max_output_tokens). The tiny model's own random text holds few
+# whitespace words and sentence ends, so how soon its segmenter hands the talker a first segment — and
+# whether a reply is spoken at all — was chance; with real words every reply speaks from its first sentence.
+FORCED_REPLY = "Sure, here is a long answer. It goes on sentence after sentence, so there is time to talk over it. "
+
+
+def speaking_engine():
+    """The real engine on the embedded tiny default, its thinker emitting FORCED_REPLY's tokens
+    (`engine.thinker.forced_reply`: every model computation still runs)."""
+    from realtime_ming.engine import Engine
+    from realtime_ming.engine.config import EngineConfig, ThinkerRunnerConfig
+
+    return Engine.create(EngineConfig(thinker=ThinkerRunnerConfig(forced_reply=FORCED_REPLY)))
+
+
+@pytest.fixture(scope="module")
+def engine():
+    """`speaking_engine()`, loaded once for the module."""
+    eng = speaking_engine()
+    yield eng
+    eng.close()
+
+
 @pytest.fixture(scope="module")
 def stub_engine():
     """A scripted engine for tests that need a server but no model output."""
@@ -100,12 +123,33 @@ async def _page(mic_wav: str | None = None, *, grant_mic: bool = True):
             await browser.close()
 
 
+DEMO_SUMMARY = """() => { try { return {
+    state: __demo.state, muted: document.getElementById('mute-btn').getAttribute('aria-pressed'),
+    speechStarted: __demo.speechStarted, speechStopped: __demo.speechStopped, playback: __demo.playback,
+    responses: Object.fromEntries(Object.entries(__demo.responses).map(([id, r]) => [id.slice(-8),
+        [r.status, r.reason, r.audioDeltas, r.receivedSamples, r.playedSamples]])),
+    bargeIns: __demo.bargeIns.length, truncated: __demo.truncated.length, errors: __demo.errors,
+    stateLog: __demo.stateLog.slice(-12)}; } catch (err) { return String(err); } }"""
+
+
+async def _wait_for(page, predicate: str, timeout_s: float, arg=None):
+    """`page.wait_for_function` on a scaled timeout; a timeout fails with what the page saw so far
+    (its responses as [status, reason, deltas, received, played]), not a bare Playwright timeout."""
+    from playwright.async_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        return await page.wait_for_function(predicate, arg=arg, timeout=_ms(timeout_s), polling=20)
+    except PlaywrightTimeout:
+        summary = await page.evaluate(DEMO_SUMMARY)
+        raise AssertionError(f"waited {seconds(timeout_s):g} s for {predicate.strip()[:200]!r}; the page saw {summary}") from None
+
+
 async def _open(page, srv: RealtimeServer) -> None:
     """Load the demo from the server and wait until it has listed the model's voices."""
     await page.goto(f"http://127.0.0.1:{srv.port}/")
     # A reply ends completed, or incomplete when it reaches the (small) max_output_tokens.
     await page.evaluate(f"window.FINISHED = {json.dumps(FINISHED)}")
-    await page.wait_for_function("() => Array.isArray(window.__demo.voices)", timeout=_ms(10))
+    await _wait_for(page, "() => Array.isArray(window.__demo.voices)", 10)
 
 
 async def test_web_spoken_turn_is_played_and_timed(engine, speech, tmp_path):
@@ -115,16 +159,16 @@ async def test_web_spoken_turn_is_played_and_timed(engine, speech, tmp_path):
     async with _server(engine, "session.max_output_tokens=32") as srv, _page(mic) as page:
         await _open(page, srv)
         await page.click("#connect-btn")
-        await page.wait_for_function(
-            """() => __demo.playback.state === 'idle' && Object.values(__demo.responses).some(
-                 r => FINISHED.includes(r.status) && r.audioDeltas > 0 && r.playedSamples === r.receivedSamples)""",
-            timeout=_ms(180),
-        )
+        # One turn is enough: the page mutes itself at its speech_stopped, so the looping mic's next
+        # sentence cannot cancel the reply however slowly this machine answers.
+        await _wait_for(page, "() => __demo.speechStopped >= 1 && (document.getElementById('mute-btn').click(), true)", 60)
+        await _wait_for(page, """() => __demo.playback.state === 'idle' && Object.values(__demo.responses).some(
+                 r => FINISHED.includes(r.status) && r.audioDeltas > 0 && r.playedSamples === r.receivedSamples)""", 180)
         demo = await page.evaluate("window.__demo")
         ttfa_text = await page.text_content("#ttfa-value")
         chart_label = await page.get_attribute("#latency-chart", "aria-label")
         bubbles = await page.locator(".msg-assistant").count()
-        await page.wait_for_function("() => Object.keys(__demo.transcripts).length > 0", timeout=_ms(60))
+        await _wait_for(page, "() => Object.keys(__demo.transcripts).length > 0", 60)
         demo = await page.evaluate("window.__demo")
         user_bubbles = await page.locator(".msg-user .msg-body").all_text_contents()
     played = [r for r in demo["responses"].values() if r["status"] in FINISHED and r["audioDeltas"] > 0]
@@ -151,9 +195,16 @@ async def test_web_spoken_turn_is_played_and_timed(engine, speech, tmp_path):
 
 
 async def test_web_barge_in_stops_playback_and_cancels(engine, speech, tmp_path):
-    """The looping fake mic talks over a long reply: playback stops at once (player idle), the item
-    is truncated to exactly the samples played, the server acknowledges it and cancels the response."""
-    mic = _mic_file(tmp_path, speech, gap_s=2.5)
+    """The user waits (mic muted) until a long spoken reply plays, then the looping fake mic talks over
+    it: playback stops at once (player idle), the item is truncated to exactly the samples played, the
+    server acknowledges it and cancels the response (turn_detected).
+
+    Every step waits for the page's own events, not for the mic loop's timing: with the mic live the
+    next looped sentence could arrive before the reply's first audio (a slow machine, a late first
+    segment), and a reply cancelled before it played, or one whose audio was all played before the
+    cut, proves nothing here.
+    """
+    mic = _mic_file(tmp_path, speech, gap_s=4.0)  # the pause that leaves time to mute after the first turn
     found = """() => __demo.bargeIns.flatMap(b => b.items.map(i => ({...i, playbackState: b.playbackState})))
                  .find(i => { const r = __demo.responses[i.responseId];
                               return r.status === 'cancelled' && r.playedSamples > 0
@@ -161,17 +212,25 @@ async def test_web_barge_in_stops_playback_and_cancels(engine, speech, tmp_path)
     async with _server(engine) as srv, _page(mic) as page:
         await _open(page, srv)
         await page.click("#connect-btn")
-        handle = await page.wait_for_function(found, timeout=_ms(180))
+        # The first turn is spoken: mute (the page itself, within 20 ms of speech_stopped, no round trip
+        # to this process) so the next looped sentence waits until the reply plays.
+        await _wait_for(page, "() => __demo.speechStopped >= 1 && (document.getElementById('mute-btn').click(), true)", 60)
+        assert await page.get_attribute("#mute-btn", "aria-pressed") == "true"
+        # The reply plays with a second of audio received ahead of playback: the barge-in's output hold
+        # (no audio sent while the speech is judged) must not drain the player before the cut.
+        await _wait_for(page, f"""() => Object.values(__demo.responses).some(r => r.status === 'in_progress'
+                 && r.playedSamples > 0 && r.receivedSamples - r.playedSamples >= {OUTPUT_RATE_HZ})""", 120)
+        await page.click("#mute-btn")  # unmuted: the looping mic's next sentence talks over the reply
+        # (on a machine whose talker falls behind real time the player may still drain first: nothing is
+        # left to truncate then, and a later reply, talked over in turn, is the one cut)
+        handle = await _wait_for(page, found, 120)
         cut = await handle.json_value()
         demo = await page.evaluate("window.__demo")
         if os.environ.get(SCREENSHOT_ENV):
             # README picture: the reply to the interrupting turn half a second into playback.
             await page.set_viewport_size({"width": 1280, "height": 960})
-            await page.wait_for_function(
-                """() => __demo.state === 'speaking' && Object.values(__demo.responses)
-                     .some(r => r.status === 'in_progress' && r.playedSamples > 22050)""",
-                timeout=_ms(60),
-            )
+            await _wait_for(page, """() => __demo.state === 'speaking' && Object.values(__demo.responses)
+                     .some(r => r.status === 'in_progress' && r.playedSamples > 22050)""", 60)
             await page.screenshot(path=os.environ[SCREENSHOT_ENV])
     reply = demo["responses"][cut["responseId"]]
     assert (reply["status"], reply["reason"]) == ("cancelled", "turn_detected")
@@ -198,11 +257,11 @@ async def test_web_banners_auth_and_unreachable(stub_engine):
         state_after_refusal = await page.evaluate("__demo.state")
         await page.fill("#api-key", "s3cret-key")
         await page.click("#connect-btn")
-        await page.wait_for_function("() => __demo.state === 'listening'", timeout=_ms(10))
+        await _wait_for(page, "() => __demo.state === 'listening'", 10)
         pill = await page.text_content("#conn-text")
         banner_hidden = await page.is_hidden("#banner")
         await page.click("#connect-btn")  # disconnect
-        await page.wait_for_function("() => __demo.state === 'disconnected'", timeout=_ms(10))
+        await _wait_for(page, "() => __demo.state === 'disconnected'", 10)
         await page.fill("#server-url", f"http://127.0.0.1:{closed_port}")
         await page.click("#connect-btn")
         await page.wait_for_selector("#banner:not([hidden])", timeout=_ms(10))
@@ -228,10 +287,7 @@ async def test_web_mic_denied_still_types_and_attaches_images(engine, tmp_path):
         await page.wait_for_selector(".msg-image", timeout=_ms(10))
         await page.fill("#composer-input", "What colour is this picture?")
         await page.press("#composer-input", "Enter")
-        await page.wait_for_function(
-            "() => Object.values(__demo.responses).some(r => FINISHED.includes(r.status) && r.playedSamples > 0)",
-            timeout=_ms(120),
-        )
+        await _wait_for(page, "() => Object.values(__demo.responses).some(r => FINISHED.includes(r.status) && r.playedSamples > 0)", 120)
         demo = await page.evaluate("window.__demo")
     assert mic_title == "Microphone blocked" and demo["micError"] == "denied"
     assert demo["state"] != "disconnected"
@@ -263,12 +319,10 @@ async def test_web_tiny_model_notice_and_unicode_transcript():
             notice_visible = await page.is_visible("#model-notice")
             notice_text = await page.text_content("#model-notice")
             await page.click("#connect-btn")
-            await page.wait_for_function("() => __demo.state !== 'connecting' && __demo.state !== 'disconnected'",
-                                         timeout=_ms(10))
+            await _wait_for(page, "() => __demo.state !== 'connecting' && __demo.state !== 'disconnected'", 10)
             await page.fill("#composer-input", "Say something in several scripts.")
             await page.press("#composer-input", "Enter")
-            await page.wait_for_function(
-                "() => Object.values(__demo.responses).some(r => r.status === 'completed')", timeout=_ms(30))
+            await _wait_for(page, "() => Object.values(__demo.responses).some(r => r.status === 'completed')", 30)
             shown = await page.locator(".msg-assistant .msg-body").last.text_content()
             still_visible = await page.is_visible("#model-notice")
             demo = await page.evaluate("window.__demo")
