@@ -11,8 +11,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,6 +23,7 @@ from server_support import (
     music_like_noise,
     pcm16_b64,
     seconds,
+    served_cli,
     silence,
     validate_frame,
     white_noise,
@@ -229,36 +228,12 @@ async def test_disconnect_mid_response_frees_the_engine_slot(server, engine):
     assert (stats.turns, stats.thinker_rows, stats.talker_streams) == (0, 0, 0)
 
 
-def test_cli_serve_starts_reports_and_stops(tmp_path):
+def test_cli_serve_starts_reports_and_stops():
     """`realtime-ming serve --port 0` prints the tiny-model notice and its URL, answers /health, exits 0 on SIGINT."""
-    import re
-    import signal
-    import subprocess
-    import sys
-    import urllib.request
-
-    from realtime_ming.engine import Engine  # noqa: F401
     from realtime_ming.server import TINY_MODEL_NOTICE
 
-    repo = Path(__file__).resolve().parent.parent
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "realtime_ming.cli", "serve", "--port", "0", "--log-level", "WARNING"],
-        stderr=subprocess.PIPE, text=True, cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)},
-    )
-    try:
-        lines = []
-        for line in proc.stderr:
-            lines.append(line)
-            match = re.search(r"on ws://127\.0\.0\.1:(\d+)/v1/realtime", line)
-            if match:
-                break
-        assert match is not None, "".join(lines)
-        assert any(TINY_MODEL_NOTICE in line for line in lines)
-        with urllib.request.urlopen(f"http://127.0.0.1:{match.group(1)}/health", timeout=seconds(10)) as reply:
-            assert json.loads(reply.read())["status"] == "ok"
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=seconds(60)) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    with served_cli() as server:
+        assert server.url == f"ws://127.0.0.1:{server.port}/v1/realtime"
+        assert TINY_MODEL_NOTICE in server.startup
+        assert server.health()["status"] == "ok"
+        assert server.stop() == 0

@@ -10,24 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import re
-import signal
 import ssl
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-from server_support import StubEngine, seconds, validate_frame
+from server_support import StubEngine, seconds, served_cli, validate_frame
 from websockets.asyncio.client import connect
 
 from realtime_ming.protocol import Dialect
 from realtime_ming.server import RealtimeServer, load_config
 
 trustme = pytest.importorskip("trustme")
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -98,29 +90,8 @@ async def test_plain_client_and_untrusting_client_fail(tls_server):
 
 def test_cli_prints_wss_url(pki):
     """`serve --ssl-certfile/--ssl-keyfile` announces wss:// and answers https /health, then stops on SIGINT."""
-    import urllib.request
-
     client_ctx, certfile, keyfile = pki
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "realtime_ming.cli", "serve", "--port", "0", "--log-level", "WARNING",
-         "--ssl-certfile", certfile, "--ssl-keyfile", keyfile, "--set", "session.vad.backend=webrtc"],
-        stderr=subprocess.PIPE, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
-    try:
-        lines = []
-        match = None
-        for line in proc.stderr:
-            lines.append(line)
-            match = re.search(r"on wss://127\.0\.0\.1:(\d+)/v1/realtime", line)
-            if match:
-                break
-        assert match is not None, "".join(lines)
-        url = f"https://127.0.0.1:{match.group(1)}/health"
-        with urllib.request.urlopen(url, timeout=seconds(10), context=client_ctx) as reply:
-            assert json.loads(reply.read())["status"] == "ok"
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=seconds(60)) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    with served_cli("--ssl-certfile", certfile, "--ssl-keyfile", keyfile, "--set", "session.vad.backend=webrtc") as server:
+        assert server.url == f"wss://127.0.0.1:{server.port}/v1/realtime"
+        assert server.health(context=client_ctx)["status"] == "ok"
+        assert server.stop() == 0
