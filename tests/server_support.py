@@ -18,8 +18,8 @@ import subprocess
 import sys
 import threading
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from http.client import HTTPMessage
 from pathlib import Path
 
@@ -281,6 +281,31 @@ async def http_request(port: int, path: str, method: str = "GET", headers: dict 
     return int(status_line.split()[1]), parsed, body
 
 
+@asynccontextmanager
+async def stub_served(*overrides: str, **stub) -> AsyncIterator:
+    """Our server (`server.port=0`, then `overrides`) on a fresh `StubEngine(**stub)`, closed with it."""
+    from realtime_ming.server import RealtimeServer, load_config
+
+    engine = StubEngine(**stub)
+    try:
+        async with RealtimeServer(load_config(None, ["server.port=0", *overrides]), engine) as srv:
+            yield srv
+    finally:
+        engine.close()
+
+
+def assert_cancelled_by_speech(frames: list[dict], response_id: str) -> int:
+    """`frames` hold speech_started, then the response.done of `response_id`, cancelled for turn_detected
+    (a barge-in); returns the index of that response.done in `frames`."""
+    types = [f["type"] for f in frames]
+    done_at = types.index("response.done")
+    done = frames[done_at]["response"]
+    assert types.index("input_audio_buffer.speech_started") < done_at, types
+    assert done["id"] == response_id
+    assert (done["status"], done["status_details"]["reason"]) == ("cancelled", "turn_detected"), done
+    return done_at
+
+
 class WsClient:
     """A raw WebSocket client that validates every server frame it receives."""
 
@@ -294,6 +319,19 @@ class WsClient:
         import json
 
         await self.ws.send(json.dumps(event))
+
+    async def append_audio(self, samples: np.ndarray, ms: int = 100) -> None:
+        """Send `samples` (float32 at the wire rate) as `input_audio_buffer.append` events of `ms` each, at once."""
+        for piece in chunks(samples, ms):
+            await self.send(type="input_audio_buffer.append", audio=pcm16_b64(piece))
+
+    async def start_long_response(self) -> dict:
+        """Ask for a long spoken story (max_output_tokens 4096) and return the response's first audio delta."""
+        await self.send(type="session.update", session={"type": "realtime", "max_output_tokens": 4096})
+        await self.send(type="conversation.item.create", item={
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Tell me a long story."}]})
+        await self.send(type="response.create")
+        return (await self.recv_until("response.output_audio.delta", timeout=120))[-1]
 
     async def recv(self, timeout: float = 5.0) -> dict:
         import asyncio

@@ -14,6 +14,7 @@ import threading
 import time
 
 import pytest
+from conftest import fresh_engine_fixture
 from server_support import (
     ServedCli,
     StubEngine,
@@ -37,22 +38,7 @@ class ThreadKiller(BaseException):
     """Kills the engine thread (not an Exception)."""
 
 
-@pytest.fixture(scope="module")
-def bundle():
-    from realtime_ming.engine.config import EngineConfig
-    from realtime_ming.engine.models import ModelBundle
-
-    return ModelBundle.load(EngineConfig())
-
-
-@pytest.fixture
-def engine(bundle):
-    from realtime_ming.engine import Engine
-    from realtime_ming.engine.config import EngineConfig
-
-    eng = Engine(EngineConfig(), bundle)
-    yield eng
-    eng.close()
+engine = fresh_engine_fixture()
 
 
 def _config(*overrides: str):

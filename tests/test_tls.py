@@ -13,11 +13,10 @@ import json
 import ssl
 
 import pytest
-from server_support import StubEngine, seconds, served_cli, validate_frame
+from server_support import seconds, served_cli, stub_served, validate_frame
 from websockets.asyncio.client import connect
 
 from realtime_ming.protocol import Dialect
-from realtime_ming.server import RealtimeServer, load_config
 
 trustme = pytest.importorskip("trustme")
 
@@ -41,13 +40,8 @@ def pki(tmp_path_factory):
 @pytest.fixture
 async def tls_server(pki):
     _, certfile, keyfile = pki
-    engine = StubEngine()
-    cfg = load_config(None, ["server.port=0", f"server.tls.certfile={certfile}", f"server.tls.keyfile={keyfile}"])
-    try:
-        async with RealtimeServer(cfg, engine) as srv:
-            yield srv
-    finally:
-        engine.close()
+    async with stub_served(f"server.tls.certfile={certfile}", f"server.tls.keyfile={keyfile}") as srv:
+        yield srv
 
 
 async def test_wss_session_update_round_trip(tls_server, pki):
