@@ -85,15 +85,54 @@ def fixture_tokenizers(root: Path) -> tuple[str, str]:
     return _TOKENIZERS[root]
 
 
-@pytest.fixture(scope="module")
-def engine():
-    """The embedded tiny engine (CPU), shared by one module's tests (a module may define its own)."""
+def tiny_engine(**thinker):
+    """The embedded tiny engine (CPU); `thinker` sets ThinkerRunnerConfig fields (forced_reply, max_seq_len, ...)."""
     from realtime_ming.engine import Engine
-    from realtime_ming.engine.config import EngineConfig
+    from realtime_ming.engine.config import EngineConfig, ThinkerRunnerConfig
 
-    eng = Engine.create(EngineConfig())
-    yield eng
-    eng.close()
+    return Engine.create(EngineConfig(thinker=ThinkerRunnerConfig(**thinker)))
+
+
+def tiny_engine_fixture(**thinker):
+    """A module-scoped `engine` fixture, `tiny_engine(**thinker)` closed after the module: a module that
+    needs other thinker settings than the default writes `engine = tiny_engine_fixture(...)`."""
+
+    @pytest.fixture(scope="module")
+    def engine():
+        eng = tiny_engine(**thinker)
+        yield eng
+        eng.close()
+
+    return engine
+
+
+# The embedded tiny engine with default settings, shared by one module's tests (a module may define its own).
+engine = tiny_engine_fixture()
+
+
+@pytest.fixture(scope="module")
+def tiny_bundle():
+    """The embedded tiny model, loaded once per module: engines built on it load nothing."""
+    from realtime_ming.engine.config import EngineConfig
+    from realtime_ming.engine.models import ModelBundle
+
+    return ModelBundle.load(EngineConfig())
+
+
+def fresh_engine_fixture():
+    """An `engine` fixture giving each test a new default engine on the module's `tiny_bundle`, closed after
+    the test: for modules whose tests break, kill or drain their engine. Use `engine = fresh_engine_fixture()`."""
+
+    @pytest.fixture
+    def engine(tiny_bundle):
+        from realtime_ming.engine import Engine
+        from realtime_ming.engine.config import EngineConfig
+
+        eng = Engine(EngineConfig(), tiny_bundle)
+        yield eng
+        eng.close()
+
+    return engine
 
 
 @pytest.fixture

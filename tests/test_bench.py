@@ -14,13 +14,13 @@ import shutil
 from pathlib import Path
 
 import pytest
-from server_support import StubEngine, seconds
+from conftest import tiny_engine_fixture
+from server_support import seconds, stub_served
 
 from bench.config import BenchConfig, Target, TurnMode
 from bench.report import write_results
 from bench.runner import run_benchmark
 from bench.turns import load_turns
-from realtime_ming.server import RealtimeServer, load_config
 
 pytestmark = [
     pytest.mark.timeout(240),
@@ -35,25 +35,13 @@ _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 _FORCED_REPLY = "Sure. The weather today looks sunny, with a light breeze from the west. "
 
 
-@pytest.fixture(scope="module")
-def engine():
-    """The real engine on the embedded tiny default, thinker forced to speak words (loaded once)."""
-    from realtime_ming.engine import Engine
-    from realtime_ming.engine.config import EngineConfig, ThinkerRunnerConfig
-    eng = Engine.create(EngineConfig(thinker=ThinkerRunnerConfig(forced_reply=_FORCED_REPLY)))
-    yield eng
-    eng.close()
+# The real engine on the embedded tiny default, thinker forced to speak words (loaded once); `server` is conftest's.
+engine = tiny_engine_fixture(forced_reply=_FORCED_REPLY)
 
 
 @pytest.fixture(scope="module")
 def turns_cache(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("bench-turns")
-
-
-@pytest.fixture
-async def server(engine):
-    async with RealtimeServer(load_config(None, ["server.port=0"]), engine) as srv:
-        yield srv
 
 
 def _config(url: str, out: Path, cache: Path, **overrides) -> BenchConfig:
@@ -124,12 +112,8 @@ async def test_bench_sweep_writes_results_and_every_turn_succeeds(server, engine
 @pytest.fixture
 async def stub_server():
     """Our server on the scripted StubEngine: 40 words, each 0.1 s of tone every 30 ms (never silent)."""
-    stub = StubEngine(words=("word ",) * 40, chunk_s=0.1, step_s=0.03)
-    try:
-        async with RealtimeServer(load_config(None, ["server.port=0"]), stub) as srv:
-            yield srv
-    finally:
-        stub.close()
+    async with stub_served(words=("word ",) * 40, chunk_s=0.1, step_s=0.03) as srv:
+        yield srv
 
 
 async def test_bench_barge_in_measures_the_stop(stub_server, tmp_path, turns_cache):

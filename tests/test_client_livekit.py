@@ -14,6 +14,7 @@ tool call, then an answer, and whose ASR side turn plays a forced transcript.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import client_support
 import numpy as np
@@ -74,17 +75,9 @@ class _Generations:
                 await self.changed.wait()
 
 
-async def test_livekit_realtime_session_spoken_turn_tool_and_transcript(tap, tmp_path):
-    """espeak speech pushed as rtc.AudioFrames at real time: the server's semantic VAD ends the turn, the
-    plugin surfaces the user transcript (`input_audio_transcription_completed`, final, Ming's ASR) and puts
-    it in its chat context; the generation's function call runs the `@function_tool` with the model's
-    arguments; its output goes back and `generate_reply` brings the spoken answer (audio frames at 24 kHz)."""
-    from livekit import rtc
+def _weather_tool(ran: list[str]):
+    """A `@function_tool` get_weather(city) that records each city it runs for in `ran`."""
     from livekit.agents import llm
-    from livekit.agents.llm.utils import execute_function_call
-    from livekit.plugins.openai import realtime
-
-    ran: list[str] = []
 
     @llm.function_tool
     async def get_weather(city: str) -> str:
@@ -92,15 +85,44 @@ async def test_livekit_realtime_session_spoken_turn_tool_and_transcript(tap, tmp
         ran.append(city)
         return f"sunny in {city}"
 
-    model = realtime.RealtimeModel(model="ming", api_key="x", base_url=f"http://127.0.0.1:{tap.port}/v1")
+    return get_weather
+
+
+@contextlib.asynccontextmanager
+async def _plugin_session(tap, **options):
+    """The plugin's `RealtimeSession` on a `RealtimeModel(**options)` aimed at `tap`, with its generations drained:
+    yields (session, generations), closes all three, then checks that every server frame validated and the
+    session reported no error."""
+    from livekit.plugins.openai import realtime
+
+    model = realtime.RealtimeModel(model="ming", api_key="x", base_url=f"http://127.0.0.1:{tap.port}/v1", **options)
     session = model.session()
     errors: list = []
-    transcripts: list = []
     session.on("error", errors.append)
-    session.on("input_audio_transcription_completed", transcripts.append)
     generations = _Generations(session)
     try:
-        await session.update_tools([get_weather])
+        yield session, generations
+    finally:
+        await session.aclose()
+        await model.aclose()
+        await generations.close()
+    assert not tap.failures, tap.failures
+    assert not errors, errors
+
+
+async def test_livekit_realtime_session_spoken_turn_tool_and_transcript(tap, tmp_path):
+    """espeak speech pushed as rtc.AudioFrames at real time: the server's semantic VAD ends the turn, the
+    plugin surfaces the user transcript (`input_audio_transcription_completed`, final, Ming's ASR) and puts
+    it in its chat context; the generation's function call runs the `@function_tool` with the model's
+    arguments; its output goes back and `generate_reply` brings the spoken answer (audio frames at 24 kHz)."""
+    from livekit import rtc
+    from livekit.agents.llm.utils import execute_function_call
+
+    ran: list[str] = []
+    transcripts: list = []
+    async with _plugin_session(tap) as (session, generations):
+        session.on("input_audio_transcription_completed", transcripts.append)
+        await session.update_tools([_weather_tool(ran)])
         speech = np.concatenate([espeak("What is the weather in Paris?", tmp_path), silence(0.3)])
         pcm = np.clip(np.rint(speech * 32768.0), -32768, 32767).astype("<i2")
         step = WIRE_HZ // 50  # 20 ms frames, at real time
@@ -128,12 +150,6 @@ async def test_livekit_realtime_session_spoken_turn_tool_and_transcript(tap, tmp
         async with asyncio.timeout(seconds(60)):  # the ASR side turn runs beside the reply
             while not any(t.is_final for t in transcripts):
                 await asyncio.sleep(0.05)
-    finally:
-        await session.aclose()
-        await model.aclose()
-        await generations.close()
-    assert not tap.failures, tap.failures
-    assert not errors, errors
     assert first["text"] == "Let me check. " and first["audio"]
     second = generations.done[1]
     assert second["text"] == ANSWER and not second["calls"]
@@ -159,26 +175,12 @@ async def test_livekit_text_session_tool_round_trip(tap):
     """Text only (`modalities=["text"]`, no turn detection, no transcription): the user's message goes in with
     `update_chat_ctx` (created at `previous_item_id="root"`), `generate_reply` brings the call, the tool's
     output goes back the same way and the follow-up generation's text is the answer; no audio comes."""
-    from livekit.agents import llm
     from livekit.agents.llm.utils import execute_function_call
-    from livekit.plugins.openai import realtime
 
     ran: list[str] = []
-
-    @llm.function_tool
-    async def get_weather(city: str) -> str:
-        """The weather of a city."""
-        ran.append(city)
-        return f"sunny in {city}"
-
-    model = realtime.RealtimeModel(model="ming", api_key="x", base_url=f"http://127.0.0.1:{tap.port}/v1",
-                                   modalities=["text"], turn_detection=None, input_audio_transcription=None)
-    session = model.session()
-    errors: list = []
-    session.on("error", errors.append)
-    generations = _Generations(session)
-    try:
-        await session.update_tools([get_weather])
+    async with _plugin_session(tap, modalities=["text"], turn_detection=None,
+                               input_audio_transcription=None) as (session, generations):
+        await session.update_tools([_weather_tool(ran)])
         chat_ctx = session.chat_ctx.copy()
         chat_ctx.add_message(role="user", content="What's the weather in Paris?")
         await session.update_chat_ctx(chat_ctx)
@@ -191,12 +193,6 @@ async def test_livekit_text_session_tool_round_trip(tap):
         await session.update_chat_ctx(chat_ctx)
         await asyncio.wait_for(session.generate_reply(), seconds(30))
         await generations.wait(2, 120)
-    finally:
-        await session.aclose()
-        await model.aclose()
-        await generations.close()
-    assert not tap.failures, tap.failures
-    assert not errors, errors
     assert ran == ["Paris"]
     first, second = generations.done
     assert first["text"] == "Let me check. " and second["text"] == ANSWER

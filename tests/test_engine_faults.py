@@ -13,6 +13,7 @@ import threading
 import time
 
 import pytest
+from conftest import fresh_engine_fixture
 
 from realtime_ming.engine import Engine
 from realtime_ming.engine.api import (
@@ -27,7 +28,6 @@ from realtime_ming.engine.api import (
     TurnRequest,
 )
 from realtime_ming.engine.config import EngineConfig
-from realtime_ming.engine.models import ModelBundle
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -74,16 +74,7 @@ def _submit(engine: Engine, request: TurnRequest) -> Recorder:
     return rec
 
 
-@pytest.fixture(scope="module")
-def bundle() -> ModelBundle:
-    return ModelBundle.load(EngineConfig())
-
-
-@pytest.fixture
-def engine(bundle):
-    eng = Engine(EngineConfig(), bundle)
-    yield eng
-    eng.close()
+engine = fresh_engine_fixture()
 
 
 def _raise_for(method, marker: str, exc: BaseException):
@@ -202,19 +193,19 @@ def test_base_exception_kills_the_engine_visibly(engine, monkeypatch, where):
     _assert_dead_and_fast(engine, "ThreadKiller")
 
 
-def test_fault_injection_is_off_by_default_and_kills_when_enabled(bundle, monkeypatch):
+def test_fault_injection_is_off_by_default_and_kills_when_enabled(tiny_bundle, monkeypatch):
     """The documented kill marker does nothing unless REALTIME_MING_FAULT_INJECTION=1 is set at engine start."""
     from realtime_ming.engine.supervision import FAULT_INJECTION_ENV, KILL_ENGINE_MARKER
 
     monkeypatch.delenv(FAULT_INJECTION_ENV, raising=False)
-    engine = Engine(EngineConfig(), bundle)
+    engine = Engine(EngineConfig(), tiny_bundle)
     try:
         assert isinstance(_submit(engine, _request("t", f"say {KILL_ENGINE_MARKER}")).wait(), TurnDone)
         assert engine.health().alive
     finally:
         engine.close()
     monkeypatch.setenv(FAULT_INJECTION_ENV, "1")
-    engine = Engine(EngineConfig(), bundle)
+    engine = Engine(EngineConfig(), tiny_bundle)
     failed = _submit(engine, _request("t", f"say {KILL_ENGINE_MARKER}")).wait(5.0)
     assert isinstance(failed, TurnFailed) and failed.code is FailureCode.ENGINE_UNAVAILABLE
     _assert_dead_and_fast(engine, "fault injection")

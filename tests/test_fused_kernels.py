@@ -10,20 +10,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernel_support import DEVICE, DTYPES, NEEDS_TRITON, ON
 
-from realtime_ming.model.kernels import REFERENCE, TRITON, Kernels, interpreting, select_kernels
+from realtime_ming.model.kernels import REFERENCE, TRITON, Kernels, select_kernels
 from realtime_ming.model.kernels.norm import add_rms_norm, rms_norm, rms_norm_reference
 from realtime_ming.model.kernels.rotary import RotaryStyle, head_rotary, head_rotary_reference
 from realtime_ming.model.kernels.swiglu import silu_mul
 
-pytestmark = pytest.mark.skipif(
-    not (torch.cuda.is_available() or interpreting()),
-    reason="needs a CUDA GPU, or Triton's CPU interpreter (Triton >= 3.7 installed; conftest turns it on)")
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-DTYPES = [torch.float32, torch.bfloat16]
-# the Triton kernels on this machine's tensors: compiled on CUDA, else in the CPU interpreter
-ON = Kernels(triton=True, cpu_interpreter=DEVICE == "cpu" and interpreting())
+pytestmark = NEEDS_TRITON
 
 
 def _close(got: torch.Tensor, want: torch.Tensor) -> None:

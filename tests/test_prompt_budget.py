@@ -10,6 +10,7 @@ import threading
 from dataclasses import replace
 
 import pytest
+from conftest import tiny_engine_fixture
 
 from realtime_ming.engine.api import (
     Content,
@@ -79,14 +80,7 @@ def test_segment_lengths_split_at_role_tokens():
 MAX_SEQ_LEN = 256
 
 
-@pytest.fixture(scope="module")
-def engine():
-    from realtime_ming.engine import Engine
-    from realtime_ming.engine.config import EngineConfig, ThinkerRunnerConfig
-
-    eng = Engine.create(EngineConfig(thinker=ThinkerRunnerConfig(max_seq_len=MAX_SEQ_LEN, max_slots=4)))
-    yield eng
-    eng.close()
+engine = tiny_engine_fixture(max_seq_len=MAX_SEQ_LEN, max_slots=4)
 
 
 def _run(engine, request: TurnRequest):

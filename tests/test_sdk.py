@@ -17,6 +17,7 @@ import wave
 import numpy as np
 import pytest
 import soundfile as sf
+from conftest import tiny_engine_fixture
 from server_support import seconds
 from websockets.asyncio.server import serve
 from websockets.frames import CloseCode
@@ -75,20 +76,8 @@ AUDIO_TURN_GA_WITHOUT_DELTAS = [
 AUDIO_DELTAS = {"response.output_audio.delta", "response.output_audio_transcript.delta"}
 
 
-@pytest.fixture(scope="module")
-def engine():
-    """The real engine on the embedded tiny model, answering with FORCED_REPLY (loaded once)."""
-    from realtime_ming.engine import Engine
-    from realtime_ming.engine.config import EngineConfig, ThinkerRunnerConfig
-    eng = Engine.create(EngineConfig(thinker=ThinkerRunnerConfig(forced_reply=FORCED_REPLY)))
-    yield eng
-    eng.close()
-
-
-@pytest.fixture
-async def server(engine):
-    async with RealtimeServer(load_config(None, ["server.port=0"]), engine) as srv:
-        yield srv
+# The real engine on the embedded tiny model, answering with FORCED_REPLY (loaded once); `server` is conftest's.
+engine = tiny_engine_fixture(forced_reply=FORCED_REPLY)
 
 
 def open_agent(transport: str, server: RealtimeServer, engine, *, beta: bool = False, raise_on_error: bool = False):

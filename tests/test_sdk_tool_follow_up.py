@@ -12,14 +12,19 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from conftest import tiny_engine_fixture
 from server_support import seconds
 
 from realtime_ming.protocol import client_events as ce
 from realtime_ming.protocol.items import FunctionCallOutputItem
-from realtime_ming.protocol.server_events import ConversationItemAdded, Error, ResponseCreated, ResponseDone
+from realtime_ming.protocol.server_events import (
+    ConversationItemAdded,
+    Error,
+    ResponseCreated,
+    ResponseDone,
+)
 from realtime_ming.sdk import RealtimeClient
 from realtime_ming.sdk.tools import FOLLOW_UP_KEY
-from realtime_ming.server import RealtimeServer, load_config
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -29,20 +34,7 @@ ANSWER = "It is sunny in Paris."
 FORCED = CALL + "<|role_end|>" + FILLER + "<|role_end|>" + ANSWER + "<|role_end|>"
 
 
-@pytest.fixture(scope="module")
-def engine():
-    from realtime_ming.engine import Engine
-    from realtime_ming.engine.config import EngineConfig, ThinkerRunnerConfig
-
-    eng = Engine.create(EngineConfig(thinker=ThinkerRunnerConfig(max_seq_len=2048, forced_reply=FORCED)))
-    yield eng
-    eng.close()
-
-
-@pytest.fixture
-async def server(engine):
-    async with RealtimeServer(load_config(None, ["server.port=0"]), engine) as srv:
-        yield srv
+engine = tiny_engine_fixture(max_seq_len=2048, forced_reply=FORCED)
 
 
 def _text(done: ResponseDone) -> str:

@@ -11,20 +11,20 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
 from openai import AsyncOpenAI
 from server_support import (
     WsClient,
+    assert_cancelled_by_speech,
     chunks,
     espeak,
     http_request,
     music_like_noise,
     pcm16_b64,
     seconds,
+    served_cli,
     silence,
     validate_frame,
     white_noise,
@@ -32,7 +32,7 @@ from server_support import (
 from websockets.asyncio.client import connect
 
 from realtime_ming.protocol import Dialect
-from realtime_ming.server import RealtimeServer, load_config
+from realtime_ming.server import RealtimeServer
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -41,12 +41,6 @@ pytestmark = pytest.mark.timeout(240)
 def speech(tmp_path_factory) -> np.ndarray:
     """About 1.3 s of espeak-ng speech at 24 kHz."""
     return espeak("What time is it now?", tmp_path_factory.mktemp("speech"))
-
-
-@pytest.fixture
-async def server(engine):
-    async with RealtimeServer(load_config(None, ["server.port=0"]), engine) as srv:
-        yield srv
 
 
 async def _paced(send, audio: np.ndarray) -> None:
@@ -128,43 +122,25 @@ async def test_noise_starts_no_turn_but_speech_does(server, speech):
     # Each noise starts from a reset detector (clear): the jump from one noise to the other is an
     # onset that Silero rightly scores as a sound event, and is not what is under test.
     for noise in (white_noise(-40, 3.0, seed=0), music_like_noise(-40, 3.0)):
-        for piece in chunks(noise, 100):
-            await client.send(type="input_audio_buffer.append", audio=pcm16_b64(piece))
+        await client.append_audio(noise)
         await client.send(type="input_audio_buffer.clear")
         frames = await client.recv_until("input_audio_buffer.cleared")
         assert [f["type"] for f in frames] == ["input_audio_buffer.cleared"]
-    for piece in chunks(np.concatenate([speech, silence(1.0)]), 100):
-        await client.send(type="input_audio_buffer.append", audio=pcm16_b64(piece))
+    await client.append_audio(np.concatenate([speech, silence(1.0)]))
     frames = await client.recv_until("input_audio_buffer.speech_stopped")
     assert [f["type"] for f in frames] == ["input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped"]
     await client.ws.close()
-
-
-async def _long_text_response(client: WsClient) -> tuple[str, str]:
-    """Start a text-prompted spoken response and wait for its first audio delta."""
-    await client.send(type="session.update", session={"type": "realtime", "max_output_tokens": 4096})
-    await client.send(type="conversation.item.create", item={
-        "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Tell me a long story."}]})
-    await client.send(type="response.create")
-    frames = await client.recv_until("response.output_audio.delta", timeout=120)
-    delta = frames[-1]
-    return delta["response_id"], delta["item_id"]
 
 
 async def test_barge_in_cancels_and_truncate_trims(server, speech):
     """Speech during a response: speech_started, response.done cancelled/turn_detected, no later deltas
     for it; truncating its item to what was heard is acknowledged and shortens its audio."""
     client = await _raw_client(server)
-    response_id, item_id = await _long_text_response(client)
-    for piece in chunks(np.concatenate([speech, silence(1.0)]), 100):
-        await client.send(type="input_audio_buffer.append", audio=pcm16_b64(piece))
+    delta = await client.start_long_response()
+    response_id, item_id = delta["response_id"], delta["item_id"]
+    await client.append_audio(np.concatenate([speech, silence(1.0)]))
     frames = await client.recv_until("input_audio_buffer.speech_stopped", timeout=60)
-    types = [f["type"] for f in frames]
-    done = next(f for f in frames if f["type"] == "response.done")
-    assert types.index("input_audio_buffer.speech_started") < types.index("response.done")
-    assert done["response"]["id"] == response_id
-    assert (done["response"]["status"], done["response"]["status_details"]["reason"]) == ("cancelled", "turn_detected")
-    after = frames[types.index("response.done") + 1:]
+    after = frames[assert_cancelled_by_speech(frames, response_id) + 1:]
     assert not [f for f in after if f.get("response_id") == response_id]
     received = sum(len(base64.b64decode(f["delta"])) for f in client.frames
                    if f["type"] == "response.output_audio.delta" and f["response_id"] == response_id)
@@ -222,43 +198,19 @@ async def test_killer_frames_leave_the_real_engine_serving(server):
 async def test_disconnect_mid_response_frees_the_engine_slot(server, engine):
     """A client vanishing mid-response: after its session ends the engine holds no turn, row or stream."""
     client = await _raw_client(server)
-    await _long_text_response(client)
+    await client.start_long_response()
     client.ws.transport.abort()
     await asyncio.wait_for(server.wait_idle(), seconds(10))
     stats = await asyncio.to_thread(engine.stats)
     assert (stats.turns, stats.thinker_rows, stats.talker_streams) == (0, 0, 0)
 
 
-def test_cli_serve_starts_reports_and_stops(tmp_path):
+def test_cli_serve_starts_reports_and_stops():
     """`realtime-ming serve --port 0` prints the tiny-model notice and its URL, answers /health, exits 0 on SIGINT."""
-    import re
-    import signal
-    import subprocess
-    import sys
-    import urllib.request
-
-    from realtime_ming.engine import Engine  # noqa: F401
     from realtime_ming.server import TINY_MODEL_NOTICE
 
-    repo = Path(__file__).resolve().parent.parent
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "realtime_ming.cli", "serve", "--port", "0", "--log-level", "WARNING"],
-        stderr=subprocess.PIPE, text=True, cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)},
-    )
-    try:
-        lines = []
-        for line in proc.stderr:
-            lines.append(line)
-            match = re.search(r"on ws://127\.0\.0\.1:(\d+)/v1/realtime", line)
-            if match:
-                break
-        assert match is not None, "".join(lines)
-        assert any(TINY_MODEL_NOTICE in line for line in lines)
-        with urllib.request.urlopen(f"http://127.0.0.1:{match.group(1)}/health", timeout=seconds(10)) as reply:
-            assert json.loads(reply.read())["status"] == "ok"
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=seconds(60)) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    with served_cli() as server:
+        assert server.url == f"ws://127.0.0.1:{server.port}/v1/realtime"
+        assert TINY_MODEL_NOTICE in server.startup
+        assert server.health()["status"] == "ok"
+        assert server.stop() == 0

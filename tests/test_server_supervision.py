@@ -9,17 +9,21 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import re
 import signal
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
-from server_support import StubEngine, WsClient, http_request, seconds
+from conftest import fresh_engine_fixture
+from server_support import (
+    ServedCli,
+    StubEngine,
+    WsClient,
+    cli_env,
+    http_request,
+    seconds,
+    served_cli,
+)
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 from websockets.frames import CloseCode
@@ -29,29 +33,12 @@ from realtime_ming.server import RealtimeServer, load_config
 
 pytestmark = pytest.mark.timeout(180)
 
-REPO = Path(__file__).resolve().parent.parent
-
 
 class ThreadKiller(BaseException):
     """Kills the engine thread (not an Exception)."""
 
 
-@pytest.fixture(scope="module")
-def bundle():
-    from realtime_ming.engine.config import EngineConfig
-    from realtime_ming.engine.models import ModelBundle
-
-    return ModelBundle.load(EngineConfig())
-
-
-@pytest.fixture
-def engine(bundle):
-    from realtime_ming.engine import Engine
-    from realtime_ming.engine.config import EngineConfig
-
-    eng = Engine(EngineConfig(), bundle)
-    yield eng
-    eng.close()
+engine = fresh_engine_fixture()
 
 
 def _config(*overrides: str):
@@ -200,55 +187,25 @@ async def test_drain_finishes_replies_refuses_new_work_then_closes_1001():
 _FORCED_STORY = "Once upon a time a small robot learned to sing, and every evening it sang to the sea. "
 
 
-def _start_cli(env: dict | None = None, *args: str) -> tuple[subprocess.Popen, int]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "realtime_ming.cli", "serve", "--port", "0", "--log-level", "WARNING", *args],
-        stderr=subprocess.PIPE, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
-    )
-    lines = []
-    for line in proc.stderr:
-        lines.append(line)
-        match = re.search(r"on ws://127\.0\.0\.1:(\d+)/v1/realtime", line)
-        if match:
-            threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep the pipe drained
-            return proc, int(match.group(1))
-    proc.wait()
-    raise AssertionError("server did not start:\n" + "".join(lines))
-
-
-def _wait_exit(proc: subprocess.Popen, timeout: float) -> int:
-    try:
-        return proc.wait(timeout=seconds(timeout))
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-
-
 def test_cli_exits_nonzero_when_the_engine_dies():
     """With the documented fault injection on, a turn carrying the kill marker kills the engine: another
     session's reply in progress ends failed/engine_unavailable and the process exits 70 within seconds."""
     from realtime_ming.engine.supervision import FAULT_INJECTION_ENV, KILL_ENGINE_MARKER
     from realtime_ming.server.app import EXIT_ENGINE_DIED
 
-    proc, port = _start_cli({FAULT_INJECTION_ENV: "1"})
-
-    async def scenario() -> dict:
+    async def scenario(port: int) -> dict:
         talking, killer = await _open(port), await _open(port)
         await _respond(talking, "Tell me a long story", max_tokens=4096)
         await talking.recv_until("response.output_text.delta", timeout=30)
         await _respond(killer, "hi", instructions=f"be brief {KILL_ENGINE_MARKER}")
         return await _done(talking, timeout=10)
 
-    try:
-        response = asyncio.run(scenario())
+    with served_cli(env=cli_env({FAULT_INJECTION_ENV: "1"})) as server:
+        response = asyncio.run(scenario(server.port))
         _failed_with(response, "engine_unavailable")
         died_at = time.monotonic()
-        assert _wait_exit(proc, 20) == EXIT_ENGINE_DIED  # serving stops at once; interpreter teardown takes seconds
+        assert server.wait_exit(20) == EXIT_ENGINE_DIED  # serving stops at once; interpreter teardown takes seconds
         assert time.monotonic() - died_at < seconds(20)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
 
 
 def test_cli_sigterm_lets_the_reply_finish_then_exits_zero():
@@ -257,13 +214,12 @@ def test_cli_sigterm_lets_the_reply_finish_then_exits_zero():
     (cycled; every model stage still runs): the random-weight model's own tokens may end the reply early or
     write function-call markup (a failed response), which says nothing about the drain."""
     max_tokens = 200
-    proc, port = _start_cli(None, "--set", f"engine.thinker.forced_reply={_FORCED_STORY}")
 
-    async def scenario() -> tuple[dict, int]:
-        client = await _open(port)
+    async def scenario(server: ServedCli) -> tuple[dict, int]:
+        client = await _open(server.port)
         await _respond(client, "Tell me a story", max_tokens=max_tokens)
         await client.recv_until("response.output_text.delta", timeout=30)
-        proc.send_signal(signal.SIGTERM)
+        server.proc.send_signal(signal.SIGTERM)
         after = await client.recv_until("response.done", timeout=30)
         assert any(e["type"] == "response.output_text.delta" for e in after)  # the reply went on after the signal
         response = after[-1]["response"]
@@ -271,16 +227,13 @@ def test_cli_sigterm_lets_the_reply_finish_then_exits_zero():
             await asyncio.wait_for(client.ws.recv(), seconds(10))
         return response, closed.value.rcvd.code
 
-    try:
-        response, code = asyncio.run(scenario())
+    with served_cli("--set", f"engine.thinker.forced_reply={_FORCED_STORY}") as server:
+        response, code = asyncio.run(scenario(server))
         assert response["status"] == "incomplete", response  # generated to its end, not cut off
         assert response["status_details"]["reason"] == "max_output_tokens"
         assert response["usage"]["output_token_details"]["text_tokens"] == max_tokens
         assert code == CloseCode.GOING_AWAY
-        assert _wait_exit(proc, 30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+        assert server.wait_exit(30) == 0
 
 
 def test_every_engine_failure_cause_has_its_own_response_code():

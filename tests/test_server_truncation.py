@@ -8,6 +8,7 @@ answers the next request that fits. Every frame validates against the openai pac
 from __future__ import annotations
 
 import pytest
+from conftest import tiny_engine_fixture
 from server_support import WsClient
 from websockets.asyncio.client import connect
 
@@ -19,14 +20,7 @@ pytestmark = pytest.mark.timeout(240)
 MAX_SEQ_LEN = 256
 
 
-@pytest.fixture(scope="module")
-def engine():
-    from realtime_ming.engine import Engine
-    from realtime_ming.engine.config import EngineConfig, ThinkerRunnerConfig
-
-    eng = Engine.create(EngineConfig(thinker=ThinkerRunnerConfig(max_seq_len=MAX_SEQ_LEN, max_slots=4)))
-    yield eng
-    eng.close()
+engine = tiny_engine_fixture(max_seq_len=MAX_SEQ_LEN, max_slots=4)
 
 
 @pytest.fixture

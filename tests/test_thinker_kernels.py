@@ -9,20 +9,13 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from kernel_support import DEVICE, DTYPES, NEEDS_TRITON, ON
 
 from realtime_ming.model import moe
-from realtime_ming.model.kernels import Kernels, interpreting
 from realtime_ming.model.kernels import moe_decode as md
 from realtime_ming.model.kernels import slot_attention as sa
 
-pytestmark = pytest.mark.skipif(
-    not (torch.cuda.is_available() or interpreting()),
-    reason="needs a CUDA GPU, or Triton's CPU interpreter (Triton >= 3.7 installed; conftest turns it on)")
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-DTYPES = [torch.float32, torch.bfloat16]
-# the Triton kernels on this machine's tensors: compiled on CUDA, else in the CPU interpreter
-ON = Kernels(triton=True, cpu_interpreter=DEVICE == "cpu" and interpreting())
+pytestmark = NEEDS_TRITON
 
 
 def _tol(dtype) -> float:

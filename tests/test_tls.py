@@ -10,24 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import re
-import signal
 import ssl
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-from server_support import StubEngine, seconds, validate_frame
+from server_support import seconds, served_cli, stub_served, validate_frame
 from websockets.asyncio.client import connect
 
 from realtime_ming.protocol import Dialect
-from realtime_ming.server import RealtimeServer, load_config
 
 trustme = pytest.importorskip("trustme")
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -49,13 +40,8 @@ def pki(tmp_path_factory):
 @pytest.fixture
 async def tls_server(pki):
     _, certfile, keyfile = pki
-    engine = StubEngine()
-    cfg = load_config(None, ["server.port=0", f"server.tls.certfile={certfile}", f"server.tls.keyfile={keyfile}"])
-    try:
-        async with RealtimeServer(cfg, engine) as srv:
-            yield srv
-    finally:
-        engine.close()
+    async with stub_served(f"server.tls.certfile={certfile}", f"server.tls.keyfile={keyfile}") as srv:
+        yield srv
 
 
 async def test_wss_session_update_round_trip(tls_server, pki):
@@ -98,29 +84,8 @@ async def test_plain_client_and_untrusting_client_fail(tls_server):
 
 def test_cli_prints_wss_url(pki):
     """`serve --ssl-certfile/--ssl-keyfile` announces wss:// and answers https /health, then stops on SIGINT."""
-    import urllib.request
-
     client_ctx, certfile, keyfile = pki
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "realtime_ming.cli", "serve", "--port", "0", "--log-level", "WARNING",
-         "--ssl-certfile", certfile, "--ssl-keyfile", keyfile, "--set", "session.vad.backend=webrtc"],
-        stderr=subprocess.PIPE, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
-    try:
-        lines = []
-        match = None
-        for line in proc.stderr:
-            lines.append(line)
-            match = re.search(r"on wss://127\.0\.0\.1:(\d+)/v1/realtime", line)
-            if match:
-                break
-        assert match is not None, "".join(lines)
-        url = f"https://127.0.0.1:{match.group(1)}/health"
-        with urllib.request.urlopen(url, timeout=seconds(10), context=client_ctx) as reply:
-            assert json.loads(reply.read())["status"] == "ok"
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=seconds(60)) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    with served_cli("--ssl-certfile", certfile, "--ssl-keyfile", keyfile, "--set", "session.vad.backend=webrtc") as server:
+        assert server.url == f"wss://127.0.0.1:{server.port}/v1/realtime"
+        assert server.health(context=client_ctx)["status"] == "ok"
+        assert server.stop() == 0

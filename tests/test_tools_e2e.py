@@ -54,10 +54,13 @@ async def _client(port: int, dialect: Dialect = Dialect.GA) -> WsClient:
     return client
 
 
-async def _ask(client: WsClient, text: str) -> None:
+async def _ask(client: WsClient, text: str, **response) -> list[dict]:
+    """The user says `text`, then one `response.create` (with `response` fields, if any): its frames to response.done."""
     await client.send(type="conversation.item.create", item={
         "type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]})
     await client.recv_until("conversation.item.added" if client.dialect is Dialect.GA else "conversation.item.created")
+    await client.send(type="response.create", **({"response": response} if response else {}))
+    return await client.recv_until("response.done", timeout=120)
 
 
 async def test_ga_client_gets_a_function_call_and_the_answer_after_its_output(server):
@@ -65,9 +68,7 @@ async def test_ga_client_gets_a_function_call_and_the_answer_after_its_output(se
     await client.send(type="session.update", session={"type": "realtime", "tools": [WEATHER], "tool_choice": "auto",
                                                       "audio": {"input": {"turn_detection": None}}})
     await client.recv_until("session.updated")
-    await _ask(client, "What's the weather in Paris?")
-    await client.send(type="response.create")
-    frames = await client.recv_until("response.done", timeout=120)
+    frames = await _ask(client, "What's the weather in Paris?")
     types = [f["type"] for f in frames]
     added = [f for f in frames if f["type"] == "response.output_item.added" and f["item"]["type"] == "function_call"]
     assert len(added) == 1 and added[0]["item"]["name"] == "get_weather" and added[0]["output_index"] == 1
@@ -103,9 +104,7 @@ async def test_beta_client_gets_beta_names_for_the_call(server):
     await client.send(type="session.update", session={"tools": [WEATHER], "tool_choice": "get_weather",
                                                       "turn_detection": None, "modalities": ["text"]})
     await client.recv_until("session.updated")
-    await _ask(client, "Weather?")
-    await client.send(type="response.create")
-    frames = await client.recv_until("response.done", timeout=120)
+    frames = await _ask(client, "Weather?")
     types = {f["type"] for f in frames}
     assert {"response.function_call_arguments.delta", "response.function_call_arguments.done",
             "response.output_item.added", "conversation.item.created"} <= types
@@ -133,9 +132,7 @@ async def test_tool_choice_none_renders_no_tools_and_parses_no_call(server):
                                                       "output_modalities": ["text"],
                                                       "audio": {"input": {"turn_detection": None}}})
     await client.recv_until("session.updated")
-    await _ask(client, "Weather?")
-    await client.send(type="response.create")
-    frames = await client.recv_until("response.done", timeout=120)
+    frames = await _ask(client, "Weather?")
     assert not any(f["type"].startswith("response.function_call") for f in frames)
     await client.ws.close()
 
@@ -196,9 +193,7 @@ async def test_required_tool_choice_makes_the_random_model_call(random_engine):
             "type": "realtime", "tools": [WEATHER], "output_modalities": ["text"], "max_output_tokens": 120,
             "audio": {"input": {"turn_detection": None}}})
         await client.recv_until("session.updated")
-        await _ask(client, "Weather?")
-        await client.send(type="response.create", response={"tool_choice": "auto"})
-        frames = await client.recv_until("response.done", timeout=120)
+        frames = await _ask(client, "Weather?", tool_choice="auto")
         assert not any(f["type"] == "response.output_item.added" and f["item"]["type"] == "function_call"
                        for f in frames)
         await client.send(type="response.create", response={"tool_choice": "required"})
@@ -277,9 +272,7 @@ async def test_a_call_of_an_unknown_function_fails_the_response_clearly(server):
     await client.send(type="session.update", session={"type": "realtime", "tools": [get_time],
                                                       "audio": {"input": {"turn_detection": None}}})
     await client.recv_until("session.updated")
-    await _ask(client, "Weather?")
-    await client.send(type="response.create")
-    frames = await client.recv_until("response.done", timeout=120)
+    frames = await _ask(client, "Weather?")
     assert not any(f["type"].startswith("response.function_call") for f in frames)
     assert next(f for f in frames if f["type"] == "response.output_audio_transcript.done")["transcript"] == \
         "Let me check. "
@@ -289,9 +282,7 @@ async def test_a_call_of_an_unknown_function_fails_the_response_clearly(server):
     assert [o["type"] for o in response["output"]] == ["message"]
     await client.send(type="session.update", session={"type": "realtime", "tool_choice": "none"})
     await client.recv_until("session.updated")
-    await _ask(client, "Again?")
-    await client.send(type="response.create")
-    assert (await client.recv_until("response.done", timeout=120))[-1]["response"]["status"] == "completed"
+    assert (await _ask(client, "Again?"))[-1]["response"]["status"] == "completed"
     await client.ws.close()
 
 
@@ -301,9 +292,7 @@ async def test_a_made_up_call_without_tools_is_never_spoken(server):
     client = await _client(server.port)
     await client.send(type="session.update", session={"type": "realtime", "audio": {"input": {"turn_detection": None}}})
     await client.recv_until("session.updated")
-    await _ask(client, "Weather?")
-    await client.send(type="response.create")
-    frames = await client.recv_until("response.done", timeout=120)
+    frames = await _ask(client, "Weather?")
     assert not any(f["type"].startswith("response.function_call") for f in frames)
     spoken = "".join(f["delta"] for f in frames if f["type"] == "response.output_audio_transcript.delta")
     assert spoken == "Let me check. " and "get_weather" not in spoken

@@ -12,7 +12,13 @@ import asyncio
 
 import numpy as np
 import pytest
-from server_support import StubEngine, WsClient, chunks, pcm16_b64, silence
+from server_support import (
+    WsClient,
+    assert_cancelled_by_speech,
+    pcm16_b64,
+    silence,
+    stub_served,
+)
 from websockets.asyncio.client import connect
 
 from bench.end_of_turn import espeak
@@ -36,11 +42,6 @@ async def _client(srv: RealtimeServer, turn_detection: dict | None = None) -> Ws
     return client
 
 
-async def _send(client: WsClient, audio: np.ndarray) -> None:
-    for piece in chunks(audio, 100):
-        await client.send(type="input_audio_buffer.append", audio=pcm16_b64(piece))
-
-
 async def _drain(client: WsClient, seconds: float) -> list[dict]:
     """Every frame that arrives within `seconds`."""
     got = []
@@ -58,7 +59,7 @@ async def test_mid_sentence_pause_gets_one_response_after_the_end(server):
     one response.created, and the committed turn ends after the sentence does."""
     speech = espeak("I'd like to book a table for <p> four people at eight.", "en-us", pause_ms=700)
     client = await _client(server, {"type": "semantic_vad", "eagerness": "low"})
-    await _send(client, np.concatenate([speech, silence(2.0)]))
+    await client.append_audio(np.concatenate([speech, silence(2.0)]))
     frames = await client.recv_until("response.done", timeout=120)
     frames += await _drain(client, 1.0)
     types = [f["type"] for f in frames]
@@ -74,7 +75,7 @@ async def test_complete_question_ends_the_turn_quickly(server):
     (~200 ms of silence), long before the 2 s fallback; a response follows."""
     speech = espeak("What time is it?", "en-us")
     client = await _client(server, {"type": "semantic_vad", "eagerness": "high"})
-    await _send(client, np.concatenate([silence(0.3), speech, silence(2.5)]))
+    await client.append_audio(np.concatenate([silence(0.3), speech, silence(2.5)]))
     frames = await client.recv_until("response.created", timeout=120)
     stopped = next(f for f in frames if f["type"] == "input_audio_buffer.speech_stopped")
     speech_end_ms = (int(0.3 * WIRE_HZ) + speech.size) * 1000 // WIRE_HZ
@@ -82,20 +83,12 @@ async def test_complete_question_ends_the_turn_quickly(server):
     await client.ws.close()
 
 
-async def _long_response(client: WsClient) -> str:
-    await client.send(type="session.update", session={"type": "realtime", "max_output_tokens": 4096})
-    await client.send(type="conversation.item.create", item={
-        "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Tell me a long story."}]})
-    await client.send(type="response.create")
-    return (await client.recv_until("response.output_audio.delta", timeout=120))[-1]["response_id"]
-
-
 async def test_backchannel_during_reply_does_not_cancel_it(server):
     """"mm-hmm" and "yeah" while the reply is generated: no speech_started, the reply keeps streaming."""
     client = await _client(server)
-    response_id = await _long_response(client)
-    await _send(client, np.concatenate([espeak("mm-hmm", "en-us"), silence(0.8), espeak("yeah", "en-gb+f3"),
-                                        silence(1.0)]))
+    response_id = (await client.start_long_response())["response_id"]
+    await client.append_audio(np.concatenate([espeak("mm-hmm", "en-us"), silence(0.8), espeak("yeah", "en-gb+f3"),
+                                              silence(1.0)]))
     frames = await _drain(client, 3.0)
     types = [f["type"] for f in frames]
     assert "input_audio_buffer.speech_started" not in types
@@ -109,14 +102,10 @@ async def test_backchannel_during_reply_does_not_cancel_it(server):
 async def test_real_interruption_cancels_the_reply(server):
     """A sentence while the reply is generated: speech_started, then response.done cancelled/turn_detected."""
     client = await _client(server)
-    response_id = await _long_response(client)
-    await _send(client, np.concatenate([espeak("No, I meant the other one.", "en-us"), silence(1.0)]))
+    response_id = (await client.start_long_response())["response_id"]
+    await client.append_audio(np.concatenate([espeak("No, I meant the other one.", "en-us"), silence(1.0)]))
     frames = await client.recv_until("input_audio_buffer.speech_stopped", timeout=60)
-    types = [f["type"] for f in frames]
-    done = next(f for f in frames if f["type"] == "response.done")
-    assert types.index("input_audio_buffer.speech_started") < types.index("response.done")
-    assert done["response"]["id"] == response_id
-    assert (done["response"]["status"], done["response"]["status_details"]["reason"]) == ("cancelled", "turn_detected")
+    assert_cancelled_by_speech(frames, response_id)
     await client.ws.close()
 
 
@@ -125,14 +114,8 @@ async def test_real_interruption_cancels_the_reply(server):
 async def streaming_server():
     """Our server on a scripted engine whose reply is a steady audio stream (20 ms of tone every 20 ms),
     so the time the reply's audio stops is measurable to the frame (the tiny CPU model streams in bursts)."""
-    from realtime_ming.server import load_config
-
-    stub = StubEngine(words=("word ",) * 1000, chunk_s=0.02, step_s=0.02)
-    try:
-        async with RealtimeServer(load_config(None, ["server.port=0"]), stub) as srv:
-            yield srv
-    finally:
-        stub.close()
+    async with stub_served(words=("word ",) * 1000, chunk_s=0.02, step_s=0.02) as srv:
+        yield srv
 
 
 async def test_real_interruption_stops_the_reply_audio_fast(streaming_server):

@@ -11,17 +11,14 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import re
 import shutil
 import subprocess
 import sys
-import threading
-import urllib.request
 import zipfile
 from pathlib import Path
 
 import pytest
-from server_support import seconds
+from server_support import seconds, served_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -89,35 +86,18 @@ def test_installed_wheel_serves_the_demo_from_another_directory(wheel, tmp_path)
                            check=True, env=env, cwd=elsewhere, capture_output=True, text=True).stdout.strip()
     assert Path(where).resolve().is_relative_to(venv.resolve()), where
 
-    proc = subprocess.Popen(
-        [str(bindir / "realtime-ming"), "serve", "--host", "127.0.0.1", "--port", "0", "--log-level", "WARNING"],
-        cwd=elsewhere, env=env, stderr=subprocess.PIPE, text=True,
-    )
-    watchdog = threading.Timer(seconds(240), proc.kill)  # a hung start fails the test instead of blocking it
-    watchdog.start()
-    try:
-        lines = []
-        match = None
-        for line in proc.stderr:
-            lines.append(line)
-            match = re.search(r"127\.0\.0\.1:(\d+)/v1/realtime", line)
-            if match:
-                break
-        assert match is not None, "".join(lines)
-        assert not any("browser demo not found" in line for line in lines), "".join(lines)
-        base = f"http://127.0.0.1:{match.group(1)}"
-        with urllib.request.urlopen(f"{base}/", timeout=seconds(10)) as reply:
-            assert reply.status == 200
-            assert reply.headers["Content-Type"] == "text/html; charset=utf-8"
-            assert reply.read() == (WEB / "index.html").read_bytes()
-        with urllib.request.urlopen(f"{base}/js/main.js", timeout=seconds(10)) as reply:
-            assert reply.status == 200 and reply.read() == (WEB / "js" / "main.js").read_bytes()
+    realtime_ming = [str(bindir / "realtime-ming")]
+    with served_cli("--host", "127.0.0.1", program=realtime_ming, env=env, cwd=elsewhere, start_timeout=240) as server:
+        assert server.url == f"ws://127.0.0.1:{server.port}/v1/realtime"
+        assert "browser demo not found" not in server.startup
+        status, headers, body = server.get("/")
+        assert status == 200
+        assert headers["Content-Type"] == "text/html; charset=utf-8"
+        assert body == (WEB / "index.html").read_bytes()
+        status, _, body = server.get("/js/main.js")
+        assert status == 200 and body == (WEB / "js" / "main.js").read_bytes()
         # The benchmark lives in the checkout: the installed script says so in one line.
-        bench = subprocess.run([str(bindir / "realtime-ming"), "bench", "--url", f"ws://127.0.0.1:{match.group(1)}"],
+        bench = subprocess.run([*realtime_ming, "bench", "--url", f"ws://127.0.0.1:{server.port}"],
                                cwd=elsewhere, env=env, capture_output=True, text=True, timeout=seconds(60))
         assert bench.returncode == 2 and bench.stdout == ""
         assert len(bench.stderr.splitlines()) == 1 and "python -m bench" in bench.stderr, bench.stderr
-    finally:
-        watchdog.cancel()
-        proc.kill()
-        proc.wait()
