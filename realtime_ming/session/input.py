@@ -250,10 +250,11 @@ class InputTurns:
 
     def _judge_end_of_turn(self) -> SpeechStopped | None:
         """semantic_vad: once per pause, from `decide_after_ms` of silence on, take the end-of-turn model's
-        answer: waiting up to `decision_wait_s` for the call started `early_ms` before (once a pause: appends after
-        the decision point never wait again, or a 20 ms stream that waits 50 ms on each falls ever further behind
-        real time), else on `poll` or a later append once the call is done (a late "complete" still ends the turn;
-        the silence fallback ends it whatever the model says)."""
+        answer: waiting up to `decision_wait_s` for the call started `early_ms` before, else on `poll` or a later
+        append once the call is done (a late "complete" still ends the turn; the silence fallback ends it whatever
+        the model says). Later appends wait again only while the audio past the decision point runs ahead of the
+        wall time since it (a burst client): a real-time 20 ms stream that waited 50 ms on each fell ever further
+        behind real time."""
         detector, policy = self._detector, self._policy
         if policy is None or detector is None or self._decided or self._end_of_turn is None:
             return None
@@ -266,10 +267,16 @@ class InputTurns:
             self._call = self._submit_call()
         call = self._call
         if not call.done():
-            if not first:  # waited once already: the owner acts on the answer when it comes (`poll`)
-                return None
+            timeout = self._decision_wait_s
+            if not first and timeout is not None:
+                # waited once already: wait again only while the audio runs ahead of real time (a burst
+                # client), so its audio-time semantics hold; a real-time stream never waits twice
+                ahead_s = (detector.silence_ms() - policy.decide_after_ms) / 1e3 - (time.monotonic() - self._due_at)
+                timeout = min(timeout, ahead_s)
+                if timeout <= 0:
+                    return None
             try:
-                call.exception(timeout=self._decision_wait_s)
+                call.exception(timeout=timeout)
             except TimeoutError:
                 return None
         self._decided, self._call = True, None
