@@ -17,6 +17,8 @@ import base64
 import json
 import statistics
 
+import numpy as np
+
 from realtime_ming.audio.turns import SpeechStopped
 from realtime_ming.audio.vad import VadKind, create_silero_session, create_vad
 from realtime_ming.protocol.session import Eagerness, SemanticVad, ServerVad
@@ -41,10 +43,8 @@ def _modes() -> dict[str, object]:
     }
 
 
-def breakdown(turns: InputTurns, pcm16, speech_end_sample: int) -> dict:
+def breakdown(turns: InputTurns, pcm16: np.ndarray, speech_end_sample: int) -> dict:
     """Stream one turn (+ silence); the audio-time breakdown of its last turn end (ms)."""
-    import numpy as np
-
     pcm = np.concatenate([pcm16, np.zeros(_WIRE_HZ * _TAIL_MS // 1000, np.int16)])
     detector = turns._detector
     assert detector is not None
