@@ -312,6 +312,47 @@ def test_semantic_vad_decision_still_running_does_not_block_the_append():
     assert _ends_ms(turns, silence(0.1, MODEL_HZ)) == [] and turns.poll() == []
 
 
+def test_semantic_vad_waits_for_a_running_call_once_a_pause_not_on_every_append():
+    """Past the decision point with the call still running, only the first append waits the full
+    decision_wait_s; the ones after it wait only while the audio is ahead of real time: a 20 ms stream that
+    waited 50 ms on each append used to fall ever further behind real time (measured: the append that
+    ended the turn had queued 60-500 ms on the server)."""
+    calls: list[int] = []
+    gate = _GatedPool()
+    wait_s = 0.25
+    turns = _gated_turns(0.99, calls, gate, decision_wait_s=wait_s)
+    policy = EAGERNESS_POLICY["auto"]
+    step = MODEL_HZ * 20 // 1000
+    audio = np.concatenate([tone(0.6, MODEL_HZ), silence((policy.decide_after_ms + 240) / 1000, MODEL_HZ)])
+    durations = []
+    for i in range(0, audio.size, step):
+        pcm = (np.clip(audio[i: i + step], -1, 1) * 32767).astype(np.int16)
+        started = time.monotonic()
+        assert not any(isinstance(s, SpeechEnded) for s in turns.append(base64.b64encode(pcm.tobytes()).decode()))
+        durations.append(time.monotonic() - started)
+    assert turns.pending_decision is not None  # ten appends past the decision point, the call still queued
+    assert sum(d >= 0.9 * wait_s for d in durations) == 1
+    gate.open()
+    turns.pending_decision.result(timeout=60)
+    (ended,) = turns.poll()
+    assert isinstance(ended, SpeechEnded) and len(calls) == 1
+
+
+def test_semantic_vad_burst_client_still_gets_the_late_complete_before_the_fallback():
+    """Audio sent faster than real time: appends past the decision point wait (while the audio is ahead of the
+    wall clock) so a slow call's "complete" ends the turn at the decision point, not at the 2 s fallback."""
+    policy = EAGERNESS_POLICY["high"]
+
+    def slow_judge(audio: np.ndarray) -> float:
+        time.sleep(0.3)
+        return 0.99
+
+    turns = InputTurns(VadSettings(), lambda _kind: EnergyVad(), 60.0, end_of_turn=slow_judge, decision_wait_s=0.05)
+    turns.configure(AudioFormat(sample_rate_hz=MODEL_HZ), SemanticVad(eagerness=Eagerness.HIGH))
+    ends = _ends_ms(turns, np.concatenate([tone(0.6, MODEL_HZ), silence(2.5, MODEL_HZ)]))
+    assert len(ends) == 1 and ends[0] < 600 + policy.fallback_ms
+
+
 def test_semantic_vad_late_answer_is_also_taken_by_the_next_append():
     """A late answer is used by whichever comes first, a poll or the next append."""
     calls: list[int] = []

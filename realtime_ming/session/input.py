@@ -101,6 +101,8 @@ class InputTurns:
         self._decided = False  # Smart Turn already answered during the current pause
         self._call: Future | None = None  # the current pause's one Smart Turn call (started early_ms ahead)
         self.last_decision: tuple[float, float] | None = None  # (P(complete), CPU ms) of the latest call
+        self._call_at: tuple[float, int] = (0.0, 0)  # (monotonic s, silence ms) when the current call started
+        self._due_at: float | None = None  # monotonic s when the current pause reached its decision point
         self._make_vad = make_vad
         self._max_buffer_ms = max_buffer_s * 1000.0
         self._buffer = InputAudioBuffer()
@@ -222,7 +224,7 @@ class InputTurns:
         serve pauses still going on: under load, obsolete work is shed instead of queued)."""
         if self._call is not None:
             self._call.cancel()
-        self._decided, self._call = False, None
+        self._decided, self._call, self._due_at = False, None, None
 
     def _start_end_of_turn(self) -> None:
         """semantic_vad: at `start_after_ms` of silence, start the pause's one Smart Turn call (off this thread)."""
@@ -235,37 +237,61 @@ class InputTurns:
     def _submit_call(self) -> Future:
         assert self._end_of_turn is not None
         pool = self._decisions or decision_pool()
+        assert self._detector is not None
+        self._call_at = (time.monotonic(), self._detector.silence_ms())
         return pool.submit(self._timed_call, self._end_of_turn, self.speech_so_far())
 
     @staticmethod
-    def _timed_call(model: Callable[[np.ndarray], float], audio: np.ndarray) -> tuple[float, float]:
-        started = time.thread_time()
-        return model(audio), (time.thread_time() - started) * 1000.0
+    def _timed_call(model: Callable[[np.ndarray], float], audio: np.ndarray) -> tuple[float, float, float, float]:
+        """(P(complete), CPU ms, monotonic s when the call left the queue, when it ended)."""
+        began, started = time.monotonic(), time.thread_time()
+        prob = model(audio)
+        return prob, (time.thread_time() - started) * 1000.0, began, time.monotonic()
 
     def _judge_end_of_turn(self) -> SpeechStopped | None:
         """semantic_vad: once per pause, from `decide_after_ms` of silence on, take the end-of-turn model's
-        answer: waiting up to `decision_wait_s` for the call started `early_ms` before, else on a later append
-        (a late "complete" still ends the turn; the silence fallback ends it whatever the model says)."""
+        answer: waiting up to `decision_wait_s` for the call started `early_ms` before, else on `poll` or a later
+        append once the call is done (a late "complete" still ends the turn; the silence fallback ends it whatever
+        the model says). Later appends wait again only while the audio past the decision point runs ahead of the
+        wall time since it (a burst client): a real-time 20 ms stream that waited 50 ms on each fell ever further
+        behind real time."""
         detector, policy = self._detector, self._policy
         if policy is None or detector is None or self._decided or self._end_of_turn is None:
             return None
         if detector.silence_ms() < policy.decide_after_ms:
             return None
+        first = self._due_at is None
+        if first:
+            self._due_at = time.monotonic()
         if self._call is None:  # the silence reached both points in one append
             self._call = self._submit_call()
         call = self._call
         if not call.done():
+            timeout = self._decision_wait_s
+            if not first and timeout is not None:
+                # waited once already: wait again only while the audio runs ahead of real time (a burst
+                # client), so its audio-time semantics hold; a real-time stream never waits twice
+                ahead_s = (detector.silence_ms() - policy.decide_after_ms) / 1e3 - (time.monotonic() - self._due_at)
+                timeout = min(timeout, ahead_s)
+                if timeout <= 0:
+                    return None
             try:
-                call.exception(timeout=self._decision_wait_s)
+                call.exception(timeout=timeout)
             except TimeoutError:
                 return None
         self._decided, self._call = True, None
         try:
-            prob, cpu_ms = call.result()
+            prob, cpu_ms, began, ended = call.result()
         except Exception:  # the silence fallback still ends the turn; one log line, never a lost session
             log.exception("end-of-turn model failed; waiting for the %d ms silence fallback", policy.fallback_ms)
             return None
         self.last_decision = (prob, cpu_ms)
+        if log.isEnabledFor(logging.DEBUG):
+            now, (submitted, at_ms) = time.monotonic(), self._call_at
+            log.debug("end-of-turn decision p=%.2f: call started at %d ms of silence, queued %.1f ms, ran %.1f ms "
+                      "(%.1f CPU ms), answer taken %.1f ms after it; %.1f ms after the %d ms decision point's audio",
+                      prob, at_ms, (began - submitted) * 1e3, (ended - began) * 1e3, cpu_ms, (now - ended) * 1e3,
+                      (now - (self._due_at or now)) * 1e3, policy.decide_after_ms)
         stopped = detector.end_turn() if prob >= policy.threshold else None
         if stopped is None:
             return None

@@ -9,6 +9,7 @@ Server events leave through the owner's `emit` coroutine, so its queue sets the 
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import logging
 import os
@@ -21,7 +22,7 @@ from ..engine.api import EngineHandle, TurnEvent
 from ..protocol.client_events import InputAudioBufferAppend
 from ..protocol.errors import ErrorCode, ProtocolError
 from ..protocol.events import ClientEvent, ServerEvent
-from ..protocol.server_events import Error
+from ..protocol.server_events import Error, InputAudioBufferSpeechStopped
 from .actions import (
     Action,
     CancelTurn,
@@ -131,6 +132,8 @@ class SessionRunner:
         self._pacer = AudioPacer(settings.max_audio_rate, settings.audio_burst_s)
         self._worker: concurrent.futures.Future | None = None  # an append being handled off the loop
         self._watched: concurrent.futures.Future | None = None  # the end-of-turn call _watch_decision follows
+        self._arrivals: collections.deque[float] = collections.deque()  # when each queued append came in
+        self._decision_posted_at = 0.0  # when the last _DecisionReady was posted
 
     def engine_sink(self, event: TurnEvent) -> None:
         """Thread-safe: called by the engine thread for every event of this session's turns."""
@@ -142,12 +145,15 @@ class SessionRunner:
         Cancel-safe: a cancelled call queues nothing. Audio appends beyond the session's ingestion
         rate wait here, so the socket reader stops and TCP flow control slows the client down.
         """
+        arrived = time.monotonic()
         if isinstance(event, InputAudioBufferAppend):
             ms = wire_duration_ms(self.session.config.input_format, len(event.audio))
             delay = self._pacer.delay_s(ms, time.monotonic())
             if delay > 0:
                 await asyncio.sleep(delay)
         await self._client_slots.acquire()
+        if isinstance(event, InputAudioBufferAppend):
+            self._arrivals.append(arrived)
         self._inbox.put_nowait(event)
 
     async def run(self) -> None:
@@ -176,9 +182,14 @@ class SessionRunner:
                     self._log_failure("end-of-turn decision", None, exc)
                     actions = []
                 await self._dispatch(actions, None)
+                self._log_turn_end(actions, "late decision", self._decision_posted_at, now, now)
             elif isinstance(item, InputAudioBufferAppend):
                 self._client_slots.release()
-                await self._dispatch(await self._off_loop(item, now), item)
+                arrived = self._arrivals.popleft() if self._arrivals else now
+                actions = await self._off_loop(item, now)
+                handled = time.monotonic()
+                await self._dispatch(actions, item)
+                self._log_turn_end(actions, "append", arrived, now, handled)
                 self._watch_decision()
             else:
                 self._client_slots.release()
@@ -187,6 +198,16 @@ class SessionRunner:
                     now = time.monotonic()
                 await self._dispatch(self.session.handle_client_event(item, now), item)
 
+    def _log_turn_end(self, actions: list[Action], cause: str, arrived: float, dequeued: float, handled: float) -> None:
+        """DEBUG: where the server's wall time went for the input that ended a turn (speech_stopped sent)."""
+        if not log.isEnabledFor(logging.DEBUG) or not any(
+                isinstance(a, Send) and isinstance(a.event, InputAudioBufferSpeechStopped) for a in actions):
+            return
+        sent = time.monotonic()
+        log.debug("turn end (%s): queued %.1f ms, handled %.1f ms, events sent %.1f ms after; %.1f ms in all",
+                  cause, (dequeued - arrived) * 1e3, (handled - dequeued) * 1e3, (sent - handled) * 1e3,
+                  (sent - arrived) * 1e3)
+
     def _watch_decision(self) -> None:
         """An append left semantic_vad's decision waiting on its model call: act on the answer when it comes,
         whether or not more audio arrives (the append thread did not wait for it)."""
@@ -194,7 +215,11 @@ class SessionRunner:
         if call is None or call is self._watched:
             return
         self._watched = call
-        call.add_done_callback(lambda _f: self._post(_DecisionReady()))
+        call.add_done_callback(lambda _f: self._post_decision())
+
+    def _post_decision(self) -> None:
+        self._decision_posted_at = time.monotonic()
+        self._post(_DecisionReady())
 
     def _post(self, item: _DecisionReady | _EngineInput) -> None:
         """Thread-safe: queue an item for the session task (dropped once the session or loop is gone)."""
