@@ -2,7 +2,7 @@
 # TTFA through the Ray Serve cluster (direct data path, one 2-CPU replica) vs the plain server, tiny
 # model on CPU, plus the per-frame relay RTT. Run from the repository root:
 #   bash bench/results/cpu-ray-direct-2026-11-26/run.sh [OUT_DIR] [DATA_PATH]
-# OUT_DIR defaults to bench/results/cpu-ray-direct-2026-11-26/run; DATA_PATH (direct | serve) is the
+# ROUNDS (default 3) sets the interleaved rounds. OUT_DIR defaults to bench/results/cpu-ray-direct-2026-11-26/run; DATA_PATH (direct | serve) is the
 # cluster's data_path (default direct). Ports 18700 (cluster) and 18701 (plain) must be free.
 set -euo pipefail
 OUT=${1:-bench/results/cpu-ray-direct-2026-11-26/run}
@@ -40,6 +40,6 @@ $PY bench/results/cpu-ray-2026-11-26/relay_rtt.py ws://127.0.0.1:18700/v1/realti
 cpu after-relay >> "$OUT/cpu.txt"
 # interleaved A,B,B,A rounds
 $PY -m bench --url ws://127.0.0.1:18700/v1/realtime --name ray --compare-url ws://127.0.0.1:18701/v1/realtime \
-  --compare-name plain -c 1,4 --rounds 3 --turns 4 --warmup 1 --max-output-tokens 16 --no-progress --out "$OUT"
+  --compare-name plain -c 1,4 --rounds "${ROUNDS:-3}" --turns 4 --warmup 1 --max-output-tokens 16 --no-progress --out "$OUT"
 cpu after-bench >> "$OUT/cpu.txt"
 cat "$OUT/cpu.txt"
