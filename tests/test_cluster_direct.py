@@ -366,3 +366,45 @@ async def test_a_lease_call_that_fails_before_granting_is_refused_1013():
     client = await _through_middleware(FakeLeaseCall([]))
     assert client.sent[-1] == {"type": "websocket.close", "code": 1013, "reason": FULL_REASON}
 
+
+
+async def test_a_slow_client_pushes_back_to_the_replica_instead_of_filling_the_proxy():
+    """The proxy buffers a bounded number of the replica's messages: while the client does not take them,
+    the replica's sends stall (TCP pushes back, as to a slow client of a single server); nothing is lost."""
+    count, size = 400, 64 * 1024  # 25 MiB: far more than loopback socket buffers plus the relay's queue
+    sent_all = asyncio.Event()
+
+    async def flood(ws) -> None:
+        for i in range(count):
+            await ws.send(bytes([i % 256]) * size)
+        sent_all.set()
+        await ws.wait_closed()
+
+    async with Replica() as replica:
+        replica.script = flood
+        client = AsgiClient()
+        gate = asyncio.Event()
+        fast_send = client.send
+
+        async def slow_send(message: dict) -> None:
+            if message["type"] == "websocket.send":
+                await gate.wait()  # the client reads nothing until the test opens the gate
+            await fast_send(message)
+
+        client.send = slow_send
+        lease = replica.book.issue()
+        task = asyncio.create_task(relay_direct(_scope(), client.receive, client.send, replica.grant(lease.token),
+                                                _ended(), open_timeout_s=5))
+        await client.wait_for("websocket.accept")
+        await asyncio.sleep(1.0)
+        assert not sent_all.is_set(), "the proxy read the replica's whole output for a client that reads nothing"
+        gate.set()
+        await asyncio.wait_for(sent_all.wait(), 30)
+        async with asyncio.timeout(30):
+            while len([m for m in client.sent if m["type"] == "websocket.send"]) < count:
+                client.changed.clear()
+                await client.changed.wait()
+        payloads = [m["bytes"] for m in client.sent if m["type"] == "websocket.send"]
+        assert [p[0] for p in payloads] == [i % 256 for i in range(count)] and all(len(p) == size for p in payloads)
+        await client.inbox.put({"type": "websocket.disconnect", "code": 1000})
+        await asyncio.wait_for(task, 10)

@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 FORWARDED_HEADERS = frozenset({"authorization", "api-key", "origin", "openai-beta"})
 LOST_REASON = "replica lost; reconnect"
 UNREACHABLE_REASON = "cluster data path unavailable: the proxy cannot reach the replica"
+_RELAY_QUEUE = 32  # messages from the replica buffered in the proxy per session before it stops reading
 _LEASE_END_WAIT_S = 5.0  # after the session: how long the lease call may take to end before it is cancelled
 
 
@@ -82,7 +83,10 @@ async def _open(scope: dict, grant: dict[str, Any], open_timeout_s: float) -> Cl
     return await connect(direct_uri(scope, grant), additional_headers=forwarded_headers(scope, grant["token"]),
                          subprotocols=list(scope.get("subprotocols") or ()) or None, compression=None,
                          user_agent_header=None, proxy=None, open_timeout=open_timeout_s, max_size=None,
-                         max_queue=None, ping_interval=20, ping_timeout=20, close_timeout=10)
+                         # bounded: a client that reads slowly stalls this connection's reads, so TCP pushes
+                         # back to the replica and its slow-client limits act as on a single server (an
+                         # unbounded queue would buffer the replica's output in the proxy without limit)
+                         max_queue=_RELAY_QUEUE, ping_interval=20, ping_timeout=20, close_timeout=10)
 
 
 async def _client_to_replica(receive, replica: ClientConnection) -> int | None:
