@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 import soxr
+from conftest import tiny_engine_fixture
 from server_support import StubEngine, espeak, seconds
 
 from realtime_ming.server import RealtimeServer, load_config
@@ -55,21 +56,8 @@ def _ms(value_s: float) -> float:
 FORCED_REPLY = "Sure, here is a long answer. It goes on sentence after sentence, so there is time to talk over it. "
 
 
-def speaking_engine():
-    """The real engine on the embedded tiny default, its thinker emitting FORCED_REPLY's tokens
-    (`engine.thinker.forced_reply`: every model computation still runs)."""
-    from realtime_ming.engine import Engine
-    from realtime_ming.engine.config import EngineConfig, ThinkerRunnerConfig
-
-    return Engine.create(EngineConfig(thinker=ThinkerRunnerConfig(forced_reply=FORCED_REPLY)))
-
-
-@pytest.fixture(scope="module")
-def engine():
-    """`speaking_engine()`, loaded once for the module."""
-    eng = speaking_engine()
-    yield eng
-    eng.close()
+# the real engine on the embedded tiny default (every model computation runs), speaking FORCED_REPLY
+engine = tiny_engine_fixture(forced_reply=FORCED_REPLY)
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import tiny_engine_fixture
 from server_support import RecordingEngine, espeak
-from test_web import MIC_RATE_HZ, _mic_file, _open, _page, _wait_for, speaking_engine
+from test_web import FORCED_REPLY, MIC_RATE_HZ, _mic_file, _open, _page, _wait_for
 
 from realtime_ming.engine.api import ContentKind
 from realtime_ming.server import RealtimeServer, load_config
@@ -19,12 +20,8 @@ from realtime_ming.server import RealtimeServer, load_config
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
 
 
-@pytest.fixture(scope="module")
-def engine():
-    """The tiny engine speaking test_web's forced reply (its own random text is often unspeakable)."""
-    eng = speaking_engine()
-    yield eng
-    eng.close()
+# the tiny engine speaking test_web's forced reply (its own random text is often unspeakable)
+engine = tiny_engine_fixture(forced_reply=FORCED_REPLY)
 
 
 @pytest.fixture(scope="module")
