@@ -133,16 +133,20 @@ def _turns(eagerness: Eagerness, prob: float, calls: list[int]) -> InputTurns:
     return turns
 
 
-def _ends_ms(turns: InputTurns, audio: np.ndarray, chunk_ms: int = 20) -> list[int]:
-    """Stream 16 kHz audio; ms (from the start of `audio`) at which each SpeechEnded is reported."""
+def _timed_appends(turns: InputTurns, audio: np.ndarray, chunk_ms: int = 20):
+    """Stream 16 kHz audio as PCM16 appends; yields (end sample of the chunk, its signals, seconds the append took)."""
     step = MODEL_HZ * chunk_ms // 1000
-    ends = []
     for i in range(0, audio.size, step):
         pcm = (np.clip(audio[i: i + step], -1, 1) * 32767).astype(np.int16)
-        for signal in turns.append(base64.b64encode(pcm.tobytes()).decode()):
-            if isinstance(signal, SpeechEnded):
-                ends.append((i + step) * 1000 // MODEL_HZ)
-    return ends
+        started = time.monotonic()
+        signals = turns.append(base64.b64encode(pcm.tobytes()).decode())
+        yield i + step, signals, time.monotonic() - started
+
+
+def _ends_ms(turns: InputTurns, audio: np.ndarray, chunk_ms: int = 20) -> list[int]:
+    """Stream 16 kHz audio; ms (from the start of `audio`) at which each SpeechEnded is reported."""
+    return [end * 1000 // MODEL_HZ for end, signals, _ in _timed_appends(turns, audio, chunk_ms)
+            for signal in signals if isinstance(signal, SpeechEnded)]
 
 
 @pytest.mark.parametrize("eagerness", list(Eagerness))
@@ -290,14 +294,10 @@ def test_semantic_vad_decision_still_running_does_not_block_the_append():
     wait_s = 0.02
     turns = _gated_turns(0.99, calls, gate, decision_wait_s=wait_s)
     policy = EAGERNESS_POLICY["auto"]
-    step = MODEL_HZ * 20 // 1000
     audio = np.concatenate([tone(0.6, MODEL_HZ), silence((policy.decide_after_ms + 200) / 1000, MODEL_HZ)])
     slowest = 0.0
-    for i in range(0, audio.size, step):
-        pcm = (np.clip(audio[i: i + step], -1, 1) * 32767).astype(np.int16)
-        started = time.monotonic()
-        signals = turns.append(base64.b64encode(pcm.tobytes()).decode())
-        slowest = max(slowest, time.monotonic() - started)
+    for _, signals, took in _timed_appends(turns, audio):
+        slowest = max(slowest, took)
         assert not any(isinstance(s, SpeechEnded) for s in signals)
     assert slowest < wait_s + 0.5 and calls == []
     pending = turns.pending_decision
@@ -322,14 +322,11 @@ def test_semantic_vad_waits_for_a_running_call_once_a_pause_not_on_every_append(
     wait_s = 0.25
     turns = _gated_turns(0.99, calls, gate, decision_wait_s=wait_s)
     policy = EAGERNESS_POLICY["auto"]
-    step = MODEL_HZ * 20 // 1000
     audio = np.concatenate([tone(0.6, MODEL_HZ), silence((policy.decide_after_ms + 240) / 1000, MODEL_HZ)])
     durations = []
-    for i in range(0, audio.size, step):
-        pcm = (np.clip(audio[i: i + step], -1, 1) * 32767).astype(np.int16)
-        started = time.monotonic()
-        assert not any(isinstance(s, SpeechEnded) for s in turns.append(base64.b64encode(pcm.tobytes()).decode()))
-        durations.append(time.monotonic() - started)
+    for _, signals, took in _timed_appends(turns, audio):
+        assert not any(isinstance(s, SpeechEnded) for s in signals)
+        durations.append(took)
     assert turns.pending_decision is not None  # ten appends past the decision point, the call still queued
     assert sum(d >= 0.9 * wait_s for d in durations) == 1
     gate.open()
