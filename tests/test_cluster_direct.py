@@ -17,7 +17,12 @@ from websockets.asyncio.server import serve
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from realtime_ming.cluster.direct import DirectPort, bind_in_range
-from realtime_ming.cluster.lease import LEASE_HEADER, REPLICA_HEADER, LeaseBook, LeaseGate
+from realtime_ming.cluster.lease import (
+    LEASE_HEADER,
+    REPLICA_HEADER,
+    LeaseBook,
+    LeaseGate,
+)
 from realtime_ming.cluster.proxy import FULL_REASON, RealtimeProxyMiddleware
 from realtime_ming.cluster.relay import LOST_REASON, UNREACHABLE_REASON, relay_direct
 from realtime_ming.server.startup import StartupError
@@ -162,16 +167,25 @@ async def test_a_grant_stays_open_until_its_session_ends_and_tokens_are_distinct
         port.sock.close()
 
 
-def test_port_range_skips_ports_in_use():
-    with socket.socket() as taken:
+def _busy_port_before_a_free_one() -> socket.socket:
+    """A listening socket whose port + 1 is free (the OS picks ports; retried until it gives such a pair)."""
+    for _ in range(50):
+        taken = socket.socket()
         taken.bind(("127.0.0.1", 0))
         taken.listen()
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", taken.getsockname()[1] + 1))
+                return taken
+            except OSError:
+                taken.close()
+    raise AssertionError("no free port next to an OS-picked one in 50 tries")
+
+
+def test_port_range_skips_ports_in_use():
+    with _busy_port_before_a_free_one() as taken:
         busy = taken.getsockname()[1]
-        try:
-            sock = bind_in_range("127.0.0.1", (busy, busy + 1))
-        except StartupError:
-            pytest.skip("the next port is taken too")
-        with sock:
+        with bind_in_range("127.0.0.1", (busy, busy + 1)) as sock:
             assert sock.getsockname()[1] == busy + 1
         with pytest.raises(StartupError, match="every port is in use"):
             bind_in_range("127.0.0.1", (busy, busy))
