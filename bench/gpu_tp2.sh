@@ -2,7 +2,7 @@
 # Two GPUs (nvidia-h200-x2): the real TP=2 checks and benchmarks in one call, in this order:
 #   1. every GPU test, one- and two-GPU (TP=2 parity, NCCL, clean shutdown, graphs, kernels; -rA), then the
 #      control plane's per-call cost (bench/tp_control_bench.py);
-#   2. bench/tp_bench.py --tp 2: thinker decode with NCCL / the symmetric-memory all-reduce;
+#   2. bench/tp_bench.py --tp 2: thinker decode, all-reduces over NCCL and the symmetric-memory one-shot kernel;
 #   3. bench/engine_profile.py on CONFIG: encoder graphed vs eager, stage times per turn, a profiled turn;
 #   4. bench/gpu_e2e.sh at LEVELS (TURNS turns per session);
 #   5. bench/engine_bench.py on CONFIG: spoken turns through the engine, closed loop at N=4 and 16 (req/s).
@@ -27,9 +27,11 @@ if [[ $steps == *" tests "* ]]; then
   echo "tp_control_bench rc=$?"; cat "$out/tp_control.json" 2>/dev/null
 fi
 if [[ $steps == *" tp "* ]]; then
-  timeout 240 python3 bench/tp_bench.py --tp 2 --out "$out/tp" --budget-s "${TP_BUDGET_S:-90}" --batches 1,16 \
-    > "$out/tp.log" 2>&1
-  echo "tp_bench rc=$?"; grep -E "^\|" "$out/tp/tp_bench.md" | head -12
+  for ar in ${ALL_REDUCE:-nccl one_shot}; do  # engine.thinker.all_reduce: NCCL vs the symmetric-memory one-shot kernel
+    timeout 240 python3 bench/tp_bench.py --tp 2 --all-reduce "$ar" --out "$out/tp-$ar" --budget-s "${TP_BUDGET_S:-90}" \
+      --batches 1,16 > "$out/tp-$ar.log" 2>&1
+    echo "tp_bench $ar rc=$?"; grep -E "^\| (B|1|16) " "$out/tp-$ar/tp_bench.md" | head -4
+  done
 fi
 if [[ $steps == *" profile "* ]]; then
   timeout -s ABRT "${PROFILE_TIMEOUT_S:-300}" python3 -X faulthandler bench/engine_profile.py --config "$config" --out "$out/profile" > "$out/profile.log" 2>&1

@@ -41,8 +41,9 @@ from gpu_timing import measure_ceilings, param_bytes
 
 from realtime_ming.engine.graphs import BucketedGraph, GraphInput
 from realtime_ming.model import moe
-from realtime_ming.model.kernels import Kernels, available
 from realtime_ming.model.config import ThinkerConfig, load_checkpoint_config
+from realtime_ming.model.kernels import Kernels, available
+from realtime_ming.model.kernels.all_reduce import OneShotAllReduce
 from realtime_ming.model.layers import TPGroup
 from realtime_ming.model.loader import init_dummy, load_weights, read_weight_map
 from realtime_ming.model.presets import preset_config, tiny_config
@@ -447,13 +448,15 @@ def _worker(rank: int, args, port: int) -> None:
 
 
 def _bench_rank(rank: int, args, device: torch.device) -> None:
-    tp = TPGroup(rank, args.tp)
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
+    one_shot = OneShotAllReduce(device, dtype) if args.all_reduce == "one_shot" and args.tp > 1 else None
+    tp = TPGroup(rank, args.tp, one_shot=one_shot)
     cfg = _thinker_config(args)
     meta = {"date": datetime.date.today().isoformat(), "command": " ".join([Path(sys.executable).name] + sys.argv),
             "tp": args.tp, "gpu_count": args.tp if device.type == "cuda" else 0, "backend": dist.get_backend(),
             "preset": args.preset, "weights": args.checkpoint or f"dummy (loader.init_dummy, seed {args.seed})",
-            "dtype": args.dtype, "moe_experts": args.moe, "cuda_graphs": args.graphs, "kv_len": args.kv_len,
+            "dtype": args.dtype, "all_reduce": args.all_reduce, "moe_experts": args.moe, "cuda_graphs": args.graphs,
+            "kv_len": args.kv_len,
             "built": "thinker only (vision/audio encoders and talker not built)",
             "env": {k: os.environ.get(k) for k in _NCCL_ENV}, **_device_info(device, rank)}
     report = Report(Path(args.out), meta, enabled=rank == 0)
@@ -508,6 +511,8 @@ def _parse(argv=None):
     ap.add_argument("--dtype", choices=("bf16", "fp32"), default=None, help="default bf16 on CUDA, fp32 on CPU")
     ap.add_argument("--moe", choices=("triton", "torch"), default=None,
                     help="expert kernel: fused Triton (default where available) or the PyTorch gather path")
+    ap.add_argument("--all-reduce", choices=("nccl", "one_shot"), default="nccl",
+                    help="small all-reduces over NCCL or the symmetric-memory one-shot kernel (engine.thinker.all_reduce)")
     ap.add_argument("--no-graphs", dest="graphs", action="store_false", help="eager only")
     ap.add_argument("--batches", default="1,2,4,8,16", help="decode batch buckets")
     ap.add_argument("--prompt-tokens", type=int, default=40)
@@ -537,6 +542,8 @@ def _parse(argv=None):
         ap.error("--moe triton needs CUDA and Triton")
     if args.device == "cpu":
         args.graphs = False
+        if args.all_reduce != "nccl":
+            ap.error("--all-reduce one_shot needs CUDA")
     elif torch.cuda.device_count() < args.tp:
         ap.error(f"--tp {args.tp} needs {args.tp} GPUs, {torch.cuda.device_count()} visible")
     top_pos = args.prompt_tokens + args.audio_tokens + ROW_STRIDE * (max(args.batches) - 1) + 2 + max(

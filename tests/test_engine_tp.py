@@ -135,3 +135,21 @@ def test_start_tp_cleans_up_when_rank0_shard_build_fails(fixture_root, monkeypat
     finally:
         proxy.close()
     assert not dist.is_initialized()
+
+
+def test_one_shot_all_reduce_on_cpu_ranks_fails_cleanly(fixture_root):
+    """engine.thinker.all_reduce=one_shot needs CUDA: on CPU ranks start_tp raises a clear error and leaves no
+    process group and no worker behind (never a silent fallback that could differ between ranks)."""
+    import multiprocessing
+
+    import torch
+    import torch.distributed as dist
+
+    from realtime_ming.engine import tp as tp_module
+    from realtime_ming.model.config import load_checkpoint_config
+
+    ck = load_checkpoint_config(fixture_root)
+    with pytest.raises(ValueError, match="all_reduce=one_shot needs CUDA"):
+        tp_module.start_tp(ck, ("cpu", "cpu"), str(fixture_root), torch.float32, 0, 2, 64, all_reduce="one_shot")
+    assert not dist.is_initialized()
+    assert not [p for p in multiprocessing.active_children() if p.is_alive()]

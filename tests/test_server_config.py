@@ -80,6 +80,8 @@ def test_overrides_convert_to_field_types(tmp_path):
     ("server.port", "override 'server.port': expected dotted.key=value"),
     ("server.port.x=1", "server.port: expected an integer, got {'x': 1}"),
     ("session.vad.backend=ten", "session.vad: session.vad.backend must be one of ('silero', 'webrtc'), got 'ten'"),
+    ("engine.thinker.all_reduce=fast",
+     "engine.thinker: engine.thinker.all_reduce must be one of ('nccl', 'one_shot'), got 'fast'"),
 ])
 def test_bad_overrides_name_the_key(override, message):
     """Type and validation errors name the dotted key."""

@@ -25,6 +25,9 @@ class PlacementConfig:
         return len(self.thinker_devices)
 
 
+ALL_REDUCE = ("nccl", "one_shot")  # engine.thinker.all_reduce
+
+
 @dataclass(frozen=True, slots=True)
 class ThinkerRunnerConfig:
     max_slots: int = 32  # concurrent conversations with a cached KV slot
@@ -48,11 +51,16 @@ class ThinkerRunnerConfig:
     # transcription turns (`TurnTask.TRANSCRIBE`) emit this text's tokens once, then end (stop); every model
     # computation still runs. None = the model's own transcript
     forced_transcript: str | None = None
+    # tensor parallelism: "nccl" = every all-reduce over NCCL; "one_shot" = all-reduces up to 1 MiB (decode)
+    # through symmetric memory in one kernel (model/kernels/all_reduce.py), larger ones over NCCL
+    all_reduce: str = "nccl"
 
     def __post_init__(self):
         for name in ("max_slots", "max_seq_len", "max_batch", "prefill_chunk_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"engine.thinker.{name} must be >= 1")
+        if self.all_reduce not in ALL_REDUCE:
+            raise ValueError(f"engine.thinker.all_reduce must be one of {ALL_REDUCE}, got {self.all_reduce!r}")
 
 
 @dataclass(frozen=True, slots=True)

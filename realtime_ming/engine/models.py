@@ -131,7 +131,8 @@ class ModelBundle:
             from .tp import start_tp
 
             thinker = start_tp(ck, place.thinker_devices, None if dummy else cfg.model_path, dtype, cfg.seed,
-                               cfg.thinker.max_slots, cfg.thinker.max_seq_len, kernels=kernels)
+                               cfg.thinker.max_slots, cfg.thinker.max_seq_len, kernels=kernels,
+                               all_reduce=cfg.thinker.all_reduce)
         else:
             shadow = cfg.bench_tp_shadow
             tp = TPGroup(0, shadow, shadow=True) if shadow > 1 else TPGroup()

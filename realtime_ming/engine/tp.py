@@ -34,6 +34,7 @@ import torch.multiprocessing as mp
 
 from ..model.config import CheckpointConfig
 from ..model.kernels import TRITON, Kernels
+from ..model.kernels.all_reduce import OneShotAllReduce
 from ..model.layers import TPGroup
 from ..model.loader import init_dummy, load_weights, read_weight_map
 from ..model.thinker import Thinker, ThinkerKVCache
@@ -66,6 +67,7 @@ class TPLaunch:
     max_seq_len: int
     port: int
     kernels: Kernels = TRITON  # every rank builds its shard with rank 0's kernel selection
+    all_reduce: str = "nccl"  # engine.thinker.all_reduce: "one_shot" builds the symmetric-memory path on every rank
 
 
 def _free_port() -> int:
@@ -82,7 +84,12 @@ def _init(rank: int, launch: TPLaunch) -> TPGroup:
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{launch.port}", rank=rank,
                             world_size=len(launch.devices))
-    return TPGroup(rank, len(launch.devices))
+    one_shot = None
+    if launch.all_reduce == "one_shot":
+        if device.type != "cuda":
+            raise ValueError("engine.thinker.all_reduce=one_shot needs CUDA thinker devices")
+        one_shot = OneShotAllReduce(device, launch.dtype)  # collective: every rank builds it here
+    return TPGroup(rank, len(launch.devices), one_shot=one_shot)
 
 
 def _build_shard(launch: TPLaunch, tp: TPGroup) -> Thinker:
@@ -346,13 +353,15 @@ class _ProxyPrefiller(_ProxyGraphs):
 
 
 def start_tp(ck: CheckpointConfig, devices: tuple[str, ...], model_path: str | None, dtype: torch.dtype,
-             seed: int, max_slots: int, max_seq_len: int, kernels: Kernels = TRITON) -> ThinkerProxy:
+             seed: int, max_slots: int, max_seq_len: int, kernels: Kernels = TRITON,
+             all_reduce: str = "nccl") -> ThinkerProxy:
     """Spawn ranks 1..N-1, join the process group as rank 0, build rank 0's shard.
 
     If joining or rank 0's shard build fails, the workers are ended and the process group destroyed
     before the error propagates, so a later engine in this process can start its own group.
     """
-    launch = TPLaunch(ck, tuple(devices), model_path, dtype, seed, max_slots, max_seq_len, _free_port(), kernels)
+    launch = TPLaunch(ck, tuple(devices), model_path, dtype, seed, max_slots, max_seq_len, _free_port(), kernels,
+                      all_reduce)
     ctx = mp.get_context("spawn")
     procs = [ctx.Process(target=_worker, args=(r, launch, os.getpid()), daemon=True, name=f"tp-rank-{r}")
              for r in range(1, len(devices))]

@@ -45,6 +45,9 @@ class TPGroup:
     size: int = 1
     group: Any = None
     shadow: bool = False
+    # small all-reduces through symmetric memory (kernels/all_reduce.OneShotAllReduce; None: NCCL only). It
+    # returns None for a message it does not take, which then goes to NCCL like every other.
+    one_shot: Any = None
 
     def __post_init__(self):
         if not 0 <= self.rank < self.size:
@@ -78,7 +81,12 @@ class TPGroup:
         return (self.rank * heads // self.size) * local, local
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum of `x` over the ranks: in place over NCCL, or a new tensor from the one-shot path."""
         if self.size > 1 and not self.shadow:
+            if self.one_shot is not None:
+                out = self.one_shot(x)
+                if out is not None:
+                    return out
             torch.distributed.all_reduce(x, group=self.group)
         return x
 
