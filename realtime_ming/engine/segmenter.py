@@ -115,7 +115,7 @@ class _Unit(NamedTuple):
 
     end: int  # buffer offset just past the piece (a possible cut)
     num_tokens: int  # tokens from the buffer start up to and including this piece
-    mark: str  # "sentence", "clause" or "" (by the piece's last character, closers ignored)
+    mark: str  # "sentence", "clause", "abbreviation" or "" (by the piece's last characters, closers ignored)
 
 
 def _is_abbreviation(core: str) -> bool:
@@ -132,7 +132,7 @@ def _mark_of(run: str) -> str:
     core = run.rstrip(_CLOSERS)
     last = core[-1:]
     if _is_abbreviation(core):
-        return ""
+        return "abbreviation"
     if last in _SENTENCE_MARKS:
         return "sentence"
     if last in _CLAUSE_MARKS:
@@ -143,8 +143,10 @@ def _mark_of(run: str) -> str:
 def _run_is_closed(run: str) -> bool:
     """A run at the end of an open stream is complete only if it ends in a mark that cannot go on."""
     core = run.rstrip(_CLOSERS)
-    if not core or _mark_of(core) == "":
-        return False  # "Hel" may become "Hello", '"' may open a quote
+    if not core or _mark_of(core) not in ("sentence", "clause"):
+        return False  # "Hel" may become "Hello", '"' may open a quote, "Dr." has its name to come
+    if core.endswith(".") and len(core.lstrip(_OPENERS)) == 2 and core.lstrip(_OPENERS)[0].isalpha():
+        return False  # "a." may become "a.m.", "e." "e.g."
     return not (core[-1] in _NUMBER_SEPARATORS and core[-2:-1].isdigit())  # "3." may become "3.14"
 
 
@@ -176,12 +178,21 @@ def _complete_units(text: str, is_stream_end: bool) -> list[_Unit]:
     return units
 
 
+def _without_trailing_abbreviations(units: list[_Unit]) -> list[_Unit]:
+    """A cut after "Mr." splits "Mr." | "Smith": word-count and timeout cuts go before it (or wait)."""
+    end = len(units)
+    while end and units[end - 1].mark == "abbreviation":
+        end -= 1
+    return units[:end]
+
+
 def _first_cut(units: list[_Unit], cfg: SegmenterConfig, waited_ms: float) -> int | None:
     """latency, segment 0: the earliest mark after a word; else, once the mark wait is over, all complete
     words if there are first_min_tokens of them (or any, once first_max_wait_ms is over, or the cap)."""
     for unit in units:
-        if unit.mark and unit.num_tokens >= 1:
+        if unit.mark in ("sentence", "clause") and unit.num_tokens >= 1:
             return unit.end
+    units = _without_trailing_abbreviations(units)
     if not units:
         return None
     num_tokens = units[-1].num_tokens
@@ -279,7 +290,7 @@ class Segmenter:
         if cfg.policy == "reference":
             has_enough = _reference_tokens(self._buffer) >= cfg.first_min_tokens
             return self._first_text_ms + cfg.first_max_wait_ms if has_enough else None
-        units = _complete_units(self._buffer, is_stream_end=False)
+        units = _without_trailing_abbreviations(_complete_units(self._buffer, is_stream_end=False))
         num_tokens = units[-1].num_tokens if units else 0
         if num_tokens >= cfg.first_min_tokens:  # only the mark wait holds it (a tick may be due already)
             return self._first_text_ms + min(cfg.first_mark_wait_ms, cfg.first_max_wait_ms)
