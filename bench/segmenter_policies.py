@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 import time
 from collections import Counter
 from pathlib import Path
 
-import regex
+from tokenizers import Regex, pre_tokenizers
 
 from realtime_ming.engine.segmenter import Segment, SegmentOrigin, Segmenter, SegmenterConfig
 
@@ -36,11 +37,11 @@ __all__ = ["classify_cut", "main", "pieces_of", "simulate"]
 
 _HERE = Path(__file__).resolve().parent
 CORPUS = _HERE / "segmenter_replies.json"
-# Qwen2's pre-tokenizer pattern (contractions, letters with one leading non-letter, single digits, punctuation runs).
-_PRETOKENIZE = regex.compile(
+# Qwen2's pre-tokenizer (contractions, letters with one leading non-letter, single digits, punctuation runs).
+_PRETOKENIZE = pre_tokenizers.Split(Regex(
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_CJK = regex.compile(r"[\p{Han}\p{Hiragana}\p{Katakana}]")
+), behavior="isolated")
+_CJK = re.compile("[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f]")
 _SENTENCE = set(".!?;…。！？；")
 _CLAUSE = set(",:、，：")
 _CLOSERS = "\"'”’»)]}）】」』》〉"
@@ -53,11 +54,11 @@ def pieces_of(text: str, mode: str) -> list[str]:
     if mode == "chars":
         return list(text)
     if mode == "words":
-        return regex.findall(r"\s*\S+", text) + ([text[len(text.rstrip()):]] if text != text.rstrip() else [])
+        return re.findall(r"\s*\S+", text) + ([text[len(text.rstrip()):]] if text != text.rstrip() else [])
     out: list[str] = []
-    for piece in _PRETOKENIZE.findall(text):
+    for piece, _ in _PRETOKENIZE.pre_tokenize_str(text):
         if _CJK.search(piece):
-            out.extend(regex.findall(r"\s?\S", piece))  # one piece per character (CJK punctuation too)
+            out.extend(re.findall(r"\s?\S", piece))  # one piece per character (CJK punctuation too)
         elif sum(c.isalpha() for c in piece) > 10:
             out.extend(piece[i:i + 6] for i in range(0, len(piece), 6))
         else:
@@ -96,7 +97,7 @@ def simulate(deltas: list[str], cfg: SegmenterConfig, step_ms: float) -> tuple[l
 
 
 def _core_mark(left: str) -> str:
-    run = regex.split(r"\s", left)[-1] if not left[-1].isspace() else ""
+    run = re.split(r"\s", left)[-1] if not left[-1].isspace() else ""
     core = left.rstrip(_CLOSERS)
     last = core[-1:]
     stem = run.rstrip(_CLOSERS)[:-1].lstrip("\"'“‘«([{")
