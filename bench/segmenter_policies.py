@@ -186,7 +186,7 @@ def summarize(rows: list[dict]) -> dict:
         "inner_cuts": len(inner), "inner_cuts_at_mark_share": _share_at_mark(inner),
         "inner_cut_classes": dict(Counter(inner).most_common()),
         "later_cuts_at_mark_share": _share_at_mark([c for r in rows for c in r["inner_cuts"][1:]]),
-        "mid_word_cuts": sum(r["first_cut"] == "mid-word" for r in rows) + inner.count("mid-word"),
+        "mid_word_cuts": inner.count("mid-word"),  # inner cuts include the first one
         "text_changed": sum(not r["text_preserved"] for r in rows),
         "by_lang": by_lang,
     }
