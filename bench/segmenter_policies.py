@@ -31,7 +31,11 @@ from pathlib import Path
 
 from tokenizers import Regex, pre_tokenizers
 
-from realtime_ming.engine.segmenter import Segment, SegmentOrigin, Segmenter, SegmenterConfig
+from realtime_ming.engine.segmenter import (
+    Segment,
+    Segmenter,
+    SegmenterConfig,
+)
 
 __all__ = ["classify_cut", "main", "pieces_of", "simulate"]
 
@@ -211,13 +215,13 @@ def _find_tokenizer(path: str | None):
 
 
 def _markdown(result: dict) -> str:
-    lines = [f"Tokens: {result['tokens']}. Corpus: {result['corpus']['replies']} replies "
-             f"({result['corpus']['by_lang']}), `{result['corpus']['file']}`.", ""]
+    lines = [(f"Tokens: {result['tokens']}. Corpus: {result['corpus']['replies']} replies "
+              f"({result['corpus']['by_lang']}), `{result['corpus']['file']}`."), ""]
     for step, table in result["steps"].items():
         lines += [f"### {step} ms per decode step", "",
-                  "| variant | first seg. p50 / p90 / max (ms) | en p50 (ms) | zh p50 (ms) | first seg. words (en) / chars (zh) p50 "
-                  "| first cut at sentence/clause/whole | first cuts (class: n) | released by | segments / reply "
-                  "| cuts inside the reply at a mark (all / after the first) | mid-word |",
+                  ("| variant | first seg. p50 / p90 / max (ms) | en p50 (ms) | zh p50 (ms) | first seg. words (en) / chars (zh) p50 "
+                   "| first cut at sentence/clause/whole | first cuts (class: n) | released by | segments / reply "
+                   "| cuts inside the reply at a mark (all / after the first) | mid-word |"),
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
         for name, s in table.items():
             lang = s["by_lang"]
@@ -280,9 +284,9 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer, described = _find_tokenizer(args.tokenizer)
     if tokenizer is None:
         described = f"no tokenizer.json in tests/fixtures; `{args.pieces}` pieces (see the module docstring)"
-        split = lambda text: pieces_of(text, args.pieces)  # noqa: E731
+        split = lambda text: pieces_of(text, args.pieces)
     else:
-        split = lambda text: tokenizer_deltas(tokenizer, text)  # noqa: E731
+        split = lambda text: tokenizer_deltas(tokenizer, text)
     print(f"[segmenter] tokens: {described}", flush=True)
     replies = corpus["replies"]
     deltas = {r["id"]: split(r["text"]) for r in replies}

@@ -8,7 +8,12 @@ from pathlib import Path
 import pytest
 
 from bench import segmenter_policies as bench_seg
-from realtime_ming.engine.segmenter import Segment, SegmentOrigin, Segmenter, SegmenterConfig
+from realtime_ming.engine.segmenter import (
+    Segment,
+    Segmenter,
+    SegmenterConfig,
+    SegmentOrigin,
+)
 from realtime_ming.server.config import ConfigError, load_serve_config
 
 REPO = Path(__file__).resolve().parents[1]
