@@ -2,7 +2,9 @@
 
 Pure and clock-injected (every call takes `now_ms`; no threads, no wall clock). Policy "reference"
 reproduces sglang-omni's streaming segmenter with its quirks (docs/model.md §7, fixture case `segmenter`);
-policy "latency" releases a short first segment early and never cuts inside a word.
+policy "latency" releases a short first segment early, never cuts inside a word or after a common
+abbreviation ("Dr.", "e.g."), and can hold the first segment briefly for a clause or sentence mark
+(`first_mark_wait_ms`; bench/segmenter_policies.py measures the trade-off).
 """
 
 from __future__ import annotations
@@ -27,6 +29,10 @@ _SENTENCE_MARKS = frozenset(".!?;…。！？；")
 _CLAUSE_MARKS = frozenset(",:、，：")
 _CLOSERS = "\"'”’»)]}）】」』》〉"
 _NUMBER_SEPARATORS = frozenset(".,:")  # after a digit these may continue a number ("3.14", "1,000")
+_OPENERS = "\"'“‘«([{（【「『《〈"
+# latency: a "." after one of these (lower-cased) or after a dotted run ("e.g.", "U.S.") or a single
+# capital ("J.") ends an abbreviation, not a sentence. "No." stays a mark: it is a common whole reply.
+_ABBREVIATIONS = frozenset({"dr", "mr", "mrs", "ms", "prof", "sr", "jr", "st", "vs", "etc", "approx", "fig", "inc", "ltd"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +49,9 @@ class SegmenterConfig:
     first_min_tokens: int | None = None  # reference: timeout needs this many; latency: release at this many
     first_max_wait_ms: float | None = None  # ms after the first text before the first segment is forced out
     clause_min_tokens: int = 8  # latency: a clause mark (, : 、) releases a later segment at this many tokens
+    # latency: for this many ms after the first text, the first segment leaves only at a sentence or clause
+    # mark; after it, at first_min_tokens complete words (0 = no wait). Reference: must stay 0.
+    first_mark_wait_ms: float = 0.0
 
     def __post_init__(self):
         if self.policy not in POLICIES:
@@ -59,6 +68,10 @@ class SegmenterConfig:
             raise ValueError("segmenter.first_min_tokens must be <= segmenter.max_tokens")
         if self.first_max_wait_ms < 0:
             raise ValueError("segmenter.first_max_wait_ms must be >= 0")
+        if self.first_mark_wait_ms < 0:
+            raise ValueError("segmenter.first_mark_wait_ms must be >= 0")
+        if self.first_mark_wait_ms and self.policy != "latency":
+            raise ValueError("segmenter.first_mark_wait_ms applies to policy 'latency' only (reference has no such rule)")
 
 
 class SegmentOrigin(enum.Enum):
@@ -102,12 +115,24 @@ class _Unit(NamedTuple):
 
     end: int  # buffer offset just past the piece (a possible cut)
     num_tokens: int  # tokens from the buffer start up to and including this piece
-    mark: str  # "sentence", "clause" or "" (by the piece's last character, closers ignored)
+    mark: str  # "sentence", "clause", "abbreviation" or "" (by the piece's last characters, closers ignored)
+
+
+def _is_abbreviation(core: str) -> bool:
+    """'Dr.', 'e.g.', 'U.S.', 'J.': a '.' that ends a shortened word, not a sentence."""
+    if not core.endswith("."):
+        return False
+    stem = core[:-1].lstrip(_OPENERS)
+    if not stem or not stem.replace(".", "").isalpha():
+        return False  # "3." / "..." / "done!." are not abbreviations
+    return "." in stem or stem.lower() in _ABBREVIATIONS or (len(stem) == 1 and stem.isupper())
 
 
 def _mark_of(run: str) -> str:
     core = run.rstrip(_CLOSERS)
     last = core[-1:]
+    if _is_abbreviation(core):
+        return "abbreviation"
     if last in _SENTENCE_MARKS:
         return "sentence"
     if last in _CLAUSE_MARKS:
@@ -118,8 +143,10 @@ def _mark_of(run: str) -> str:
 def _run_is_closed(run: str) -> bool:
     """A run at the end of an open stream is complete only if it ends in a mark that cannot go on."""
     core = run.rstrip(_CLOSERS)
-    if not core or _mark_of(core) == "":
-        return False  # "Hel" may become "Hello", '"' may open a quote
+    if not core or _mark_of(core) not in ("sentence", "clause"):
+        return False  # "Hel" may become "Hello", '"' may open a quote, "Dr." has its name to come
+    if core.endswith(".") and len(core.lstrip(_OPENERS)) == 2 and core.lstrip(_OPENERS)[0].isalpha():
+        return False  # "a." may become "a.m.", "e." "e.g."
     return not (core[-1] in _NUMBER_SEPARATORS and core[-2:-1].isdigit())  # "3." may become "3.14"
 
 
@@ -151,12 +178,27 @@ def _complete_units(text: str, is_stream_end: bool) -> list[_Unit]:
     return units
 
 
-def _first_cut(units: list[_Unit], cfg: SegmenterConfig, is_overdue: bool) -> int | None:
-    """latency, segment 0: the earliest mark after a word, else all complete words once enough or late."""
+def _without_trailing_abbreviations(units: list[_Unit]) -> list[_Unit]:
+    """A cut after "Mr." splits "Mr." | "Smith": word-count and timeout cuts go before it (or wait)."""
+    end = len(units)
+    while end and units[end - 1].mark == "abbreviation":
+        end -= 1
+    return units[:end]
+
+
+def _first_cut(units: list[_Unit], cfg: SegmenterConfig, waited_ms: float) -> int | None:
+    """latency, segment 0: the earliest mark after a word; else, once the mark wait is over, all complete
+    words if there are first_min_tokens of them (or any, once first_max_wait_ms is over, or the cap)."""
     for unit in units:
-        if unit.mark and unit.num_tokens >= 1:
+        if unit.mark in ("sentence", "clause") and unit.num_tokens >= 1:
             return unit.end
-    if units and (units[-1].num_tokens >= cfg.first_min_tokens or (is_overdue and units[-1].num_tokens >= 1)):
+    units = _without_trailing_abbreviations(units)
+    if not units:
+        return None
+    num_tokens = units[-1].num_tokens
+    if num_tokens >= cfg.max_tokens or (num_tokens >= 1 and waited_ms >= cfg.first_max_wait_ms):
+        return units[-1].end
+    if num_tokens >= cfg.first_min_tokens and waited_ms >= cfg.first_mark_wait_ms:
         return units[-1].end
     return None
 
@@ -213,10 +255,13 @@ class Segmenter:
         return self._latency_release(now_ms, SegmentOrigin.DELTA)
 
     def tick(self, now_ms: float) -> list[Segment]:
-        """Idle check: releases the first segment once it has waited `first_max_wait_ms`."""
-        if self._is_finished or self._next_id != 0 or not self._is_overdue(now_ms):
+        """Idle check: releases the first segment once its wait is over (`first_max_wait_ms`; latency
+        also `first_mark_wait_ms`)."""
+        if self._is_finished or self._next_id != 0 or self._first_text_ms is None:
             return []
         if self.config.policy == "reference":
+            if not self._is_overdue(now_ms):
+                return []
             # sglang-omni re-runs push("") from its 100 ms idle tick once the first segment is overdue.
             if _reference_tokens(self._buffer) < self.config.first_min_tokens:
                 return []
@@ -241,12 +286,15 @@ class Segmenter:
         """When a tick could next release something (None: only more input or finish() can)."""
         if self._is_finished or self._next_id != 0 or self._first_text_ms is None:
             return None
-        if self.config.policy == "reference":
-            has_enough = _reference_tokens(self._buffer) >= self.config.first_min_tokens
-        else:
-            units = _complete_units(self._buffer, is_stream_end=False)
-            has_enough = bool(units) and units[-1].num_tokens >= 1
-        return self._first_text_ms + self.config.first_max_wait_ms if has_enough else None
+        cfg = self.config
+        if cfg.policy == "reference":
+            has_enough = _reference_tokens(self._buffer) >= cfg.first_min_tokens
+            return self._first_text_ms + cfg.first_max_wait_ms if has_enough else None
+        units = _without_trailing_abbreviations(_complete_units(self._buffer, is_stream_end=False))
+        num_tokens = units[-1].num_tokens if units else 0
+        if num_tokens >= cfg.first_min_tokens:  # only the mark wait holds it (a tick may be due already)
+            return self._first_text_ms + min(cfg.first_mark_wait_ms, cfg.first_max_wait_ms)
+        return self._first_text_ms + cfg.first_max_wait_ms if num_tokens >= 1 else None
 
     def _is_overdue(self, now_ms: float) -> bool:
         return self._first_text_ms is not None and now_ms - self._first_text_ms >= self.config.first_max_wait_ms
@@ -284,7 +332,8 @@ class Segmenter:
         while True:
             units = _complete_units(self._buffer, is_stream_end)
             if self._next_id == 0:
-                cut = _first_cut(units, self.config, self._is_overdue(now_ms))
+                waited_ms = 0.0 if self._first_text_ms is None else now_ms - self._first_text_ms
+                cut = _first_cut(units, self.config, waited_ms)
             else:
                 cut = _later_cut(units, self.config)
             if cut is None:
