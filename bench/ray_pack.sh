@@ -15,12 +15,12 @@
 #     signing; nothing here authenticates to Google).
 #   The image's own aiohttp, grpcio, protobuf, pyyaml, click, msgpack, requests, prometheus-client,
 #   jinja2, anyio, h11, uvloop, numpy ... are used as they are; our websockets comes from .whl/.
-# Output: .raypack/ray-serve-cpXY.tar.xz (one site dir, tar + xz -9e) and .raypack/MANIFEST-cpXY.txt.
+# Output (RAYPACK_DIR, default .raypack): ray-serve-cpXY.tar.xz (one site dir, tar + xz -9e) and MANIFEST-cpXY.txt.
 set -euo pipefail
 PYV=${1:-3.12}
 TAG=cp${PYV/./}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-OUT="$ROOT/.raypack"
+OUT=${RAYPACK_DIR:-$ROOT/.raypack}  # RAYPACK_DIR: somewhere else (carry only the cp312 pack: 64 MiB in all)
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 
@@ -41,7 +41,8 @@ REQS=(
 )
 # Paths under the site that `from ray import serve`, serve.start/run, Serve's proxy/controller/replicas,
 # the dashboard head/agent, the runtime-env agent, the log monitor and realtime_ming.cluster never
-# import (checked by a module trace of every process of a `serve-cluster` run; bench/README.md).
+# import (found by a module trace of every process of a `serve-cluster` run + bench; checked by
+# bench/ray_pack_check.sh, which runs the remote comparison on the stripped site).
 STRIPPED=(
   ray/rllib ray/tune ray/train ray/data ray/llm ray/air ray/workflow ray/serve/llm  # other Ray libraries
   ray/jars                        # Java workers (cross-language), 33 MB
@@ -55,7 +56,8 @@ PLATFORMS=(manylinux2014_x86_64 manylinux_2_17_x86_64 manylinux_2_27_x86_64 many
 TARGET_ARGS=(--only-binary=:all: --python-version "$PYV" --implementation cp --abi "$TAG")
 for p in "${PLATFORMS[@]}"; do TARGET_ARGS+=(--platform "$p"); done
 
-python3 -m pip download -q --no-deps "${TARGET_ARGS[@]}" -d "$WORK/dl" "${REQS[@]}"
+python3 -m pip download -q --no-deps "${TARGET_ARGS[@]}" -d "$WORK/dl" "${REQS[@]}" \
+  2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
 python3 -m pip install -q --root-user-action=ignore --no-index --no-deps --no-compile --no-warn-script-location "${TARGET_ARGS[@]}" \
   --target "$WORK/site" "$WORK"/dl/*.whl
 

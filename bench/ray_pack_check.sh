@@ -12,7 +12,10 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${1:-/tmp/ray-pack-check}
 TAG=$(python3 -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
 cd "$ROOT"
-[ -f ".raypack/ray-serve-$TAG.tar.xz" ] || bash bench/ray_pack.sh "$(python3 -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')"
+# its own pack folder (default $OUT.pack, kept between runs): .raypack, which is carried, holds only cp312
+export RAYPACK_DIR=${RAYPACK_DIR:-$OUT.pack}
+[ -f "$RAYPACK_DIR/ray-serve-$TAG.tar.xz" ] || \
+  bash bench/ray_pack.sh "$(python3 -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')"
 
 rm -rf "$OUT" && mkdir -p "$OUT"
 python3 -m venv --without-pip "$OUT/venv"

@@ -2,7 +2,7 @@
 # repository root (device tool: carry ".raypack" beside ".whl"):
 #   source bench/ray_unpack.sh [DEST]            # default /tmp/raysite; exports PYTHONPATH
 #   eval "$(bash bench/ray_unpack.sh [DEST])"    # the same, for a shell that should not source it
-# It picks .raypack/ray-serve-cpXY.tar.xz for this python3, extracts it into DEST (once: a DEST that
+# It picks .raypack/ray-serve-cpXY.tar.xz (or RAYPACK_DIR's) for this python3, extracts it into DEST (once: a DEST that
 # already holds this archive's ray is reused), puts DEST on PYTHONPATH after what is there (after
 # bench/gpu_setup.sh's SITE_DIR and the repository) and checks that `from ray import serve` and
 # realtime_ming.cluster import. Prints the `export PYTHONPATH=...` line on stdout.
@@ -11,9 +11,9 @@
 _ray_unpack_dest=${1:-/tmp/raysite}
 _ray_unpack_rc=0
 _ray_unpack_tag=$(python3 -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
-_ray_unpack_archive=".raypack/ray-serve-$_ray_unpack_tag.tar.xz"
+_ray_unpack_archive="${RAYPACK_DIR:-.raypack}/ray-serve-$_ray_unpack_tag.tar.xz"
 if [ ! -f "$_ray_unpack_archive" ]; then
-  echo "ray_unpack: no $PWD/$_ray_unpack_archive (build it with bash bench/ray_pack.sh and carry .raypack)" >&2
+  echo "ray_unpack: no $_ray_unpack_archive (build it with bash bench/ray_pack.sh and carry .raypack)" >&2
   _ray_unpack_rc=1
 elif [ -f "$_ray_unpack_dest/.ray_unpack_stamp" ] && \
      [ "$(cat "$_ray_unpack_dest/.ray_unpack_stamp")" = "$(cksum < "$_ray_unpack_archive")" ]; then
@@ -30,7 +30,8 @@ if [ "$_ray_unpack_rc" -eq 0 ]; then
   esac
   timeout 120 python3 -c 'import ray; from ray import serve; import fastapi, uvicorn, pydantic
 import realtime_ming.cluster.app
-print(f"ray_unpack: ray {ray.__version__} from {ray.__file__.rsplit(\"/\", 2)[0]}", file=__import__("sys").stderr)' \
+import os, sys
+print("ray_unpack: ray", ray.__version__, "from", os.path.dirname(os.path.dirname(ray.__file__)), file=sys.stderr)' \
     >&2 || _ray_unpack_rc=$?
   echo "export PYTHONPATH=\"$PYTHONPATH\""
 fi
