@@ -194,7 +194,7 @@ class TalkerRunner:
 
     def launch(self) -> "_Launched":
         """Start queued jobs and queue this step's graph (LM + CFM + aggregator) without waiting for it; the
-        engine collects the thinker meanwhile, then calls `finish`. Nothing else may touch the streams between."""
+        engine calls `finish` next (the thinker's next step runs beside it). Nothing may touch the streams between."""
         with self._on_streams():
             started = self._admit()
             if not self.streams:

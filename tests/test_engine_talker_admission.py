@@ -1,0 +1,109 @@
+"""When a segment reaches the talker (embedded tiny model, CPU): its first talker step runs in the engine step that
+routed it, not one step later, and the thinker's next step is queued before the talker's step starts, so the two
+still run side by side on a GPU. Audio equality under batching is covered by test_engine.py."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from bench.talker_admission import AdmissionProbe
+from realtime_ming.engine import Engine
+from realtime_ming.engine.api import (
+    AudioChunk,
+    Content,
+    Message,
+    SamplingParams,
+    Stage,
+    StageMark,
+    TextDelta,
+    TurnCancelled,
+    TurnDone,
+    TurnFailed,
+    TurnRequest,
+)
+from realtime_ming.engine.config import EngineConfig, TalkerRunnerConfig, ThinkerRunnerConfig
+from realtime_ming.engine.segmenter import SegmenterConfig
+
+pytestmark = pytest.mark.timeout(120)
+
+REPLY = "Hello there, my friend. The sea is calm today, and the sky is clear and blue."
+
+
+@pytest.fixture
+def engine(tiny_bundle):
+    # the first segment leaves at the first clause mark, never on the clock: segments do not depend on timing
+    cfg = EngineConfig(thinker=ThinkerRunnerConfig(max_slots=4, max_seq_len=512, forced_reply=REPLY),
+                       talker=TalkerRunnerConfig(max_streams=4, steps_per_word=1),
+                       segmenter=SegmenterConfig(policy="latency", first_max_wait_ms=60_000.0,
+                                                 first_mark_wait_ms=60_000.0))
+    eng = Engine(cfg, tiny_bundle)
+    yield eng
+    eng.close()
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.events: list = []
+        self.finished = threading.Event()
+
+    def __call__(self, event) -> None:
+        self.events.append(event)
+        if isinstance(event, (TurnDone, TurnCancelled, TurnFailed)):
+            self.finished.set()
+
+
+def _spoken(turn_id: str, seed: int) -> TurnRequest:
+    return TurnRequest(turn_id, turn_id, (Message("user", (Content.of_text("Tell me about the sea."),)),),
+                       with_audio=True, sampling=SamplingParams(max_tokens=16, ignore_eos=True, seed=seed))
+
+
+def _run(engine: Engine, n: int) -> list[Recorder]:
+    recs = [Recorder() for _ in range(n)]
+    for i, rec in enumerate(recs):
+        engine.submit(_spoken(f"t{i}", i), rec)
+    for rec in recs:
+        assert rec.finished.wait(90), rec.events[-3:]
+        assert isinstance(rec.events[-1], TurnDone), rec.events[-1]
+    return recs
+
+
+@pytest.mark.parametrize("turns", [1, 3])
+def test_first_talker_step_runs_in_the_step_that_routed_the_segment(engine, turns):
+    probe = AdmissionProbe(engine)
+    recs = _run(engine, turns)
+    assert len(probe.marks) == turns
+    for turn_id, marks in probe.marks.items():
+        segment, talker_step = marks[Stage.FIRST_SEGMENT], marks[Stage.FIRST_TALKER_STEP]
+        assert talker_step[1] == segment[1], (turn_id, segment, talker_step)  # the same engine step
+        assert marks[Stage.FIRST_PCM][1] >= talker_step[1]
+    assert len(probe.start_s) >= turns and probe.admit_s  # the probe timed every job started
+    for rec in recs:
+        # seen by the client: no text of a later thinker step arrives between a turn's first segment and its first
+        # talker step (one step late, the next token's text would)
+        stages = [e.stage if isinstance(e, StageMark) else type(e) for e in rec.events]
+        first, talked = stages.index(Stage.FIRST_SEGMENT), stages.index(Stage.FIRST_TALKER_STEP)
+        assert TextDelta not in stages[first:talked]
+        assert TextDelta in stages[talked:]  # the reply was still being written: the test could tell
+        assert any(isinstance(e, AudioChunk) and e.pcm.size for e in rec.events)
+
+
+def test_thinker_next_step_is_queued_before_the_talker_step(engine):
+    calls: list[str] = []
+    thinker, talker = engine._thinker, engine._talker
+    for owner, name, label in ((engine, "_step", "step"), (thinker, "collect", "collect"),
+                               (thinker, "launch", "thinker"), (talker, "launch", "talker"), (talker, "finish", "finish")):
+        def recorded(*args, _inner=getattr(owner, name), _label=label):
+            calls.append(_label)
+            return _inner(*args)
+
+        setattr(owner, name, recorded)
+    _run(engine, 2)
+    steps = [s.split() for s in " ".join(calls).split("step") if "talker" in s]
+    assert steps, calls
+    # after collecting a thinker step, the next one (if any work is left) is queued before the talker's step starts
+    overlapped = [s[s.index("collect"):] for s in steps if "thinker" in s[s.index("collect"):]]
+    assert len(overlapped) >= len(steps) - 2, calls  # the turns' last steps have no thinker work left
+    for s in overlapped:
+        assert s == ["collect", "thinker", "talker", "finish"], s
