@@ -1,11 +1,14 @@
 """When a segment reaches the talker (embedded tiny model, CPU): its first talker step runs in the engine step that
 routed it, not one step later, and the thinker's next step is queued before the talker's step starts, so the two
-still run side by side on a GPU. Audio equality under batching is covered by test_engine.py."""
+still run side by side on a GPU; a turn's first job catches up its first chunk in that same step, and every
+stream's audio stays what it is alone (more of it in test_engine.py)."""
 
 from __future__ import annotations
 
 import threading
+from collections import defaultdict
 
+import numpy as np
 import pytest
 
 from bench.talker_admission import AdmissionProbe
@@ -25,6 +28,8 @@ from realtime_ming.engine.api import (
 )
 from realtime_ming.engine.config import EngineConfig, TalkerRunnerConfig, ThinkerRunnerConfig
 from realtime_ming.engine.segmenter import SegmenterConfig
+from realtime_ming.engine.talker_runner import TalkerRunner
+from realtime_ming.model.talker_text import talker_job_texts
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -107,3 +112,45 @@ def test_thinker_next_step_is_queued_before_the_talker_step(engine):
     assert len(overlapped) >= len(steps) - 2, calls  # the turns' last steps have no thinker work left
     for s in overlapped:
         assert s == ["collect", "thinker", "talker", "finish"], s
+
+
+def _speak(runner, plan: dict[int, list[tuple[str, str, int]]]) -> tuple[dict, dict]:
+    """Step `runner` until idle, enqueueing plan[step] = [(turn, text, seed)] before that step; per turn its PCM and
+    the (step, pcm samples, talker steps) of each output."""
+    pcm, outs, step = defaultdict(list), defaultdict(list), 0
+    while runner.has_work() or any(k >= step for k in plan):
+        for turn_id, text, seed in plan.get(step, []):
+            runner.enqueue(turn_id, 0, text, None, seed=seed)
+        for out in runner.step():
+            assert out.error is None
+            if out.pcm is not None:
+                pcm[out.turn_id].append(out.pcm)
+                outs[out.turn_id].append((step, out.pcm.size, out.steps))
+        step += 1
+    for turn_id in pcm:
+        runner.forget(turn_id)  # a turn's job count (its noise seeds) starts over
+    return {t: np.concatenate(p) for t, p in pcm.items()}, outs
+
+
+def test_a_turns_first_job_speaks_in_the_step_that_starts_it_with_unchanged_audio(tiny_bundle):
+    """A turn's first talker job runs two talker steps in its first engine step (the VAE holds each chunk until the
+    next one: one step would give no audio), so its first PCM leaves in that step; later jobs run one step per
+    engine step. Turns joining beside running streams (their rows swapped to the front) speak exactly as alone."""
+    cfg = EngineConfig(talker=TalkerRunnerConfig(max_streams=4, silence_holder=False, steps_per_word=2))
+    runner = TalkerRunner(tiny_bundle, cfg)
+    texts = {"a": ("Hello there, how are you? Fine, thanks.", 7), "b": ("The sea is calm.", 11), "c": ("Ok then.", 3)}
+    assert len(talker_job_texts(texts["a"][0])) >= 2  # a second job of "a" runs while "b" and "c" join
+    alone = {t: _speak(runner, {0: [(t, text, seed)]})[0][t] for t, (text, seed) in texts.items()}
+    swaps, swap = [], runner._swap_rows
+    runner._swap_rows = lambda a, b: (swaps.append((a, b)), swap(a, b))
+    together, outs = _speak(runner, {0: [("a", *texts["a"])], 3: [("b", *texts["b"]), ("c", *texts["c"])]})
+    assert swaps  # a lead took the row of a stream already running
+    for turn_id, pcm in alone.items():
+        assert together[turn_id].shape == pcm.shape
+        np.testing.assert_allclose(together[turn_id], pcm, rtol=0, atol=1e-4)
+    for turn_id, joined in (("a", 0), ("b", 3), ("c", 3)):
+        first = outs[turn_id][0]
+        assert first[0] == joined and first[1] > 0 and first[2] == 2, outs[turn_id]  # audio in the starting step
+    # "a"'s later job started fresh beside the leads but ran one step per engine step
+    assert sum(k == 2 for _, _, k in outs["a"]) == 1
+    assert sum(k for _, _, k in outs["a"]) == len(outs["a"]) + 1

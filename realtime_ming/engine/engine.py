@@ -440,8 +440,8 @@ class Engine(Admission):
                     continue
                 if out.first_step and Stage.FIRST_TALKER_STEP not in turn.stages:
                     self._mark(turn, Stage.FIRST_TALKER_STEP)
-                if out.pcm is not None:  # one talker step of this turn (its PCM may be held back as silence)
-                    turn.talker_steps += 1
+                if out.pcm is not None:  # talker steps of this turn (their PCM may be held back as silence)
+                    turn.talker_steps += out.steps
                 if out.pcm is not None and out.pcm.size:
                     if Stage.FIRST_PCM not in turn.stages:
                         self._mark(turn, Stage.FIRST_PCM)
