@@ -154,3 +154,16 @@ def test_a_turns_first_job_speaks_in_the_step_that_starts_it_with_unchanged_audi
     # "a"'s later job started fresh beside the leads but ran one step per engine step
     assert sum(k == 2 for _, _, k in outs["a"]) == 1
     assert sum(k for _, _, k in outs["a"]) == len(outs["a"]) + 1
+
+
+def test_first_chunk_catch_up_off_speaks_one_step_later_with_the_same_audio(tiny_bundle):
+    """engine.talker.first_chunk_catch_up=false: one talker step per engine step from the start, so the first
+    engine step gives no audio (the VAE holds the chunk); the audio itself is the same."""
+    audio, first = {}, {}
+    for on in (True, False):
+        cfg = EngineConfig(talker=TalkerRunnerConfig(max_streams=2, silence_holder=False, steps_per_word=2,
+                                                     first_chunk_catch_up=on))
+        pcm, outs = _speak(TalkerRunner(tiny_bundle, cfg), {0: [("b", "The sea is calm.", 11)]})
+        audio[on], first[on] = pcm["b"], outs["b"][:2]
+    assert first[False] == [(0, 0, 1), (1, first[True][0][1], 1)] and first[True][0][2] == 2, first
+    np.testing.assert_allclose(audio[False], audio[True], rtol=0, atol=1e-5)

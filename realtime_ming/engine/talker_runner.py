@@ -281,7 +281,8 @@ class TalkerRunner:
         silence = SilenceHolder(self.vae.cfg.sample_rate) if self.cfg.silence_holder else None
         generator = torch.Generator(device=self.device).manual_seed(job.seed)
         # a lead's second step must be one the stop head cannot end (step 0 of at least two)
-        lead = job.first and max_steps >= 2 and (self.cfg.steps_per_word > 0 or self.cfg.min_new_token >= 0)
+        lead = (self.cfg.first_chunk_catch_up and job.first and max_steps >= 2
+                and (self.cfg.steps_per_word > 0 or self.cfg.min_new_token >= 0))
         self.streams.append(_Stream(job, t, max_steps, silence=silence, generator=generator, lead=lead))
         leads = sum(s.lead for s in self.streams[:-1])  # the leads occupy rows 0..leads-1 (one graph batch)
         if lead and leads < r:
