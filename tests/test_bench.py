@@ -180,3 +180,19 @@ def test_engine_bench_runs_and_writes_its_tables(tmp_path):
     assert {s["mode"] for s in saved["samples"]} == {"spoken", "text"}
     assert all(s["turns_per_s"] > 0 for s in saved["samples"])
     assert "turns/s" in (tmp_path / "engine_bench.md").read_text()
+
+
+def test_talker_admission_bench_runs_and_writes_its_table(tmp_path):
+    """bench.talker_admission on the tiny CPU engine: the segment→first-talker-step gap in steps and ms, `_start` ms."""
+    import json
+
+    from bench import talker_admission
+
+    assert talker_admission.main(["--levels", "1", "--rounds", "1", "--waves", "1", "--max-tokens", "12",
+                                  "--out", str(tmp_path)]) == 0
+    saved = json.loads((tmp_path / "talker_admission.json").read_text())
+    level = saved["summary"]["1"]
+    gap = level["gaps"]["first_segment->first_talker_step"]
+    assert level["turns"] == 1 and gap["steps_max"] == 0 and gap["ms_p50"] > 0
+    assert level["starts"] >= 1 and level["start_ms_p50"] > 0
+    assert "segment→talker step" in (tmp_path / "talker_admission.md").read_text()

@@ -81,6 +81,9 @@ class TalkerRunnerConfig:
     voice_head_cache: int = 32  # voices whose prompt head (system … transcript K/V) is kept; 0 = off
     steps_per_word: int = 0  # >0: benchmarks fix the talker length (ignore the stop head)
     silence_holder: bool = True  # the reference's trailing-silence holder on each stream (§6.4)
+    # a turn's first job runs two talker steps in the engine step that starts it (the VAE holds each chunk until
+    # the next one): the same audio, its first chunk one engine step sooner, for one small extra talker + VAE pass
+    first_chunk_catch_up: bool = True
 
     def __post_init__(self):
         if self.max_streams < 1:

@@ -1,8 +1,8 @@
 """The engine: one thread that steps thinker → segmenter → talker → VAE for every active turn.
 
-Each step runs the thinker's and the talker's GPU work side by side (the talker has its own CUDA stream)
-and queues the thinker's next step before waiting for the talker's (`_step`): text routed to the talker in
-one step is spoken from the next.
+Each step collects the thinker's step in flight and queues its next one, routes the text, then starts the
+talker's step (its own CUDA stream, beside the thinker's) and waits for it (`_step`): text routed to the
+talker in one step is spoken from that same step.
 
 Callers (the session layer, the SDK) submit `TurnRequest`s from any thread; commands (`engine/commands.py`)
 enter through a thread-safe inbox and are applied at step boundaries, so a cancel never interrupts a
@@ -393,15 +393,19 @@ class Engine(Admission):
                 pass
 
     def _step(self) -> None:
-        # Pipelined: thinker step k is in flight when this starts (else it is queued now); the talker's step is
-        # queued beside it (own CUDA stream); thinker step k is collected and its text routed, step k+1 queued
-        # at once, and only then does the engine wait for the talker's step (stop decisions, VAE, PCM). The
-        # GPU(s) always have the thinker's next step to run while the host waits on or post-processes the talker.
+        # Pipelined: thinker step k is in flight when this starts (else it is queued now). It is collected, step k+1
+        # is queued at once, and the host routes step k's text (segmenter, tool calls, events) while the GPU(s) run
+        # it; then the talker starts the jobs of every segment routed so far, this step's included, and queues its
+        # step beside the thinker's (own CUDA stream), and the engine waits for the talker's step (stop decisions,
+        # VAE, PCM). A segment's first talker step is thus the step that produced its text: admitting jobs before
+        # collecting the thinker (the talker launched first) would hold every new segment back one whole step.
         if self._in_flight is None:
             self._in_flight = self._launch()
-        talking = self._talker.launch() if self._talker is not None else None
         launched, self._in_flight = self._in_flight, None
-        for out in self._thinker.collect(launched):
+        outputs = self._thinker.collect(launched)
+        if self._thinker.has_work() or self._thinker.encoding():
+            self._in_flight = self._launch()
+        for out in outputs:
             turn = self._turns.get(out.turn_id)
             if turn is None:
                 continue
@@ -426,10 +430,8 @@ class Engine(Admission):
         for turn in list(self._turns.values()):
             if turn.segmenter is not None and not turn.thinker_done:
                 self._route_segments(turn, turn.segmenter.tick(now))
-        if self._thinker.has_work() or self._thinker.encoding():
-            self._in_flight = self._launch()
         if self._talker is not None:
-            for out in self._talker.finish(talking):
+            for out in self._talker.finish(self._talker.launch()):
                 turn = self._turns.get(out.turn_id)
                 if turn is None:
                     continue
@@ -438,8 +440,8 @@ class Engine(Admission):
                     continue
                 if out.first_step and Stage.FIRST_TALKER_STEP not in turn.stages:
                     self._mark(turn, Stage.FIRST_TALKER_STEP)
-                if out.pcm is not None:  # one talker step of this turn (its PCM may be held back as silence)
-                    turn.talker_steps += 1
+                if out.pcm is not None:  # talker steps of this turn (their PCM may be held back as silence)
+                    turn.talker_steps += out.steps
                 if out.pcm is not None and out.pcm.size:
                     if Stage.FIRST_PCM not in turn.stages:
                         self._mark(turn, Stage.FIRST_PCM)

@@ -8,7 +8,11 @@ aggregator + stop head (`Talker.tail_step`) and the history update as one step (
 one CUDA graph per batch bucket when graphs are on), then the streaming AudioVAE chunk
 (`VAEStepper`, graphed too) and the silence holder. Active streams occupy rows 0..n-1 of the
 static state; a finished stream's row is refilled from the last row (compaction), so each step
-runs exactly n rows.
+runs exactly n rows. A turn's first job (a "lead") runs a second talker step over rows 0..leads-1 in the
+engine step that starts it: the streaming VAE emits each chunk only once the next one is decoded, so the
+turn's first audio leaves in that engine step instead of the next; its audio is unchanged (its own noise
+generator, batch-invariant rows), and later jobs of the turn, which the listener is not waiting for, run
+one step per engine step.
 """
 
 from __future__ import annotations
@@ -45,15 +49,17 @@ class TalkerOutput:
     pcm: np.ndarray | None  # float32 44.1 kHz, may be empty
     first_step: bool = False
     error: str | None = None  # this turn's talker work failed (other turns unaffected)
+    steps: int = 1  # talker steps behind `pcm`: 2 when a turn's first job caught up its first chunk (`_Stream.lead`)
 
 
 @dataclass(frozen=True, slots=True)
 class _Launched:
-    """A talker step in flight: outputs of jobs started (or failed) this step, and the queued step's
-    (gen_lat, stop_prob) — None when no stream runs."""
+    """A talker step in flight: outputs of jobs started (or failed) this step, the queued step's
+    (gen_lat, stop_prob) — None when no stream runs — and the leads' second step's, or None."""
 
     started: list
     step: tuple | None
+    lead_step: tuple | None = None
 
 
 @dataclass
@@ -64,6 +70,7 @@ class _Job:
     voice: str | CustomVoice
     seed: int
     caption: str | None = None  # the talker's style caption (speech rate, emotion, …), as the turn asked
+    first: bool = False  # the turn's first job: the listener is waiting for its first chunk
 
 
 def stream_seed(turn_seed: int, job_index: int) -> int:
@@ -78,6 +85,9 @@ class _Stream:
     max_steps: int
     step: int = 0
     fresh: bool = True  # prefilled this step: its h is ready, no LM decode needed
+    # a turn's first job runs two talker steps in the engine step that starts it: the streaming VAE holds every
+    # chunk until the next one arrives (one-chunk lookahead), so its first audio leaves one engine step earlier
+    lead: bool = False
     silence: SilenceHolder | None = None
     generator: torch.Generator | None = None
 
@@ -143,7 +153,7 @@ class TalkerRunner:
             if not piece.strip():
                 continue
             seed_ = stream_seed(self.seed if seed is None else seed, counter)
-            jobs.append(_Job(turn_id, segment_id, piece, voice, seed_, caption))
+            jobs.append(_Job(turn_id, segment_id, piece, voice, seed_, caption, first=counter == 0))
             counter += 1
         self._job_count[turn_id] = counter
 
@@ -194,20 +204,20 @@ class TalkerRunner:
 
     def launch(self) -> "_Launched":
         """Start queued jobs and queue this step's graph (LM + CFM + aggregator) without waiting for it; the
-        engine collects the thinker meanwhile, then calls `finish`. Nothing else may touch the streams between."""
+        engine calls `finish` next (the thinker's next step runs beside it). Nothing may touch the streams between."""
         with self._on_streams():
             started = self._admit()
             if not self.streams:
                 return _Launched(started, None)
             with torch.no_grad():
-                return _Launched(started, self._launch_advance())
+                return _Launched(started, *self._launch_advance())
 
     def finish(self, launched: "_Launched") -> list[TalkerOutput]:
         """Wait for a launched step: stop decisions, the VAE chunk, each stream's PCM; retire ended streams."""
         if launched.step is None:
             return launched.started
         with self._on_streams(), torch.no_grad():
-            return launched.started + self._finish_advance(*launched.step)
+            return launched.started + self._finish_advance(launched.step, launched.lead_step)
 
     def _admit(self) -> list[TalkerOutput]:
         """Start the next job of every turn that has none running, while rows are free (FIFO by turn)."""
@@ -245,7 +255,7 @@ class TalkerRunner:
             if len(prompt.input_ids) - fixed <= self.prompt_limit or len(job.text) < 2:
                 break
             half = len(job.text) // 2
-            queue.appendleft(replace(job, text=job.text[half:],
+            queue.appendleft(replace(job, text=job.text[half:], first=False,
                                      seed=stream_seed(job.seed, 1)))  # not seed + 1: that is the next job's seed
             job = replace(job, text=job.text[:half])
         spk = [] if voice.spk_embed is None else [voice.spk_embed]
@@ -270,7 +280,13 @@ class TalkerRunner:
         max_steps = min(max_steps, self.cfg.max_prompt_len - t - 1)
         silence = SilenceHolder(self.vae.cfg.sample_rate) if self.cfg.silence_holder else None
         generator = torch.Generator(device=self.device).manual_seed(job.seed)
-        self.streams.append(_Stream(job, t, max_steps, silence=silence, generator=generator))
+        # a lead's second step must be one the stop head cannot end (step 0 of at least two)
+        lead = (self.cfg.first_chunk_catch_up and job.first and max_steps >= 2
+                and (self.cfg.steps_per_word > 0 or self.cfg.min_new_token >= 0))
+        self.streams.append(_Stream(job, t, max_steps, silence=silence, generator=generator, lead=lead))
+        leads = sum(s.lead for s in self.streams[:-1])  # the leads occupy rows 0..leads-1 (one graph batch)
+        if lead and leads < r:
+            self._swap_rows(leads, r)
 
     def _keep_head(self, voice, prompt_text: str, prompt, row) -> None:
         """Cache the K/V of `voice`'s prompt head (every token before the reply text) from `row`, just
@@ -285,10 +301,22 @@ class TalkerRunner:
         return self.bundle.voices[voice]
 
     def _launch_advance(self) -> tuple:
-        n = len(self.streams)
-        fresh = [s.fresh for s in self.streams]
-        pos = upload([[-1 if s.fresh else s.pos] for s in self.streams], torch.int64, self.device)  # [n, 1]
-        y0, sde_rnd = self._noise()
+        """Queue this step (every stream) and, when leads started this step, their second step (rows
+        0..leads-1); returns each one's (gen_lat, stop_prob) (None for a second step not run)."""
+        step = self._advance(self.streams)
+        leads = sum(s.lead for s in self.streams)
+        if not leads:
+            return step, None
+        step = tuple(t.clone() for t in step)  # graph memory: the leads' replay below reuses it
+        return step, self._advance(self.streams[:leads], second=True)
+
+    def _advance(self, streams: list[_Stream], second: bool = False) -> tuple:
+        """One talker step of rows 0..len(streams)-1; `second`: the leads' second step in this engine step
+        (none is fresh any more: each decodes at its prompt's end, as its next engine step would)."""
+        n = len(streams)
+        fresh = [s.fresh and not second for s in streams]
+        pos = upload([[-1 if f else s.pos] for s, f in zip(streams, fresh)], torch.int64, self.device)  # [n, 1]
+        y0, sde_rnd = self._noise(streams)
         gen_lat, next_embed, stop_prob, h, his = self.stepper(
             self.next_embed[:n], pos, upload(fresh, torch.bool, self.device), self.h[:n], self.his[:n], y0, sde_rnd,
             all_fresh=all(fresh))
@@ -298,10 +326,29 @@ class TalkerRunner:
         self.next_embed[:n].copy_(next_embed)
         return gen_lat, stop_prob
 
-    def _finish_advance(self, gen_lat: torch.Tensor, stop_prob: torch.Tensor) -> list[TalkerOutput]:
+    def _finish_advance(self, step: tuple, lead_step: tuple | None) -> list[TalkerOutput]:
+        last, pcm = self._collect(self.streams, *step)
+        steps = [1] * len(self.streams)
+        if lead_step is not None:  # the leads' second step: their first chunk leaves now, not next engine step
+            leads = self.streams[:lead_step[0].shape[0]]
+            if any(last[:len(leads)]):
+                raise RuntimeError("a lead talker stream ended on its first step")  # excluded by `_start`
+            last2, pcm2 = self._collect(leads, *lead_step)
+            for i in range(len(leads)):
+                last[i], pcm[i], steps[i] = last2[i], torch.cat((pcm[i], pcm2[i])), 2
+                leads[i].lead = False
+        outputs = [TalkerOutput(s.job.turn_id, s.job.segment_id, p.numpy().astype(np.float32, copy=False), steps=k)
+                   for s, p, k in zip(self.streams, pcm, steps)]
+        ending = [i for i, end in enumerate(last) if end]
+        if ending:  # their VAE rows were flushed (and, graphed, reset) by the step
+            self._remove(ending, reset=False)
+        return outputs
+
+    def _collect(self, streams: list[_Stream], gen_lat: torch.Tensor, stop_prob: torch.Tensor) -> tuple[list, list]:
+        """Stop decisions and the VAE chunk of one talker step of rows 0..len(streams)-1: (ends, PCM) per row."""
         p_stop = stop_prob[:, 1].float().tolist()  # host sync: the stop decision needs it
         last = []
-        for i, s in enumerate(self.streams):
+        for i, s in enumerate(streams):
             if not s.fresh:
                 s.pos += 1
             s.fresh = False
@@ -311,21 +358,16 @@ class TalkerRunner:
             last.append(ends)
             s.step += 1
         pcm_rows = self.vae_step(gen_lat, last)  # host float32 per row
-        outputs = []
-        for i, s in enumerate(self.streams):
-            pcm = s.silence.push(pcm_rows[i], last[i]) if s.silence is not None else pcm_rows[i]
-            outputs.append(TalkerOutput(s.job.turn_id, s.job.segment_id, pcm.numpy().astype(np.float32, copy=False)))
-        ending = [i for i, end in enumerate(last) if end]
-        if ending:  # their VAE rows were flushed (and, graphed, reset) by the step
-            self._remove(ending, reset=False)
-        return outputs
+        pcm = [s.silence.push(pcm_rows[i], last[i]) if s.silence is not None else pcm_rows[i]
+               for i, s in enumerate(streams)]
+        return last, pcm
 
-    def _noise(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def _noise(self, streams: list[_Stream]) -> tuple[torch.Tensor, torch.Tensor]:
         """y0 [n, P, C] and sde_rnd [S, n, P, C], each stream's drawn from its own generator in the
         reference order (y0, then the SDE noise): batching and graphs change nothing."""
         shape = (1, self.patch, self.talker.latent_dim)
         y0, sde_rnd = [], []
-        for s in self.streams:
+        for s in streams:
             y0.append(torch.randn(shape, generator=s.generator, device=self.device, dtype=self.dtype))
             sde_rnd.append(torch.randn((self.steps, *shape), generator=s.generator, device=self.device,
                                        dtype=self.dtype))
@@ -343,11 +385,21 @@ class TalkerRunner:
             self.streams.pop()
             self.vae_state.reset(upload([last], torch.int64, self.vae_device))
 
-    def _move_row(self, src: int, dst: int) -> None:
-        self.cache.copy_row(src, dst)
-        for t in (self.his, self.h, self.next_embed):
-            t[dst] = t[src]
+    def _row_state(self, row: int) -> list[torch.Tensor]:
+        """Views of every per-stream state tensor at `row` (LM cache, history, h, aggregator output, VAE state)."""
         st = self.vae_state
-        st.cache.copy_row(src, dst)
-        for t in (st.held, st.left_ctx, st.has_held, st.frame_pos, st.audio_buf, st.env_buf):
-            t[dst] = t[src]
+        caches = [t for c in (self.cache, st.cache) for t in (c.k[:, row], c.v[:, row], c.slot_pos[row])]
+        return caches + [t[row] for t in (self.his, self.h, self.next_embed, st.held, st.left_ctx, st.has_held,
+                                          st.frame_pos, st.audio_buf, st.env_buf)]
+
+    def _move_row(self, src: int, dst: int) -> None:
+        for d, s in zip(self._row_state(dst), self._row_state(src)):
+            d.copy_(s)
+
+    def _swap_rows(self, a: int, b: int) -> None:
+        """Exchange two streams' rows (state and bookkeeping)."""
+        kept = [t.clone() for t in self._row_state(a)]
+        self._move_row(b, a)
+        for d, s in zip(self._row_state(b), kept):
+            d.copy_(s)
+        self.streams[a], self.streams[b] = self.streams[b], self.streams[a]
