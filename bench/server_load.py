@@ -44,6 +44,7 @@ import numpy as np
 _FRAME_MS = 20
 _WIRE_RATE_HZ = 24000
 _PROBE_PERIOD_S = 0.05
+_SPY_RATE_HZ = 200
 
 
 # ---------------------------------------------------------------- the server child
@@ -110,6 +111,8 @@ async def _serve(args: argparse.Namespace) -> None:
     import torch
 
     torch.set_num_threads(1)
+    if args.switch_interval_ms is not None:
+        sys.setswitchinterval(args.switch_interval_ms / 1e3)
     engine = Engine.create(EngineConfig(thinker=ThinkerRunnerConfig(forced_reply=args.forced_reply)))
     overrides = ["server.port=0", f"server.limits.max_sessions={max(args.max_sessions, 1)}", *args.override]
     lags: list[float] = []
@@ -261,6 +264,8 @@ class _Server:
         cmd = [sys.executable, "-m", "bench.server_load", "serve", "--probe-ops", str(args.probe_ops),
                "--tick-ms", str(args.tick_ms), "--max-sessions", str(sessions),
                "--forced-reply", args.forced_reply]
+        if args.switch_interval_ms is not None:
+            cmd += ["--switch-interval-ms", str(args.switch_interval_ms)]
         for o in args.override:
             cmd += ["--override", o]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
@@ -310,7 +315,7 @@ async def _level(args: argparse.Namespace, sessions: int, frames: list[str], spy
         server.send("begin")
         spy = None
         if spy_out is not None:
-            spy = subprocess.Popen(["py-spy", "record", "--gil", "--idle", "--format", "raw", "-r", "200",
+            spy = subprocess.Popen(["py-spy", "record", "--gil", "--idle", "--format", "raw", "-r", str(_SPY_RATE_HZ),
                                     "--threads", "-d", str(int(args.seconds)), "-p", str(server.pid), "-o", str(spy_out)],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         for second in range(int(args.seconds)):
@@ -350,12 +355,14 @@ def _frame_name(frame: str) -> str:
     return f"{func} ({where.split(':')[0].rsplit('/', 1)[-1]})" if where else func
 
 
-def _gil_top(raw: Path, top: int = 15) -> dict[str, Any]:
+def _gil_top(raw: Path, rate_hz: int, seconds: float, top: int = 15) -> dict[str, Any]:
     """py-spy raw samples (`--gil --threads`) → GIL share per thread, and the functions seen holding it
-    (self: the innermost frame; inclusive: anywhere on the stack, roots seen in > 80 % left out)."""
+    (self: the innermost frame; inclusive: anywhere on the stack, roots seen in > 80 % left out).
+    `gil_held_pct`: samples with the GIL held / samples taken (rate x seconds): how busy the GIL was."""
     self_n: dict[str, int] = {}
     incl: dict[str, int] = {}
     threads: dict[str, int] = {}
+    self_by_thread: dict[str, dict[str, int]] = {}
     total = 0
     for line in raw.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
@@ -364,11 +371,14 @@ def _gil_top(raw: Path, top: int = 15) -> dict[str, Any]:
         n = int(count)
         total += n
         frames = stack.split(";")
-        if frames[0].startswith("thread ("):
-            thread = re.sub(r"[-_]\d+$", "", frames[1]) if len(frames) > 1 else "?"
-            threads[thread] = threads.get(thread, 0) + n
-            frames = frames[2:]
+        thread = "?"
+        if frames[0].startswith("thread ("):  # `thread (tid): name`
+            thread = re.sub(r"[-_]\d+$", "", frames[0].partition(": ")[2]) or "?"
+            frames = frames[1:]
+        threads[thread] = threads.get(thread, 0) + n
         names = [_frame_name(f) for f in frames] or ["?"]
+        by_thread = self_by_thread.setdefault(thread, {})
+        by_thread[names[-1]] = by_thread.get(names[-1], 0) + n
         self_n[names[-1]] = self_n.get(names[-1], 0) + n
         for f in set(names):
             incl[f] = incl.get(f, 0) + n
@@ -377,8 +387,9 @@ def _gil_top(raw: Path, top: int = 15) -> dict[str, Any]:
         pct = [(k, round(100.0 * v / total, 1)) for k, v in sorted(d.items(), key=lambda kv: -kv[1])]
         return [(k, v) for k, v in pct if v <= cap][:top]
 
-    return {"samples": total, "threads_pct": ranked(threads), "self_pct": ranked(self_n),
-            "inclusive_pct": ranked(incl, 80.0)}
+    return {"samples": total, "gil_held_pct": round(100.0 * total / (rate_hz * seconds), 1),
+            "threads_pct": ranked(threads), "self_pct": ranked(self_n), "inclusive_pct": ranked(incl, 80.0),
+            "self_pct_by_thread": {t: ranked(d, 100.0)[:8] for t, d in self_by_thread.items()}}
 
 
 def _markdown(result: dict[str, Any]) -> str:
@@ -402,12 +413,18 @@ def _markdown(result: dict[str, Any]) -> str:
     lines += ["", "Per-thread server CPU (ms per wall s):", ""]
     for lv in result["levels"]:
         lines.append(f"- c={lv['sessions']}: " + ", ".join(f"{k} {v}" for k, v in lv["server"]["thread_cpu_ms_per_s"].items()))
+    spied = [lv for lv in result["levels"] if lv.get("gil")]
+    if spied:
+        lines += ["", "GIL held (py-spy --gil samples / samples taken): " + ", ".join(
+            f"c={lv['sessions']}: {lv['gil']['gil_held_pct']} %" for lv in spied)]
     if result.get("gil"):
         g = result["gil"]
         lines += ["", f"py-spy --gil at c={g['sessions']} ({g['samples']} samples; % of samples with the GIL held):", "",
                   "GIL by thread: " + ", ".join(f"{k} {v} %" for k, v in g["threads_pct"]), "",
                   "| self | % |", "|---|---:|"] + [f"| `{k}` | {v} |" for k, v in g["self_pct"]]
         lines += ["", "| inclusive | % |", "|---|---:|"] + [f"| `{k}` | {v} |" for k, v in g["inclusive_pct"]]
+        for thread, ranked in g["self_pct_by_thread"].items():
+            lines += ["", f"{thread}: " + ", ".join(f"`{k}` {v} %" for k, v in ranked)]
     return "\n".join(lines) + "\n"
 
 
@@ -419,7 +436,7 @@ async def _main(args: argparse.Namespace) -> None:
     results = []
     gil = None
     for n in levels:
-        spy_out = out / f"py-spy-gil-c{n}.txt" if args.py_spy and n == max(levels) and shutil.which("py-spy") else None
+        spy_out = out / f"py-spy-gil-c{n}.txt" if args.py_spy and shutil.which("py-spy") else None
         print(f"level c={n} (warm-up {args.warmup} s, measure {args.seconds} s)", file=sys.stderr, flush=True)
         lv = await _level(args, n, frames, spy_out)
         results.append(lv)
@@ -427,7 +444,9 @@ async def _main(args: argparse.Namespace) -> None:
         print(f"  c={n}: {lv['server_cpu_ms_per_session_s']} CPU-ms/session-s, loop lag p99 {s['loop_lag_ms']['p99']} ms, "
               f"probe p50 {s['probe_ms']['p50']} ms, ping p99 {lv['ping_rtt_ms']['p99']} ms", file=sys.stderr, flush=True)
         if spy_out is not None and spy_out.exists():
-            gil = {"sessions": n, **_gil_top(spy_out)}
+            lv["gil"] = _gil_top(spy_out, _SPY_RATE_HZ, int(args.seconds))
+            gil = {"sessions": n, **lv["gil"]}
+            print(f"  c={n}: GIL held {lv['gil']['gil_held_pct']} % of the time", file=sys.stderr, flush=True)
     result = {
         "label": args.label,
         "command": "python -m bench.server_load " + " ".join(sys.argv[1:]),
@@ -453,7 +472,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tick-ms", type=float, default=10.0, help="event-loop lag probe period")
     p.add_argument("--max-sessions", type=int, default=64, help="(serve) server.limits.max_sessions")
     p.add_argument("--override", action="append", default=[], help="server config override key=value (repeatable)")
-    p.add_argument("--py-spy", action="store_true", help="py-spy record --gil the highest level")
+    p.add_argument("--switch-interval-ms", type=float, default=None,
+                   help="sys.setswitchinterval of the server process (default: the server's own)")
+    p.add_argument("--py-spy", action="store_true", help="py-spy record --gil every level (the report details the highest)")
     p.add_argument("--label", default="", help="name for this run in the report")
     p.add_argument("--out", default="bench/results/server-load")
     args = p.parse_args(argv)
