@@ -16,6 +16,7 @@ measure the WebSocket ping round trip (the keepalive the GPU run's client timed 
 `--py-spy` the highest level is also sampled by `py-spy record --gil` (who holds the GIL).
 
     python -m bench.server_load --sessions 0,8,16,32 --seconds 15 --out bench/results/x
+    python -m bench.server_load compare runs/before-1 runs/before-2 runs/after-1 ...   # medians per label
 
 Writes `server_load.json` and `server_load.md` into `--out`. Scale honestly: on a host with few cores
 the clients, the server and the probe share the cores, so compare levels and before/after on the same
@@ -104,11 +105,11 @@ def _pct(values: list[float], q: float) -> float | None:
 
 
 async def _serve(args: argparse.Namespace) -> None:
+    import torch
+
     from realtime_ming.engine import Engine
     from realtime_ming.engine.config import EngineConfig, ThinkerRunnerConfig
     from realtime_ming.server import RealtimeServer, load_config
-
-    import torch
 
     torch.set_num_threads(1)
     if args.switch_interval_ms is not None:
@@ -315,8 +316,9 @@ async def _level(args: argparse.Namespace, sessions: int, frames: list[str], spy
         server.send("begin")
         spy = None
         if spy_out is not None:
-            spy = subprocess.Popen(["py-spy", "record", "--gil", "--idle", "--format", "raw", "-r", str(_SPY_RATE_HZ),
-                                    "--threads", "-d", str(int(args.seconds)), "-p", str(server.pid), "-o", str(spy_out)],
+            # Popen returns at once; the wait for py-spy runs off the loop (below)
+            spy = subprocess.Popen(["py-spy", "record", "--gil", "--idle", "--format", "raw",  # noqa: ASYNC220
+                                    "-r", str(_SPY_RATE_HZ), "--threads", "-d", str(int(args.seconds)), "-p", str(server.pid), "-o", str(spy_out)],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         for second in range(int(args.seconds)):
             await asyncio.sleep(1.0)
@@ -327,7 +329,7 @@ async def _level(args: argparse.Namespace, sessions: int, frames: list[str], spy
         stop.set()
         await asyncio.gather(*clients, return_exceptions=True)
         if spy is not None:
-            _, err = spy.communicate(timeout=60)
+            _, err = await asyncio.to_thread(spy.communicate, timeout=60)
             if spy.returncode:
                 print(f"\npy-spy failed: {err.strip()[-300:]}", file=sys.stderr)
         print(file=sys.stderr)
@@ -396,8 +398,8 @@ def _markdown(result: dict[str, Any]) -> str:
     lines = [f"# server_load ({result['label']})", "", f"`{result['command']}`", "",
              f"host: {result['host']['cpus']} CPUs, {result['host']['platform']}, python {result['host']['python']}",
              "",
-             "| sessions | audio s/s | server CPU ms / session-s | server CPU ms/s | loop lag p50 / p99 / max ms "
-             "| probe ms p50 / p99 (idle: see c=0) | probe wait p50 / p99 ms | ping RTT p50 / p99 / max ms |",
+             ("| sessions | audio s/s | server CPU ms / session-s | server CPU ms/s | loop lag p50 / p99 / max ms "
+              "| probe ms p50 / p99 (idle: see c=0) | probe wait p50 / p99 ms | ping RTT p50 / p99 / max ms |"),
              "|---:|---:|---:|---:|---|---|---|---|"]
     for lv in result["levels"]:
         s = lv["server"]
@@ -459,9 +461,51 @@ async def _main(args: argparse.Namespace) -> None:
     print(_markdown(result))
 
 
+def compare(folders: list[str]) -> str:
+    """Medians over repeated runs: each folder's `server_load.json`, grouped by label less a trailing `-<rep>`."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for folder in folders:
+        result = json.loads((Path(folder) / "server_load.json").read_text())
+        groups.setdefault(re.sub(r"-\d+$", "", result["label"]), []).append(result)
+
+    def med(values: list[float | None]) -> float | None:
+        kept = [v for v in values if v is not None]
+        return round(float(np.median(kept)), 2) if kept else None
+
+    lines = [("| arm | runs | sessions | server CPU ms/s | net CPU ms / session-s | loop lag p99 ms | probe ms p50 / p99 "
+              "| probe wait p50 / p99 ms | ping RTT p50 / p99 ms |"), "|---|---:|---:|---:|---:|---:|---|---|---|"]
+    for arm, runs in groups.items():
+        levels = sorted({lv["sessions"] for r in runs for lv in r["levels"]})
+        for n in levels:
+            rows = [(r, lv) for r in runs for lv in r["levels"] if lv["sessions"] == n]
+
+            def net(r: dict[str, Any], lv: dict[str, Any], n: int = n) -> float | None:
+                idle = next((x for x in r["levels"] if x["sessions"] == 0), None)
+                if not n or idle is None or not lv["audio_s_per_s"]:
+                    return None
+                return (lv["server"]["cpu_ms_per_s"] - idle["server"]["cpu_ms_per_s"]) / lv["audio_s_per_s"]
+
+            def get(*keys: str, rows: list = rows) -> float | None:
+                return med([_dig(lv, keys) for _, lv in rows])
+
+            lines.append(
+                f"| {arm} | {len(rows)} | {n} | {get('server', 'cpu_ms_per_s')} | {med([net(r, lv) for r, lv in rows])} | "
+                f"{get('server', 'loop_lag_ms', 'p99')} | {get('server', 'probe_ms', 'p50')} / {get('server', 'probe_ms', 'p99')} | "
+                f"{get('server', 'probe_wait_ms', 'p50')} / {get('server', 'probe_wait_ms', 'p99')} | "
+                f"{get('ping_rtt_ms', 'p50')} / {get('ping_rtt_ms', 'p99')} |")
+    return "\n".join(lines) + "\n"
+
+
+def _dig(value: Any, keys: tuple[str, ...]) -> Any:
+    for key in keys:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.server_load", description=__doc__.split("\n\n")[0])
-    p.add_argument("mode", nargs="?", default="run", choices=["run", "serve"])
+    p.add_argument("mode", nargs="?", default="run", choices=["run", "serve", "compare"])
+    p.add_argument("folders", nargs="*", help="(compare) result folders: medians per label, less its -<rep>")
     p.add_argument("--sessions", default="0,8,16,32", help="comma-separated session counts (0 = idle baseline)")
     p.add_argument("--seconds", type=float, default=15.0, help="measured window per level")
     p.add_argument("--warmup", type=float, default=4.0, help="seconds of load before measuring")
@@ -478,7 +522,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--label", default="", help="name for this run in the report")
     p.add_argument("--out", default="bench/results/server-load")
     args = p.parse_args(argv)
-    if args.mode == "serve":  # the server's own loop, as `realtime-ming serve` runs it
+    if args.mode == "compare":
+        print(compare(args.folders), end="")
+    elif args.mode == "serve":  # the server's own loop, as `realtime-ming serve` runs it
         import uvloop
 
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:

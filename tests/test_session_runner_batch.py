@@ -114,6 +114,6 @@ async def test_an_exception_stops_the_batch_where_it_happened():
         runner.session.handle_client_event = failing
 
     with pytest.raises(RuntimeError, match="boom"):
-        _, sizes, task = await _run_queued(frames, hook)
+        _, _, task = await _run_queued(frames, hook)
         await task
     assert len(calls) == 3  # the appends after the failing one were not handled

@@ -220,7 +220,7 @@ class _IdleWatch:
     engine thread waits for). The timer, when it fires, re-arms itself for the receive then in progress;
     it cancels the reader only when that receive has waited `timeout_s`."""
 
-    __slots__ = ("_loop", "_task", "_timeout_s", "_since", "_handle", "fired")
+    __slots__ = ("_handle", "_loop", "_since", "_task", "_timeout_s", "fired")
 
     def __init__(self, timeout_s: float) -> None:
         self._loop = asyncio.get_running_loop()

@@ -279,7 +279,7 @@ class SessionRunner:
         for event in batch:
             try:
                 results.append(self.session.handle_client_event(event, now))
-            except BaseException as exc:  # handed to the session task, which raises it as before
+            except BaseException as exc:  # noqa: BLE001 -- handed to the session task, which raises it as before
                 results.append(exc)
                 break
         try:
