@@ -241,6 +241,23 @@ async def test_idle_timeout_sends_error_then_closes(engine, web_dir):
         assert info.value.rcvd.reason.startswith("idle timeout")
 
 
+async def test_idle_timeout_counts_from_the_last_frame(engine, web_dir):
+    """Frames keep a session open past idle_timeout_s (its one timer re-arms); the timeout runs from the last."""
+    async with RealtimeServer(_config(web_dir, "server.limits.idle_timeout_s=0.4"), engine) as srv:
+        warm = await _open(srv)  # the first session of a process pays one-time setup on the loop
+        await _still_serving(warm)
+        await warm.ws.close()
+        client = await _open(srv)
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        while loop.time() - began < 1.2:  # three idle timeouts long, a frame every 0.1 s
+            await client.send(type="input_audio_buffer.append", audio=pcm16_b64(tone(0.02)))
+            last = loop.time()
+            await asyncio.sleep(0.1)
+        await client.expect_error("idle_timeout")
+        assert loop.time() - last >= 0.35  # not an error queued while the frames still came
+
+
 async def test_shutdown_closes_sessions_with_1001(engine, web_dir):
     """Graceful shutdown closes open sessions with 1001 (going away)."""
     srv = RealtimeServer(_config(web_dir), engine)

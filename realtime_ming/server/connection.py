@@ -214,14 +214,68 @@ def _observe(metrics: ServerMetrics) -> Callable[[Action], None]:
     return on_action
 
 
+class _IdleWatch:
+    """The reader's idle timeout with one timer per idle period, not one per frame (`asyncio.timeout` around
+    each receive armed and cancelled a loop timer for every 20 ms audio frame of every session: GIL time the
+    engine thread waits for). The timer, when it fires, re-arms itself for the receive then in progress;
+    it cancels the reader only when that receive has waited `timeout_s`."""
+
+    __slots__ = ("_handle", "_loop", "_since", "_task", "_timeout_s", "fired")
+
+    def __init__(self, timeout_s: float) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._task = asyncio.current_task()
+        self._timeout_s = timeout_s
+        self._since: float | None = None  # loop time the receive in progress began (None: not receiving)
+        self._handle: asyncio.TimerHandle | None = None
+        self.fired = False
+
+    def receiving(self) -> None:
+        self._since = self._loop.time()
+        if self._handle is None:
+            self._handle = self._loop.call_at(self._since + self._timeout_s, self._check)
+
+    def received(self) -> None:
+        self._since = None
+
+    def _check(self) -> None:
+        self._handle = None
+        if self._since is None:  # between receives: the next one re-arms
+            return
+        due = self._since + self._timeout_s
+        if self._loop.time() >= due:
+            self.fired = True
+            assert self._task is not None
+            self._task.cancel()
+        else:
+            self._handle = self._loop.call_at(due, self._check)
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+
 async def _read(ws: Transport, runner: SessionRunner, outbound: _Outbound, ctx: ConnectionContext,
                 info: HandshakeInfo) -> None:
+    watch = _IdleWatch(ctx.limits.idle_timeout_s)
+    try:
+        await _read_frames(ws, runner, outbound, ctx, info, watch)
+    finally:
+        watch.close()
+
+
+async def _read_frames(ws: Transport, runner: SessionRunner, outbound: _Outbound, ctx: ConnectionContext,
+                       info: HandshakeInfo, watch: _IdleWatch) -> None:
     limits = ctx.limits
     while True:
+        watch.receiving()
         try:
-            async with asyncio.timeout(limits.idle_timeout_s):
-                message = await ws.recv()
-        except TimeoutError:
+            message = await ws.recv()
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if not watch.fired or task is None or task.uncancel() > 0:
+                raise  # cancelled by someone else (the session ends)
             error = ProtocolError(ErrorCode.IDLE_TIMEOUT, idle_s=limits.idle_timeout_s)
             ctx.metrics.errors.labels(error.code.value).inc()
             outbound.put(serialise(Error.from_protocol_error(error), info.dialect))
@@ -229,6 +283,7 @@ async def _read(ws: Transport, runner: SessionRunner, outbound: _Outbound, ctx: 
             return
         except TransportClosed:
             raise SessionEnded(None) from None
+        watch.received()
         if len(message) > limits.max_frame_bytes:
             event = ProtocolError(ErrorCode.FRAME_TOO_LARGE, num_bytes=len(message), max_bytes=limits.max_frame_bytes)
         else:

@@ -48,6 +48,15 @@ _Inbound = ClientEvent | ProtocolError
 _MEDIA_DECODER = ThreadPoolExecutor(max_workers=2, thread_name_prefix="media-decode")
 
 
+# Appends taken into one worker call at most (a session that fell behind: see `SessionRunner._take_appends`).
+_MAX_APPEND_BATCH = 16
+
+
+def _settle(done: asyncio.Future, results: list) -> None:
+    if not done.done():  # the session task may have been cancelled meanwhile
+        done.set_result(results)
+
+
 class SessionClosing(Exception):
     """Raised by `emit` when the transport ends the session (client gone, not reading): not a failure
     of the request being handled, so the runner lets it through to its caller."""
@@ -134,6 +143,7 @@ class SessionRunner:
         self._watched: concurrent.futures.Future | None = None  # the end-of-turn call _watch_decision follows
         self._arrivals: collections.deque[float] = collections.deque()  # when each queued append came in
         self._decision_posted_at = 0.0  # when the last _DecisionReady was posted
+        self._held: _Inbound | _EngineInput | _DecisionReady | None = None  # taken from the inbox, handled next
 
     def engine_sink(self, event: TurnEvent) -> None:
         """Thread-safe: called by the engine thread for every event of this session's turns."""
@@ -165,7 +175,10 @@ class SessionRunner:
         """
         await self._dispatch(self.session.start(), None)
         while True:
-            item = await self._inbox.get()
+            if self._held is not None:
+                item, self._held = self._held, None
+            else:
+                item = await self._inbox.get()
             now = time.monotonic()
             if isinstance(item, _EngineInput):
                 try:
@@ -184,12 +197,18 @@ class SessionRunner:
                 await self._dispatch(actions, None)
                 self._log_turn_end(actions, "late decision", self._decision_posted_at, now, now)
             elif isinstance(item, InputAudioBufferAppend):
-                self._client_slots.release()
-                arrived = self._arrivals.popleft() if self._arrivals else now
-                actions = await self._off_loop(item, now)
+                batch = self._take_appends(item)
+                arrived = []
+                for _ in batch:
+                    self._client_slots.release()
+                    arrived.append(self._arrivals.popleft() if self._arrivals else now)
+                results = await self._off_loop(batch, now)
                 handled = time.monotonic()
-                await self._dispatch(actions, item)
-                self._log_turn_end(actions, "append", arrived, now, handled)
+                for append, actions, at in zip(batch, results, arrived):
+                    if isinstance(actions, BaseException):
+                        raise actions
+                    await self._dispatch(actions, append)
+                    self._log_turn_end(actions, "append", at, now, handled)
                 self._watch_decision()
             else:
                 self._client_slots.release()
@@ -230,11 +249,43 @@ class SessionRunner:
         except RuntimeError:  # the loop is closed: the session is gone, nobody wants the event
             pass
 
-    async def _off_loop(self, event: InputAudioBufferAppend, now: float) -> list[Action]:
-        """Handle an append (decode, resample, VAD) on a worker thread: the loop keeps serving every
-        other connection. The session is not touched meanwhile (this task waits for the result)."""
-        self._worker = _audio_workers().submit(self.session.handle_client_event, event, now)
-        return await asyncio.wrap_future(self._worker)
+    def _take_appends(self, first: InputAudioBufferAppend) -> list[InputAudioBufferAppend]:
+        """`first` and the appends queued right behind it (up to the next other input, which is held for the
+        next turn of the loop): a session that fell behind catches up in one worker call, not one each."""
+        batch = [first]
+        while len(batch) < _MAX_APPEND_BATCH and not self._inbox.empty():
+            item = self._inbox.get_nowait()
+            if not isinstance(item, InputAudioBufferAppend):
+                self._held = item
+                break
+            batch.append(item)
+        return batch
+
+    async def _off_loop(self, batch: list[InputAudioBufferAppend], now: float) -> list[list[Action] | BaseException]:
+        """Handle appends (decode, resample, VAD) on a worker thread: the loop keeps serving every other
+        connection. The session is not touched meanwhile (this task waits for the result). Per append: its
+        actions, or the exception that stopped the batch there (the appends after it are not handled).
+
+        The answer comes back by one `call_soon_threadsafe` (not `wrap_future`'s chained futures): per 20 ms
+        frame of every session, the loop's share of the hop is GIL time that the engine thread waits for."""
+        done = self._loop.create_future()
+        self._worker = _audio_workers().submit(self._handle_appends, batch, now, done)
+        return await done
+
+    def _handle_appends(self, batch: list[InputAudioBufferAppend], now: float,
+                        done: asyncio.Future) -> None:
+        """On a session-audio thread: run the session's append handling, then hand the results to the loop."""
+        results: list[list[Action] | BaseException] = []
+        for event in batch:
+            try:
+                results.append(self.session.handle_client_event(event, now))
+            except BaseException as exc:  # noqa: BLE001 -- handed to the session task, which raises it as before
+                results.append(exc)
+                break
+        try:
+            self._loop.call_soon_threadsafe(_settle, done, results)
+        except RuntimeError:  # the loop is closed: nobody waits for the answer
+            pass
 
     def close(self) -> None:
         """Synchronous teardown (safe in `finally`): cancel the active turn, discard a speculative
