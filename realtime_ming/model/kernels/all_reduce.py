@@ -15,6 +15,8 @@ messages in the same order, as every tensor-parallel collective must.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.distributed as dist
 
@@ -38,7 +40,9 @@ class OneShotAllReduce:
         group = group if group is not None else dist.group.WORLD
         self.group_name = group.group_name
         if hasattr(symm_mem, "enable_symm_mem_for_group"):  # needed by older releases, a no-op in newer ones
-            symm_mem.enable_symm_mem_for_group(self.group_name)
+            with warnings.catch_warnings():  # newer releases deprecate it (FutureWarning): nothing to tell the operator
+                warnings.simplefilter("ignore", FutureWarning)
+                symm_mem.enable_symm_mem_for_group(self.group_name)
         self.dtype = dtype
         self.buffer = symm_mem.empty(max_bytes // dtype.itemsize, dtype=dtype, device=device)
         symm_mem.rendezvous(self.buffer, self.group_name)
