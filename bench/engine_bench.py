@@ -250,6 +250,22 @@ def _commit() -> str:
         return "unknown"
 
 
+
+def bench_engine_config(config: str | None, overrides: list[str], levels: list[int], steps_per_word: int) -> EngineConfig:
+    """The engine config of a benchmark: `config`'s engine section (with `overrides`), else the tiny CPU model;
+    either way slots and talker streams for the largest level, the scripted reply, fixed-length talker turns."""
+    if config:
+        from realtime_ming.server import load_config
+
+        base = load_config(config, overrides).engine
+        return dataclasses.replace(
+            base, thinker=dataclasses.replace(base.thinker, max_slots=max(*levels, base.thinker.max_slots),
+                                              forced_reply=REPLY),
+            talker=dataclasses.replace(base.talker, max_streams=max(*levels, base.talker.max_streams),
+                                       steps_per_word=steps_per_word))
+    return EngineConfig(thinker=ThinkerRunnerConfig(max_slots=max(levels), max_seq_len=1024, forced_reply=REPLY),
+                        talker=TalkerRunnerConfig(max_streams=max(levels), steps_per_word=steps_per_word))
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--levels", default="1,4,16", help="concurrent turns per level, comma separated")
@@ -275,18 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--modes takes spoken and/or text")
     date = datetime.date.today().isoformat()
     out = Path(args.out) if args.out else REPO / "bench" / "results" / f"cpu-engine-{date}"
-    if args.config:
-        from realtime_ming.server import load_config
-
-        base = load_config(args.config, args.set).engine
-        cfg = dataclasses.replace(
-            base, thinker=dataclasses.replace(base.thinker, max_slots=max(*levels, base.thinker.max_slots),
-                                              forced_reply=REPLY),
-            talker=dataclasses.replace(base.talker, max_streams=max(*levels, base.talker.max_streams),
-                                       steps_per_word=args.steps_per_word))
-    else:
-        cfg = EngineConfig(thinker=ThinkerRunnerConfig(max_slots=max(levels), max_seq_len=1024, forced_reply=REPLY),
-                           talker=TalkerRunnerConfig(max_streams=max(levels), steps_per_word=args.steps_per_word))
+    cfg = bench_engine_config(args.config, args.set, levels, args.steps_per_word)
     load_at_start = os.getloadavg()
     t = time.monotonic()
     engine = Engine.create(cfg)  # includes one warm-up turn

@@ -32,10 +32,9 @@ if str(REPO) not in sys.path:
 
 import torch
 
-from bench.engine_bench import REPLY, StepClock, _commit, _cpu_model, run_level
+from bench.engine_bench import StepClock, _commit, _cpu_model, bench_engine_config, run_level
 from realtime_ming.engine import Engine
 from realtime_ming.engine.api import Stage
-from realtime_ming.engine.config import EngineConfig, TalkerRunnerConfig, ThinkerRunnerConfig
 
 __all__ = ["AdmissionProbe", "main"]
 
@@ -171,18 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     levels = [int(v) for v in args.levels.split(",")]
     date = datetime.date.today().isoformat()
     out = Path(args.out) if args.out else REPO / "bench" / "results" / f"cpu-talker-admission-{date}"
-    if args.config:
-        from realtime_ming.server import load_config
-
-        base = load_config(args.config, args.set).engine
-        cfg = dataclasses.replace(
-            base, thinker=dataclasses.replace(base.thinker, max_slots=max(*levels, base.thinker.max_slots),
-                                              forced_reply=REPLY),
-            talker=dataclasses.replace(base.talker, max_streams=max(*levels, base.talker.max_streams),
-                                       steps_per_word=args.steps_per_word))
-    else:
-        cfg = EngineConfig(thinker=ThinkerRunnerConfig(max_slots=max(levels), max_seq_len=1024, forced_reply=REPLY),
-                           talker=TalkerRunnerConfig(max_streams=max(levels), steps_per_word=args.steps_per_word))
+    cfg = bench_engine_config(args.config, args.set, levels, args.steps_per_word)
     engine = Engine.create(cfg)
     if engine._talker is None:
         raise SystemExit("this engine has no talker")

@@ -286,15 +286,22 @@ def test_semantic_vad_resumed_speech_sheds_the_queued_call():
     assert calls[0] >= round((1.2 + gap_s) * MODEL_HZ)  # both tones: the turn as heard at its end
 
 
+def _complete_tone_then_pause(wait_s: float, past_decision_ms: int):
+    """Gated turns whose Smart Turn says "complete" (0.99) once the gate opens, and 0.6 s of tone followed by
+    silence running `past_decision_ms` past semantic_vad auto's decision point: (turns, calls, gate, policy, audio)."""
+    calls: list[int] = []
+    gate = _GatedPool()
+    turns = _gated_turns(0.99, calls, gate, decision_wait_s=wait_s)
+    policy = EAGERNESS_POLICY["auto"]
+    audio = np.concatenate([tone(0.6, MODEL_HZ), silence((policy.decide_after_ms + past_decision_ms) / 1000, MODEL_HZ)])
+    return turns, calls, gate, policy, audio
+
+
 def test_semantic_vad_decision_still_running_does_not_block_the_append():
     """At the decision point a call still queued costs the append at most decision_wait_s; the answer is
     taken by a later append (a late "complete" still ends the turn, well before the silence fallback)."""
-    calls: list[int] = []
-    gate = _GatedPool()
     wait_s = 0.02
-    turns = _gated_turns(0.99, calls, gate, decision_wait_s=wait_s)
-    policy = EAGERNESS_POLICY["auto"]
-    audio = np.concatenate([tone(0.6, MODEL_HZ), silence((policy.decide_after_ms + 200) / 1000, MODEL_HZ)])
+    turns, calls, gate, policy, audio = _complete_tone_then_pause(wait_s, past_decision_ms=200)
     slowest = 0.0
     for _, signals, took in _timed_appends(turns, audio):
         slowest = max(slowest, took)
@@ -317,12 +324,8 @@ def test_semantic_vad_waits_for_a_running_call_once_a_pause_not_on_every_append(
     decision_wait_s; the ones after it wait only while the audio is ahead of real time: a 20 ms stream that
     waited 50 ms on each append used to fall ever further behind real time (measured: the append that
     ended the turn had queued 60-500 ms on the server)."""
-    calls: list[int] = []
-    gate = _GatedPool()
     wait_s = 0.25
-    turns = _gated_turns(0.99, calls, gate, decision_wait_s=wait_s)
-    policy = EAGERNESS_POLICY["auto"]
-    audio = np.concatenate([tone(0.6, MODEL_HZ), silence((policy.decide_after_ms + 240) / 1000, MODEL_HZ)])
+    turns, calls, gate, policy, audio = _complete_tone_then_pause(wait_s, past_decision_ms=240)
     durations = []
     for _, signals, took in _timed_appends(turns, audio):
         assert not any(isinstance(s, SpeechEnded) for s in signals)
