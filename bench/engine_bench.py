@@ -251,6 +251,16 @@ def _commit() -> str:
 
 
 
+
+def write_results(out: Path, stem: str, meta: dict, summary: dict, samples: list, md: str) -> None:
+    """`out/<stem>.json` (meta, summary, every sample) and `out/<stem>.md` (`md`, also printed)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "summary": summary, "samples": samples},
+                                                 indent=1, default=str))
+    (out / f"{stem}.md").write_text(md)
+    print(md)
+    print(f"wrote {out}/{stem}.json and {stem}.md")
+
 def bench_engine_config(config: str | None, overrides: list[str], levels: list[int], steps_per_word: int) -> EngineConfig:
     """The engine config of a benchmark: `config`'s engine section (with `overrides`), else the tiny CPU model;
     either way slots and talker streams for the largest level, the scripted reply, fixed-length talker turns."""
@@ -321,12 +331,7 @@ def main(argv: list[str] | None = None) -> int:
         "max_tokens": args.max_tokens, "steps_per_word": args.steps_per_word, "rounds": args.rounds, "waves": args.waves,
         "levels": levels, "modes": modes, "engine_config": dataclasses.asdict(cfg), "loadavg": load_at_start,
     }
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "engine_bench.json").write_text(json.dumps({"meta": meta, "summary": summary, "samples": samples},
-                                                      indent=1, default=str))
-    (out / "engine_bench.md").write_text(markdown(meta, summary))
-    print(markdown(meta, summary))
-    print(f"wrote {out}/engine_bench.json and engine_bench.md")
+    write_results(out, "engine_bench", meta, summary, samples, markdown(meta, summary))
     return 0
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import json
 import os
 import platform
 import statistics
@@ -32,7 +31,7 @@ if str(REPO) not in sys.path:
 
 import torch
 
-from bench.engine_bench import StepClock, _commit, _cpu_model, bench_engine_config, run_level
+from bench.engine_bench import StepClock, _commit, _cpu_model, bench_engine_config, run_level, write_results
 from realtime_ming.engine import Engine
 from realtime_ming.engine.api import Stage
 
@@ -193,12 +192,7 @@ def main(argv: list[str] | None = None) -> int:
             "commit": _commit(),
             "command": "python -m bench.talker_admission " + " ".join(argv if argv is not None else sys.argv[1:]),
             "engine_config": dataclasses.asdict(cfg)}
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "talker_admission.json").write_text(json.dumps({"meta": meta, "summary": summary, "samples": samples},
-                                                          indent=1, default=str))
-    (out / "talker_admission.md").write_text(markdown(meta, summary))
-    print(markdown(meta, summary))
-    print(f"wrote {out}/talker_admission.json and talker_admission.md")
+    write_results(out, "talker_admission", meta, summary, samples, markdown(meta, summary))
     return 0
 
 
