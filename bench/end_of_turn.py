@@ -199,14 +199,14 @@ def judge_cost(repeats: int = 10) -> dict:
                     done.set()
 
             reply = TurnRequest(f"reply{k}", f"conv{k}", history, sampling=SamplingParams(max_tokens=4),
-                                speculative=True)
+                                with_audio=False)  # not speculative: its PREFILL_DONE mark is delivered
             judge = TurnRequest(f"judge{k}", f"conv{k}_eot", judgement_history(history), with_audio=False,
                                 task=TurnTask.JUDGE_TURN, prefix_from=reply.conversation_id)
             t0 = time.monotonic()
             engine.submit(reply, sink)
             engine.submit(judge, sink)
             done.wait(60)
-            engine.discard(reply.turn_id)
+            engine.cancel(reply.turn_id)
             if k:  # the first is a warmup
                 judged.append((marks["judged"] - t0) * 1e3)
                 prefilled.append((marks[f"prefill-reply{k}"] - t0) * 1e3)
