@@ -177,3 +177,19 @@ def test_auto_is_on_for_checkpoint_weights_only():
         ThinkerRunnerConfig(turn_judgement="sometimes")
     with pytest.raises(ValueError, match="forced_turn_judgement"):
         ThinkerRunnerConfig(forced_turn_judgement=1.5)
+
+
+def test_scheduler_queues_judgements_behind_replies_and_before_transcriptions():
+    from realtime_ming.engine.kv_slots import KVSlotManager
+    from realtime_ming.engine.scheduler import Row, Scheduler
+
+    def row(turn_id: str, task: TurnTask) -> Row:
+        request = TurnRequest(turn_id, turn_id, (Message("user", (Content.of_text("hi"),)),), task=task)
+        return Row(request, KVSlotManager(1, lambda *a: None).slots[0], None, list(range(8)), 0, 0, 8, 0, None, None)
+
+    sched = Scheduler(max_batch=4, prefill_chunk_tokens=64)
+    sched.add(row("asr", TurnTask.TRANSCRIBE))
+    sched.add(row("judge", TurnTask.JUDGE_TURN))
+    sched.add(row("reply", TurnTask.REPLY))
+    sched.add(row("judge2", TurnTask.JUDGE_TURN))
+    assert list(sched.prefill_queue) == ["reply", "judge", "judge2", "asr"]
