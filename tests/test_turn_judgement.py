@@ -89,6 +89,10 @@ def _judgement(events: list) -> float:
     return answer.p_complete
 
 
+def _text(events: list) -> str:
+    return "".join(e.text for e in events if isinstance(e, TextDelta))
+
+
 def _reference(engine: Engine, judge: TurnRequest) -> float:
     """P(complete) of `judge`'s prompt outside the engine: its ids through the thinker's forward on a fresh cache,
     softmax over the answers' first-token logits (text-only prompt: 3D positions are the plain positions)."""
@@ -121,8 +125,7 @@ def test_judgement_equals_an_independent_forward_and_leaves_the_reply_alone(judg
     assert done.prompt_tokens - done.cached_tokens <= len(tok.encode(TURN_QUESTION)) + len(tok.encode("ASSISTANT")) + 4
     # the reply: the same text and usage as without the judgement beside it
     alone = _run(judging, dataclasses.replace(reply, turn_id="reply-alone", conversation_id="conv-alone"))
-    text = lambda evs: "".join(e.text for e in evs if isinstance(e, TextDelta))  # noqa: E731
-    assert text(together[reply.turn_id]) == text(alone["reply-alone"])
+    assert _text(together[reply.turn_id]) == _text(alone["reply-alone"])
     a, b = together[reply.turn_id][-1], alone["reply-alone"][-1]
     assert (a.prompt_tokens, a.cached_tokens, a.output_tokens) == (b.prompt_tokens, b.cached_tokens, b.output_tokens)
     for conversation in ("conv-text", "conv-text_eot", "conv-alone"):
