@@ -3,7 +3,12 @@
 For each mode: split-turn rate on utterances with a mid-sentence pause (more than one SpeechEnded),
 end-of-speech → turn-end delay on complete sentences, and Smart Turn CPU ms per decision.
 Run: `python3 -m bench.end_of_turn [--pause-ms 700]` (synthesises with espeak-ng; ~1 min on one core);
-`--cost`: Smart Turn CPU ms per decision by batch size; `--load 64`: 64 sessions' decisions on 2 threads.
+`--cost`: Smart Turn CPU ms per decision by batch size; `--load 64`: 64 sessions' decisions on 2 threads;
+`--words`: each semantic_vad mode twice, prosody alone and prosody + an ORACLE words judgement (fed to
+`InputTurns` at each pause, as the session feeds the thinker's `TurnJudgement`: P(complete) 0 while the audio so
+far ends mid-sentence, 1 at the real end). The oracle is an upper bound of the combined policy, not Ming: a real
+checkpoint's judgement accuracy is not measured here. `--judge-cost`: ms from submit to `TurnJudgement` of one
+JUDGE_TURN on the tiny CPU engine (forked from a spoken reply's prefill).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from realtime_ming.audio.vad import VadKind, create_silero_session, create_vad
 from realtime_ming.protocol.session import Eagerness, SemanticVad, ServerVad
 from realtime_ming.protocol.values import AudioFormat
 from realtime_ming.session.config import VadSettings
+from realtime_ming.audio.turns import SpeechPaused
 from realtime_ming.session.input import InputTurns, SpeechEnded
 
 __all__ = ["COMPLETE", "PAUSED", "VOICES", "espeak", "main", "run_turn"]
@@ -60,15 +66,20 @@ def espeak(text: str, voice: str, pause_ms: int = 0, wpm: int = 170) -> np.ndarr
     return soxr.resample(pcm[loud[0]: loud[-1] + 1], 22050, _WIRE_HZ).astype(np.float32)
 
 
-def run_turn(turns: InputTurns, speech: np.ndarray, tail_ms: int = 9000) -> tuple[list[int], list[float]]:
-    """Stream speech + silence in 20 ms appends; (turn-end delays after the speech end in ms, CPU ms)."""
+def run_turn(turns: InputTurns, speech: np.ndarray, tail_ms: int = 9000,
+             oracle: bool = False) -> tuple[list[int], list[float]]:
+    """Stream speech + silence in 20 ms appends; (turn-end delays after the speech end in ms, CPU ms). `oracle`:
+    at each pause a words judgement that knows whether the audio so far ends mid-sentence (module doc)."""
     audio = np.concatenate([speech, np.zeros(_WIRE_HZ * tail_ms // 1000, np.float32)])
     pcm = (np.clip(audio, -1, 1) * 32767).astype(np.int16)
     step = _WIRE_HZ * _CHUNK_MS // 1000
     ends, cpu = [], []
     for i in range(0, pcm.size, step):
         turns.last_decision = None
-        for signal in turns.append(base64.b64encode(pcm[i: i + step].tobytes()).decode()):
+        signals = turns.append(base64.b64encode(pcm[i: i + step].tobytes()).decode())
+        if oracle and any(isinstance(s, SpeechPaused) for s in signals) and turns.expect_judgement(f"oracle-{i}"):
+            signals += turns.on_judgement(f"oracle-{i}", 0.0 if i + step < speech.size else 1.0)
+        for signal in signals:
             if isinstance(signal, SpeechEnded):
                 ends.append((i + step) * 1000 // _WIRE_HZ - speech.size * 1000 // _WIRE_HZ)
         if turns.last_decision is not None:
@@ -160,6 +171,58 @@ def load(clips: list[np.ndarray], sessions: int, turn_s: float, workers: int, du
     }
 
 
+def judge_cost(repeats: int = 10) -> dict:
+    """ms from submit to `TurnJudgement` of a JUDGE_TURN forked from a spoken reply (1.5 s of espeak-ng speech) on
+    the tiny CPU engine, and of the reply's own prefill (submit → PREFILL_DONE) it waits for; medians."""
+    from realtime_ming.engine import Engine
+    from realtime_ming.engine.api import (Content, Message, SamplingParams, Stage, StageMark, TurnDone, TurnJudgement,
+                                          TurnRequest, TurnTask)
+    from realtime_ming.engine.config import EngineConfig, ThinkerRunnerConfig
+    from realtime_ming.engine.turn_judgement import judgement_history
+
+    engine = Engine.create(EngineConfig(thinker=ThinkerRunnerConfig(turn_judgement="on")))
+    audio = soxr.resample(espeak("I'd like to book a table for", "en-us"), _WIRE_HZ, 16000).astype(np.float32)
+    history = (Message("user", (Content.of_audio(audio, 16000),)),)
+    judged, prefilled, alone = [], [], []
+    try:
+        for k in range(repeats + 1):
+            marks: dict[str, float] = {}
+            done = threading.Event()
+
+            def sink(event, marks=marks, done=done) -> None:
+                now = time.monotonic()
+                if isinstance(event, TurnJudgement):
+                    marks["judged"] = now
+                elif isinstance(event, StageMark) and event.stage is Stage.PREFILL_DONE:
+                    marks.setdefault(f"prefill-{event.turn_id}", now)
+                elif isinstance(event, TurnDone) and event.turn_id.startswith("judge"):
+                    done.set()
+
+            reply = TurnRequest(f"reply{k}", f"conv{k}", history, sampling=SamplingParams(max_tokens=4),
+                                with_audio=False)  # not speculative: its PREFILL_DONE mark is delivered
+            judge = TurnRequest(f"judge{k}", f"conv{k}_eot", judgement_history(history), with_audio=False,
+                                task=TurnTask.JUDGE_TURN, prefix_from=reply.conversation_id)
+            t0 = time.monotonic()
+            engine.submit(reply, sink)
+            engine.submit(judge, sink)
+            done.wait(60)
+            engine.cancel(reply.turn_id)
+            if k:  # the first is a warmup
+                judged.append((marks["judged"] - t0) * 1e3)
+                prefilled.append((marks[f"prefill-reply{k}"] - t0) * 1e3)
+                alone.append((marks["judged"] - marks[f"prefill-reply{k}"]) * 1e3)
+            for conversation in (reply.conversation_id, judge.conversation_id):
+                engine.close_conversation(conversation)
+    finally:
+        engine.close()
+    return {"repeats": repeats, "speech_s": round(audio.size / 16000, 2),
+            "submit_to_judgement_ms_p50": round(statistics.median(judged), 1),
+            "submit_to_reply_prefill_done_ms_p50": round(statistics.median(prefilled), 1),
+            "reply_prefill_done_to_judgement_ms_p50": round(statistics.median(alone), 1),
+            "submit_to_judgement_ms_max": round(max(judged), 1),
+            "load_avg_1m": round(os.getloadavg()[0], 2)}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--pause-ms", type=int, default=700)
@@ -170,10 +233,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--turn-s", type=float, default=4.0, help="load: seconds between one session's decisions")
     parser.add_argument("--workers", type=int, default=2, help="load: threads serving decisions (cores)")
     parser.add_argument("--duration-s", type=float, default=20.0)
+    parser.add_argument("--words", action="store_true",
+                        help="semantic_vad modes with prosody alone and with prosody + the ORACLE words judgement")
+    parser.add_argument("--judge-cost", action="store_true", help="only the JUDGE_TURN cost on the tiny CPU engine")
     parser.add_argument("--shed-after-s", type=float, default=4.0,
                         help="load: shed a decision not started this long after it was asked (semantic_vad auto's "
                              "silence fallback); 0: a FIFO that runs every decision")
     args = parser.parse_args(argv)
+    if args.judge_cost:
+        print(json.dumps(judge_cost()))
+        return
     if args.cost or args.load:
         clips = [soxr.resample(espeak(t, v), _WIRE_HZ, 16000).astype(np.float32) for t in COMPLETE for v in VOICES[:2]]
         print(json.dumps(cost(clips) if args.cost else load(clips, args.load, args.turn_s, args.workers, args.duration_s, args.shed_after_s or None)))
@@ -183,7 +252,11 @@ def main(argv: list[str] | None = None) -> None:
     paused = [espeak(t, v, args.pause_ms) for t in PAUSED for v in VOICES]
     complete = [espeak(t, v) for t in COMPLETE for v in VOICES]
     results = {}
-    for name, td in _modes().items():
+    modes = [(name, td, False) for name, td in _modes().items()]
+    if args.words:
+        modes = [(f"{name}{' + words (oracle)' if oracle else ''}", td, oracle)
+                 for name, td, _ in modes if isinstance(td, SemanticVad) for oracle in (False, True)]
+    for name, td, oracle in modes:
         if wanted and not any(w in name for w in wanted):
             continue
         turns = InputTurns(VadSettings(), lambda _kind: create_vad(VadKind.SILERO, silero_session=session), 60.0,
@@ -191,11 +264,11 @@ def main(argv: list[str] | None = None) -> None:
         turns.configure(AudioFormat(), td)
         splits, delays, cpu = 0, [], []
         for speech in paused:
-            ends, c = run_turn(turns, speech)
+            ends, c = run_turn(turns, speech, oracle=oracle)
             splits += len(ends) != 1
             cpu += c
         for speech in complete:
-            ends, c = run_turn(turns, speech)
+            ends, c = run_turn(turns, speech, oracle=oracle)
             delays += ends[-1:]
             cpu += c
         results[name] = {

@@ -189,7 +189,12 @@ class SmartTurn:
 class EndOfTurnPolicy:
     """semantic_vad at one eagerness: after `decide_after_ms` of silence Smart Turn is asked once;
     probability >= `threshold` ends the turn there, otherwise the turn ends after `fallback_ms` of
-    silence (OpenAI's documented maximum waits: low 8 s, medium/auto 4 s, high 2 s)."""
+    silence (OpenAI's documented maximum waits: low 8 s, medium/auto 4 s, high 2 s).
+
+    Where the engine judges the words too (`TurnTask.JUDGE_TURN`, asked with the speculative reply at the
+    pause), prosody's "complete" ends the turn only if the thinker's P(complete) is >= `words_threshold`;
+    below it the turn goes on (the silence fallback, or the next pause, decides). A judgement not in
+    `words_wait_ms` (wall time) after the decision point is not waited for: prosody decides alone."""
 
     threshold: float
     decide_after_ms: int
@@ -197,6 +202,8 @@ class EndOfTurnPolicy:
     # The model call starts this much before the decision point (on the audio heard by then), so its
     # ~100+ ms of CPU overlaps the rest of the wait instead of following it.
     early_ms: int = 100
+    words_threshold: float = 0.5
+    words_wait_ms: int = 200
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.threshold <= 1.0:
@@ -205,6 +212,10 @@ class EndOfTurnPolicy:
             raise ValueError(f"need 0 < decide_after_ms < fallback_ms, got {self.decide_after_ms}, {self.fallback_ms}")
         if not 0 <= self.early_ms < self.decide_after_ms:
             raise ValueError(f"early_ms: must be in [0, decide_after_ms), got {self.early_ms}")
+        if not 0.0 <= self.words_threshold <= 1.0:
+            raise ValueError(f"words_threshold: must be in [0, 1], got {self.words_threshold}")
+        if self.words_wait_ms < 0:
+            raise ValueError(f"words_wait_ms: must be >= 0, got {self.words_wait_ms}")
 
     @property
     def start_after_ms(self) -> int:
@@ -215,11 +226,12 @@ class EndOfTurnPolicy:
 # "high" ends a turn on weaker evidence, "low" lets the user take their time: it asks only after 800 ms
 # of silence, so a mid-sentence pause shorter than that never splits the turn whatever its prosody
 # (Smart Turn judges prosody: on espeak-ng speech it calls "I'd like to book a table for" complete).
+# The words' threshold follows the same order: "high" ends unless the thinker leans towards "not finished".
 EAGERNESS_POLICY: dict[str, EndOfTurnPolicy] = {
-    "low": EndOfTurnPolicy(threshold=0.5, decide_after_ms=800, fallback_ms=8000),
-    "medium": EndOfTurnPolicy(threshold=0.5, decide_after_ms=200, fallback_ms=4000),
-    "auto": EndOfTurnPolicy(threshold=0.5, decide_after_ms=200, fallback_ms=4000),
-    "high": EndOfTurnPolicy(threshold=0.3, decide_after_ms=200, fallback_ms=2000),
+    "low": EndOfTurnPolicy(threshold=0.5, decide_after_ms=800, fallback_ms=8000, words_threshold=0.6),
+    "medium": EndOfTurnPolicy(threshold=0.5, decide_after_ms=200, fallback_ms=4000, words_threshold=0.5),
+    "auto": EndOfTurnPolicy(threshold=0.5, decide_after_ms=200, fallback_ms=4000, words_threshold=0.5),
+    "high": EndOfTurnPolicy(threshold=0.3, decide_after_ms=200, fallback_ms=2000, words_threshold=0.4),
 }
 
 _SHARED: SmartTurn | None = None

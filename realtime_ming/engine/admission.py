@@ -40,7 +40,11 @@ class Admission:
             refusal = FailureCode.ADMISSION_FAILED, "duplicate turn id"
         elif len(self._turns) >= self.cfg.max_queued_turns + self.cfg.thinker.max_batch:
             refusal = FailureCode.ENGINE_BUSY, "engine busy: too many active turns"
-        with_audio = request.with_audio and self._talker is not None
+        elif request.task is TurnTask.JUDGE_TURN and self._thinker.judge_answers is None:
+            refusal = FailureCode.TASK_UNAVAILABLE, ("turn judgement is off on this engine "
+                                                     "(engine.thinker.turn_judgement: auto is on for checkpoint weights only)")
+        # a turn judgement is never spoken, whatever the request says
+        with_audio = request.with_audio and self._talker is not None and request.task is not TurnTask.JUDGE_TURN
         if (refusal is None and isinstance(request.voice, str) and with_audio
                 and request.voice not in self.bundle.voices):
             refusal = FailureCode.INVALID_PROMPT, f"unknown voice {request.voice!r}"

@@ -30,6 +30,7 @@ __all__ = [
     "TurnDone",
     "TurnCancelled",
     "TurnFailed",
+    "TurnJudgement",
     "FailureCode",
     "EngineBusyError",
     "EngineHealth",
@@ -42,6 +43,7 @@ __all__ = [
     "Stage",
     "FinishReason",
     "EngineHandle",
+    "engine_supports",
 ]
 
 OUTPUT_SAMPLE_RATE_HZ = 44100
@@ -139,10 +141,17 @@ class SamplingParams:
 class TurnTask(enum.Enum):
     """What a turn is for. `TRANSCRIBE` is a side request (the user's speech as text, never spoken):
     its prefill queues behind every reply's, and `engine.thinker.forced_transcript` (not
-    `forced_reply`) replaces its sampled tokens in tests and benchmarks."""
+    `forced_reply`) replaces its sampled tokens in tests and benchmarks.
+
+    `JUDGE_TURN` is a side request too (never spoken, nothing sampled): its prompt asks whether the user has
+    finished their turn (`engine/turn_judgement.py`), and the turn answers with one `TurnJudgement` (the
+    thinker's P("Yes") over "Yes"/"No" at the next token), then `TurnDone`. Its prefill queues behind every
+    reply's; an engine without it (`engine.thinker.turn_judgement` off, see `engine_supports`) fails it at once
+    with `TASK_UNAVAILABLE`."""
 
     REPLY = "reply"
     TRANSCRIBE = "transcribe"
+    JUDGE_TURN = "judge_turn"
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,6 +288,16 @@ class TurnDone:
 
 
 @dataclass(frozen=True, slots=True)
+class TurnJudgement:
+    """A `JUDGE_TURN` turn's answer: the thinker's probability that the user's turn is complete (softmax of
+    the "Yes" and "No" answers' next-token logits; `engine.thinker.forced_turn_judgement` in tests and
+    benchmarks). Emitted once, right before the turn's `TurnDone`."""
+
+    turn_id: str
+    p_complete: float
+
+
+@dataclass(frozen=True, slots=True)
 class TurnCancelled:
     turn_id: str
     text: str  # what had been generated when the cancel applied
@@ -294,6 +313,7 @@ class FailureCode(enum.Enum):
     ENGINE_BUSY = "engine_busy"  # no capacity for another turn now (every KV slot / row taken): retry later
     ENGINE_UNAVAILABLE = "engine_unavailable"  # the engine is stopped or dead: every turn fails at once
     SHUTTING_DOWN = "shutting_down"  # the server is draining and starts no new turn (set by the server)
+    TASK_UNAVAILABLE = "task_unavailable"  # this engine does not run the request's task (`engine_supports`)
 
 
 class EngineBusyError(RuntimeError):
@@ -335,7 +355,7 @@ class ToolCallEnd:
 
 
 TurnEvent = Union[TextDelta, AudioChunk, StageMark, TurnDone, TurnCancelled, TurnFailed,
-                  ToolCallStart, ToolCallArguments, ToolCallEnd]
+                  ToolCallStart, ToolCallArguments, ToolCallEnd, TurnJudgement]
 
 
 @dataclass(frozen=True, slots=True)
@@ -373,3 +393,14 @@ class EngineHandle(Protocol):
 
     def health(self) -> EngineHealth:
         """Whether the engine still serves turns (cheap, any thread; optional: see `engine_health`)."""
+
+    def supports(self, task: TurnTask) -> bool:
+        """Whether this engine runs turns of `task` (cheap, any thread; optional: see `engine_supports`)."""
+
+
+def engine_supports(engine: object, task: TurnTask) -> bool:
+    """`engine.supports(task)`; a handle that does not say runs replies and transcriptions only."""
+    supports = getattr(engine, "supports", None)
+    if callable(supports):
+        return bool(supports(task))
+    return task is not TurnTask.JUDGE_TURN

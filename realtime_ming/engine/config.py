@@ -26,6 +26,7 @@ class PlacementConfig:
 
 
 ALL_REDUCE = ("nccl", "one_shot")  # engine.thinker.all_reduce
+TURN_JUDGEMENT = ("auto", "on", "off")  # engine.thinker.turn_judgement
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +52,13 @@ class ThinkerRunnerConfig:
     # transcription turns (`TurnTask.TRANSCRIBE`) emit this text's tokens once, then end (stop); every model
     # computation still runs. None = the model's own transcript
     forced_transcript: str | None = None
+    # the thinker's judgement of whether the user finished their turn (`TurnTask.JUDGE_TURN`, semantic_vad):
+    # "auto" = on only for real checkpoint weights (the tiny / dummy default would judge noise), "on", "off"
+    # (YAML's bare on / off read as true / false are taken too)
+    turn_judgement: str | bool = "auto"
+    # tests and benchmarks only: every JUDGE_TURN answers this P(complete) in [0, 1] instead of the computed one
+    # (its prefill still runs). None = the model's own judgement
+    forced_turn_judgement: float | None = None
     # tensor parallelism: "nccl" = every all-reduce over NCCL; "one_shot" = all-reduces up to 1 MiB (decode)
     # through symmetric memory in one kernel (model/kernels/all_reduce.py), larger ones over NCCL
     all_reduce: str = "nccl"
@@ -59,6 +67,12 @@ class ThinkerRunnerConfig:
         for name in ("max_slots", "max_seq_len", "max_batch", "prefill_chunk_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"engine.thinker.{name} must be >= 1")
+        if isinstance(self.turn_judgement, bool):
+            object.__setattr__(self, "turn_judgement", "on" if self.turn_judgement else "off")
+        if self.turn_judgement not in TURN_JUDGEMENT:
+            raise ValueError(f"engine.thinker.turn_judgement must be one of {TURN_JUDGEMENT}, got {self.turn_judgement!r}")
+        if self.forced_turn_judgement is not None and not 0.0 <= self.forced_turn_judgement <= 1.0:
+            raise ValueError("engine.thinker.forced_turn_judgement must be a probability in [0, 1]")
         if self.all_reduce not in ALL_REDUCE:
             raise ValueError(f"engine.thinker.all_reduce must be one of {ALL_REDUCE}, got {self.all_reduce!r}")
 

@@ -43,7 +43,9 @@ from .api import (
     TurnDone,
     TurnEvent,
     TurnFailed,
+    TurnJudgement,
     TurnRequest,
+    TurnTask,
 )
 from .commands import (Cancel, Capture, CloseConversation, Command, Confirm, Discard, EngineStats, InputsReady, Sink,
                        Stats, Stop, Submit, Wake)
@@ -146,7 +148,11 @@ class Engine(Admission):
         return EngineHealth(reason is None, reason)
 
     def info(self) -> dict:
-        return self.bundle.info()
+        return {**self.bundle.info(), "turn_judgement": self.supports(TurnTask.JUDGE_TURN)}
+
+    def supports(self, task: TurnTask) -> bool:
+        """Whether this engine runs turns of `task` (JUDGE_TURN: `engine.thinker.turn_judgement`)."""
+        return task is not TurnTask.JUDGE_TURN or self._thinker.judge_answers is not None
 
     def voices(self) -> list[str]:
         return list(self.bundle.voices)
@@ -417,6 +423,8 @@ class Engine(Admission):
                 if Stage.FIRST_TOKEN not in turn.stages:
                     self._mark(turn, Stage.FIRST_TOKEN)
                 self._route_text(turn, turn.tool_parser.feed(out.text) if turn.tool_parser else [out.text])
+            if out.p_complete is not None:
+                self._emit(turn, TurnJudgement(out.turn_id, out.p_complete))
             if out.finish is not None:
                 if turn.tool_parser is not None:
                     self._route_text(turn, turn.tool_parser.finish())

@@ -3,8 +3,9 @@
 A row is one admitted turn on its KV slot. Admitted rows wait in the prefill queue until their prompt
 tail has been prefilled (in chunks, several prompts packed into one padded batch), then decode one
 token per step, all generating rows in one batch. Priority for first tokens: replies prefill in
-arrival order, a side request (a transcription) waits behind every reply queued at its admission, so
-it never delays a reply's first token by more than the decode row it adds.
+arrival order, a side request (a turn judgement, then a transcription) waits behind every reply queued at its
+admission, so it never delays a reply's first token by more than the decode row (or the one short prefill
+chunk, for a judgement) it adds.
 
 Engine thread only.
 """
@@ -22,6 +23,10 @@ from .forced import Forced
 from .kv_slots import KVSlot
 
 __all__ = ["Row", "Scheduler"]
+
+# prefill order of rows not started yet: replies (a first audio waits), then turn judgements (a turn-end decision
+# waits), then transcriptions
+_PRIORITY = {TurnTask.REPLY: 0, TurnTask.JUDGE_TURN: 1, TurnTask.TRANSCRIBE: 2}
 
 
 @dataclass
@@ -42,6 +47,7 @@ class Row:
     text: str = ""
     emitted: int = 0  # characters of `text` already handed out (stop-string hold-back)
     forced: Forced | None = None  # tokens this row must emit (forced prefix / forced reply)
+    judgement: torch.Tensor | None = None  # a JUDGE_TURN row's P(complete) (device scalar), once prefilled
 
 
 class Scheduler:
@@ -57,19 +63,17 @@ class Scheduler:
         return bool(self.rows)
 
     def add(self, row: Row) -> None:
-        """Admit a row: it waits for its prefill (replies before side requests not yet started)."""
+        """Admit a row: it waits for its prefill (replies before side requests not yet started; a turn judgement,
+        which a turn-end decision waits for, before a transcription not yet started)."""
         turn_id = row.request.turn_id
         self.rows[turn_id] = row
-        queue = self.prefill_queue
-        if row.request.task is TurnTask.TRANSCRIBE:
-            queue.append(turn_id)
-            return
-        side = next((i for i, t in enumerate(queue) if self.rows[t].request.task is TurnTask.TRANSCRIBE
-                     and self.rows[t].offset == 0), None)
-        if side is None:
+        queue, rank = self.prefill_queue, _PRIORITY[row.request.task]
+        later = next((i for i, t in enumerate(queue) if _PRIORITY[self.rows[t].request.task] > rank
+                      and self.rows[t].offset == 0), None)
+        if later is None:
             queue.append(turn_id)
         else:
-            queue.insert(side, turn_id)
+            queue.insert(later, turn_id)
 
     def prefilling(self, conversation_id: str) -> bool:
         """Whether a turn of `conversation_id` still has prompt tokens to prefill (a fork of it would miss them)."""

@@ -34,6 +34,7 @@ from .models import ModelBundle
 from .output_processor import OutputProcessor
 from .sampling import SamplingBatch, sample
 from .scheduler import Row, Scheduler
+from .turn_judgement import answer_ids, turn_judgement_on
 from .thinker_decode import ThinkerDecoder, default_kv_buckets, eager_kv_len
 from .thinker_prefill import ThinkerPrefiller
 
@@ -55,6 +56,7 @@ class ThinkerOutput:
     output_tokens: int = 0
     prompt: PromptTokens | None = None  # by modality, with prefill_done
     cached: PromptTokens | None = None
+    p_complete: float | None = None  # a JUDGE_TURN turn's answer (with its finish)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +108,8 @@ class ThinkerRunner:
         # forced transcript (transcription side requests): said once, then the turn ends
         self._forced_transcript = (Forced(tuple(self.tok.encode(self.cfg.forced_transcript)) + (self.tok.eos_id,), False)
                                    if self.cfg.forced_transcript else None)
+        # turn judgements (JUDGE_TURN): the answers' token ids, from this checkpoint's tokenizer; None = off
+        self.judge_answers = answer_ids(self.tok) if turn_judgement_on(cfg) else None
         buckets = (self.cfg.decode_buckets, self.cfg.kv_buckets or default_kv_buckets(self.cfg.max_seq_len))
         widths = tuple(w for w in self.cfg.prefill_buckets if w <= self.cfg.prefill_chunk_tokens)
         graphs = not cfg.enforce_eager and self.device.type == "cuda"
@@ -337,7 +341,12 @@ class ThinkerRunner:
             return [], None
         complete = {id(row) for row in done}
         last = [hidden[i, end - start - 1] for i, (row, start, end) in enumerate(chosen) if id(row) in complete]
-        return done, sample(self.model.logits(torch.stack(last)), self._sampling(done))
+        logits = self.model.logits(torch.stack(last))
+        for i, row in enumerate(done):
+            if row.request.task is TurnTask.JUDGE_TURN:  # P(complete): softmax over the two answers' logits
+                pair = logits[i, list(self.judge_answers)].float()
+                row.judgement = torch.softmax(pair, dim=-1)[0]
+        return done, sample(logits, self._sampling(done))
 
     def _decode(self, rows: list[Row]) -> torch.Tensor:
         """One decode step of `rows` -> their sampled ids (device)."""
@@ -353,7 +362,13 @@ class ThinkerRunner:
                              [r.generator for r in rows], self.device)
 
     def _accept(self, row: Row, token: int) -> ThinkerOutput:
-        """Account a sampled token: stream its text, apply eos / stop strings / length limits."""
+        """Account a sampled token: stream its text, apply eos / stop strings / length limits. A turn judgement
+        ends at its prefill with its answer (its sampled token is not used)."""
+        if row.request.task is TurnTask.JUDGE_TURN:
+            self.scheduler.remove(row.request.turn_id)
+            forced = self.cfg.forced_turn_judgement
+            p = float(row.judgement) if forced is None else forced
+            return ThinkerOutput(row.request.turn_id, finish=FinishReason.STOP, p_complete=p)
         delta, finish = self.outputs.accept(row, token)
         if finish is None:
             return ThinkerOutput(row.request.turn_id, text=delta)

@@ -22,7 +22,9 @@ from ..engine.api import (
     TurnDone,
     TurnFailed,
     TurnRequest,
+    TurnTask,
     engine_health,
+    engine_supports,
 )
 
 __all__ = ["TurnTracker"]
@@ -100,3 +102,6 @@ class TurnTracker:
 
     def health(self) -> EngineHealth:
         return engine_health(self._engine)
+
+    def supports(self, task: TurnTask) -> bool:
+        return engine_supports(self._engine, task)

@@ -3,6 +3,12 @@
 `InputTurns` owns the decoder, the buffer and the turn detector, all on one sample clock
 (16 kHz samples appended since the session started), and reports what the session acts on:
 speech began (with the future user item id), paused, resumed, ended (with the turn's audio).
+
+semantic_vad combines two judgements at a pause's decision point: Smart Turn's (prosody, on the decision
+threads) and, where the engine offers it, the thinker's reading of the words (`TurnTask.JUDGE_TURN`, asked by
+the session with the speculative reply: `expect_judgement`, answered by `on_judgement`). Prosody's "complete"
+ends the turn only when the words agree (or their judgement is not in within the policy's `words_wait_ms`:
+`words_deadline`, `poll`); words saying "not finished" leave the turn to the silence fallback.
 """
 
 from __future__ import annotations
@@ -103,6 +109,10 @@ class InputTurns:
         self.last_decision: tuple[float, float] | None = None  # (P(complete), CPU ms) of the latest call
         self._call_at: tuple[float, int] = (0.0, 0)  # (monotonic s, silence ms) when the current call started
         self._due_at: float | None = None  # monotonic s when the current pause reached its decision point
+        self._judge_id: str | None = None  # the words judgement asked for the current pause (its turn id)
+        self._words: float | None = None  # its P(complete), once in
+        self._prosody_complete = False  # Smart Turn said complete; the turn waits for the words judgement
+        self.last_words: tuple[float | None, bool] | None = None  # (P(complete) or None if not in, turn ended)
         self._make_vad = make_vad
         self._max_buffer_ms = max_buffer_s * 1000.0
         self._buffer = InputAudioBuffer()
@@ -196,7 +206,7 @@ class InputTurns:
         ):
             self._drop_call()  # the pause is over (speech came back, or the turn ended): its call is obsolete
         self._start_end_of_turn()
-        stopped = self._judge_end_of_turn()
+        stopped = self._judge_end_of_turn() or self._words_decision()
         if stopped is not None:
             signals.append(self._signal(stopped))
         if self._detector.state is TurnState.SILENCE:
@@ -213,18 +223,78 @@ class InputTurns:
         return call if detector.silence_ms() >= policy.decide_after_ms else None
 
     def poll(self) -> list[TurnSignal]:
-        """Take a pending decision's answer if it is there (never waits): [SpeechEnded] if it ends the turn."""
-        if self._call is None or not self._call.done():
-            return []
-        stopped = self._judge_end_of_turn()
+        """Take a pending decision's answer if it is there, or give up waiting for a words judgement whose
+        `words_deadline` passed (never waits): [SpeechEnded] if it ends the turn."""
+        stopped = None
+        if self._call is not None and self._call.done():
+            stopped = self._judge_end_of_turn()
+        stopped = stopped or self._words_decision()
         return [] if stopped is None else [self._signal(stopped)]
 
+    # ---- the words judgement (semantic_vad, where the engine offers it) ----------------------------------
+    def expect_judgement(self, turn_id: str) -> bool:
+        """The session may ask the engine to judge the words of the current pause (turn `turn_id`): True when
+        that judgement will be used (semantic_vad, a pause going on, its decision not taken yet)."""
+        detector = self._detector
+        if self._policy is None or detector is None or self._decided or not self.in_speech or not detector.silence_ms():
+            return False
+        self._judge_id, self._words = turn_id, None
+        return True
+
+    def on_judgement(self, turn_id: str, p_complete: float | None) -> list[TurnSignal]:
+        """The words judgement `turn_id` answered (None: it failed, or was cancelled): [SpeechEnded] if the turn
+        ends now. A superseded pause's judgement is dropped."""
+        if turn_id != self._judge_id or self._words is not None:
+            log.debug("turn judgement %s dropped: its pause is over", turn_id)
+            return []
+        if p_complete is None:  # no words judgement after all: prosody decides alone
+            self._judge_id = None
+        else:
+            self._words = p_complete
+        stopped = self._words_decision()
+        return [] if stopped is None else [self._signal(stopped)]
+
+    @property
+    def words_deadline(self) -> float | None:
+        """Monotonic s at which prosody's "complete" stops waiting for the words judgement (None: not waiting)."""
+        if (not self._prosody_complete or self._judge_id is None or self._words is not None or self._due_at is None
+                or self._policy is None):
+            return None
+        return self._due_at + self._policy.words_wait_ms / 1e3
+
+    def _words_decision(self) -> SpeechStopped | None:
+        """Prosody said complete: end the turn if the words agree, or their judgement was not asked for or did not
+        come in time; keep it going if they say the user is not finished."""
+        detector, policy = self._detector, self._policy
+        if not self._prosody_complete or detector is None or policy is None:
+            return None
+        deadline = self.words_deadline
+        if deadline is not None:
+            if time.monotonic() < deadline:
+                return None
+            log.debug("turn judgement %s not in %d ms after the decision point: prosody decides alone",
+                      self._judge_id, policy.words_wait_ms)
+        self._prosody_complete = False
+        if self._words is not None and self._words < policy.words_threshold:
+            log.debug("turn judgement %s: the words are not finished (p=%.2f < %.2f); waiting for the user or the "
+                      "%d ms silence fallback", self._judge_id, self._words, policy.words_threshold, policy.fallback_ms)
+            self.last_words = (self._words, False)
+            return None
+        self.last_words = (self._words, True)
+        stopped = detector.end_turn()
+        if stopped is None:
+            return None
+        # A late answer (audio came faster than real time, or a model was slow) ends the turn where it would
+        # have ended on time: the audio after the decision point is this pause's silence.
+        return replace(stopped, audio_end_ms=min(stopped.audio_end_ms, stopped.speech_end_ms + policy.decide_after_ms))
+
     def _drop_call(self) -> None:
-        """Forget the current pause's call; one not started yet never runs (the decision threads only ever
-        serve pauses still going on: under load, obsolete work is shed instead of queued)."""
+        """Forget the current pause's call and words judgement; a call not started yet never runs (the decision
+        threads only ever serve pauses still going on: under load, obsolete work is shed instead of queued)."""
         if self._call is not None:
             self._call.cancel()
         self._decided, self._call, self._due_at = False, None, None
+        self._judge_id, self._words, self._prosody_complete = None, None, False
 
     def _start_end_of_turn(self) -> None:
         """semantic_vad: at `start_after_ms` of silence, start the pause's one Smart Turn call (off this thread)."""
@@ -292,12 +362,10 @@ class InputTurns:
                       "(%.1f CPU ms), answer taken %.1f ms after it; %.1f ms after the %d ms decision point's audio",
                       prob, at_ms, (began - submitted) * 1e3, (ended - began) * 1e3, cpu_ms, (now - ended) * 1e3,
                       (now - (self._due_at or now)) * 1e3, policy.decide_after_ms)
-        stopped = detector.end_turn() if prob >= policy.threshold else None
-        if stopped is None:
+        if prob < policy.threshold:
             return None
-        # A late answer (audio came faster than real time, or the model was slow) ends the turn where it
-        # would have ended on time: the audio after the decision point is this pause's silence.
-        return replace(stopped, audio_end_ms=min(stopped.audio_end_ms, stopped.speech_end_ms + policy.decide_after_ms))
+        self._prosody_complete = True  # ends the turn unless the words judgement says otherwise
+        return self._words_decision()
 
     def _abs_sample(self, ms: int) -> int:
         return self._origin + ms * _SAMPLES_PER_MS

@@ -18,7 +18,7 @@ import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from ..engine.api import EngineHandle, TurnEvent
+from ..engine.api import EngineHandle, TurnEvent, TurnTask, engine_supports
 from ..protocol.client_events import InputAudioBufferAppend
 from ..protocol.errors import ErrorCode, ProtocolError
 from ..protocol.events import ClientEvent, ServerEvent
@@ -63,7 +63,8 @@ class SessionClosing(Exception):
 
 
 class _DecisionReady:
-    """The end-of-turn call a passed decision point waited for is done (posted by its decision thread)."""
+    """The end-of-turn call a passed decision point waited for is done (posted by its decision thread), or the
+    wait for a words judgement ran out (posted by a loop timer)."""
 
     __slots__ = ()
 
@@ -141,9 +142,11 @@ class SessionRunner:
         self._pacer = AudioPacer(settings.max_audio_rate, settings.audio_burst_s)
         self._worker: concurrent.futures.Future | None = None  # an append being handled off the loop
         self._watched: concurrent.futures.Future | None = None  # the end-of-turn call _watch_decision follows
+        self._words_timer: tuple[float, asyncio.TimerHandle] | None = None  # (deadline, its timer)
         self._arrivals: collections.deque[float] = collections.deque()  # when each queued append came in
         self._decision_posted_at = 0.0  # when the last _DecisionReady was posted
         self._held: _Inbound | _EngineInput | _DecisionReady | None = None  # taken from the inbox, handled next
+        session.set_turn_judgement(engine_supports(engine, TurnTask.JUDGE_TURN))
 
     def engine_sink(self, event: TurnEvent) -> None:
         """Thread-safe: called by the engine thread for every event of this session's turns."""
@@ -188,6 +191,7 @@ class SessionRunner:
                     self._log_failure(type(item.event).__name__, turn_id, exc)
                     actions = self.session.abort_response(turn_id, now)
                 await self._dispatch(actions, None)
+                self._watch_words()
             elif isinstance(item, _DecisionReady):
                 try:
                     actions = self.session.on_decision_ready(now)
@@ -196,6 +200,7 @@ class SessionRunner:
                     actions = []
                 await self._dispatch(actions, None)
                 self._log_turn_end(actions, "late decision", self._decision_posted_at, now, now)
+                self._watch_words()
             elif isinstance(item, InputAudioBufferAppend):
                 batch = self._take_appends(item)
                 arrived = []
@@ -210,6 +215,7 @@ class SessionRunner:
                     await self._dispatch(actions, append)
                     self._log_turn_end(actions, "append", at, now, handled)
                 self._watch_decision()
+                self._watch_words()
             else:
                 self._client_slots.release()
                 if media_parts(item):
@@ -235,6 +241,17 @@ class SessionRunner:
             return
         self._watched = call
         call.add_done_callback(lambda _f: self._post_decision())
+
+    def _watch_words(self) -> None:
+        """semantic_vad judged a pause complete by prosody and waits for the words judgement: once its wait runs
+        out, decide on prosody alone even if no audio and no judgement arrive meanwhile."""
+        deadline = self.session.words_deadline
+        if deadline is None or (self._words_timer is not None and self._words_timer[0] == deadline):
+            return
+        if self._words_timer is not None:
+            self._words_timer[1].cancel()
+        delay = max(0.0, deadline - time.monotonic()) + 1e-3
+        self._words_timer = (deadline, self._loop.call_later(delay, self._post_decision))
 
     def _post_decision(self) -> None:
         self._decision_posted_at = time.monotonic()
@@ -293,6 +310,8 @@ class SessionRunner:
         if self._is_closed:
             return
         self._is_closed = True
+        if self._words_timer is not None:
+            self._words_timer[1].cancel()
         worker = self._worker
         if worker is not None and not worker.done():
             # an append still runs on a worker thread with the session: close it when that is done

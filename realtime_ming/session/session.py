@@ -62,6 +62,7 @@ from .conversation import Conversation, StoredItem
 from .failures import log_failure
 from .idle import IdleTimer
 from .input import BufferFull, InputTurns, SpeechBegan, SpeechEnded, TurnSignal
+from .judgement import NO_ANSWER, TurnJudge
 from .response import ActiveResponse
 from .session_update import on_session_update
 from .transcription import Transcriber
@@ -135,6 +136,7 @@ class Session:
         self._has_spoken = False  # the voice is fixed after the first audio response
         self._oob_used = False
         self._transcriber = Transcriber(self.conversation, self.conversation_id)
+        self._judge = TurnJudge(self.conversation_id)  # semantic_vad's words judgement (`set_turn_judgement`)
         self._served_model = model
 
     # ---- lifecycle ---------------------------------------------------------------------------
@@ -150,11 +152,16 @@ class Session:
                 actions.append(CancelTurn(response.id))
         self._response = None
         self._oob.clear()
-        actions += self._transcriber.close()
+        actions += self._transcriber.close() + self._judge.close()
         actions.append(CloseConversation(self.conversation_id))
         if self._oob_used:
             actions.append(CloseConversation(self._oob_conversation_id))
         return actions
+
+    def set_turn_judgement(self, available: bool) -> None:
+        """Whether the engine judges the user's words at a pause (`TurnTask.JUDGE_TURN`): semantic_vad then asks
+        it with each speculative reply and combines it with prosody (`judgement.py`)."""
+        self._judge.available = available
 
     @property
     def active_response_id(self) -> str | None:
@@ -296,10 +303,10 @@ class Session:
             if self._auto_respond(td) and self._response is None and self._speculation is None:
                 return self._speculate(now)
             return []
-        if isinstance(signal, SpeechResumed):
-            return self._discard_speculation()
+        if isinstance(signal, SpeechResumed):  # the user goes on: the pause's reply and judgement are obsolete
+            return self._discard_speculation() + self._judge.cancel_all()
         assert isinstance(signal, SpeechEnded)
-        return self._on_speech_ended(signal, td, now)
+        return self._judge.cancel_all() + self._on_speech_ended(signal, td, now)
 
     def _speculate(self, now: float) -> list[Action]:
         """Submit the turn as heard so far; its output is held until speech stop confirms it."""
@@ -311,7 +318,12 @@ class Session:
         request = replace(lifecycle.turn_request(self, turn_id, spec, self.conversation.history() + (user,), None),
                           speculative=True)
         self._transcriber.note_reply(request)  # the transcription of this audio reuses its prefill
-        return [SubmitTurn(request)]
+        actions: list[Action] = [SubmitTurn(request)]
+        if self._judge.available and isinstance(self.config.turn_detection, SemanticVad):
+            judge_id = self._judge.new_turn_id()  # forks the reply's prefill: submitted after it
+            if self._input.expect_judgement(judge_id):
+                actions += self._judge.submit(judge_id, request)
+        return actions
 
     def _auto_respond(self, td: ServerVad | SemanticVad) -> bool:
         """Whether a VAD turn starts a response (never in a transcription session: it only transcribes)."""
@@ -359,13 +371,19 @@ class Session:
         return actions + self._evict(item_id)
 
     @property
+    def words_deadline(self) -> float | None:
+        """Monotonic s at which semantic_vad stops waiting for the words judgement of a turn prosody judged complete:
+        call `on_decision_ready` then (None: not waiting)."""
+        return self._input.words_deadline
+
+    @property
     def pending_decision(self) -> Future | None:
         """semantic_vad's end-of-turn call that a passed decision point waits for: call
         `on_decision_ready` once it is done (the client may send no more audio meanwhile)."""
         return self._input.pending_decision
 
     def on_decision_ready(self, now: float) -> list[Action]:
-        """The pending end-of-turn call finished: end the turn now if it judged it complete."""
+        """The pending end-of-turn call finished, or `words_deadline` passed: end the turn now if it is complete."""
         actions: list[Action] = []
         for signal in self._input.poll():
             actions += self._on_turn_signal(signal, now)
@@ -376,11 +394,21 @@ class Session:
         """Apply one engine event; output of turns that are no longer active is dropped."""
         if self._transcriber.owns(event.turn_id):
             return self._transcriber.on_engine_event(event)
+        if self._judge.owns(event.turn_id):
+            return self._on_judgement(event, now)
         actions = sync_output_hold(self, now) if self._hold.active else []
         if self._hold.holds(event.turn_id):  # a possible interruption is being judged: nothing goes out yet
             self._hold.add(event)
             return actions
         return actions + lifecycle.on_engine_event(self, event, now) + self._release_transcriptions()
+
+    def _on_judgement(self, event: TurnEvent, now: float) -> list[Action]:
+        """An event of a words judgement: its answer (or its failure: prosody alone) may end the turn now."""
+        answer, actions = self._judge.on_engine_event(event)
+        if answer is not NO_ANSWER:
+            for signal in self._input.on_judgement(event.turn_id, answer):
+                actions += self._on_turn_signal(signal, now)
+        return actions
 
     def _release_transcriptions(self) -> list[Action]:
         return self._transcriber.release(self._response)
