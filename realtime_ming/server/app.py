@@ -63,11 +63,12 @@ from .remote_engine import SessionTickets
 from .transport import Transport, WebsocketsTransport
 from .voice_routes import VoiceRoutes
 
-__all__ = ["EXIT_ENGINE_DIED", "TINY_MODEL_NOTICE", "RealtimeServer", "ServingEngine", "load_engine", "run_server",
+__all__ = ["EXIT_ENGINE_DIED", "FRONTEND_HEADER", "TINY_MODEL_NOTICE", "RealtimeServer", "ServingEngine", "load_engine", "run_server",
            "serve_until_signal"]
 
 log = logging.getLogger(__name__)
 
+FRONTEND_HEADER = "x-realtime-ming-frontend"  # with server.frontend_processes >= 2: the answering process's index
 EXIT_ENGINE_DIED = 70  # EX_SOFTWARE: the engine died while serving; a supervisor should restart the process
 _ENGINE_POLL_S = 0.1  # how often the serving loop looks at the engine's health (a field read, no engine call)
 _FLUSH_S = 0.2  # after the last turn ended: time for sessions to hand their final events to the sockets
@@ -200,6 +201,7 @@ class RealtimeServer:
             max_queue=limits.max_inbound_frames,
             open_timeout=limits.open_timeout_s,
             create_connection=body_connection_factory(self.cfg.server.voices.max_upload_bytes),
+            **({} if self._frontend is None else {"process_response": self._name_frontend}),
         )
         log.info("listening on %s (HTTP on the same port)", self.url)
 
@@ -291,6 +293,10 @@ class RealtimeServer:
             self.metrics.refusals.labels(refusal.reason).inc()
             return text_response(refusal.status, refusal.message)
         return None
+
+    def _name_frontend(self, _connection: ServerConnection, _request: Request, response: Response) -> None:
+        """Every response of a front-end process names it (`FRONTEND_HEADER`: its index)."""
+        response.headers[FRONTEND_HEADER] = str(self._frontend)
 
     async def _handle(self, ws: ServerConnection) -> None:
         await self.serve_session(WebsocketsTransport(ws), inspect_handshake(ws.request))

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import secrets
+import socket
 import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
@@ -30,7 +31,7 @@ from ..engine.api import FailureCode, TurnFailed, engine_health
 from ..engine.voice_store import CustomVoice, VoiceStore
 from .config import VoicesConfig
 from .remote_engine import (HEARTBEAT_S, TERMINAL, Call, Cancel, Close, Confirm, Discard, Hello, PromptRef, Release,
-                            Reply, Status, Submit)
+                            Reply, Status, Submit, hang_up)
 
 __all__ = ["EngineHost", "VoiceHost"]
 
@@ -143,10 +144,7 @@ class _Peer:
         with self._cond:
             self._closed = True
             self._cond.notify()
-        try:
-            self.conn.close()
-        except OSError:
-            pass
+        hang_up(self.conn)
 
     def _send_loop(self) -> None:
         while True:
@@ -297,6 +295,12 @@ class EngineHost:
 
     def close(self) -> None:
         self._closed = True
+        sock = getattr(getattr(self._listener, "_listener", None), "_socket", None)  # wake the blocked accept
+        try:
+            if sock is not None:
+                sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         try:
             self._listener.close()
         except OSError:

@@ -103,8 +103,8 @@ class _Supervisor:
         host, port = self.sock.getsockname()[:2]
         scheme = "wss" if self.cfg.server.tls.enabled else "ws"
         host = f"[{host}]" if ":" in host else host
-        print(f"realtime-ming: serving {self.model_id()} on {scheme}://{host}:{port}/v1/realtime "
-              f"({self.n} front-end processes)", file=sys.stderr, flush=True)
+        print(f"realtime-ming: {self.n} front-end processes; serving {self.model_id()} on "
+              f"{scheme}://{host}:{port}/v1/realtime", file=sys.stderr, flush=True)
         return self._supervise()
 
     def model_id(self) -> str:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import socket
 import threading
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ from typing import Any
 from ..engine.api import EngineHealth, FailureCode, TurnCancelled, TurnDone, TurnFailed, TurnRequest
 
 __all__ = ["HEARTBEAT_S", "Call", "Cancel", "Close", "Confirm", "Discard", "Hello", "PromptRef", "Release", "RemoteEngine",
-           "RemoteVoiceEncoder", "RemoteVoiceStore", "Reply", "SessionTickets", "Status", "Submit"]
+           "RemoteVoiceEncoder", "RemoteVoiceStore", "Reply", "SessionTickets", "Status", "Submit", "hang_up"]
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +121,19 @@ class PromptRef:
         return True if self.has_speaker else None
 
 
+def hang_up(conn: Connection) -> None:
+    """Close `conn` so that the peer sees EOF now, even while a thread of ours is blocked reading it."""
+    try:
+        with socket.fromfd(conn.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.shutdown(socket.SHUT_RDWR)
+    except (OSError, ValueError, AttributeError):
+        pass  # already closed, or not a socket
+    try:
+        conn.close()
+    except OSError:
+        pass
+
+
 class RemoteEngine:
     """An `EngineHandle` (+ `info`, `voices`, `voice_encoder`, `voice_store`) over one connection to the host."""
 
@@ -192,10 +206,7 @@ class RemoteEngine:
     def close(self) -> None:
         """Hang up (the host then cancels this front end's turns and closes its conversations)."""
         self._closing = True
-        try:
-            self._conn.close()
-        except OSError:
-            pass
+        hang_up(self._conn)
 
     # ---- calls ------------------------------------------------------------------------------------------
     def call(self, method: str, *args: Any, timeout_s: float = CALL_TIMEOUT_S) -> Any:
