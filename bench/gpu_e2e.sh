@@ -22,7 +22,10 @@ serve_extra=(); bench_extra=()
 # what transcription turns say (once, then stop) instead of the dummy weights' random tokens
 [ -z "${COMPARE_SESSION:-}" ] || bench_extra+=(--compare-session "$COMPARE_SESSION" --rounds 2)
 [ -z "${FORCED_TRANSCRIPT:-}" ] || serve_extra+=(--set "engine.thinker.forced_transcript=$FORCED_TRANSCRIPT")
+# FRONTENDS=N: the WebSockets in N front-end processes, the engine alone in the main one (server.frontend_processes)
+[ -z "${FRONTENDS:-}" ] || serve_extra+=(--set "server.frontend_processes=$FRONTENDS")
 echo "mode: policy=$policy vad_silence_ms=$vad_ms max_output_tokens=$max_tokens forced_reply=yes weights=dummy" \
+  "frontend_processes=${FRONTENDS:-config}" \
   "compare_session=${COMPARE_SESSION:-none} forced_transcript=${FORCED_TRANSCRIPT:-none}" | tee "$out/mode.txt"
 reply="Sure. The weather today looks sunny, with a light breeze from the west and a high of twenty degrees. "
 python3 -c 'import sys; from realtime_ming.cli import main; sys.exit(main(sys.argv[1:]))' serve --config "$config" \

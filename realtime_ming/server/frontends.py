@@ -49,7 +49,7 @@ from .engine_host import EngineHost
 from .remote_engine import RemoteEngine
 from .startup import StartupError
 
-__all__ = ["run_frontends", "serve_frontends"]
+__all__ = ["FrontEnds", "run_frontends", "serve_frontends"]
 
 log = logging.getLogger(__name__)
 
@@ -72,13 +72,13 @@ def serve_frontends(cfg: ServerConfig, engine: ServingEngine, sock: socket.socke
                       cfg.server.limits.max_sessions)
     host.start()
     try:
-        return _Supervisor(cfg, sock, host).run()
+        return FrontEnds(cfg, sock, host).run()
     finally:
         host.close()
         shutil.rmtree(folder, ignore_errors=True)
 
 
-class _Supervisor:
+class FrontEnds:
     """Starts, watches, restarts and stops the front-end processes (this process's main thread)."""
 
     def __init__(self, cfg: ServerConfig, sock: socket.socket, host: EngineHost) -> None:
@@ -91,15 +91,10 @@ class _Supervisor:
         self.signals: queue.SimpleQueue[int] = queue.SimpleQueue()
 
     def run(self) -> int:
+        """Start, print the serving line, supervise until the end; the exit code."""
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda signum, _frame: self.signals.put(signum))
-        try:
-            for i in range(self.n):
-                self._start(i)
-            self._wait_started()
-        except BaseException:
-            self._stop(signal.SIGKILL, wait_s=5.0)
-            raise
+        self.start()
         host, port = self.sock.getsockname()[:2]
         scheme = "wss" if self.cfg.server.tls.enabled else "ws"
         host = f"[{host}]" if ":" in host else host
@@ -111,6 +106,24 @@ class _Supervisor:
         return self.cfg.server.model_id or str(self.host.engine.info().get("model") or "")
 
     # ---- start -------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start every front end and wait until each listens (StartupError: one could not; none is left)."""
+        try:
+            for i in range(self.n):
+                self._start(i)
+            self._wait_started()
+        except BaseException:
+            self._stop(signal.SIGKILL, wait_s=5.0)
+            raise
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs if p is not None]
+
+    def stop(self, wait_s: float = 30.0) -> list[int | None]:
+        """SIGTERM (drain) every front end and wait for them; their exit codes."""
+        return self._stop(signal.SIGTERM, wait_s)
+
     def _start(self, i: int) -> None:
         status, child_status = self.ctx.Pipe(duplex=False)
         level = logging.getLogger().getEffectiveLevel()
