@@ -22,8 +22,18 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 from websockets.frames import CloseCode
 
-from realtime_ming.engine.api import (AudioChunk, EngineHealth, FailureCode, FinishReason, TextDelta, TurnDone,
-                                      TurnFailed, TurnRequest, Message, Content)
+from realtime_ming.engine.api import (
+    AudioChunk,
+    Content,
+    EngineHealth,
+    FailureCode,
+    FinishReason,
+    Message,
+    TextDelta,
+    TurnDone,
+    TurnFailed,
+    TurnRequest,
+)
 from realtime_ming.protocol import Dialect
 from realtime_ming.server import RealtimeServer, load_config
 from realtime_ming.server.app import FRONTEND_HEADER
@@ -175,7 +185,7 @@ def test_unknown_turns_cancel_quietly_and_a_failing_sink_costs_only_its_own_even
 
 
 def test_a_front_end_that_hangs_up_leaves_no_turn_or_conversation(hosted):
-    engine, host, remote = hosted
+    engine, _host, remote = hosted
     front = remote()
     _, _, sink = _collector()
     front.submit(_request("live"), sink)

@@ -51,6 +51,7 @@ from .http import HttpRoutes, default_web_roots, request_path, text_response
 from .http_body import BodyConnection, body_connection_factory
 from .lifecycle import TurnTracker
 from .metrics import ServerMetrics
+from .remote_engine import SessionTickets
 from .startup import (
     StartupError,
     check_exposure,
@@ -59,7 +60,6 @@ from .startup import (
     prepare,
     ssl_context,
 )
-from .remote_engine import SessionTickets
 from .transport import Transport, WebsocketsTransport
 from .voice_routes import VoiceRoutes
 

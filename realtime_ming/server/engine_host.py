@@ -30,8 +30,22 @@ import torch
 from ..engine.api import FailureCode, TurnFailed, engine_health
 from ..engine.voice_store import CustomVoice, VoiceStore
 from .config import VoicesConfig
-from .remote_engine import (HEARTBEAT_S, TERMINAL, Call, Cancel, Close, Confirm, Discard, Hello, PromptRef, Release,
-                            Reply, Status, Submit, hang_up)
+from .remote_engine import (
+    HEARTBEAT_S,
+    TERMINAL,
+    Call,
+    Cancel,
+    Close,
+    Confirm,
+    Discard,
+    Hello,
+    PromptRef,
+    Release,
+    Reply,
+    Status,
+    Submit,
+    hang_up,
+)
 
 __all__ = ["EngineHost", "VoiceHost"]
 
@@ -219,7 +233,7 @@ class _Peer:
             if method is None or call.method.startswith("_") or call.method == "resolve":
                 raise RuntimeError(f"no voice call {call.method!r} on this engine")
             reply = Reply(call.call_id, True, method(*call.args))
-        except Exception as exc:  # the front end re-raises it (VoicePromptTooLong, ValueError, ...)
+        except Exception as exc:  # the front end re-raises it (VoicePromptTooLong, ValueError, ...)  # noqa: BLE001
             reply = Reply(call.call_id, False, exc)
         self.post(reply)
 
@@ -318,7 +332,7 @@ class EngineHost:
                 conn = self._listener.accept()
             except OSError:
                 return  # closed
-            except Exception as exc:  # a client with the wrong key (AuthenticationError) is refused, the host lives
+            except Exception as exc:  # a client with the wrong key (AuthenticationError) is refused, the host lives  # noqa: BLE001
                 log.warning("engine host: refused a connection (%s)", exc)
                 continue
             self._count += 1

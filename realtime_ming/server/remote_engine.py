@@ -28,7 +28,14 @@ from dataclasses import dataclass
 from multiprocessing.connection import Client, Connection
 from typing import Any
 
-from ..engine.api import EngineHealth, FailureCode, TurnCancelled, TurnDone, TurnFailed, TurnRequest
+from ..engine.api import (
+    EngineHealth,
+    FailureCode,
+    TurnCancelled,
+    TurnDone,
+    TurnFailed,
+    TurnRequest,
+)
 
 __all__ = ["HEARTBEAT_S", "Call", "Cancel", "Close", "Confirm", "Discard", "Hello", "PromptRef", "Release", "RemoteEngine",
            "RemoteVoiceEncoder", "RemoteVoiceStore", "Reply", "SessionTickets", "Status", "Submit", "hang_up"]
@@ -141,7 +148,7 @@ class RemoteEngine:
         self._conn = conn
         hello = conn.recv()
         if not isinstance(hello, Hello):
-            raise RuntimeError(f"engine host sent {type(hello).__name__} first, expected Hello")
+            raise TypeError(f"engine host sent {type(hello).__name__} first, expected Hello")
         self._hello = hello
         self._status = hello.status
         self._send_lock = threading.Lock()
