@@ -24,7 +24,10 @@ serve_extra=(); bench_extra=()
 [ -z "${FORCED_TRANSCRIPT:-}" ] || serve_extra+=(--set "engine.thinker.forced_transcript=$FORCED_TRANSCRIPT")
 # SERVE_SET: more server overrides, space-separated key=value (e.g. "engine.placement.talker_device=cuda:2")
 for kv in ${SERVE_SET:-}; do serve_extra+=(--set "$kv"); done
+# FRONTENDS=N: the WebSockets in N front-end processes, the engine alone in the main one (server.frontend_processes)
+[ -z "${FRONTENDS:-}" ] || serve_extra+=(--set "server.frontend_processes=$FRONTENDS")
 echo "mode: policy=$policy vad_silence_ms=$vad_ms max_output_tokens=$max_tokens forced_reply=yes weights=dummy" \
+  "frontend_processes=${FRONTENDS:-config}" \
   "compare_session=${COMPARE_SESSION:-none} forced_transcript=${FORCED_TRANSCRIPT:-none} serve_set=${SERVE_SET:-none}" | tee "$out/mode.txt"
 reply="Sure. The weather today looks sunny, with a light breeze from the west and a high of twenty degrees. "
 python3 -c 'import sys; from realtime_ming.cli import main; sys.exit(main(sys.argv[1:]))' serve --config "$config" \

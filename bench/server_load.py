@@ -100,6 +100,16 @@ class _Probe(threading.Thread):
         self._stop.set()
 
 
+def _proc_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of process `pid` so far, from /proc (0 when it is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _pct(values: list[float], q: float) -> float | None:
     return round(float(np.percentile(values, q)), 3) if values else None
 
@@ -132,11 +142,13 @@ async def _serve(args: argparse.Namespace) -> None:
     def begin() -> None:
         lags.clear()
         probe.samples.clear()
-        window.update(t=time.perf_counter(), cpu=time.process_time(), threads=_thread_cpu_s())
+        window.update(t=time.perf_counter(), cpu=time.process_time(), threads=_thread_cpu_s(),
+                      fronts={pid: _proc_cpu_s(pid) for pid in front_pids})
 
     def end() -> dict[str, Any]:
         wall = time.perf_counter() - window["t"]
-        cpu = time.process_time() - window["cpu"]
+        fronts = [round((_proc_cpu_s(pid) - c0) * 1e3 / wall, 1) for pid, c0 in window["fronts"].items()]
+        cpu = time.process_time() - window["cpu"] + sum(fronts) * wall / 1e3  # the engine's process + front ends'
         after = _thread_cpu_s()
         threads = {k: round((v - window["threads"].get(k, 0.0)) * 1e3 / wall, 1) for k, v in after.items()}
         walls = [w for w, _ in probe.samples]
@@ -144,6 +156,9 @@ async def _serve(args: argparse.Namespace) -> None:
         return {
             "wall_s": round(wall, 3),
             "cpu_ms_per_s": round(cpu * 1e3 / wall, 1),
+            # server.frontend_processes >= 2: each front end's CPU; the threads, loop lag and probe below are then
+            # the engine process's (the probe still stands in for the engine thread; no WebSocket runs there)
+            "frontend_cpu_ms_per_s": fronts,
             "thread_cpu_ms_per_s": {k: v for k, v in sorted(threads.items(), key=lambda kv: -kv[1]) if v >= 1.0},
             "loop_lag_ms": {"p50": _pct(lags, 50), "p99": _pct(lags, 99), "max": round(max(lags), 3) if lags else None,
                             "n": len(lags)},
@@ -165,13 +180,42 @@ async def _serve(args: argparse.Namespace) -> None:
         loop.call_soon_threadsafe(done.set)
 
     done = asyncio.Event()
-    async with RealtimeServer(load_config(None, overrides), engine) as srv:
+    cfg = load_config(None, overrides)
+    front_pids: list[int] = []
+
+    async def serve_until_quit(port: int) -> None:
         tick = asyncio.create_task(ticker())
         threading.Thread(target=commands, daemon=True, name="bench-stdin").start()
-        print(json.dumps({"port": srv.port, "pid": os.getpid(), "switch_interval_s": sys.getswitchinterval()}),
-              flush=True)
+        print(json.dumps({"port": port, "pid": os.getpid(), "switch_interval_s": sys.getswitchinterval(),
+                          "frontend_pids": front_pids}), flush=True)
         await done.wait()
         tick.cancel()
+
+    if cfg.server.frontend_processes > 1:  # the engine (and the probe) here, the WebSockets in front-end processes
+        import secrets
+        import tempfile
+
+        from realtime_ming.server.engine_host import EngineHost
+        from realtime_ming.server.frontends import FrontEnds
+        from realtime_ming.server.startup import open_listener
+
+        folder = tempfile.mkdtemp(prefix="server-load-")
+        host = EngineHost(engine, os.path.join(folder, "engine.sock"), secrets.token_bytes(16), cfg.server.voices,
+                          cfg.server.limits.max_sessions)
+        host.start()
+        sock = open_listener("127.0.0.1", 0)
+        fronts = FrontEnds(cfg, sock, host)
+        await asyncio.to_thread(fronts.start)
+        front_pids += fronts.pids
+        try:
+            await serve_until_quit(sock.getsockname()[1])
+        finally:
+            await asyncio.to_thread(fronts.stop)
+            host.close()
+            shutil.rmtree(folder, ignore_errors=True)
+    else:
+        async with RealtimeServer(cfg, engine) as srv:
+            await serve_until_quit(srv.port)
     probe.stop()
     engine.close()
 
@@ -414,7 +458,9 @@ def _markdown(result: dict[str, Any]) -> str:
                               for lv in result["levels"] if lv["sessions"] and lv["audio_s_per_s"])]
     lines += ["", "Per-thread server CPU (ms per wall s):", ""]
     for lv in result["levels"]:
-        lines.append(f"- c={lv['sessions']}: " + ", ".join(f"{k} {v}" for k, v in lv["server"]["thread_cpu_ms_per_s"].items()))
+        fronts = lv["server"].get("frontend_cpu_ms_per_s")
+        lines.append(f"- c={lv['sessions']}: " + ", ".join(f"{k} {v}" for k, v in lv["server"]["thread_cpu_ms_per_s"].items())
+                     + (f"; front-end processes: {fronts}" if fronts else ""))
     spied = [lv for lv in result["levels"] if lv.get("gil")]
     if spied:
         lines += ["", "GIL held (py-spy --gil samples / samples taken): " + ", ".join(

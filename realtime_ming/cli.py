@@ -81,6 +81,10 @@ def _run_serve(args: argparse.Namespace) -> int:
         return _fail(f"config error: {exc}")
     try:
         prepare(cfg)  # before torch is imported: a bad start fails in a moment
+        if cfg.server.frontend_processes > 1:  # the WebSockets in their own processes, the engine in this one
+            from .server.frontends import run_frontends
+
+            return run_frontends(cfg)
         from .server.app import run_server
 
         return run_server(cfg)

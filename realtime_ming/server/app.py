@@ -22,6 +22,7 @@ import asyncio
 import http
 import json
 import logging
+import os
 import signal
 import socket
 import sys
@@ -50,6 +51,7 @@ from .http import HttpRoutes, default_web_roots, request_path, text_response
 from .http_body import BodyConnection, body_connection_factory
 from .lifecycle import TurnTracker
 from .metrics import ServerMetrics
+from .remote_engine import SessionTickets
 from .startup import (
     StartupError,
     check_exposure,
@@ -61,10 +63,12 @@ from .startup import (
 from .transport import Transport, WebsocketsTransport
 from .voice_routes import VoiceRoutes
 
-__all__ = ["EXIT_ENGINE_DIED", "TINY_MODEL_NOTICE", "RealtimeServer", "ServingEngine", "load_engine", "run_server"]
+__all__ = ["EXIT_ENGINE_DIED", "FRONTEND_HEADER", "TINY_MODEL_NOTICE", "RealtimeServer", "ServingEngine", "load_engine", "run_server",
+           "serve_until_signal"]
 
 log = logging.getLogger(__name__)
 
+FRONTEND_HEADER = "x-realtime-ming-frontend"  # with server.frontend_processes >= 2: the answering process's index
 EXIT_ENGINE_DIED = 70  # EX_SOFTWARE: the engine died while serving; a supervisor should restart the process
 _ENGINE_POLL_S = 0.1  # how often the serving loop looks at the engine's health (a field read, no engine call)
 _FLUSH_S = 0.2  # after the last turn ended: time for sessions to hand their final events to the sockets
@@ -103,11 +107,14 @@ class RealtimeServer:
     """
 
     def __init__(self, cfg: ServerConfig, engine: ServingEngine, *, sock: socket.socket | None = None,
-                 admit: Callable[[ServerConnection, Request], Response | None] | None = None) -> None:
+                 admit: Callable[[ServerConnection, Request], Response | None] | None = None,
+                 tickets: SessionTickets | None = None, frontend: int | None = None) -> None:
         self.cfg = cfg = resolve_api_keys(cfg)
         self.engine = engine
         self._sock = sock
         self._admit = admit
+        self._tickets = tickets  # max_sessions across the front-end processes (server/frontends.py); None: this one
+        self._frontend = frontend  # this front end's index, shown in /health
         self.metrics = ServerMetrics()
         self._info = dict(engine.info())
         self.model_id = cfg.server.model_id or str(self._info.get("model") or DEFAULT_MODEL)
@@ -129,7 +136,9 @@ class RealtimeServer:
             web_roots=default_web_roots(cfg.server.web_dir),
         )
         encoder = getattr(engine, "voice_encoder", None)
-        self.voice_routes = VoiceRoutes(cfg.server.voices, cfg.server.auth, encoder if callable(encoder) else lambda: None)
+        store = getattr(engine, "voice_store", None)  # the engine process's store (a remote engine)
+        self.voice_routes = VoiceRoutes(cfg.server.voices, cfg.server.auth, encoder if callable(encoder) else lambda: None,
+                                        store() if callable(store) else None)
         self._ctx = ConnectionContext(
             engine=self._turns,
             settings=cfg.session,
@@ -192,6 +201,7 @@ class RealtimeServer:
             max_queue=limits.max_inbound_frames,
             open_timeout=limits.open_timeout_s,
             create_connection=body_connection_factory(self.cfg.server.voices.max_upload_bytes),
+            **({} if self._frontend is None else {"process_response": self._name_frontend}),
         )
         log.info("listening on %s (HTTP on the same port)", self.url)
 
@@ -284,6 +294,10 @@ class RealtimeServer:
             return text_response(refusal.status, refusal.message)
         return None
 
+    def _name_frontend(self, _connection: ServerConnection, _request: Request, response: Response) -> None:
+        """Every response of a front-end process names it (`FRONTEND_HEADER`: its index)."""
+        response.headers[FRONTEND_HEADER] = str(self._frontend)
+
     async def _handle(self, ws: ServerConnection) -> None:
         await self.serve_session(WebsocketsTransport(ws), inspect_handshake(ws.request))
 
@@ -300,15 +314,30 @@ class RealtimeServer:
         # Counted before the first await so concurrent handshakes cannot overshoot the limit.
         self._num_sessions += 1
         self._idle.clear()
+        if self._tickets is not None and not await self._tickets.acquire():  # the limit of every front end
+            self._session_ended()
+            self.metrics.refusals.labels("max_sessions").inc()
+            await ws.close(CloseCode.TRY_AGAIN_LATER, "server at its session limit; try again later")
+            return
         self.metrics.sessions.inc()
         self.metrics.sessions_accepted.inc()
         try:
             await serve_connection(ws, self._ctx, info)
         finally:
-            self._num_sessions -= 1
+            if self._tickets is not None:
+                self._tickets.release()
             self.metrics.sessions.dec()
-            if self._num_sessions == 0:
-                self._idle.set()
+            self._session_ended()
+
+    def _session_ended(self) -> None:
+        self._num_sessions -= 1
+        if self._num_sessions == 0:
+            self._idle.set()
+
+    @property
+    def total_sessions(self) -> int:
+        """Sessions open on the whole server (every front end's, with `tickets`)."""
+        return self._num_sessions if self._tickets is None else self._tickets.total()
 
     def _health(self, probe: str = "health") -> tuple[http.HTTPStatus, dict]:
         """`/health` (overall), `/health/live` (process and engine alive) or `/health/ready` (a new session
@@ -316,14 +345,15 @@ class RealtimeServer:
         failure = self.engine_failure()
         engine = {"alive": failure is None, "reason": failure}
         limit = self.cfg.server.limits.max_sessions
+        sessions = self.total_sessions
         if probe == "live":
             ok = failure is None
             payload = {"status": "ok" if ok else "dead", "engine": engine}
         elif probe == "ready":
             reason = ("engine unavailable" if failure is not None else "draining" if self._draining
-                      else "at max_sessions" if self._num_sessions >= limit else None)
+                      else "at max_sessions" if sessions >= limit else None)
             ok = reason is None
-            payload = {"status": "ready" if ok else "not_ready", "reason": reason, "sessions": self._num_sessions,
+            payload = {"status": "ready" if ok else "not_ready", "reason": reason, "sessions": sessions,
                        "max_sessions": limit, "engine": engine}
         else:
             ok = failure is None and not self._draining
@@ -331,11 +361,13 @@ class RealtimeServer:
                 "status": "ok" if ok else "unavailable" if failure is not None else "draining",
                 "model": self.model_id,
                 "device": self._info.get("device"),
-                "sessions": self._num_sessions,
+                "sessions": sessions,
                 "max_sessions": limit,
                 "draining": self._draining,
                 "engine": engine,
             }
+        if self._frontend is not None:  # which front-end process answered, and its own sessions
+            payload["frontend"] = {"index": self._frontend, "pid": os.getpid(), "sessions": self._num_sessions}
         return (http.HTTPStatus.OK if ok else http.HTTPStatus.SERVICE_UNAVAILABLE), payload
 
     def _models(self) -> dict:
@@ -431,14 +463,19 @@ async def _first(*aws) -> asyncio.Future:
     return next(t for t in tasks if t in done)
 
 
-async def _serve_until_signal(cfg: ServerConfig, engine: ServingEngine, sock: socket.socket | None = None) -> int:
-    """Serve until a signal (drain, exit 0) or the engine's death (exit `EXIT_ENGINE_DIED`)."""
+async def serve_until_signal(cfg: ServerConfig, engine: ServingEngine, sock: socket.socket | None = None, *,
+                             ready: Callable[[RealtimeServer], None] | None = None, **server_args: Any) -> int:
+    """Serve until a signal (drain, exit 0) or the engine's death (exit `EXIT_ENGINE_DIED`). Once listening,
+    print the serving line (or call `ready(server)`: a front-end process tells its parent)."""
     signals: asyncio.Queue[signal.Signals] = asyncio.Queue()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, signals.put_nowait, sig)
-    async with RealtimeServer(cfg, engine, sock=sock) as server:
-        print(f"realtime-ming: serving {server.model_id} on {server.url}", file=sys.stderr, flush=True)
+    async with RealtimeServer(cfg, engine, sock=sock, **server_args) as server:
+        if ready is None:
+            print(f"realtime-ming: serving {server.model_id} on {server.url}", file=sys.stderr, flush=True)
+        else:
+            ready(server)
         dead = server.wait_engine_failure()
         first = await _first(signals.get(), dead)
         if isinstance(first.result(), signal.Signals):
@@ -467,9 +504,20 @@ async def _serve_until_signal(cfg: ServerConfig, engine: ServingEngine, sock: so
     return 0
 
 
-def run_server(cfg: ServerConfig) -> int:
+def _serve_here(cfg: ServerConfig, engine: ServingEngine, sock: socket.socket) -> int:
+    """Serve the WebSockets in this process, on uvloop (`server.frontend_processes` = 1)."""
+    import uvloop
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(serve_until_signal(cfg, engine, sock))
+
+
+def run_server(cfg: ServerConfig,
+               serve: Callable[[ServerConfig, ServingEngine, socket.socket], int] = _serve_here) -> int:
     """CLI entry: check, bind, load, serve until a signal, shut down. Returns the exit code.
 
+    `serve(cfg, engine, sock)` serves the loaded engine on the bound socket until the end (default: in this
+    process; `frontends.run_frontends` passes its front-end processes').
     Raises StartupError (one line) for a config this machine cannot serve, a port it cannot bind,
     or a model that fails to load for a known reason — all before the port accepts a connection.
     """
@@ -490,10 +538,7 @@ def run_server(cfg: ServerConfig) -> int:
         sock.close()
         raise
     try:
-        import uvloop
-
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            code = runner.run(_serve_until_signal(cfg, engine, sock))
+        code = serve(cfg, engine, sock)
     finally:
         engine.close()
     log.info("engine closed; exit code %d", code)

@@ -154,6 +154,10 @@ class ListenConfig:
     port: int = 8000  # 0 = an ephemeral port (tests)
     model_id: str | None = None  # id advertised in /v1/models (None = the engine's model name)
     web_dir: str | None = None  # static demo folder (None = the demo inside the package, realtime_ming/web/)
+    # processes serving the WebSockets (1 = the engine's own process). N >= 2: the engine runs alone in the main
+    # process and N front-end processes share the port (server/frontends.py); raise it when one process's CPU
+    # (its GIL) is the limit, about 30-45 real-time spoken sessions per front end
+    frontend_processes: int = 1
     auth: AuthConfig = field(default_factory=AuthConfig)
     tls: TlsConfig = field(default_factory=TlsConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
@@ -162,6 +166,8 @@ class ListenConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError("server.port must be in [0, 65535]")
+        if not 1 <= self.frontend_processes <= 256:
+            raise ValueError("server.frontend_processes must be in [1, 256]")
 
 
 @dataclass(frozen=True, slots=True)

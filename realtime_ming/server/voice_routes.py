@@ -51,11 +51,15 @@ def _error(status: int, code: str, message: str, param: str | None = None) -> Re
 class VoiceRoutes:
     """The voice endpoints and the store behind them; `encoder()` is None when the engine has no talker."""
 
-    def __init__(self, cfg: VoicesConfig, auth: AuthConfig, encoder: Callable[[], VoiceEncoder | None]) -> None:
+    def __init__(self, cfg: VoicesConfig, auth: AuthConfig, encoder: Callable[[], VoiceEncoder | None],
+                 store: VoiceStore | None = None) -> None:
+        """`store`: where the voices live (default: a new one in this process; a front end of
+        `server.frontend_processes` passes the engine process's, `remote_engine.RemoteVoiceStore`)."""
         self.cfg = cfg
         self._auth = auth
         self._encoder = encoder
-        self.store = VoiceStore(cfg.max_voices, cfg.max_voices_per_key, cfg.max_store_bytes)
+        self.store = store if store is not None else VoiceStore(cfg.max_voices, cfg.max_voices_per_key,
+                                                                cfg.max_store_bytes)
         self._executor = ThreadPoolExecutor(cfg.workers, thread_name_prefix="voice-clone")
         self._pending = 0
 
@@ -180,6 +184,7 @@ class VoiceRoutes:
             raise VoiceUploadError(422, "voice_encoding_failed", f"The voice could not be computed: {exc}",
                                    "audio_sample") from None
         voice_id = new_voice_id()
+        nbytes = getattr(prompt, "nbytes", None)  # a remote prompt (`remote_engine.PromptRef`) knows its size
         return CustomVoice(voice_id, owner, upload.name or voice_id, prompt, upload.transcript, audio.duration_s,
-                           voice_prompt_bytes(prompt))
+                           voice_prompt_bytes(prompt) if nbytes is None else nbytes)
 

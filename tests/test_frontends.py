@@ -1,0 +1,373 @@
+"""`server.frontend_processes`: the engine host and its remote engines, and the multi-process server end to end.
+
+The host / remote pair runs over a real unix socket (`multiprocessing.connection`) against a scripted
+engine; the CLI tests start `python -m realtime_ming.cli serve --set server.frontend_processes=2` (the
+embedded tiny model, CPU) and talk to it over loopback with clients that validate every frame.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+from server_support import StubEngine, WsClient, http_request, served_cli
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
+from websockets.frames import CloseCode
+
+from realtime_ming.engine.api import (
+    AudioChunk,
+    Content,
+    EngineHealth,
+    FailureCode,
+    FinishReason,
+    Message,
+    TextDelta,
+    TurnDone,
+    TurnFailed,
+    TurnRequest,
+)
+from realtime_ming.protocol import Dialect
+from realtime_ming.server import RealtimeServer, load_config
+from realtime_ming.server.app import FRONTEND_HEADER
+from realtime_ming.server.config import VoicesConfig
+from realtime_ming.server.engine_host import EngineHost
+from realtime_ming.server.remote_engine import RemoteEngine
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class ScriptEngine:
+    """Records commands; `emit` plays events into a turn's sink from another thread, as an engine thread does."""
+
+    def __init__(self) -> None:
+        self.sinks: dict = {}
+        self.commands: list[tuple] = []
+        self.alive = EngineHealth(True)
+        self.changed = threading.Condition()
+
+    def _record(self, *command) -> None:
+        with self.changed:
+            self.commands.append(command)
+            self.changed.notify_all()
+
+    def submit(self, request, sink) -> None:
+        self.sinks[request.turn_id] = sink
+        self._record("submit", request.turn_id, request.conversation_id)
+
+    def confirm(self, turn_id): self._record("confirm", turn_id)
+    def discard(self, turn_id): self._record("discard", turn_id)
+    def cancel(self, turn_id): self._record("cancel", turn_id)
+    def close_conversation(self, conversation_id): self._record("close", conversation_id)
+    def health(self): return self.alive
+    def info(self): return {"model": "script", "device": "cpu"}
+    def voices(self): return ["DB30"]
+
+    def wait_for(self, command: tuple, timeout: float = 5.0) -> None:
+        with self.changed:
+            assert self.changed.wait_for(lambda: command in self.commands, timeout), (command, self.commands)
+
+    def emit(self, turn_id: str, events) -> None:
+        thread = threading.Thread(target=lambda: [self.sinks[turn_id](e) for e in events])
+        thread.start()
+        thread.join()
+
+
+class CountingConn:
+    """A connection that counts the messages it receives (the host's batches)."""
+
+    def __init__(self, conn) -> None:
+        self.conn, self.received = conn, 0
+
+    def recv(self):
+        message = self.conn.recv()
+        self.received += 1
+        return message
+
+    def send(self, message) -> None:
+        self.conn.send(message)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+@pytest.fixture
+def hosted(tmp_path):
+    engine = ScriptEngine()
+    authkey = secrets.token_bytes(16)
+    host = EngineHost(engine, str(tmp_path / "engine.sock"), authkey, VoicesConfig(), max_sessions=2)
+    host.start()
+    remotes = []
+
+    def remote(counting: bool = False) -> RemoteEngine:
+        from multiprocessing.connection import Client
+
+        conn = Client(host.address, family="AF_UNIX", authkey=authkey)
+        made = RemoteEngine(CountingConn(conn) if counting else conn)
+        remotes.append(made)
+        return made
+
+    yield engine, host, remote
+    for made in remotes:
+        made.close()
+    host.close()
+
+
+def _request(turn_id: str, conversation: str = "c1", speculative: bool = False) -> TurnRequest:
+    return TurnRequest(turn_id, conversation, (Message("user", (Content.of_text("hi"),)),), speculative=speculative)
+
+
+def _done(turn_id: str) -> TurnDone:
+    return TurnDone(turn_id, "", FinishReason.STOP, 1, 0, 1, 0, {})
+
+
+def _collector():
+    got, done = [], threading.Event()
+
+    def sink(event) -> None:
+        got.append(event)
+        if isinstance(event, (TurnDone, TurnFailed)):
+            done.set()
+
+    return got, done, sink
+
+
+def test_events_keep_their_turn_order_and_travel_in_batches(hosted):
+    engine, _, remote = hosted
+    front = remote(counting=True)
+    a, a_done, a_sink = _collector()
+    b, b_done, b_sink = _collector()
+    front.submit(_request("a"), a_sink)
+    front.submit(_request("b", "c2"), b_sink)
+    engine.wait_for(("submit", "b", "c2"))
+    before = front._conn.received
+    pcm = np.linspace(-1, 1, 441, dtype=np.float32)
+    interleaved = []
+    for i in range(200):
+        interleaved += [TextDelta("a", f"a{i}"), AudioChunk("b", pcm, segment_id=i)]
+    thread = threading.Thread(target=lambda: [engine.sinks[e.turn_id](e) for e in interleaved])
+    thread.start()
+    thread.join()
+    engine.emit("a", [_done("a")])
+    engine.emit("b", [_done("b")])
+    assert a_done.wait(5) and b_done.wait(5)
+    assert [e.text for e in a[:-1]] == [f"a{i}" for i in range(200)] and isinstance(a[-1], TurnDone)
+    assert [e.segment_id for e in b[:-1]] == list(range(200)) and isinstance(b[-1], TurnDone)
+    np.testing.assert_array_equal(b[0].pcm, pcm)
+    assert front._conn.received - before < 402 // 4, "events were not batched"
+
+
+def test_unknown_turns_cancel_quietly_and_a_failing_sink_costs_only_its_own_events(hosted):
+    engine, _, remote = hosted
+    front = remote()
+    front.cancel("never-submitted")
+    engine.wait_for(("cancel", "never-submitted"))
+
+    def broken(event) -> None:
+        raise RuntimeError("sink bug")
+
+    good, good_done, good_sink = _collector()
+    front.submit(_request("bad"), broken)
+    front.submit(_request("good", "c2"), good_sink)
+    engine.wait_for(("submit", "good", "c2"))
+    engine.emit("bad", [TextDelta("bad", "x"), _done("bad")])
+    engine.emit("good", [TextDelta("good", "y"), _done("good")])
+    assert good_done.wait(5)
+    assert [type(e) for e in good] == [TextDelta, TurnDone]
+    assert front.health().alive
+
+
+def test_a_front_end_that_hangs_up_leaves_no_turn_or_conversation(hosted):
+    engine, _host, remote = hosted
+    front = remote()
+    _, _, sink = _collector()
+    front.submit(_request("live"), sink)
+    front.submit(_request("spec", "c2", speculative=True), sink)
+    front.submit(_request("done", "c3"), sink)
+    engine.wait_for(("submit", "done", "c3"))
+    engine.emit("done", [_done("done")])
+    time.sleep(0.2)
+    front.close()
+    for command in (("cancel", "live"), ("discard", "spec"), ("close", "c1"), ("close", "c2"), ("close", "c3")):
+        engine.wait_for(command)
+    assert ("cancel", "done") not in engine.commands
+
+
+def test_global_session_tickets_and_release_when_a_front_end_goes(hosted):
+    _, host, remote = hosted
+    one, two = remote(), remote()
+
+    async def scenario() -> None:
+        first, second = one.session_tickets(), two.session_tickets()
+        assert await first.acquire() and await second.acquire()
+        assert not await second.acquire() and not await first.acquire()  # max_sessions=2 across both
+        first.release()
+        await asyncio.sleep(0.1)
+        assert await second.acquire()
+        two.close()  # holds 2 tickets; they come back with its connection
+        deadline = time.monotonic() + 5
+        while host.status().sessions and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert host.status().sessions == 0
+        assert await first.acquire()
+
+    asyncio.run(scenario())
+
+
+def test_dead_engine_reaches_the_front_end_and_fails_its_turns(hosted):
+    engine, host, remote = hosted
+    front = remote()
+    got, done, sink = _collector()
+    front.submit(_request("t"), sink)
+    engine.wait_for(("submit", "t", "c1"))
+    engine.alive = EngineHealth(False, "engine thread died")
+    deadline = time.monotonic() + 1.0
+    while front.health().alive and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert front.health() == EngineHealth(False, "engine thread died")
+    host.close()  # the engine process goes away: its open turns fail at once
+    assert done.wait(2)
+    assert isinstance(got[-1], TurnFailed) and got[-1].code is FailureCode.ENGINE_UNAVAILABLE
+    late, late_done, late_sink = _collector()
+    front.submit(_request("after"), late_sink)
+    assert late_done.is_set() and late[0].code is FailureCode.ENGINE_UNAVAILABLE
+
+
+async def test_a_server_on_a_remote_engine_serves_validated_turns(tmp_path):
+    """RealtimeServer on a RemoteEngine (one process, the host on a thread): frames validate, health shows the front end."""
+    stub = StubEngine()
+    authkey = secrets.token_bytes(16)
+    host = EngineHost(stub, str(tmp_path / "e.sock"), authkey, VoicesConfig(), max_sessions=1)
+    host.start()
+    front = await asyncio.to_thread(RemoteEngine.connect, host.address, authkey)
+    cfg = load_config(None, ["server.port=0"])
+    try:
+        async with RealtimeServer(cfg, front, tickets=front.session_tickets(), frontend=3) as srv:
+            client = WsClient(await connect(f"ws://127.0.0.1:{srv.port}/v1/realtime"), Dialect.GA)
+            assert client.ws.response.headers[FRONTEND_HEADER] == "3"
+            assert (await client.recv())["type"] == "session.created"
+            with pytest.raises(ConnectionClosed) as refused:  # max_sessions=1 held by the host
+                extra = await connect(f"ws://127.0.0.1:{srv.port}/v1/realtime")
+                await extra.recv()
+            assert refused.value.rcvd.code == CloseCode.TRY_AGAIN_LATER
+            await client.send(type="conversation.item.create", item={
+                "type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]})
+            await client.send(type="response.create")
+            frames = await client.recv_until("response.done", timeout=20)
+            assert frames[-1]["response"]["status"] == "completed", frames[-1]
+            assert any(f["type"] == "response.output_audio.delta" for f in frames)
+            status, _, body = await http_request(srv.port, "/health")
+            assert status == 200 and json.loads(body)["frontend"]["index"] == 3
+            await client.ws.close()
+    finally:
+        front.close()
+        host.close()
+        stub.close()
+
+
+# ---- the CLI: two front-end processes -------------------------------------------------------------
+
+async def _session(port: int) -> tuple[WsClient, str]:
+    ws = await connect(f"ws://127.0.0.1:{port}/v1/realtime")
+    client = WsClient(ws, Dialect.GA)
+    assert (await client.recv())["type"] == "session.created"
+    return client, ws.response.headers[FRONTEND_HEADER]
+
+
+async def _text_turn(client: WsClient) -> dict:
+    await client.send(type="conversation.item.create", item={
+        "type": "message", "role": "user", "content": [{"type": "input_text", "text": "hello"}]})
+    await client.send(type="response.create", response={"max_output_tokens": 6})
+    return (await client.recv_until("response.done", timeout=60))[-1]["response"]
+
+
+async def _spoken_turn(client: WsClient) -> dict:
+    await client.send(type="session.update", session={"type": "realtime", "audio": {"input": {"turn_detection": None}}})
+    await client.recv_until("session.updated")
+    await client.append_audio(np.sin(np.linspace(0, 300 * np.pi, 24000)).astype(np.float32) * 0.3)
+    await client.send(type="input_audio_buffer.commit")
+    await client.send(type="response.create", response={"max_output_tokens": 6})
+    return (await client.recv_until("response.done", timeout=60))[-1]["response"]
+
+
+async def _frontend_pids(port: int) -> dict[int, int]:
+    pids = {}
+    for _ in range(40):
+        status, _, body = await http_request(port, "/health")
+        if status == 200:
+            info = json.loads(body)["frontend"]
+            pids[info["index"]] = info["pid"]
+        if len(pids) == 2:
+            break
+    return pids
+
+
+def test_two_front_ends_share_the_port_the_limit_and_a_drain():
+    """Sessions on both front ends answer spoken and text turns; max_sessions is the server's; SIGTERM exits 0."""
+
+    async def scenario(port: int) -> None:
+        clients: dict[str, WsClient] = {}
+        extra: list[WsClient] = []
+        for _ in range(4):  # the kernel picks the process: open until each front end holds one (limit 4)
+            client, index = await _session(port)
+            if index in clients:
+                extra.append(client)
+            else:
+                clients[index] = client
+            if len(clients) == 2:
+                break
+        assert set(clients) == {"0", "1"}, "every session landed on one front end"
+        for client in clients.values():
+            assert (await _text_turn(client))["status"] in ("completed", "incomplete")
+            assert (await _spoken_turn(client))["status"] in ("completed", "incomplete")
+        while len(clients) + len(extra) < 4:
+            extra.append((await _session(port))[0])
+        with pytest.raises(ConnectionClosed) as refused:  # 4 open across two processes: the fifth waits
+            over = await connect(f"ws://127.0.0.1:{port}/v1/realtime")
+            await over.recv()
+        assert refused.value.rcvd.code == CloseCode.TRY_AGAIN_LATER
+        status, _, body = await http_request(port, "/health/ready")
+        assert status == 503 and json.loads(body)["reason"] == "at max_sessions"
+        for client in [*clients.values(), *extra]:
+            await client.ws.close()
+
+    with served_cli("--set", "server.frontend_processes=2", "--set", "server.limits.max_sessions=4") as server:
+        asyncio.run(scenario(server.port))
+        assert server.stop(signal.SIGTERM, timeout=30) == 0
+
+
+def test_a_killed_front_end_is_restarted_and_its_tickets_come_back():
+    async def scenario(port: int) -> None:
+        pids = await _frontend_pids(port)
+        assert set(pids) == {0, 1}
+        held = [await _session(port) for _ in range(2)]  # max_sessions=2: full
+        os.kill(pids[0], signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        fresh: dict[int, int] = {}
+        while time.monotonic() < deadline:
+            fresh = await _frontend_pids(port)
+            if fresh.get(0) not in (None, pids[0]) and fresh.get(1) == pids[1]:
+                break
+            await asyncio.sleep(0.5)
+        assert fresh.get(0) not in (None, pids[0]) and fresh[1] == pids[1], fresh
+        for client, index in held:
+            if index == "1":
+                await client.ws.close()
+        # the dead process's sessions gave their tickets back: both slots open again
+        fresh_sessions = [await _session(port) for _ in range(2)]
+        client, _ = fresh_sessions[0]
+        assert (await _text_turn(client))["status"] in ("completed", "incomplete")
+        for client, _ in fresh_sessions:
+            await client.ws.close()
+
+    with served_cli("--set", "server.frontend_processes=2", "--set", "server.limits.max_sessions=2") as server:
+        asyncio.run(scenario(server.port))
+        assert server.stop(signal.SIGTERM, timeout=30) == 0
+        assert "exited with code -9" in server.output and "restarting it" in server.output
