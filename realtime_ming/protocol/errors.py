@@ -334,6 +334,11 @@ class ErrorCode(StrEnum):
         _SERVER,
         "The model engine could not prepare the prompt of response '{response_id}'; later responses are unaffected.",
     )
+    ENGINE_TASK_UNAVAILABLE = (
+        "engine_task_unavailable",
+        _SERVER,
+        "The model engine does not run the task of response '{response_id}' (e.g. the turn judgement is off).",
+    )
     INVALID_PROMPT = (
         "invalid_prompt",
         _INVALID,
