@@ -96,13 +96,14 @@ def instrument(engine: Engine) -> StepClock:
     thinker, talker = engine._thinker, engine._talker
     clock.wrap(thinker, "launch", "thinker_launch")  # queues the thinker's GPU work
     clock.wrap(thinker, "collect", "thinker_collect")  # waits for it (after the talker's step)
-    clock.wrap(talker, "launch", "talker_launch")  # starts jobs, queues the step's graph
+    clock.wrap(talker, "launch", "talker_launch")  # starts jobs, queues the step's graph (every replica's)
     clock.wrap(talker, "finish", "talker_finish")  # waits for it: stop decisions, VAE chunk, PCM
-    clock.wrap(talker, "_launch_advance", "talker_advance", rows=talker.num_streams)  # runs only with streams
-    clock.wrap(engine.bundle.talker, "prefill", "talker_prefill")
-    clock.wrap(engine.bundle.talker, "decode_lm", "talker_lm")
-    clock.wrap(engine.bundle.talker, "tail_step", "talker_cfm_tail")
-    clock.wrap(talker, "vae_step", "vae_chunk")
+    for runner in getattr(talker, "runners", [talker]):  # a talker pool: each replica's runner, summed per label
+        clock.wrap(runner, "_launch_advance", "talker_advance", rows=runner.num_streams)  # runs only with streams
+        clock.wrap(runner.talker, "prefill", "talker_prefill")
+        clock.wrap(runner.talker, "decode_lm", "talker_lm")
+        clock.wrap(runner.talker, "tail_step", "talker_cfm_tail")
+        clock.wrap(runner, "vae_step", "vae_chunk")
     return clock
 
 
@@ -224,7 +225,10 @@ def markdown(meta: dict, summary: dict) -> str:
                   + (f", thinker as one rank of TP={ec['bench_tp_shadow']} with collectives skipped"
                      if ec.get("bench_tp_shadow", 1) > 1 else "") + ")")
     work = (f"Model: {model}. Every turn: {meta['max_tokens']} thinker tokens (forced reply, "
-            f"ignore_eos); spoken turns add the talker at {meta['steps_per_word']} steps per word. "
+            f"ignore_eos); spoken turns add the talker at {meta['steps_per_word']} steps per word"
+            + (f" ({len(meta['talker_devices'])} talker replicas, on {', '.join(meta['talker_devices'])}: "
+               "talker streams/step and the talker rows of the thread table are per replica step)"
+               if len(meta.get("talker_devices") or []) > 1 else "") + ". "
             + ("N turns are submitted at once" if meta.get("waves", 1) == 1 else
                f"N turns in flight, closed loop: each finished turn is replaced at once until N × {meta['waves']} "
                "have run (turns/s = all of them / wall)")
@@ -262,12 +266,14 @@ def write_results(out: Path, stem: str, meta: dict, summary: dict, samples: list
     print(f"wrote {out}/{stem}.json and {stem}.md")
 
 def bench_engine_config(config: str | None, overrides: list[str], levels: list[int], steps_per_word: int) -> EngineConfig:
-    """The engine config of a benchmark: `config`'s engine section (with `overrides`), else the tiny CPU model;
-    either way slots and talker streams for the largest level, the scripted reply, fixed-length talker turns."""
-    if config:
+    """The engine config of a benchmark: `config`'s engine section (with `overrides`), else the tiny CPU model
+    (with `overrides`, e.g. engine.placement.talker_devices=[cpu,cpu]); either way slots and talker streams (per
+    talker replica) for the largest level, the scripted reply, fixed-length talker turns."""
+    if config or overrides:
         from realtime_ming.server import load_config
 
-        base = load_config(config, overrides).engine
+        # the tiny model's own default: 1024-token slots, unless an override says otherwise
+        base = load_config(config, overrides if config else ["engine.thinker.max_seq_len=1024", *overrides]).engine
         return dataclasses.replace(
             base, thinker=dataclasses.replace(base.thinker, max_slots=max(*levels, base.thinker.max_slots),
                                               forced_reply=REPLY),
@@ -291,7 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--config", default=None, help="a server config whose engine section to use (e.g. "
                     "bench/configs/shadow-tp2-1gpu.yaml on a GPU); default: the tiny CPU engine")
-    ap.add_argument("--set", action="append", default=[], help="config overrides a.b=c (with --config)")
+    ap.add_argument("--set", action="append", default=[], help="config overrides a.b=c (of --config, else of the "
+                    "tiny CPU engine), e.g. --set 'engine.placement.talker_devices=[cuda:2,cuda:3]'")
     args = ap.parse_args(argv)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -306,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     t = time.monotonic()
     engine = Engine.create(cfg)  # includes one warm-up turn
     print(f"engine ready in {time.monotonic() - t:.1f} s", flush=True)
+    talker_devices = engine.info().get("talker_devices", [])
     clock = instrument(engine)
     samples = []
     try:
@@ -330,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python -m bench.engine_bench " + " ".join(argv if argv is not None else sys.argv[1:]),
         "max_tokens": args.max_tokens, "steps_per_word": args.steps_per_word, "rounds": args.rounds, "waves": args.waves,
         "levels": levels, "modes": modes, "engine_config": dataclasses.asdict(cfg), "loadavg": load_at_start,
+        "talker_devices": talker_devices,
     }
     write_results(out, "engine_bench", meta, summary, samples, markdown(meta, summary))
     return 0

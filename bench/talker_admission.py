@@ -50,8 +50,7 @@ class AdmissionProbe:
         self.marks: dict[str, dict[Stage, tuple[float, int]]] = defaultdict(dict)  # turn -> stage -> (t, step)
         self.start_s: list[float] = []  # per talker job started
         self.admit_s: list[float] = []  # per `_admit` call that started a job
-        talker = engine._talker
-        step, mark, start, admit = engine._step, engine._mark, talker._start, talker._admit
+        step, mark = engine._step, engine._mark
 
         def timed_step():
             self.steps += 1
@@ -64,6 +63,13 @@ class AdmissionProbe:
         def recorded_mark(turn, stage):
             mark(turn, stage)
             self.marks[turn.request.turn_id].setdefault(stage, (turn.stages[stage], self.steps))
+
+        engine._step, engine._mark = timed_step, recorded_mark
+        for runner in getattr(engine._talker, "runners", [engine._talker]):  # a talker pool: every replica's runner
+            self._wrap_admission(runner)
+
+    def _wrap_admission(self, talker) -> None:
+        start, admit = talker._start, talker._admit
 
         def timed_start(job, queue):
             t0 = time.perf_counter()
@@ -80,7 +86,7 @@ class AdmissionProbe:
                 if len(self.start_s) > n:
                     self.admit_s.append(time.perf_counter() - t0)
 
-        engine._step, engine._mark, talker._start, talker._admit = timed_step, recorded_mark, timed_start, timed_admit
+        talker._start, talker._admit = timed_start, timed_admit
 
     def reset(self) -> None:
         self.marks.clear()
@@ -161,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps-per-word", type=int, default=2)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = leave torch's default)")
     ap.add_argument("--config", default=None, help="a server config whose engine section to use (GPU runs)")
-    ap.add_argument("--set", action="append", default=[], help="config overrides a.b=c (with --config)")
+    ap.add_argument("--set", action="append", default=[], help="config overrides a.b=c (of --config, else of the tiny CPU engine)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     if args.threads > 0:

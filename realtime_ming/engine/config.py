@@ -13,16 +13,48 @@ _DTYPES = ("float32", "bfloat16", "float16")
 
 @dataclass(frozen=True, slots=True)
 class PlacementConfig:
-    """Which device runs each stage. The thinker spans `thinker_devices` with tensor parallelism."""
+    """Which device runs each stage. The thinker spans `thinker_devices` with tensor parallelism.
+
+    The talker runs as one replica on `talker_device` with its AudioVAE on `vae_device` (both default cpu), or,
+    with `talker_devices` (a list), as one full talker + AudioVAE replica per listed device (data parallel: each
+    turn is spoken by one replica; a device may be listed twice). With the list, each replica's VAE is on its own
+    talker device: `talker_device` and `vae_device` may then be left out or set to the list's first device (what
+    both read back as), anything else is an error.
+    """
 
     thinker_devices: tuple[str, ...] = ("cpu",)
-    talker_device: str = "cpu"
+    talker_device: str | None = None  # None: cpu, or talker_devices[0]
     encoder_device: str = "cpu"
-    vae_device: str = "cpu"
+    vae_device: str | None = None  # None: cpu, or talker_devices[0]
+    talker_devices: tuple[str, ...] = ()  # () = the one replica of talker_device / vae_device
+
+    def __post_init__(self):
+        if not self.thinker_devices:
+            raise ValueError("engine.placement.thinker_devices must name at least one device")
+        if not self.talker_devices:
+            object.__setattr__(self, "talker_device", self.talker_device or "cpu")
+            object.__setattr__(self, "vae_device", self.vae_device or "cpu")
+            return
+        first = self.talker_devices[0]
+        for key in ("talker_device", "vae_device"):
+            value = getattr(self, key)
+            if value is not None and value != first:
+                raise ValueError(
+                    f"engine.placement.{key} is {value!r} but engine.placement.talker_devices is "
+                    f"{list(self.talker_devices)}: with talker_devices every replica's talker and VAE are on its "
+                    f"own listed device, so {key} must be left out (null) or be the first one, {first!r}")
+            object.__setattr__(self, key, first)
 
     @property
     def tp_size(self) -> int:
         return len(self.thinker_devices)
+
+    @property
+    def talker_replicas(self) -> tuple[tuple[str, str], ...]:
+        """(talker device, VAE device) of each talker replica, in order (one without `talker_devices`)."""
+        if not self.talker_devices:
+            return ((self.talker_device, self.vae_device),)
+        return tuple((d, d) for d in self.talker_devices)
 
 
 ALL_REDUCE = ("nccl", "one_shot")  # engine.thinker.all_reduce

@@ -59,7 +59,7 @@ from .supervision import (
     dead_workers,
     fault_injection_enabled,
 )
-from .talker_runner import TalkerRunner
+from .talker_pool import make_talker
 from .thinker_runner import ThinkerRunner
 
 __all__ = ["Engine", "EngineStats"]
@@ -78,7 +78,7 @@ class Engine(Admission):
         self._parked: dict[str, _Turn] = {}  # speculative turns that ended before confirm/discard
         self._forks: list[_Turn] = []  # prepared side requests waiting for their source's prefill (`fork_ready`)
         self._thinker = ThinkerRunner(bundle, cfg, wake=lambda: self._put(Wake()))  # an admission's encoders finished
-        self._talker = TalkerRunner(bundle, cfg) if bundle.has_talker else None
+        self._talker = make_talker(bundle, cfg) if bundle.has_talker else None  # a pool over several replicas
         self._stopping = False
         self._in_flight = None  # the thinker step queued at the end of the last engine step, collected by the next
         # `_dead` (None while serving) is set once, under `_lock`, which also orders every delivery to a sink, so

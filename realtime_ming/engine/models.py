@@ -24,7 +24,7 @@ from ..model.image_processing import MAX_ASPECT_RATIO, VisionInput, image_grid, 
 from ..model.kernels import TRITON, Kernels
 from ..model.kernels import available as triton_available
 from ..model.layers import TPGroup
-from ..model.loader import init_dummy, load_weights, read_weight_map
+from ..model.loader import init_dummy, load_weights, materialize, read_weight_map
 from ..model.presets import preset_config
 from ..model.talker import Talker, TalkerSpecialIds, VoicePrompt
 from ..model.thinker import Thinker
@@ -34,6 +34,7 @@ from ..model.vae import AudioVAE
 from ..model.vision import VisionProjector, VisionTransformer
 from .audio_graphs import AudioEncoderGraphs
 from .config import EngineConfig
+from .talker_replica import TalkerReplica
 from .voice_prompt import VoiceEncoder
 
 __all__ = ["ModelBundle", "TINY_NOTICE"]
@@ -49,14 +50,27 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 def _build(cls, *args, weights=None, prefix="", device, dtype, seed, what, progress=None,
            kernels: Kernels | None = None):
-    with torch.device("meta"):
-        module = cls(*args) if kernels is None else cls(*args, kernels=kernels)
+    module = _meta(cls, args, kernels)
     if weights is None:
         init_dummy(module, seed=seed, device=device, dtype=dtype)
     else:
         cb = (lambda d, t: progress(what, d, t)) if progress else None
         load_weights(module, weights, prefix=prefix, device=device, dtype=dtype, what=what, progress=cb)
     return module.eval()
+
+
+def _meta(cls, args: tuple, kernels: Kernels | None):
+    with torch.device("meta"):
+        return cls(*args) if kernels is None else cls(*args, kernels=kernels)
+
+
+def _replicate(module, cls, *args, device, dtype, kernels: Kernels | None = None):
+    """A copy of `module` (built as `cls(*args)`) on `device`: the same parameters and persistent buffers,
+    copied tensor for tensor (computed buffers are recomputed as at load)."""
+    copy = materialize(_meta(cls, args, kernels), device, dtype)
+    with torch.no_grad():
+        copy.load_state_dict(module.state_dict(), strict=True)
+    return copy.eval()
 
 
 @dataclass
@@ -82,6 +96,8 @@ class ModelBundle:
     devices: dict = field(default_factory=dict)
     audio_graphs: AudioEncoderGraphs | None = None  # the encoder + projector per clip-length bucket
     voice_encoder: VoiceEncoder | None = None  # registers voices (presets at load, clones at run time)
+    # the talker + VAE per `engine.placement.talker_replicas` entry; the first is `talker` / `vae` themselves
+    talker_replicas: list[TalkerReplica] = field(default_factory=list)
 
     has_talker = True
 
@@ -152,13 +168,20 @@ class ModelBundle:
         talker = _build(Talker, ck.talker, weights=talker_w, device=devices["talker"], what="talker", kernels=kernels,
                         **common)
         vae = _build(AudioVAE, ck.vae, weights=vae_w, device=devices["vae"], what="vae", kernels=kernels, **common)
+        replicas = [TalkerReplica(0, talker, vae, torch.device(devices["talker"]), torch.device(devices["vae"]))]
+        for i, (talker_dev, vae_dev) in enumerate(place.talker_replicas[1:], start=1):  # copies of the same tensors
+            replicas.append(TalkerReplica(
+                i, _replicate(talker, Talker, ck.talker, device=talker_dev, dtype=dtype, kernels=kernels),
+                _replicate(vae, AudioVAE, ck.vae, device=vae_dev, dtype=dtype, kernels=kernels),
+                torch.device(talker_dev), torch.device(vae_dev)))
         special = TalkerSpecialIds(**{
             f: _token_id(talker_tok, tok) for f, tok in (
                 ("im_start", "<|im_start|>"), ("im_end", "<|im_end|>"), ("vision_start", "<|vision_start|>"),
                 ("vision_pad", "<|vision_pad|>"), ("vision_end", "<|vision_end|>"), ("audio", "<audio>"),
                 ("audio_patch", "<audioPatch>"))})
         bundle = cls(name, ck, dtype, thinker, audio_encoder, audio_projector, vision, vision_projector, talker, vae,
-                     thinker_tok, talker_tok, special, is_tiny_default=tiny, devices=devices)
+                     thinker_tok, talker_tok, special, is_tiny_default=tiny, devices=devices,
+                     talker_replicas=replicas)
         bundle.audio_graphs = AudioEncoderGraphs(audio_encoder, audio_projector, ming.audio_config,
                                                  cfg.thinker.audio_buckets, dtype=dtype, device=devices["encoder"],
                                                  out_device=devices["thinker"], enforce_eager=cfg.enforce_eager)
@@ -284,6 +307,7 @@ class ModelBundle:
             "device": self.devices["thinker"],
             "tp_size": self.thinker.tp.size,
             "devices": dict(self.devices),
+            "talker_devices": [r.name for r in self.talker_replicas],
             "dtype": str(self.dtype).replace("torch.", ""),
             "voices": list(self.voices),
             "default_voice": self.default_voice,

@@ -33,6 +33,7 @@ from ..model.vae_stream import SilenceHolder, VAEStreamState
 from .config import EngineConfig
 from .graphs import upload
 from .models import ModelBundle
+from .talker_replica import TalkerReplica
 from .talker_step import Progress, TalkerPrefiller, TalkerStepper, VoiceHeadCache, prefill_buckets
 from .vae_step import VAEStepper
 from .voice_store import CustomVoice
@@ -93,16 +94,21 @@ class _Stream:
 
 
 class TalkerRunner:
-    """Runs on the engine thread only."""
+    """Runs on the engine thread only. `replica`: which of the bundle's talker replicas it steps (default the
+    first, i.e. `bundle.talker` / `bundle.vae`); `engine.talker.max_streams` rows of its own."""
 
-    def __init__(self, bundle: ModelBundle, cfg: EngineConfig):
+    def __init__(self, bundle: ModelBundle, cfg: EngineConfig, replica: TalkerReplica | None = None):
+        if replica is None:
+            replica = bundle.talker_replicas[0] if bundle.talker_replicas else TalkerReplica(
+                0, bundle.talker, bundle.vae, torch.device(bundle.devices["talker"]), torch.device(bundle.devices["vae"]))
         self.bundle = bundle
+        self.replica = replica
         self.cfg = cfg.talker
-        self.talker = bundle.talker
-        self.vae = bundle.vae
+        self.talker = replica.talker
+        self.vae = replica.vae
         tcfg = bundle.cfg.talker
-        self.device = torch.device(bundle.devices["talker"])
-        self.vae_device = torch.device(bundle.devices["vae"])
+        self.device = replica.device
+        self.vae_device = replica.vae_device
         self.dtype = bundle.dtype
         rows, hid, lat = self.cfg.max_streams, self.talker.hidden_size, self.talker.latent_dim
         self.patch = tcfg.patch_size
@@ -129,6 +135,8 @@ class TalkerRunner:
         # the talker's and the VAE's work goes to their own CUDA streams, so it runs beside the thinker's
         cuda = {d for d in (self.device, self.vae_device) if d.type == "cuda"}
         self._cuda_streams = [torch.cuda.Stream(d) for d in cuda]
+        for prompt, _ in bundle.voices.values():  # the presets on this replica's device now, not at a first job
+            replica.voices(prompt)
         for d in cuda:  # the state above was written on this thread's stream
             torch.cuda.synchronize(d)
         self.streams: list[_Stream] = []
@@ -297,8 +305,9 @@ class TalkerRunner:
     def _voice(self, voice: str | CustomVoice) -> tuple:
         """(VoicePrompt, transcript) of a checkpoint voice's name or of a cloned voice."""
         if isinstance(voice, CustomVoice):
-            return voice.prompt, voice.prompt_text
-        return self.bundle.voices[voice]
+            return self.replica.voices(voice.prompt), voice.prompt_text
+        prompt, text = self.bundle.voices[voice]
+        return self.replica.voices(prompt), text  # the voice on this replica's device (copied once)
 
     def _launch_advance(self) -> tuple:
         """Queue this step (every stream) and, when leads started this step, their second step (rows

@@ -133,7 +133,7 @@ def _check_devices(engine: EngineConfig) -> None:
     import torch
 
     place = engine.placement
-    names = (*place.thinker_devices, place.talker_device, place.encoder_device, place.vae_device)
+    names = (*place.thinker_devices, *place.talker_devices, place.talker_device, place.encoder_device, place.vae_device)
     cuda: list[torch.device] = []
     for name in names:
         try:
