@@ -288,6 +288,7 @@ FROZEN_CODES = {
     "engine_overloaded": ErrorType.SERVER,
     "replica_lost": ErrorType.SERVER,
     "engine_admission_failed": ErrorType.SERVER,
+    "engine_task_unavailable": ErrorType.SERVER,
     "invalid_prompt": ErrorType.INVALID_REQUEST,
     "server_shutting_down": ErrorType.SERVER,
     "invalid_text": ErrorType.INVALID_REQUEST,
