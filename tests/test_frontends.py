@@ -465,3 +465,83 @@ def test_a_burst_over_tls_spreads_over_both_front_ends(tmp_path):
         assert "wss://" in server.output
         asyncio.run(scenario(server.port))
         assert server.stop(signal.SIGTERM, timeout=30) == 0
+
+
+def test_a_voice_cloned_through_one_front_end_speaks_on_the_other_and_stays_its_keys(tmp_path):
+    """Register on one front end (HTTP), use it in a session on the other; list / delete are the key's on both."""
+    import requests
+    from server_support import espeak
+
+
+    key_a, key_b = "key-a", "key-b"
+    clip = espeak("Hello there, this is my own voice.", tmp_path, rate_hz=22050)
+
+    def voices(port: int, key: str, method: str = "GET", suffix: str = "", **kwargs) -> requests.Response:
+        return requests.request(method, f"http://127.0.0.1:{port}/v1/realtime/voices{suffix}", timeout=60,
+                                headers={"Authorization": f"Bearer {key}"}, **kwargs)
+
+    def on_each_front_end(port: int, key: str, method: str = "GET", suffix: str = "") -> dict[str, requests.Response]:
+        answers: dict[str, requests.Response] = {}
+        for _ in range(8):  # consecutive requests alternate between the two (least-loaded hand-off)
+            r = voices(port, key, method, suffix)
+            answers.setdefault(r.headers[FRONTEND_HEADER], r)
+            if len(answers) == 2:
+                break
+        assert set(answers) == {"0", "1"}, "one front end answered every request"
+        return answers
+
+    async def session_on(port: int, key: str, avoid: str) -> WsClient:
+        for _ in range(4):
+            ws = await connect(f"ws://127.0.0.1:{port}/v1/realtime", additional_headers={"Authorization": f"Bearer {key}"})
+            client = WsClient(ws, Dialect.GA)
+            assert (await client.recv())["type"] == "session.created"
+            if ws.response.headers[FRONTEND_HEADER] != avoid:
+                return client
+            await ws.close()
+        raise AssertionError(f"every session landed on front end {avoid}")
+
+    async def scenario(port: int) -> None:
+        import io
+
+        import soundfile as sf
+
+        wav = io.BytesIO()
+        sf.write(wav, clip, 22050, subtype="PCM_16", format="WAV")
+        r = await asyncio.to_thread(voices, port, key_a, "POST", files={"audio_sample": ("me.wav", wav.getvalue(), "audio/wav")},
+                                    data={"transcript": "Hello there, this is my own voice.", "name": "mine"})
+        assert r.status_code == 200, r.text
+        voice, registered_on = r.json(), r.headers[FRONTEND_HEADER]
+        # a session on the other front end speaks in it
+        client = await session_on(port, key_a, avoid=registered_on)
+        await client.send(type="session.update", session={"type": "realtime", "audio": {"output": {"voice": {"id": voice["id"]}}}})
+        updated = (await client.recv_until("session.updated"))[-1]
+        assert updated["session"]["audio"]["output"]["voice"] == voice["id"]
+        await client.send(type="conversation.item.create", item={
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Say something."}]})
+        await client.send(type="response.create", response={"max_output_tokens": 24})
+        frames = await client.recv_until("response.done", timeout=60)
+        assert frames[-1]["response"]["status"] in ("completed", "incomplete"), frames[-1]
+        assert frames[-1]["response"]["audio"]["output"]["voice"] == voice["id"]
+        assert any(f["type"] == "response.output_audio.delta" for f in frames), [f["type"] for f in frames]
+        await client.ws.close()
+        # the key's list on both front ends; another key sees nothing on either, and cannot use it
+        for answer in (await asyncio.to_thread(on_each_front_end, port, key_a)).values():
+            assert [v["id"] for v in answer.json()["data"]] == [voice["id"]]
+        for answer in (await asyncio.to_thread(on_each_front_end, port, key_b)).values():
+            assert answer.status_code == 200 and answer.json()["data"] == []
+        for answer in (await asyncio.to_thread(on_each_front_end, port, key_b, "DELETE", "/" + voice["id"])).values():
+            assert answer.status_code == 404 and answer.json()["error"]["code"] == "voice_not_found"
+        other = await session_on(port, key_b, avoid="none")
+        await other.send(type="session.update", session={"type": "realtime", "audio": {"output": {"voice": {"id": voice["id"]}}}})
+        assert (await other.expect_error("voice_not_found"))["param"] == "session.audio.output.voice"
+        await other.ws.close()
+        # deleted through one front end: gone on both
+        gone = await asyncio.to_thread(voices, port, key_a, "DELETE", "/" + voice["id"])
+        assert gone.json() == {"id": voice["id"], "object": "audio.voice.deleted", "deleted": True}
+        for answer in (await asyncio.to_thread(on_each_front_end, port, key_a, "GET", "/" + voice["id"])).values():
+            assert answer.status_code == 404 and answer.json()["error"]["code"] == "voice_not_found"
+
+    with served_cli("--set", "server.frontend_processes=2", "--set", f"server.auth.api_keys=[{key_a}, {key_b}]",
+                    "--set", "server.voices.max_duration_s=8") as server:
+        asyncio.run(scenario(server.port))
+        assert server.stop(signal.SIGTERM, timeout=30) == 0
