@@ -18,7 +18,12 @@ import sys
 import threading
 from typing import Any
 
-from .config import REPLICA_DEPLOYMENT, ClusterConfig, load_cluster_config, load_replica_config
+from .config import (
+    REPLICA_DEPLOYMENT,
+    ClusterConfig,
+    load_cluster_config,
+    load_replica_config,
+)
 
 __all__ = ["REPLICA_DEPLOYMENT", "app_builder", "build_apps", "deployment_options", "front_builder", "run_cluster"]
 
