@@ -157,3 +157,29 @@ def test_cluster_config_data_path_keys():
                      ({"direct_port_range": [8000]}, "direct_port_range"), ({"lease_ttl_s": 0}, "lease_ttl_s")):
         with pytest.raises(ClusterConfigError, match=key):
             load_cluster_config(None, **bad)
+
+
+def test_a_replica_config_with_front_end_processes_is_refused_at_load(tmp_path):
+    """A replica never starts `server.frontend_processes`: any value but 1 is a config error, not a silent no-op."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from realtime_ming.cluster.app import deployment_options
+    from realtime_ming.cluster.config import load_replica_config
+
+    assert load_replica_config(None, ["server.frontend_processes=1"]).server.frontend_processes == 1
+    served = tmp_path / "serve.yaml"
+    served.write_text("server:\n  frontend_processes: 4\n")
+    for cluster in (load_cluster_config(None, overrides=["server.frontend_processes=2"]),
+                    load_cluster_config(None, server_config=str(served))):
+        with pytest.raises(ClusterConfigError, match=r"server\.frontend_processes=\d: a cluster replica"):
+            load_replica_config(cluster.server_config, cluster.overrides)
+        with pytest.raises(ClusterConfigError, match="frontend_processes"):
+            deployment_options(cluster)  # what `run_cluster` / a `serve deploy` build calls first
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-m", "realtime_ming.cli", "serve-cluster", "--set",
+                           "server.frontend_processes=2"], check=False, cwd=root, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "cluster config error: server.frontend_processes=2" in done.stderr
+    assert "Ray" not in done.stderr.split("cluster config error")[0]  # refused before any Ray start

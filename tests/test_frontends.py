@@ -371,3 +371,177 @@ def test_a_killed_front_end_is_restarted_and_its_tickets_come_back():
         asyncio.run(scenario(server.port))
         assert server.stop(signal.SIGTERM, timeout=30) == 0
         assert "exited with code -9" in server.output and "restarting it" in server.output
+
+
+# ---- connection hand-off: the engine process accepts, the least-loaded front end serves ----------------
+
+def _handed(channel, timeout: float = 5.0):
+    """The one connection waiting on a front end's end of a hand-off channel, as a socket."""
+    import socket
+
+    channel.settimeout(timeout)
+    _, fds, _, _ = socket.recv_fds(channel, 16, 1)
+    assert len(fds) == 1
+    return socket.socket(fileno=fds[0])
+
+
+def test_dispatcher_spreads_by_open_connections_and_rehands_what_a_dead_front_end_never_received():
+    import socket
+
+    from realtime_ming.server.handoff import _CLOSED, _RECEIVED, _REPORT, Dispatcher
+    from realtime_ming.server.startup import open_listener
+
+    listener = open_listener("127.0.0.1", 0)
+    port = listener.getsockname()[1]
+    dispatcher = Dispatcher(listener, 2)
+    ends = [dispatcher.new_channel(0), dispatcher.new_channel(1)]
+    clients = []
+    try:
+        clients.append(socket.create_connection(("127.0.0.1", port)))
+        dispatcher.run_for(0.2)
+        assert dispatcher.handed == [0, 0], "a connection went to a front end that is not ready"
+        for i in (0, 1):
+            dispatcher.mark_ready(i)
+        clients += [socket.create_connection(("127.0.0.1", port)) for _ in range(3)]
+        deadline = time.monotonic() + 5
+        while sum(dispatcher.handed) < 4 and time.monotonic() < deadline:
+            dispatcher.run_for(0.05)
+        assert sorted(dispatcher.handed) == [2, 2] and dispatcher.open == [2, 2]
+        ends[0].send(_REPORT.pack(_RECEIVED, 2))  # front end 0 took both, and one of them closed
+        ends[0].send(_REPORT.pack(_CLOSED, 1))
+        dispatcher.run_for(0.1)
+        assert dispatcher.open == [1, 2]
+        clients.append(socket.create_connection(("127.0.0.1", port)))
+        while sum(dispatcher.handed) < 5 and time.monotonic() < deadline:
+            dispatcher.run_for(0.05)
+        assert dispatcher.handed == [3, 2], "the next connection did not go to the least-loaded front end"
+        # front end 1 dies without receiving its two: they go to front end 0, still the clients' connections
+        ends[1].close()
+        dispatcher.run_for(0.1)
+        assert not dispatcher.ready[1] and dispatcher.handed == [5, 2]
+        got = [_handed(ends[0]) for _ in range(5)]  # its 3, then front end 1's 2: every client's connection
+        for conn in got:
+            conn.sendall(b"still yours")
+        for client in clients:
+            client.settimeout(5)
+            assert client.recv(32) == b"still yours"
+        for conn in got:
+            conn.close()
+    finally:
+        for sock in (*clients, *ends):
+            sock.close()
+        dispatcher.close()
+        listener.close()
+
+
+def test_a_burst_over_tls_spreads_over_both_front_ends(tmp_path):
+    """8 wss:// sessions opened at once land 4 + 4 (the least-loaded hand-off); TLS ends in the front ends."""
+    trustme = pytest.importorskip("trustme")
+    import ssl
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    certfile, keyfile = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert.private_key_and_cert_chain_pem.write_to_path(str(certfile))
+    cert.private_key_pem.write_to_path(str(keyfile))
+    client_tls = ssl.create_default_context()
+    ca.configure_trust(client_tls)
+
+    async def scenario(port: int) -> None:
+        async def one():
+            ws = await connect(f"wss://127.0.0.1:{port}/v1/realtime", ssl=client_tls, open_timeout=60)
+            assert json.loads(await ws.recv())["type"] == "session.created"
+            return ws
+
+        sockets = await asyncio.gather(*(one() for _ in range(8)))
+        split = [ws.response.headers[FRONTEND_HEADER] for ws in sockets]
+        # exact (4 + 4) unless a close report was still in flight: never worse than 5 + 3
+        assert {split.count("0"), split.count("1")} <= {3, 4, 5} and set(split) == {"0", "1"}, split
+        assert (await _text_turn(WsClient(sockets[0], Dialect.GA)))["status"] in ("completed", "incomplete")
+        await asyncio.gather(*(ws.close() for ws in sockets))
+
+    with served_cli("--set", "server.frontend_processes=2", "--set", f"server.tls.certfile={certfile}",
+                    "--set", f"server.tls.keyfile={keyfile}") as server:
+        assert "wss://" in server.output
+        asyncio.run(scenario(server.port))
+        assert server.stop(signal.SIGTERM, timeout=30) == 0
+
+
+def test_a_voice_cloned_through_one_front_end_speaks_on_the_other_and_stays_its_keys(tmp_path):
+    """Register on one front end (HTTP), use it in a session on the other; list / delete are the key's on both."""
+    import requests
+    from server_support import espeak
+
+
+    key_a, key_b = "key-a", "key-b"
+    clip = espeak("Hello there, this is my own voice.", tmp_path, rate_hz=22050)
+
+    def voices(port: int, key: str, method: str = "GET", suffix: str = "", **kwargs) -> requests.Response:
+        return requests.request(method, f"http://127.0.0.1:{port}/v1/realtime/voices{suffix}", timeout=60,
+                                headers={"Authorization": f"Bearer {key}"}, **kwargs)
+
+    def on_each_front_end(port: int, key: str, method: str = "GET", suffix: str = "") -> dict[str, requests.Response]:
+        answers: dict[str, requests.Response] = {}
+        for _ in range(8):  # consecutive requests alternate between the two (least-loaded hand-off)
+            r = voices(port, key, method, suffix)
+            answers.setdefault(r.headers[FRONTEND_HEADER], r)
+            if len(answers) == 2:
+                break
+        assert set(answers) == {"0", "1"}, "one front end answered every request"
+        return answers
+
+    async def session_on(port: int, key: str, avoid: str) -> WsClient:
+        for _ in range(4):
+            ws = await connect(f"ws://127.0.0.1:{port}/v1/realtime", additional_headers={"Authorization": f"Bearer {key}"})
+            client = WsClient(ws, Dialect.GA)
+            assert (await client.recv())["type"] == "session.created"
+            if ws.response.headers[FRONTEND_HEADER] != avoid:
+                return client
+            await ws.close()
+        raise AssertionError(f"every session landed on front end {avoid}")
+
+    async def scenario(port: int) -> None:
+        import io
+
+        import soundfile as sf
+
+        wav = io.BytesIO()
+        sf.write(wav, clip, 22050, subtype="PCM_16", format="WAV")
+        r = await asyncio.to_thread(voices, port, key_a, "POST", files={"audio_sample": ("me.wav", wav.getvalue(), "audio/wav")},
+                                    data={"transcript": "Hello there, this is my own voice.", "name": "mine"})
+        assert r.status_code == 200, r.text
+        voice, registered_on = r.json(), r.headers[FRONTEND_HEADER]
+        # a session on the other front end speaks in it
+        client = await session_on(port, key_a, avoid=registered_on)
+        await client.send(type="session.update", session={"type": "realtime", "audio": {"output": {"voice": {"id": voice["id"]}}}})
+        updated = (await client.recv_until("session.updated"))[-1]
+        assert updated["session"]["audio"]["output"]["voice"] == voice["id"]
+        await client.send(type="conversation.item.create", item={
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Say something."}]})
+        await client.send(type="response.create", response={"max_output_tokens": 24})
+        frames = await client.recv_until("response.done", timeout=60)
+        assert frames[-1]["response"]["status"] in ("completed", "incomplete"), frames[-1]
+        assert frames[-1]["response"]["audio"]["output"]["voice"] == voice["id"]
+        assert any(f["type"] == "response.output_audio.delta" for f in frames), [f["type"] for f in frames]
+        await client.ws.close()
+        # the key's list on both front ends; another key sees nothing on either, and cannot use it
+        for answer in (await asyncio.to_thread(on_each_front_end, port, key_a)).values():
+            assert [v["id"] for v in answer.json()["data"]] == [voice["id"]]
+        for answer in (await asyncio.to_thread(on_each_front_end, port, key_b)).values():
+            assert answer.status_code == 200 and answer.json()["data"] == []
+        for answer in (await asyncio.to_thread(on_each_front_end, port, key_b, "DELETE", "/" + voice["id"])).values():
+            assert answer.status_code == 404 and answer.json()["error"]["code"] == "voice_not_found"
+        other = await session_on(port, key_b, avoid="none")
+        await other.send(type="session.update", session={"type": "realtime", "audio": {"output": {"voice": {"id": voice["id"]}}}})
+        assert (await other.expect_error("voice_not_found"))["param"] == "session.audio.output.voice"
+        await other.ws.close()
+        # deleted through one front end: gone on both
+        gone = await asyncio.to_thread(voices, port, key_a, "DELETE", "/" + voice["id"])
+        assert gone.json() == {"id": voice["id"], "object": "audio.voice.deleted", "deleted": True}
+        for answer in (await asyncio.to_thread(on_each_front_end, port, key_a, "GET", "/" + voice["id"])).values():
+            assert answer.status_code == 404 and answer.json()["error"]["code"] == "voice_not_found"
+
+    with served_cli("--set", "server.frontend_processes=2", "--set", f"server.auth.api_keys=[{key_a}, {key_b}]",
+                    "--set", "server.voices.max_duration_s=8") as server:
+        asyncio.run(scenario(server.port))
+        assert server.stop(signal.SIGTERM, timeout=30) == 0

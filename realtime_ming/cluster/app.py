@@ -18,7 +18,12 @@ import sys
 import threading
 from typing import Any
 
-from .config import REPLICA_DEPLOYMENT, ClusterConfig, load_cluster_config
+from .config import (
+    REPLICA_DEPLOYMENT,
+    ClusterConfig,
+    load_cluster_config,
+    load_replica_config,
+)
 
 __all__ = ["REPLICA_DEPLOYMENT", "app_builder", "build_apps", "deployment_options", "front_builder", "run_cluster"]
 
@@ -32,9 +37,7 @@ WORKER_NICENESS_ENV = "RAY_worker_niceness"
 
 
 def _server_config(cluster: ClusterConfig):
-    from ..server.config import load_serve_config
-
-    return load_serve_config(cluster.server_config, list(cluster.overrides))
+    return load_replica_config(cluster.server_config, cluster.overrides)
 
 
 def deployment_options(cluster: ClusterConfig) -> dict[str, Any]:

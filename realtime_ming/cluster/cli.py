@@ -44,11 +44,14 @@ def run(args: argparse.Namespace) -> int:
         cluster = dataclasses.replace(cluster, **changes)
     except ClusterConfigError as exc:
         return _fail(f"cluster config error: {exc}")
-    from ..server.config import ConfigError, load_serve_config
+    from ..server.config import ConfigError
     from ..server.startup import StartupError, prepare
+    from .config import load_replica_config
 
     try:  # the replicas' config is checked here first: a bad one fails in a moment, not per replica
-        prepare(load_serve_config(cluster.server_config, list(cluster.overrides)))
+        prepare(load_replica_config(cluster.server_config, cluster.overrides))
+    except ClusterConfigError as exc:
+        return _fail(f"cluster config error: {exc}")
     except (ConfigError, StartupError) as exc:
         return _fail(exc)
     from .app import run_cluster

@@ -22,7 +22,8 @@ from typing import Any
 
 import yaml
 
-__all__ = ["DATA_PATHS", "REPLICA_DEPLOYMENT", "AutoscalingConfig", "ClusterConfig", "ClusterConfigError", "load_cluster_config"]
+__all__ = ["DATA_PATHS", "REPLICA_DEPLOYMENT", "AutoscalingConfig", "ClusterConfig", "ClusterConfigError", "check_replica_config",
+           "load_cluster_config", "load_replica_config"]
 
 DATA_PATHS = ("direct", "serve")
 REPLICA_DEPLOYMENT = "RealtimeReplica"  # the Serve deployment of the replicas (the proxy's lease calls name it)
@@ -137,3 +138,29 @@ def load_cluster_config(path: str | Path | None = None, **changes: Any) -> Clust
             raise ClusterConfigError(f"{path}: {exc}") from exc
     data.update({k: v for k, v in changes.items() if v is not None})
     return _build(ClusterConfig, data, "")
+
+
+def load_replica_config(server_config: str | Path | None, overrides: list[str] | tuple[str, ...]):
+    """The `realtime-ming serve` config every replica loads (`server_config` plus `overrides`), checked by
+    `check_replica_config`; raises `server.config.ConfigError` for a bad file or key, ClusterConfigError for
+    a setting a replica cannot honour."""
+    from ..server.config import load_serve_config
+
+    cfg = load_serve_config(server_config, list(overrides))
+    check_replica_config(cfg)
+    return cfg
+
+
+def check_replica_config(cfg: Any) -> None:
+    """Refuse (ClusterConfigError) a server config a replica would otherwise ignore in part.
+
+    A replica serves its sessions in its Ray actor (`cluster/replica.py`): it never starts the front-end
+    processes of `server.frontend_processes`, so any value but 1 is an error here, not a silent no-op
+    (scale a node with more replicas, or run `realtime-ming serve` with the field instead).
+    """
+    n = cfg.server.frontend_processes
+    if n != 1:
+        raise ClusterConfigError(
+            f"server.frontend_processes={n}: a cluster replica serves its sessions in its own Ray actor and "
+            "cannot run front-end processes; set it to 1 (add replicas to use more cores of a node, or run "
+            "`realtime-ming serve` with server.frontend_processes instead)")

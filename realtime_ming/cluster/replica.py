@@ -76,12 +76,13 @@ class RealtimeReplica:
 
         from ..server.app import RealtimeServer, load_engine
         from ..server.asgi import RealtimeAsgiApp
-        from ..server.config import TlsConfig, load_serve_config
+        from ..server.config import TlsConfig
         from ..server.startup import prepare
+        from .config import load_replica_config
         from .direct import DirectPort
         from .registry import registry_actor
 
-        cfg = prepare(load_serve_config(server_config, overrides))
+        cfg = prepare(load_replica_config(server_config, overrides))
         # TLS ends at Serve's proxy; the direct hop proxy -> replica is plain TCP inside the cluster
         cfg = dataclasses.replace(cfg, server=dataclasses.replace(cfg.server, tls=TlsConfig()))
         context = serve.get_replica_context()

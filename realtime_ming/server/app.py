@@ -41,6 +41,7 @@ from ..engine.api import EngineHandle, engine_health
 from ..protocol.session import DEFAULT_MODEL, DEFAULT_VOICE
 from .config import ServerConfig, config_to_dict, resolve_api_keys
 from .connection import ConnectionContext, serve_connection
+from .handoff import Adopter, HandoffLoop
 from .handshake import (
     HandshakeInfo,
     check_access,
@@ -108,13 +109,16 @@ class RealtimeServer:
 
     def __init__(self, cfg: ServerConfig, engine: ServingEngine, *, sock: socket.socket | None = None,
                  admit: Callable[[ServerConnection, Request], Response | None] | None = None,
-                 tickets: SessionTickets | None = None, frontend: int | None = None) -> None:
+                 tickets: SessionTickets | None = None, frontend: int | None = None,
+                 handoff: socket.socket | None = None) -> None:
         self.cfg = cfg = resolve_api_keys(cfg)
         self.engine = engine
         self._sock = sock
         self._admit = admit
         self._tickets = tickets  # max_sessions across the front-end processes (server/frontends.py); None: this one
         self._frontend = frontend  # this front end's index, shown in /health
+        self._handoff = handoff  # a front end's channel of handed-over connections (server/handoff.py); `sock` then
+        self._adopter: Adopter | None = None  # only names the port, nothing is accepted on it here
         self.metrics = ServerMetrics()
         self._info = dict(engine.info())
         self.model_id = cfg.server.model_id or str(self._info.get("model") or DEFAULT_MODEL)
@@ -189,6 +193,12 @@ class RealtimeServer:
         tls = ssl_context(self.cfg.server.tls)
         await self.prepare()
         sock = self._sock or open_listener(self.cfg.server.host, self.cfg.server.port)
+        extra: dict[str, Any] = {} if self._frontend is None else {"process_response": self._name_frontend}
+        loop = asyncio.get_running_loop()
+        if self._handoff is not None:  # connections arrive over the channel, not through accept()
+            if not isinstance(loop, HandoffLoop):
+                raise RuntimeError("a server with `handoff` runs on a handoff.HandoffLoop")
+            loop.adopt_on(sock)
         self._server = await serve(
             self._handle,
             sock=sock,
@@ -201,8 +211,11 @@ class RealtimeServer:
             max_queue=limits.max_inbound_frames,
             open_timeout=limits.open_timeout_s,
             create_connection=body_connection_factory(self.cfg.server.voices.max_upload_bytes),
-            **({} if self._frontend is None else {"process_response": self._name_frontend}),
+            **extra,
         )
+        if self._handoff is not None:
+            factory = loop.protocol_factory_for(sock)
+            self._adopter = Adopter(self._handoff, factory, tls, limits.open_timeout_s)
         log.info("listening on %s (HTTP on the same port)", self.url)
 
     async def prepare(self) -> None:
@@ -262,6 +275,8 @@ class RealtimeServer:
         self._turns.drain()
         server = self._server
         server.close(close_connections=False)  # stop accepting; the sessions are closed below with `code`
+        if self._adopter is not None:
+            self._adopter.close()  # and adopting handed-over connections
         timeout_s = self.cfg.server.limits.shutdown_timeout_s
         try:
             async with asyncio.timeout(timeout_s):

@@ -7,17 +7,18 @@ sessions saturate it and the engine thread, under the same GIL, starves. `run_fr
 (`app.run_server`), then:
 
 - hosts the engine for the front ends (`engine_host.EngineHost`, a unix socket with a random auth key);
-- starts N front ends (multiprocessing "spawn"), each the same `RealtimeServer` on the parent's listening
-  socket (inherited; the kernel hands each new connection to one of the processes waiting in accept), with
-  a `RemoteEngine` and the engine host's session tickets (`server.limits.max_sessions` is the whole
-  server's). The parent serves no WebSocket; the serving line is printed once every front end listens;
-  a front end that fails to start ends the start with its reason (exit 2);
+- starts N front ends (multiprocessing "spawn", server/frontend_process.py), each the same `RealtimeServer`
+  with a `RemoteEngine` and the engine host's session tickets (`server.limits.max_sessions` is the whole
+  server's). The parent serves no WebSocket: it accepts on the listening socket and hands each connection
+  to the ready front end with the fewest open connections (`handoff.Dispatcher`; a burst spreads evenly,
+  where N processes racing in accept() gave one of them most of it). The serving line is printed once every
+  front end listens; a front end that fails to start ends the start with its reason (exit 2);
 - supervises. SIGINT / SIGTERM: each front end gets one SIGTERM and drains as a single server does
   (a second signal closes at once), then the engine stops; exit 0. The engine dies: every front end sees it
   (503, open responses `failed` with `engine_unavailable`, sessions closed 1011) and exits, and so does
   this process, with `EXIT_ENGINE_DIED` (70). A front end dies: its sessions are lost (their clients
-  reconnect), the engine host ends its turns and frees its conversations and session tickets, and it is
-  restarted on the same socket; more than `_MAX_RESTARTS` deaths within `_RESTART_WINDOW_S` (a crash loop)
+  reconnect, as do those handed to it and not yet adopted), the engine host ends its turns and frees its
+  conversations and session tickets, no connection goes to it until it is restarted and ready; more than `_MAX_RESTARTS` deaths within `_RESTART_WINDOW_S` (a crash loop)
   stop the server with exit 70 instead.
 
 Each front end has its own `/metrics` (the sessions, turns and errors of the process that answered the
@@ -28,7 +29,6 @@ only, which forwards one SIGTERM; a front end whose parent is killed loses the e
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import logging
 import multiprocessing
@@ -43,10 +43,11 @@ import tempfile
 import time
 from multiprocessing.connection import Connection
 
-from .app import EXIT_ENGINE_DIED, ServingEngine, run_server, serve_until_signal
+from .app import EXIT_ENGINE_DIED, ServingEngine, run_server
 from .config import ServerConfig
 from .engine_host import EngineHost
-from .remote_engine import RemoteEngine
+from .frontend_process import frontend_main
+from .handoff import Dispatcher
 from .startup import StartupError
 
 __all__ = ["FrontEnds", "run_frontends", "serve_frontends"]
@@ -57,7 +58,6 @@ _START_TIMEOUT_S = 180.0  # a front end imports torch, loads the VAD / turn mode
 _MAX_RESTARTS = 5
 _RESTART_WINDOW_S = 60.0
 _POLL_S = 0.1
-_LOG_FORMAT = "%(asctime)s %(levelname)s {name} %(name)s: %(message)s"
 
 
 def run_frontends(cfg: ServerConfig) -> int:
@@ -89,12 +89,19 @@ class FrontEnds:
         self.status: list[Connection | None] = [None] * self.n
         self.deaths: collections.deque[float] = collections.deque()
         self.signals: queue.SimpleQueue[int] = queue.SimpleQueue()
+        self.dispatcher = Dispatcher(sock, self.n)
 
     def run(self) -> int:
         """Start, print the serving line, supervise until the end; the exit code."""
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda signum, _frame: self.signals.put(signum))
-        self.start()
+        try:
+            self.start()
+            return self._serve()
+        finally:
+            self.dispatcher.close()
+
+    def _serve(self) -> int:
         host, port = self.sock.getsockname()[:2]
         scheme = "wss" if self.cfg.server.tls.enabled else "ws"
         host = f"[{host}]" if ":" in host else host
@@ -126,11 +133,14 @@ class FrontEnds:
 
     def _start(self, i: int) -> None:
         status, child_status = self.ctx.Pipe(duplex=False)
+        channel = self.dispatcher.new_channel(i)
         level = logging.getLogger().getEffectiveLevel()
-        proc = self.ctx.Process(target=_frontend_main, name=f"realtime-ming-frontend-{i}", daemon=False,
-                                args=(self.cfg, i, self.sock, self.host.address, self.host.authkey, child_status, level))
+        proc = self.ctx.Process(target=frontend_main, name=f"realtime-ming-frontend-{i}", daemon=False,
+                                args=(self.cfg, i, self.sock, channel, self.host.address, self.host.authkey,
+                                      child_status, level))
         proc.start()
         child_status.close()
+        channel.close()  # the front end has its own copy: the channel ends when it does
         self.procs[i], self.status[i] = proc, status
 
     def _wait_started(self) -> None:
@@ -149,6 +159,7 @@ class FrontEnds:
                 if message[0] != "ready":
                     raise StartupError(f"front-end process {i} did not start: {message[1]}")
                 waiting.discard(i)
+                self.dispatcher.mark_ready(i)
             if time.monotonic() > deadline:
                 raise StartupError(f"front-end process(es) {sorted(waiting)} not listening after "
                                    f"{_START_TIMEOUT_S:.0f} s")
@@ -165,12 +176,21 @@ class FrontEnds:
         return None
 
     # ---- serve -------------------------------------------------------------------------------------------
+    def _wait(self, timeout_s: float) -> int | None:
+        """Hand out connections for up to `timeout_s`; a signal that arrived meanwhile, or None."""
+        try:
+            return self.signals.get_nowait()
+        except queue.Empty:
+            pass
+        self.dispatcher.run_for(timeout_s)
+        try:
+            return self.signals.get_nowait()
+        except queue.Empty:
+            return None
+
     def _supervise(self) -> int:
         while True:
-            try:
-                signum = self.signals.get(timeout=_POLL_S)
-            except queue.Empty:
-                signum = None
+            signum = self._wait(_POLL_S)
             if signum is not None:
                 return self._shut_down(signal.Signals(signum))
             health = self.host.status().health
@@ -178,13 +198,17 @@ class FrontEnds:
                 return self._engine_died(health.reason or "engine is not running")
             for i, proc in enumerate(self.procs):
                 message = self._status_of(i)
-                if message is not None and message[0] != "ready":
+                if message is not None and message[0] == "ready":
+                    self.dispatcher.mark_ready(i)
+                    log.info("front-end process %d (pid %s) is serving again", i, proc.pid)
+                elif message is not None:
                     log.error("front-end process %d could not restart: %s", i, message[1])
                 if not proc.is_alive() and not self._restart(i, proc.exitcode):
                     return EXIT_ENGINE_DIED
 
     def _restart(self, i: int, code: int | None) -> bool:
         """Front end `i` died: start it again (True), or False in a crash loop (then everything is stopped)."""
+        self.dispatcher.drop(i)  # nothing more goes to it; what it had not adopted is closed
         now = time.monotonic()
         self.deaths.append(now)
         while self.deaths and now - self.deaths[0] > _RESTART_WINDOW_S:
@@ -233,9 +257,8 @@ class FrontEnds:
                 os.kill(proc.pid, signum)
         deadline = time.monotonic() + wait_s
         while any(p.is_alive() for p in procs) and time.monotonic() < deadline:
-            try:
-                again = self.signals.get(timeout=_POLL_S)
-            except queue.Empty:
+            again = self._wait(_POLL_S)  # a draining front end answers new connections (1013, /health 503)
+            if again is None:
                 continue
             if forward_signals:
                 log.warning("%s again: closing the sessions now", signal.Signals(again).name)
@@ -248,37 +271,3 @@ class FrontEnds:
                 proc.kill()
             proc.join(5.0)
         return [p.exitcode for p in procs]
-
-
-def _frontend_main(cfg: ServerConfig, index: int, sock: socket.socket, address: str, authkey: bytes,
-                   status: Connection, level: int) -> None:
-    """A front-end process: `RealtimeServer` on the inherited socket, the engine over `address`."""
-    os.setpgrp()  # a terminal's Ctrl-C goes to the parent, which forwards one SIGTERM (one drain, not a hard stop)
-    logging.basicConfig(level=level, format=_LOG_FORMAT.format(name=f"frontend-{index}"))
-    code = 2
-    engine = None
-    try:
-        engine = RemoteEngine.connect(address, authkey, name=f"frontend-{index}")
-        import uvloop
-
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            code = runner.run(serve_until_signal(
-                cfg, engine, sock, ready=lambda _server: _tell(status, ("ready", os.getpid())),
-                tickets=engine.session_tickets(), frontend=index))
-    except StartupError as exc:
-        _tell(status, ("failed", str(exc)))
-    except Exception as exc:
-        log.exception("front end %d failed", index)
-        _tell(status, ("failed", f"{type(exc).__name__}: {exc}"))
-        code = 1
-    finally:
-        if engine is not None:
-            engine.close()
-    sys.exit(code)
-
-
-def _tell(status: Connection, message: tuple) -> None:
-    try:
-        status.send(message)
-    except (OSError, ValueError):
-        pass  # the parent is gone

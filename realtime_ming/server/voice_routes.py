@@ -10,6 +10,8 @@ A registration decodes and validates the upload, then computes the speaker embed
 latents once, on `server.voices.workers` worker threads — never on the event loop or the engine
 thread — and stores the result (`engine/voice_store.py`). Sessions then only look the voice up
 (`lookup_for`): a reply in a cloned voice costs the talker what a preset costs.
+The store calls run off the event loop: with `server.frontend_processes` >= 2 the store is the engine
+process's (`remote_engine.RemoteVoiceStore`, a round trip each).
 Errors are JSON `{"error": {"type", "code", "message", "param"}}` with a 4xx status (5xx only for a
 model failure); the registration never takes the server or a session down.
 """
@@ -114,18 +116,18 @@ class VoiceRoutes:
             if method == "POST":
                 return await self._register(connection, request, owner)
             if method == "GET":
-                return json_response(http.HTTPStatus.OK, {"object": "list",
-                                                          "data": [v.describe() for v in self.store.list(owner)]})
+                listed = await asyncio.to_thread(self.store.list, owner)
+                return json_response(http.HTTPStatus.OK, {"object": "list", "data": [v.describe() for v in listed]})
             return self._not_allowed("GET, POST")
         if "/" in voice_id or not voice_id.startswith(CUSTOM_VOICE_PREFIX):
             return _error(404, "voice_not_found", f"No voice {voice_id[:80]!r}.", "voice_id")
         if method == "GET":
-            voice = self.store.get(owner, voice_id)
+            voice = await asyncio.to_thread(self.store.get, owner, voice_id)
             if voice is None:
                 return _error(404, "voice_not_found", f"No voice {voice_id!r} for this API key.", "voice_id")
             return json_response(http.HTTPStatus.OK, voice.describe())
         if method == "DELETE":
-            if not self.store.delete(owner, voice_id):
+            if not await asyncio.to_thread(self.store.delete, owner, voice_id):
                 return _error(404, "voice_not_found", f"No voice {voice_id!r} for this API key.", "voice_id")
             return json_response(http.HTTPStatus.OK, {"id": voice_id, "object": "audio.voice.deleted", "deleted": True})
         return self._not_allowed("GET, DELETE")
@@ -161,13 +163,12 @@ class VoiceRoutes:
         finally:
             self._pending -= 1
         try:
-            evicted = self.store.add(voice)
+            evicted = await asyncio.to_thread(self.store.add, voice)
         except ValueError as exc:
             return _error(413, "voice_too_large", str(exc), "audio_sample")
         for old in evicted:
             log.info("voice store: evicted %s (least recently used)", old.id)
-        log.info("voice %s registered (%.1f s, %d bytes; store: %d voices, %d bytes)", voice.id, voice.duration_s,
-                 voice.nbytes, len(self.store), self.store.nbytes)
+        log.info("voice %s registered (%.1f s, %d bytes)", voice.id, voice.duration_s, voice.nbytes)
         return json_response(http.HTTPStatus.OK, voice.describe())
 
     def _compute(self, encoder: VoiceEncoder, body: bytes, content_type: str | None, owner: str) -> CustomVoice:
