@@ -25,13 +25,14 @@ from realtime_ming.engine.api import (
     TurnFailed,
     TurnRequest,
 )
-from realtime_ming.engine.config import EngineConfig
+from realtime_ming.engine.config import EngineConfig, ThinkerRunnerConfig
 from realtime_ming.engine.segmenter import SegmenterConfig
 from realtime_ming.engine.speculation import coalesce
 
 pytestmark = pytest.mark.timeout(120)
 
 PROMPT = "Tell me a long story about the sea."
+STORY = "Once upon a time the sea was calm, and a small boat sailed out at dawn. "  # cycled: no end token
 
 
 class Recorder:
@@ -154,33 +155,54 @@ def test_paused_then_confirmed_turn_equals_never_paused_run(make):
     assert (stats.turns, stats.thinker_rows, stats.talker_streams, stats.paused_turns) == (0, 0, 0, 0)
 
 
+def _deltas_before_first_segment(engine: Engine, request: TurnRequest) -> int:
+    """Text deltas a normal run of `request` emits before its first segment goes to the talker (then cancelled)."""
+    rec = Recorder()
+    engine.submit(request, rec)
+    while not any(isinstance(e, StageMark) and e.stage is Stage.FIRST_SEGMENT for e in list(rec.events)):
+        time.sleep(0.005)
+    engine.cancel(request.turn_id)
+    rec.wait()
+    return sum(isinstance(e, TextDelta) for e in rec.events[:next(
+        i for i, e in enumerate(rec.events) if isinstance(e, StageMark) and e.stage is Stage.FIRST_SEGMENT)])
+
+
 def test_held_events_stay_bounded_however_long_the_confirm_waits(make):
     """Confirm delayed by 2 s: unbounded, the held turn keeps generating (its held events grow); bounded, it holds
-    what it held at its pause (about the lookahead's audio chunks, its text and stage marks)."""
-    bounded, unbounded = make(), make(speculation_lookahead_ms=None, speculation_lookahead_tokens=None)
-    counts = {}
+    what it held at its pause: its text up to its first segment (the thinker runs until the talker has text) or the
+    token lookahead, the audio lookahead's chunks and its stage marks."""
+    words = ThinkerRunnerConfig(forced_reply=STORY)  # real words: the first segment comes after a few of them
+    bounded = make(thinker=words)
+    unbounded = make(thinker=words, speculation_lookahead_ms=None, speculation_lookahead_tokens=None)
+    before_segment = _deltas_before_first_segment(bounded, _request("ref", max_tokens=400))
+    counts, span = {}, None
     for name, engine in (("bounded", bounded), ("unbounded", unbounded)):
         rec = Recorder()
+        t0 = time.monotonic()
         engine.submit(_request(name, max_tokens=400, speculative=True), rec)
-        _wait_stats(engine, lambda s: s.held_events > 0)
+        if span is None:  # bounded: until its pause, then the confirm waits 1.5 s more
+            _wait_stats(engine, lambda s: s.paused_turns == 1)
+            engine.stats()  # one more step boundary: the thinker step in flight at the pause is collected
+            span = time.monotonic() - t0 + 1.5
         seen = []
-        t_end = time.monotonic() + 2.0
-        while time.monotonic() < t_end:
+        while time.monotonic() < t0 + span:
             seen.append(engine.stats().held_events)
             time.sleep(0.05)
         counts[name] = seen
-        engine.confirm(name) if name == "bounded" else engine.discard(name)
         if name == "bounded":
+            engine.confirm(name)
             engine.cancel(name)  # confirmed: the rest of the story is not needed here
             rec.wait()
             released = _released(rec)
             assert len(released) == len(coalesce(released))  # delivered coalesced
             assert len(released) < 20
+        else:
+            engine.discard(name)
     cfg = bounded.cfg
     chunks = cfg.speculation_lookahead_ms / 320.0 + 2  # a talker step is 320 ms; a lead's first output is 2
-    bound = cfg.speculation_lookahead_tokens + 2 + chunks + len(Stage)
+    bound = max(cfg.speculation_lookahead_tokens, before_segment) + 2 + chunks + len(Stage)
     assert max(counts["bounded"]) <= bound and counts["bounded"][-1] == max(counts["bounded"])
-    assert counts["bounded"][-10:] == [counts["bounded"][-1]] * 10  # paused: flat for the last half second
+    assert counts["bounded"] == [counts["bounded"][0]] * len(counts["bounded"])  # paused: flat for 1.5 s
     assert counts["unbounded"][-1] > counts["unbounded"][len(counts["unbounded"]) // 2]  # still growing
     assert counts["unbounded"][-1] > counts["bounded"][-1]
 

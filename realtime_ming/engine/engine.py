@@ -278,8 +278,9 @@ class Engine(Admission, Speculation):
     def _run(self) -> None:
         while not self._stopping and self._dead is None:
             try:
-                busy = bool(self._turns) and (self._thinker.has_work() or bool(self._forks)
-                                              or (self._talker and self._talker.has_work()))
+                # a step in flight is collected even when every row left is paused (its tokens are theirs)
+                busy = bool(self._turns) and (self._in_flight is not None or self._thinker.has_work()
+                                              or bool(self._forks) or (self._talker and self._talker.has_work()))
                 self._drain(block=not busy, timeout=self._idle_timeout())
                 if self._stopping or self._dead is not None:
                     break

@@ -11,8 +11,10 @@ The bound (`_bound_speculation`, after every engine step): an unconfirmed turn
 * pauses its thinker row and its talker stream once it holds `engine.speculation_lookahead_ms` of audio: its first
   audio is ready, so a confirmed turn's TTFA waits for nothing, and the listener has that much to play while the
   turn resumes in the next engine step (at any RTF below 1 it stays ahead of playback);
-* pauses its thinker row once it has generated `engine.speculation_lookahead_tokens` tokens: the bound of a turn
-  that speaks no audio (an audio turn reaches its audio lookahead long before: a first segment is a few words).
+* pauses its thinker row once it has generated `engine.speculation_lookahead_tokens` tokens, a spoken turn only
+  once its first segment went to the talker (which then speaks on from the text it has): the bound of a turn
+  without audio, and of a spoken turn whose talker is slow to reach its lookahead. A spoken turn whose text has
+  not yet made a segment keeps its thinker (its first audio needs that text).
 
 A paused thinker row keeps its KV slot, position, next token and sampler and leaves the decode batch
 (`Scheduler.pause`); a paused talker stream is parked with its row state and noise generator
@@ -88,7 +90,8 @@ class Speculation:
                 continue
             audio = (lookahead_ms is not None and turn.audio_samples > 0
                      and turn.audio_samples * 1000.0 >= lookahead_ms * OUTPUT_SAMPLE_RATE_HZ)
-            tokens = lookahead_tokens is not None and self._thinker.generated(turn_id) >= lookahead_tokens
+            tokens = (lookahead_tokens is not None and self._thinker.generated(turn_id) >= lookahead_tokens
+                      and (turn.segmenter is None or Stage.FIRST_SEGMENT in turn.stages))
             if (audio or tokens) and not turn.thinker_paused:
                 turn.thinker_paused = True
                 self._thinker.pause(turn_id)
@@ -133,7 +136,10 @@ class Speculation:
                 self._call_sink(turn.sink, event)
 
     def _held_stats(self) -> tuple[int, int]:
-        """(events held by unconfirmed turns, parked ones included; turns paused now)."""
-        live = [t for t in self._turns.values() if t.held is not None]
-        held = sum(len(t.held) for t in live) + sum(len(t.held) for t in self._parked.values())
-        return held, sum(1 for t in live if t.thinker_paused or t.talker_paused)
+        """(events held by unconfirmed turns, parked ones included; unconfirmed turns that consume nothing now: thinker
+        paused, and talker paused or done with the text it had)."""
+        live = {i: t for i, t in self._turns.items() if t.held is not None}
+        held = sum(len(t.held) for t in live.values()) + sum(len(t.held) for t in self._parked.values())
+        frozen = sum(1 for i, t in live.items() if t.thinker_paused and (
+            t.talker_paused or self._talker is None or not self._talker.pending(i)))
+        return held, frozen
