@@ -32,13 +32,21 @@ if str(REPO) not in sys.path:
 
 from bench.engine_bench import bench_engine_config
 from realtime_ming.engine import Engine, speculation
-from realtime_ming.engine.api import (AudioChunk, Content, Message, SamplingParams, Stage, StageMark, TextDelta,
-                                      TurnRequest)
+from realtime_ming.engine.api import (
+    AudioChunk,
+    Content,
+    Message,
+    SamplingParams,
+    Stage,
+    StageMark,
+    TextDelta,
+    TurnRequest,
+)
 from realtime_ming.engine.models import ModelBundle
 from realtime_ming.session.config import SessionSettings
 
 WIRE_HZ = 24000
-MODES = {"before (unbounded, uncoalesced)": dict(speculation_lookahead_ms=None, speculation_lookahead_tokens=None),
+MODES = {"before (unbounded, uncoalesced)": {"speculation_lookahead_ms": None, "speculation_lookahead_tokens": None},
          "after (defaults)": {}}
 
 
@@ -122,8 +130,8 @@ def main(argv: list[str] | None = None) -> None:
         results[mode] = {k: statistics.median(r[k] for r in rounds) if rounds[0][k] is not None else None
                          for k in rounds[0]}
         print(mode, json.dumps(results[mode]), flush=True)
-    rows = ["| mode | held events | thinker rows | talker stream-steps | released events | wire frames | "
-            "held audio s | confirm → first audio ms |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    rows = [("| mode | held events | thinker rows | talker stream-steps | released events | wire frames | "
+             "held audio s | confirm → first audio ms |"), "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for mode, r in results.items():
         ttfa = "–" if r["confirm_to_first_audio_ms"] is None else f"{r['confirm_to_first_audio_ms']:.1f}"
         rows.append(f"| {mode} | {r['held_events']:.0f} | {r['thinker_rows']:.0f} | {r['talker_stream_steps']:.0f} | "

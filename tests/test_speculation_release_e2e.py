@@ -15,10 +15,10 @@ import base64
 
 import numpy as np
 import pytest
+from conftest import tiny_engine_fixture
 from server_support import WsClient, silence
 
 from bench.end_of_turn import espeak
-from conftest import tiny_engine_fixture
 from realtime_ming.protocol import Dialect
 from realtime_ming.server import RealtimeServer, load_config
 

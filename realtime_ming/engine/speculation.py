@@ -39,7 +39,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from .api import OUTPUT_SAMPLE_RATE_HZ, AudioChunk, Stage, StageMark, TextDelta, TurnEvent
+from .api import (
+    OUTPUT_SAMPLE_RATE_HZ,
+    AudioChunk,
+    Stage,
+    StageMark,
+    TextDelta,
+    TurnEvent,
+)
 from .turn_state import TurnState as _Turn
 
 __all__ = ["Speculation", "coalesce"]
