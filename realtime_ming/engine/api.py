@@ -246,6 +246,9 @@ class AudioChunk:
     pcm: np.ndarray  # [samples] float32 in [-1, 1]
     sample_rate_hz: int = OUTPUT_SAMPLE_RATE_HZ
     segment_id: int = 0
+    # held output of a speculative turn released at its confirm, coalesced (`engine/speculation.py`): sent as one
+    # audio delta, not cut into frames (its length is bounded by engine.speculation_lookahead_ms)
+    backlog: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -67,6 +67,8 @@ class EngineStats:
     cached_conversations: int
     queued_commands: int
     preparing: int = 0  # submitted turns whose inputs are still being prepared (off the engine thread)
+    held_events: int = 0  # events held by unconfirmed speculative turns (bounded: `engine/speculation.py`)
+    paused_turns: int = 0  # unconfirmed speculative turns the speculation bound paused (consuming nothing now)
 
 
 @dataclass(frozen=True, slots=True)

@@ -165,6 +165,12 @@ class EngineConfig:
     talker: TalkerRunnerConfig = field(default_factory=TalkerRunnerConfig)
     segmenter: SegmenterConfig = field(default_factory=SegmenterConfig)
     max_queued_turns: int = 64  # submitted but not yet admitted; beyond -> TurnFailed("engine busy")
+    # bounded speculation (`engine/speculation.py`): an unconfirmed speculative turn pauses (thinker row and talker
+    # stream kept, not stepped) once it holds this much audio ...
+    speculation_lookahead_ms: float | None = 1000.0
+    # ... and its thinker row pauses once it has generated this many tokens (a text-only turn's bound; an audio
+    # turn reaches its audio lookahead long before). None: no bound (the turn runs to its end while unconfirmed)
+    speculation_lookahead_tokens: int | None = 64
     input_workers: int = 2  # threads preparing requests (chat template, tokens, media) off the engine thread
     media_cache_mb: int = 512  # preprocessed media kept by content (history images are not preprocessed again)
     # admission's audio/vision encoders on their own thread and CUDA stream (running turns keep decoding while a
@@ -183,6 +189,10 @@ class EngineConfig:
             raise ValueError("engine.input_workers must be >= 1")
         if self.media_cache_mb < 0:
             raise ValueError("engine.media_cache_mb must be >= 0")
+        if self.speculation_lookahead_ms is not None and not 0 <= self.speculation_lookahead_ms <= 60_000:
+            raise ValueError("engine.speculation_lookahead_ms must be in [0, 60000] (or null: unbounded)")
+        if self.speculation_lookahead_tokens is not None and self.speculation_lookahead_tokens < 1:
+            raise ValueError("engine.speculation_lookahead_tokens must be >= 1 (or null: unbounded)")
         if self.bench_tp_shadow < 1:
             raise ValueError("engine.bench_tp_shadow must be >= 1")
         if self.bench_tp_shadow > 1 and (self.weights != "dummy" and self.model_path is not None

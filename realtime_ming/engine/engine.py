@@ -11,7 +11,9 @@ tokens, media preprocessing: `engine/input_processor.py`); the engine thread adm
 when both its Submit and its preparation are done (`engine/admission.py`). Each turn's events go to its
 `sink`, called on the engine thread (the sink must be cheap and thread-safe, e.g.
 `loop.call_soon_threadsafe(queue.put_nowait, event)`).
-Speculative turns run normally but their events are held until `confirm`; `discard` drops them.
+Speculative turns run normally but their events are held until `confirm`; `discard` drops them. While
+unconfirmed, a turn pauses once it holds its first audio lookahead, and its held events are released coalesced
+(`engine/speculation.py`).
 
 Supervision: a command that fails is reported to its caller alone (a turn whose admission raises ends
 `TurnFailed` with a `FailureCode`: INVALID_PROMPT for content the model rejects, ENGINE_BUSY, or
@@ -51,6 +53,7 @@ from .commands import (Cancel, Capture, CloseConversation, Command, Confirm, Dis
                        Stats, Stop, Submit, Wake)
 from .config import EngineConfig
 from .models import ModelBundle
+from .speculation import Speculation
 from .turn_state import TurnState as _Turn
 from .warmup import warm_up
 from .supervision import (
@@ -67,7 +70,7 @@ __all__ = ["Engine", "EngineStats"]
 log = logging.getLogger(__name__)
 
 
-class Engine(Admission):
+class Engine(Admission, Speculation):
     """Owns the models and the engine thread. Create with `Engine.create(cfg)`; thread-safe API."""
 
     def __init__(self, cfg: EngineConfig, bundle: ModelBundle):
@@ -237,16 +240,13 @@ class Engine(Admission):
             case Confirm(turn_id=turn_id) | Cancel(turn_id=turn_id) | Discard(turn_id=turn_id):
                 parked = self._parked.pop(turn_id, None)
                 if parked is not None and isinstance(cmd, Confirm):
-                    for event in parked.held:
-                        self._call_sink(parked.sink, event)
+                    self._deliver_held(parked)
                 turn = self._turns.get(turn_id)
                 if turn is not None:  # a live turn whose command failed: it still ends, and its caller hears of it
                     if isinstance(cmd, Discard):
                         turn.held = []  # silent, as a discard is
                     elif isinstance(cmd, Confirm) and turn.held is not None:
-                        held, turn.held = turn.held, None
-                        for event in held:
-                            self._call_sink(turn.sink, event)
+                        self._deliver_held(turn)
                     self._fail(turn_id, message, code)
                     self._parked.pop(turn_id, None)
             case Stats():
@@ -278,8 +278,9 @@ class Engine(Admission):
     def _run(self) -> None:
         while not self._stopping and self._dead is None:
             try:
-                busy = bool(self._turns) and (self._thinker.has_work() or bool(self._forks)
-                                              or (self._talker and self._talker.has_work()))
+                # a step in flight is collected even when every row left is paused (its tokens are theirs)
+                busy = bool(self._turns) and (self._in_flight is not None or self._thinker.has_work()
+                                              or bool(self._forks) or (self._talker and self._talker.has_work()))
                 self._drain(block=not busy, timeout=self._idle_timeout())
                 if self._stopping or self._dead is not None:
                     break
@@ -350,24 +351,9 @@ class Engine(Admission):
                 if turn is not None and turn.prepared is cmd.prepared:  # else cancelled, or admitted already
                     self._admit_prepared(turn)
             case Confirm(turn_id=turn_id):
-                parked = self._parked.pop(turn_id, None)
-                if parked is not None:
-                    for event in parked.held:
-                        self._call_sink(parked.sink, event)
-                    return
-                turn = self._turns.get(turn_id)
-                if turn is not None and turn.held is not None:
-                    held, turn.held = turn.held, None
-                    self._mark(turn, Stage.CONFIRMED)
-                    with self._lock:
-                        for event in held:
-                            self._call_sink(turn.sink, event)
+                self._confirm(turn_id)
             case Discard(turn_id=turn_id):
-                self._parked.pop(turn_id, None)
-                turn = self._turns.pop(turn_id, None)
-                if turn is not None:
-                    turn.ended = True
-                    self._guarded(f"releasing turn {turn_id}", self._release, turn_id)
+                self._discard(turn_id)
             case Cancel(turn_id=turn_id):
                 self._parked.pop(turn_id, None)
                 turn = self._turns.pop(turn_id, None)
@@ -381,7 +367,7 @@ class Engine(Admission):
                 cmd.box.append(EngineStats(
                     len(self._turns) + len(self._parked), self._thinker.num_rows(),
                     self._talker.num_streams() if self._talker else 0, self._thinker.num_cached(),
-                    self._inbox.qsize(), preparing))
+                    self._inbox.qsize(), preparing, *self._held_stats()))
                 cmd.done.set()
             case Capture(progress=progress):
                 try:
@@ -455,6 +441,7 @@ class Engine(Admission):
                         self._mark(turn, Stage.FIRST_PCM)
                     turn.audio_samples += int(out.pcm.size)
                     self._emit(turn, AudioChunk(turn.request.turn_id, out.pcm, segment_id=out.segment_id))
+        self._bound_speculation()  # between steps: a paused row or stream is simply not in the next one
         for turn_id, turn in list(self._turns.items()):
             if turn.thinker_done and (self._talker is None or not self._talker.pending(turn_id)):
                 self._finish(turn_id, turn)

@@ -7,6 +7,10 @@ arrival order, a side request (a turn judgement, then a transcription) waits beh
 admission, so it never delays a reply's first token by more than the decode row (or the one short prefill
 chunk, for a judgement) it adds.
 
+A row can be paused (`pause`: an unconfirmed speculative turn that holds enough output, `engine/speculation.py`):
+it keeps its slot, its position and its next token but leaves the decode batch until `resume`; its prefill, if
+any is left, still runs (a first token is what a speculative turn is for).
+
 Engine thread only.
 """
 
@@ -58,9 +62,18 @@ class Scheduler:
         self.prefill_chunk_tokens = prefill_chunk_tokens
         self.rows: dict[str, Row] = {}
         self.prefill_queue: deque[str] = deque()
+        self.paused: set[str] = set()  # rows out of the decode batch until resumed
 
     def has_work(self) -> bool:
-        return bool(self.rows)
+        """Whether a step has anything to run (paused rows decode nothing)."""
+        return bool(self.prefill_queue) or any(t not in self.paused for t in self.rows)
+
+    def pause(self, turn_id: str) -> None:
+        if turn_id in self.rows:
+            self.paused.add(turn_id)
+
+    def resume(self, turn_id: str) -> None:
+        self.paused.discard(turn_id)
 
     def add(self, row: Row) -> None:
         """Admit a row: it waits for its prefill (replies before side requests not yet started; a turn judgement,
@@ -82,6 +95,7 @@ class Scheduler:
     def remove(self, turn_id: str) -> Row | None:
         """Drop a row (finished or cancelled) and free its slot for the next turn."""
         row = self.rows.pop(turn_id, None)
+        self.paused.discard(turn_id)
         if row is not None:
             row.slot.busy = None
             if turn_id in self.prefill_queue:
@@ -93,8 +107,8 @@ class Scheduler:
         return self.rows.get(row.request.turn_id) is row
 
     def decoding(self) -> list[Row]:
-        """The rows generating: each runs one decode step now."""
-        return [r for r in self.rows.values() if r.next_token is not None]
+        """The rows generating and not paused: each runs one decode step now."""
+        return [r for t, r in self.rows.items() if r.next_token is not None and t not in self.paused]
 
     def prefill_batch(self, fits: Callable[[int, int], bool] | None = None) -> list[tuple[Row, int, int]]:
         """(row, start, end) chunks for this step: queue order, padded width x rows <= prefill_chunk_tokens, and

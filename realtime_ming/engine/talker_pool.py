@@ -89,6 +89,17 @@ class TalkerPool:
         if runner is not None:
             runner.cancel(turn_id)
 
+    def pause(self, turn_id: str) -> None:
+        """`TalkerRunner.pause` on the turn's replica (a turn that has audio has one)."""
+        runner = self._owner.get(turn_id)
+        if runner is not None:
+            runner.pause(turn_id)
+
+    def resume(self, turn_id: str) -> None:
+        runner = self._owner.get(turn_id)
+        if runner is not None:
+            runner.resume(turn_id)
+
     def capture(self, progress: Progress | None = None) -> None:
         """Every replica's graphs, one replica after the other (each on its own device)."""
         for runner in self.runners:

@@ -13,6 +13,11 @@ engine step that starts it: the streaming VAE emits each chunk only once the nex
 turn's first audio leaves in that engine step instead of the next; its audio is unchanged (its own noise
 generator, batch-invariant rows), and later jobs of the turn, which the listener is not waiting for, run
 one step per engine step.
+
+A turn's talker work can be paused (`pause`, an unconfirmed speculative turn that holds enough audio,
+`engine/speculation.py`): its running stream leaves the rows with a copy of its row state (LM cache, history, VAE
+state) and keeps its own noise generator, its queued jobs wait; on `resume` the stream is put back at the next
+step's admission, before any new job, and goes on exactly as if it had never stopped.
 """
 
 from __future__ import annotations
@@ -142,6 +147,8 @@ class TalkerRunner:
         self.streams: list[_Stream] = []
         self.queues: dict[str, deque[_Job]] = {}
         self._job_count: dict[str, int] = {}  # jobs queued so far per turn (noise seeds)
+        self._paused: set[str] = set()  # turns whose talker work waits for `resume`
+        self._parked: dict[str, tuple[_Stream, list[torch.Tensor]]] = {}  # paused turn -> its stream, row state
         tok = bundle.talker_tokenizer
         self._encode = lambda text: tok.encode(text, add_special_tokens=False).ids
 
@@ -166,13 +173,30 @@ class TalkerRunner:
         self._job_count[turn_id] = counter
 
     def has_work(self) -> bool:
-        return bool(self.streams) or any(self.queues.values())
+        """Whether a step has anything to run (a paused turn's work waits)."""
+        return (bool(self.streams) or any(jobs for t, jobs in self.queues.items() if t not in self._paused)
+                or any(t not in self._paused for t in self._parked))
 
     def pending(self, turn_id: str) -> bool:
-        return bool(self.queues.get(turn_id)) or any(s.job.turn_id == turn_id for s in self.streams)
+        return (bool(self.queues.get(turn_id)) or turn_id in self._parked
+                or any(s.job.turn_id == turn_id for s in self.streams))
 
     def num_streams(self) -> int:
-        return len(self.streams)
+        """Streams started and not ended: in the rows, or parked by `pause`."""
+        return len(self.streams) + len(self._parked)
+
+    def pause(self, turn_id: str) -> None:
+        """Stop stepping `turn_id` until `resume` (between steps only): its running stream, if any, is parked."""
+        self._paused.add(turn_id)
+        i = next((i for i, s in enumerate(self.streams) if s.job.turn_id == turn_id), None)
+        if i is not None:
+            with self._on_streams():
+                self._parked[turn_id] = (self.streams[i], [t.clone() for t in self._row_state(i)])
+                self._remove([i], reset=True)
+
+    def resume(self, turn_id: str) -> None:
+        """Step `turn_id` again from the next step on (its parked stream first, when a row is free)."""
+        self._paused.discard(turn_id)
 
     def forget(self, turn_id: str) -> None:
         """Drop a finished or cancelled turn's bookkeeping."""
@@ -181,6 +205,8 @@ class TalkerRunner:
 
     def cancel(self, turn_id: str) -> None:
         self.queues.pop(turn_id, None)
+        self._parked.pop(turn_id, None)
+        self._paused.discard(turn_id)
         gone = [i for i, s in enumerate(self.streams) if s.job.turn_id == turn_id]
         if gone:
             with self._on_streams():
@@ -228,9 +254,11 @@ class TalkerRunner:
             return launched.started + self._finish_advance(launched.step, launched.lead_step)
 
     def _admit(self) -> list[TalkerOutput]:
-        """Start the next job of every turn that has none running, while rows are free (FIFO by turn)."""
+        """Put resumed streams back, then start the next job of every turn that has none running or parked and is not
+        paused, while rows are free (FIFO by turn)."""
         started = []
-        running = {s.job.turn_id for s in self.streams}
+        self._restore()
+        running = {s.job.turn_id for s in self.streams} | self._parked.keys() | self._paused
         for turn_id, jobs in list(self.queues.items()):
             if not jobs:
                 del self.queues[turn_id]
@@ -247,6 +275,16 @@ class TalkerRunner:
                 continue
             started.append(TalkerOutput(turn_id, job.segment_id, None, first_step=True))
         return started
+
+    def _restore(self) -> None:
+        """Put resumed turns' parked streams back in the rows (state as they left it), while rows are free."""
+        for turn_id in [t for t in self._parked if t not in self._paused]:
+            if len(self.streams) >= self.cfg.max_streams:
+                return
+            stream, state = self._parked.pop(turn_id)
+            for d, s in zip(self._row_state(len(self.streams)), state):
+                d.copy_(s)
+            self.streams.append(stream)
 
     def _start(self, job: _Job, queue: deque) -> None:
         voice, prompt_text = self._voice(job.voice)

@@ -138,6 +138,18 @@ class ThinkerRunner:
     def close_conversation(self, conversation_id: str) -> None:
         self.slots.close_conversation(conversation_id)
 
+    def pause(self, turn_id: str) -> None:
+        """Take a row out of the decode batch (slot, position, next token and sampler kept) until `resume`."""
+        self.scheduler.pause(turn_id)
+
+    def resume(self, turn_id: str) -> None:
+        self.scheduler.resume(turn_id)
+
+    def generated(self, turn_id: str) -> int:
+        """Tokens a live row has sampled so far (0 for a turn not admitted or gone)."""
+        row = self.scheduler.rows.get(turn_id)
+        return 0 if row is None else len(row.generated)
+
     def cancel(self, turn_id: str) -> None:
         self.scheduler.remove(turn_id)
         pending = self._pending.pop(turn_id, None)

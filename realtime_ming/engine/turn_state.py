@@ -31,3 +31,5 @@ class TurnState:
     ended: bool = False  # the terminal event was delivered (or held): nothing more reaches the sink
     tool_parser: ToolCallParser | None = None  # the request has tools: calls are parsed out of the text
     prepared: Future | None = None  # its input processing, until the turn is admitted to the thinker
+    thinker_paused: bool = False  # unconfirmed speculative turn: its thinker row is out of the decode batch
+    talker_paused: bool = False  # ... and its talker work is parked (`engine/speculation.py`)

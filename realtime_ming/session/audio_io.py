@@ -3,7 +3,8 @@
 `InputDecoder` turns base64 appends in the session input format into 16 kHz float32 (streaming
 resampler, so appends of any size give the same samples). `InputAudioBuffer` holds uncommitted
 16 kHz input addressed by the session's sample clock. `OutputEncoder` resamples one response's
-audio to the output format and cuts it into deltas of at most `frame_ms`, holding nothing back.
+audio to the output format and cuts it into deltas of at most `frame_ms`, holding nothing back (a confirmed
+speculative turn's held audio, released at once, goes out as one delta per segment: `engine/speculation.py`).
 """
 
 from __future__ import annotations
@@ -148,18 +149,20 @@ class OutputEncoder:
         """The wire codec (encoding and rate) of the deltas."""
         return self._codec
 
-    def push(self, samples: np.ndarray) -> list[str]:
-        """Feed engine audio [n] float32; returns base64 deltas ready to send."""
-        return self._frames(self._resampler.process(samples))
+    def push(self, samples: np.ndarray, whole: bool = False) -> list[str]:
+        """Feed engine audio [n] float32; returns base64 deltas ready to send (`whole`: all of it as one delta,
+        for held audio released at once, which as frames would be a burst of events)."""
+        return self._frames(self._resampler.process(samples), whole)
 
     def flush(self) -> list[str]:
         """End of the response: the resampler's tail as deltas."""
         return self._frames(self._resampler.flush())
 
-    def _frames(self, samples: np.ndarray) -> list[str]:
+    def _frames(self, samples: np.ndarray, whole: bool = False) -> list[str]:
         deltas = []
-        for start in range(0, samples.size, self._frame_samples):
-            data = self._codec.encode(samples[start : start + self._frame_samples])
+        step = max(samples.size, 1) if whole else self._frame_samples
+        for start in range(0, samples.size, step):
+            data = self._codec.encode(samples[start : start + step])
             self.audio += data
             deltas.append(pcm.b64encode_audio(data))
         self.num_samples += samples.size

@@ -297,7 +297,7 @@ def on_engine_event(session: Session, event: TurnEvent, now: float) -> list[Acti
     if isinstance(event, TextDelta):
         return [Send(e) for e in response.on_text(event.text)]
     if isinstance(event, AudioChunk):
-        return [Send(e) for e in response.on_audio(event.pcm, now)]
+        return [Send(e) for e in response.on_audio(event.pcm, now, whole=event.backlog)]
     if isinstance(event, StageMark):
         response.on_stage(event.stage, event.t)
         return []

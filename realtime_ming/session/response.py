@@ -177,11 +177,12 @@ class ActiveResponse:
             return [ResponseOutputAudioTranscriptDelta(**self._ids, delta=text)]
         return [ResponseOutputTextDelta(**self._ids, delta=text)]
 
-    def on_audio(self, pcm: np.ndarray, now: float) -> list[ServerEvent]:
-        """Engine PCM (float32 at the engine rate) → audio deltas of at most `frame_ms`."""
+    def on_audio(self, pcm: np.ndarray, now: float, whole: bool = False) -> list[ServerEvent]:
+        """Engine PCM (float32 at the engine rate) → audio deltas of at most `frame_ms`; `whole`: one delta (a
+        confirmed speculative turn's held audio, released at once: `AudioChunk.backlog`)."""
         if self._encoder is None:
             return []
-        return self._deltas(self._encoder.push(pcm), now)
+        return self._deltas(self._encoder.push(pcm, whole=whole), now)
 
     def _deltas(self, frames: list[str], now: float) -> list[ServerEvent]:
         if frames and self.first_audio_at is None:
