@@ -231,3 +231,25 @@ def test_without_the_worker_encoders_run_on_the_engine_thread_with_the_same_outp
     assert texts[True] == texts[False]
     assert threads[False] and all("encoder" not in name.lower() for name in threads[False])
     assert threads[True] and threads[True] != threads[False]
+
+
+def test_the_engine_thread_idles_while_the_only_admission_is_encoded(fixture_root, bundle, gated, monkeypatch):
+    """Nothing to step but an admission on the encoder worker: the engine thread blocks on its inbox (the worker
+    wakes it) instead of launching empty steps in a loop, which would hold the GIL the encoders need."""
+    started, release, _, _ = gated
+    engine = Engine(_config(fixture_root), bundle)
+    launches = []
+    real_launch = engine._thinker.launch
+    monkeypatch.setattr(engine._thinker, "launch", lambda: launches.append(1) or real_launch())
+    try:
+        spoken = _Turn()
+        engine.submit(_audio_turn("spoken"), spoken)
+        assert started.wait(30)
+        before = len(launches)
+        threading.Event().wait(0.5)  # the encoder is held: nothing for the engine to do
+        idle_launches = len(launches) - before
+        release.set()
+        assert spoken.done.wait(60) and isinstance(spoken.end, TurnDone), spoken.events
+    finally:
+        engine.close()
+    assert idle_launches <= 3, f"{idle_launches} empty thinker launches in 0.5 s while an admission was encoded"

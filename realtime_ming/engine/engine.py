@@ -396,7 +396,10 @@ class Engine(Admission, Speculation):
         launched, self._in_flight = self._in_flight, None
         outputs = self._thinker.collect(launched)
         if self._thinker.has_work() or self._thinker.encoding():
-            self._in_flight = self._launch()
+            queued = self._launch()
+            # a launch that queued nothing to collect (only polling the encoders) is not a step in flight: `_run`
+            # would otherwise spin on it while an admission is encoded, starving the encoder thread of the GIL
+            self._in_flight = None if queued.idle else queued
         for out in outputs:
             turn = self._turns.get(out.turn_id)
             if turn is None:

@@ -69,6 +69,11 @@ class _Launched:
     tokens: torch.Tensor | None
     ready: object  # torch.cuda.Event | None
 
+    @property
+    def idle(self) -> bool:
+        """Nothing to collect: no prefill completed, no row decoded."""
+        return not self.prefilled and not self.decoded and self.tokens is None
+
 
 @dataclass(slots=True)
 class _Pending:
