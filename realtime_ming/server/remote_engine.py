@@ -36,6 +36,7 @@ from ..engine.api import (
     TurnFailed,
     TurnRequest,
 )
+from ..engine.commands import Cancel, Confirm, Discard
 
 __all__ = ["HEARTBEAT_S", "Call", "Cancel", "Close", "Confirm", "Discard", "Hello", "PromptRef", "Release", "RemoteEngine",
            "RemoteVoiceEncoder", "RemoteVoiceStore", "Reply", "SessionTickets", "Status", "Submit", "hang_up"]
@@ -53,19 +54,7 @@ class Submit:
     request: TurnRequest
 
 
-@dataclass(frozen=True, slots=True)
-class Confirm:
-    turn_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class Discard:
-    turn_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class Cancel:
-    turn_id: str
+# Confirm / Discard / Cancel travel as the engine's own commands (`engine/commands.py`: one turn id each)
 
 
 @dataclass(frozen=True, slots=True)
