@@ -150,6 +150,46 @@ def test_clear_answers_cleared_and_empties_buffer():
 # ---- responses ------------------------------------------------------------------------------
 
 
+def _audio_at(h: Harness, turn_id: str, pcm: np.ndarray, now: float) -> list[np.ndarray]:
+    start = len(h.frames)
+    h._take(h.session.handle_engine_event(AudioChunk(turn_id, pcm), now))
+    return audio_deltas(h.frames[start:])
+
+
+def _stream_audio(paced: bool, chunks: int = 16, chunk_s: float = 0.32) -> tuple[list[list[int]], np.ndarray]:
+    """Feed `chunks` engine chunks, all at one instant (a fast engine) or one chunk duration apart (real time):
+    the delta sizes per chunk and every sample sent."""
+    h = Harness()
+    h.manual_audio_turn()
+    h.send(type="response.create")
+    turn_id = h.submitted()[0].turn_id
+    sizes, samples = [], []
+    for k in range(chunks):
+        deltas = _audio_at(h, turn_id, engine_pcm(chunk_s), 1000.0 + (k * chunk_s if paced else 0.0))
+        sizes.append([d.size for d in deltas])
+        samples += deltas
+    return sizes, np.concatenate(samples)
+
+
+def test_audio_far_ahead_of_real_time_goes_out_in_whole_chunks():
+    """A fast engine (all chunks at one instant) gets `output_frame_ms` (40 ms at 24 kHz: 960 samples) deltas until
+    the audio sent is AHEAD_WHOLE_CHUNKS_S ahead of real time, then one delta per engine chunk (a slow reader's
+    send queue holds a few events, not ~25 a second); a real-time engine always gets 40 ms deltas. Same samples."""
+    from realtime_ming.session.response import AHEAD_WHOLE_CHUNKS_S
+
+    fast, fast_pcm = _stream_audio(paced=False)
+    paced, paced_pcm = _stream_audio(paced=True)
+    np.testing.assert_array_equal(fast_pcm, paced_pcm)
+    assert all(max(s) <= 960 for s in paced if s)
+    sent_before = np.cumsum([0] + [sum(s) for s in fast])[:-1] / 24000
+    for sent, s in zip(sent_before, fast):
+        if sent > AHEAD_WHOLE_CHUNKS_S:
+            assert len(s) == 1, (sent, s)  # the whole chunk in one delta
+        else:
+            assert max(s) <= 960, (sent, s)
+    assert sum(len(s) == 1 for s in fast) >= 8
+
+
 def test_response_events_in_ga_order_with_exact_audio():
     """A spoken response follows the order of docs/protocol.md §5.2; 0.5 s at 44.1 kHz arrives as 12000 samples at 24 kHz in ≤ 40 ms deltas."""
     h = Harness()

@@ -43,7 +43,7 @@ class SessionSettings:
     max_input_audio_s: float = 60.0  # buffered, uncommitted input audio; beyond -> error event
     min_commit_ms: int = 100  # manual commit with less -> input_audio_buffer_commit_empty
     max_items: int = 256  # conversation items kept; the oldest are dropped beyond
-    output_frame_ms: int = 40  # largest audio delta sent to the client
+    output_frame_ms: int = 40  # largest audio delta sent to the client (until the audio runs 2 s ahead of real time)
     # input audio ingestion: after a burst of audio_burst_s, appends are read at most max_audio_rate x real
     # time (the socket reader waits; TCP flow control holds the client). 0 = unpaced.
     max_audio_rate: float = 16.0

@@ -50,6 +50,10 @@ from .tools import ResponseCalls
 __all__ = ["ActiveResponse", "ResponseSpec", "failure_error"]
 
 _ITEM_STATUS = {ResponseStatus.COMPLETED: ItemStatus.COMPLETED}  # anything else: incomplete
+# Audio this far ahead of real time (sent minus the time since the first delta) goes out one delta per engine chunk
+# instead of `output_frame_ms` frames: the client has seconds buffered, and a fast engine (20x real time on GPUs)
+# would otherwise queue ~25 frames a second of audio, past the connection's frame cap on a slow reader.
+AHEAD_WHOLE_CHUNKS_S = 2.0
 
 # engine failure cause -> the `response.done` error code (the engine's own message stays in the server log,
 # except for INVALID_PROMPT, whose detail describes the client's own content)
@@ -178,11 +182,14 @@ class ActiveResponse:
         return [ResponseOutputTextDelta(**self._ids, delta=text)]
 
     def on_audio(self, pcm: np.ndarray, now: float, whole: bool = False) -> list[ServerEvent]:
-        """Engine PCM (float32 at the engine rate) → audio deltas of at most `frame_ms`; `whole`: one delta (a
-        confirmed speculative turn's held audio, released at once: `AudioChunk.backlog`)."""
+        """Engine PCM (float32 at the engine rate) → audio deltas of at most `frame_ms`; one delta when `whole` (a
+        confirmed speculative turn's held audio, released at once: `AudioChunk.backlog`) or when the audio sent is
+        more than `AHEAD_WHOLE_CHUNKS_S` ahead of real time."""
         if self._encoder is None:
             return []
-        return self._deltas(self._encoder.push(pcm, whole=whole), now)
+        ahead = (self.first_audio_at is not None
+                 and self._encoder.duration_ms / 1000.0 - (now - self.first_audio_at) > AHEAD_WHOLE_CHUNKS_S)
+        return self._deltas(self._encoder.push(pcm, whole=whole or ahead), now)
 
     def _deltas(self, frames: list[str], now: float) -> list[ServerEvent]:
         if frames and self.first_audio_at is None:
