@@ -5,21 +5,11 @@ restored to another row, other graph buckets) it yields that output within the b
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
-from test_speculation_bound import (
-    STORY,
-    Recorder,
-    _assert_same_output,
-    _paused_speculative,
-    _request,
-    _run,
-)
+from test_speculation_bound import STORY, _request, _run, confirm_paused_turns
 
 from realtime_ming.engine import Engine
-from realtime_ming.engine.api import AudioChunk
 from realtime_ming.engine.config import (
     EngineConfig,
     PlacementConfig,
@@ -49,17 +39,6 @@ def gpu_engine():
 def test_graphed_paused_turn_resumes_exactly(gpu_engine):
     engine = gpu_engine
     normal, other_ref = _run(engine, _request("n")), _run(engine, _request("o", max_tokens=30))
-    spec = _paused_speculative(engine, "s")
-    engine.confirm("s")
-    spec.wait()
-    _assert_same_output(normal, spec)
-    beside, other = _paused_speculative(engine, "s2"), Recorder()
-    engine.submit(_request("o2", max_tokens=30), other)
-    while not any(isinstance(e, AudioChunk) for e in other.events):
-        time.sleep(0.002)
-    engine.confirm("s2")
-    beside.wait(), other.wait()
-    _assert_same_output(normal, beside, atol=1e-3)
-    _assert_same_output(other_ref, other, atol=1e-3)
+    confirm_paused_turns(engine, normal, other_ref, atol=1e-3)
     stats = engine.stats()
     assert (stats.turns, stats.thinker_rows, stats.talker_streams, stats.paused_turns) == (0, 0, 0, 0)

@@ -4,11 +4,11 @@ into exactly the output of a run that never paused, and is released as a handful
 
 from __future__ import annotations
 
-import threading
 import time
 
 import numpy as np
 import pytest
+from test_engine import Recorder
 
 from realtime_ming.engine import Engine
 from realtime_ming.engine.api import (
@@ -20,9 +20,7 @@ from realtime_ming.engine.api import (
     Stage,
     StageMark,
     TextDelta,
-    TurnCancelled,
     TurnDone,
-    TurnFailed,
     TurnRequest,
 )
 from realtime_ming.engine.config import EngineConfig, ThinkerRunnerConfig
@@ -33,28 +31,6 @@ pytestmark = pytest.mark.timeout(120)
 
 PROMPT = "Tell me a long story about the sea."
 STORY = "Once upon a time the sea was calm, and a small boat sailed out at dawn. "  # cycled: no end token
-
-
-class Recorder:
-    def __init__(self):
-        self.events: list = []
-        self.finished = threading.Event()
-
-    def __call__(self, event) -> None:
-        self.events.append(event)
-        if isinstance(event, (TurnDone, TurnCancelled, TurnFailed)):
-            self.finished.set()
-
-    def wait(self):
-        assert self.finished.wait(60), self.events[-3:]
-        return self.events[-1]
-
-    def text(self) -> str:
-        return "".join(e.text for e in self.events if isinstance(e, TextDelta))
-
-    def pcm(self) -> np.ndarray:
-        chunks = [e.pcm for e in self.events if isinstance(e, AudioChunk)]
-        return np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
 
 
 @pytest.fixture
@@ -125,6 +101,24 @@ def _paused_speculative(engine: Engine, turn_id: str) -> Recorder:
     return spec
 
 
+def confirm_paused_turns(engine: Engine, normal: Recorder, other_ref: Recorder, atol: float) -> Recorder:
+    """A paused speculative turn confirmed alone equals `normal` exactly; one confirmed while another turn speaks
+    equals `normal` and leaves the other turn as `other_ref` (within `atol`). -> the turn confirmed alone."""
+    spec = _paused_speculative(engine, "s")
+    engine.confirm("s")
+    spec.wait()
+    _assert_same_output(normal, spec)
+    beside, other = _paused_speculative(engine, "s2"), Recorder()
+    engine.submit(_request("o2", max_tokens=30), other)
+    while not any(isinstance(e, AudioChunk) for e in other.events):
+        time.sleep(0.002)
+    engine.confirm("s2")
+    beside.wait(), other.wait()
+    _assert_same_output(normal, beside, atol=atol)
+    _assert_same_output(other_ref, other, atol=atol)
+    return spec
+
+
 def test_paused_then_confirmed_turn_equals_never_paused_run(make):
     """A speculative turn paused at its lookahead, left paused, then confirmed yields bit for bit its never-paused
     output; its first audio was ready at the confirm. Confirmed while another turn speaks (its stream comes back to
@@ -133,18 +127,7 @@ def test_paused_then_confirmed_turn_equals_never_paused_run(make):
     engine = make(speculation_lookahead_ms=lookahead_ms)
     normal, other_ref = _run(engine, _request("n")), _run(engine, _request("o", max_tokens=30))
     assert normal.pcm().size > 3 * lookahead_ms * OUTPUT_SAMPLE_RATE_HZ / 1000  # long enough to be paused
-    spec = _paused_speculative(engine, "s")
-    engine.confirm("s")
-    spec.wait()
-    _assert_same_output(normal, spec)
-    beside, other = _paused_speculative(engine, "s2"), Recorder()
-    engine.submit(_request("o2", max_tokens=30), other)
-    while not any(isinstance(e, AudioChunk) for e in other.events):
-        time.sleep(0.005)
-    engine.confirm("s2")
-    beside.wait(), other.wait()
-    _assert_same_output(normal, beside, atol=1e-4)
-    _assert_same_output(other_ref, other, atol=1e-4)
+    spec = confirm_paused_turns(engine, normal, other_ref, atol=1e-4)
     released = _released(spec)
     held_audio = sum(e.pcm.size for e in released if isinstance(e, AudioChunk))
     assert held_audio >= lookahead_ms * OUTPUT_SAMPLE_RATE_HZ / 1000  # the first audio was ready at confirm
