@@ -130,6 +130,9 @@ class TalkerRunnerConfig:
     # a turn's first job runs two talker steps in the engine step that starts it (the VAE holds each chunk until
     # the next one): the same audio, its first chunk one engine step sooner, for one small extra talker + VAE pass
     first_chunk_catch_up: bool = True
+    # with the talker on GPUs apart from the thinker's: up to this many more talker steps per engine step while
+    # the thinker's step is still running (`engine/step_overlap.py`); 0 = one talker step per engine step
+    steps_while_thinking: int = 2
 
     def __post_init__(self):
         if self.max_streams < 1:
@@ -138,6 +141,8 @@ class TalkerRunnerConfig:
             raise ValueError("engine.talker.prefill_buckets must be positive prompt lengths")
         if self.voice_head_cache < 0:
             raise ValueError("engine.talker.voice_head_cache must be >= 0")
+        if self.steps_while_thinking < 0:
+            raise ValueError("engine.talker.steps_while_thinking must be >= 0")
         if not 0 <= self.min_text_tokens < self.max_prompt_len // 2:
             raise ValueError("engine.talker.min_text_tokens must be in [0, max_prompt_len // 2)")
 

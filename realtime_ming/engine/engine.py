@@ -62,6 +62,7 @@ from .supervision import (
     dead_workers,
     fault_injection_enabled,
 )
+from .step_overlap import StepOverlap, overlap_steps
 from .talker_pool import make_talker
 from .thinker_runner import ThinkerRunner
 
@@ -84,6 +85,7 @@ class Engine(Admission, Speculation):
         self._talker = make_talker(bundle, cfg) if bundle.has_talker else None  # a pool over several replicas
         self._stopping = False
         self._in_flight = None  # the thinker step queued at the end of the last engine step, collected by the next
+        self._overlap = StepOverlap(overlap_steps(cfg) if self._talker is not None else 0)
         # `_dead` (None while serving) is set once, under `_lock`, which also orders every delivery to a sink, so
         # no command is queued after the engine died and a turn's terminal event is always its last
         self._lock = threading.RLock()
@@ -391,15 +393,20 @@ class Engine(Admission, Speculation):
         # step beside the thinker's (own CUDA stream), and the engine waits for the talker's step (stop decisions,
         # VAE, PCM). A segment's first talker step is thus the step that produced its text: admitting jobs before
         # collecting the thinker (the talker launched first) would hold every new segment back one whole step.
+        # A talker on GPUs of its own runs further steps while the thinker's step is still running (`StepOverlap`).
         if self._in_flight is None:
             self._in_flight = self._launch()
+            self._overlap.launched(self._in_flight)
         launched, self._in_flight = self._in_flight, None
+        waited = self._overlap.before_collect(launched)
         outputs = self._thinker.collect(launched)
+        self._overlap.collected(launched, waited)
         if self._thinker.has_work() or self._thinker.encoding():
             queued = self._launch()
             # a launch that queued nothing to collect (only polling the encoders) is not a step in flight: `_run`
             # would otherwise spin on it while an admission is encoded, starving the encoder thread of the GIL
             self._in_flight = None if queued.idle else queued
+            self._overlap.launched(self._in_flight)
         for out in outputs:
             turn = self._turns.get(out.turn_id)
             if turn is None:
@@ -428,26 +435,37 @@ class Engine(Admission, Speculation):
             if turn.segmenter is not None and not turn.thinker_done:
                 self._route_segments(turn, turn.segmenter.tick(now))
         if self._talker is not None:
-            for out in self._talker.finish(self._talker.launch()):
-                turn = self._turns.get(out.turn_id)
-                if turn is None:
-                    continue
-                if out.error is not None:
-                    self._fail(out.turn_id, out.error, FailureCode.ENGINE_ERROR)
-                    continue
-                if out.first_step and Stage.FIRST_TALKER_STEP not in turn.stages:
-                    self._mark(turn, Stage.FIRST_TALKER_STEP)
-                if out.pcm is not None:  # talker steps of this turn (their PCM may be held back as silence)
-                    turn.talker_steps += out.steps
-                if out.pcm is not None and out.pcm.size:
-                    if Stage.FIRST_PCM not in turn.stages:
-                        self._mark(turn, Stage.FIRST_PCM)
-                    turn.audio_samples += int(out.pcm.size)
-                    self._emit(turn, AudioChunk(turn.request.turn_id, out.pcm, segment_id=out.segment_id))
+            self._talker_step()
+            extra = 0  # the talker on GPUs of its own goes on while the thinker's step still runs (`StepOverlap`)
+            while self._talker.has_work() and self._overlap.another_talker_step(self._in_flight, extra):
+                self._talker_step()
+                extra += 1
+            self._overlap.extra_steps += extra
         self._bound_speculation()  # between steps: a paused row or stream is simply not in the next one
         for turn_id, turn in list(self._turns.items()):
             if turn.thinker_done and (self._talker is None or not self._talker.pending(turn_id)):
                 self._finish(turn_id, turn)
+
+    def _talker_step(self) -> None:
+        """One talker step (every replica's): start queued jobs, wait for it, deliver its PCM."""
+        started = time.perf_counter()
+        for out in self._talker.finish(self._talker.launch()):
+            turn = self._turns.get(out.turn_id)
+            if turn is None:
+                continue
+            if out.error is not None:
+                self._fail(out.turn_id, out.error, FailureCode.ENGINE_ERROR)
+                continue
+            if out.first_step and Stage.FIRST_TALKER_STEP not in turn.stages:
+                self._mark(turn, Stage.FIRST_TALKER_STEP)
+            if out.pcm is not None:  # talker steps of this turn (their PCM may be held back as silence)
+                turn.talker_steps += out.steps
+            if out.pcm is not None and out.pcm.size:
+                if Stage.FIRST_PCM not in turn.stages:
+                    self._mark(turn, Stage.FIRST_PCM)
+                turn.audio_samples += int(out.pcm.size)
+                self._emit(turn, AudioChunk(turn.request.turn_id, out.pcm, segment_id=out.segment_id))
+        self._overlap.talker_stepped(time.perf_counter() - started)
 
     def _route_segments(self, turn: _Turn, segments) -> None:
         for seg in segments:

@@ -68,6 +68,7 @@ class _Launched:
     decoded: list
     tokens: torch.Tensor | None
     ready: object  # torch.cuda.Event | None
+    chunk: bool = False  # a prefill chunk was queued in this step (it reads every MoE expert: a longer step)
 
     @property
     def idle(self) -> bool:
@@ -285,6 +286,7 @@ class ThinkerRunner:
         the host, without waiting for any of it: the engine steps the talker meanwhile, then `collect`s."""
         decoding = self.scheduler.decoding()
         done, sampled = [], []
+        chunk = bool(self.scheduler.prefill_queue)
         with torch.no_grad():
             if self.scheduler.prefill_queue:
                 done, tokens = self._prefill()
@@ -296,12 +298,12 @@ class ThinkerRunner:
             return _Launched(done, [], None, None)
         ids = torch.cat(sampled) if len(sampled) > 1 else sampled[0]
         if ids.device.type != "cuda":
-            return _Launched(done, decoding, ids, None)
+            return _Launched(done, decoding, ids, None, chunk)
         host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
         host.copy_(ids, non_blocking=True)  # the step's one device-to-host copy
         ready = torch.cuda.Event()
         ready.record(torch.cuda.current_stream(ids.device))
-        return _Launched(done, decoding, host, ready)
+        return _Launched(done, decoding, host, ready, chunk)
 
     def collect(self, launched: "_Launched") -> list[ThinkerOutput]:
         """Wait for a launched step's sampled ids and account them (text, stops, finished rows)."""
