@@ -114,14 +114,14 @@ def test_thinker_next_step_is_queued_before_the_talker_step(engine):
         assert s == ["collect", "thinker", "talker", "finish"], s
 
 
-def _speak(runner, plan: dict[int, list[tuple[str, str, int]]]) -> tuple[dict, dict]:
-    """Step `runner` until idle, enqueueing plan[step] = [(turn, text, seed)] before that step; per turn its PCM and
-    the (step, pcm samples, talker steps) of each output."""
+def _speak(runner, plan: dict[int, list[tuple[str, str, int]]], steps: int = 1) -> tuple[dict, dict]:
+    """Step `runner` until idle (`steps` talker steps per launch), enqueueing plan[step] = [(turn, text, seed)] before
+    that step; per turn its PCM and the (step, pcm samples, talker steps) of each output."""
     pcm, outs, step = defaultdict(list), defaultdict(list), 0
     while runner.has_work() or any(k >= step for k in plan):
         for turn_id, text, seed in plan.get(step, []):
             runner.enqueue(turn_id, 0, text, None, seed=seed)
-        for out in runner.step():
+        for out in runner.finish(runner.launch(steps)):
             assert out.error is None
             if out.pcm is not None:
                 pcm[out.turn_id].append(out.pcm)
@@ -167,3 +167,25 @@ def test_first_chunk_catch_up_off_speaks_one_step_later_with_the_same_audio(tiny
         audio[on], first[on] = pcm["b"], outs["b"][:2]
     assert first[False] == [(0, 0, 1), (1, first[True][0][1], 1)] and first[True][0][2] == 2, first
     np.testing.assert_allclose(audio[False], audio[True], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("steps_per_word", [2, 0])  # a fixed length, or the stop head and the duration cap
+def test_several_talker_steps_per_launch_speak_the_same_audio(tiny_bundle, steps_per_word):
+    """`launch(steps)` queues that many steps of every stream back to back (the engine asks for more while the
+    thinker's step runs on other GPUs): each turn's audio is what one step per launch gives, streams that end at
+    an earlier step of a launch keep nothing of the later ones, and turns joining mid-way are unaffected."""
+    cfg = EngineConfig(talker=TalkerRunnerConfig(max_streams=4, steps_per_word=steps_per_word))
+    runner = TalkerRunner(tiny_bundle, cfg)
+    plan = {0: [("a", "Hello there, how are you? Fine, thanks.", 7)],
+            1: [("b", "The sea is calm.", 11), ("c", "Ok then.", 3)], 4: [("d", "Good night.", 5)]}
+    one, outs_one = _speak(runner, plan, steps=1)
+    for k in (2, 3):
+        several, outs = _speak(runner, plan, steps=k)
+        assert several.keys() == one.keys()
+        for turn_id, pcm in one.items():
+            assert several[turn_id].shape == pcm.shape, (k, turn_id)
+            np.testing.assert_allclose(several[turn_id], pcm, rtol=0, atol=1e-4)
+        assert max(n for o in outs.values() for _, _, n in o) == k  # launches did run k steps
+        # fewer launches than with one step each
+        assert max(s for o in outs.values() for s, _, _ in o) < max(s for o in outs_one.values() for s, _, _ in o)
+    assert not runner.has_work() and not runner.streams

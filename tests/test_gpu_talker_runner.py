@@ -125,13 +125,14 @@ def _runner(bundle, graphs: bool, buckets=(1, 2, 4, 8, 16)):
     return runner
 
 
-def _drive(runner, streams: int) -> tuple[dict[str, np.ndarray], list[int]]:
-    """Turn k (WORDS[k] words) joins at step k; steps until every stream ended. PCM per turn, rows per step."""
+def _drive(runner, streams: int, steps: int = 1) -> tuple[dict[str, np.ndarray], list[int]]:
+    """Turn k (WORDS[k] words) joins at launch k (`steps` talker steps each); launches until every stream ended.
+    PCM per turn, rows per launch."""
     pcm, rows, step = defaultdict(list), [], 0
     while step < streams or runner.has_work():
         if step < streams:
             runner.enqueue(f"t{step}", 0, " ".join(["word"] * WORDS[step]), None, seed=100 + step)
-        for out in runner.step():
+        for out in runner.finish(runner.launch(steps)):
             assert out.error is None, out.error
             if out.pcm is not None:
                 pcm[out.turn_id].append(out.pcm)
@@ -171,3 +172,13 @@ def test_graphed_runner_above_the_largest_bucket_and_alone(gpu_bundle):
     _assert_pcm_close(got, want)
     alone, _ = _drive(_runner(gpu_bundle, graphs=True), 1)
     _assert_pcm_close(alone, {"t0": got["t0"]})
+
+
+@cuda
+def test_graphed_runner_several_steps_per_launch_equals_one(gpu_bundle):
+    """`launch(3)`: three graphed steps queued back to back (each replay's outputs copied before the next reuses
+    the graph memory), streams ending at any of them: the same PCM as one step per launch."""
+    want, _ = _drive(_runner(gpu_bundle, graphs=True), 5)
+    got, rows = _drive(_runner(gpu_bundle, graphs=True), 5, steps=3)
+    assert max(rows) >= 2
+    _assert_pcm_close(got, want)

@@ -55,82 +55,86 @@ def _run_step(overlap: StepOverlap, clock: _Clock, seconds: float, chunk: bool, 
     overlap.collected(step, was_running)
 
 
-def test_no_extra_step_without_estimates_or_when_off(clock):
+def _overlap(clock, max_extra=2, thinker=None, one=0.012, more=None) -> StepOverlap:
+    """An overlap that has seen thinker steps of `thinker` {chunk: seconds} and one-step talker launches of `one` s
+    (and, with `more`, a two-step launch of one + more)."""
+    overlap = StepOverlap(max_extra)
+    for chunk, seconds in (thinker or {}).items():
+        _run_step(overlap, clock, seconds, chunk)
+    if one is not None:
+        overlap.talker_stepped(one, 1)
+    if more is not None:
+        overlap.talker_stepped(one + more, 2)
+    return overlap
+
+
+def test_one_step_without_estimates_or_when_off(clock):
     off = StepOverlap(0)
     step = _Step()
     off.launched(step)
-    assert not off.enabled and not off.another_talker_step(step, 0)
+    assert not off.enabled and off.talker_steps(step) == 1
     on = StepOverlap(2)
     on.launched(step)
-    assert not on.another_talker_step(step, 0)  # neither durations known yet
-    on.talker_stepped(0.010)
-    assert not on.another_talker_step(step, 0)  # the thinker's not known yet
+    assert on.talker_steps(step) == 1  # neither duration known yet
+    on.talker_stepped(0.010, 1)
+    assert on.talker_steps(step) == 1  # the thinker's not known yet
+    assert _overlap(clock, thinker={False: 0.05}).talker_steps(None) == 1  # no thinker step in flight
 
 
-def test_a_long_thinker_step_fits_talker_steps_until_half_a_step_would_run_past(clock):
-    overlap = StepOverlap(3)
-    _run_step(overlap, clock, 0.035, chunk=True)  # a step with a prefill chunk: 35 ms
-    _run_step(overlap, clock, 0.014, chunk=False)  # a decode-only step: 14 ms
-    overlap.talker_stepped(0.012)
-    step = _Step(chunk=True)
-    overlap.launched(step)
-    clock.t += 0.013  # the first talker step ran: 22 ms left, a talker step is 12
-    assert overlap.another_talker_step(step, 0)
-    clock.t += 0.012  # 10 ms left: 6 ms of the next talker step would run past -> still within half a step
-    assert overlap.another_talker_step(step, 1)
-    clock.t += 0.012  # past the expected end
-    assert not overlap.another_talker_step(step, 2)
-    assert not overlap.another_talker_step(step, 3)  # the cap anyway
+def test_as_many_steps_as_end_before_the_thinker_step_half_a_step_of_overrun_allowed(clock):
+    overlap = _overlap(clock, max_extra=3, thinker={True: 0.035, False: 0.014}, one=0.012, more=0.008)
+    with_chunk = _Step(chunk=True)
+    overlap.launched(with_chunk)
+    clock.t += 0.002  # routing: one step ends at 14 ms, +8 each: 22, 30, 38 (35 + 4 allowed)
+    assert overlap.talker_steps(with_chunk) == 4
+    clock.t += 0.004  # 6 ms: 18, 26, 34, 42 -> three more would end at 42 > 39
+    assert overlap.talker_steps(with_chunk) == 3
     decode_only = _Step(chunk=False)
     overlap.launched(decode_only)
-    clock.t += 0.013  # 1 ms left of a 14 ms step: no room
-    assert not overlap.another_talker_step(decode_only, 0)
+    clock.t += 0.002  # one step ends at 14 = the thinker's 14: a second would end at 22 > 18
+    assert overlap.talker_steps(decode_only) == 1
 
 
-def test_a_finished_thinker_step_never_gets_another_talker_step(clock):
-    overlap = StepOverlap(2)
-    _run_step(overlap, clock, 0.040, chunk=False)
-    overlap.talker_stepped(0.010)
+def test_the_cap_bounds_the_steps(clock):
+    overlap = _overlap(clock, max_extra=1, thinker={False: 0.5}, one=0.010, more=0.008)
     step = _Step()
     overlap.launched(step)
-    clock.t += 0.005
-    assert overlap.another_talker_step(step, 0)
+    assert overlap.talker_steps(step) == 2
+
+
+def test_a_finished_thinker_step_gets_one_talker_step(clock):
+    overlap = _overlap(clock, thinker={False: 0.040}, one=0.010, more=0.008)
+    step = _Step()
+    overlap.launched(step)
+    assert overlap.talker_steps(step) == 3
     step.ready.done = True  # its event fired early
-    assert not overlap.another_talker_step(step, 0)
+    assert overlap.talker_steps(step) == 1
 
 
-def test_the_cap_bounds_the_extra_steps(clock):
-    overlap = StepOverlap(1)
-    _run_step(overlap, clock, 0.100, chunk=False)
-    overlap.talker_stepped(0.010)
+def test_a_marginal_step_is_guessed_until_measured_then_learned(clock):
+    overlap = _overlap(clock, thinker={False: 0.030}, one=0.015)
     step = _Step()
     overlap.launched(step)
-    assert overlap.another_talker_step(step, 0)
-    assert not overlap.another_talker_step(step, 1)
+    assert overlap.talker_steps(step) == 3  # guess 0.6 x 15 = 9 ms: 24 and 33 <= 30 + 4.5
+    overlap.talker_stepped(0.015 + 0.032, 2)  # measured: a further step costs 32 ms here
+    assert overlap.talker_steps(step) == 1  # 15 + 32 = 47 > 30 + 16
+    assert overlap.extra_steps == 1
 
 
 def test_a_step_seen_done_early_lowers_the_estimate_at_once(clock):
-    overlap = StepOverlap(2)
-    _run_step(overlap, clock, 0.040, chunk=False)  # measured 40 ms
+    overlap = _overlap(clock, thinker={False: 0.040}, one=0.012, more=0.008)
     _run_step(overlap, clock, 0.015, chunk=False, waited=False)  # done within 15 ms: at most 15
-    overlap.talker_stepped(0.010)
     step = _Step()
     overlap.launched(step)
-    clock.t += 0.011  # 4 ms left of 15: the next talker step would run 6 past, more than half of 10
-    assert not overlap.another_talker_step(step, 0)
+    assert overlap.talker_steps(step) == 1  # 12 + 8 = 20 > 15 + 4
 
 
 def test_waited_durations_are_averaged_not_replaced(clock):
-    overlap = StepOverlap(2)
-    _run_step(overlap, clock, 0.040, chunk=False)
+    overlap = _overlap(clock, max_extra=8, thinker={False: 0.040}, one=0.010, more=0.004)
     _run_step(overlap, clock, 0.010, chunk=False)  # one short step: the estimate moves toward it, 40 -> 34 ms
-    overlap.talker_stepped(0.010)
     step = _Step()
     overlap.launched(step)
-    clock.t += 0.025
-    assert overlap.another_talker_step(step, 0)  # 25 + 5 < 34
-    clock.t += 0.005
-    assert not overlap.another_talker_step(step, 0)  # 30 + 5 > 34
+    assert overlap.talker_steps(step) == 7  # 10 + 6 x 4 = 34 <= 36; 38 > 36
 
 
 def test_a_step_without_an_event_cpu_never_overlaps(clock):
@@ -139,8 +143,8 @@ def test_a_step_without_an_event_cpu_never_overlaps(clock):
     overlap.launched(step)
     assert not overlap.before_collect(step)
     overlap.collected(step, False)
-    overlap.talker_stepped(0.010)
-    assert not overlap.another_talker_step(step, 0)
+    overlap.talker_stepped(0.010, 1)
+    assert overlap.talker_steps(step) == 1
 
 
 def test_config_rejects_a_negative_count_and_the_engine_only_overlaps_on_separate_gpus():

@@ -393,7 +393,7 @@ class Engine(Admission, Speculation):
         # step beside the thinker's (own CUDA stream), and the engine waits for the talker's step (stop decisions,
         # VAE, PCM). A segment's first talker step is thus the step that produced its text: admitting jobs before
         # collecting the thinker (the talker launched first) would hold every new segment back one whole step.
-        # A talker on GPUs of its own runs further steps while the thinker's step is still running (`StepOverlap`).
+        # A talker on GPUs of its own queues more steps while the thinker's step is still running (`StepOverlap`).
         if self._in_flight is None:
             self._in_flight = self._launch()
             self._overlap.launched(self._in_flight)
@@ -435,21 +435,17 @@ class Engine(Admission, Speculation):
             if turn.segmenter is not None and not turn.thinker_done:
                 self._route_segments(turn, turn.segmenter.tick(now))
         if self._talker is not None:
-            self._talker_step()
-            extra = 0  # the talker on GPUs of its own goes on while the thinker's step still runs (`StepOverlap`)
-            while self._talker.has_work() and self._overlap.another_talker_step(self._in_flight, extra):
-                self._talker_step()
-                extra += 1
-            self._overlap.extra_steps += extra
+            # a talker on GPUs of its own runs more steps while the thinker's step still runs (`StepOverlap`)
+            self._talker_step(self._overlap.talker_steps(self._in_flight))
         self._bound_speculation()  # between steps: a paused row or stream is simply not in the next one
         for turn_id, turn in list(self._turns.items()):
             if turn.thinker_done and (self._talker is None or not self._talker.pending(turn_id)):
                 self._finish(turn_id, turn)
 
-    def _talker_step(self) -> None:
-        """One talker step (every replica's): start queued jobs, wait for it, deliver its PCM."""
+    def _talker_step(self, steps: int) -> None:
+        """`steps` talker steps (every replica's, queued back to back): start queued jobs, wait, deliver the PCM."""
         started = time.perf_counter()
-        for out in self._talker.finish(self._talker.launch()):
+        for out in self._talker.finish(self._talker.launch(steps)):
             turn = self._turns.get(out.turn_id)
             if turn is None:
                 continue
@@ -465,7 +461,7 @@ class Engine(Admission, Speculation):
                     self._mark(turn, Stage.FIRST_PCM)
                 turn.audio_samples += int(out.pcm.size)
                 self._emit(turn, AudioChunk(turn.request.turn_id, out.pcm, segment_id=out.segment_id))
-        self._overlap.talker_stepped(time.perf_counter() - started)
+        self._overlap.talker_stepped(time.perf_counter() - started, steps)
 
     def _route_segments(self, turn: _Turn, segments) -> None:
         for seg in segments:

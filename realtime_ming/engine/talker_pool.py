@@ -109,14 +109,14 @@ class TalkerPool:
     def step(self) -> list[TalkerOutput]:
         return self.finish(self.launch())
 
-    def launch(self) -> list:
-        """Launch every replica's step before waiting for any (each replica's GPU work runs beside the others').
+    def launch(self, steps: int = 1) -> list:
+        """Launch every replica's `steps` steps before waiting for any (each replica's GPU work runs beside the others').
         If one fails to launch, the replicas launched before it are finished (their outputs dropped: the engine
         fails the turns in flight) so every replica stays consistent, and the error propagates."""
         launched = []
         for runner in self.runners:
             try:
-                launched.append(runner.launch())
+                launched.append(runner.launch(steps))
             except BaseException:
                 for done, step in zip(self.runners, launched):
                     try:

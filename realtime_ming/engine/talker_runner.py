@@ -12,7 +12,9 @@ runs exactly n rows. A turn's first job (a "lead") runs a second talker step ove
 engine step that starts it: the streaming VAE emits each chunk only once the next one is decoded, so the
 turn's first audio leaves in that engine step instead of the next; its audio is unchanged (its own noise
 generator, batch-invariant rows), and later jobs of the turn, which the listener is not waiting for, run
-one step per engine step.
+one step per engine step -- or several, queued back to back in one launch (`launch(steps)`: the engine asks for
+more while the thinker's step on other GPUs is still running, `engine/step_overlap.py`); a stream that ends at
+one of them keeps nothing of the later ones, so the audio is the same whatever the steps per launch.
 
 A turn's talker work can be paused (`pause`, an unconfirmed speculative turn that holds enough audio,
 `engine/speculation.py`): its running stream leaves the rows with a copy of its row state (LM cache, history, VAE
@@ -55,17 +57,16 @@ class TalkerOutput:
     pcm: np.ndarray | None  # float32 44.1 kHz, may be empty
     first_step: bool = False
     error: str | None = None  # this turn's talker work failed (other turns unaffected)
-    steps: int = 1  # talker steps behind `pcm`: 2 when a turn's first job caught up its first chunk (`_Stream.lead`)
+    steps: int = 1  # talker steps behind `pcm` (a first job's catch-up, or several steps queued in one launch)
 
 
 @dataclass(frozen=True, slots=True)
 class _Launched:
-    """A talker step in flight: outputs of jobs started (or failed) this step, the queued step's
-    (gen_lat, stop_prob) — None when no stream runs — and the leads' second step's, or None."""
+    """Talker steps in flight: outputs of jobs started (or failed) this step, and each queued step's
+    (gen_lat, stop_prob) in order — empty when no stream runs (a later step may cover only the leads' rows)."""
 
     started: list
-    step: tuple | None
-    lead_step: tuple | None = None
+    steps: list
 
 
 @dataclass
@@ -236,22 +237,24 @@ class TalkerRunner:
     def step(self) -> list[TalkerOutput]:
         return self.finish(self.launch())
 
-    def launch(self) -> "_Launched":
-        """Start queued jobs and queue this step's graph (LM + CFM + aggregator) without waiting for it; the
-        engine calls `finish` next (the thinker's next step runs beside it). Nothing may touch the streams between."""
+    def launch(self, steps: int = 1) -> "_Launched":
+        """Start queued jobs and queue `steps` talker steps of every stream back to back (LM + CFM + aggregator
+        graphs) without waiting for them; the engine calls `finish` next (the thinker's next step runs beside
+        them). Nothing may touch the streams between. A stream that ends before its last queued step keeps only
+        the steps up to its end (the rest were computed for nothing). The audio is the same whatever `steps`."""
         with self._on_streams():
             started = self._admit()
             if not self.streams:
-                return _Launched(started, None)
+                return _Launched(started, [])
             with torch.no_grad():
-                return _Launched(started, *self._launch_advance())
+                return _Launched(started, self._launch_advance(max(1, int(steps))))
 
     def finish(self, launched: "_Launched") -> list[TalkerOutput]:
-        """Wait for a launched step: stop decisions, the VAE chunk, each stream's PCM; retire ended streams."""
-        if launched.step is None:
+        """Wait for the launched steps: stop decisions, VAE chunks, each stream's PCM; retire ended streams."""
+        if not launched.steps:
             return launched.started
         with self._on_streams(), torch.no_grad():
-            return launched.started + self._finish_advance(launched.step, launched.lead_step)
+            return launched.started + self._finish_advance(launched.steps)
 
     def _admit(self) -> list[TalkerOutput]:
         """Put resumed streams back, then start the next job of every turn that has none running or parked and is not
@@ -347,22 +350,26 @@ class TalkerRunner:
         prompt, text = self.bundle.voices[voice]
         return self.replica.voices(prompt), text  # the voice on this replica's device (copied once)
 
-    def _launch_advance(self) -> tuple:
-        """Queue this step (every stream) and, when leads started this step, their second step (rows
-        0..leads-1); returns each one's (gen_lat, stop_prob) (None for a second step not run)."""
-        step = self._advance(self.streams)
+    def _launch_advance(self, steps: int) -> list:
+        """Queue `steps` steps of every stream (with one step, leads that started now still get their second,
+        over rows 0..leads-1); returns each queued step's (gen_lat, stop_prob), in order."""
+        rows = [len(self.streams)] * (steps - 1)
         leads = sum(s.lead for s in self.streams)
-        if not leads:
-            return step, None
-        step = tuple(t.clone() for t in step)  # graph memory: the leads' replay below reuses it
-        return step, self._advance(self.streams[:leads], second=True)
+        if not rows and leads:
+            rows = [leads]
+        queued = [self._advance(self.streams)]
+        for ahead, n in enumerate(rows, start=1):
+            queued[-1] = tuple(t.clone() for t in queued[-1])  # graph memory: the next replay reuses it
+            queued.append(self._advance(self.streams[:n], ahead=ahead))
+        return queued
 
-    def _advance(self, streams: list[_Stream], second: bool = False) -> tuple:
-        """One talker step of rows 0..len(streams)-1; `second`: the leads' second step in this engine step
-        (none is fresh any more: each decodes at its prompt's end, as its next engine step would)."""
+    def _advance(self, streams: list[_Stream], ahead: int = 0) -> tuple:
+        """One talker step of rows 0..len(streams)-1, `ahead` steps after the first one queued in this engine
+        step (none is fresh then: a stream prefilled now decodes at its prompt's end, then on)."""
         n = len(streams)
-        fresh = [s.fresh and not second for s in streams]
-        pos = upload([[-1 if f else s.pos] for s, f in zip(streams, fresh)], torch.int64, self.device)  # [n, 1]
+        fresh = [s.fresh and not ahead for s in streams]
+        pos = upload([[-1 if f else s.pos + ahead - int(s.fresh)] for s, f in zip(streams, fresh)],
+                     torch.int64, self.device)  # [n, 1]
         y0, sde_rnd = self._noise(streams)
         gen_lat, next_embed, stop_prob, h, his = self.stepper(
             self.next_embed[:n], pos, upload(fresh, torch.bool, self.device), self.h[:n], self.his[:n], y0, sde_rnd,
@@ -373,29 +380,39 @@ class TalkerRunner:
         self.next_embed[:n].copy_(next_embed)
         return gen_lat, stop_prob
 
-    def _finish_advance(self, step: tuple, lead_step: tuple | None) -> list[TalkerOutput]:
-        last, pcm = self._collect(self.streams, *step)
-        steps = [1] * len(self.streams)
-        if lead_step is not None:  # the leads' second step: their first chunk leaves now, not next engine step
-            leads = self.streams[:lead_step[0].shape[0]]
-            if any(last[:len(leads)]):
-                raise RuntimeError("a lead talker stream ended on its first step")  # excluded by `_start`
-            last2, pcm2 = self._collect(leads, *lead_step)
-            for i in range(len(leads)):
-                last[i], pcm[i], steps[i] = last2[i], torch.cat((pcm[i], pcm2[i])), 2
-                leads[i].lead = False
-        outputs = [TalkerOutput(s.job.turn_id, s.job.segment_id, p.numpy().astype(np.float32, copy=False), steps=k)
+    def _finish_advance(self, queued: list) -> list[TalkerOutput]:
+        """Each queued step in order; a stream that ended keeps nothing of the steps after its end."""
+        n = len(self.streams)
+        ended, steps, pcm = [False] * n, [0] * n, [[] for _ in range(n)]
+        for gen_lat, stop_prob in queued:
+            rows = self.streams[:gen_lat.shape[0]]
+            live = [not ended[i] for i in range(len(rows))]
+            last, chunk = self._collect(rows, gen_lat, stop_prob, live)
+            for i in range(len(rows)):
+                if live[i]:
+                    ended[i], steps[i] = last[i], steps[i] + 1
+                    pcm[i].append(chunk[i])
+        for s in self.streams:
+            s.lead = False
+        outputs = [TalkerOutput(s.job.turn_id, s.job.segment_id,
+                                (p[0] if len(p) == 1 else torch.cat(p)).numpy().astype(np.float32, copy=False), steps=k)
                    for s, p, k in zip(self.streams, pcm, steps)]
-        ending = [i for i, end in enumerate(last) if end]
-        if ending:  # their VAE rows were flushed (and, graphed, reset) by the step
+        ending = [i for i, end in enumerate(ended) if end]
+        if ending:  # their VAE rows were flushed (and, graphed, reset) by the step that ended them
             self._remove(ending, reset=False)
         return outputs
 
-    def _collect(self, streams: list[_Stream], gen_lat: torch.Tensor, stop_prob: torch.Tensor) -> tuple[list, list]:
-        """Stop decisions and the VAE chunk of one talker step of rows 0..len(streams)-1: (ends, PCM) per row."""
+    def _collect(self, streams: list[_Stream], gen_lat: torch.Tensor, stop_prob: torch.Tensor,
+                 live: list[bool]) -> tuple[list, list]:
+        """Stop decisions and the VAE chunk of one talker step of rows 0..len(streams)-1: (ends, PCM) per row.
+        A row not `live` (its stream ended at an earlier step queued with this one) is left as it is: its VAE
+        row is flushed again (the stream is removed after) and its PCM is None."""
         p_stop = stop_prob[:, 1].float().tolist()  # host sync: the stop decision needs it
         last = []
         for i, s in enumerate(streams):
+            if not live[i]:
+                last.append(True)
+                continue
             if not s.fresh:
                 s.pos += 1
             s.fresh = False
@@ -405,7 +422,7 @@ class TalkerRunner:
             last.append(ends)
             s.step += 1
         pcm_rows = self.vae_step(gen_lat, last)  # host float32 per row
-        pcm = [s.silence.push(pcm_rows[i], last[i]) if s.silence is not None else pcm_rows[i]
+        pcm = [None if not live[i] else s.silence.push(pcm_rows[i], last[i]) if s.silence is not None else pcm_rows[i]
                for i, s in enumerate(streams)]
         return last, pcm
 
