@@ -133,6 +133,9 @@ class TalkerRunnerConfig:
     # with the talker on GPUs apart from the thinker's: up to this many more talker steps per engine step while
     # the thinker's step is still running (`engine/step_overlap.py`); 0 = one talker step per engine step
     steps_while_thinking: int = 2
+    # ... and those steps may end this share of the thinker's step after it (delaying its next launch that much):
+    # the talker needs about twice as many steps per turn as the thinker, so some delay buys throughput
+    thinker_delay: float = 0.5
 
     def __post_init__(self):
         if self.max_streams < 1:
@@ -143,6 +146,8 @@ class TalkerRunnerConfig:
             raise ValueError("engine.talker.voice_head_cache must be >= 0")
         if self.steps_while_thinking < 0:
             raise ValueError("engine.talker.steps_while_thinking must be >= 0")
+        if not 0.0 <= self.thinker_delay <= 4.0:
+            raise ValueError("engine.talker.thinker_delay must be a share of the thinker's step in [0, 4]")
         if not 0 <= self.min_text_tokens < self.max_prompt_len // 2:
             raise ValueError("engine.talker.min_text_tokens must be in [0, max_prompt_len // 2)")
 

@@ -85,7 +85,7 @@ class Engine(Admission, Speculation):
         self._talker = make_talker(bundle, cfg) if bundle.has_talker else None  # a pool over several replicas
         self._stopping = False
         self._in_flight = None  # the thinker step queued at the end of the last engine step, collected by the next
-        self._overlap = StepOverlap(overlap_steps(cfg) if self._talker is not None else 0)
+        self._overlap = StepOverlap(overlap_steps(cfg) if self._talker is not None else 0, cfg.talker.thinker_delay)
         # `_dead` (None while serving) is set once, under `_lock`, which also orders every delivery to a sink, so
         # no command is queued after the engine died and a turn's terminal event is always its last
         self._lock = threading.RLock()

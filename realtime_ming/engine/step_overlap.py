@@ -38,8 +38,9 @@ def _average(known: float | None, seconds: float) -> float:
 
 
 class StepOverlap:
-    def __init__(self, max_extra: int):
+    def __init__(self, max_extra: int, thinker_delay: float = 0.0):
         self.max_extra = max(0, int(max_extra))
+        self.thinker_delay = thinker_delay
         self._thinker_s: dict[bool, float] = {}  # with a prefill chunk? -> a thinker step's launch → done seconds
         self._one_s: float | None = None  # a one-step talker launch → its outputs delivered
         self._more_s: float | None = None  # each further step queued in the same launch
@@ -96,6 +97,7 @@ class StepOverlap:
         more = self._more_s if self._more_s is not None else _FIRST_GUESS * self._one_s
         end = time.perf_counter() - start[0] + self._one_s  # where one step would end, since the thinker's launch
         steps = 1
-        while steps <= self.max_extra and end + more <= expected + _OVERRUN * more:
+        limit = expected * (1.0 + self.thinker_delay) + _OVERRUN * more
+        while steps <= self.max_extra and end + more <= limit:
             steps, end = steps + 1, end + more
         return steps
