@@ -147,19 +147,21 @@ def test_a_step_without_an_event_cpu_never_overlaps(clock):
     assert overlap.talker_steps(step) == 1
 
 
-def test_config_rejects_a_negative_count_and_the_engine_only_overlaps_on_separate_gpus():
+def test_config_rejects_bad_values_and_the_engine_only_overlaps_on_separate_gpus():
     with pytest.raises(ValueError, match="steps_while_thinking"):
         TalkerRunnerConfig(steps_while_thinking=-1)
-    assert EngineConfig().talker.steps_while_thinking == 2
+    with pytest.raises(ValueError, match="thinker_delay"):
+        TalkerRunnerConfig(thinker_delay=-0.1)
+    assert EngineConfig().talker.steps_while_thinking == 0  # off by default: it trades TTFA at load for throughput
+    on = TalkerRunnerConfig(steps_while_thinking=2)
 
     def steps(**placement) -> int:
-        return overlap_steps(EngineConfig(placement=PlacementConfig(**placement)))
+        return overlap_steps(EngineConfig(placement=PlacementConfig(**placement), talker=on))
 
     assert steps() == 0  # everything on the CPU
     assert steps(thinker_devices=("cuda:0", "cuda:1"), talker_devices=("cuda:2", "cuda:3")) == 2
     assert steps(thinker_devices=("cuda:0", "cuda:1"), talker_device="cuda:2", vae_device="cuda:2") == 2
     assert steps(thinker_devices=("cuda:0", "cuda:1"), talker_device="cuda:0", vae_device="cuda:0") == 0
     assert steps(thinker_devices=("cuda:0", "cuda:1"), talker_devices=("cuda:2", "cuda:1")) == 0
-    cfg = EngineConfig(placement=PlacementConfig(thinker_devices=("cuda:0",), talker_devices=("cuda:1",)),
-                       talker=TalkerRunnerConfig(steps_while_thinking=0))
-    assert overlap_steps(cfg) == 0
+    off = EngineConfig(placement=PlacementConfig(thinker_devices=("cuda:0",), talker_devices=("cuda:1",)))
+    assert overlap_steps(off) == 0

@@ -130,11 +130,12 @@ class TalkerRunnerConfig:
     # a turn's first job runs two talker steps in the engine step that starts it (the VAE holds each chunk until
     # the next one): the same audio, its first chunk one engine step sooner, for one small extra talker + VAE pass
     first_chunk_catch_up: bool = True
-    # with the talker on GPUs apart from the thinker's: up to this many more talker steps per engine step while
-    # the thinker's step is still running (`engine/step_overlap.py`); 0 = one talker step per engine step
-    steps_while_thinking: int = 2
-    # ... and those steps may end this share of the thinker's step after it (delaying its next launch that much):
-    # the talker needs about twice as many steps per turn as the thinker, so some delay buys throughput
+    # with the talker on GPUs apart from the thinker's: up to this many more talker steps queued in one launch while
+    # the thinker's step is still running (`engine/step_overlap.py`); 0 = one talker step per engine step. Off by
+    # default: on 4x H200 it gave +7 % spoken turns/s at N=32 (thinker_delay 0.5) but TTFA_server p50 39 -> 83 ms
+    # at c=64 (bench/results/gpu-h200x4-overlap-2026-11-26/)
+    steps_while_thinking: int = 0
+    # ... and those steps may end this share of the thinker's expected step after it (delaying its next launch)
     thinker_delay: float = 0.5
 
     def __post_init__(self):
