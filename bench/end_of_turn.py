@@ -288,6 +288,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--words-accuracy", default="1",
                         help="--words: comma-separated accuracies of the judge (1 = the oracle; <1 flips answers)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tail-ms", type=int, default=9000, help="silence streamed after each utterance")
     parser.add_argument("--seeds", type=int, default=5, help="seeds averaged for an imperfect judge")
     parser.add_argument("--words-latency-ms", type=int, default=0,
                         help="--words: audio ms from the pause's SpeechPaused to the judgement's answer")
@@ -329,9 +330,10 @@ def main(argv: list[str] | None = None) -> None:
             turns = InputTurns(VadSettings(), lambda _kind: create_vad(VadKind.SILERO, silero_session=session), 60.0,
                                end_of_turn=smart_turn, decision_wait_s=None)  # faster than real time: wait for answers
             turns.configure(AudioFormat(), td)
+            turns.words_judged = accuracy is not None  # as the session sets it where the engine judges words
             for k, speech in enumerate(paused + complete):
                 judge = None if accuracy is None else oracle_judge(accuracy, np.random.default_rng([seed, k]))
-                ends, c = run_turn(turns, speech, words=judge, words_latency_ms=args.words_latency_ms)
+                ends, c = run_turn(turns, speech, args.tail_ms, words=judge, words_latency_ms=args.words_latency_ms)
                 if k < len(paused):
                     splits += len(ends) != 1
                 else:

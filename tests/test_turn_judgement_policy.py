@@ -134,6 +134,22 @@ def test_words_asked_after_prosody_said_incomplete_may_still_overrule(monkeypatc
     assert len(ends) == 1 and ends[0] <= 600 + 120 + 100
 
 
+def test_a_decision_point_reached_with_the_pause_waits_for_the_words_to_be_asked(monkeypatch):
+    """Silence that passes the 120 ms pause and the decision point in one append: with words judged (the session
+    sets `words_judged`), prosody's "complete" does not end the turn before the session asked the words; their
+    "not finished" keeps a paused sentence whole."""
+    monkeypatch.setitem(EAGERNESS_POLICY, "high", dataclasses.replace(HIGH, decide_after_ms=120, early_ms=60))
+    turns = _turns(0.99)
+    turns.words_judged = True
+
+    def answer(t, k):
+        assert t.expect_judgement(f"j{k}")
+        return t.on_judgement(f"j{k}", 0.1 if k == 0 else 0.9)
+
+    ends = _ends(_stream(turns, PAUSED, answer))
+    assert len(ends) == 1 and ends[0] >= 1900 + 120
+
+
 def test_prosody_alone_is_unchanged_without_a_words_judgement():
     assert _ends(_stream(_turns(0.0), SENTENCE))[0] >= 600 + HIGH.fallback_ms
     assert _ends(_stream(_turns(0.99), SENTENCE))[0] <= 600 + HIGH.decide_after_ms + 100

@@ -117,6 +117,10 @@ class InputTurns:
         self._prosody_complete = False  # Smart Turn said complete; the turn waits for the words judgement
         self._prosody_incomplete = False  # Smart Turn said incomplete; sure words may still end the turn
         self.last_words: tuple[float | None, bool] | None = None  # (P(complete) or None if not in, turn ended)
+        # The session asks a words judgement at each pause (the engine offers JUDGE_TURN): a decision point reached
+        # in the append that announced the pause waits for the next append or `poll`, so the judgement is asked
+        # first (Silero's silence can pass both the 120 ms pause and the decision point in one 20 ms append).
+        self.words_judged = False
         self._make_vad = make_vad
         self._max_buffer_ms = max_buffer_s * 1000.0
         self._buffer = InputAudioBuffer()
@@ -210,7 +214,10 @@ class InputTurns:
         ):
             self._drop_call()  # the pause is over (speech came back, or the turn ended): its call is obsolete
         self._start_end_of_turn()
-        stopped = self._judge_end_of_turn() or self._words_decision()
+        if self.words_judged and any(isinstance(signal, SpeechPaused) for signal in signals):
+            stopped = None  # the session asks the words first; `pending_decision` / the next append decide
+        else:
+            stopped = self._judge_end_of_turn() or self._words_decision()
         if stopped is not None:
             signals.append(self._signal(stopped))
         if self._detector.state is TurnState.SILENCE:
