@@ -11,7 +11,7 @@ checkpoint's judgement accuracy is not measured here. `--words-accuracy 1,0.9,0.
 oracle's answer flipped (0 <-> 1) with probability 1 - accuracy (seeded per utterance and pause, `--seed`, averaged
 over `--seeds` seeds); `--words-latency-ms`: the answer arrives this much audio time after the pause's
 SpeechPaused (dropped if the pause is over by then); `--decide-after-ms` / `--early-ms`: override the policy of
-high / auto / medium (Smart Turn calls are memoised per audio, so the variants cost one set of calls). `--judge-cost`: ms from submit to `TurnJudgement` of one
+high / auto / medium (both its decision points, with and without words) (Smart Turn calls are memoised per audio, so the variants cost one set of calls). `--judge-cost`: ms from submit to `TurnJudgement` of one
 JUDGE_TURN on the tiny CPU engine (forked from a spoken reply's prefill).
 """
 
@@ -131,8 +131,9 @@ def _override_policy(decide_after_ms: int | None, early_ms: int | None, no_overr
     words never overrule prosody's "incomplete" (the policy before `words_override`)."""
     for name, policy in end_of_turn.EAGERNESS_POLICY.items():
         if name != "low":
-            policy = dataclasses.replace(policy, decide_after_ms=decide_after_ms or policy.decide_after_ms,
-                                         early_ms=policy.early_ms if early_ms is None else early_ms)
+            decide = decide_after_ms or policy.decide_after_ms
+            policy = dataclasses.replace(policy, decide_after_ms=decide, early_ms=policy.early_ms if early_ms is None
+                                         else early_ms, words_decide_after_ms=decide_after_ms and decide)
         end_of_turn.EAGERNESS_POLICY[name] = dataclasses.replace(
             policy, words_override=None if no_override else policy.words_override)
 
@@ -340,6 +341,7 @@ def main(argv: list[str] | None = None) -> None:
                     delays += ends[-1:]
                 cpu += c
         policy = end_of_turn.EAGERNESS_POLICY[td.eagerness.value] if isinstance(td, SemanticVad) else None
+        policy = policy.with_words() if policy is not None and accuracy is not None else policy
         results[name] = {
             "split_rate": round(splits / (len(paused) * len(seeds)), 3),
             "turn_end_after_speech_ms_p50": statistics.median(delays),

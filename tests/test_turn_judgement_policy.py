@@ -87,6 +87,22 @@ def test_sure_words_overrule_prosody_incomplete_at_the_decision_point():
     assert turns.last_words == (1.0, True)
 
 
+def test_where_words_are_judged_the_earlier_decision_point_is_in_force():
+    assert HIGH.words_decide_after_ms is not None and HIGH.words_decide_after_ms < HIGH.decide_after_ms
+    turns = _turns(0.0)
+    turns.words_judged = True
+    ends = _ends(_stream(turns, SENTENCE, lambda t, k: t.expect_judgement("j") and t.on_judgement("j", 1.0)))
+    assert len(ends) == 1 and ends[0] < 600 + HIGH.decide_after_ms
+    turns.words_judged = False  # no words judged: prosody's own (later) decision point again
+    ends = _ends(_stream(turns, SENTENCE, lambda t, k: t.expect_judgement("j") and t.on_judgement("j", 1.0)))
+    assert len(ends) == 1 and 600 + HIGH.decide_after_ms <= ends[0] <= 600 + HIGH.decide_after_ms + 100
+
+
+def test_words_decision_point_must_leave_room_for_the_early_call():
+    with pytest.raises(ValueError, match="words_decide_after_ms"):
+        dataclasses.replace(HIGH, words_decide_after_ms=HIGH.early_ms)
+
+
 def test_sure_words_arriving_after_the_decision_point_end_the_turn_when_they_come():
     turns = _turns(0.0)
     signals = _stream(turns, np.concatenate([tone(0.6, HZ), silence(0.6, HZ)]), lambda t, k: [t.expect_judgement("j")])

@@ -106,7 +106,8 @@ class InputTurns:
         self._end_of_turn = end_of_turn
         self._decision_wait_s = decision_wait_s
         self._decisions = decisions
-        self._policy: EndOfTurnPolicy | None = None  # semantic_vad only
+        self._eagerness_policy: EndOfTurnPolicy | None = None  # semantic_vad only
+        self._policy: EndOfTurnPolicy | None = None  # the one in force (`with_words()` where words are judged)
         self._decided = False  # Smart Turn already answered during the current pause
         self._call: Future | None = None  # the current pause's one Smart Turn call (started early_ms ahead)
         self.last_decision: tuple[float, float] | None = None  # (P(complete), CPU ms) of the latest call
@@ -117,10 +118,7 @@ class InputTurns:
         self._prosody_complete = False  # Smart Turn said complete; the turn waits for the words judgement
         self._prosody_incomplete = False  # Smart Turn said incomplete; sure words may still end the turn
         self.last_words: tuple[float | None, bool] | None = None  # (P(complete) or None if not in, turn ended)
-        # The session asks a words judgement at each pause (the engine offers JUDGE_TURN): a decision point reached
-        # in the append that announced the pause waits for the next append or `poll`, so the judgement is asked
-        # first (Silero's silence can pass both the 120 ms pause and the decision point in one 20 ms append).
-        self.words_judged = False
+        self._words_judged = False
         self._make_vad = make_vad
         self._max_buffer_ms = max_buffer_s * 1000.0
         self._buffer = InputAudioBuffer()
@@ -147,6 +145,23 @@ class InputTurns:
         return self._detector is not None and self._detector.state is not TurnState.SILENCE
 
     @property
+    def words_judged(self) -> bool:
+        """The session asks a words judgement at each pause (the engine offers JUDGE_TURN; set by the session): the
+        policy's `words_decide_after_ms` is in force, and a decision point reached in the append that announced the
+        pause waits for the next append or `poll`, so the judgement is asked first (Silero's silence can pass both
+        the 120 ms pause and the decision point in one 20 ms append)."""
+        return self._words_judged
+
+    @words_judged.setter
+    def words_judged(self, on: bool) -> None:
+        self._words_judged = on
+        self._set_policy()
+
+    def _set_policy(self) -> None:
+        base = self._eagerness_policy
+        self._policy = None if base is None else base.with_words() if self._words_judged else base
+
+    @property
     def judging_barge_in(self) -> bool:
         """A guarded speech candidate is being judged (the reply's output is held meanwhile)."""
         return self._detector is not None and self._detector.judging_barge_in
@@ -162,11 +177,13 @@ class InputTurns:
             return
         base = self._vad.detector
         if isinstance(turn_detection, ServerVad):
-            self._policy = None
+            self._eagerness_policy = None
+            self._set_policy()
             threshold, prefix_ms = turn_detection.threshold, turn_detection.prefix_padding_ms
             silence_ms = turn_detection.silence_duration_ms
         else:
-            self._policy = EAGERNESS_POLICY[turn_detection.eagerness.value]
+            self._eagerness_policy = EAGERNESS_POLICY[turn_detection.eagerness.value]
+            self._set_policy()
             threshold, prefix_ms = base.threshold, base.prefix_padding_ms
             silence_ms = self._policy.fallback_ms
             if self._end_of_turn is None:
