@@ -130,10 +130,10 @@ def _override_policy(decide_after_ms: int | None, early_ms: int | None, no_overr
     """Set the decision point of high / auto / medium for this process (the bench's variants); `no_override`: the
     words never overrule prosody's "incomplete" (the policy before `words_override`)."""
     for name, policy in end_of_turn.EAGERNESS_POLICY.items():
-        if name != "low":
-            decide = decide_after_ms or policy.decide_after_ms
-            policy = dataclasses.replace(policy, decide_after_ms=decide, early_ms=policy.early_ms if early_ms is None
-                                         else early_ms, words_decide_after_ms=decide_after_ms and decide)
+        if name != "low" and decide_after_ms is not None:
+            policy = dataclasses.replace(policy, decide_after_ms=decide_after_ms, words_decide_after_ms=decide_after_ms)
+        if name != "low" and early_ms is not None:
+            policy = dataclasses.replace(policy, early_ms=early_ms)
         end_of_turn.EAGERNESS_POLICY[name] = dataclasses.replace(
             policy, words_override=None if no_override else policy.words_override)
 
