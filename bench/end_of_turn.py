@@ -10,7 +10,8 @@ far ends mid-sentence, 1 at the real end). The oracle is an upper bound of the c
 checkpoint's judgement accuracy is not measured here. `--words-accuracy 1,0.9,0.8`: also an IMPERFECT judge, the
 oracle's answer flipped (0 <-> 1) with probability 1 - accuracy (seeded per utterance and pause, `--seed`, averaged
 over `--seeds` seeds); `--words-latency-ms`: the answer arrives this much audio time after the pause's
-SpeechPaused (dropped if the pause is over by then); `--decide-after-ms` / `--early-ms`: override the policy of
+SpeechPaused (dropped if the pause is over by then; the answer is then always waited for, as a real-time
+stream's answer within `words_wait_ms` of the decision point is); `--decide-after-ms` / `--early-ms`: override the policy of
 high / auto / medium (both its decision points, with and without words) (Smart Turn calls are memoised per audio, so the variants cost one set of calls). `--judge-cost`: ms from submit to `TurnJudgement` of one
 JUDGE_TURN on the tiny CPU engine (forked from a spoken reply's prefill).
 """
@@ -126,10 +127,15 @@ def _memoised(model: Callable[[np.ndarray], float]) -> Callable[[np.ndarray], fl
     return predict
 
 
-def _override_policy(decide_after_ms: int | None, early_ms: int | None, no_override: bool = False) -> None:
+def _override_policy(decide_after_ms: int | None, early_ms: int | None, no_override: bool = False,
+                     patient: bool = False) -> None:
     """Set the decision point of high / auto / medium for this process (the bench's variants); `no_override`: the
-    words never overrule prosody's "incomplete" (the policy before `words_override`)."""
+    words never overrule prosody's "incomplete" (the policy before `words_override`); `patient`: wait for the words
+    without the wall-clock `words_wait_ms` (the bench's audio runs faster than real time, so a wall-clock wait that
+    began before a slow Smart Turn call would run out at random)."""
     for name, policy in end_of_turn.EAGERNESS_POLICY.items():
+        if patient:
+            policy = dataclasses.replace(policy, words_wait_ms=3_600_000)
         if name != "low" and decide_after_ms is not None:
             policy = dataclasses.replace(policy, decide_after_ms=decide_after_ms, words_decide_after_ms=decide_after_ms)
         if name != "low" and early_ms is not None:
@@ -309,7 +315,7 @@ def main(argv: list[str] | None = None) -> None:
         clips = [soxr.resample(espeak(t, v), _WIRE_HZ, 16000).astype(np.float32) for t in COMPLETE for v in VOICES[:2]]
         print(json.dumps(cost(clips) if args.cost else load(clips, args.load, args.turn_s, args.workers, args.duration_s, args.shed_after_s or None)))
         return
-    _override_policy(args.decide_after_ms, args.early_ms, args.no_override)
+    _override_policy(args.decide_after_ms, args.early_ms, args.no_override, patient=args.words_latency_ms > 0)
     wanted = [m for m in args.modes.split(",") if m]
     session = create_silero_session()
     smart_turn = _memoised(SmartTurn().predict) if args.words else SmartTurn().predict  # --words: CPU ms moot
