@@ -36,11 +36,11 @@ import soxr
 
 from realtime_ming.audio import end_of_turn
 from realtime_ming.audio.end_of_turn import SmartTurn, smart_turn_features
+from realtime_ming.audio.turns import SpeechPaused
 from realtime_ming.audio.vad import VadKind, create_silero_session, create_vad
 from realtime_ming.protocol.session import Eagerness, SemanticVad, ServerVad
 from realtime_ming.protocol.values import AudioFormat
 from realtime_ming.session.config import VadSettings
-from realtime_ming.audio.turns import SpeechPaused
 from realtime_ming.session.input import InputTurns, SpeechEnded
 
 __all__ = ["COMPLETE", "PAUSED", "VOICES", "espeak", "main", "run_turn"]
@@ -232,8 +232,17 @@ def judge_cost(repeats: int = 10) -> dict:
     """ms from submit to `TurnJudgement` of a JUDGE_TURN forked from a spoken reply (1.5 s of espeak-ng speech) on
     the tiny CPU engine, and of the reply's own prefill (submit → PREFILL_DONE) it waits for; medians."""
     from realtime_ming.engine import Engine
-    from realtime_ming.engine.api import (Content, Message, SamplingParams, Stage, StageMark, TurnDone, TurnJudgement,
-                                          TurnRequest, TurnTask)
+    from realtime_ming.engine.api import (
+        Content,
+        Message,
+        SamplingParams,
+        Stage,
+        StageMark,
+        TurnDone,
+        TurnJudgement,
+        TurnRequest,
+        TurnTask,
+    )
     from realtime_ming.engine.config import EngineConfig, ThinkerRunnerConfig
     from realtime_ming.engine.turn_judgement import judgement_history
 
