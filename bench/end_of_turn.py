@@ -7,7 +7,12 @@ Run: `python3 -m bench.end_of_turn [--pause-ms 700]` (synthesises with espeak-ng
 `--words`: each semantic_vad mode twice, prosody alone and prosody + an ORACLE words judgement (fed to
 `InputTurns` at each pause, as the session feeds the thinker's `TurnJudgement`: P(complete) 0 while the audio so
 far ends mid-sentence, 1 at the real end). The oracle is an upper bound of the combined policy, not Ming: a real
-checkpoint's judgement accuracy is not measured here. `--judge-cost`: ms from submit to `TurnJudgement` of one
+checkpoint's judgement accuracy is not measured here. `--words-accuracy 1,0.9,0.8`: also an IMPERFECT judge, the
+oracle's answer flipped (0 <-> 1) with probability 1 - accuracy (seeded per utterance and pause, `--seed`, averaged
+over `--seeds` seeds); `--words-latency-ms`: the answer arrives this much audio time after the pause's
+SpeechPaused (dropped if the pause is over by then; the answer is then always waited for, as a real-time
+stream's answer within `words_wait_ms` of the decision point is); `--decide-after-ms` / `--early-ms`: override the policy of
+high / auto / medium (both its decision points, with and without words) (Smart Turn calls are memoised per audio, so the variants cost one set of calls). `--judge-cost`: ms from submit to `TurnJudgement` of one
 JUDGE_TURN on the tiny CPU engine (forked from a spoken reply's prefill).
 """
 
@@ -15,23 +20,27 @@ from __future__ import annotations
 
 import argparse
 import base64
+import dataclasses
+import hashlib
 import json
 import os
 import statistics
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import soxr
 
+from realtime_ming.audio import end_of_turn
 from realtime_ming.audio.end_of_turn import SmartTurn, smart_turn_features
+from realtime_ming.audio.turns import SpeechPaused
 from realtime_ming.audio.vad import VadKind, create_silero_session, create_vad
 from realtime_ming.protocol.session import Eagerness, SemanticVad, ServerVad
 from realtime_ming.protocol.values import AudioFormat
 from realtime_ming.session.config import VadSettings
-from realtime_ming.audio.turns import SpeechPaused
 from realtime_ming.session.input import InputTurns, SpeechEnded
 
 __all__ = ["COMPLETE", "PAUSED", "VOICES", "espeak", "main", "run_turn"]
@@ -66,25 +75,73 @@ def espeak(text: str, voice: str, pause_ms: int = 0, wpm: int = 170) -> np.ndarr
     return soxr.resample(pcm[loud[0]: loud[-1] + 1], 22050, _WIRE_HZ).astype(np.float32)
 
 
+def oracle_judge(accuracy: float = 1.0, rng: np.random.Generator | None = None) -> Callable[[bool], float]:
+    """The words judgement of the bench: P(complete) 1 at the real end of the utterance, 0 mid-sentence (the
+    ORACLE), flipped with probability 1 - `accuracy` (an imperfect judge; `rng` draws one number a judgement)."""
+    if accuracy < 1.0 and rng is None:
+        raise ValueError("an imperfect judge needs an rng")
+
+    def judge(at_end: bool) -> float:
+        right = accuracy >= 1.0 or rng.random() < accuracy  # type: ignore[union-attr]
+        return 1.0 if at_end == right else 0.0
+
+    return judge
+
+
 def run_turn(turns: InputTurns, speech: np.ndarray, tail_ms: int = 9000,
-             oracle: bool = False) -> tuple[list[int], list[float]]:
-    """Stream speech + silence in 20 ms appends; (turn-end delays after the speech end in ms, CPU ms). `oracle`:
-    at each pause a words judgement that knows whether the audio so far ends mid-sentence (module doc)."""
+             words: Callable[[bool], float] | None = None, words_latency_ms: int = 0) -> tuple[list[int], list[float]]:
+    """Stream speech + silence in 20 ms appends; (turn-end delays after the speech end in ms, CPU ms). `words`: at
+    each pause a words judgement told whether the audio so far is the whole utterance (`oracle_judge`), its answer
+    handed over `words_latency_ms` of audio after the pause's SpeechPaused (as the session feeds `TurnJudgement`)."""
     audio = np.concatenate([speech, np.zeros(_WIRE_HZ * tail_ms // 1000, np.float32)])
     pcm = (np.clip(audio, -1, 1) * 32767).astype(np.int16)
     step = _WIRE_HZ * _CHUNK_MS // 1000
     ends, cpu = [], []
+    pending: list[tuple[int, str, float]] = []  # (sample index due, judgement id, answer)
     for i in range(0, pcm.size, step):
         turns.last_decision = None
         signals = turns.append(base64.b64encode(pcm[i: i + step].tobytes()).decode())
-        if oracle and any(isinstance(s, SpeechPaused) for s in signals) and turns.expect_judgement(f"oracle-{i}"):
-            signals += turns.on_judgement(f"oracle-{i}", 0.0 if i + step < speech.size else 1.0)
+        if words is not None and any(isinstance(s, SpeechPaused) for s in signals) and turns.expect_judgement(f"j-{i}"):
+            pending.append((i + _WIRE_HZ * words_latency_ms // 1000, f"j-{i}", words(i + step >= speech.size)))
+        while pending and pending[0][0] <= i:
+            _due, judge_id, answer = pending.pop(0)
+            signals += turns.on_judgement(judge_id, answer)  # a pause that is over drops it
         for signal in signals:
             if isinstance(signal, SpeechEnded):
                 ends.append((i + step) * 1000 // _WIRE_HZ - speech.size * 1000 // _WIRE_HZ)
         if turns.last_decision is not None:
             cpu.append(turns.last_decision[1])
     return ends, cpu
+
+
+def _memoised(model: Callable[[np.ndarray], float]) -> Callable[[np.ndarray], float]:
+    """Smart Turn is deterministic: the same audio gets the same answer, computed once."""
+    cache: dict[bytes, float] = {}
+
+    def predict(audio: np.ndarray) -> float:
+        key = hashlib.blake2b(np.ascontiguousarray(audio).tobytes(), digest_size=16).digest()
+        if key not in cache:
+            cache[key] = model(audio)
+        return cache[key]
+
+    return predict
+
+
+def _override_policy(decide_after_ms: int | None, early_ms: int | None, no_override: bool = False,
+                     patient: bool = False) -> None:
+    """Set the decision point of high / auto / medium for this process (the bench's variants); `no_override`: the
+    words never overrule prosody's "incomplete" (the policy before `words_override`); `patient`: wait for the words
+    without the wall-clock `words_wait_ms` (the bench's audio runs faster than real time, so a wall-clock wait that
+    began before a slow Smart Turn call would run out at random)."""
+    for name, policy in end_of_turn.EAGERNESS_POLICY.items():
+        if patient:
+            policy = dataclasses.replace(policy, words_wait_ms=3_600_000)
+        if name != "low" and decide_after_ms is not None:
+            policy = dataclasses.replace(policy, decide_after_ms=decide_after_ms, words_decide_after_ms=decide_after_ms)
+        if name != "low" and early_ms is not None:
+            policy = dataclasses.replace(policy, early_ms=early_ms)
+        end_of_turn.EAGERNESS_POLICY[name] = dataclasses.replace(
+            policy, words_override=None if no_override else policy.words_override)
 
 
 def _modes() -> dict[str, object]:
@@ -175,8 +232,17 @@ def judge_cost(repeats: int = 10) -> dict:
     """ms from submit to `TurnJudgement` of a JUDGE_TURN forked from a spoken reply (1.5 s of espeak-ng speech) on
     the tiny CPU engine, and of the reply's own prefill (submit → PREFILL_DONE) it waits for; medians."""
     from realtime_ming.engine import Engine
-    from realtime_ming.engine.api import (Content, Message, SamplingParams, Stage, StageMark, TurnDone, TurnJudgement,
-                                          TurnRequest, TurnTask)
+    from realtime_ming.engine.api import (
+        Content,
+        Message,
+        SamplingParams,
+        Stage,
+        StageMark,
+        TurnDone,
+        TurnJudgement,
+        TurnRequest,
+        TurnTask,
+    )
     from realtime_ming.engine.config import EngineConfig, ThinkerRunnerConfig
     from realtime_ming.engine.turn_judgement import judgement_history
 
@@ -235,6 +301,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--duration-s", type=float, default=20.0)
     parser.add_argument("--words", action="store_true",
                         help="semantic_vad modes with prosody alone and with prosody + the ORACLE words judgement")
+    parser.add_argument("--words-accuracy", default="1",
+                        help="--words: comma-separated accuracies of the judge (1 = the oracle; <1 flips answers)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tail-ms", type=int, default=9000, help="silence streamed after each utterance")
+    parser.add_argument("--seeds", type=int, default=5, help="seeds averaged for an imperfect judge")
+    parser.add_argument("--words-latency-ms", type=int, default=0,
+                        help="--words: audio ms from the pause's SpeechPaused to the judgement's answer")
+    parser.add_argument("--decide-after-ms", type=int, default=None, help="high/auto/medium decision point")
+    parser.add_argument("--early-ms", type=int, default=None, help="high/auto/medium: Smart Turn call this early")
+    parser.add_argument("--no-override", action="store_true",
+                        help="words never overrule prosody's \"incomplete\" (the policy without words_override)")
     parser.add_argument("--judge-cost", action="store_true", help="only the JUDGE_TURN cost on the tiny CPU engine")
     parser.add_argument("--shed-after-s", type=float, default=4.0,
                         help="load: shed a decision not started this long after it was asked (semantic_vad auto's "
@@ -247,40 +324,50 @@ def main(argv: list[str] | None = None) -> None:
         clips = [soxr.resample(espeak(t, v), _WIRE_HZ, 16000).astype(np.float32) for t in COMPLETE for v in VOICES[:2]]
         print(json.dumps(cost(clips) if args.cost else load(clips, args.load, args.turn_s, args.workers, args.duration_s, args.shed_after_s or None)))
         return
+    _override_policy(args.decide_after_ms, args.early_ms, args.no_override, patient=args.words_latency_ms > 0)
     wanted = [m for m in args.modes.split(",") if m]
     session = create_silero_session()
+    smart_turn = _memoised(SmartTurn().predict) if args.words else SmartTurn().predict  # --words: CPU ms moot
     paused = [espeak(t, v, args.pause_ms) for t in PAUSED for v in VOICES]
     complete = [espeak(t, v) for t in COMPLETE for v in VOICES]
     results = {}
-    modes = [(name, td, False) for name, td in _modes().items()]
+    modes: list[tuple[str, object, float | None]] = [(name, td, None) for name, td in _modes().items()]
     if args.words:
-        modes = [(f"{name}{' + words (oracle)' if oracle else ''}", td, oracle)
-                 for name, td, _ in modes if isinstance(td, SemanticVad) for oracle in (False, True)]
-    for name, td, oracle in modes:
+        accuracies = [float(a) for a in args.words_accuracy.split(",")]
+        modes = [(f"{name}{'' if acc is None else ' + words (oracle)' if acc >= 1 else f' + words (accuracy {acc})'}",
+                  td, acc)
+                 for name, td, _ in modes if isinstance(td, SemanticVad) for acc in (None, *accuracies)]
+    for name, td, accuracy in modes:
         if wanted and not any(w in name for w in wanted):
             continue
-        turns = InputTurns(VadSettings(), lambda _kind: create_vad(VadKind.SILERO, silero_session=session), 60.0,
-                           decision_wait_s=None)  # audio faster than real time: wait for each answer
-        turns.configure(AudioFormat(), td)
+        seeds = range(args.seed, args.seed + (args.seeds if accuracy is not None and accuracy < 1 else 1))
         splits, delays, cpu = 0, [], []
-        for speech in paused:
-            ends, c = run_turn(turns, speech, oracle=oracle)
-            splits += len(ends) != 1
-            cpu += c
-        for speech in complete:
-            ends, c = run_turn(turns, speech, oracle=oracle)
-            delays += ends[-1:]
-            cpu += c
+        for seed in seeds:
+            turns = InputTurns(VadSettings(), lambda _kind: create_vad(VadKind.SILERO, silero_session=session), 60.0,
+                               end_of_turn=smart_turn, decision_wait_s=None)  # faster than real time: wait for answers
+            turns.configure(AudioFormat(), td)
+            turns.words_judged = accuracy is not None  # as the session sets it where the engine judges words
+            for k, speech in enumerate(paused + complete):
+                judge = None if accuracy is None else oracle_judge(accuracy, np.random.default_rng([seed, k]))
+                ends, c = run_turn(turns, speech, args.tail_ms, words=judge, words_latency_ms=args.words_latency_ms)
+                if k < len(paused):
+                    splits += len(ends) != 1
+                else:
+                    delays += ends[-1:]
+                cpu += c
+        policy = end_of_turn.EAGERNESS_POLICY[td.eagerness.value] if isinstance(td, SemanticVad) else None
+        policy = policy.with_words() if policy is not None and accuracy is not None else policy
         results[name] = {
-            "split_rate": round(splits / len(paused), 3),
+            "split_rate": round(splits / (len(paused) * len(seeds)), 3),
             "turn_end_after_speech_ms_p50": statistics.median(delays),
             "turn_end_after_speech_ms_p90": sorted(delays)[int(0.9 * (len(delays) - 1))],
             "turn_end_after_speech_ms_max": max(delays),
-            "smart_turn_cpu_ms_p50": round(statistics.median(cpu), 1) if cpu else None,
-            "n_paused": len(paused), "n_complete": len(complete),
+            "smart_turn_cpu_ms_p50": round(statistics.median(cpu), 1) if cpu and not args.words else None,
+            "n_paused": len(paused), "n_complete": len(complete), "seeds": len(seeds), "pause_ms": args.pause_ms,
+            **({"decide_after_ms": policy.decide_after_ms, "early_ms": policy.early_ms,
+                "words_override": policy.words_override, "words_latency_ms": args.words_latency_ms} if policy else {}),
         }
         print(name, json.dumps(results[name]), flush=True)
-
 
 if __name__ == "__main__":
     main()

@@ -115,3 +115,22 @@ async def test_judgement_off_keeps_prosody_alone(server):
     frames = await _stream(client, np.concatenate([speech, silence(2.4)]))
     await client.ws.close()
     assert _count(frames, "input_audio_buffer.speech_stopped") == 2, [f["type"] for f in frames]
+
+
+async def test_sure_words_overrule_prosody_incomplete(monkeypatch):
+    """Smart Turn made to call every pause incomplete (threshold 1): sure words (forced 0.95 >= high's
+    `words_override`) still end a complete question at the first decision point, not after the 2 s fallback."""
+    high = end_of_turn.EAGERNESS_POLICY["high"]
+    assert high.words_override is not None and high.words_override <= 0.95
+    monkeypatch.setitem(end_of_turn.EAGERNESS_POLICY, "high", dataclasses.replace(high, threshold=1.0))
+    speech = espeak("What time is it?", "en-us")
+    lead = silence(0.3)
+    async with judged_server(0.95) as srv:
+        client = await _client(srv)
+        frames = await _stream(client, np.concatenate([lead, speech, silence(1.2)]))
+        await client.ws.close()
+    assert _count(frames, "input_audio_buffer.speech_stopped") == 1, [f["type"] for f in frames]
+    assert _count(frames, "response.created") == 1
+    stopped = next(f for f in frames if f["type"] == "input_audio_buffer.speech_stopped")
+    speech_end_ms = (lead.size + speech.size) * 1000 // WIRE_HZ
+    assert stopped["audio_end_ms"] - speech_end_ms <= 450, stopped

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -194,7 +194,12 @@ class EndOfTurnPolicy:
     Where the engine judges the words too (`TurnTask.JUDGE_TURN`, asked with the speculative reply at the
     pause), prosody's "complete" ends the turn only if the thinker's P(complete) is >= `words_threshold`;
     below it the turn goes on (the silence fallback, or the next pause, decides). A judgement not in
-    `words_wait_ms` (wall time) after the decision point is not waited for: prosody decides alone."""
+    `words_wait_ms` (wall time) after the decision point is not waited for: prosody decides alone. Prosody's
+    "incomplete" is overruled by the words only when they are sure: P(complete) >= `words_override` ends the turn
+    at the decision point if their answer is in, or when it comes while the pause lasts (None: never overruled).
+    Without a words judgement (the tiny / dummy models) prosody and the silence fallback decide as before.
+    `words_decide_after_ms` (None: `decide_after_ms`) is the decision point where the words are judged: they guard
+    against prosody's mid-sentence "complete", so the decision can come earlier than prosody alone can afford."""
 
     threshold: float
     decide_after_ms: int
@@ -204,6 +209,8 @@ class EndOfTurnPolicy:
     early_ms: int = 100
     words_threshold: float = 0.5
     words_wait_ms: int = 200
+    words_override: float | None = None
+    words_decide_after_ms: int | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.threshold <= 1.0:
@@ -214,8 +221,18 @@ class EndOfTurnPolicy:
             raise ValueError(f"early_ms: must be in [0, decide_after_ms), got {self.early_ms}")
         if not 0.0 <= self.words_threshold <= 1.0:
             raise ValueError(f"words_threshold: must be in [0, 1], got {self.words_threshold}")
+        if self.words_override is not None and not self.words_threshold <= self.words_override <= 1.0:
+            raise ValueError(f"words_override: must be in [words_threshold, 1] or None, got {self.words_override}")
+        if self.words_decide_after_ms is not None and not self.early_ms < self.words_decide_after_ms < self.fallback_ms:
+            raise ValueError(f"words_decide_after_ms: must be in (early_ms, fallback_ms), got {self.words_decide_after_ms}")
         if self.words_wait_ms < 0:
             raise ValueError(f"words_wait_ms: must be >= 0, got {self.words_wait_ms}")
+
+    def with_words(self) -> EndOfTurnPolicy:
+        """This policy where a words judgement is asked at each pause (its decision point `words_decide_after_ms`)."""
+        if self.words_decide_after_ms is None:
+            return self
+        return replace(self, decide_after_ms=self.words_decide_after_ms, words_decide_after_ms=None)
 
     @property
     def start_after_ms(self) -> int:
@@ -227,11 +244,18 @@ class EndOfTurnPolicy:
 # of silence, so a mid-sentence pause shorter than that never splits the turn whatever its prosody
 # (Smart Turn judges prosody: on espeak-ng speech it calls "I'd like to book a table for" complete).
 # The words' threshold follows the same order: "high" ends unless the thinker leans towards "not finished".
+# Prosody alone decides at 200 ms (measured best of 120 / 160 / 200 for it: an earlier call hears less silence and
+# splits more); with the words judged, the words guard the mid-sentence pauses and "high" decides at 120 ms (the
+# speculative pause, where the judgement is asked), "medium"/"auto" at 160 ms (bench/results/cpu-turn-override-*).
 EAGERNESS_POLICY: dict[str, EndOfTurnPolicy] = {
-    "low": EndOfTurnPolicy(threshold=0.5, decide_after_ms=800, fallback_ms=8000, words_threshold=0.6),
-    "medium": EndOfTurnPolicy(threshold=0.5, decide_after_ms=200, fallback_ms=4000, words_threshold=0.5),
-    "auto": EndOfTurnPolicy(threshold=0.5, decide_after_ms=200, fallback_ms=4000, words_threshold=0.5),
-    "high": EndOfTurnPolicy(threshold=0.3, decide_after_ms=200, fallback_ms=2000, words_threshold=0.4),
+    "low": EndOfTurnPolicy(threshold=0.5, decide_after_ms=800, fallback_ms=8000, words_threshold=0.6,
+                           words_override=0.95),
+    "medium": EndOfTurnPolicy(threshold=0.5, decide_after_ms=200, fallback_ms=4000, words_threshold=0.5,
+                              words_override=0.9, words_decide_after_ms=160),
+    "auto": EndOfTurnPolicy(threshold=0.5, decide_after_ms=200, fallback_ms=4000, words_threshold=0.5,
+                            words_override=0.9, words_decide_after_ms=160),
+    "high": EndOfTurnPolicy(threshold=0.3, decide_after_ms=200, fallback_ms=2000, words_threshold=0.4,
+                            words_override=0.8, words_decide_after_ms=120),
 }
 
 _SHARED: SmartTurn | None = None

@@ -8,7 +8,10 @@ semantic_vad combines two judgements at a pause's decision point: Smart Turn's (
 threads) and, where the engine offers it, the thinker's reading of the words (`TurnTask.JUDGE_TURN`, asked by
 the session with the speculative reply: `expect_judgement`, answered by `on_judgement`). Prosody's "complete"
 ends the turn only when the words agree (or their judgement is not in within the policy's `words_wait_ms`:
-`words_deadline`, `poll`); words saying "not finished" leave the turn to the silence fallback.
+`words_deadline`, `poll`); words saying "not finished" leave the turn to the silence fallback. Prosody's
+"incomplete" is overruled only by words that are sure (P >= the policy's `words_override`), at the decision point
+or when their answer comes while the pause lasts; a judgement belongs to its pause (`expect_judgement`'s turn id)
+and is forgotten when the pause ends, so a later pause never acts on it.
 """
 
 from __future__ import annotations
@@ -103,7 +106,8 @@ class InputTurns:
         self._end_of_turn = end_of_turn
         self._decision_wait_s = decision_wait_s
         self._decisions = decisions
-        self._policy: EndOfTurnPolicy | None = None  # semantic_vad only
+        self._eagerness_policy: EndOfTurnPolicy | None = None  # semantic_vad only
+        self._policy: EndOfTurnPolicy | None = None  # the one in force (`with_words()` where words are judged)
         self._decided = False  # Smart Turn already answered during the current pause
         self._call: Future | None = None  # the current pause's one Smart Turn call (started early_ms ahead)
         self.last_decision: tuple[float, float] | None = None  # (P(complete), CPU ms) of the latest call
@@ -112,7 +116,9 @@ class InputTurns:
         self._judge_id: str | None = None  # the words judgement asked for the current pause (its turn id)
         self._words: float | None = None  # its P(complete), once in
         self._prosody_complete = False  # Smart Turn said complete; the turn waits for the words judgement
+        self._prosody_incomplete = False  # Smart Turn said incomplete; sure words may still end the turn
         self.last_words: tuple[float | None, bool] | None = None  # (P(complete) or None if not in, turn ended)
+        self._words_judged = False
         self._make_vad = make_vad
         self._max_buffer_ms = max_buffer_s * 1000.0
         self._buffer = InputAudioBuffer()
@@ -139,6 +145,23 @@ class InputTurns:
         return self._detector is not None and self._detector.state is not TurnState.SILENCE
 
     @property
+    def words_judged(self) -> bool:
+        """The session asks a words judgement at each pause (the engine offers JUDGE_TURN; set by the session): the
+        policy's `words_decide_after_ms` is in force, and a decision point reached in the append that announced the
+        pause waits for the next append or `poll`, so the judgement is asked first (Silero's silence can pass both
+        the 120 ms pause and the decision point in one 20 ms append)."""
+        return self._words_judged
+
+    @words_judged.setter
+    def words_judged(self, on: bool) -> None:
+        self._words_judged = on
+        self._set_policy()
+
+    def _set_policy(self) -> None:
+        base = self._eagerness_policy
+        self._policy = None if base is None else base.with_words() if self._words_judged else base
+
+    @property
     def judging_barge_in(self) -> bool:
         """A guarded speech candidate is being judged (the reply's output is held meanwhile)."""
         return self._detector is not None and self._detector.judging_barge_in
@@ -154,11 +177,13 @@ class InputTurns:
             return
         base = self._vad.detector
         if isinstance(turn_detection, ServerVad):
-            self._policy = None
+            self._eagerness_policy = None
+            self._set_policy()
             threshold, prefix_ms = turn_detection.threshold, turn_detection.prefix_padding_ms
             silence_ms = turn_detection.silence_duration_ms
         else:
-            self._policy = EAGERNESS_POLICY[turn_detection.eagerness.value]
+            self._eagerness_policy = EAGERNESS_POLICY[turn_detection.eagerness.value]
+            self._set_policy()
             threshold, prefix_ms = base.threshold, base.prefix_padding_ms
             silence_ms = self._policy.fallback_ms
             if self._end_of_turn is None:
@@ -206,7 +231,10 @@ class InputTurns:
         ):
             self._drop_call()  # the pause is over (speech came back, or the turn ended): its call is obsolete
         self._start_end_of_turn()
-        stopped = self._judge_end_of_turn() or self._words_decision()
+        if self.words_judged and any(isinstance(signal, SpeechPaused) for signal in signals):
+            stopped = None  # the session asks the words first; `pending_decision` / the next append decide
+        else:
+            stopped = self._judge_end_of_turn() or self._words_decision()
         if stopped is not None:
             signals.append(self._signal(stopped))
         if self._detector.state is TurnState.SILENCE:
@@ -234,9 +262,11 @@ class InputTurns:
     # ---- the words judgement (semantic_vad, where the engine offers it) ----------------------------------
     def expect_judgement(self, turn_id: str) -> bool:
         """The session may ask the engine to judge the words of the current pause (turn `turn_id`): True when
-        that judgement will be used (semantic_vad, a pause going on, its decision not taken yet)."""
+        that judgement will be used (semantic_vad, a pause going on, its decision not taken yet or prosody's
+        "incomplete", which sure words may still overrule while the pause lasts)."""
         detector = self._detector
-        if self._policy is None or detector is None or self._decided or not self.in_speech or not detector.silence_ms():
+        if (self._policy is None or detector is None or not self.in_speech or not detector.silence_ms()
+                or (self._decided and not self._prosody_incomplete)):
             return False
         self._judge_id, self._words = turn_id, None
         return True
@@ -264,9 +294,14 @@ class InputTurns:
 
     def _words_decision(self) -> SpeechStopped | None:
         """Prosody said complete: end the turn if the words agree, or their judgement was not asked for or did not
-        come in time; keep it going if they say the user is not finished."""
+        come in time; keep it going if they say the user is not finished. Prosody said incomplete: end it only if
+        the words are sure it is complete."""
         detector, policy = self._detector, self._policy
-        if not self._prosody_complete or detector is None or policy is None:
+        if detector is None or policy is None:
+            return None
+        if self._prosody_incomplete:
+            return self._words_overrule(policy)
+        if not self._prosody_complete:
             return None
         deadline = self.words_deadline
         if deadline is not None:
@@ -281,7 +316,21 @@ class InputTurns:
             self.last_words = (self._words, False)
             return None
         self.last_words = (self._words, True)
-        stopped = detector.end_turn()
+        return self._end_turn(policy)
+
+    def _words_overrule(self, policy: EndOfTurnPolicy) -> SpeechStopped | None:
+        """Prosody said incomplete: the words end the turn if their P(complete) >= `words_override`."""
+        if policy.words_override is None or self._words is None or self._words < policy.words_override:
+            return None
+        log.debug("turn judgement %s overrules prosody's \"incomplete\" (p=%.2f >= %.2f)", self._judge_id,
+                  self._words, policy.words_override)
+        self._prosody_incomplete = False
+        self.last_words = (self._words, True)
+        return self._end_turn(policy)
+
+    def _end_turn(self, policy: EndOfTurnPolicy) -> SpeechStopped | None:
+        assert self._detector is not None
+        stopped = self._detector.end_turn()
         if stopped is None:
             return None
         # A late answer (audio came faster than real time, or a model was slow) ends the turn where it would
@@ -294,7 +343,7 @@ class InputTurns:
         if self._call is not None:
             self._call.cancel()
         self._decided, self._call, self._due_at = False, None, None
-        self._judge_id, self._words, self._prosody_complete = None, None, False
+        self._judge_id, self._words, self._prosody_complete, self._prosody_incomplete = None, None, False, False
 
     def _start_end_of_turn(self) -> None:
         """semantic_vad: at `start_after_ms` of silence, start the pause's one Smart Turn call (off this thread)."""
@@ -363,7 +412,8 @@ class InputTurns:
                       prob, at_ms, (began - submitted) * 1e3, (ended - began) * 1e3, cpu_ms, (now - ended) * 1e3,
                       (now - (self._due_at or now)) * 1e3, policy.decide_after_ms)
         if prob < policy.threshold:
-            return None
+            self._prosody_incomplete = True  # the silence fallback ends the turn, unless the words are sure
+            return self._words_decision()
         self._prosody_complete = True  # ends the turn unless the words judgement says otherwise
         return self._words_decision()
 

@@ -162,6 +162,7 @@ class Session:
         """Whether the engine judges the user's words at a pause (`TurnTask.JUDGE_TURN`): semantic_vad then asks
         it with each speculative reply and combines it with prosody (`judgement.py`)."""
         self._judge.available = available
+        self._input.words_judged = available
 
     @property
     def active_response_id(self) -> str | None:
