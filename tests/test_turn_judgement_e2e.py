@@ -94,18 +94,24 @@ async def test_words_not_finished_keep_a_paused_sentence_whole():
     assert stopped["audio_end_ms"] >= speech.size * 1000 // WIRE_HZ  # after the sentence's end
 
 
-async def test_words_finished_end_a_complete_question_quickly():
+async def _assert_complete_question_ends_at_the_first_decision_point(p_complete: float) -> None:
+    """A complete question with the words judged `p_complete`: one turn, ended at the first decision point (not
+    the 2 s fallback)."""
     speech = espeak("What time is it?", "en-us")
     lead = silence(0.3)
-    async with judged_server(0.95) as srv:
+    async with judged_server(p_complete) as srv:
         client = await _client(srv)
         frames = await _stream(client, np.concatenate([lead, speech, silence(1.2)]))
         await client.ws.close()
-    assert _count(frames, "input_audio_buffer.speech_stopped") == 1
+    assert _count(frames, "input_audio_buffer.speech_stopped") == 1, [f["type"] for f in frames]
     assert _count(frames, "response.created") == 1
     stopped = next(f for f in frames if f["type"] == "input_audio_buffer.speech_stopped")
     speech_end_ms = (lead.size + speech.size) * 1000 // WIRE_HZ
-    assert stopped["audio_end_ms"] - speech_end_ms <= 450, stopped  # the first decision point, not the 2 s fallback
+    assert stopped["audio_end_ms"] - speech_end_ms <= 450, stopped
+
+
+async def test_words_finished_end_a_complete_question_quickly():
+    await _assert_complete_question_ends_at_the_first_decision_point(0.95)
 
 
 async def test_judgement_off_keeps_prosody_alone(server):
@@ -123,14 +129,4 @@ async def test_sure_words_overrule_prosody_incomplete(monkeypatch):
     high = end_of_turn.EAGERNESS_POLICY["high"]
     assert high.words_override is not None and high.words_override <= 0.95
     monkeypatch.setitem(end_of_turn.EAGERNESS_POLICY, "high", dataclasses.replace(high, threshold=1.0))
-    speech = espeak("What time is it?", "en-us")
-    lead = silence(0.3)
-    async with judged_server(0.95) as srv:
-        client = await _client(srv)
-        frames = await _stream(client, np.concatenate([lead, speech, silence(1.2)]))
-        await client.ws.close()
-    assert _count(frames, "input_audio_buffer.speech_stopped") == 1, [f["type"] for f in frames]
-    assert _count(frames, "response.created") == 1
-    stopped = next(f for f in frames if f["type"] == "input_audio_buffer.speech_stopped")
-    speech_end_ms = (lead.size + speech.size) * 1000 // WIRE_HZ
-    assert stopped["audio_end_ms"] - speech_end_ms <= 450, stopped
+    await _assert_complete_question_ends_at_the_first_decision_point(0.95)
