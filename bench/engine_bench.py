@@ -2,11 +2,16 @@
 or any engine config (e.g. the full-size shapes on a GPU with --config).
 
     python -m bench.engine_bench [--levels 1,4,16] [--modes spoken,text] [--rounds 3] [--max-tokens 32]
-                                 [--steps-per-word 2] [--waves 1] [--threads 0] [--out DIR] [--config FILE --set a.b=c ...]
+                                 [--steps-per-word 2] [--waves 1] [--length-spread 0] [--stagger-ms 0]
+                                 [--threads 0] [--out DIR] [--config FILE --set a.b=c ...]
 
 Every turn has a fixed amount of work: the thinker emits `--max-tokens` tokens of a scripted reply
 (`forced_reply`, so the segmenter and talker see real words; every model computation still runs);
 spoken turns add the talker at `--steps-per-word` steps per word, text turns are thinker only.
+Identical turns submitted together stay in lockstep (each wave prefills, decodes and speaks as one cohort);
+`--length-spread F` draws each turn's tokens from max_tokens x [1 - F, 1 + F] (seeded by its index, the mean
+kept) and `--stagger-ms` spreads the first N submissions over that many ms, so a closed loop reaches a steady
+state of turns at every phase.
 Reports per mode and level: medians of each stage mark relative to SUBMITTED, aggregate throughput
 (thinker tokens/s, audio s per wall s, turns/s) and where the engine thread spent its time.
 Writes engine_bench.json and engine_bench.md into --out (default bench/results/cpu-engine-<date>/).
@@ -20,6 +25,7 @@ import datetime
 import json
 import os
 import platform
+import random
 import statistics
 import subprocess
 import sys
@@ -107,16 +113,26 @@ def instrument(engine: Engine) -> StepClock:
     return clock
 
 
-def _request(turn_id: str, index: int, max_tokens: int, with_audio: bool) -> TurnRequest:
+def turn_tokens(index: int, max_tokens: int, spread: float) -> int:
+    """Turn `index`'s thinker tokens: max_tokens, or with `spread` uniform in max_tokens x [1 - spread, 1 + spread]
+    (seeded by the index: every run and every engine get the same lengths)."""
+    if spread <= 0:
+        return max_tokens
+    return max(1, round(max_tokens * (1.0 + spread * random.Random(index).uniform(-1.0, 1.0))))
+
+
+def _request(turn_id: str, index: int, max_tokens: int, with_audio: bool, spread: float = 0.0) -> TurnRequest:
+    max_tokens = turn_tokens(index, max_tokens, spread)
     text = PROMPTS[index % len(PROMPTS)]
     return TurnRequest(turn_id, turn_id, (Message("user", (Content.of_text(text),)),), with_audio=with_audio,
                        sampling=SamplingParams(max_tokens=max_tokens, ignore_eos=True, seed=index))
 
 
 def run_level(engine: Engine, clock: StepClock, mode: str, n: int, round_index: int, max_tokens: int,
-              waves: int = 1) -> dict:
+              waves: int = 1, spread: float = 0.0, stagger_ms: float = 0.0) -> dict:
     """n turns in flight until n x waves have run (waves 1: one burst of n submitted at once; more: a closed
-    loop, each finished turn replaced by a new one); returns the level's measurements."""
+    loop, each finished turn replaced by a new one; `spread` / `stagger_ms`: `turn_tokens`, the first n submitted
+    over that many ms); returns the level's measurements."""
     done = threading.Event()
     results: dict[str, object] = {}
     lock = threading.Lock()
@@ -131,14 +147,16 @@ def run_level(engine: Engine, clock: StepClock, mode: str, n: int, round_index: 
                 if submitted[0] < total:  # closed loop: the next turn takes the finished one's place
                     i = submitted[0]
                     submitted[0] += 1
-                    engine.submit(_request(ids[i], i, max_tokens, mode == "spoken"), sink)
+                    engine.submit(_request(ids[i], i, max_tokens, mode == "spoken", spread), sink)
                 if len(results) == total:
                     done.set()
 
     clock.reset()
     t0 = time.monotonic()
     for i, turn_id in enumerate(ids[:n]):
-        engine.submit(_request(turn_id, i, max_tokens, mode == "spoken"), sink)
+        if stagger_ms > 0 and i:
+            time.sleep(stagger_ms / 1e3 / n)
+        engine.submit(_request(turn_id, i, max_tokens, mode == "spoken", spread), sink)
     if not done.wait(600):
         raise RuntimeError(f"{mode} N={n}: only {len(results)} of {total} turns finished")
     wall = time.monotonic() - t0
@@ -224,7 +242,10 @@ def markdown(meta: dict, summary: dict) -> str:
              else f"{ec.get('preset') or ec.get('model_path')} ({ec.get('weights')} {ec.get('dtype')} weights"
                   + (f", thinker as one rank of TP={ec['bench_tp_shadow']} with collectives skipped"
                      if ec.get("bench_tp_shadow", 1) > 1 else "") + ")")
-    work = (f"Model: {model}. Every turn: {meta['max_tokens']} thinker tokens (forced reply, "
+    spread = meta.get("length_spread", 0.0)
+    tokens = (f"{meta['max_tokens']}" if not spread else
+              f"{meta['max_tokens']} x [{1 - spread:.2f}, {1 + spread:.2f}] (seeded per turn)")
+    work = (f"Model: {model}. Every turn: {tokens} thinker tokens (forced reply, "
             f"ignore_eos); spoken turns add the talker at {meta['steps_per_word']} steps per word"
             + (f" ({len(meta['talker_devices'])} talker replicas, on {', '.join(meta['talker_devices'])}: "
                "talker streams/step and the talker rows of the thread table are per replica step)"
@@ -232,6 +253,7 @@ def markdown(meta: dict, summary: dict) -> str:
             + ("N turns are submitted at once" if meta.get("waves", 1) == 1 else
                f"N turns in flight, closed loop: each finished turn is replaced at once until N × {meta['waves']} "
                "have run (turns/s = all of them / wall)")
+            + (f"; the first N submitted over {meta['stagger_ms']:.0f} ms" if meta.get("stagger_ms") else "")
             + f"; {meta['rounds']} rounds per level, levels interleaved; medians.")
     legend = ("thinker tok/s = output tokens / (first SUBMITTED → last THINKER_DONE); audio s / wall s and turns/s "
               "over the level's wall time. Engine thread, per engine step: `talker_launch` starts talker jobs and queues "
@@ -291,6 +313,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps-per-word", type=int, default=2)
     ap.add_argument("--waves", type=int, default=1, help="1: each level is one burst of N turns; W > 1: a closed "
                     "loop keeping N turns in flight until N x W have run (steady-state throughput)")
+    ap.add_argument("--length-spread", type=float, default=0.0, help="each turn's tokens uniform in max_tokens x "
+                    "[1 - F, 1 + F] (seeded by its index): turns desynchronise instead of running as cohorts")
+    ap.add_argument("--stagger-ms", type=float, default=0.0, help="the first N submissions spread over this many ms")
     ap.add_argument("--profile", action="store_true", help="last, one more closed-loop round of the largest level "
                     "under torch.profiler: the host calls and kernels with the most time -> profile.md, trace.json.gz")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = leave torch's default)")
@@ -300,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", action="append", default=[], help="config overrides a.b=c (of --config, else of the "
                     "tiny CPU engine), e.g. --set 'engine.placement.talker_devices=[cuda:2,cuda:3]'")
     args = ap.parse_args(argv)
+    if not 0.0 <= args.length_spread < 1.0 or args.stagger_ms < 0:
+        ap.error("--length-spread takes [0, 1), --stagger-ms >= 0")
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     levels = [int(v) for v in args.levels.split(",")]
@@ -322,7 +349,8 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(args.rounds):
             for mode in modes:
                 for n in levels:
-                    s = run_level(engine, clock, mode, n, r, args.max_tokens, args.waves)
+                    s = run_level(engine, clock, mode, n, r, args.max_tokens, args.waves, args.length_spread,
+                                  args.stagger_ms)
                     samples.append(s)
                     print(f"round {r} {mode:>6} N={n:>2}: wall {s['wall_s']:.2f} s, thinker {s['thinker_tok_per_s']:.0f} "
                           f"tok/s, {s['audio_s_per_wall_s']:.2f} audio s/s, {s['turns_per_s']:.2f} turns/s", flush=True)
@@ -337,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
         "torch_threads": torch.get_num_threads(), "python": platform.python_version(), "commit": _commit(),
         "command": "python -m bench.engine_bench " + " ".join(argv if argv is not None else sys.argv[1:]),
         "max_tokens": args.max_tokens, "steps_per_word": args.steps_per_word, "rounds": args.rounds, "waves": args.waves,
+        "length_spread": args.length_spread, "stagger_ms": args.stagger_ms,
         "levels": levels, "modes": modes, "engine_config": dataclasses.asdict(cfg), "loadavg": load_at_start,
         "talker_devices": talker_devices,
     }

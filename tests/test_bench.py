@@ -182,6 +182,28 @@ def test_engine_bench_runs_and_writes_its_tables(tmp_path):
     assert "turns/s" in (tmp_path / "engine_bench.md").read_text()
 
 
+def test_engine_bench_spread_lengths_and_staggered_starts(tmp_path):
+    """--length-spread: each turn's tokens seeded by its index, within the spread, the mean kept; a closed loop with
+    spread lengths and staggered starts runs every turn to its own length."""
+    import json
+    import statistics
+
+    from bench import engine_bench
+
+    tokens = [engine_bench.turn_tokens(i, 12, 0.5) for i in range(400)]
+    assert tokens == [engine_bench.turn_tokens(i, 12, 0.5) for i in range(400)]
+    assert min(tokens) >= 6 and max(tokens) <= 18 and len(set(tokens)) > 8
+    assert abs(statistics.mean(tokens) - 12) < 0.6
+    assert {engine_bench.turn_tokens(i, 12, 0.0) for i in range(50)} == {12}
+    assert engine_bench.main(["--levels", "2", "--rounds", "1", "--waves", "2", "--modes", "text", "--max-tokens", "6",
+                              "--length-spread", "0.5", "--stagger-ms", "20", "--out", str(tmp_path)]) == 0
+    saved = json.loads((tmp_path / "engine_bench.json").read_text())
+    (sample,) = saved["samples"]
+    assert sample["tokens"] == sum(engine_bench.turn_tokens(i, 6, 0.5) for i in range(4))
+    assert saved["meta"]["length_spread"] == 0.5 and saved["meta"]["stagger_ms"] == 20
+    assert "6 x [0.50, 1.50]" in (tmp_path / "engine_bench.md").read_text()
+
+
 def test_talker_admission_bench_runs_and_writes_its_table(tmp_path):
     """bench.talker_admission on the tiny CPU engine: the segment→first-talker-step gap in steps and ms, `_start` ms."""
     import json
