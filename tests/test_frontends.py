@@ -309,6 +309,30 @@ async def _frontend_pids(port: int) -> dict[int, int]:
     return pids
 
 
+def _children(pid: int) -> list[int]:
+    """Processes whose parent is `pid` (Linux /proc)."""
+    kids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = open(f"/proc/{entry}/stat").read()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                kids.append(int(entry))
+    return kids
+
+
+def _assert_front_ends_never_loaded_torch(server_pid: int) -> None:
+    """The front-end processes (children of the server) serve sessions, turns and voice uploads without torch
+    (~250 MiB each): only the engine's process maps libtorch."""
+    kids = _children(server_pid)
+    assert len(kids) >= 2, kids
+    for kid in kids:
+        assert "libtorch" not in open(f"/proc/{kid}/maps").read(), f"front-end process {kid} loaded torch"
+    assert "libtorch" in open(f"/proc/{server_pid}/maps").read()  # the check can tell
+
+
 def test_two_front_ends_share_the_port_the_limit_and_a_drain():
     """Sessions on both front ends answer spoken and text turns; max_sessions is the server's; SIGTERM exits 0."""
 
@@ -340,6 +364,7 @@ def test_two_front_ends_share_the_port_the_limit_and_a_drain():
 
     with served_cli("--set", "server.frontend_processes=2", "--set", "server.limits.max_sessions=4") as server:
         asyncio.run(scenario(server.port))
+        _assert_front_ends_never_loaded_torch(server.proc.pid)
         assert server.stop(signal.SIGTERM, timeout=30) == 0
 
 
@@ -544,4 +569,5 @@ def test_a_voice_cloned_through_one_front_end_speaks_on_the_other_and_stays_its_
     with served_cli("--set", "server.frontend_processes=2", "--set", f"server.auth.api_keys=[{key_a}, {key_b}]",
                     "--set", "server.voices.max_duration_s=8") as server:
         asyncio.run(scenario(server.port))
+        _assert_front_ends_never_loaded_torch(server.proc.pid)
         assert server.stop(signal.SIGTERM, timeout=30) == 0

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from realtime_ming.audio.mel import (
+from realtime_ming.audio.mel_filters import (
     MEL_HOP_SAMPLES,
     MEL_N_FFT,
     MEL_SAMPLE_RATE_HZ,

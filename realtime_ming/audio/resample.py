@@ -3,17 +3,20 @@
 `StreamResampler` converts a live float32 stream chunk by chunk; the concatenation of its outputs
 plus `flush()` equals the one-shot `resample` bit for bit (same soxr filter, delay compensated).
 `resample_torchaudio_compatible` reproduces `torchaudio.transforms.Resample` (docs/model.md §2.1,
-§5.4) without importing torchaudio, so model inputs match the reference's features.
+§5.4) without importing torchaudio, so model inputs match the reference's features; it imports torch when
+called (the live path, in the front-end processes, never loads torch).
 """
 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 import soxr
-import torch
-import torch.nn.functional as F
+
+if TYPE_CHECKING:  # torch only where the model-input resampler runs: the live path (front ends) never loads it
+    import torch
 
 __all__ = [
     "LOW_LATENCY",
@@ -95,6 +98,8 @@ def _sinc_resample_kernel(
     Same construction as torchaudio's `_get_sinc_resample_kernel` with `sinc_interp_hann`:
     built in float64, then cast to float32 (what `transforms.Resample` does with dtype=None).
     """
+    import torch
+
     base_hz = min(orig, new) * rolloff
     width = math.ceil(lowpass_filter_width * orig / base_hz)
     idx = torch.arange(-width, width + orig, dtype=torch.float64)[None, None] / orig
@@ -121,6 +126,8 @@ def resample_torchaudio_compatible(
     zero-padded by `width` on the left and `width + orig` on the right, then convolved with
     stride `orig` (one output phase per kernel row).
     """
+    import torch.nn.functional as F
+
     _check_rates(src_hz, dst_hz)
     if not wave.is_floating_point():
         raise TypeError(f"resample_torchaudio_compatible needs a float tensor, got {wave.dtype}")

@@ -21,15 +21,12 @@ import torch
 from ..model.campplus import CampPlus
 from ..model.talker import Talker, TalkerSpecialIds, VoicePrompt, build_talker_prompt
 from ..model.vae import AudioVAE
+from .voice_store import VoicePromptTooLong
 
 __all__ = ["SPEAKER_RATE_HZ", "VoiceEncoder", "VoicePromptTooLong", "voice_prompt_bytes"]
 
 SPEAKER_RATE_HZ = 16000  # CAMPPlus' fbank rate
 Resampler = Callable[[torch.Tensor, int, int], torch.Tensor]  # (wave [n], src_hz, dst_hz) -> wave
-
-
-class VoicePromptTooLong(ValueError):
-    """The transcript + prompt latents leave the talker too little room for the reply's text."""
 
 
 def voice_prompt_bytes(voice: VoicePrompt) -> int:
@@ -90,12 +87,16 @@ class VoiceEncoder:
                                      prompt_patches=voice.num_patches)
         return len(prompt.input_ids)
 
-    def encode(self, wave: torch.Tensor, rate_hz: int, transcript: str, resample: Resampler, *,
-               check_length: bool = False) -> VoicePrompt:
+    def encode(self, wave: torch.Tensor | np.ndarray, rate_hz: int, transcript: str, resample: Resampler | None = None,
+               *, check_length: bool = False) -> VoicePrompt:
         """Mono float32 `wave` [n] at `rate_hz` → VoicePrompt on the talker's device, in the engine dtype.
 
-        `check_length`: raise VoicePromptTooLong when transcript + latents exceed `max_prompt_tokens`.
+        `resample`: None = `soxr_resampler` (uploads). `check_length`: raise VoicePromptTooLong when transcript +
+        latents exceed `max_prompt_tokens`.
         """
+        if not isinstance(wave, torch.Tensor):
+            wave = torch.from_numpy(np.ascontiguousarray(wave, dtype=np.float32))
+        resample = resample or soxr_resampler
         spk = None
         if self.campplus is not None:
             from ..audio.fbank import speaker_fbank

@@ -15,12 +15,19 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from ..model.talker import VoicePrompt
+if TYPE_CHECKING:  # a store entry only holds the prompt: the front-end processes import this without torch
+    from ..model.talker import VoicePrompt
 
-__all__ = ["CUSTOM_VOICE_PREFIX", "CustomVoice", "VoiceStore", "new_voice_id"]
+__all__ = ["CUSTOM_VOICE_PREFIX", "CustomVoice", "VoicePromptTooLong", "VoiceStore", "new_voice_id"]
 
 CUSTOM_VOICE_PREFIX = "voice_"  # GA custom voices: {"id": "voice_..."}
+
+
+class VoicePromptTooLong(ValueError):
+    """The transcript + prompt latents leave the talker too little room for the reply's text (raised by
+    `voice_prompt.VoiceEncoder.encode`; defined here, without torch, so a front-end process can catch it)."""
 
 
 def new_voice_id() -> str:

@@ -25,7 +25,6 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection, Listener
 
-import torch
 
 from ..engine.api import FailureCode, TurnFailed, engine_health
 from ..engine.voice_store import CustomVoice, VoiceStore
@@ -75,8 +74,7 @@ class VoiceHost:
     def encode(self, wave, rate_hz: int, transcript: str, resample, check_length: bool) -> PromptRef:
         from ..engine.voice_prompt import voice_prompt_bytes
 
-        prompt = self._encoder.encode(torch.from_numpy(wave), rate_hz, transcript, resample,
-                                      check_length=check_length)
+        prompt = self._encoder.encode(wave, rate_hz, transcript, resample, check_length=check_length)
         key = secrets.token_urlsafe(12)
         with self._lock:
             self._pending[key] = prompt

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from multiprocessing.connection import Client, Connection
 from typing import Any
 
+import numpy as np
+
 from ..engine.api import (
     EngineHealth,
     FailureCode,
@@ -319,8 +321,9 @@ class RemoteVoiceEncoder:
     def __init__(self, engine: RemoteEngine) -> None:
         self._engine = engine
 
-    def encode(self, wave, rate_hz: int, transcript: str, resample, *, check_length: bool = False) -> PromptRef:
-        return self._engine.call("encode", wave.numpy(), rate_hz, transcript, resample, check_length)
+    def encode(self, wave, rate_hz: int, transcript: str, resample=None, *, check_length: bool = False) -> PromptRef:
+        return self._engine.call("encode", np.asarray(wave, dtype=np.float32), rate_hz, transcript, resample,
+                                 check_length)
 
 
 class RemoteVoiceStore:

@@ -25,18 +25,26 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
-import torch
 from websockets.asyncio.server import ServerConnection
 from websockets.http11 import Request, Response
 
-from ..engine.voice_prompt import VoiceEncoder, VoicePromptTooLong, soxr_resampler, voice_prompt_bytes
-from ..engine.voice_store import CUSTOM_VOICE_PREFIX, CustomVoice, VoiceStore, new_voice_id
+from ..engine.voice_store import (
+    CUSTOM_VOICE_PREFIX,
+    CustomVoice,
+    VoicePromptTooLong,
+    VoiceStore,
+    new_voice_id,
+)
 from .config import AuthConfig, VoicesConfig
 from .handshake import check_access, inspect_handshake
 from .http import json_response, request_path
 from .http_body import BodyConnection, BodyError
 from .voice_upload import VoiceUploadError, decode_audio, parse_upload
+
+if TYPE_CHECKING:  # the encoder runs where the models are: a front-end process never loads torch
+    from ..engine.voice_prompt import VoiceEncoder
 
 __all__ = ["VOICES_PATH", "VoiceRoutes"]
 
@@ -176,8 +184,7 @@ class VoiceRoutes:
         upload = parse_upload(body, content_type, self.cfg)
         audio = decode_audio(upload.audio, self.cfg)
         try:
-            prompt = encoder.encode(torch.from_numpy(audio.samples), audio.rate_hz, upload.transcript,
-                                    soxr_resampler, check_length=True)
+            prompt = encoder.encode(audio.samples, audio.rate_hz, upload.transcript, check_length=True)  # soxr
         except VoicePromptTooLong as exc:
             raise VoiceUploadError(400, "voice_prompt_too_long", str(exc), "audio_sample") from None
         except (RuntimeError, ValueError) as exc:  # the models refused this input: the caller's problem
@@ -186,6 +193,10 @@ class VoiceRoutes:
                                    "audio_sample") from None
         voice_id = new_voice_id()
         nbytes = getattr(prompt, "nbytes", None)  # a remote prompt (`remote_engine.PromptRef`) knows its size
+        if nbytes is None:  # a prompt computed here, in the engine's process (torch is loaded)
+            from ..engine.voice_prompt import voice_prompt_bytes
+
+            nbytes = voice_prompt_bytes(prompt)
         return CustomVoice(voice_id, owner, upload.name or voice_id, prompt, upload.transcript, audio.duration_s,
-                           voice_prompt_bytes(prompt) if nbytes is None else nbytes)
+                           nbytes)
 
