@@ -44,7 +44,7 @@ class StepOverlap:
         self._thinker_s: dict[bool, float] = {}  # with a prefill chunk? -> a thinker step's launch → done seconds
         self._one_s: float | None = None  # a one-step talker launch → its outputs delivered
         self._more_s: float | None = None  # each further step queued in the same launch
-        self._launched_at: dict[int, tuple[float, bool]] = {}  # id(launched step) -> (launch time, chunk)
+        self._launched: tuple[int, float, bool] | None = None  # the step in flight: (id, launch time, chunk)
         self.extra_steps = 0  # talker steps queued beyond one per launch, in total
 
     @property
@@ -54,7 +54,7 @@ class StepOverlap:
     def launched(self, step) -> None:
         """A thinker step was queued (call right after `ThinkerRunner.launch`)."""
         if self.enabled and step is not None and step.ready is not None:
-            self._launched_at = {id(step): (time.perf_counter(), bool(step.chunk))}
+            self._launched = (id(step), time.perf_counter(), bool(step.chunk))
 
     def before_collect(self, step) -> bool:
         """Whether collecting `step` will wait for its GPUs (its event not reached yet)."""
@@ -65,9 +65,10 @@ class StepOverlap:
         is exact; a step already done gives an upper bound, which can only lower the estimate."""
         if not self.enabled or step is None:
             return
-        start = self._launched_at.pop(id(step), None)
+        start = self._started(step)
         if start is None:
             return
+        self._launched = None
         launched_at, chunk = start
         seconds = time.perf_counter() - launched_at
         known = self._thinker_s.get(chunk)
@@ -86,11 +87,17 @@ class StepOverlap:
             self._more_s = _average(self._more_s, max(0.0, seconds - self._one_s) / (steps - 1))
             self.extra_steps += steps - 1
 
+    def _started(self, step) -> tuple[float, bool] | None:
+        """(launch time, chunk) of `step` if it is the step in flight."""
+        if self._launched is None or self._launched[0] != id(step):
+            return None
+        return self._launched[1:]
+
     def talker_steps(self, step) -> int:
         """How many talker steps to queue now while `step` (the thinker's step in flight, or None) runs."""
         if not self.enabled or step is None or step.ready is None or self._one_s is None:
             return 1
-        start = self._launched_at.get(id(step))
+        start = self._started(step)
         expected = None if start is None else self._thinker_s.get(start[1])
         if expected is None or step.ready.query():
             return 1
