@@ -20,6 +20,7 @@ from realtime_ming.engine.api import (
     FinishReason,
     Message,
     SamplingParams,
+    Stage,
     StageMark,
     TextDelta,
     TurnCancelled,
@@ -311,6 +312,28 @@ def test_engine_two_sessions_concurrently_equal_each_alone(make_engine):
             [e.text for e in solo.outputs() if isinstance(e, TextDelta)]
         assert _done_fields(pair.events[-1])[:5] == _done_fields(solo.events[-1])[:5]
         assert pair.pcm().shape == solo.pcm().shape
+        np.testing.assert_allclose(pair.pcm(), solo.pcm(), rtol=0, atol=1e-4)
+
+
+def test_engine_prefill_held_back_while_another_turn_decodes_speaks_the_same(make_engine):
+    """`prefill_wait_ms`: a turn arriving while another decodes waits for company (up to the wait) before its
+    prefill; both turns still give their solo text and PCM, and the held one does start within the wait."""
+    engine = make_engine(prefill_wait_ms=200.0, prefill_chunk_tokens=4096)  # a prompt alone never fills a chunk
+    alone = [_run(engine, _request("a-solo", PROMPT_A, max_tokens=24)), _run(engine, _request("b-solo", PROMPT_B))]
+    decoding = threading.Event()
+    first = Recorder(on_event=lambda e: decoding.set() if isinstance(e, TextDelta) else None)
+    engine.submit(_request("a-pair", PROMPT_A, max_tokens=24), first)
+    assert decoding.wait(60)
+    second = Recorder()
+    engine.submit(_request("b-pair", PROMPT_B), second)
+    for rec in (first, second):
+        rec.wait()
+    marks = {e.stage: e.t for e in second.events if isinstance(e, StageMark)}
+    assert marks[Stage.PREFILL_DONE] - marks[Stage.SUBMITTED] >= 0.2 or \
+        Stage.THINKER_DONE in {e.stage for e in first.events if isinstance(e, StageMark)
+                               and e.t <= marks[Stage.PREFILL_DONE]}  # held until the wait or the first's end
+    for solo, pair in zip(alone, (first, second)):
+        assert pair.text() == solo.text() and pair.events[-1].audio_samples > 0
         np.testing.assert_allclose(pair.pcm(), solo.pcm(), rtol=0, atol=1e-4)
 
 

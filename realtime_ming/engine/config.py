@@ -70,6 +70,9 @@ class ThinkerRunnerConfig:
     # experts once (~3 GB per layer per GPU at the full shapes at TP=2), so on GPUs a large budget lets the
     # prompts of many turns share one read (configs/ use 2048)
     prefill_chunk_tokens: int = 256
+    # hold the prefill queue back while rows decode, until the queued prompts fill a chunk or the oldest waited
+    # this long (ms): several prompts share one read of the experts instead of one chunk per step. 0 = never hold
+    prefill_wait_ms: float = 0.0
     decode_buckets: tuple[int, ...] = (1, 2, 4, 8, 16)  # CUDA-graph batch buckets of the decode step
     kv_buckets: tuple[int, ...] | None = None  # CUDA-graph attention lengths; None = 512, 1024, ... max_seq_len
     # CUDA-graph widths of a one-row prefill chunk (capped at prefill_chunk_tokens); () = prefill always eager
@@ -99,6 +102,8 @@ class ThinkerRunnerConfig:
         for name in ("max_slots", "max_seq_len", "max_batch", "prefill_chunk_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"engine.thinker.{name} must be >= 1")
+        if not 0.0 <= self.prefill_wait_ms <= 10_000.0:  # NaN fails too
+            raise ValueError(f"engine.thinker.prefill_wait_ms must be in [0, 10000] ms, got {self.prefill_wait_ms!r}")
         if isinstance(self.turn_judgement, bool):
             object.__setattr__(self, "turn_judgement", "on" if self.turn_judgement else "off")
         if self.turn_judgement not in TURN_JUDGEMENT:

@@ -7,6 +7,12 @@ arrival order, a side request (a turn judgement, then a transcription) waits beh
 admission, so it never delays a reply's first token by more than the decode row (or the one short prefill
 chunk, for a judgement) it adds.
 
+A prefill chunk reads every MoE expert once more than the decode step beside it (~15 ms more at the full shapes
+on a GPU), whatever its size. With `prefill_wait_ms` > 0 the queue is held back while rows decode until the
+queued prompts fill a chunk or the oldest has waited that long (`prefill_due`): under a steady stream of turns
+several prompts then share one chunk instead of each step carrying one. A queue with no decode beside it, or a
+prompt already partly prefilled, never waits.
+
 A row can be paused (`pause`: an unconfirmed speculative turn that holds enough output, `engine/speculation.py`):
 it keeps its slot, its position and its next token but leaves the decode batch until `resume`; its prefill, if
 any is left, still runs (a first token is what a speculative turn is for).
@@ -16,6 +22,7 @@ Engine thread only.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
@@ -52,14 +59,18 @@ class Row:
     emitted: int = 0  # characters of `text` already handed out (stop-string hold-back)
     forced: Forced | None = None  # tokens this row must emit (forced prefix / forced reply)
     judgement: torch.Tensor | None = None  # a JUDGE_TURN row's P(complete) (device scalar), once prefilled
+    queued_at: float = 0.0  # when it joined the prefill queue (`Scheduler.clock`, seconds)
 
 
 class Scheduler:
     """Admission queue, prefill packing and the decode batch of the thinker's rows."""
 
-    def __init__(self, max_batch: int, prefill_chunk_tokens: int):
+    def __init__(self, max_batch: int, prefill_chunk_tokens: int, prefill_wait_ms: float = 0.0,
+                 clock: Callable[[], float] = time.monotonic):
         self.max_batch = max_batch
         self.prefill_chunk_tokens = prefill_chunk_tokens
+        self.prefill_wait_ms = prefill_wait_ms
+        self.clock = clock
         self.rows: dict[str, Row] = {}
         self.prefill_queue: deque[str] = deque()
         self.paused: set[str] = set()  # rows out of the decode batch until resumed
@@ -79,6 +90,7 @@ class Scheduler:
         """Admit a row: it waits for its prefill (replies before side requests not yet started; a turn judgement,
         which a turn-end decision waits for, before a transcription not yet started)."""
         turn_id = row.request.turn_id
+        row.queued_at = self.clock()
         self.rows[turn_id] = row
         queue, rank = self.prefill_queue, _PRIORITY[row.request.task]
         later = next((i for i, t in enumerate(queue) if _PRIORITY[self.rows[t].request.task] > rank
@@ -109,6 +121,21 @@ class Scheduler:
     def decoding(self) -> list[Row]:
         """The rows generating and not paused: each runs one decode step now."""
         return [r for t, r in self.rows.items() if r.next_token is not None and t not in self.paused]
+
+    def prefill_due(self, decoding: bool) -> bool:
+        """Whether this step runs a prefill chunk: the queue is not empty and (no wait is set, nothing decodes
+        beside it, a prompt is partly prefilled, the queued tails fill a chunk's tokens or rows, or the oldest
+        queued prompt has waited `prefill_wait_ms`)."""
+        if not self.prefill_queue:
+            return False
+        if self.prefill_wait_ms <= 0 or not decoding:
+            return True
+        rows = [self.rows[t] for t in self.prefill_queue]
+        if any(r.offset for r in rows) or len(rows) >= self.max_batch:
+            return True
+        if sum(len(r.tail_ids) - r.offset for r in rows) >= self.prefill_chunk_tokens:
+            return True
+        return (self.clock() - min(r.queued_at for r in rows)) * 1000.0 >= self.prefill_wait_ms
 
     def prefill_batch(self, fits: Callable[[int, int], bool] | None = None) -> list[tuple[Row, int, int]]:
         """(row, start, end) chunks for this step: queue order, padded width x rows <= prefill_chunk_tokens, and
