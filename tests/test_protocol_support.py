@@ -70,6 +70,7 @@ def test_beta_session_model_is_accepted_and_not_echoed() -> None:
     ("prompt", {"id": "pmpt_123", "variables": {"city": "Paris"}}, "session.prompt"),
     ("include", ["item.input_audio_transcription.logprobs"], "session.include[0]"),
     ("reasoning", {"effort": "low"}, "session.reasoning"),
+    ("parallel_tool_calls", False, "session.parallel_tool_calls"),
 ])
 def test_ga_session_unsupported_fields_are_refused(field: str, value, param: str) -> None:
     h = Harness()
@@ -81,7 +82,8 @@ def test_ga_session_unsupported_fields_are_refused(field: str, value, param: str
 
 
 @pytest.mark.parametrize(("field", "value"), [("prompt", None), ("prompt", {}), ("include", []), ("include", None),
-                                              ("reasoning", None)])
+                                              ("reasoning", None), ("parallel_tool_calls", None),
+                                              ("parallel_tool_calls", True)])
 def test_ga_session_empty_values_of_unsupported_fields_are_accepted(field: str, value) -> None:
     h = Harness()
     h.send(type="session.update", session={"type": "realtime", "instructions": "new", field: value})
@@ -96,7 +98,8 @@ def test_beta_session_ga_only_fields_are_unknown_parameters(field: str) -> None:
     assert (error["code"], error["param"]) == ("unknown_parameter", f"session.{field}")
 
 
-@pytest.mark.parametrize(("field", "value"), [("prompt", {"id": "pmpt_1"}), ("reasoning", {"effort": "high"})])
+@pytest.mark.parametrize(("field", "value"), [("prompt", {"id": "pmpt_1"}), ("reasoning", {"effort": "high"}),
+                                              ("parallel_tool_calls", False)])
 def test_ga_response_unsupported_fields_are_refused(field: str, value) -> None:
     h = Harness()
     h.send(type="response.create", event_id="r1", response={field: value})

@@ -219,3 +219,69 @@ def test_forced_prefix_makes_the_random_model_call_the_named_function(random_eng
     ends = [e for e in events if isinstance(e, ToolCallEnd)]
     assert len(ends) == 1 and ends[0].name == "get_weather"  # random arguments: well formed or a clear error
     assert ends[0].arguments is not None or ends[0].error
+
+
+# ---- constrained choice (tool_choice "required" over several tools) --------------------------------------
+HEAD = '<tool_call>\n{"name": "'
+NAMES = ("get_weather", "get_time", "lookup")
+
+
+def test_forced_choices_allow_only_the_offered_names_token_by_token():
+    from realtime_ming.engine.forced import allowed_tokens, forced_token, plan_forced
+
+    tok = tiny_thinker_tokenizer()
+    heads = tuple(f'{n}", "arguments": ' for n in NAMES)
+    request = TurnRequest("c", "conv", (), forced_prefix=HEAD, forced_choices=heads)
+    forced = plan_forced(tok, request, None)
+    full = {n: tok.encode_markup(HEAD + h) for n, h in zip(NAMES, heads)}
+    assert set(forced.choices) == {tuple(ids) for ids in full.values()}
+    generated: list[int] = []
+    common = len(tok.encode_markup(HEAD))  # the shared head: one allowed token, forced whatever is sampled
+    for _ in range(common):
+        (only,) = allowed_tokens(forced, generated)
+        generated.append(forced_token(forced, generated, sampled=0))
+        assert generated[-1] == only
+    assert set(allowed_tokens(forced, generated)) == {full["get_weather"][common], full["lookup"][common]}
+    # a sampled token no choice allows is replaced; an allowed one is kept (the model's choice)
+    assert forced_token(forced, generated, sampled=full["lookup"][common]) == full["lookup"][common]
+    assert forced_token(forced, generated, sampled=tok.eos_id) in allowed_tokens(forced, generated)
+    generated.append(full["get_weather"][common])  # "g": get_weather and get_time stay open, lookup is out
+    while (allowed := allowed_tokens(forced, generated)) is not None:
+        generated.append(allowed[-1])
+    assert tok.decode(generated).endswith('", "arguments": ') and any(generated == ids for ids in full.values())
+    assert forced_token(forced, generated, sampled=7) == 7  # the choice is written: the model goes on freely
+    # one choice is a plain forced prefix
+    single = plan_forced(tok, TurnRequest("s", "conv", (), forced_prefix=HEAD, forced_choices=heads[:1]), None)
+    assert single.ids == tuple(full["get_weather"]) and not single.choices
+
+
+def test_mask_to_allowed_masks_only_constrained_rows():
+    import torch
+
+    from realtime_ming.engine.sampling import mask_to_allowed
+
+    logits = torch.randn(3, 10)
+    assert mask_to_allowed(logits, [None, None, None]) is logits
+    masked = mask_to_allowed(logits, [None, (2, 5), (9,)])
+    assert torch.equal(masked[0], logits[0])
+    assert torch.isfinite(masked[1]).nonzero().flatten().tolist() == [2, 5]
+    assert masked[1, 2] == logits[1, 2] and masked[2].argmax() == 9
+
+
+def test_forced_choices_make_the_random_model_call_an_offered_function(random_engine):
+    """`required` with several tools: whatever the random weights prefer, every call names an offered function,
+    and sampling picks among them (seeded, temperature 1: both names appear over the seeds)."""
+    user = Message("user", (Content.of_text("Weather or time?"),))
+    tools = (WEATHER, {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}})
+    heads = tuple(f'{t["function"]["name"]}", "arguments": ' for t in tools)
+    names = []
+    for seed in range(6):
+        sink = _Sink()
+        random_engine.submit(TurnRequest(f"q{seed}", f"conv-q{seed}", (user,), tools=tools, with_audio=False,
+                                         sampling=SamplingParams(max_tokens=48, temperature=1.0, seed=seed),
+                                         forced_prefix=HEAD, forced_choices=heads), sink)
+        assert sink.done.wait(90)
+        starts = [e for e in sink.events if isinstance(e, ToolCallStart)]
+        assert len(starts) == 1, sink.events
+        names.append(starts[0].name)
+    assert set(names) == {"get_weather", "get_time"}, names

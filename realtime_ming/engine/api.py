@@ -205,6 +205,9 @@ class TurnRequest:
     # text (tool markers become their special tokens) the reply is forced to start with: constrained
     # decoding of a required / named function call's prefix
     forced_prefix: str = ""
+    # the reply starts with `forced_prefix` + one of these (a `required` call names one of the offered functions):
+    # the tokens the choices share are forced, where they differ the model's logits are masked to theirs
+    forced_choices: tuple[str, ...] = ()
     # a side request (a transcription): the conversation whose KV slot it starts from. Its prompt shares that
     # conversation's running prompt up to some point (e.g. through the user's audio); the engine admits it once
     # that conversation's turn has prefilled its prompt, copies the shared prefix's K/V (`KVSlotManager.fork`)

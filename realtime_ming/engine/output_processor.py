@@ -27,7 +27,7 @@ class OutputProcessor:
         """Account a sampled token: -> (the text it releases, the finish reason if the row is done)."""
         sp = row.request.sampling
         finish = None
-        token = forced_token(row.forced, len(row.generated), token)
+        token = forced_token(row.forced, row.generated, token)
         if token == self.tok.eos_id and not sp.ignore_eos:
             finish = FinishReason.STOP
         else:

@@ -6,7 +6,7 @@ import torch
 
 from .graphs import upload
 
-__all__ = ["SamplingBatch", "sample"]
+__all__ = ["SamplingBatch", "mask_to_allowed", "sample"]
 
 
 class SamplingBatch:
@@ -34,6 +34,19 @@ def _exponential_noise(batch: SamplingBatch, shape, device) -> torch.Tensor:
         else:
             rows.append(torch.empty(shape[1:], device=device).exponential_(generator=gen))
     return torch.stack(rows)
+
+
+def mask_to_allowed(logits: torch.Tensor, allowed: list[tuple[int, ...] | None]) -> torch.Tensor:
+    """Logits [B, V] with every token but row i's `allowed[i]` set to -inf (constrained decoding); a row
+    whose entry is None is left as is. Returns `logits` itself when no row is constrained."""
+    if all(a is None for a in allowed):
+        return logits
+    keep = torch.ones(logits.shape, dtype=torch.bool, device=logits.device)
+    for i, ids in enumerate(allowed):
+        if ids is not None:
+            keep[i] = False
+            keep[i, upload(list(ids), torch.int64, logits.device)] = True
+    return logits.masked_fill(~keep, float("-inf"))
 
 
 def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:

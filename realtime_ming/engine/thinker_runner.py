@@ -25,14 +25,14 @@ from ..model.multimodal import MediaKind, prepare_prefill
 from ..model.thinker import ThinkerKVCache
 from .api import FinishReason, PromptTokens, TurnRequest, TurnTask
 from .config import EngineConfig
-from .forced import Forced, forced_segments, plan_forced
+from .forced import Forced, allowed_tokens, forced_segments, plan_forced
 from .graphs import upload
 from .encoder_worker import EncoderWorker, encode_tail, tail_has_media
 from .input_processor import InputProcessor, PreparedInputs
 from .kv_slots import KVSlotManager, copy_kv_prefix
 from .models import ModelBundle
 from .output_processor import OutputProcessor
-from .sampling import SamplingBatch, sample
+from .sampling import SamplingBatch, mask_to_allowed, sample
 from .scheduler import Row, Scheduler
 from .turn_judgement import answer_ids, turn_judgement_on
 from .thinker_decode import ThinkerDecoder, default_kv_buckets, eager_kv_len
@@ -365,7 +365,7 @@ class ThinkerRunner:
             if row.request.task is TurnTask.JUDGE_TURN:  # P(complete): softmax over the two answers' logits
                 pair = logits[i, list(self.judge_answers)].float()
                 row.judgement = torch.softmax(pair, dim=-1)[0]
-        return done, sample(logits, self._sampling(done))
+        return done, self._sample(logits, done)
 
     def _decode(self, rows: list[Row]) -> torch.Tensor:
         """One decode step of `rows` -> their sampled ids (device)."""
@@ -373,7 +373,12 @@ class ThinkerRunner:
                                    [r.rope_delta for r in rows], [r.slot.index for r in rows])
         for r in rows:
             r.slot.ids.append(r.next_token)
-        return sample(logits, self._sampling(rows))
+        return self._sample(logits, rows)
+
+    def _sample(self, logits: torch.Tensor, rows: list[Row]) -> torch.Tensor:
+        """Sampled ids of `rows`; a row within a forced choice samples only among the tokens it allows."""
+        allowed = [allowed_tokens(r.forced, r.generated) for r in rows]
+        return sample(mask_to_allowed(logits, allowed), self._sampling(rows))
 
     def _sampling(self, rows: list[Row]) -> SamplingBatch:
         sp = [r.request.sampling for r in rows]

@@ -13,9 +13,9 @@ from typing import Any, Final
 from realtime_ming.protocol.dialect import Dialect
 from realtime_ming.protocol.errors import ErrorCode, ProtocolError
 from realtime_ming.protocol.limits import MAX_ECHO_JSON_BYTES
-from realtime_ming.protocol.wire import ID, expect_bounded_json, expect_choice, expect_object, expect_str, join
+from realtime_ming.protocol.wire import ID, expect_bool, expect_bounded_json, expect_choice, expect_object, expect_str, join
 
-__all__ = ["refuse_prompt", "refuse_reasoning", "refuse_unsupported"]
+__all__ = ["refuse_parallel_tool_calls", "refuse_prompt", "refuse_reasoning", "refuse_unsupported"]
 
 
 def _unsupported(param: str, detail: str) -> ProtocolError:
@@ -53,7 +53,17 @@ def refuse_reasoning(value: Any, param: str, _dialect: Dialect) -> None:
     raise _unsupported(param, "Ming has no reasoning-effort control; leave it out")
 
 
-_REFUSED: Final[dict[str, Callable[[Any, str, Dialect], None]]] = {"reasoning": refuse_reasoning}
+def refuse_parallel_tool_calls(value: Any, param: str, _dialect: Dialect) -> None:
+    """`parallel_tool_calls` (GA): several calls in one response are what the server does (each its own
+    `function_call` item), so `true` / `null` are honoured; `false` (at most one call) is not enforced."""
+    if value is None or expect_bool(value, param):
+        return
+    raise _unsupported(param, "at most one call per response is not enforced: each call the model writes becomes"
+                              " its own function_call item; send true or leave it out")
+
+
+_REFUSED: Final[dict[str, Callable[[Any, str, Dialect], None]]] = {
+    "reasoning": refuse_reasoning, "parallel_tool_calls": refuse_parallel_tool_calls}
 
 
 def refuse_unsupported(obj: Mapping[str, Any], param: str, dialect: Dialect, *, with_prompt: bool = False) -> None:

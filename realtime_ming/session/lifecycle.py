@@ -140,7 +140,7 @@ def turn_request(
     if instructions is None:
         instructions = session.config.instructions
     max_tokens = spec.max_output_tokens
-    tools, forced_prefix = engine_tools(*response_tools(session.config, params))
+    tools, forced_prefix, forced_choices = engine_tools(*response_tools(session.config, params))
     return TurnRequest(
         turn_id=turn_id,
         conversation_id=spec.conversation_id or session._oob_conversation_id,
@@ -156,6 +156,7 @@ def turn_request(
         truncation=_engine_truncation(session.config.truncation),
         tools=tools,
         forced_prefix=forced_prefix,
+        forced_choices=forced_choices,
     )
 
 

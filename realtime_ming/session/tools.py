@@ -4,9 +4,10 @@
 Tools are rendered as the chat-completions shape `{"type": "function", "function": {name, description,
 parameters}}` that Ming's chat template is fed with. `tool_choice`: `auto` renders the tools and lets the
 model choose; `none` renders no tools (a call the model writes anyway is cut out of the spoken text and dropped, as
-with no tools at all: `engine/tool_calls.py`); `required`
-forces the reply to start with `<tool_call>\\n{"name": "` and a named function additionally forces its
-name and `", "arguments": ` (constrained decoding in the thinker), so a call is certain, not hoped for.
+with no tools at all: `engine/tool_calls.py`); `required` forces the reply to start with
+`<tool_call>\\n{"name": "` + one of the offered names + `", "arguments": ` (constrained decoding in the thinker:
+the model picks the name, its logits masked to the offered names' tokens) and a named function forces its own
+name, so a call of an offered function is certain, not hoped for.
 
 Outcomes of a malformed call (not JSON, arguments not an object, an unknown function, no `</tool_call>`):
 the call is never spoken nor run; a started `function_call` item ends `incomplete` (it stays in the
@@ -48,20 +49,26 @@ def response_tools(config, params) -> tuple[tuple[FunctionTool, ...], ToolChoice
     return tools, choice
 
 
-def engine_tools(tools: tuple[FunctionTool, ...], choice: ToolChoice) -> tuple[tuple[dict, ...], str]:
-    """(tools as the template renders them, the forced reply prefix) for a response."""
+def engine_tools(tools: tuple[FunctionTool, ...],
+                 choice: ToolChoice) -> tuple[tuple[dict, ...], str, tuple[str, ...]]:
+    """(tools as the template renders them, the forced reply prefix, the forced choices after it) for a response."""
     if choice is ToolChoiceMode.NONE or not tools:
-        return (), ""
+        return (), "", ()
     rendered = tuple(
         {"type": "function",
          "function": {"name": t.name, "description": t.description, "parameters": dict(t.parameters)}}
         for t in tools
     )
     if choice is ToolChoiceMode.REQUIRED:
-        return rendered, _CALL_START
+        return rendered, _CALL_START, tuple(_call_head(t.name) for t in tools)
     if isinstance(choice, FunctionChoice):
-        return rendered, _CALL_START + json.dumps(choice.name, ensure_ascii=False)[1:-1] + '", "arguments": '
-    return rendered, ""
+        return rendered, _CALL_START, (_call_head(choice.name),)
+    return rendered, "", ()
+
+
+def _call_head(name: str) -> str:
+    """A call's text after `_CALL_START` up to its arguments: the name as JSON writes it inside the string."""
+    return json.dumps(name, ensure_ascii=False)[1:-1] + '", "arguments": '
 
 
 def check_tool_choice(tools: tuple[FunctionTool, ...], choice: ToolChoice, param: str) -> None:
