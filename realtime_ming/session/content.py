@@ -63,7 +63,8 @@ class MediaLimits:
 
     The first group is the model's own constraints, read from the engine's `info()["media"]`
     (`MediaLimits.from_engine`); the defaults are Ming's. The second group is the server's budgets
-    (`server.limits`, `session.max_input_audio_s`, `session.min_commit_ms`).
+    (`server.limits`, `session.max_input_audio_s`, `session.min_commit_ms`), the image rate included
+    (the session's token bucket, `rate_limit.TokenBucket`).
     """
 
     image_factor: int = 32  # ViT patch x spatial merge: resized sides are multiples; smaller sides rejected
