@@ -274,3 +274,35 @@ async def test_sdk_register_voice_and_use_it(server, clip):
     with pytest.raises(VoiceError) as gone:
         await delete_voice(url, voice.id, api_key=KEY_A)
     assert gone.value.status == 404 and gone.value.code == "voice_not_found"
+
+
+def test_the_session_voice_outlives_eviction_and_other_voices_resolved_since():
+    """A session's cloned voice, evicted from the store and pushed out of the session's recent voices by
+    response-level voices, still speaks its replies: never silently the default preset."""
+    from session_support import Harness
+
+    from realtime_ming.server.config import AuthConfig, VoicesConfig
+    from realtime_ming.server.voice_routes import VoiceRoutes
+
+    routes = VoiceRoutes(VoicesConfig(max_voices_per_key=2), AuthConfig(), lambda: None)
+    try:
+        owner = routes.owner(None)
+        mine = _voice("voice_mine", owner, 10)
+        routes.store.add(mine)
+        h = Harness()
+        h.session._accepted_voices = SessionVoices(("DB30", "other"), "DB30", routes.lookup_for(None))
+        h.send(type="session.update", session={"type": "realtime", "audio": {"output": {"voice": {"id": mine.id}}}})
+        assert h.last("session.updated")["session"]["audio"]["output"]["voice"] == mine.id
+        for k in range(6):  # each registration evicts the key's oldest; each response resolves another voice
+            other = _voice(f"voice_other{k}", owner, 10)
+            routes.store.add(other)
+            h.send(type="response.create", response={"output_modalities": ["text"],
+                                                     "audio": {"output": {"voice": {"id": other.id}}}})
+            h.finish_turn(h.submitted()[-1].turn_id)
+        assert routes.store.get(owner, mine.id) is None  # evicted long ago
+        h.send(type="response.create", event_id="r1")
+        assert not [f for f in h.frames if f["type"] == "error"], [f for f in h.frames if f["type"] == "error"]
+        assert h.submitted()[-1].voice is mine
+        assert h.session._accepted_voices.engine_voice(mine.id) is mine  # what a server-VAD reply is spoken with
+    finally:
+        routes.close()

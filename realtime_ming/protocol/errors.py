@@ -211,6 +211,12 @@ class ErrorCode(StrEnum):
         _INVALID,
         "The image of {width}x{height} pixels has an aspect ratio above {max_ratio}.",
     )
+    IMAGE_RATE_LIMITED = (
+        "image_rate_limited",
+        _INVALID,
+        "Image rate limit: this session takes {rate:g} images per second in bursts of up to {burst}, and the"
+        " event's {images} image(s) {detail}. Nothing of the event was applied.",
+    )
     INVALID_VIDEO = ("invalid_video", _INVALID, "Invalid video: {detail}.")
     VIDEO_TOO_LONG = (
         "video_too_long",

@@ -108,6 +108,8 @@ class ConnectionContext:
             max_image_pixels=self.limits.max_image_pixels,
             max_text_chars=self.limits.max_item_text_chars,
             max_video_s=self.limits.max_video_s,
+            max_images_per_s=self.limits.max_images_per_s,
+            max_image_burst=self.limits.max_image_burst,
             max_conversation_bytes=self.limits.max_conversation_bytes,
         )
 

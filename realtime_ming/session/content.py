@@ -50,6 +50,7 @@ __all__ = [
     "decode_image_url",
     "decode_video_frames",
     "decode_video_url",
+    "image_params",
     "media_parts",
     "part_to_content",
     "stored_part",
@@ -62,7 +63,8 @@ class MediaLimits:
 
     The first group is the model's own constraints, read from the engine's `info()["media"]`
     (`MediaLimits.from_engine`); the defaults are Ming's. The second group is the server's budgets
-    (`server.limits`, `session.max_input_audio_s`, `session.min_commit_ms`).
+    (`server.limits`, `session.max_input_audio_s`, `session.min_commit_ms`), the image rate included
+    (the session's token bucket, `rate_limit.TokenBucket`).
     """
 
     image_factor: int = 32  # ViT patch x spatial merge: resized sides are multiples; smaller sides rejected
@@ -76,6 +78,8 @@ class MediaLimits:
     max_audio_s: float = 60.0  # per audio part
     max_video_s: float = 60.0  # per video part (first to last frame)
     max_conversation_bytes: int = 128 * 2**20  # what the conversation stores; oldest items evicted beyond
+    max_images_per_s: float = 4.0  # `input_image` parts per second per session, sustained (token bucket refill)
+    max_image_burst: int = 8  # ... and at once (the bucket's size; also the most images one event may carry)
 
     @classmethod
     def from_engine(cls, media: Mapping | None, **budgets) -> MediaLimits:
@@ -310,8 +314,8 @@ def stored_part(part: ContentPart, content: Content) -> ContentPart:
     return part
 
 
-def media_parts(event: object) -> list[tuple[str, ContentPart]]:
-    """(param, part) of every content part of `event` that carries media to decode."""
+def _message_parts(event: object) -> list[tuple[str, ContentPart]]:
+    """(param, part) of every content part of the inline message items `event` carries."""
     if isinstance(event, ce.ConversationItemCreate):
         items = [("item", event.item)]
     elif isinstance(event, ce.ResponseCreate) and event.response.input is not None:
@@ -322,5 +326,18 @@ def media_parts(event: object) -> list[tuple[str, ContentPart]]:
         (f"{param}.content[{i}]", part)
         for param, item in items if isinstance(item, MessageItem)
         for i, part in enumerate(item.content)
+    ]
+
+
+def media_parts(event: object) -> list[tuple[str, ContentPart]]:
+    """(param, part) of every content part of `event` that carries media to decode."""
+    return [
+        (param, part) for param, part in _message_parts(event)
         if isinstance(part, InputImage | InputVideo) or (isinstance(part, InputAudio) and part.audio is not None)
     ]
+
+
+def image_params(event: object) -> list[str]:
+    """The param path of every `input_image` part of `event`: what the session's image rate counts
+    (an `input_video` clip is bounded by its own sampling and `max_video_s` instead)."""
+    return [param for param, part in _message_parts(event) if isinstance(part, InputImage)]

@@ -219,7 +219,7 @@ class SessionRunner:
             else:
                 self._client_slots.release()
                 if media_parts(item):
-                    await self._loop.run_in_executor(_MEDIA_DECODER, self.session.predecode, item)
+                    await self._loop.run_in_executor(_MEDIA_DECODER, self.session.predecode, item, now)
                     now = time.monotonic()
                 await self._dispatch(self.session.handle_client_event(item, now), item)
 

@@ -14,6 +14,7 @@ events, failed-turn cleanup), `items` (`conversation.item.*`) and `session_updat
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
@@ -57,12 +58,19 @@ from .actions import (
 from .audio_io import MODEL_SAMPLE_RATE_HZ
 from .barge_in import OutputHold, max_hold_s, sync_output_hold
 from .config import SessionSettings
-from .content import MediaLimits, media_parts, part_to_content, stored_part
+from .content import (
+    MediaLimits,
+    image_params,
+    media_parts,
+    part_to_content,
+    stored_part,
+)
 from .conversation import Conversation, StoredItem
 from .failures import log_failure
 from .idle import IdleTimer
 from .input import BufferFull, InputTurns, SpeechBegan, SpeechEnded, TurnSignal
 from .judgement import NO_ANSWER, TurnJudge
+from .rate_limit import TokenBucket
 from .response import ActiveResponse
 from .session_update import on_session_update
 from .transcription import Transcriber
@@ -126,6 +134,7 @@ class Session:
         self.conversation_id = new_id(IdPrefix.CONVERSATION)
         self.conversation = Conversation(settings.max_items, self.media.max_conversation_bytes)
         self._predecoded: dict[int, Content | ProtocolError] = {}  # id(part) -> its model view (predecode)
+        self._image_rate = TokenBucket(self.media.max_images_per_s, self.media.max_image_burst)  # input_image parts
         self._input = InputTurns(vad, make_vad, settings.max_input_audio_s)
         self._input.configure(self.config.input_format, self.config.turn_detection)
         self._speculation: _Speculation | None = None
@@ -197,17 +206,36 @@ class Session:
         finally:
             self._predecoded.clear()
 
-    def predecode(self, event: ClientEvent | ProtocolError) -> None:
+    def predecode(self, event: ClientEvent | ProtocolError, now: float) -> None:
         """Decode the media of `event` ahead of `handle_client_event` (its next call consumes them).
 
         Safe to run on a worker thread while the session is otherwise idle: it reads the input
-        format and the limits only. Lets the event loop stay responsive while images decode.
+        format, the limits and the image rate only. Lets the event loop stay responsive while images
+        decode. An event over the image rate at `now` is not decoded (it will be refused): a client
+        flooding images does not occupy the decoder threads all sessions share.
         """
+        if self._image_rate.wait_s(len(image_params(event)), now) > 0:
+            return
         for param, part in media_parts(event):
             try:
                 self._predecoded[id(part)] = part_to_content(part, self.config.input_format, param, self.media)
             except Exception as error:  # raised again by the handler on the session's own path
                 self._predecoded[id(part)] = error
+
+    def _admit_images(self, event: ce.ConversationItemCreate | ce.ResponseCreate, now: float) -> None:
+        """Take the session's image rate for every `input_image` part of `event`, all or none, before any
+        is decoded; raises ProtocolError `image_rate_limited` naming the first image over the bound."""
+        params = image_params(event)
+        if not params or self._image_rate.take(len(params), now):
+            return
+        available = self._image_rate.whole(now)
+        wait_s = self._image_rate.wait_s(len(params), now)
+        if math.isinf(wait_s):
+            detail = f"are more than one burst holds: send at most {self.media.max_image_burst} per event"
+        else:
+            detail = f"exceed the {available} left now (retry in {wait_s:.2f} s)"
+        raise ProtocolError(ErrorCode.IMAGE_RATE_LIMITED, param=params[available], rate=self.media.max_images_per_s,
+                            burst=self.media.max_image_burst, images=len(params), detail=detail)
 
     def _content(self, part: ContentPart, param: str) -> Content:
         done = self._predecoded.pop(id(part), None)

@@ -50,6 +50,8 @@ def on_session_update(session: Session, event: ce.SessionUpdate, now: float) -> 
                                   param=event.session.param("noise_reduction"),
                                   kind=new.noise_reduction.type.value, detail=str(exc))
     old, session.config = session.config, new
+    if new.voice != old.voice:
+        session._accepted_voices.hold(new.voice)
     actions = session._discard_speculation()
     if (new.input_format, new.turn_detection) != (old.input_format, old.turn_detection):
         session._input.configure(new.input_format, new.turn_detection)

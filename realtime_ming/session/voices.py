@@ -6,7 +6,9 @@
   back as sent), so OpenAI clients that send one by default keep working;
 * a custom voice id (`voice_…`, GA `{"id": "voice_…"}`) names a voice registered with
   `POST /v1/realtime/voices` under the session's API key (`lookup`); another key's or an evicted
-  voice is `voice_not_found`.
+  voice is `voice_not_found`. The session's own voice (`hold`, set by `session.update`) stays
+  resolvable for the session's lifetime even after the store evicts it, so its replies are never
+  spoken in the default voice instead.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class SessionVoices(Collection[str]):
         self.aliases = {name: default for name in OPENAI_VOICE_ALIASES if name not in self.presets}
         self._named = self.presets + tuple(self.aliases)
         self._lookup = lookup
+        self._held: CustomVoice | None = None  # the session's configured cloned voice (`hold`)
 
     def __contains__(self, voice: object) -> bool:
         return isinstance(voice, str) and (voice in self._named or self._custom(voice) is not None)
@@ -45,7 +48,14 @@ class SessionVoices(Collection[str]):
     def _custom(self, voice: str) -> CustomVoice | None:
         if self._lookup is None or not voice.startswith(CUSTOM_VOICE_PREFIX) or voice in self._named:
             return None
-        return self._lookup(voice)
+        found = self._lookup(voice)
+        if found is None and self._held is not None and self._held.id == voice:
+            return self._held
+        return found
+
+    def hold(self, voice: str) -> None:
+        """`voice` is now the session's voice: a cloned one is kept for the session (evictions spare it)."""
+        self._held = self._custom(voice)  # (the held voice itself when the store has lost it)
 
     def check(self, voice: str, param: str, event_id: str | None = None) -> None:
         """Raise ProtocolError (`voice_not_found` for a custom id, else `unknown_voice`) unless accepted."""
