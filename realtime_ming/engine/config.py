@@ -140,6 +140,9 @@ class TalkerRunnerConfig:
     # default: on 4x H200 it gave +7 % spoken turns/s at N=32 (thinker_delay 0.5) but TTFA_server p50 39 -> 83 ms
     # at c=64 (bench/results/gpu-h200x4-overlap-2026-11-26/)
     steps_while_thinking: int = 0
+    # the talker steps on a thread of its own, at its own pace, instead of once per engine (thinker) step
+    # (`engine/talker_loop.py`); the audio is the same. Excludes steps_while_thinking
+    own_thread: bool = False
     # ... and those steps may end this share of the thinker's expected step after it (delaying its next launch)
     thinker_delay: float = 0.5
 
@@ -152,6 +155,9 @@ class TalkerRunnerConfig:
             raise ValueError("engine.talker.voice_head_cache must be >= 0")
         if self.steps_while_thinking < 0:
             raise ValueError("engine.talker.steps_while_thinking must be >= 0")
+        if self.own_thread and self.steps_while_thinking:
+            raise ValueError("engine.talker.own_thread and steps_while_thinking exclude each other (a talker on its "
+                             "own thread is never held to the thinker's step)")
         if not 0.0 <= self.thinker_delay <= 4.0:
             raise ValueError("engine.talker.thinker_delay must be a share of the thinker's step in [0, 4]")
         if not 0 <= self.min_text_tokens < self.max_prompt_len // 2:

@@ -63,6 +63,7 @@ from .supervision import (
     fault_injection_enabled,
 )
 from .step_overlap import StepOverlap, overlap_steps
+from .talker_loop import Idle, TalkerLoop
 from .talker_pool import make_talker
 from .thinker_runner import ThinkerRunner
 
@@ -83,6 +84,7 @@ class Engine(Admission, Speculation):
         self._forks: list[_Turn] = []  # prepared side requests waiting for their source's prefill (`fork_ready`)
         self._thinker = ThinkerRunner(bundle, cfg, wake=lambda: self._put(Wake()))  # an admission's encoders finished
         self._talker = make_talker(bundle, cfg) if bundle.has_talker else None  # a pool over several replicas
+        self._talker_notices: queue.SimpleQueue = queue.SimpleQueue()  # from a talker on its own thread
         self._stopping = False
         self._in_flight = None  # the thinker step queued at the end of the last engine step, collected by the next
         self._overlap = StepOverlap(overlap_steps(cfg) if self._talker is not None else 0, cfg.talker.thinker_delay)
@@ -94,6 +96,8 @@ class Engine(Admission, Speculation):
         self._fault_injection = fault_injection_enabled()
         if self._fault_injection:
             log.warning("engine fault injection is ON: a turn carrying the kill marker kills the engine thread")
+        if self._talker is not None and cfg.talker.own_thread:
+            self._talker = TalkerLoop(self._talker, self._deliver_talker, self._notice, self._worker_died)
         self._thread = threading.Thread(target=self._main, name="realtime-ming-engine", daemon=True)
         self._thread.start()
         self._watch = WorkerWatch.start(bundle.thinker, self._worker_died)  # tensor-parallel workers, if any
@@ -137,9 +141,13 @@ class Engine(Admission, Speculation):
         self._put(Confirm(turn_id))
 
     def discard(self, turn_id: str) -> None:
+        if isinstance(self._talker, TalkerLoop):  # its thread delivers nothing more of the turn from now on
+            self._talker.drop(turn_id)
         self._put(Discard(turn_id))
 
     def cancel(self, turn_id: str) -> None:
+        if isinstance(self._talker, TalkerLoop):
+            self._talker.drop(turn_id)
         self._put(Cancel(turn_id))
 
     def close_conversation(self, conversation_id: str) -> None:
@@ -185,6 +193,8 @@ class Engine(Admission, Speculation):
             self._thread.join(timeout=30 if self._dead is None else 1)
         stuck = self._thread.is_alive()
         self._die("engine closed")
+        if isinstance(self._talker, TalkerLoop):
+            self._talker.close()
         self._thinker.close()
         if stuck:
             log.error("engine thread did not stop; tensor-parallel workers are killed, the thread is left behind")
@@ -434,7 +444,9 @@ class Engine(Admission, Speculation):
         for turn in list(self._turns.values()):
             if turn.segmenter is not None and not turn.thinker_done:
                 self._route_segments(turn, turn.segmenter.tick(now))
-        if self._talker is not None:
+        if isinstance(self._talker, TalkerLoop):  # it steps on its own thread: take what it reported
+            self._take_notices()
+        elif self._talker is not None:
             # a talker on GPUs of its own runs more steps while the thinker's step still runs (`StepOverlap`)
             self._talker_step(self._overlap.talker_steps(self._in_flight))
         self._bound_speculation()  # between steps: a paused row or stream is simply not in the next one
@@ -445,12 +457,35 @@ class Engine(Admission, Speculation):
     def _talker_step(self, steps: int) -> None:
         """`steps` talker steps (every replica's, queued back to back): start queued jobs, wait, deliver the PCM."""
         started = time.perf_counter()
-        for out in self._talker.finish(self._talker.launch(steps)):
-            turn = self._turns.get(out.turn_id)
-            if turn is None:
-                continue
+        outputs = self._talker.finish(self._talker.launch(steps))
+        for out in outputs:
             if out.error is not None:
                 self._fail(out.turn_id, out.error, FailureCode.ENGINE_ERROR)
+        self._deliver_talker([out for out in outputs if out.error is None])
+        self._overlap.talker_stepped(time.perf_counter() - started, steps)
+
+    def _notice(self, events: list) -> None:
+        """A talker on its own thread reports turns whose talker work failed or is done: the engine thread acts."""
+        self._talker_notices.put(events)
+        self._put(Wake())
+
+    def _take_notices(self) -> None:
+        while True:
+            try:
+                events = self._talker_notices.get_nowait()
+            except queue.Empty:
+                return
+            for event in events:
+                if isinstance(event, Idle):
+                    self._talker.idle(event)
+                else:
+                    self._fail(event.turn_id, event.message, FailureCode.ENGINE_ERROR)
+
+    def _deliver_talker(self, outputs: list) -> None:
+        """Talker outputs to their turns: stage marks, step counts, PCM (the engine thread, or a talker's own)."""
+        for out in outputs:
+            turn = self._turns.get(out.turn_id)
+            if turn is None:
                 continue
             if out.first_step and Stage.FIRST_TALKER_STEP not in turn.stages:
                 self._mark(turn, Stage.FIRST_TALKER_STEP)
@@ -461,7 +496,6 @@ class Engine(Admission, Speculation):
                     self._mark(turn, Stage.FIRST_PCM)
                 turn.audio_samples += int(out.pcm.size)
                 self._emit(turn, AudioChunk(turn.request.turn_id, out.pcm, segment_id=out.segment_id))
-        self._overlap.talker_stepped(time.perf_counter() - started, steps)
 
     def _route_segments(self, turn: _Turn, segments) -> None:
         for seg in segments:

@@ -1,0 +1,203 @@
+"""The talker on a thread of its own (`engine.talker.own_thread`): it steps at its own pace, not the thinker's.
+
+In the default engine the talker's step is part of the engine step: one talker step per thinker step, so a turn's
+talker work after its text (about as many steps again as it had tokens) is paid in thinker-sized steps, and the
+engine thread waits for the talker's GPUs while the thinker's could start the next step. `TalkerLoop` wraps the
+talker (a `TalkerRunner` or a `TalkerPool`) and runs it on its own thread: whenever a stream runs or a job waits,
+it starts jobs, steps every stream once and delivers the PCM, then goes again.
+
+The engine thread talks to it only through thread-safe calls that never block on the talker's GPU work:
+`enqueue`, `pause`, `resume` and `forget` are queued and applied by the loop between its steps, in order;
+`pending(turn_id)` is answered from the engine thread's own count of the segments it queued and the loop's
+report of the last one it saw through (`Idle`). The loop hands each step's outputs to `deliver` on its thread
+(the engine emits PCM and stage marks from there, under its lock) and reports what only the engine thread may act on
+(a turn whose talker work failed, a turn whose talker work is done) through `notify`, which wakes the engine.
+A talker step that raises fails the turns it was running (their talker state is dropped) and the loop goes
+on; anything worse (a BaseException) kills the engine through `die`.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Callable
+
+from .talker_runner import TalkerOutput
+
+__all__ = ["Idle", "TalkerFailed", "TalkerLoop"]
+
+log = logging.getLogger(__name__)
+
+_MAX_DROPPED = 4096  # turns remembered as dropped until the engine forgets them (a drop after the end never is)
+
+
+@dataclass(frozen=True, slots=True)
+class Idle:
+    """The loop has no talker work left for `turn_id` after applying the engine's `seq`-th enqueue of it."""
+
+    turn_id: str
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class TalkerFailed:
+    turn_id: str
+    message: str
+
+
+class _Stop:
+    pass
+
+
+class TalkerLoop:
+    """A talker stepped on its own thread. `deliver(outputs)` runs on that thread; `notify(events)` and
+    `die(reason)` tell the engine thread what it must act on."""
+
+    def __init__(self, talker, deliver: Callable[[list[TalkerOutput]], None],
+                 notify: Callable[[list], None], die: Callable[[str], None]):
+        self.talker = talker
+        self._deliver, self._notify, self._die = deliver, notify, die
+        self._ops: queue.SimpleQueue = queue.SimpleQueue()
+        self._sent: dict[str, int] = {}  # engine thread: enqueues queued per turn
+        self._seen: dict[str, int] = {}  # engine thread: the last `Idle` seq per turn
+        self._applied: dict[str, int] = {}  # loop thread: enqueues applied per turn
+        self._dropped: OrderedDict[str, None] = OrderedDict()  # any thread: turns whose output nobody takes
+        self._drop_lock = threading.Lock()
+        self._thread = threading.Thread(target=self._main, name="realtime-ming-talker", daemon=True)
+        self._thread.start()
+
+    # ---- engine thread ---------------------------------------------------------------------------
+    def enqueue(self, turn_id: str, segment_id: int, text: str, voice, *, seed=None, caption=None) -> None:
+        seq = self._sent.get(turn_id, 0) + 1
+        self._sent[turn_id] = seq
+        self._ops.put(("enqueue", turn_id, seq, (segment_id, text, voice), {"seed": seed, "caption": caption}))
+
+    def pending(self, turn_id: str) -> bool:
+        """Whether talker work the engine queued for `turn_id` is not known to be done."""
+        return self._sent.get(turn_id, 0) != self._seen.get(turn_id, 0)
+
+    def idle(self, event: Idle) -> None:
+        """Record the loop's `Idle` report (engine thread; a report about a forgotten turn is ignored)."""
+        if event.turn_id in self._sent:
+            self._seen[event.turn_id] = max(self._seen.get(event.turn_id, 0), event.seq)
+
+    def drop(self, turn_id: str) -> None:
+        """Any thread, at once (a cancel, a discard): no more output of `turn_id` is delivered, even before the
+        engine thread applies the command and forgets the turn."""
+        with self._drop_lock:
+            self._dropped[turn_id] = None
+            while len(self._dropped) > _MAX_DROPPED:
+                self._dropped.popitem(last=False)
+
+    def pause(self, turn_id: str) -> None:
+        self._ops.put(("pause", turn_id))
+
+    def resume(self, turn_id: str) -> None:
+        self._ops.put(("resume", turn_id))
+
+    def forget(self, turn_id: str) -> None:
+        self._sent.pop(turn_id, None)
+        self._seen.pop(turn_id, None)
+        self._ops.put(("forget", turn_id))
+
+    def has_work(self) -> bool:
+        """The engine thread never steps this talker: its work keeps no engine step going."""
+        return False
+
+    def num_streams(self) -> int:
+        return self.talker.num_streams()  # a count read across threads: a snapshot
+
+    def capture(self, progress=None) -> None:
+        """Capture the talker's graphs on the loop's thread; waits, and raises what the capture raised."""
+        done, errors = threading.Event(), []
+        self._ops.put(("capture", progress, done, errors))
+        done.wait()
+        if errors:
+            raise errors[0]
+
+    def close(self, timeout: float = 10.0) -> None:
+        self._ops.put(_Stop())
+        self._thread.join(timeout)
+
+    # ---- loop thread -----------------------------------------------------------------------------
+    def _main(self) -> None:
+        try:
+            self._run()
+        except BaseException as exc:  # noqa: B036 - the talker thread is dying: the engine cannot speak any more
+            log.critical("talker thread died", exc_info=exc)
+            self._die(f"talker thread died ({type(exc).__name__}: {exc})")
+
+    def _run(self) -> None:
+        while True:
+            busy = self.talker.has_work()
+            try:
+                op = self._ops.get(block=not busy)
+            except queue.Empty:
+                op = None
+            touched: set[str] = set()
+            while op is not None:
+                if isinstance(op, _Stop):
+                    return
+                self._apply(op, touched)
+                try:
+                    op = self._ops.get_nowait()
+                except queue.Empty:
+                    op = None
+            events = []
+            if self.talker.has_work():
+                events += self._step(touched)
+            events += [Idle(t, self._applied[t]) for t in touched
+                       if t in self._applied and not self.talker.pending(t)]
+            if events:
+                self._notify(events)
+
+    def _apply(self, op, touched: set[str]) -> None:
+        kind = op[0]
+        if kind == "enqueue":
+            _, turn_id, seq, args, kw = op
+            self._applied[turn_id] = seq
+            self.talker.enqueue(turn_id, *args, **kw)
+            touched.add(turn_id)
+        elif kind == "pause":
+            self.talker.pause(op[1])
+        elif kind == "resume":
+            self.talker.resume(op[1])
+        elif kind == "forget":
+            self._applied.pop(op[1], None)
+            with self._drop_lock:
+                self._dropped.pop(op[1], None)
+            self.talker.forget(op[1])
+        elif kind == "capture":
+            _, progress, done, errors = op
+            try:
+                self.talker.capture(progress)
+            except Exception as exc:  # reported to the capturing caller
+                errors.append(exc)
+            finally:
+                done.set()
+
+    def _step(self, touched: set[str]) -> list:
+        """One step of every stream; its outputs delivered. -> the failures (a failed step fails its turns)."""
+        try:
+            outputs = self.talker.finish(self.talker.launch(1))
+        except Exception as exc:
+            log.exception("talker step failed")
+            turns = {t for t in self._applied if self.talker.pending(t)}
+            for turn_id in turns:
+                self.talker.cancel(turn_id)
+            return [TalkerFailed(t, f"talker error: {type(exc).__name__}: {exc}") for t in sorted(turns)]
+        failed = [TalkerFailed(o.turn_id, o.error) for o in outputs if o.error is not None]
+        with self._drop_lock:
+            delivered = [o for o in outputs if o.error is None and o.turn_id not in self._dropped]
+        touched.update(o.turn_id for o in outputs)
+        try:
+            self._deliver(delivered)
+        except Exception as exc:  # the engine could not take this step's outputs: their turns fail, not the loop
+            log.exception("delivering talker outputs failed")
+            for turn_id in sorted({o.turn_id for o in delivered}):
+                self.talker.cancel(turn_id)
+                failed.append(TalkerFailed(turn_id, f"talker output: {type(exc).__name__}: {exc}"))
+        return failed

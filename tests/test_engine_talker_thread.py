@@ -1,0 +1,151 @@
+"""`engine.talker.own_thread`: the talker steps on a thread of its own (`engine/talker_loop.py`). The client
+gets the same text and audio as from the talker stepped once per engine step; cancels, speculation and a failing
+talker step keep their guarantees; close stops the thread."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import numpy as np
+import pytest
+
+from realtime_ming.engine import Engine
+from realtime_ming.engine.api import AudioChunk, FailureCode, TextDelta, TurnCancelled, TurnDone, TurnFailed
+from realtime_ming.engine.config import TalkerRunnerConfig
+from realtime_ming.engine.models import ModelBundle
+from realtime_ming.engine.talker_loop import TalkerLoop
+from test_engine import (PROMPT_A, PROMPT_B, Recorder, _assert_same_output, _CancelAt, _config, _done_fields,
+                         _request, _run, _TERMINAL, _wait_stats)
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _threaded(fixture_root, **engine):
+    cfg = _config(fixture_root, engine or None)
+    return dataclasses.replace(cfg, talker=dataclasses.replace(cfg.talker, own_thread=True))
+
+
+@pytest.fixture(scope="module")
+def bundle(fixture_root) -> ModelBundle:
+    return ModelBundle.load(_config(fixture_root))
+
+
+@pytest.fixture
+def engines():
+    made = []
+    yield made
+    for engine in made:
+        engine.close()
+
+
+def _engine(engines, cfg, bundle) -> Engine:
+    engines.append(Engine(cfg, bundle))
+    return engines[-1]
+
+
+def _pcm_by_segment(rec: Recorder) -> dict[int, np.ndarray]:
+    segments = sorted({e.segment_id for e in rec.events if isinstance(e, AudioChunk)})
+    return {s: np.concatenate([e.pcm for e in rec.events if isinstance(e, AudioChunk) and e.segment_id == s])
+            for s in segments}
+
+
+def test_threaded_talker_speaks_what_the_stepped_talker_speaks(fixture_root, bundle, engines):
+    """Three turns at once (greedy and sampled, two prompts): the same text, usage, talker steps and audio of every
+    segment from the talker on its own thread as from the talker stepped with the thinker."""
+    stepped = _engine(engines, _config(fixture_root), bundle)
+    threaded = _engine(engines, _threaded(fixture_root), bundle)
+    assert isinstance(threaded._talker, TalkerLoop) and not isinstance(stepped._talker, TalkerLoop)
+    make = [lambda tag: _request(f"a{tag}", PROMPT_A, seed=1),
+            lambda tag: _request(f"b{tag}", PROMPT_B, seed=5, temperature=0.8),
+            lambda tag: _request(f"c{tag}", PROMPT_B, seed=2, max_tokens=20)]
+    results = []
+    for engine, tag in ((stepped, "-s"), (threaded, "-t")):
+        recs = [Recorder() for _ in make]
+        for m, rec in zip(make, recs):
+            engine.submit(m(tag), rec)
+        for rec in recs:
+            assert isinstance(rec.wait(), TurnDone)
+        results.append(recs)
+    for a, b in zip(*results):
+        assert a.text() == b.text() and a.events[-1].audio_samples > 0
+        assert _done_fields(a.events[-1]) == _done_fields(b.events[-1])
+        assert a.events[-1].talker_steps == b.events[-1].talker_steps
+        pa, pb = _pcm_by_segment(a), _pcm_by_segment(b)
+        assert pa.keys() == pb.keys()
+        for seg in pa:  # the streams are batched differently: equal within float noise
+            np.testing.assert_allclose(pa[seg], pb[seg], rtol=0, atol=1e-4)
+        assert [type(e) for e in b.events].count(TurnDone) == 1 and b.events[-1].__class__ is TurnDone
+
+
+def test_threaded_talker_cancel_ends_every_turn_cleanly_and_leaks_nothing(fixture_root, bundle, engines):
+    """30 turns cancelled at every stage: the terminal event is the last, nothing is left running, later turns
+    are unchanged."""
+    engine = _engine(engines, _threaded(fixture_root), bundle)
+    reference = _run(engine, _request("ref", PROMPT_A, seed=4))
+    events = len(reference.events)
+    hooks, recorders = [], []
+    for wave in range(3):
+        for index in range(wave * 10, wave * 10 + 10):
+            hooks.append(_CancelAt(engine, f"c{index}", (index * 7) % (events - 1)))
+            recorders.append(Recorder(hooks[-1]))
+            engine.submit(_request(f"c{index}", PROMPT_A, seed=4), recorders[-1])
+        for rec in recorders[-10:]:
+            rec.wait()
+    for rec in recorders:
+        assert sum(isinstance(e, _TERMINAL) for e in rec.events) == 1 and isinstance(rec.events[-1], _TERMINAL)
+        if isinstance(rec.events[-1], TurnCancelled):
+            assert rec.events[-1].text == rec.text()
+    for hook in hooks:  # the talker's thread stops delivering at the cancel call, not at the engine's next step
+        assert sum(isinstance(e, AudioChunk) for e in hook.late[:-1]) <= 1
+    _wait_stats(engine, lambda s: (s.turns, s.thinker_rows, s.talker_streams) == (0, 0, 0))
+    after = _run(engine, _request("after", PROMPT_A, seed=4))
+    _assert_same_output(reference, after)
+
+
+def test_threaded_talker_confirmed_speculative_turn_equals_normal_turn(fixture_root, bundle, engines):
+    engine = _engine(engines, _threaded(fixture_root, speculation_lookahead_ms=60_000.0), bundle)
+    normal = _run(engine, _request("n", PROMPT_A, seed=3))
+    live = Recorder()
+    engine.submit(_request("s1", PROMPT_A, seed=3, speculative=True), live)
+    _wait_stats(engine, lambda s: s.talker_streams == 1)
+    assert live.events == []
+    engine.confirm("s1")
+    live.wait()
+    _assert_same_output(normal, live)
+
+
+def test_a_failing_threaded_talker_step_fails_its_turns_and_the_engine_goes_on(fixture_root, bundle, engines):
+    engine = _engine(engines, _threaded(fixture_root), bundle)
+    inner = engine._talker.talker
+    launch, calls = inner.launch, []
+
+    def flaky(steps=1):
+        calls.append(steps)
+        if len(calls) == 3:
+            raise RuntimeError("injected talker fault")
+        return launch(steps)
+
+    inner.launch = flaky
+    rec = _run(engine, _request("f", PROMPT_A, seed=4))
+    assert isinstance(rec.events[-1], TurnFailed) and rec.events[-1].code is FailureCode.ENGINE_ERROR
+    assert "injected talker fault" in rec.events[-1].message
+    _wait_stats(engine, lambda s: (s.turns, s.thinker_rows, s.talker_streams) == (0, 0, 0))
+    ok = _run(engine, _request("ok", PROMPT_A, seed=4))
+    assert isinstance(ok.events[-1], TurnDone) and ok.events[-1].audio_samples > 0
+    assert engine.health().alive
+
+
+def test_threaded_talker_thread_stops_on_close(fixture_root, bundle):
+    engine = Engine(_threaded(fixture_root), bundle)
+    rec = _run(engine, _request("x", PROMPT_B, seed=1))
+    assert any(isinstance(e, TextDelta) for e in rec.events)
+    loop = engine._talker
+    engine.close()
+    assert not loop._thread.is_alive()
+    assert not any(t.name == "realtime-ming-talker" and t is loop._thread for t in threading.enumerate())
+
+
+def test_own_thread_excludes_steps_while_thinking():
+    with pytest.raises(ValueError, match="own_thread"):
+        TalkerRunnerConfig(own_thread=True, steps_while_thinking=2)
