@@ -57,6 +57,7 @@ from realtime_ming.engine.config import (
     TalkerRunnerConfig,
     ThinkerRunnerConfig,
 )
+from realtime_ming.engine.talker_loop import TalkerLoop
 
 __all__ = ["main", "run_level"]
 
@@ -100,6 +101,8 @@ class StepClock:
 def instrument(engine: Engine) -> StepClock:
     clock = StepClock()
     thinker, talker = engine._thinker, engine._talker
+    if isinstance(talker, TalkerLoop):  # engine.talker.own_thread: the talker_* rows are its thread's, not the engine's
+        talker = talker.talker
     clock.wrap(thinker, "launch", "thinker_launch")  # queues the thinker's GPU work
     clock.wrap(thinker, "collect", "thinker_collect")  # waits for it (after the talker's step)
     clock.wrap(talker, "launch", "talker_launch")  # starts jobs, queues the step's graph (every replica's)
@@ -206,7 +209,7 @@ _THREAD_KEYS = ("thinker_launch", "thinker_collect", "talker_launch", "talker_fi
                 "talker_cfm_tail", "vae_chunk")
 
 
-def _mode_markdown(mode: str, summary: dict) -> list[str]:
+def _mode_markdown(mode: str, summary: dict, own_thread: bool = False) -> list[str]:
     levels = sorted(summary)
     base = summary[levels[0]]
     lines = [f"## {mode} turns: throughput", "",
@@ -228,7 +231,8 @@ def _mode_markdown(mode: str, summary: dict) -> list[str]:
               "| N | " + " | ".join(_THREAD_KEYS) + " | busy / wall |", "|---|" + "---|" * (len(_THREAD_KEYS) + 1)]
     for n in levels:
         per, calls, thread = summary[n]["ms_per_call"], summary[n]["calls"], summary[n]["engine_thread_s"]
-        busy = sum(thread.get(k, 0.0) for k in _THREAD_KEYS[:4]) / summary[n]["wall_s"]
+        keys = _THREAD_KEYS[:2] if own_thread else _THREAD_KEYS[:4]  # a talker on its own thread is not this one's
+        busy = sum(thread.get(k, 0.0) for k in keys) / summary[n]["wall_s"]
         lines.append(f"| {n} | " + " | ".join(f"{per[k]:.1f} ({calls[k]:.0f})" if k in per else "–" for k in _THREAD_KEYS)
                      + f" | {busy:.2f} |")
     return lines + [""]
@@ -260,11 +264,14 @@ def markdown(meta: dict, summary: dict) -> str:
               "the talker's step, `thinker_collect` waits for the thinker step in flight and takes its tokens, "
               "`thinker_launch` queues the next thinker step, `talker_finish` waits for the talker's step (stop "
               "decisions, `vae_chunk`, PCM); `talker_prefill` starts one talker job; `talker_lm` / `talker_cfm_tail` "
-              "show only when the talker runs eagerly.")
+              "show only when the talker runs eagerly."
+              + (" The talker steps on its own thread (`engine.talker.own_thread`): the talker_* columns are that "
+                 "thread's, and busy / wall counts the thinker's two alone." if (ec.get("talker") or {}).get("own_thread")
+                 else ""))
     lines = [f"# Engine benchmark — {meta['date']}", "", device, "", f"Command: `{meta['command']}`", "",
              work, "", legend, ""]
     for mode, levels in summary.items():
-        lines += _mode_markdown(mode, levels)
+        lines += _mode_markdown(mode, levels, bool((ec.get("talker") or {}).get("own_thread")))
     return "\n".join(lines)
 
 
