@@ -37,7 +37,7 @@ def on_item_create(session: Session, event: ce.ConversationItemCreate, now: floa
             ErrorCode.ITEM_CREATE_INVALID_PREVIOUS_ITEM_ID, event.event_id, param="previous_item_id",
             item_id=previous,
         )
-    session._admit_images(event, now)
+    session._admit_media(event, now)
     stored = session._store_item(item, "item")
     if stored.nbytes > session.media.max_conversation_bytes:
         return session._error(ErrorCode.ITEM_TOO_LARGE, event.event_id, param="item", num_bytes=stored.nbytes,

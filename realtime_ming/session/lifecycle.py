@@ -79,7 +79,7 @@ def on_response_create(session: Session, event: ce.ResponseCreate, now: float) -
         )
     session._accepted_voices.check(params.voice or session.config.voice, "response.voice", event.event_id)
     check_tool_choice(*response_tools(session.config, params), "response.tool_choice")
-    session._admit_images(event, now)
+    session._admit_media(event, now)
     history = None if params.input is None else _history_from(session, params.input)
     # An out-of-band response leaves the conversation as it is: a speculative turn stays valid.
     actions = [] if oob else session._discard_speculation()
