@@ -161,6 +161,36 @@ def test_a_container_clip_is_probed_once_and_a_refused_one_never_decoded(monkeyp
     assert (error["code"], error["param"], error["event_id"]) == ("video_rate_limited", "item.content[0]", "evt_b")
 
 
+@pytest.mark.parametrize("decoded_ahead", [True, False])
+def test_an_event_refused_for_another_reason_has_spent_its_seconds(decoded_ahead):
+    """The rates are taken before anything else of the event is checked, as the server takes them before it
+    decodes the media ahead (`predecode`): a clip in an item refused for its `previous_item_id` has spent its
+    seconds (a flood of such items would otherwise be decoded for free), with or without the decode ahead."""
+    h = _harness()
+    event = parse(json.dumps({"type": "conversation.item.create", "previous_item_id": "item_missing",
+                              "item": user_message(_clip(LIMITS.max_video_s))}), h.dialect)
+    if decoded_ahead:
+        h.session.predecode(event, T0)
+        assert h.session._predecoded
+    h._take(h.session.handle_client_event(event, T0))
+    assert last_error(h)["code"] == "item_create_invalid_previous_item_id"
+    assert h.create_at(T0, "evt_next", _clip(1.0)) == "video_rate_limited"
+
+
+def test_a_transcription_session_decodes_no_response_media():
+    """`response.create` in a transcription session is refused outright: its clips are not decoded ahead and
+    take nothing."""
+    h = _harness()
+    h.send_at(T0, type="session.update", session={"type": "transcription"})
+    event = parse(json.dumps({"type": "response.create", "response": {
+        "input": [user_message(_clip(LIMITS.max_video_s))]}}), h.dialect)
+    h.session.predecode(event, T0)
+    assert not h.session._predecoded
+    h._take(h.session.handle_client_event(event, T0))
+    assert last_error(h)["code"] == "transcription_session_no_response"
+    assert h.create_at(T0, "evt_clip", _clip(LIMITS.max_video_s)) == "added"
+
+
 def test_the_bound_is_server_config():
     """`server.limits.max_video_s_per_s` is read from config (default 1.0: real time on average) and must be > 0."""
     assert load_config(None).server.limits.max_video_s_per_s == 1.0

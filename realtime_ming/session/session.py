@@ -145,6 +145,7 @@ class Session:
         self._predecoded: dict[int, Content | Exception] = {}  # id(part) -> its model view (predecode)
         self._measured: dict[int, MeasuredClip | Exception] = {}  # id(part) -> an input_video clip's span
         self._media_rate = MediaRate(self.media)  # input_image parts, input_video seconds
+        self._charged: object | None = None  # the event whose media `predecode` took the rates for
         self._input = InputTurns(vad, make_vad, settings.max_input_audio_s)
         self._input.configure(self.config.input_format, self.config.turn_detection)
         self._speculation: _Speculation | None = None
@@ -198,13 +199,13 @@ class Session:
         """Apply one parsed client event (or report the error its frame became)."""
         if isinstance(event, ProtocolError):
             return [Send(Error.from_protocol_error(event))]
-        handler = _HANDLERS.get(type(event))
-        if handler is None:
-            return self._error(ErrorCode.UNSUPPORTED_EVENT, event.event_id, event_type=event.type)
-        if isinstance(event, ce.ResponseCreate) and self.config.session_type is SessionType.TRANSCRIPTION:
-            return self._error(ErrorCode.TRANSCRIPTION_SESSION_NO_RESPONSE, event.event_id, param="type")
         before, oob_before = self._response, set(self._oob)
-        try:
+        try:  # every way out drops what `predecode` kept for this event
+            handler = _HANDLERS.get(type(event))
+            if handler is None:
+                return self._error(ErrorCode.UNSUPPORTED_EVENT, event.event_id, event_type=event.type)
+            if self._no_responses(event):
+                return self._error(ErrorCode.TRANSCRIPTION_SESSION_NO_RESPONSE, event.event_id, param="type")
             return handler(self, event, now) + sync_output_hold(self, now) + self._release_transcriptions()
         except ProtocolError as error:
             return [Send(Error.from_protocol_error(error.with_event_id(event.event_id)))]
@@ -216,6 +217,7 @@ class Session:
         finally:
             self._predecoded.clear()
             self._measured.clear()
+            self._charged = None
 
     def predecode(self, event: ClientEvent | ProtocolError, now: float) -> None:
         """Decode the media of `event` ahead of `handle_client_event` (its next call consumes them).
@@ -223,10 +225,12 @@ class Session:
         Safe to run on a worker thread while the session is otherwise idle: it reads the input
         format, the limits and the media rates only. Lets the event loop stay responsive while images
         and clips decode. An event over the image or video rate at `now` is not decoded (it will be
-        refused): a client flooding media does not occupy the decoder threads all sessions share. A
-        `video_url` clip's container is probed here (demuxed, no pixel decoded) to learn its span.
+        refused): a client flooding media does not occupy the decoder threads all sessions share. An
+        event within them takes its rates here, before its decoding, as the handlers do first: an event
+        refused for another reason after its media were decoded has spent them. A `video_url` clip's
+        container is probed here (demuxed, no pixel decoded) to learn its span.
         """
-        if self._media_rate.images_refused(len(image_params(event)), now):
+        if self._no_responses(event) or self._media_rate.images_refused(len(image_params(event)), now):
             return
         costs = []
         for param, part in video_parts(event):
@@ -236,11 +240,17 @@ class Session:
             costs.append(self._media_rate.clip_cost_s(clip.span_s))
         if self._media_rate.video_refused(costs, now):
             return
+        self._admit_media(event, now)  # the decoding is spent on them even if the handler refuses the event
+        self._charged = event
         for param, part in media_parts(event):
             try:
                 self._predecoded[id(part)] = self._decode(part, param)
             except Exception as error:  # raised again by the handler on the session's own path
                 self._predecoded[id(part)] = error
+
+    def _no_responses(self, event: object) -> bool:
+        """A `response.create` in a transcription session: refused before anything of it is read."""
+        return isinstance(event, ce.ResponseCreate) and self.config.session_type is SessionType.TRANSCRIPTION
 
     def _measure(self, part: InputVideo, param: str) -> MeasuredClip | Exception:
         """A clip's span (`measure_clip`), once per event: kept for the admission and the decode."""
@@ -253,8 +263,11 @@ class Session:
 
     def _admit_media(self, event: ce.ConversationItemCreate | ce.ResponseCreate, now: float) -> None:
         """Take the session's image and video rates for the media of `event`, all or none, before any is
-        decoded; raises ProtocolError `image_rate_limited` / `video_rate_limited` naming the first part over
-        the bound (or the error a clip's span could not be learned with)."""
+        decoded (the handlers' first step; done already for an event `predecode` decoded); raises
+        ProtocolError `image_rate_limited` / `video_rate_limited` naming the first part over the bound (or
+        the error a clip's span could not be learned with)."""
+        if event is self._charged:
+            return
         images = image_params(event)
         self._media_rate.check_images(images, now)  # before any container is probed
         clips = []
