@@ -222,8 +222,8 @@ class Session:
     def predecode(self, event: ClientEvent | ProtocolError, now: float) -> None:
         """Decode the media of `event` ahead of `handle_client_event` (its next call consumes them).
 
-        Safe to run on a worker thread while the session is otherwise idle: it reads the input
-        format, the limits and the media rates only. Lets the event loop stay responsive while images
+        Safe to run on a worker thread while the session is otherwise idle (the runner awaits it before
+        handling the event): it reads the input format and the limits and takes the media rates. Lets the event loop stay responsive while images
         and clips decode. An event over the image or video rate at `now` is not decoded (it will be
         refused): a client flooding media does not occupy the decoder threads all sessions share. An
         event within them takes its rates here, before its decoding, as the handlers do first: an event
