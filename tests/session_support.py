@@ -17,6 +17,7 @@ from server_support import EnergyVad, b64_pcm16_samples, pcm16_b64, silence, ton
 from realtime_ming.engine.api import AudioChunk, FinishReason, Stage, StageMark, TextDelta, TurnDone
 from realtime_ming.protocol import Dialect, parse, serialise
 from realtime_ming.session import Send, Session, SessionSettings, SubmitTurn
+from realtime_ming.session.content import MediaLimits
 
 ENGINE_HZ = 44100
 MODEL_HZ = 16000
@@ -37,7 +38,8 @@ AUDIO_CLOSE = [
 class Harness:
     """A session plus the frames it sent (validated) and the engine commands it issued."""
 
-    def __init__(self, dialect: Dialect = Dialect.GA, settings: SessionSettings | None = None) -> None:
+    def __init__(self, dialect: Dialect = Dialect.GA, settings: SessionSettings | None = None,
+                 media: MediaLimits | None = None) -> None:
         self.dialect = dialect
         self.session = Session(
             settings or SessionSettings(),
@@ -46,6 +48,7 @@ class Harness:
             voices=("DB30", "other"),
             default_voice="DB30",
             make_vad=lambda _backend: EnergyVad(),
+            media=media,
         )
         self.frames: list[dict] = []
         self.commands: list = []
@@ -69,7 +72,22 @@ class Harness:
 
     def send(self, **event) -> list:
         """Feed one client event given as wire fields."""
-        return self._take(self.session.handle_client_event(parse(json.dumps(event), self.dialect), time.monotonic()))
+        return self.send_at(time.monotonic(), **event)
+
+    def send_at(self, now: float, **event) -> list:
+        """Feed one client event at session time `now` (a deterministic clock: the media rate tests)."""
+        return self._take(self.session.handle_client_event(parse(json.dumps(event), self.dialect), now))
+
+    def create_at(self, now: float, event_id: str, *parts: dict) -> str:
+        """`conversation.item.create` of a user message of `parts` at `now`: "added", or the code of the one
+        error it got instead."""
+        since = len(self.frames)
+        self.send_at(now, type="conversation.item.create", event_id=event_id, item=user_message(*parts))
+        types = self.types(since)
+        if types == ["conversation.item.added", "conversation.item.done"]:
+            return "added"
+        assert types == ["error"], types
+        return last_error(self)["code"]
 
     def append(self, samples: np.ndarray, chunk_samples: int = 320) -> None:
         for start in range(0, samples.size, chunk_samples):
@@ -108,6 +126,11 @@ def audio_deltas(frames: list[dict], wire_type: str = "response.output_audio.del
 
 def engine_pcm(seconds: float) -> np.ndarray:
     return (0.2 * np.sin(2 * np.pi * 300 * np.arange(int(seconds * ENGINE_HZ)) / ENGINE_HZ)).astype(np.float32)
+
+
+def user_message(*parts: dict) -> dict:
+    """A client user message item of content `parts`."""
+    return {"type": "message", "role": "user", "content": list(parts)}
 
 
 def last_error(h: Harness) -> dict:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from server_support import RecordingEngine, WsClient
-from session_support import Harness, last_error
+from session_support import Harness, last_error, user_message
 from websockets.asyncio.client import connect
 
 from realtime_ming.engine.api import ContentKind
@@ -40,33 +40,13 @@ def _image(shade: int) -> dict:
     return {"type": "input_image", "image_url": "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()}
 
 
-def _user(*parts: dict) -> dict:
-    return {"type": "message", "role": "user", "content": list(parts)}
-
-
-def _send(h: Harness, now: float, **event) -> list:
-    """One client event at session time `now` (frames validated by the harness)."""
-    return h._take(h.session.handle_client_event(parse(json.dumps(event), h.dialect), now))
-
-
-def _create(h: Harness, now: float, event_id: str, *parts: dict) -> str:
-    """conversation.item.create at `now`: "added" or the error code it got."""
-    since = len(h.frames)
-    _send(h, now, type="conversation.item.create", event_id=event_id, item=_user(*parts))
-    types = h.types(since)
-    if types == ["conversation.item.added", "conversation.item.done"]:
-        return "added"
-    assert types == ["error"], types
-    return last_error(h)["code"]
-
-
 def _shades(request) -> list[int]:
     return [int(c.image[0, 0, 0]) for m in request.history for c in m.content if c.kind is ContentKind.IMAGE]
 
 
 def _harness():
     h = Harness()
-    _send(h, T0, type="session.update", session={"type": "realtime", "output_modalities": ["text"],
+    h.send_at(T0, type="session.update", session={"type": "realtime", "output_modalities": ["text"],
                                                   "audio": {"input": {"turn_detection": None}}})
     return h, h.session.media
 
@@ -77,7 +57,7 @@ def test_a_burst_over_the_bound_refuses_exactly_the_excess():
     response go on meanwhile."""
     h, media = _harness()
     burst = media.max_image_burst
-    results = [_create(h, T0, f"evt_{k}", _image(10 + k)) for k in range(burst + 3)]
+    results = [h.create_at(T0, f"evt_{k}", _image(10 + k)) for k in range(burst + 3)]
     assert results == ["added"] * burst + ["image_rate_limited"] * 3
     errors = [f for f in h.frames if f["type"] == "error"]
     assert [e["error"]["event_id"] for e in errors] == [f"evt_{k}" for k in range(burst, burst + 3)]
@@ -87,8 +67,8 @@ def test_a_burst_over_the_bound_refuses_exactly_the_excess():
     assert f"{media.max_images_per_s:g} images per second" in message and f"up to {burst}" in message
     assert f"retry in {1 / media.max_images_per_s:.2f} s" in message, message
     assert len(h.session.conversation) == burst
-    assert _create(h, T0, "evt_text", {"type": "input_text", "text": "what do you see?"}) == "added"
-    _send(h, T0, type="response.create")
+    assert h.create_at(T0, "evt_text", {"type": "input_text", "text": "what do you see?"}) == "added"
+    h.send_at(T0, type="response.create")
     (request,) = h.submitted()
     assert _shades(request) == [10 + k for k in range(burst)]
     assert request.history[-1].content[0].text == "what do you see?"
@@ -99,13 +79,13 @@ def test_images_are_taken_again_as_the_bucket_refills():
     after burst/rate seconds a whole burst is taken again. Times before the last one do not refill."""
     h, media = _harness()
     burst, period = media.max_image_burst, 1.0 / media.max_images_per_s
-    assert [_create(h, T0, f"a{k}", _image(1)) for k in range(burst)] == ["added"] * burst
-    assert _create(h, T0 + 0.5 * period, "early", _image(2)) == "image_rate_limited"
-    assert _create(h, T0 - 10.0, "past", _image(2)) == "image_rate_limited"  # the clock never runs back
-    assert _create(h, T0 + period, "one", _image(3)) == "added"
-    assert _create(h, T0 + period, "two", _image(4)) == "image_rate_limited"
+    assert [h.create_at(T0, f"a{k}", _image(1)) for k in range(burst)] == ["added"] * burst
+    assert h.create_at(T0 + 0.5 * period, "early", _image(2)) == "image_rate_limited"
+    assert h.create_at(T0 - 10.0, "past", _image(2)) == "image_rate_limited"  # the clock never runs back
+    assert h.create_at(T0 + period, "one", _image(3)) == "added"
+    assert h.create_at(T0 + period, "two", _image(4)) == "image_rate_limited"
     later = T0 + period + burst * period
-    assert [_create(h, later, f"b{k}", _image(5)) for k in range(burst + 1)] == ["added"] * burst + [
+    assert [h.create_at(later, f"b{k}", _image(5)) for k in range(burst + 1)] == ["added"] * burst + [
         "image_rate_limited"]
     assert len(h.session.conversation) == 2 * burst + 1
 
@@ -116,17 +96,17 @@ def test_a_message_counts_each_image_all_or_none():
     more images than a burst can never pass and says so."""
     h, media = _harness()
     burst = media.max_image_burst
-    assert [_create(h, T0, f"a{k}", _image(1)) for k in range(burst - 2)] == ["added"] * (burst - 2)
+    assert [h.create_at(T0, f"a{k}", _image(1)) for k in range(burst - 2)] == ["added"] * (burst - 2)
     text = {"type": "input_text", "text": "three views"}
-    assert _create(h, T0, "three", text, _image(2), _image(3), _image(4)) == "image_rate_limited"
+    assert h.create_at(T0, "three", text, _image(2), _image(3), _image(4)) == "image_rate_limited"
     assert last_error(h)["param"] == "item.content[3]"
     assert len(h.session.conversation) == burst - 2
-    assert _create(h, T0, "two", text, _image(2), _image(3)) == "added"
+    assert h.create_at(T0, "two", text, _image(2), _image(3)) == "added"
     far = T0 + 3600.0
-    assert _create(h, far, "many", *[_image(k) for k in range(burst + 1)]) == "image_rate_limited"
+    assert h.create_at(far, "many", *[_image(k) for k in range(burst + 1)]) == "image_rate_limited"
     error = last_error(h)
     assert error["param"] == f"item.content[{burst}]" and f"at most {burst} per event" in error["message"], error
-    assert _create(h, far, "full", *[_image(k) for k in range(burst)]) == "added"
+    assert h.create_at(far, "full", *[_image(k) for k in range(burst)]) == "added"
 
 
 def test_response_input_images_count_too():
@@ -134,15 +114,15 @@ def test_response_input_images_count_too():
     not created (no engine turn) and the error names the image; once refilled it runs with those images."""
     h, media = _harness()
     burst = media.max_image_burst
-    assert [_create(h, T0, f"a{k}", _image(1)) for k in range(burst)] == ["added"] * burst
-    ask = {"input": [_user({"type": "input_text", "text": "and this?"}, _image(77))]}
+    assert [h.create_at(T0, f"a{k}", _image(1)) for k in range(burst)] == ["added"] * burst
+    ask = {"input": [user_message({"type": "input_text", "text": "and this?"}, _image(77))]}
     since = len(h.frames)
-    _send(h, T0, type="response.create", event_id="evt_resp", response=ask)
+    h.send_at(T0, type="response.create", event_id="evt_resp", response=ask)
     assert h.types(since) == ["error"] and not h.submitted()
     error = last_error(h)
     assert (error["code"], error["param"], error["event_id"]) == (
         "image_rate_limited", "response.input[0].content[1]", "evt_resp")
-    _send(h, T0 + 1.0 / media.max_images_per_s, type="response.create", response=ask)
+    h.send_at(T0 + 1.0 / media.max_images_per_s, type="response.create", response=ask)
     (request,) = h.submitted()
     assert _shades(request) == [77]
 
@@ -151,7 +131,7 @@ def test_the_refused_event_is_not_predecoded():
     """The server decodes media on threads all sessions share before the session handles the event; an
     event over the rate is not decoded there (a flood costs no decoding)."""
     h, media = _harness()
-    events = [parse(json.dumps({"type": "conversation.item.create", "item": _user(_image(k))}), h.dialect)
+    events = [parse(json.dumps({"type": "conversation.item.create", "item": user_message(_image(k))}), h.dialect)
               for k in range(media.max_image_burst + 1)]
     for event in events[:-1]:
         h.session.predecode(event, T0)
@@ -182,7 +162,7 @@ def test_the_demo_camera_never_hits_the_default_bound():
     times = _demo_camera_times(interval_ms / 1000, silence_s, speech)
     assert len(times) > 60
     h, _media = _harness()
-    results = [_create(h, t, f"f{k}", _image(k % 256)) for k, t in enumerate(times)]
+    results = [h.create_at(t, f"f{k}", _image(k % 256)) for k, t in enumerate(times)]
     assert results == ["added"] * len(times)
 
 
@@ -209,9 +189,9 @@ async def test_over_the_socket_the_configured_bound_refuses_and_the_session_goes
                                                            "audio": {"input": {"turn_detection": None}}})
         await client.recv_until("session.updated")
         for k in range(2):
-            await client.send(type="conversation.item.create", item=_user(_image(50 + k)))
+            await client.send(type="conversation.item.create", item=user_message(_image(50 + k)))
             await client.recv_until("conversation.item.done")
-        await client.send(type="conversation.item.create", event_id="evt_third", item=_user(_image(99)))
+        await client.send(type="conversation.item.create", event_id="evt_third", item=user_message(_image(99)))
         error = await client.expect_error("image_rate_limited", timeout=30)
         assert (error["param"], error["event_id"]) == ("item.content[0]", "evt_third"), error
         await client.send(type="response.create")

@@ -302,6 +302,7 @@ FROZEN_CODES = {
     "image_too_small": ErrorType.INVALID_REQUEST,
     "image_aspect_ratio_too_large": ErrorType.INVALID_REQUEST,
     "image_rate_limited": ErrorType.INVALID_REQUEST,
+    "video_rate_limited": ErrorType.INVALID_REQUEST,
     "input_audio_too_short": ErrorType.INVALID_REQUEST,
     "input_audio_too_long": ErrorType.INVALID_REQUEST,
     "input_text_too_long": ErrorType.INVALID_REQUEST,

@@ -223,6 +223,12 @@ class ErrorCode(StrEnum):
         _INVALID,
         "The video of {duration_s:.1f} s exceeds the limit of {max_s:g} s per item.",
     )
+    VIDEO_RATE_LIMITED = (
+        "video_rate_limited",
+        _INVALID,
+        "Video rate limit: this session takes {rate:g} s of video per second in bursts of up to {burst:g} s, and"
+        " the event's {clips} clip(s) of {seconds:.2f} s {detail}. Nothing of the event was applied.",
+    )
     VIDEO_DECODER_UNAVAILABLE = (
         "video_decoder_unavailable",
         _INVALID,

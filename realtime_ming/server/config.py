@@ -109,6 +109,9 @@ class LimitsConfig:
     max_video_s: float = 60.0  # one `input_video` clip, first to last frame (sampled at the model's 2 fps)
     max_images_per_s: float = 4.0  # `input_image` parts per session per second, sustained (token bucket)
     max_image_burst: int = 8  # ... at once: the bucket's size, so also the most images one event may carry
+    # `input_video` seconds (first to last frame) per session per second, sustained (token bucket; its size is
+    # max_video_s, so one longest clip fits): 1.0 = real time on average
+    max_video_s_per_s: float = 1.0
     open_timeout_s: float = 10.0  # WebSocket opening handshake
     drain_timeout_s: float = 20.0  # SIGTERM: responses in progress get this long to finish, then sessions close
     shutdown_timeout_s: float = 5.0  # graceful shutdown: wait for handlers this long

@@ -110,6 +110,7 @@ class ConnectionContext:
             max_video_s=self.limits.max_video_s,
             max_images_per_s=self.limits.max_images_per_s,
             max_image_burst=self.limits.max_image_burst,
+            max_video_s_per_s=self.limits.max_video_s_per_s,
             max_conversation_bytes=self.limits.max_conversation_bytes,
         )
 

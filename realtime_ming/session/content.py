@@ -42,8 +42,10 @@ from ..protocol.items import (
 from ..protocol.values import AudioFormat
 from ..protocol.wire import join
 from .audio_io import MODEL_SAMPLE_RATE_HZ, wire_format
+from .video_container import ContainerProbe
 
 __all__ = [
+    "MeasuredClip",
     "MediaLimits",
     "content_nbytes",
     "decode_audio",
@@ -51,9 +53,11 @@ __all__ = [
     "decode_video_frames",
     "decode_video_url",
     "image_params",
+    "measure_clip",
     "media_parts",
     "part_to_content",
     "stored_part",
+    "video_parts",
 ]
 
 
@@ -63,8 +67,8 @@ class MediaLimits:
 
     The first group is the model's own constraints, read from the engine's `info()["media"]`
     (`MediaLimits.from_engine`); the defaults are Ming's. The second group is the server's budgets
-    (`server.limits`, `session.max_input_audio_s`, `session.min_commit_ms`), the image rate included
-    (the session's token bucket, `rate_limit.TokenBucket`).
+    (`server.limits`, `session.max_input_audio_s`, `session.min_commit_ms`), the image and video rates
+    included (the session's token buckets, `media_rate.MediaRate`).
     """
 
     image_factor: int = 32  # ViT patch x spatial merge: resized sides are multiples; smaller sides rejected
@@ -80,6 +84,7 @@ class MediaLimits:
     max_conversation_bytes: int = 128 * 2**20  # what the conversation stores; oldest items evicted beyond
     max_images_per_s: float = 4.0  # `input_image` parts per second per session, sustained (token bucket refill)
     max_image_burst: int = 8  # ... and at once (the bucket's size; also the most images one event may carry)
+    max_video_s_per_s: float = 1.0  # `input_video` seconds per second per session, sustained (burst: max_video_s)
 
     @classmethod
     def from_engine(cls, media: Mapping | None, **budgets) -> MediaLimits:
@@ -175,12 +180,16 @@ def decode_image_url(url: str, param: str, limits: MediaLimits = MediaLimits(),
     return resize_bicubic(rgb, target_h, target_w)
 
 
-def _clip_indices(stamps: list[float], param: str, limits: MediaLimits) -> list[int]:
-    from ..model.image_processing import video_grid_indices
-
+def _check_span(stamps: list[float], param: str, limits: MediaLimits) -> None:
     if stamps[-1] - stamps[0] > limits.max_video_s:
         raise ProtocolError(ErrorCode.VIDEO_TOO_LONG, param=param, duration_s=stamps[-1] - stamps[0],
                             max_s=limits.max_video_s)
+
+
+def _clip_indices(stamps: list[float], param: str, limits: MediaLimits) -> list[int]:
+    from ..model.image_processing import video_grid_indices
+
+    _check_span(stamps, param, limits)
     try:
         return video_grid_indices(stamps, limits.video_sampling)
     except ValueError as exc:
@@ -224,11 +233,20 @@ def decode_video_frames(frames: tuple[VideoFrame, ...], param: str, limits: Medi
     return _video(indices, picked, limits)
 
 
-def decode_video_url(url: str, param: str, limits: MediaLimits = MediaLimits()) -> Content:
-    """`data:video/...;base64,...` → VIDEO content, sampled and resized as `decode_video_frames`
-    (needs PyAV, the `video` extra; else `video_decoder_unavailable`)."""
-    from ..model.image_processing import resize_bicubic
-    from .video_container import decode_frames, probe
+@dataclass(frozen=True, slots=True)
+class MeasuredClip:
+    """An `input_video` part's span (first to last frame), learned without decoding a pixel: what the
+    session's video rate takes. A `video_url` clip keeps its bytes and container probe, so that its
+    decode does not read the container's headers again."""
+
+    span_s: float
+    container: tuple[bytes, ContainerProbe] | None = None
+
+
+def _probe_url(url: str, param: str, limits: MediaLimits) -> tuple[bytes, ContainerProbe]:
+    """The bytes of a `data:video` URL and their container probe (demuxed, nothing decoded), with the
+    frame size checked as an image's would be."""
+    from .video_container import probe
 
     data = _b64_payload(url, param, ErrorCode.INVALID_VIDEO)
     probed = probe(data, param, max_pixels=limits.max_image_pixels, max_s=limits.max_video_s)
@@ -238,6 +256,33 @@ def decode_video_url(url: str, param: str, limits: MediaLimits = MediaLimits()) 
     if max(probed.width, probed.height) / min(probed.width, probed.height) > limits.max_aspect_ratio:
         raise _image_error(ErrorCode.IMAGE_ASPECT_RATIO_TOO_LARGE, param, max_ratio=f"{limits.max_aspect_ratio:g}",
                            width=probed.width, height=probed.height)
+    return data, probed
+
+
+def measure_clip(part: InputVideo, param: str, limits: MediaLimits = MediaLimits()) -> MeasuredClip:
+    """The span of a clip with its payload (`param` names the part): from the frames' timestamps, or from
+    the container's packets (`video_container.probe`). Raises ProtocolError (`video_too_long`,
+    `invalid_video`, `video_decoder_unavailable`, `image_too_large`/`_too_small`/`_aspect_ratio_too_large`)."""
+    if part.video_url is None:
+        stamps = [f.timestamp_s for f in part.frames]
+        _check_span(stamps, join(param, "frames"), limits)
+        return MeasuredClip(stamps[-1] - stamps[0])
+    data, probed = _probe_url(part.video_url, join(param, "video_url"), limits)
+    return MeasuredClip(probed.timestamps_s[-1] - probed.timestamps_s[0], (data, probed))
+
+
+def decode_video_url(url: str, param: str, limits: MediaLimits = MediaLimits(),
+                     measured: MeasuredClip | None = None) -> Content:
+    """`data:video/...;base64,...` → VIDEO content, sampled and resized as `decode_video_frames`
+    (needs PyAV, the `video` extra; else `video_decoder_unavailable`). A `measured` clip
+    (`measure_clip`) is not probed again."""
+    from ..model.image_processing import resize_bicubic
+    from .video_container import decode_frames
+
+    if measured is not None and measured.container is not None:
+        data, probed = measured.container
+    else:
+        data, probed = _probe_url(url, param, limits)
     indices = _clip_indices(list(probed.timestamps_s), param, limits)
     target_h, target_w = _clip_size(probed.height, probed.width, len(indices), limits)
     picked: dict[int, np.ndarray] = {}
@@ -279,15 +324,16 @@ def _text(text: str, param: str, limits: MediaLimits) -> Content:
 
 
 def part_to_content(part: ContentPart, input_format: AudioFormat, param: str,
-                    limits: MediaLimits = MediaLimits()) -> Content:
-    """The model's view of one content part (audio in the session input format); raises ProtocolError."""
+                    limits: MediaLimits = MediaLimits(), measured: MeasuredClip | None = None) -> Content:
+    """The model's view of one content part (audio in the session input format; a video clip's
+    `measure_clip` result reused when given); raises ProtocolError."""
     if isinstance(part, InputText | OutputText):
         return _text(part.text, param, limits)
     if isinstance(part, InputImage):
         return Content.of_image(decode_image_url(part.image_url, param, limits, part.detail))
     if isinstance(part, InputVideo):
         if part.video_url is not None:
-            return decode_video_url(part.video_url, join(param, "video_url"), limits)
+            return decode_video_url(part.video_url, join(param, "video_url"), limits, measured)
         return decode_video_frames(part.frames, param, limits)
     if isinstance(part, InputAudio) and part.audio is not None:
         return Content.of_audio(decode_audio(part.audio, input_format, param, limits), MODEL_SAMPLE_RATE_HZ)
@@ -338,6 +384,10 @@ def media_parts(event: object) -> list[tuple[str, ContentPart]]:
 
 
 def image_params(event: object) -> list[str]:
-    """The param path of every `input_image` part of `event`: what the session's image rate counts
-    (an `input_video` clip is bounded by its own sampling and `max_video_s` instead)."""
+    """The param path of every `input_image` part of `event`: what the session's image rate counts."""
     return [param for param, part in _message_parts(event) if isinstance(part, InputImage)]
+
+
+def video_parts(event: object) -> list[tuple[str, InputVideo]]:
+    """(param, part) of every `input_video` clip of `event`: what the session's video rate counts."""
+    return [(param, part) for param, part in _message_parts(event) if isinstance(part, InputVideo) and part.has_payload]

@@ -28,6 +28,7 @@ __all__ = ["on_item_create", "on_item_delete", "on_item_retrieve", "on_item_trun
 
 
 def on_item_create(session: Session, event: ce.ConversationItemCreate, now: float) -> list[Action]:
+    session._admit_media(event, now)  # first, as `predecode` charges before it decodes
     item = event.item
     if item.id is not None and item.id in session.conversation:
         return session._error(ErrorCode.DUPLICATE_ITEM_ID, event.event_id, param="item.id", item_id=item.id)
@@ -37,7 +38,6 @@ def on_item_create(session: Session, event: ce.ConversationItemCreate, now: floa
             ErrorCode.ITEM_CREATE_INVALID_PREVIOUS_ITEM_ID, event.event_id, param="previous_item_id",
             item_id=previous,
         )
-    session._admit_images(event, now)
     stored = session._store_item(item, "item")
     if stored.nbytes > session.media.max_conversation_bytes:
         return session._error(ErrorCode.ITEM_TOO_LARGE, event.event_id, param="item", num_bytes=stored.nbytes,

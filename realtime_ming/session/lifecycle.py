@@ -68,6 +68,7 @@ log = logging.getLogger(__package__ + ".session")
 
 # ---- client events ---------------------------------------------------------------------------
 def on_response_create(session: Session, event: ce.ResponseCreate, now: float) -> list[Action]:
+    session._admit_media(event, now)  # first, as `predecode` charges before it decodes
     params = event.response
     oob = params.conversation is ce.ConversationMode.NONE
     if oob and len(session._oob) >= session.settings.max_out_of_band_responses:
@@ -79,7 +80,6 @@ def on_response_create(session: Session, event: ce.ResponseCreate, now: float) -
         )
     session._accepted_voices.check(params.voice or session.config.voice, "response.voice", event.event_id)
     check_tool_choice(*response_tools(session.config, params), "response.tool_choice")
-    session._admit_images(event, now)
     history = None if params.input is None else _history_from(session, params.input)
     # An out-of-band response leaves the conversation as it is: a speculative turn stays valid.
     actions = [] if oob else session._discard_speculation()

@@ -1,8 +1,9 @@
 """A token bucket on the session's clock (Sans-I/O: the caller passes the time).
 
-The session's image rate bound (`server.limits.max_images_per_s`, `max_image_burst`): the bucket
-holds up to `burst` tokens, starts full and refills at `rate` tokens per second; an event with n
-images takes n tokens at once or none.
+The session's media rate bounds (`media_rate.MediaRate`): images (`server.limits.max_images_per_s`,
+`max_image_burst`; a token is one image) and video (`max_video_s_per_s`, burst `max_video_s`; a token
+is one second of video, so amounts are fractional). The bucket holds up to `burst` tokens, starts full
+and refills at `rate` tokens per second; an amount is taken at once or not at all.
 """
 
 from __future__ import annotations
@@ -20,13 +21,13 @@ class TokenBucket:
     """`rate` tokens per second, at most `burst` held; full until first used."""
 
     rate: float
-    burst: int
+    burst: float
     _tokens: float = field(init=False)
     _at: float | None = field(default=None, init=False)  # the time `_tokens` was counted at
 
     def __post_init__(self) -> None:
-        if not (self.rate > 0 and math.isfinite(self.rate)) or self.burst < 1:
-            raise ValueError("a token bucket needs a finite rate > 0 and a burst >= 1")
+        if not all(v > 0 and math.isfinite(v) for v in (self.rate, self.burst)):
+            raise ValueError("a token bucket needs a finite rate > 0 and a finite burst > 0")
         self._tokens = float(self.burst)
 
     def available(self, now: float) -> float:
@@ -39,7 +40,7 @@ class TokenBucket:
         """Whole tokens held at `now`."""
         return math.floor(self.available(now) + _EPSILON)
 
-    def take(self, n: int, now: float) -> bool:
+    def take(self, n: float, now: float) -> bool:
         """Take `n` tokens at `now` if all are there; False (nothing taken) otherwise."""
         tokens = self.available(now)
         self._at = now if self._at is None else max(self._at, now)
@@ -49,9 +50,9 @@ class TokenBucket:
         self._tokens = max(0.0, tokens - n)
         return True
 
-    def wait_s(self, n: int, now: float) -> float:
+    def wait_s(self, n: float, now: float) -> float:
         """Seconds from `now` until `n` tokens are held: 0 if they are, inf if `n` exceeds the burst."""
-        if n > self.burst:
+        if n > self.burst + _EPSILON:
             return math.inf
         missing = n - self.available(now)
         return 0.0 if missing <= _EPSILON else missing / self.rate
