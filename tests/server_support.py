@@ -294,6 +294,34 @@ async def stub_served(*overrides: str, **stub) -> AsyncIterator:
         engine.close()
 
 
+@asynccontextmanager
+async def text_session(config, engine) -> AsyncIterator:
+    """A real server on loopback serving `engine` (recorded) with `config`, and a GA client (every frame it
+    receives validated) in a text-only session without turn detection. -> (client, RecordingEngine)."""
+    from websockets.asyncio.client import connect
+
+    from realtime_ming.protocol import Dialect
+    from realtime_ming.server import RealtimeServer
+
+    recording = RecordingEngine(engine)
+    async with RealtimeServer(config, recording) as srv, connect(f"ws://127.0.0.1:{srv.port}/v1/realtime") as ws:
+        client = WsClient(ws, Dialect.GA)
+        await client.recv_until("session.created")
+        await client.send(type="session.update", session={"type": "realtime", "output_modalities": ["text"],
+                                                           "audio": {"input": {"turn_detection": None}}})
+        await client.recv_until("session.updated")
+        yield client, recording
+
+
+async def refused_then_answered(client, code: str, event_id: str, param: str) -> None:
+    """The error `code` for the client's `event_id` at `param` arrives, and a response asked for then completes."""
+    error = await client.expect_error(code, timeout=30)
+    assert (error["param"], error["event_id"]) == (param, event_id), error
+    await client.send(type="response.create")
+    done = await client.recv_until("response.done", timeout=60)
+    assert done[-1]["response"]["status"] in ("completed", "incomplete")
+
+
 def assert_cancelled_by_speech(frames: list[dict], response_id: str) -> int:
     """`frames` hold speech_started, then the response.done of `response_id`, cancelled for turn_detected
     (a barge-in); returns the index of that response.done in `frames`."""

@@ -17,13 +17,12 @@ import re
 from pathlib import Path
 
 import pytest
-from server_support import RecordingEngine, WsClient
+from server_support import refused_then_answered, text_session
 from session_support import Harness, last_error, user_message
-from websockets.asyncio.client import connect
 
 from realtime_ming.engine.api import ContentKind
-from realtime_ming.protocol import Dialect, parse
-from realtime_ming.server import RealtimeServer, load_config
+from realtime_ming.protocol import parse
+from realtime_ming.server import load_config
 from realtime_ming.session import SessionSettings
 
 pytestmark = pytest.mark.timeout(240)
@@ -181,20 +180,10 @@ async def test_over_the_socket_the_configured_bound_refuses_and_the_session_goes
     the reply comes; every frame validates against the openai GA types."""
     config = load_config(None, ["server.port=0", "server.limits.max_image_burst=2",
                                 "server.limits.max_images_per_s=0.01", "session.max_output_tokens=2"])
-    recording = RecordingEngine(engine)
-    async with RealtimeServer(config, recording) as srv, connect(f"ws://127.0.0.1:{srv.port}/v1/realtime") as ws:
-        client = WsClient(ws, Dialect.GA)  # validates every frame it receives
-        await client.recv_until("session.created")
-        await client.send(type="session.update", session={"type": "realtime", "output_modalities": ["text"],
-                                                           "audio": {"input": {"turn_detection": None}}})
-        await client.recv_until("session.updated")
+    async with text_session(config, engine) as (client, recording):
         for k in range(2):
             await client.send(type="conversation.item.create", item=user_message(_image(50 + k)))
             await client.recv_until("conversation.item.done")
         await client.send(type="conversation.item.create", event_id="evt_third", item=user_message(_image(99)))
-        error = await client.expect_error("image_rate_limited", timeout=30)
-        assert (error["param"], error["event_id"]) == ("item.content[0]", "evt_third"), error
-        await client.send(type="response.create")
-        done = await client.recv_until("response.done", timeout=60)
-        assert done[-1]["response"]["status"] in ("completed", "incomplete")
+        await refused_then_answered(client, "image_rate_limited", "evt_third", "item.content[0]")
     assert _shades(recording.requests[-1]) == [50, 51]
