@@ -17,7 +17,7 @@ import torch
 
 from realtime_ming.engine import Engine
 from realtime_ming.engine.api import Content, Message, SamplingParams, TurnDone, TurnRequest
-from realtime_ming.engine.config import EngineConfig, PlacementConfig, ThinkerRunnerConfig
+from realtime_ming.engine.config import EngineConfig, PlacementConfig, TalkerRunnerConfig, ThinkerRunnerConfig
 from realtime_ming.engine.thinker_decode import ThinkerDecoder, default_kv_buckets, eager_kv_len
 from realtime_ming.engine.thinker_prefill import ThinkerPrefiller
 from realtime_ming.model.kernels import TRITON
@@ -74,15 +74,16 @@ def _turns(engine: Engine, tag: str, with_audio: bool = False) -> list[TurnDone]
     return out
 
 
-def _generate(fixture_root, devices, *, eager: bool, dtype: str = "float32", talker: str | None = None
-              ) -> list[TurnDone]:
+def _generate(fixture_root, devices, *, eager: bool, dtype: str = "float32", talker: str | None = None,
+              own_thread: bool = False) -> list[TurnDone]:
     device = talker or devices[0]
     with_audio = talker is not None
     cfg = EngineConfig(model_path=str(fixture_root), tokenizer_path=fixture_tokenizers(fixture_root)[0],
                        talker_tokenizer_path=fixture_tokenizers(fixture_root)[1], dtype=dtype, enforce_eager=eager,
                        thinker=ThinkerRunnerConfig(max_slots=4, max_seq_len=1024, kv_buckets=(256, 1024)),
                        placement=PlacementConfig(thinker_devices=devices, talker_device=device, encoder_device=device,
-                                                 vae_device=device))
+                                                 vae_device=device),
+                       talker=TalkerRunnerConfig(own_thread=own_thread))
     engine = Engine.create(cfg, warmup=False)
     try:
         if not eager:
@@ -120,6 +121,21 @@ def test_gpu_thinker_and_talker_on_different_gpus_graphed(fixture_root, cpu_refe
     got = _generate(fixture_root, ("cuda:0",), eager=False, talker="cuda:1")
     _same_tokens(got, cpu_reference)
     assert all(d.audio_samples > 0 for d in got)  # the talker graphs on cuda:1 spoke
+
+
+@cuda
+@pytest.mark.parametrize("talker", ["cuda:0", "cuda:1"], ids=["same-gpu", "own-gpu"])
+def test_gpu_graphed_talker_on_its_own_thread_speaks_as_the_stepped_talker(fixture_root, cpu_reference, talker):
+    """`engine.talker.own_thread`: the graphed talker captured and stepped on its own thread (beside the thinker's
+    GPU, or on a GPU of its own) gives the same tokens and the same amount of audio as the stepped talker."""
+    if talker == "cuda:1" and torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    stepped = _generate(fixture_root, ("cuda:0",), eager=False, talker=talker)
+    threaded = _generate(fixture_root, ("cuda:0",), eager=False, talker=talker, own_thread=True)
+    _same_tokens(threaded, cpu_reference)
+    assert [d.audio_samples for d in threaded] == [d.audio_samples for d in stepped]
+    assert all(d.audio_samples > 0 for d in threaded)
+    assert [d.talker_steps for d in threaded] == [d.talker_steps for d in stepped]
 
 
 @cuda
