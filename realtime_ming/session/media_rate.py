@@ -29,10 +29,13 @@ class MediaRate:
         self._limits = limits
         self.images = TokenBucket(limits.max_images_per_s, limits.max_image_burst)
         self.video = TokenBucket(limits.max_video_s_per_s, limits.max_video_s)
-        self._min_clip_s = min(1.0 / limits.video_sampling.fps, limits.max_video_s)
+        self._min_clip_s: float | None = None  # on the first clip: the sampling constants live beside torch code,
+        # which a front-end process that never sees a clip must not import
 
     def clip_cost_s(self, span_s: float) -> float:
-        """Video seconds a clip of `span_s` (first to last frame) takes."""
+        """Video seconds a clip of `span_s` (first to last frame) takes: at least one sampling period."""
+        if self._min_clip_s is None:
+            self._min_clip_s = min(1.0 / self._limits.video_sampling.fps, self._limits.max_video_s)
         return max(span_s, self._min_clip_s)
 
     def images_refused(self, count: int, now: float) -> bool:
