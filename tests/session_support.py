@@ -128,6 +128,19 @@ def engine_pcm(seconds: float) -> np.ndarray:
     return (0.2 * np.sin(2 * np.pi * 300 * np.arange(int(seconds * ENGINE_HZ)) / ENGINE_HZ)).astype(np.float32)
 
 
+def refused_then_created(h: Harness, now: float, later: float, ask: dict, code: str, param: str):
+    """`response.create` of `ask` at `now` is refused with `code` naming `param` (no response, no engine turn);
+    the same request at `later` runs. -> that engine request."""
+    since = len(h.frames)
+    h.send_at(now, type="response.create", event_id="evt_resp", response=ask)
+    assert h.types(since) == ["error"] and not h.submitted()
+    error = last_error(h)
+    assert (error["code"], error["param"], error["event_id"]) == (code, param, "evt_resp")
+    h.send_at(later, type="response.create", response=ask)
+    (request,) = h.submitted()
+    return request
+
+
 def user_message(*parts: dict) -> dict:
     """A client user message item of content `parts`."""
     return {"type": "message", "role": "user", "content": list(parts)}

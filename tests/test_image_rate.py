@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from server_support import refused_then_answered, text_session
-from session_support import Harness, last_error, user_message
+from session_support import Harness, last_error, refused_then_created, user_message
 
 from realtime_ming.engine.api import ContentKind
 from realtime_ming.protocol import parse
@@ -115,14 +115,8 @@ def test_response_input_images_count_too():
     burst = media.max_image_burst
     assert [h.create_at(T0, f"a{k}", _image(1)) for k in range(burst)] == ["added"] * burst
     ask = {"input": [user_message({"type": "input_text", "text": "and this?"}, _image(77))]}
-    since = len(h.frames)
-    h.send_at(T0, type="response.create", event_id="evt_resp", response=ask)
-    assert h.types(since) == ["error"] and not h.submitted()
-    error = last_error(h)
-    assert (error["code"], error["param"], error["event_id"]) == (
-        "image_rate_limited", "response.input[0].content[1]", "evt_resp")
-    h.send_at(T0 + 1.0 / media.max_images_per_s, type="response.create", response=ask)
-    (request,) = h.submitted()
+    request = refused_then_created(h, T0, T0 + 1.0 / media.max_images_per_s, ask, "image_rate_limited",
+                                   "response.input[0].content[1]")
     assert _shades(request) == [77]
 
 

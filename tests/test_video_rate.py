@@ -18,7 +18,7 @@ import json
 import numpy as np
 import pytest
 from server_support import refused_then_answered, text_session
-from session_support import Harness, last_error, user_message
+from session_support import Harness, last_error, refused_then_created, user_message
 from test_video_turns import _jpeg, _mp4, _solid
 
 from realtime_ming.engine.api import ContentKind
@@ -87,14 +87,8 @@ def test_response_input_clips_take_from_the_same_bucket():
     h = _harness()
     assert h.create_at(T0, "evt_a", _clip(LIMITS.max_video_s)) == "added"
     ask = {"input": [user_message(TEXT, _clip(1.0, shade=77))]}
-    since = len(h.frames)
-    h.send_at(T0, type="response.create", event_id="evt_resp", response=ask)
-    assert h.types(since) == ["error"] and not h.submitted()
-    error = last_error(h)
-    assert (error["code"], error["param"], error["event_id"]) == (
-        "video_rate_limited", "response.input[0].content[1]", "evt_resp")
-    h.send_at(T0 + 1.0 / LIMITS.max_video_s_per_s, type="response.create", response=ask)
-    (request,) = h.submitted()
+    request = refused_then_created(h, T0, T0 + 1.0 / LIMITS.max_video_s_per_s, ask, "video_rate_limited",
+                                   "response.input[0].content[1]")
     assert [int(v.video[0, 0, 0, 0]) for v in _videos(request)] == [77]
 
 
