@@ -76,19 +76,21 @@ class StepClock:
         self.seconds: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)
         self.rows: dict[str, int] = defaultdict(int)  # talker streams summed over talker steps
+        self._lock = threading.Lock()  # talker replicas on threads of their own add to the same labels
 
     def wrap(self, owner, name: str, label: str, rows=None) -> None:
         inner = getattr(owner, name)
 
         def timed(*args, **kwargs):
-            if rows is not None:
-                self.rows[label] += rows()
+            n = rows() if rows is not None else 0
             t0 = time.perf_counter()
             try:
                 return inner(*args, **kwargs)
             finally:
-                self.seconds[label] += time.perf_counter() - t0
-                self.calls[label] += 1
+                with self._lock:
+                    self.rows[label] += n
+                    self.seconds[label] += time.perf_counter() - t0
+                    self.calls[label] += 1
 
         setattr(owner, name, timed)
 
@@ -101,13 +103,19 @@ class StepClock:
 def instrument(engine: Engine) -> StepClock:
     clock = StepClock()
     thinker, talker = engine._thinker, engine._talker
-    if isinstance(talker, TalkerLoop):  # engine.talker.own_thread: the talker_* rows are its thread's, not the engine's
-        talker = talker.talker
     clock.wrap(thinker, "launch", "thinker_launch")  # queues the thinker's GPU work
     clock.wrap(thinker, "collect", "thinker_collect")  # waits for it (after the talker's step)
-    clock.wrap(talker, "launch", "talker_launch")  # starts jobs, queues the step's graph (every replica's)
-    clock.wrap(talker, "finish", "talker_finish")  # waits for it: stop decisions, VAE chunk, PCM
-    for runner in getattr(talker, "runners", [talker]):  # a talker pool: each replica's runner, summed per label
+    runners = getattr(talker, "runners", [talker])  # a talker pool: each replica's runner, summed per label
+    if any(isinstance(r, TalkerLoop) for r in runners):
+        # engine.talker.own_thread: each replica steps on its own thread; the talker_* rows are those threads' (summed)
+        runners = [r.talker for r in runners]
+        stepped = runners
+    else:
+        stepped = [talker]  # the engine thread steps the talker (a pool: every replica's step in one call)
+    for t in stepped:
+        clock.wrap(t, "launch", "talker_launch")  # starts jobs, queues the step's graph
+        clock.wrap(t, "finish", "talker_finish")  # waits for it: stop decisions, VAE chunk, PCM
+    for runner in runners:
         clock.wrap(runner, "_launch_advance", "talker_advance", rows=runner.num_streams)  # runs only with streams
         clock.wrap(runner.talker, "prefill", "talker_prefill")
         clock.wrap(runner.talker, "decode_lm", "talker_lm")

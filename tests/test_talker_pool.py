@@ -20,6 +20,7 @@ from realtime_ming.engine.api import AudioChunk, Content, Message, SamplingParam
 from realtime_ming.engine.config import EngineConfig, PlacementConfig, TalkerRunnerConfig, ThinkerRunnerConfig
 from realtime_ming.engine.models import ModelBundle
 from realtime_ming.engine.segmenter import SegmenterConfig
+from realtime_ming.engine.talker_loop import Idle, TalkerLoop
 from realtime_ming.engine.talker_pool import TalkerPool, make_talker
 from realtime_ming.engine.talker_replica import VoiceCopies
 from realtime_ming.engine.talker_runner import TalkerRunner
@@ -222,12 +223,24 @@ def test_startup_checks_every_replica_device():
 
 # ---- the engine on the pool ---------------------------------------------------------------------------------
 
-def _engine_pcm(bundle: ModelBundle, placement: PlacementConfig, n: int) -> tuple[dict, dict]:
+def _engine_pcm(bundle: ModelBundle, placement: PlacementConfig, n: int, own_thread: bool = False,
+                seen: dict | None = None) -> tuple[dict, dict]:
+    """Every turn's PCM from an engine on `bundle` and its info(); `seen` collects each replica's enqueued turns."""
     cfg = EngineConfig(placement=placement,
                        thinker=ThinkerRunnerConfig(max_slots=4, max_seq_len=256, forced_reply="Hello there, friend."),
-                       talker=TalkerRunnerConfig(max_streams=2, steps_per_word=1),
+                       talker=TalkerRunnerConfig(max_streams=2, steps_per_word=1, own_thread=own_thread),
                        segmenter=SegmenterConfig(first_max_wait_ms=60_000.0))
     engine = Engine(cfg, bundle)
+    if seen is not None:
+        for member in engine._talker.runners:
+            runner = member.talker if isinstance(member, TalkerLoop) else member
+            enqueue = runner.enqueue
+
+            def tracked(turn_id, *args, _enqueue=enqueue, _index=runner.replica.index, **kwargs):
+                seen.setdefault(_index, set()).add(turn_id)
+                return _enqueue(turn_id, *args, **kwargs)
+
+            runner.enqueue = tracked
     try:
         pcm, done = defaultdict(list), {}
         finished = threading.Semaphore(0)
@@ -248,7 +261,7 @@ def _engine_pcm(bundle: ModelBundle, placement: PlacementConfig, n: int) -> tupl
         assert all(isinstance(e, TurnDone) for e in done.values()), done
         info = engine.info()
         if isinstance(engine._talker, TalkerPool):
-            assert engine.stats().talker_streams == 0
+            _wait_for(lambda: engine.stats().talker_streams == 0)
         return {t: np.concatenate(c) for t, c in pcm.items()}, info
     finally:
         engine.close()
@@ -259,3 +272,51 @@ def test_engine_on_two_replicas_speaks_as_on_one(pool_bundle):
     pooled, info = _engine_pcm(pool_bundle, TWO, 3)
     assert info["talker_devices"] == ["cpu", "cpu"]
     _assert_same_audio(pooled, single, [f"t{i}" for i in range(3)])
+
+
+def _wait_for(condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.01)
+
+
+def test_engine_with_a_thread_per_replica_speaks_as_stepped(pool_bundle):
+    """`engine.talker.own_thread` on two replicas: each replica steps on a thread of its own (both used, turns
+    balanced over them), every turn's audio is the stepped pool's, and close stops both threads."""
+    stepped, _ = _engine_pcm(pool_bundle, TWO, 4)
+    threads_before = set(threading.enumerate())
+    seen: dict = {}
+    threaded, info = _engine_pcm(pool_bundle, TWO, 4, own_thread=True, seen=seen)
+    assert info["talker_devices"] == ["cpu", "cpu"]
+    assert sorted(seen) == [0, 1] and all(len(turns) == 2 for turns in seen.values()), seen
+    _assert_same_audio(threaded, stepped, [f"t{i}" for i in range(4)])
+    left = [t.name for t in set(threading.enumerate()) - threads_before if t.name.startswith("realtime-ming-talker")]
+    assert left == []
+
+
+def test_threaded_pool_routes_idle_reports_and_drops_on_every_replica(pool_bundle):
+    """The pool of loops: `drop` reaches every replica (any thread, before the owner is known), an `Idle` report
+    goes to the turn's replica only, and each loop runs on its own named thread."""
+    delivered = []
+    pool = TalkerPool(pool_bundle, _cfg(), lambda r: TalkerLoop(r, delivered.extend, lambda events: None,
+                                                                   lambda reason: None))
+    try:
+        names = sorted(loop._thread.name for loop in pool.runners)
+        assert names == ["realtime-ming-talker-0", "realtime-ming-talker-1"]
+        assert all(loop._thread.is_alive() for loop in pool.runners)
+        pool.drop("x")
+        assert all("x" in loop._dropped for loop in pool.runners)
+        pool.enqueue("a", 0, "One two.", None, seed=1)
+        owner = pool.runners[pool.replica_of("a")]
+        other = pool.runners[1 - pool.replica_of("a")]
+        _wait_for(lambda: not pool.pending("a") or owner._applied.get("a") == 1)
+        pool.idle(Idle("a", 1))
+        assert owner._seen.get("a") == 1 and "a" not in other._seen
+        assert not pool.pending("a")
+        pool.forget("a")
+        pool.idle(Idle("a", 1))  # forgotten: ignored
+        assert "a" not in owner._seen
+    finally:
+        pool.close()
+    assert not any(loop._thread.is_alive() for loop in pool.runners)

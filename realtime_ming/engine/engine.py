@@ -83,11 +83,10 @@ class Engine(Admission, Speculation):
         self._parked: dict[str, _Turn] = {}  # speculative turns that ended before confirm/discard
         self._forks: list[_Turn] = []  # prepared side requests waiting for their source's prefill (`fork_ready`)
         self._thinker = ThinkerRunner(bundle, cfg, wake=lambda: self._put(Wake()))  # an admission's encoders finished
-        self._talker = make_talker(bundle, cfg) if bundle.has_talker else None  # a pool over several replicas
         self._talker_notices: queue.SimpleQueue = queue.SimpleQueue()  # from a talker on its own thread
         self._stopping = False
         self._in_flight = None  # the thinker step queued at the end of the last engine step, collected by the next
-        self._overlap = StepOverlap(overlap_steps(cfg) if self._talker is not None else 0, cfg.talker.thinker_delay)
+        self._overlap = StepOverlap(overlap_steps(cfg) if bundle.has_talker else 0, cfg.talker.thinker_delay)
         # `_dead` (None while serving) is set once, under `_lock`, which also orders every delivery to a sink, so
         # no command is queued after the engine died and a turn's terminal event is always its last
         self._lock = threading.RLock()
@@ -96,8 +95,11 @@ class Engine(Admission, Speculation):
         self._fault_injection = fault_injection_enabled()
         if self._fault_injection:
             log.warning("engine fault injection is ON: a turn carrying the kill marker kills the engine thread")
-        if self._talker is not None and cfg.talker.own_thread:
-            self._talker = TalkerLoop(self._talker, self._deliver_talker, self._notice, self._worker_died)
+        # the talker (a pool over several replicas); `engine.talker.own_thread`: each replica steps on a thread of its own
+        self._threaded = bundle.has_talker and cfg.talker.own_thread
+        loop = (lambda runner: TalkerLoop(runner, self._deliver_talker, self._notice, self._worker_died)) \
+            if self._threaded else None
+        self._talker = make_talker(bundle, cfg, loop) if bundle.has_talker else None
         self._thread = threading.Thread(target=self._main, name="realtime-ming-engine", daemon=True)
         self._thread.start()
         self._watch = WorkerWatch.start(bundle.thinker, self._worker_died)  # tensor-parallel workers, if any
@@ -141,12 +143,12 @@ class Engine(Admission, Speculation):
         self._put(Confirm(turn_id))
 
     def discard(self, turn_id: str) -> None:
-        if isinstance(self._talker, TalkerLoop):  # its thread delivers nothing more of the turn from now on
+        if self._threaded:  # its thread delivers nothing more of the turn from now on
             self._talker.drop(turn_id)
         self._put(Discard(turn_id))
 
     def cancel(self, turn_id: str) -> None:
-        if isinstance(self._talker, TalkerLoop):
+        if self._threaded:
             self._talker.drop(turn_id)
         self._put(Cancel(turn_id))
 
@@ -193,7 +195,7 @@ class Engine(Admission, Speculation):
             self._thread.join(timeout=30 if self._dead is None else 1)
         stuck = self._thread.is_alive()
         self._die("engine closed")
-        if isinstance(self._talker, TalkerLoop):
+        if self._threaded:
             self._talker.close()
         self._thinker.close()
         if stuck:
@@ -444,7 +446,7 @@ class Engine(Admission, Speculation):
         for turn in list(self._turns.values()):
             if turn.segmenter is not None and not turn.thinker_done:
                 self._route_segments(turn, turn.segmenter.tick(now))
-        if isinstance(self._talker, TalkerLoop):  # it steps on its own thread: take what it reported
+        if self._threaded:  # it steps on its own thread: take what it reported
             self._take_notices()
         elif self._talker is not None:
             # a talker on GPUs of its own runs more steps while the thinker's step still runs (`StepOverlap`)

@@ -66,7 +66,9 @@ class TalkerLoop:
         self._applied: dict[str, int] = {}  # loop thread: enqueues applied per turn
         self._dropped: OrderedDict[str, None] = OrderedDict()  # any thread: turns whose output nobody takes
         self._drop_lock = threading.Lock()
-        self._thread = threading.Thread(target=self._main, name="realtime-ming-talker", daemon=True)
+        replica = getattr(talker, "replica", None)
+        name = "realtime-ming-talker" if replica is None else f"realtime-ming-talker-{replica.index}"
+        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()
 
     # ---- engine thread ---------------------------------------------------------------------------
@@ -102,6 +104,11 @@ class TalkerLoop:
         self._sent.pop(turn_id, None)
         self._seen.pop(turn_id, None)
         self._ops.put(("forget", turn_id))
+
+    @property
+    def replica(self):
+        """The replica this loop steps (a `TalkerPool` member)."""
+        return self.talker.replica
 
     def has_work(self) -> bool:
         """The engine thread never steps this talker: its work keeps no engine step going."""

@@ -21,6 +21,7 @@ With one replica the engine uses a plain `TalkerRunner`, exactly as without this
 from __future__ import annotations
 
 import logging
+from typing import Callable
 
 from .config import EngineConfig
 from .models import ModelBundle
@@ -33,20 +34,27 @@ __all__ = ["TalkerPool", "make_talker"]
 log = logging.getLogger(__name__)
 
 
-def make_talker(bundle: ModelBundle, cfg: EngineConfig) -> "TalkerRunner | TalkerPool":
-    """The engine's talker: a `TalkerRunner` for one replica, else a `TalkerPool` over all of them."""
+def make_talker(bundle: ModelBundle, cfg: EngineConfig, wrap: Callable | None = None):
+    """The engine's talker: a `TalkerRunner` for one replica, else a `TalkerPool` over all of them. `wrap` (a
+    `TalkerLoop` factory, `engine.talker.own_thread`) wraps each replica's runner: one thread per replica."""
     if len(bundle.talker_replicas) <= 1:
-        return TalkerRunner(bundle, cfg)
-    return TalkerPool(bundle, cfg)
+        runner = TalkerRunner(bundle, cfg)
+        return runner if wrap is None else wrap(runner)
+    return TalkerPool(bundle, cfg, wrap)
 
 
 class TalkerPool:
-    """Runs on the engine thread only."""
+    """Runs on the engine thread only, except `drop`. Its members are the replicas' `TalkerRunner`s, or with
+    `wrap` each runner wrapped in a `TalkerLoop` (`engine.talker.own_thread`): then every replica steps on a thread
+    of its own, at its own pace (one replica's host work runs beside the others' GPU work), the pool only routes a
+    turn's calls to its replica, and `idle`, `drop` and `close` apply (the engine never calls `launch`/`finish`)."""
 
-    def __init__(self, bundle: ModelBundle, cfg: EngineConfig):
+    def __init__(self, bundle: ModelBundle, cfg: EngineConfig, wrap: Callable | None = None):
         if not bundle.talker_replicas:
             raise ValueError("a talker pool needs the bundle's talker replicas")
         self.runners = [TalkerRunner(bundle, cfg, replica) for replica in bundle.talker_replicas]
+        if wrap is not None:
+            self.runners = [wrap(runner) for runner in self.runners]
         self._owner: dict[str, TalkerRunner] = {}  # turn -> the replica speaking it (until `forget`)
         self._turns = {id(r): 0 for r in self.runners}  # live turns assigned to each replica
 
@@ -104,6 +112,22 @@ class TalkerPool:
         """Every replica's graphs, one replica after the other (each on its own device)."""
         for runner in self.runners:
             runner.capture(progress)
+
+    # ---- replicas on threads of their own (members are `TalkerLoop`s) ----------------------------------------
+    def idle(self, event) -> None:
+        """A replica's `Idle` report, recorded by that replica's loop (a forgotten turn's is ignored)."""
+        runner = self._owner.get(event.turn_id)
+        if runner is not None:
+            runner.idle(event)
+
+    def drop(self, turn_id: str) -> None:
+        """Any thread: no replica delivers more output of `turn_id` (the owner map is the engine thread's)."""
+        for runner in self.runners:
+            runner.drop(turn_id)
+
+    def close(self) -> None:
+        for runner in self.runners:
+            runner.close()
 
     # ---- stepping ----------------------------------------------------------------------------
     def step(self) -> list[TalkerOutput]:
