@@ -6,6 +6,7 @@ cuda:0 and copied to cuda:1 included), and the two replicas' steps overlap: at t
 from __future__ import annotations
 
 import dataclasses
+import queue
 import time
 from collections import defaultdict
 
@@ -14,6 +15,7 @@ import pytest
 import torch
 
 from realtime_ming.engine.config import EngineConfig, PlacementConfig, TalkerRunnerConfig
+from realtime_ming.engine.talker_loop import Idle, TalkerLoop
 from realtime_ming.engine.talker_pool import TalkerPool
 from realtime_ming.engine.talker_runner import TalkerRunner
 from realtime_ming.engine.voice_store import CustomVoice
@@ -85,6 +87,45 @@ def test_graphed_pool_on_two_gpus_speaks_as_the_single_runner(gpu_bundle):
         assert got[turn].shape == want[turn].shape, turn
         peak = float(np.abs(want[turn]).max())
         assert peak > 0, turn
+        np.testing.assert_allclose(got[turn], want[turn], rtol=0, atol=1e-3 * peak, err_msg=turn)
+
+
+def test_graphed_pool_with_a_thread_per_gpu_speaks_as_the_single_runner(gpu_bundle):
+    """`engine.talker.own_thread` on two GPUs: each replica captures and steps its graphs on a thread of its own;
+    every turn (spread over both) has the single graphed runner's PCM."""
+    single = TalkerRunner(gpu_bundle, _cfg())
+    single.capture()
+    want = _drive(single, (None,))
+    pcm, reports, died = defaultdict(list), queue.SimpleQueue(), []
+
+    def deliver(outputs):
+        for out in outputs:
+            if out.pcm is not None:
+                pcm[out.turn_id].append(out.pcm)
+
+    pool = TalkerPool(gpu_bundle, _cfg(), lambda r: TalkerLoop(r, deliver, reports.put, died.append))
+    try:
+        pool.capture()
+        assert all(loop.talker.stepper.graphed for loop in pool.runners)
+        assert len({loop._thread.name for loop in pool.runners}) == 2
+        turns = [f"t{k}" for k in range(len(WORDS))]
+        for k, turn in enumerate(turns):
+            pool.enqueue(turn, 0, " ".join(["word"] * WORDS[k]), None, seed=100 + k)
+        assert {pool.replica_of(t) for t in turns} == {0, 1}
+        deadline = time.monotonic() + 120
+        while any(pool.pending(t) for t in turns):  # this thread plays the engine thread: it records the reports
+            events = reports.get(timeout=max(0.1, deadline - time.monotonic()))
+            for event in events:
+                assert isinstance(event, Idle), event
+                pool.idle(event)
+        assert died == []
+    finally:
+        pool.close()
+    got = {t: np.concatenate(c) for t, c in pcm.items()}
+    assert sorted(got) == sorted(want)
+    for turn in want:
+        peak = float(np.abs(want[turn]).max())
+        assert got[turn].shape == want[turn].shape and peak > 0, turn
         np.testing.assert_allclose(got[turn], want[turn], rtol=0, atol=1e-3 * peak, err_msg=turn)
 
 
