@@ -140,8 +140,10 @@ class TalkerRunnerConfig:
     # default: on 4x H200 it gave +7 % spoken turns/s at N=32 (thinker_delay 0.5) but TTFA_server p50 39 -> 83 ms
     # at c=64 (bench/results/gpu-h200x4-overlap-2026-11-26/)
     steps_while_thinking: int = 0
-    # the talker steps on a thread of its own, at its own pace, instead of once per engine (thinker) step
-    # (`engine/talker_loop.py`); the audio is the same. Excludes steps_while_thinking
+    # the talker steps on a thread of its own (each talker replica on its own), at its own pace, instead of once per
+    # engine (thinker) step (`engine/talker_loop.py`); the audio is the same. Off: on 2x H200 (talker beside the
+    # thinker) +9 % spoken turns/s at N=32 for +25 ms first PCM (bench/results/gpu-h200x2-talker-threads-2026-11-26/).
+    # Excludes steps_while_thinking
     own_thread: bool = False
     # ... and those steps may end this share of the thinker's expected step after it (delaying its next launch)
     thinker_delay: float = 0.5
