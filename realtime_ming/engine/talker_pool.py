@@ -52,10 +52,9 @@ class TalkerPool:
     def __init__(self, bundle: ModelBundle, cfg: EngineConfig, wrap: Callable | None = None):
         if not bundle.talker_replicas:
             raise ValueError("a talker pool needs the bundle's talker replicas")
-        self.runners = [TalkerRunner(bundle, cfg, replica) for replica in bundle.talker_replicas]
-        if wrap is not None:
-            self.runners = [wrap(runner) for runner in self.runners]
-        self._owner: dict[str, TalkerRunner] = {}  # turn -> the replica speaking it (until `forget`)
+        runners = [TalkerRunner(bundle, cfg, replica) for replica in bundle.talker_replicas]
+        self.runners = runners if wrap is None else [wrap(runner) for runner in runners]
+        self._owner: dict = {}  # turn -> the member (runner or loop) speaking it (until `forget`)
         self._turns = {id(r): 0 for r in self.runners}  # live turns assigned to each replica
 
     # ---- bookkeeping --------------------------------------------------------------------------
