@@ -73,6 +73,10 @@ class ThinkerRunnerConfig:
     # hold the prefill queue back while rows decode, until the queued prompts fill a chunk or the oldest waited
     # this long (ms): several prompts share one read of the experts instead of one chunk per step. 0 = never hold
     prefill_wait_ms: float = 0.0
+    # mixed step: a step that decodes rows AND prefills runs both in one forward of at most this many tokens
+    # (the decode rows + the chunk, packed; `engine/thinker_mixed.py`), so the MoE experts are read once, not
+    # twice. 0 = off (two forwards). A chunk beside decode rows is then packed into what the rows leave
+    mixed_step_tokens: int = 0
     decode_buckets: tuple[int, ...] = (1, 2, 4, 8, 16)  # CUDA-graph batch buckets of the decode step
     kv_buckets: tuple[int, ...] | None = None  # CUDA-graph attention lengths; None = 512, 1024, ... max_seq_len
     # CUDA-graph widths of a one-row prefill chunk (capped at prefill_chunk_tokens); () = prefill always eager
@@ -102,6 +106,9 @@ class ThinkerRunnerConfig:
         for name in ("max_slots", "max_seq_len", "max_batch", "prefill_chunk_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"engine.thinker.{name} must be >= 1")
+        if self.mixed_step_tokens and self.mixed_step_tokens <= self.max_batch:
+            raise ValueError(f"engine.thinker.mixed_step_tokens must be 0 (off) or above max_batch "
+                             f"({self.max_batch}), got {self.mixed_step_tokens}")
         if not 0.0 <= self.prefill_wait_ms <= 10_000.0:  # NaN fails too
             raise ValueError(f"engine.thinker.prefill_wait_ms must be in [0, 10000] ms, got {self.prefill_wait_ms!r}")
         if isinstance(self.turn_judgement, bool):

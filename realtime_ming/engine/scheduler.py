@@ -154,6 +154,19 @@ class Scheduler:
             width = wider
         return chosen
 
+    def prefill_packed(self, budget: int, max_rows: int) -> list[tuple[Row, int, int]]:
+        """(row, start, end) chunks packed token after token (no padding: a mixed step, `thinker_mixed`): queue
+        order, at most `budget` tokens and `max_rows` rows in all; [] when neither allows one token."""
+        chosen = []
+        for turn_id in self.prefill_queue:
+            if budget <= 0 or len(chosen) >= max_rows:
+                break
+            row = self.rows[turn_id]
+            take = min(len(row.tail_ids) - row.offset, budget)
+            chosen.append((row, row.offset, row.offset + take))
+            budget -= take
+        return chosen
+
     def prefilled(self, chosen: list[tuple[Row, int, int]]) -> list[Row]:
         """Account a prefill chunk that ran: the slots hold its tokens. -> the rows whose prompt is complete
         (out of the queue, ready to decode once their first token is sampled)."""

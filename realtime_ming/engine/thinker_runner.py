@@ -17,6 +17,7 @@ import random
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 import torch
@@ -36,6 +37,7 @@ from .sampling import SamplingBatch, mask_to_allowed, sample
 from .scheduler import Row, Scheduler
 from .turn_judgement import answer_ids, turn_judgement_on
 from .thinker_decode import ThinkerDecoder, default_kv_buckets, eager_kv_len
+from .thinker_mixed import ThinkerMixer, mixed_buckets, pack_mixed
 from .thinker_prefill import ThinkerPrefiller
 
 __all__ = ["ThinkerRunner", "ThinkerOutput"]
@@ -125,11 +127,17 @@ class ThinkerRunner:
         if hasattr(self.model, "decoder"):  # tensor-parallel proxy: a decoder (and prefiller) on every rank
             self.decoder = self.model.decoder(self.cache, *buckets, enforce_eager=cfg.enforce_eager)
             self.prefiller = self.model.prefiller(self.cache, widths, **shape) if graphs and widths else None
+            make_mixer = self.model.mixer
         else:
             self.decoder = ThinkerDecoder(self.model, self.cache, *buckets, device=self.device,
                                           enforce_eager=cfg.enforce_eager)
             self.prefiller = (ThinkerPrefiller(self.model, self.cache, widths, dtype=bundle.dtype, device=self.device,
                                                **shape) if graphs and widths else None)
+            make_mixer = partial(ThinkerMixer, self.model, dtype=bundle.dtype, device=self.device)
+        # the mixed step (decode rows + a chunk in one forward): room for every decode row a step may carry and
+        # the first tokens of as many prompts
+        self.mixer = (make_mixer(self.cache, mixed_buckets(self.cfg.mixed_step_tokens), picks=2 * self.cfg.max_batch,
+                                 enforce_eager=cfg.enforce_eager) if self.cfg.mixed_step_tokens else None)
 
     # ---- bookkeeping --------------------------------------------------------------------------
     def has_work(self) -> bool:
@@ -271,6 +279,8 @@ class ThinkerRunner:
         self.decoder.capture(progress)
         if self.prefiller is not None:
             self.prefiller.capture(progress)
+        if self.mixer is not None:
+            self.mixer.capture(progress)
         self.bundle.audio_graphs.capture(progress)
 
     def step(self) -> list[ThinkerOutput]:
@@ -288,6 +298,10 @@ class ThinkerRunner:
         done, sampled = [], []
         chunk = self.scheduler.prefill_due(bool(decoding))
         with torch.no_grad():
+            if chunk and decoding and self.mixer is not None and len(decoding) < min(self.mixer.picks,
+                                                                                     self.mixer.max_tokens):
+                done, ids = self._mixed(decoding)
+                return self._ship(done, decoding, ids, True)
             if chunk:
                 done, tokens = self._prefill()
                 if done:
@@ -296,7 +310,10 @@ class ThinkerRunner:
                 sampled.append(self._decode(decoding))
         if not sampled:
             return _Launched(done, [], None, None)
-        ids = torch.cat(sampled) if len(sampled) > 1 else sampled[0]
+        return self._ship(done, decoding, torch.cat(sampled) if len(sampled) > 1 else sampled[0], chunk)
+
+    def _ship(self, done: list[Row], decoding: list[Row], ids: torch.Tensor, chunk: bool) -> "_Launched":
+        """Queue the copy of a step's sampled ids (prefilled rows', then decoded rows') to the host."""
         if ids.device.type != "cuda":
             return _Launched(done, decoding, ids, None, chunk)
         host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
@@ -361,11 +378,32 @@ class ThinkerRunner:
         complete = {id(row) for row in done}
         last = [hidden[i, end - start - 1] for i, (row, start, end) in enumerate(chosen) if id(row) in complete]
         logits = self.model.logits(torch.stack(last))
+        self._judge(logits, done)
+        return done, self._sample(logits, done)
+
+    def _judge(self, logits: torch.Tensor, done: list[Row]) -> None:
+        """A turn judgement's P(complete) from its prefill's logits (row i of `logits` is `done[i]`'s): the
+        softmax over the two answers' logits (device scalar; read when its step is collected)."""
         for i, row in enumerate(done):
-            if row.request.task is TurnTask.JUDGE_TURN:  # P(complete): softmax over the two answers' logits
+            if row.request.task is TurnTask.JUDGE_TURN:
                 pair = logits[i, list(self.judge_answers)].float()
                 row.judgement = torch.softmax(pair, dim=-1)[0]
-        return done, self._sample(logits, done)
+
+    def _mixed(self, decoding: list[Row]) -> tuple[list[Row], torch.Tensor]:
+        """One forward for the decode rows and a chunk packed into the tokens they leave (`thinker_mixed`) ->
+        the rows whose prompt completed, and the sampled ids of those rows then of `decoding` (device)."""
+        mixer = self.mixer
+        chosen = self.scheduler.prefill_packed(mixer.max_tokens - len(decoding), mixer.picks - len(decoding))
+        needed, ints, embeds, last = pack_mixed(decoding, chosen, device=self.device, dtype=self.bundle.dtype,
+                                                hidden=self.model.cfg.hidden_size, upload=upload)
+        done = self.scheduler.prefilled(chosen)
+        for r in decoding:
+            r.slot.ids.append(r.next_token)
+        complete = {id(row) for row in done}
+        pick = [at for (row, _, _), at in zip(chosen, last) if id(row) in complete] + list(range(len(decoding)))
+        logits = mixer.step(needed, ints, embeds, upload(pick, torch.int64, self.device))
+        self._judge(logits, done)
+        return done, self._sample(logits, done + decoding)
 
     def _decode(self, rows: list[Row]) -> torch.Tensor:
         """One decode step of `rows` -> their sampled ids (device)."""

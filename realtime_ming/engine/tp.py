@@ -40,6 +40,7 @@ from ..model.loader import init_dummy, load_weights, read_weight_map
 from ..model.thinker import Thinker, ThinkerKVCache
 from .kv_slots import copy_kv_prefix
 from .thinker_decode import ThinkerDecoder
+from .thinker_mixed import ThinkerMixer
 from .thinker_prefill import ThinkerPrefiller
 from .tp_wire import Publisher, Receiver
 
@@ -172,7 +173,7 @@ def _worker(rank: int, launch: TPLaunch, parent: int) -> None:
     device = torch.device(launch.devices[rank])
     cache = ThinkerKVCache.allocate(launch.ck.thinker, launch.max_slots, launch.max_seq_len,
                                     device=device, dtype=launch.dtype, tp=tp)
-    decoder = prefiller = None
+    decoder = prefiller = mixer = None
     inbox = Receiver(device)
     with torch.no_grad():
         while (call := inbox.receive()).method != "stop":
@@ -189,12 +190,18 @@ def _worker(rank: int, launch: TPLaunch, parent: int) -> None:
                     prefiller.capture()
                 case ("prefiller_step", _, kwargs):
                     prefiller.step(**kwargs)
+                case ("mixer_init", args, kwargs):
+                    mixer = ThinkerMixer(thinker, cache, *args, dtype=launch.dtype, device=device, **kwargs)
+                case ("mixer_capture", _, _):
+                    mixer.capture()
+                case ("mixer_step", args, kwargs):
+                    mixer.step(*args, **kwargs)
                 case ("kv_copy", args, _):
                     copy_kv_prefix(cache, *args)
                 case (method, args, kwargs):
                     _run(thinker, cache, method, args, kwargs)
-    _release((decoder, prefiller))
-    del decoder, prefiller
+    _release((decoder, prefiller, mixer))
+    del decoder, prefiller, mixer
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     if not _bounded(lambda: _leave_group(device), CLOSE_TIMEOUT_S / 2, f"tp-rank-{rank}-leave"):
@@ -236,6 +243,15 @@ class ThinkerProxy:
         local = ThinkerPrefiller(self.local, cache, tuple(widths), dtype=self.launch.dtype, device=self.device, **shape)
         self._steps.append(local)
         return _ProxyPrefiller(local, self._pub)
+
+    def mixer(self, cache: ThinkerKVCache, token_buckets, *, picks: int, enforce_eager: bool = False) -> "_ProxyMixer":
+        """A `ThinkerMixer` on every rank (each over its own cache shard); calls go to all of them."""
+        kwargs = {"picks": int(picks), "enforce_eager": enforce_eager}
+        self._pub.publish("mixer_init", (tuple(token_buckets),), kwargs)
+        local = ThinkerMixer(self.local, cache, tuple(token_buckets), dtype=self.launch.dtype, device=self.device,
+                             **kwargs)
+        self._steps.append(local)
+        return _ProxyMixer(local, self._pub)
 
     def copy_kv(self, cache: ThinkerKVCache, src: int, dst: int, length: int) -> None:
         """Copy a slot's K/V prefix into another slot on every rank (`KVSlotManager.fork`)."""
@@ -350,6 +366,23 @@ class _ProxyPrefiller(_ProxyGraphs):
                       audio_mask=audio_mask)
         self.pub.publish("prefiller_step", (), inputs)  # tensors follow by broadcast
         return self.local.step(**inputs)
+
+
+class _ProxyMixer(_ProxyGraphs):
+    name = "mixer"
+
+    @property
+    def max_tokens(self) -> int:
+        return self.local.max_tokens
+
+    @property
+    def picks(self) -> int:
+        return self.local.picks
+
+    def step(self, needed: int, ints: torch.Tensor, embeds: torch.Tensor, pick: torch.Tensor) -> torch.Tensor:
+        inputs = dict(ints=ints, embeds=embeds, pick=pick)
+        self.pub.publish("mixer_step", (int(needed),), inputs)  # tensors follow by broadcast
+        return self.local.step(needed, **inputs)
 
 
 def start_tp(ck: CheckpointConfig, devices: tuple[str, ...], model_path: str | None, dtype: torch.dtype,

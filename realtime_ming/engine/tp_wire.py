@@ -23,10 +23,11 @@ __all__ = ["HEADER_LEN", "METHODS", "Call", "Publisher", "Receiver"]
 
 HEADER_LEN = 1024  # int64s: a decode step of B rows takes 4 * B + 14
 METHODS = ("stop", "embed", "forward", "logits", "decoder_init", "decoder_capture", "decoder_step",
-           "prefiller_init", "prefiller_capture", "prefiller_step", "kv_copy")
+           "prefiller_init", "prefiller_capture", "prefiller_step", "kv_copy", "mixer_init", "mixer_capture",
+           "mixer_step")
 # keyword arguments the thinker calls take (a key code is a positional index below _POSITIONAL, else one of these)
 KEYWORDS = ("slots", "cache_positions", "kv_len", "image_mask", "audio_mask", "enforce_eager", "rows", "tokens",
-            "embeds", "rotary", "cpos")
+            "embeds", "rotary", "cpos", "ints", "pick", "picks")
 _POSITIONAL = 16
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.int16,
           torch.int8, torch.uint8, torch.bool)
