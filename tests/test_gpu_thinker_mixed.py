@@ -38,7 +38,7 @@ def test_graphed_mixer_equals_decode_and_prefill_apart(fixture_root):
 
 def _engine(fixture_root, mixed: int) -> Engine:
     cfg = EngineConfig(model_path=str(fixture_root), tokenizer_path=fixture_tokenizers(fixture_root)[0],
-                       talker_tokenizer_path=fixture_tokenizers(fixture_root)[1], dtype="float32",
+                       talker_tokenizer_path=fixture_tokenizers(fixture_root)[1], dtype="float32", enforce_eager=False,
                        thinker=ThinkerRunnerConfig(max_slots=6, max_seq_len=1024, kv_buckets=(256, 1024),
                                                    mixed_step_tokens=mixed),
                        placement=PlacementConfig(thinker_devices=("cuda:0",), talker_device="cuda:0",
