@@ -6,8 +6,9 @@ forks); `scheduler` picks each step's prefill chunks and decode batch; `output_p
 tokens into text and finishes. Admission (`admit`) matches the slot's cached prefix, encodes only the
 media in the new tail and queues the tail's prefill, which runs in chunks of `prefill_chunk_tokens` (the
 chunks of several queued prompts share one padded batch), one chunk per step, interleaved with one
-decode step for every row that is generating (CUDA-graphed, `ThinkerDecoder`). One device-to-host copy
-per step brings the sampled ids back.
+decode step for every row that is generating (CUDA-graphed, `ThinkerDecoder`) -- or, with
+`mixed_step_tokens`, both in one forward (`ThinkerMixer`: the experts read once). One device-to-host copy per step
+brings the sampled ids back.
 """
 
 from __future__ import annotations
