@@ -115,11 +115,10 @@ def gpu_bundle():
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
 
 
-def _runner(bundle, graphs: bool, buckets=(1, 2, 4, 8, 16), **options):
+def _runner(bundle, graphs: bool, buckets=(1, 2, 4, 8, 16)):
     from realtime_ming.engine.talker_runner import TalkerRunner
 
-    talker = TalkerRunnerConfig(max_streams=8, buckets=buckets, steps_per_word=STEPS_PER_WORD, silence_holder=False,
-                                **options)
+    talker = TalkerRunnerConfig(max_streams=8, buckets=buckets, steps_per_word=STEPS_PER_WORD, silence_holder=False)
     runner = TalkerRunner(bundle, EngineConfig(enforce_eager=not graphs, talker=talker))
     runner.capture()
     assert runner.stepper.graphed == graphs
@@ -182,15 +181,4 @@ def test_graphed_runner_several_steps_per_launch_equals_one(gpu_bundle):
     want, _ = _drive(_runner(gpu_bundle, graphs=True), 5)
     got, rows = _drive(_runner(gpu_bundle, graphs=True), 5, steps=3)
     assert max(rows) >= 2
-    _assert_pcm_close(got, want)
-
-
-@cuda
-def test_high_priority_streams_speak_as_normal_ones(gpu_bundle):
-    """`engine.talker.high_priority_streams`: the talker's and VAE's streams take the device's highest priority
-    (below 0) and the graphed runner's PCM is unchanged."""
-    want, _ = _drive(_runner(gpu_bundle, graphs=True), 3)
-    runner = _runner(gpu_bundle, graphs=True, high_priority_streams=True)
-    assert runner._cuda_streams and all(stream.priority < 0 for stream in runner._cuda_streams)
-    got, _ = _drive(runner, 3)
     _assert_pcm_close(got, want)

@@ -154,10 +154,6 @@ class TalkerRunnerConfig:
     own_thread: bool = False
     # ... and those steps may end this share of the thinker's expected step after it (delaying its next launch)
     thinker_delay: float = 0.5
-    # the talker's and its VAE's CUDA streams at the device's highest priority: where the talker shares a GPU with the
-    # thinker, the GPU schedules the talker's small kernels ahead of the thinker's waiting blocks instead of after
-    # them. The audio is the same
-    high_priority_streams: bool = False
 
     def __post_init__(self):
         if self.max_streams < 1:

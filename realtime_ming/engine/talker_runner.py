@@ -138,11 +138,9 @@ class TalkerRunner:
                                          dtype=self.dtype, device=self.device, enforce_eager=cfg.enforce_eager)
         self.heads = VoiceHeadCache(self.cfg.voice_head_cache)  # each voice's prompt head, prefilled once
         self.seed = cfg.seed
-        # the talker's and the VAE's work goes to their own CUDA streams, so it runs beside the thinker's (at the
-        # highest priority with `high_priority_streams`: torch maps -100 to the device's highest)
+        # the talker's and the VAE's work goes to their own CUDA streams, so it runs beside the thinker's
         cuda = {d for d in (self.device, self.vae_device) if d.type == "cuda"}
-        priority = -100 if self.cfg.high_priority_streams else 0
-        self._cuda_streams = [torch.cuda.Stream(d, priority=priority) for d in cuda]
+        self._cuda_streams = [torch.cuda.Stream(d) for d in cuda]
         for prompt, _ in bundle.voices.values():  # the presets on this replica's device now, not at a first job
             replica.voices(prompt)
         for d in cuda:  # the state above was written on this thread's stream
