@@ -5,7 +5,8 @@
 #   2. bench/tp_bench.py --tp 2: thinker decode, all-reduces over NCCL and the symmetric-memory one-shot kernel;
 #   3. bench/engine_profile.py on CONFIG: encoder graphed vs eager, stage times per turn, a profiled turn;
 #   4. bench/gpu_e2e.sh at LEVELS (TURNS turns per session);
-#   5. bench/engine_bench.py on CONFIG: spoken turns through the engine, closed loop at N=4 and 16 (req/s).
+#   5. bench/engine_bench.py on CONFIG: spoken turns through the engine, closed loop at N=4 and 16 (req/s);
+#   6. (STEPS=steady only) the steady state at N=32 for each variant in STEADY="name:k=v,k=v;name2:..." (MODE=spoken).
 #   bash bench/gpu_tp2.sh OUT_DIR [LEVELS] [CONFIG]      (after `source bench/gpu_setup.sh`)
 # Env: STEPS="tests tp profile e2e engine" picks steps; TP_BUDGET_S (default 90) for tp_bench. A step that runs
 # past its time limit is aborted with every Python thread's stack in its log (faulthandler).
@@ -47,4 +48,19 @@ if [[ $steps == *" engine "* ]]; then
     --max-tokens 12 --steps-per-word 2 --config "$config" --set engine.preset=ming-flash-omni-2.0 \
     --set engine.weights=dummy --set engine.segmenter.policy=latency --out "$out/engine" > "$out/engine.log" 2>&1
   echo "engine_bench rc=$?"; grep -A5 "throughput" "$out/engine/engine_bench.md" | tail -3
+fi
+if [[ $steps == *" steady "* ]]; then
+  # the steady state at N=32 (12 closed-loop waves, lengths spread, starts staggered) for each variant of CONFIG in
+  # STEADY="name:key=value,key=value;name2:..." (default: the config as shipped), MODE (spoken) each
+  IFS=';' read -ra variants <<< "${STEADY:-shipped:}"
+  for variant in "${variants[@]}"; do
+    name=${variant%%:*}; sets=()
+    IFS=',' read -ra pairs <<< "${variant#*:}"
+    for pair in "${pairs[@]}"; do [[ -n $pair ]] && sets+=(--set "$pair"); done
+    timeout "${STEADY_TIMEOUT_S:-160}" python3 -m bench.engine_bench --modes "${MODE:-spoken}" --config "$config" \
+      --set engine.preset=ming-flash-omni-2.0 --set engine.weights=dummy --max-tokens 12 --steps-per-word 2 \
+      --levels 32 --rounds 2 --waves 12 --length-spread 0.5 --stagger-ms 700 "${sets[@]}" --out "$out/steady-$name" \
+      > "$out/steady-$name.log" 2>&1
+    echo "steady $name rc=$?"; grep -E "^\| 32 " "$out/steady-$name/engine_bench.md" 2>/dev/null
+  done
 fi
