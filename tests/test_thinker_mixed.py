@@ -14,7 +14,6 @@ import torch
 from realtime_ming.engine import Engine
 from realtime_ming.engine.api import TextDelta
 from realtime_ming.engine.config import EngineConfig, PlacementConfig, ThinkerRunnerConfig
-from realtime_ming.engine.graphs import upload
 from realtime_ming.engine.thinker_mixed import MIXED_FIELDS, ThinkerMixer, mixed_buckets, pack_mixed
 from realtime_ming.model.multimodal import PrefillInputs
 from realtime_ming.model.thinker import ThinkerKVCache, load_thinker
@@ -85,7 +84,7 @@ def mixed_equals_apart(model, make_mixer, capacity: int, device="cpu", tol: floa
     # mixed: one forward; slot 2's chunk is its next 2 tokens only (a prompt the chunk does not complete)
     chosen = [(_row(1, [], prefill=p1), 0, 12), (_row(2, c[:4], prefill=p2), 0, 2)]
     needed, ints, embeds, last = pack_mixed([dec], chosen, device=dev, dtype=model.lm_head.weight.dtype,
-                                            hidden=model.cfg.hidden_size, upload=upload)
+                                            hidden=model.cfg.hidden_size)
     assert ints.shape == (len(MIXED_FIELDS), 1 + 12 + 2) and embeds.shape == (15, model.cfg.hidden_size)
     assert last == [12, 14] and needed == 12  # slot 1 fills positions 0..11
     mixer = make_mixer(mixed)

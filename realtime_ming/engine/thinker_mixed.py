@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from .graphs import BucketedGraph, GraphInput, pick_bucket
+from .graphs import BucketedGraph, GraphInput, pick_bucket, upload
 from .thinker_decode import eager_kv_len
 
 __all__ = ["MIXED_FIELDS", "ThinkerMixer", "mixed_buckets", "pack_mixed"]
@@ -74,7 +74,7 @@ class ThinkerMixer:
                  "embeds": GraphInput((top, thinker.cfg.hidden_size), dtype),
                  "pick": GraphInput((self.picks,), torch.int64, batch_dim=None)}
         self.graph = BucketedGraph(self._fn(cache.capacity), specs, self.buckets, device=self.device,
-                                   enforce_eager=self.eager, output_batch_dims=(None,))
+                                   enforce_eager=self.eager, output_batch_dims=None)
 
     @property
     def max_tokens(self) -> int:
@@ -89,7 +89,7 @@ class ThinkerMixer:
             x = torch.where(is_tok.unsqueeze(-1), thinker.embed(tok), embeds.unsqueeze(1))  # [N, 1, D]
             hidden = thinker(x, rotary, cache=cache, slots=slot, cache_positions=pos, kv_len=kv_len,
                              image_mask=ints[7:8].T != 0, audio_mask=ints[8:9].T != 0)
-            return (thinker.logits(hidden[:, -1].index_select(0, pick)),)
+            return thinker.logits(hidden[:, -1].index_select(0, pick))
 
         return step
 
@@ -121,18 +121,17 @@ class ThinkerMixer:
         if k > self.picks:
             raise ValueError(f"{k} picked rows exceed the mixer's {self.picks}")
         if self.eager or pick_bucket(self.buckets, ints.shape[1]) is None:
-            return self._fn(eager_kv_len(needed, self.cache.capacity))(ints, embeds, pick)[0]
+            return self._fn(eager_kv_len(needed, self.cache.capacity))(ints, embeds, pick)
         if k < self.picks:  # padding picks read row 0; their logits are dropped
             pick = torch.cat((pick, pick.new_zeros(self.picks - k)))
-        return self.graph.step(ints=ints, embeds=embeds, pick=pick)[0][:k]
+        return self.graph.step(ints=ints, embeds=embeds, pick=pick)[:k]
 
 
-def pack_mixed(decoding: list, chosen: list, *, device: torch.device, dtype: torch.dtype, hidden: int,
-               upload) -> tuple[int, torch.Tensor, torch.Tensor, list[int]]:
+def pack_mixed(decoding: list, chosen: list, *, device: torch.device, dtype: torch.dtype,
+               hidden: int) -> tuple[int, torch.Tensor, torch.Tensor, list[int]]:
     """The mixed step's inputs for decode rows `decoding` (`scheduler.Row`s with a next token) and prefill chunks
     `chosen` ((row, start, end)): -> (needed, ints, embeds, last) where `last[i]` is the row index of chunk i's
-    last token. Decode rows come first, then each chunk's tokens in order. Queued without a host sync
-    (`upload`: host lists through pinned memory)."""
+    last token. Decode rows come first, then each chunk's tokens in order. Queued without a host sync."""
     n_dec = len(decoding)
     positions = [len(r.slot.ids) for r in decoding]
     head = [[r.next_token for r in decoding], [1] * n_dec, positions, [r.slot.index for r in decoding]]

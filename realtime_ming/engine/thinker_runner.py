@@ -396,7 +396,7 @@ class ThinkerRunner:
         mixer = self.mixer
         chosen = self.scheduler.prefill_packed(mixer.max_tokens - len(decoding), mixer.picks - len(decoding))
         needed, ints, embeds, last = pack_mixed(decoding, chosen, device=self.device, dtype=self.bundle.dtype,
-                                                hidden=self.model.cfg.hidden_size, upload=upload)
+                                                hidden=self.model.cfg.hidden_size)
         done = self.scheduler.prefilled(chosen)
         for r in decoding:
             r.slot.ids.append(r.next_token)
