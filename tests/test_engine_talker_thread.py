@@ -5,6 +5,7 @@ talker step keep their guarantees; close stops the thread."""
 from __future__ import annotations
 
 import dataclasses
+import sys
 import threading
 
 import numpy as np
@@ -21,9 +22,9 @@ from test_engine import (PROMPT_A, PROMPT_B, Recorder, _assert_same_output, _Can
 pytestmark = pytest.mark.timeout(180)
 
 
-def _threaded(fixture_root, **engine):
+def _threaded(fixture_root, thread_steps: int = 1, **engine):
     cfg = _config(fixture_root, engine or None)
-    return dataclasses.replace(cfg, talker=dataclasses.replace(cfg.talker, own_thread=True))
+    return dataclasses.replace(cfg, talker=dataclasses.replace(cfg.talker, own_thread=True, thread_steps=thread_steps))
 
 
 @pytest.fixture(scope="module")
@@ -50,12 +51,15 @@ def _pcm_by_segment(rec: Recorder) -> dict[int, np.ndarray]:
             for s in segments}
 
 
-def test_threaded_talker_speaks_what_the_stepped_talker_speaks(fixture_root, bundle, engines):
+@pytest.mark.parametrize("thread_steps", [1, 3])
+def test_threaded_talker_speaks_what_the_stepped_talker_speaks(fixture_root, bundle, engines, thread_steps):
     """Three turns at once (greedy and sampled, two prompts): the same text, usage, talker steps and audio of every
-    segment from the talker on its own thread as from the talker stepped with the thinker."""
+    segment from the talker on its own thread as from the talker stepped with the thinker -- also with several
+    talker steps queued per launch (`thread_steps`: streams that end between keep nothing of the steps after)."""
     stepped = _engine(engines, _config(fixture_root), bundle)
-    threaded = _engine(engines, _threaded(fixture_root), bundle)
+    threaded = _engine(engines, _threaded(fixture_root, thread_steps), bundle)
     assert isinstance(threaded._talker, TalkerLoop) and not isinstance(stepped._talker, TalkerLoop)
+    assert threaded._talker.steps == thread_steps
     make = [lambda tag: _request(f"a{tag}", PROMPT_A, seed=1),
             lambda tag: _request(f"b{tag}", PROMPT_B, seed=5, temperature=0.8),
             lambda tag: _request(f"c{tag}", PROMPT_B, seed=2, max_tokens=20)]
@@ -149,3 +153,25 @@ def test_threaded_talker_thread_stops_on_close(fixture_root, bundle):
 def test_own_thread_excludes_steps_while_thinking():
     with pytest.raises(ValueError, match="own_thread"):
         TalkerRunnerConfig(own_thread=True, steps_while_thinking=2)
+
+
+def test_thread_steps_needs_own_thread_and_a_sane_count():
+    with pytest.raises(ValueError, match="own_thread"):
+        TalkerRunnerConfig(thread_steps=2)
+    for bad in (0, 9):
+        with pytest.raises(ValueError, match="thread_steps"):
+            TalkerRunnerConfig(own_thread=True, thread_steps=bad)
+
+
+def test_switch_interval_is_set_while_the_engine_runs_and_set_back_on_close(fixture_root, bundle):
+    before = sys.getswitchinterval()
+    engine = Engine(dataclasses.replace(_threaded(fixture_root), switch_interval_ms=0.5), bundle)
+    try:
+        assert sys.getswitchinterval() == pytest.approx(0.0005)
+        assert isinstance(_run(engine, _request("si", PROMPT_B, seed=1)).events[-1], TurnDone)
+    finally:
+        engine.close()
+    assert sys.getswitchinterval() == before
+    for bad in (0.0, float("nan"), 1000.0):
+        with pytest.raises(ValueError, match="switch_interval_ms"):
+            dataclasses.replace(_config(fixture_root), switch_interval_ms=bad)

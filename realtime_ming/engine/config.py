@@ -152,6 +152,10 @@ class TalkerRunnerConfig:
     # thinker) +9 % spoken turns/s at N=32 for +25 ms first PCM (bench/results/gpu-h200x2-talker-threads-2026-11-26/).
     # Excludes steps_while_thinking
     own_thread: bool = False
+    # with own_thread: talker steps queued back to back per launch on the talker's thread (the GPU runs them without
+    # waiting for the host; new jobs start and stop decisions are taken once per launch, a stream that ends early
+    # keeps nothing of the steps after its end: the audio is the same). 1 = one step per launch
+    thread_steps: int = 1
     # ... and those steps may end this share of the thinker's expected step after it (delaying its next launch)
     thinker_delay: float = 0.5
 
@@ -167,6 +171,11 @@ class TalkerRunnerConfig:
         if self.own_thread and self.steps_while_thinking:
             raise ValueError("engine.talker.own_thread and steps_while_thinking exclude each other (a talker on its "
                              "own thread is never held to the thinker's step)")
+        if not 1 <= self.thread_steps <= 8:
+            raise ValueError(f"engine.talker.thread_steps must be in [1, 8], got {self.thread_steps!r}")
+        if self.thread_steps > 1 and not self.own_thread:
+            raise ValueError("engine.talker.thread_steps > 1 needs engine.talker.own_thread (the engine-step talker "
+                             "queues 1 + steps_while_thinking steps)")
         if not 0.0 <= self.thinker_delay <= 4.0:
             raise ValueError("engine.talker.thinker_delay must be a share of the thinker's step in [0, 4]")
         if not 0 <= self.min_text_tokens < self.max_prompt_len // 2:
@@ -212,6 +221,10 @@ class EngineConfig:
     # collective skipped (dummy weights; output meaningless): the per-GPU cost of a TP=N deployment
     # measured where N GPUs are not at hand. 1 = off.
     bench_tp_shadow: int = 1
+    # the serving process's Python thread switch interval (sys.setswitchinterval, ms) while the engine runs; None
+    # leaves Python's (5 ms). The engine, talker and input threads share one interpreter lock: a thread back from a
+    # GPU wait may wait up to this long for it while another runs Python. Process-wide: set back on close
+    switch_interval_ms: float | None = None
 
     def __post_init__(self):
         if self.weights not in ("checkpoint", "dummy"):
@@ -220,6 +233,8 @@ class EngineConfig:
             raise ValueError("engine.input_workers must be >= 1")
         if self.media_cache_mb < 0:
             raise ValueError("engine.media_cache_mb must be >= 0")
+        if self.switch_interval_ms is not None and not 0.05 <= self.switch_interval_ms <= 100.0:  # NaN fails too
+            raise ValueError(f"engine.switch_interval_ms must be in [0.05, 100] ms or null, got {self.switch_interval_ms!r}")
         if self.speculation_lookahead_ms is not None and not 0 <= self.speculation_lookahead_ms <= 60_000:
             raise ValueError("engine.speculation_lookahead_ms must be in [0, 60000] (or null: unbounded)")
         if self.speculation_lookahead_tokens is not None and self.speculation_lookahead_tokens < 1:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import sys
 import threading
 import time
 from concurrent.futures import Future
@@ -97,8 +98,11 @@ class Engine(Admission, Speculation):
             log.warning("engine fault injection is ON: a turn carrying the kill marker kills the engine thread")
         # the talker (a pool over several replicas); `engine.talker.own_thread`: each replica steps on a thread of its own
         self._threaded = bundle.has_talker and cfg.talker.own_thread
-        loop = (lambda runner: TalkerLoop(runner, self._deliver_talker, self._notice, self._worker_died)) \
-            if self._threaded else None
+        loop = (lambda runner: TalkerLoop(runner, self._deliver_talker, self._notice, self._worker_died,
+                                          steps=cfg.talker.thread_steps)) if self._threaded else None
+        self._switch_interval = sys.getswitchinterval()  # `engine.switch_interval_ms`: set back on close
+        if cfg.switch_interval_ms is not None:
+            sys.setswitchinterval(cfg.switch_interval_ms / 1e3)
         self._talker = make_talker(bundle, cfg, loop) if bundle.has_talker else None
         self._thread = threading.Thread(target=self._main, name="realtime-ming-engine", daemon=True)
         self._thread.start()
@@ -198,6 +202,8 @@ class Engine(Admission, Speculation):
         if self._threaded:
             self._talker.close()
         self._thinker.close()
+        if self.cfg.switch_interval_ms is not None:
+            sys.setswitchinterval(self._switch_interval)
         if stuck:
             log.error("engine thread did not stop; tensor-parallel workers are killed, the thread is left behind")
             abort = getattr(self.bundle.thinker, "abort", None)

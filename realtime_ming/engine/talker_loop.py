@@ -4,7 +4,8 @@ In the default engine the talker's step is part of the engine step: one talker s
 talker work after its text (about as many steps again as it had tokens) is paid in thinker-sized steps, and the
 engine thread waits for the talker's GPUs while the thinker's could start the next step. `TalkerLoop` wraps the
 talker (a `TalkerRunner` or a `TalkerPool`) and runs it on its own thread: whenever a stream runs or a job waits,
-it starts jobs, steps every stream once and delivers the PCM, then goes again.
+it starts jobs, steps every stream once (or `engine.talker.thread_steps` times, queued back to back) and delivers
+the PCM, then goes again.
 
 The engine thread talks to it only through thread-safe calls that never block on the talker's GPU work:
 `enqueue`, `pause`, `resume` and `forget` are queued and applied by the loop between its steps, in order;
@@ -57,8 +58,9 @@ class TalkerLoop:
     `die(reason)` tell the engine thread what it must act on."""
 
     def __init__(self, talker, deliver: Callable[[list[TalkerOutput]], None],
-                 notify: Callable[[list], None], die: Callable[[str], None]):
+                 notify: Callable[[list], None], die: Callable[[str], None], *, steps: int = 1):
         self.talker = talker
+        self.steps = max(1, int(steps))  # talker steps queued per launch (`engine.talker.thread_steps`)
         self._deliver, self._notify, self._die = deliver, notify, die
         self._ops: queue.SimpleQueue = queue.SimpleQueue()
         self._sent: dict[str, int] = {}  # engine thread: enqueues queued per turn
@@ -189,7 +191,7 @@ class TalkerLoop:
     def _step(self, touched: set[str]) -> list:
         """One step of every stream; its outputs delivered. -> the failures (a failed step fails its turns)."""
         try:
-            outputs = self.talker.finish(self.talker.launch(1))
+            outputs = self.talker.finish(self.talker.launch(self.steps))
         except Exception as exc:
             log.exception("talker step failed")
             turns = {t for t in self._applied if self.talker.pending(t)}
