@@ -22,9 +22,10 @@ from test_engine import (PROMPT_A, PROMPT_B, Recorder, _assert_same_output, _Can
 pytestmark = pytest.mark.timeout(180)
 
 
-def _threaded(fixture_root, thread_steps: int = 1, **engine):
+def _threaded(fixture_root, thread_steps: int = 1, pipeline: bool = False, **engine):
     cfg = _config(fixture_root, engine or None)
-    return dataclasses.replace(cfg, talker=dataclasses.replace(cfg.talker, own_thread=True, thread_steps=thread_steps))
+    return dataclasses.replace(cfg, talker=dataclasses.replace(cfg.talker, own_thread=True, thread_steps=thread_steps,
+                                                               thread_pipeline=pipeline))
 
 
 @pytest.fixture(scope="module")
@@ -51,15 +52,16 @@ def _pcm_by_segment(rec: Recorder) -> dict[int, np.ndarray]:
             for s in segments}
 
 
-@pytest.mark.parametrize("thread_steps", [1, 3])
-def test_threaded_talker_speaks_what_the_stepped_talker_speaks(fixture_root, bundle, engines, thread_steps):
+@pytest.mark.parametrize("thread_steps,pipeline", [(1, False), (3, False), (1, True), (2, True)])
+def test_threaded_talker_speaks_what_the_stepped_talker_speaks(fixture_root, bundle, engines, thread_steps, pipeline):
     """Three turns at once (greedy and sampled, two prompts): the same text, usage, talker steps and audio of every
     segment from the talker on its own thread as from the talker stepped with the thinker -- also with several
-    talker steps queued per launch (`thread_steps`: streams that end between keep nothing of the steps after)."""
+    talker steps queued per launch (`thread_steps`: streams that end between keep nothing of the steps after) and
+    pipelined (the next launch queued before the last one is read: rows move between launch and finish)."""
     stepped = _engine(engines, _config(fixture_root), bundle)
-    threaded = _engine(engines, _threaded(fixture_root, thread_steps), bundle)
+    threaded = _engine(engines, _threaded(fixture_root, thread_steps, pipeline), bundle)
     assert isinstance(threaded._talker, TalkerLoop) and not isinstance(stepped._talker, TalkerLoop)
-    assert threaded._talker.steps == thread_steps
+    assert threaded._talker.steps == thread_steps and threaded._talker.pipeline == pipeline
     make = [lambda tag: _request(f"a{tag}", PROMPT_A, seed=1),
             lambda tag: _request(f"b{tag}", PROMPT_B, seed=5, temperature=0.8),
             lambda tag: _request(f"c{tag}", PROMPT_B, seed=2, max_tokens=20)]
@@ -82,10 +84,11 @@ def test_threaded_talker_speaks_what_the_stepped_talker_speaks(fixture_root, bun
         assert [type(e) for e in b.events].count(TurnDone) == 1 and b.events[-1].__class__ is TurnDone
 
 
-def test_threaded_talker_cancel_ends_every_turn_cleanly_and_leaks_nothing(fixture_root, bundle, engines):
+@pytest.mark.parametrize("pipeline", [False, True])
+def test_threaded_talker_cancel_ends_every_turn_cleanly_and_leaks_nothing(fixture_root, bundle, engines, pipeline):
     """30 turns cancelled at every stage: the terminal event is the last, nothing is left running, later turns
-    are unchanged."""
-    engine = _engine(engines, _threaded(fixture_root), bundle)
+    are unchanged (pipelined too: a cancel finishes the launch in flight first)."""
+    engine = _engine(engines, _threaded(fixture_root, pipeline=pipeline), bundle)
     reference = _run(engine, _request("ref", PROMPT_A, seed=4))
     events = len(reference.events)
     hooks, recorders = [], []
@@ -107,8 +110,9 @@ def test_threaded_talker_cancel_ends_every_turn_cleanly_and_leaks_nothing(fixtur
     _assert_same_output(reference, after)
 
 
-def test_threaded_talker_confirmed_speculative_turn_equals_normal_turn(fixture_root, bundle, engines):
-    engine = _engine(engines, _threaded(fixture_root, speculation_lookahead_ms=60_000.0), bundle)
+@pytest.mark.parametrize("pipeline", [False, True])
+def test_threaded_talker_confirmed_speculative_turn_equals_normal_turn(fixture_root, bundle, engines, pipeline):
+    engine = _engine(engines, _threaded(fixture_root, pipeline=pipeline, speculation_lookahead_ms=60_000.0), bundle)
     normal = _run(engine, _request("n", PROMPT_A, seed=3))
     live = Recorder()
     engine.submit(_request("s1", PROMPT_A, seed=3, speculative=True), live)
@@ -119,16 +123,18 @@ def test_threaded_talker_confirmed_speculative_turn_equals_normal_turn(fixture_r
     _assert_same_output(normal, live)
 
 
-def test_a_failing_threaded_talker_step_fails_its_turns_and_the_engine_goes_on(fixture_root, bundle, engines):
-    engine = _engine(engines, _threaded(fixture_root), bundle)
+@pytest.mark.parametrize("pipeline", [False, True])
+def test_a_failing_threaded_talker_step_fails_its_turns_and_the_engine_goes_on(fixture_root, bundle, engines,
+                                                                               pipeline):
+    engine = _engine(engines, _threaded(fixture_root, pipeline=pipeline), bundle)
     inner = engine._talker.talker
     launch, calls = inner.launch, []
 
-    def flaky(steps=1):
+    def flaky(steps=1, keep=False):
         calls.append(steps)
         if len(calls) == 3:
             raise RuntimeError("injected talker fault")
-        return launch(steps)
+        return launch(steps, keep)
 
     inner.launch = flaky
     rec = _run(engine, _request("f", PROMPT_A, seed=4))
@@ -158,6 +164,8 @@ def test_own_thread_excludes_steps_while_thinking():
 def test_thread_steps_needs_own_thread_and_a_sane_count():
     with pytest.raises(ValueError, match="own_thread"):
         TalkerRunnerConfig(thread_steps=2)
+    with pytest.raises(ValueError, match="own_thread"):
+        TalkerRunnerConfig(thread_pipeline=True)
     for bad in (0, 9):
         with pytest.raises(ValueError, match="thread_steps"):
             TalkerRunnerConfig(own_thread=True, thread_steps=bad)

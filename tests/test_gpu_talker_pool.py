@@ -90,9 +90,11 @@ def test_graphed_pool_on_two_gpus_speaks_as_the_single_runner(gpu_bundle):
         np.testing.assert_allclose(got[turn], want[turn], rtol=0, atol=1e-3 * peak, err_msg=turn)
 
 
-def test_graphed_pool_with_a_thread_per_gpu_speaks_as_the_single_runner(gpu_bundle):
+@pytest.mark.parametrize("steps,pipeline", [(1, False), (1, True), (2, True)])
+def test_graphed_pool_with_a_thread_per_gpu_speaks_as_the_single_runner(gpu_bundle, steps, pipeline):
     """`engine.talker.own_thread` on two GPUs: each replica captures and steps its graphs on a thread of its own;
-    every turn (spread over both) has the single graphed runner's PCM."""
+    every turn (spread over both) has the single graphed runner's PCM -- also pipelined (`thread_pipeline`: the next
+    launch replays the graphs before the last one is read) and with several steps per launch."""
     single = TalkerRunner(gpu_bundle, _cfg())
     single.capture()
     want = _drive(single, (None,))
@@ -103,7 +105,8 @@ def test_graphed_pool_with_a_thread_per_gpu_speaks_as_the_single_runner(gpu_bund
             if out.pcm is not None:
                 pcm[out.turn_id].append(out.pcm)
 
-    pool = TalkerPool(gpu_bundle, _cfg(), lambda r: TalkerLoop(r, deliver, reports.put, died.append))
+    pool = TalkerPool(gpu_bundle, _cfg(), lambda r: TalkerLoop(r, deliver, reports.put, died.append, steps=steps,
+                                                               pipeline=pipeline))
     try:
         pool.capture()
         assert all(loop.talker.stepper.graphed for loop in pool.runners)

@@ -154,8 +154,16 @@ class TalkerRunnerConfig:
     own_thread: bool = False
     # with own_thread: talker steps queued back to back per launch on the talker's thread (the GPU runs them without
     # waiting for the host; new jobs start and stop decisions are taken once per launch, a stream that ends early
-    # keeps nothing of the steps after its end: the audio is the same). 1 = one step per launch
+    # keeps nothing of the steps after its end: the audio is the same). 1 = one step per launch. 4x H200, N=32 (own
+    # thread, prefill hold 40 ms): 2 gave 51.7-53.1 spoken turns/s against 48.7-50.7 with 1, within run-to-run noise
+    # (bench/results/gpu-h200x4-talker-thread-2026-11-26/)
     thread_steps: int = 1
+    # with own_thread: pipelined -- the next launch is queued on the GPU before the last one's outputs are read
+    # (stop decisions, VAE chunks, PCM), so the talker's GPU does not wait for that host work, nor for the next
+    # launch's. A stream is stepped once more after its last step (computed for nothing: the audio is the same); a
+    # job's next segment starts one launch later. Off: on 4x H200 (N=32) 45-46 spoken turns/s against 49 without; the
+    # talker's GPU step, not its host work, bounds it there (same folder)
+    thread_pipeline: bool = False
     # ... and those steps may end this share of the thinker's expected step after it (delaying its next launch)
     thinker_delay: float = 0.5
 
@@ -173,6 +181,8 @@ class TalkerRunnerConfig:
                              "own thread is never held to the thinker's step)")
         if not 1 <= self.thread_steps <= 8:
             raise ValueError(f"engine.talker.thread_steps must be in [1, 8], got {self.thread_steps!r}")
+        if self.thread_pipeline and not self.own_thread:
+            raise ValueError("engine.talker.thread_pipeline needs engine.talker.own_thread")
         if self.thread_steps > 1 and not self.own_thread:
             raise ValueError("engine.talker.thread_steps > 1 needs engine.talker.own_thread (the engine-step talker "
                              "queues 1 + steps_while_thinking steps)")
@@ -223,7 +233,8 @@ class EngineConfig:
     bench_tp_shadow: int = 1
     # the serving process's Python thread switch interval (sys.setswitchinterval, ms) while the engine runs; None
     # leaves Python's (5 ms). The engine, talker and input threads share one interpreter lock: a thread back from a
-    # GPU wait may wait up to this long for it while another runs Python. Process-wide: set back on close
+    # GPU wait may wait up to this long for it while another runs Python. Process-wide: set back on close. 0.5 ms
+    # changed nothing measurable on 4x H200 at N=32 (the talker thread holds the lock ~12 % of its step; py-spy)
     switch_interval_ms: float | None = None
 
     def __post_init__(self):

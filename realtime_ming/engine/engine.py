@@ -99,7 +99,8 @@ class Engine(Admission, Speculation):
         # the talker (a pool over several replicas); `engine.talker.own_thread`: each replica steps on a thread of its own
         self._threaded = bundle.has_talker and cfg.talker.own_thread
         loop = (lambda runner: TalkerLoop(runner, self._deliver_talker, self._notice, self._worker_died,
-                                          steps=cfg.talker.thread_steps)) if self._threaded else None
+                                          steps=cfg.talker.thread_steps,
+                                          pipeline=cfg.talker.thread_pipeline)) if self._threaded else None
         self._switch_interval = sys.getswitchinterval()  # `engine.switch_interval_ms`: set back on close
         if cfg.switch_interval_ms is not None:
             sys.setswitchinterval(cfg.switch_interval_ms / 1e3)

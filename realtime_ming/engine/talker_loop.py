@@ -58,9 +58,12 @@ class TalkerLoop:
     `die(reason)` tell the engine thread what it must act on."""
 
     def __init__(self, talker, deliver: Callable[[list[TalkerOutput]], None],
-                 notify: Callable[[list], None], die: Callable[[str], None], *, steps: int = 1):
+                 notify: Callable[[list], None], die: Callable[[str], None], *, steps: int = 1,
+                 pipeline: bool = False):
         self.talker = talker
         self.steps = max(1, int(steps))  # talker steps queued per launch (`engine.talker.thread_steps`)
+        self.pipeline = pipeline  # the next launch queued before the last one is finished (`thread_pipeline`)
+        self._inflight = None  # pipelined: the launch queued and not yet finished (loop thread)
         self._deliver, self._notify, self._die = deliver, notify, die
         self._ops: queue.SimpleQueue = queue.SimpleQueue()
         self._sent: dict[str, int] = {}  # engine thread: enqueues queued per turn
@@ -141,22 +144,24 @@ class TalkerLoop:
 
     def _run(self) -> None:
         while True:
-            busy = self.talker.has_work()
+            busy = self.talker.has_work() or self._inflight is not None
             try:
                 op = self._ops.get(block=not busy)
             except queue.Empty:
                 op = None
             touched: set[str] = set()
+            events = []
             while op is not None:
                 if isinstance(op, _Stop):
                     return
+                if op[0] != "enqueue" and self._inflight is not None:  # only a launch may come between launch/finish
+                    events += self._step(touched, launch=False)
                 self._apply(op, touched)
                 try:
                     op = self._ops.get_nowait()
                 except queue.Empty:
                     op = None
-            events = []
-            if self.talker.has_work():
+            if self.talker.has_work() or self._inflight is not None:
                 events += self._step(touched)
             events += [Idle(t, self._applied[t]) for t in touched
                        if t in self._applied and not self.talker.pending(t)]
@@ -188,11 +193,18 @@ class TalkerLoop:
             finally:
                 done.set()
 
-    def _step(self, touched: set[str]) -> list:
-        """One step of every stream; its outputs delivered. -> the failures (a failed step fails its turns)."""
+    def _step(self, touched: set[str], launch: bool = True) -> list:
+        """One launch of every stream's steps and one finish, its outputs delivered (pipelined: the launch queued
+        before the previous one is finished, which is the one delivered; `launch=False` only finishes it)
+        -> the failures (a failed step fails its turns)."""
         try:
-            outputs = self.talker.finish(self.talker.launch(self.steps))
+            queued = self.talker.launch(self.steps, keep=self.pipeline) \
+                if launch and self.talker.has_work() else None
+            if self.pipeline:
+                queued, self._inflight = self._inflight, queued
+            outputs = [] if queued is None else self.talker.finish(queued)
         except Exception as exc:
+            self._inflight = None
             log.exception("talker step failed")
             turns = {t for t in self._applied if self.talker.pending(t)}
             for turn_id in turns:

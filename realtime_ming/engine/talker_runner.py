@@ -63,7 +63,8 @@ class TalkerOutput:
 @dataclass(frozen=True, slots=True)
 class _Launched:
     """Talker steps in flight: outputs of jobs started (or failed) this step, and each queued step's
-    (gen_lat, stop_prob) in order — empty when no stream runs (a later step may cover only the leads' rows)."""
+    (gen_lat, stop_prob, the streams it stepped by row) in order — empty when no stream runs (a later step may cover
+    only the leads' rows)."""
 
     started: list
     steps: list
@@ -80,6 +81,12 @@ class _Job:
     first: bool = False  # the turn's first job: the listener is waiting for its first chunk
 
 
+def _kept(step: tuple) -> tuple:
+    """A queued step's outputs copied out of graph memory (the next replay reuses it)."""
+    gen_lat, stop_prob, rows = step
+    return gen_lat.clone(), stop_prob.clone(), rows
+
+
 def stream_seed(turn_seed: int, job_index: int) -> int:
     """Noise seed of a turn's `job_index`-th talker job: its audio does not depend on other streams."""
     return (turn_seed * 1_000_003 + job_index) % (2**63)
@@ -92,6 +99,7 @@ class _Stream:
     max_steps: int
     step: int = 0
     fresh: bool = True  # prefilled this step: its h is ready, no LM decode needed
+    queued: int = 0  # talker steps queued on the GPU and not yet collected
     # a turn's first job runs two talker steps in the engine step that starts it: the streaming VAE holds every
     # chunk until the next one arrives (one-chunk lookahead), so its first audio leaves one engine step earlier
     lead: bool = False
@@ -237,17 +245,21 @@ class TalkerRunner:
     def step(self) -> list[TalkerOutput]:
         return self.finish(self.launch())
 
-    def launch(self, steps: int = 1) -> "_Launched":
+    def launch(self, steps: int = 1, keep: bool = False) -> "_Launched":
         """Start queued jobs and queue `steps` talker steps of every stream back to back (LM + CFM + aggregator
         graphs) without waiting for them; the engine calls `finish` next (the thinker's next step runs beside
-        them). Nothing may touch the streams between. A stream that ends before its last queued step keeps only
-        the steps up to its end (the rest were computed for nothing). The audio is the same whatever `steps`."""
+        them). A stream that ends before its last queued step keeps only the steps up to its end (the rest were
+        computed for nothing). The audio is the same whatever `steps`.
+
+        `keep`: the launch's outputs are copied out of graph memory, so one more `launch` may come before this
+        one's `finish` (a pipelined talker: the GPU runs the next steps while the host reads these). Launches are
+        finished in order; only `launch` may run between one and its `finish` (pause, cancel and forget wait)."""
         with self._on_streams():
             started = self._admit()
             if not self.streams:
                 return _Launched(started, [])
             with torch.no_grad():
-                return _Launched(started, self._launch_advance(max(1, int(steps))))
+                return _Launched(started, self._launch_advance(max(1, int(steps)), keep))
 
     def finish(self, launched: "_Launched") -> list[TalkerOutput]:
         """Wait for the launched steps: stop decisions, VAE chunks, each stream's PCM; retire ended streams."""
@@ -350,25 +362,29 @@ class TalkerRunner:
         prompt, text = self.bundle.voices[voice]
         return self.replica.voices(prompt), text  # the voice on this replica's device (copied once)
 
-    def _launch_advance(self, steps: int) -> list:
+    def _launch_advance(self, steps: int, keep: bool) -> list:
         """Queue `steps` steps of every stream (with one step, leads that started now still get their second,
-        over rows 0..leads-1); returns each queued step's (gen_lat, stop_prob), in order."""
+        over rows 0..leads-1); returns each queued step's (gen_lat, stop_prob, streams), in order."""
         rows = [len(self.streams)] * (steps - 1)
         leads = sum(s.lead for s in self.streams)
         if not rows and leads:
             rows = [leads]
         queued = [self._advance(self.streams)]
-        for ahead, n in enumerate(rows, start=1):
-            queued[-1] = tuple(t.clone() for t in queued[-1])  # graph memory: the next replay reuses it
-            queued.append(self._advance(self.streams[:n], ahead=ahead))
+        for n in rows:
+            queued[-1] = _kept(queued[-1])  # graph memory: the next replay reuses it
+            queued.append(self._advance(self.streams[:n]))
+        if keep:
+            queued[-1] = _kept(queued[-1])
+        for s in self.streams:  # a lead's second step is queued
+            s.lead = False
         return queued
 
-    def _advance(self, streams: list[_Stream], ahead: int = 0) -> tuple:
-        """One talker step of rows 0..len(streams)-1, `ahead` steps after the first one queued in this engine
-        step (none is fresh then: a stream prefilled now decodes at its prompt's end, then on)."""
+    def _advance(self, streams: list[_Stream]) -> tuple:
+        """One talker step of rows 0..len(streams)-1, after each stream's steps already queued (a stream
+        prefilled now decodes at its prompt's end, then on) -> (gen_lat, stop_prob, streams)."""
         n = len(streams)
-        fresh = [s.fresh and not ahead for s in streams]
-        pos = upload([[-1 if f else s.pos + ahead - int(s.fresh)] for s, f in zip(streams, fresh)],
+        fresh = [s.fresh and not s.queued for s in streams]
+        pos = upload([[-1 if f else s.pos + s.queued - int(s.fresh)] for s, f in zip(streams, fresh)],
                      torch.int64, self.device)  # [n, 1]
         y0, sde_rnd = self._noise(streams)
         gen_lat, next_embed, stop_prob, h, his = self.stepper(
@@ -378,53 +394,69 @@ class TalkerRunner:
         self.h[:n].copy_(h)
         self.his[:n].copy_(his)
         self.next_embed[:n].copy_(next_embed)
-        return gen_lat, stop_prob
+        for s in streams:
+            s.queued += 1
+        return gen_lat, stop_prob, list(streams)
 
     def _finish_advance(self, queued: list) -> list[TalkerOutput]:
-        """Each queued step in order; a stream that ended keeps nothing of the steps after its end."""
-        n = len(self.streams)
-        ended, steps, pcm = [False] * n, [0] * n, [[] for _ in range(n)]
-        for gen_lat, stop_prob in queued:
-            rows = self.streams[:gen_lat.shape[0]]
-            live = [not ended[i] for i in range(len(rows))]
-            last, chunk = self._collect(rows, gen_lat, stop_prob, live)
-            for i in range(len(rows)):
-                if live[i]:
-                    ended[i], steps[i] = last[i], steps[i] + 1
-                    pcm[i].append(chunk[i])
-        for s in self.streams:
-            s.lead = False
+        """Each queued step in order; a stream that ended keeps nothing of the steps after its end. Streams are
+        matched by identity: rows may have moved since the launch (another launch's jobs, ended streams)."""
+        ended: set[int] = set()
+        pcm: dict[int, list] = {}
+        stepped: dict[int, _Stream] = {}
+        for gen_lat, stop_prob, rows in queued:
+            for s, chunk in self._collect(rows, gen_lat, stop_prob, ended):
+                stepped.setdefault(id(s), s)
+                pcm.setdefault(id(s), []).append(chunk)
         outputs = [TalkerOutput(s.job.turn_id, s.job.segment_id,
-                                (p[0] if len(p) == 1 else torch.cat(p)).numpy().astype(np.float32, copy=False), steps=k)
-                   for s, p, k in zip(self.streams, pcm, steps)]
-        ending = [i for i, end in enumerate(ended) if end]
+                                (p[0] if len(p) == 1 else torch.cat(p)).numpy().astype(np.float32, copy=False),
+                                steps=len(p))
+                   for s, p in ((stepped[k], pcm[k]) for k in stepped)]
+        ending = [i for i, s in enumerate(self.streams) if id(s) in ended]
         if ending:  # their VAE rows were flushed (and, graphed, reset) by the step that ended them
             self._remove(ending, reset=False)
         return outputs
 
-    def _collect(self, streams: list[_Stream], gen_lat: torch.Tensor, stop_prob: torch.Tensor,
-                 live: list[bool]) -> tuple[list, list]:
-        """Stop decisions and the VAE chunk of one talker step of rows 0..len(streams)-1: (ends, PCM) per row.
-        A row not `live` (its stream ended at an earlier step queued with this one) is left as it is: its VAE
-        row is flushed again (the stream is removed after) and its PCM is None."""
+    def _collect(self, rows: list[_Stream], gen_lat: torch.Tensor, stop_prob: torch.Tensor,
+                 ended: set[int]) -> list[tuple[_Stream, torch.Tensor]]:
+        """Stop decisions and the VAE chunk of one queued talker step over `rows` (the streams it stepped, by its
+        rows) -> (stream, PCM) of each stream that took it. A stream that ended at an earlier step, in this
+        finish (`ended`, its id added here when it ends) or before (no longer running), keeps nothing of it."""
         p_stop = stop_prob[:, 1].float().tolist()  # host sync: the stop decision needs it
-        last = []
-        for i, s in enumerate(streams):
-            if not live[i]:
-                last.append(True)
+        where = {id(s): i for i, s in enumerate(self.streams)}
+        taken = []  # (row in the step, row now, stream)
+        for j, s in enumerate(rows):
+            s.queued -= 1
+            if id(s) in ended or id(s) not in where:
                 continue
             if not s.fresh:
                 s.pos += 1
             s.fresh = False
             ends = s.step + 1 >= s.max_steps
             if self.cfg.steps_per_word <= 0:
-                ends = ends or should_stop(s.step, p_stop[i], self.cfg.min_new_token)
-            last.append(ends)
+                ends = ends or should_stop(s.step, p_stop[j], self.cfg.min_new_token)
+            if ends:
+                ended.add(id(s))
             s.step += 1
-        pcm_rows = self.vae_step(gen_lat, last)  # host float32 per row
-        pcm = [None if not live[i] else s.silence.push(pcm_rows[i], last[i]) if s.silence is not None else pcm_rows[i]
-               for i, s in enumerate(streams)]
-        return last, pcm
+            taken.append((j, where[id(s)], s))
+        if not taken:
+            return []
+        n = max(now for _, now, _ in taken) + 1
+        last = [False] * n
+        for _, now, s in taken:
+            last[now] = id(s) in ended
+        if [(j, now) for j, now, _ in taken] == [(i, i) for i in range(gen_lat.shape[0])]:
+            pcm_rows = self.vae_step(gen_lat, last)  # the rows as launched (no pipelining): host float32 per row
+        else:  # each latent to its stream's row now; the other rows' VAE state is left alone
+            lat = gen_lat.new_zeros((n, *gen_lat.shape[1:]))
+            src = upload([j for j, _, _ in taken], torch.int64, gen_lat.device)
+            lat.index_copy_(0, upload([now for _, now, _ in taken], torch.int64, gen_lat.device), gen_lat[src])
+            active = [False] * n
+            for _, now, _ in taken:
+                active[now] = True
+            pcm_rows = self.vae_step(lat, last, active)
+        return [(s, s.silence.push(pcm_rows[now], last[now]) if s.silence is not None else pcm_rows[now])
+                for _, now, s in taken]
 
     def _noise(self, streams: list[_Stream]) -> tuple[torch.Tensor, torch.Tensor]:
         """y0 [n, P, C] and sde_rnd [S, n, P, C], each stream's drawn from its own generator in the

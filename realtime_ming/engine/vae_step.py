@@ -90,26 +90,33 @@ class VAEStepper:
                  list(self._hold.buckets), time.monotonic() - t0)
 
     @torch.no_grad()
-    def __call__(self, latents: torch.Tensor, last: list[bool]) -> list[torch.Tensor]:
+    def __call__(self, latents: torch.Tensor, last: list[bool], active: list[bool] | None = None) -> list[torch.Tensor]:
+        """`active` (default all): rows left out keep their state and give no audio (a pipelined talker's rows
+        that did not take this step)."""
         n = len(last)
         latents = latents.to(self.device, self._hold.specs["lat"].dtype)
+        active = [True] * n if active is None else list(active)
+        last = [end and on for end, on in zip(last, active)]
         if self.eager or pick_bucket(self._hold.buckets, n) is None:
-            return self._eager(latents, last)
-        active = torch.ones(n, dtype=torch.bool, device=self.device)
+            return self._eager(latents, last, active)
+        on = torch.tensor(active, device=self.device) if not all(active) else \
+            torch.ones(n, dtype=torch.bool, device=self.device)
         if any(last):
-            audio, num = self._flush.step(lat=latents, last=torch.tensor(last, device=self.device), active=active)
+            audio, num = self._flush.step(lat=latents, last=torch.tensor(last, device=self.device), active=on)
         else:
-            audio, num = self._hold.step(lat=latents, active=active)
+            audio, num = self._hold.step(lat=latents, active=on)
         audio, lengths = audio.cpu(), num.tolist()  # the host copy (graph memory is reused next step)
         return [audio[r, :k] for r, k in enumerate(lengths)]
 
-    def _eager(self, latents: torch.Tensor, last: list[bool]) -> list[torch.Tensor]:
+    def _eager(self, latents: torch.Tensor, last: list[bool], active: list[bool]) -> list[torch.Tensor]:
         n = len(last)
         ending = [i for i, end in enumerate(last) if end]
         rows = [torch.zeros(0)] * n
-        if len(ending) < n:
-            going_on = torch.tensor([not end for end in last], device=self.device)
-            rows = decode_chunk(self.vae, latents, state_rows(self.state, n), False, going_on).rows()
+        going_on = [on and not end for on, end in zip(active, last)]
+        if any(going_on):
+            mask = torch.tensor(going_on, device=self.device)
+            out = decode_chunk(self.vae, latents, state_rows(self.state, n), False, mask).rows()
+            rows = [pcm if go else torch.zeros(0) for pcm, go in zip(out, going_on)]
         if ending:
             idx = torch.tensor(ending, device=self.device)
             for i, pcm in zip(ending, decode_chunk(self.vae, latents[idx], _state_gather(self.state, idx), True).rows()):
