@@ -14,7 +14,10 @@ turn's first audio leaves in that engine step instead of the next; its audio is 
 generator, batch-invariant rows), and later jobs of the turn, which the listener is not waiting for, run
 one step per engine step -- or several, queued back to back in one launch (`launch(steps)`: the engine asks for
 more while the thinker's step on other GPUs is still running, `engine/step_overlap.py`); a stream that ends at
-one of them keeps nothing of the later ones, so the audio is the same whatever the steps per launch.
+one of them keeps nothing of the later ones, so the audio is the same whatever the steps per launch. A talker on
+its own thread may keep a launch (`launch(keep=True)`) and queue the next before finishing it (pipelined,
+`engine/talker_loop.py`): each stream counts its queued steps, and `finish` matches a launch's rows to streams by
+identity, since rows move between (jobs started by the later launch, streams ended by the earlier finish).
 
 A turn's talker work can be paused (`pause`, an unconfirmed speculative turn that holds enough audio,
 `engine/speculation.py`): its running stream leaves the rows with a copy of its row state (LM cache, history, VAE
