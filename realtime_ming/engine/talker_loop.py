@@ -5,7 +5,8 @@ talker work after its text (about as many steps again as it had tokens) is paid 
 engine thread waits for the talker's GPUs while the thinker's could start the next step. `TalkerLoop` wraps the
 talker (a `TalkerRunner` or a `TalkerPool`) and runs it on its own thread: whenever a stream runs or a job waits,
 it starts jobs, steps every stream once (or `engine.talker.thread_steps` times, queued back to back) and delivers
-the PCM, then goes again.
+the PCM, then goes again; pipelined (`engine.talker.thread_pipeline`), it queues the next launch before finishing
+the one in flight, and finishes that one first when a pause, forget or capture comes.
 
 The engine thread talks to it only through thread-safe calls that never block on the talker's GPU work:
 `enqueue`, `pause`, `resume` and `forget` are queued and applied by the loop between its steps, in order;

@@ -405,16 +405,14 @@ class TalkerRunner:
         """Each queued step in order; a stream that ended keeps nothing of the steps after its end. Streams are
         matched by identity: rows may have moved since the launch (another launch's jobs, ended streams)."""
         ended: set[int] = set()
-        pcm: dict[int, list] = {}
-        stepped: dict[int, _Stream] = {}
+        pcm: dict[int, tuple[_Stream, list]] = {}  # by stream id, in the order the streams first took a step
         for gen_lat, stop_prob, rows in queued:
             for s, chunk in self._collect(rows, gen_lat, stop_prob, ended):
-                stepped.setdefault(id(s), s)
-                pcm.setdefault(id(s), []).append(chunk)
+                pcm.setdefault(id(s), (s, []))[1].append(chunk)
         outputs = [TalkerOutput(s.job.turn_id, s.job.segment_id,
                                 (p[0] if len(p) == 1 else torch.cat(p)).numpy().astype(np.float32, copy=False),
                                 steps=len(p))
-                   for s, p in ((stepped[k], pcm[k]) for k in stepped)]
+                   for s, p in pcm.values()]
         ending = [i for i, s in enumerate(self.streams) if id(s) in ended]
         if ending:  # their VAE rows were flushed (and, graphed, reset) by the step that ended them
             self._remove(ending, reset=False)
@@ -445,18 +443,15 @@ class TalkerRunner:
         if not taken:
             return []
         n = max(now for _, now, _ in taken) + 1
-        last = [False] * n
+        last, active = [False] * n, [False] * n
         for _, now, s in taken:
-            last[now] = id(s) in ended
+            last[now], active[now] = id(s) in ended, True
         if [(j, now) for j, now, _ in taken] == [(i, i) for i in range(gen_lat.shape[0])]:
             pcm_rows = self.vae_step(gen_lat, last)  # the rows as launched (no pipelining): host float32 per row
         else:  # each latent to its stream's row now; the other rows' VAE state is left alone
             lat = gen_lat.new_zeros((n, *gen_lat.shape[1:]))
             src = upload([j for j, _, _ in taken], torch.int64, gen_lat.device)
             lat.index_copy_(0, upload([now for _, now, _ in taken], torch.int64, gen_lat.device), gen_lat[src])
-            active = [False] * n
-            for _, now, _ in taken:
-                active[now] = True
             pcm_rows = self.vae_step(lat, last, active)
         return [(s, s.silence.push(pcm_rows[now], last[now]) if s.silence is not None else pcm_rows[now])
                 for _, now, s in taken]

@@ -99,8 +99,8 @@ class VAEStepper:
         last = [end and on for end, on in zip(last, active)]
         if self.eager or pick_bucket(self._hold.buckets, n) is None:
             return self._eager(latents, last, active)
-        on = torch.tensor(active, device=self.device) if not all(active) else \
-            torch.ones(n, dtype=torch.bool, device=self.device)
+        on = torch.ones(n, dtype=torch.bool, device=self.device) if all(active) else \
+            torch.tensor(active, device=self.device)  # all rows (no upload) unless a pipelined step left some out
         if any(last):
             audio, num = self._flush.step(lat=latents, last=torch.tensor(last, device=self.device), active=on)
         else:
