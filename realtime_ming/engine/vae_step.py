@@ -21,7 +21,7 @@ import torch
 from ..model.qwen2 import KVCache
 from ..model.vae import AudioVAE
 from ..model.vae_stream import VAEStreamState, decode_chunk
-from .graphs import BucketedGraph, GraphInput, pick_bucket
+from .graphs import BucketedGraph, GraphInput, pick_bucket, upload
 
 __all__ = ["VAEStepper"]
 
@@ -100,7 +100,7 @@ class VAEStepper:
         if self.eager or pick_bucket(self._hold.buckets, n) is None:
             return self._eager(latents, last, active)
         on = torch.ones(n, dtype=torch.bool, device=self.device) if all(active) else \
-            torch.tensor(active, device=self.device)  # all rows (no upload) unless a pipelined step left some out
+            upload(active, torch.bool, self.device)  # all rows (no upload) unless a pipelined step left some out
         if any(last):
             audio, num = self._flush.step(lat=latents, last=torch.tensor(last, device=self.device), active=on)
         else:
