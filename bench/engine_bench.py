@@ -472,18 +472,16 @@ def trace_summary(trace: dict) -> list[str]:
     """From a chrome trace: how busy the GPU was (union of kernel time, and per stream) over the traced span,
     and the CUDA runtime calls (every host thread) with the most time — blocking ones show up there."""
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
-    kernels = sorted((e["ts"], e["ts"] + e["dur"], e.get("tid")) for e in events if e.get("cat") in ("kernel", "gpu_memcpy"))
+    kernels = sorted((e["ts"], e["ts"] + e["dur"], (e.get("pid"), e.get("tid")))
+                     for e in events if e.get("cat") in ("kernel", "gpu_memcpy"))
     if not kernels:
         return []
     span = kernels[-1][1] - kernels[0][0]
-    busy, end = 0.0, kernels[0][0]
-    for a, b, _ in kernels:  # union of the intervals
-        if b > end:
-            busy += b - max(a, end)
-            end = b
+    busy = _union(kernels)
     per_stream: dict = defaultdict(float)
-    for a, b, tid in kernels:
-        per_stream[tid] += b - a
+    for a, b, key in kernels:
+        per_stream[key] += b - a
+    devices = sorted({key[0] for _, _, key in kernels}, key=str)
     runtime: dict = defaultdict(lambda: [0, 0.0, 0.0])
     for e in events:
         if e.get("cat") == "cuda_runtime":
@@ -492,12 +490,27 @@ def trace_summary(trace: dict) -> list[str]:
             r[1] += e["dur"]
             r[2] = max(r[2], e["dur"])
     lines = ["", f"## GPU occupancy over the traced {span / 1e3:.0f} ms: some kernel running {100 * busy / span:.0f}% "
-             "of the time", "", "| stream | kernel ms | share of the span |", "|---|---|---|"]
-    lines += [f"| {tid} | {t / 1e3:.0f} | {100 * t / span:.0f}% |" for tid, t in sorted(per_stream.items(), key=lambda kv: -kv[1])]
+             "of the time", "", "| device/stream | kernel ms | share of the span |", "|---|---|---|"]
+    lines += [f"| {dev}/{tid} | {t / 1e3:.0f} | {100 * t / span:.0f}% |" for (dev, tid), t in sorted(per_stream.items(), key=lambda kv: -kv[1])]
+    if len(devices) > 1:  # each GPU apart: a talker GPU idle half the time is host-bound, one busy throughout is not
+        lines += ["", "| device (trace pid) | some kernel running | streams |", "|---|---|---|"]
+        for dev in devices:
+            mine = [k for k in kernels if k[2][0] == dev]
+            lines.append(f"| {dev} | {100 * _union(mine) / span:.0f}% | {len({k[2] for k in mine})} |")
     lines += ["", "## CUDA runtime calls (all host threads)", "", "| call | count | total ms | max ms |", "|---|---|---|---|"]
     lines += [f"| {name} | {c} | {t / 1e3:.1f} | {m / 1e3:.2f} |"
               for name, (c, t, m) in sorted(runtime.items(), key=lambda kv: -kv[1][1])[:15]]
     return lines
+
+
+def _union(intervals: list) -> float:
+    """Total length covered by sorted (start, end, ...) intervals."""
+    busy, end = 0.0, intervals[0][0] if intervals else 0.0
+    for a, b, *_ in intervals:
+        if b > end:
+            busy += b - max(a, end)
+            end = b
+    return busy
 
 
 def _cpu_model() -> str:

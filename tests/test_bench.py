@@ -204,6 +204,24 @@ def test_engine_bench_spread_lengths_and_staggered_starts(tmp_path):
     assert "6 x [0.50, 1.50]" in (tmp_path / "engine_bench.md").read_text()
 
 
+def test_engine_bench_trace_summary_busy_per_gpu():
+    """The profile's GPU occupancy: the union of kernel intervals over the span, per device/stream, and per GPU
+    apart when the trace has several (overlapping kernels of two streams count once)."""
+    from bench import engine_bench
+
+    def kernel(pid, tid, ts, dur):
+        return {"ph": "X", "cat": "kernel", "pid": pid, "tid": tid, "ts": ts, "dur": dur, "name": "k"}
+
+    trace = {"traceEvents": [kernel(0, 7, 0, 100), kernel(0, 9, 50, 100),  # GPU 0: 0-150 of 0-200
+                             kernel(1, 7, 150, 50),  # GPU 1: 150-200
+                             {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": 0, "dur": 5}]}
+    text = "\n".join(engine_bench.trace_summary(trace))
+    assert "some kernel running 100% of the time" in text
+    assert "| 0/7 | 0 | 50% |" in text and "| 1/7 | 0 | 25% |" in text
+    assert "| 0 | 75% | 2 |" in text and "| 1 | 25% | 1 |" in text
+    assert "| cudaGraphLaunch | 1 |" in text
+
+
 def test_talker_admission_bench_runs_and_writes_its_table(tmp_path):
     """bench.talker_admission on the tiny CPU engine: the segment→first-talker-step gap in steps and ms, `_start` ms."""
     import json

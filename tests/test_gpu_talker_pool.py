@@ -182,9 +182,9 @@ def test_two_replicas_step_side_by_side(gpu_bundle):
     one = _step_ms(single, 16)
     ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
     with torch.cuda.device(0):
-        ev[0].record(single._cuda_streams[0])
+        ev[0].record(single.cuda_stream)
         single.step()
-        ev[1].record(single._cuda_streams[0])
+        ev[1].record(single.cuda_stream)
     ev[1].synchronize()
     gpu_one = ev[0].elapsed_time(ev[1])
     both = _step_ms(pool, 32)

@@ -28,7 +28,6 @@ step's admission, before any new job, and goes on exactly as if it had never sto
 from __future__ import annotations
 
 from collections import deque
-from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -45,6 +44,7 @@ from .graphs import upload
 from .models import ModelBundle
 from .talker_replica import TalkerReplica
 from .talker_step import Progress, TalkerPrefiller, TalkerStepper, VoiceHeadCache, prefill_buckets
+from .talker_sync import QueuedStep, TalkerStreams
 from .vae_step import VAEStepper
 from .voice_store import CustomVoice
 
@@ -65,9 +65,9 @@ class TalkerOutput:
 
 @dataclass(frozen=True, slots=True)
 class _Launched:
-    """Talker steps in flight: outputs of jobs started (or failed) this step, and each queued step's
-    (gen_lat, stop_prob, the streams it stepped by row) in order — empty when no stream runs (a later step may cover
-    only the leads' rows)."""
+    """Talker steps in flight: outputs of jobs started (or failed) this step, and each queued step (`QueuedStep`:
+    latents, stop probabilities, the streams it stepped by row) in order — empty when no stream runs (a later step
+    may cover only the leads' rows)."""
 
     started: list
     steps: list
@@ -82,12 +82,6 @@ class _Job:
     seed: int
     caption: str | None = None  # the talker's style caption (speech rate, emotion, …), as the turn asked
     first: bool = False  # the turn's first job: the listener is waiting for its first chunk
-
-
-def _kept(step: tuple) -> tuple:
-    """A queued step's outputs copied out of graph memory (the next replay reuses it)."""
-    gen_lat, stop_prob, rows = step
-    return gen_lat.clone(), stop_prob.clone(), rows
 
 
 def stream_seed(turn_seed: int, job_index: int) -> int:
@@ -149,9 +143,10 @@ class TalkerRunner:
                                          dtype=self.dtype, device=self.device, enforce_eager=cfg.enforce_eager)
         self.heads = VoiceHeadCache(self.cfg.voice_head_cache)  # each voice's prompt head, prefilled once
         self.seed = cfg.seed
-        # the talker's and the VAE's work goes to their own CUDA streams, so it runs beside the thinker's
+        # the talker's and the VAE's work goes to CUDA streams of their own, so it runs beside the thinker's and
+        # a step's VAE chunk beside the next talker step (`engine/talker_sync.py`)
+        self._gpu = TalkerStreams(self.device, self.vae_device)
         cuda = {d for d in (self.device, self.vae_device) if d.type == "cuda"}
-        self._cuda_streams = [torch.cuda.Stream(d) for d in cuda]
         for prompt, _ in bundle.voices.values():  # the presets on this replica's device now, not at a first job
             replica.voices(prompt)
         for d in cuda:  # the state above was written on this thread's stream
@@ -184,6 +179,11 @@ class TalkerRunner:
             counter += 1
         self._job_count[turn_id] = counter
 
+    @property
+    def cuda_stream(self) -> torch.cuda.Stream | None:
+        """The CUDA stream this runner's talker steps run on (None off CUDA): time them there."""
+        return self._gpu.talker_stream
+
     def has_work(self) -> bool:
         """Whether a step has anything to run (a paused turn's work waits)."""
         return (bool(self.streams) or any(jobs for t, jobs in self.queues.items() if t not in self._paused)
@@ -202,8 +202,8 @@ class TalkerRunner:
         self._paused.add(turn_id)
         i = next((i for i, s in enumerate(self.streams) if s.job.turn_id == turn_id), None)
         if i is not None:
-            with self._on_streams():
-                self._parked[turn_id] = (self.streams[i], [t.clone() for t in self._row_state(i)])
+            with self._gpu.talker():
+                self._parked[turn_id] = (self.streams[i], self._copy_row(i))
                 self._remove([i], reset=True)
 
     def resume(self, turn_id: str) -> None:
@@ -221,27 +221,15 @@ class TalkerRunner:
         self._paused.discard(turn_id)
         gone = [i for i, s in enumerate(self.streams) if s.job.turn_id == turn_id]
         if gone:
-            with self._on_streams():
+            with self._gpu.talker():
                 self._remove(gone, reset=True)
-
-    @contextmanager
-    def _on_streams(self):
-        """Make the talker's CUDA streams current (each of its devices), and the talker's device the current
-        one (Triton launches on the current device: a talker beside another GPU's thinker needs it);
-        everything the runner queues on the GPU goes through here, after the previous step's work (every
-        step ends synchronised)."""
-        with ExitStack() as stack:
-            if self.device.type == "cuda":
-                stack.enter_context(torch.cuda.device(self.device))
-            for stream in self._cuda_streams:
-                stack.enter_context(torch.cuda.stream(stream))
-            yield
 
     def capture(self, progress: Progress | None = None) -> None:
         """Capture the per-bucket step and VAE graphs now (startup); no-op when eager. Else the first step does."""
-        with torch.no_grad(), self._on_streams():
+        with torch.no_grad(), self._gpu.talker():
             self.stepper.capture(progress)
-            self.vae_step.capture(progress)
+            with self._gpu.vae():
+                self.vae_step.capture(progress)
             self.prefiller.capture()
 
     # ---- stepping ----------------------------------------------------------------------------
@@ -257,7 +245,7 @@ class TalkerRunner:
         `keep`: the launch's outputs are copied out of graph memory, so one more `launch` may come before this
         one's `finish` (a pipelined talker: the GPU runs the next steps while the host reads these). Launches are
         finished in order; only `launch` may run between one and its `finish` (pause, cancel and forget wait)."""
-        with self._on_streams():
+        with self._gpu.talker():
             started = self._admit()
             if not self.streams:
                 return _Launched(started, [])
@@ -268,7 +256,7 @@ class TalkerRunner:
         """Wait for the launched steps: stop decisions, VAE chunks, each stream's PCM; retire ended streams."""
         if not launched.steps:
             return launched.started
-        with self._on_streams(), torch.no_grad():
+        with self._gpu.talker(), torch.no_grad():
             return launched.started + self._finish_advance(launched.steps)
 
     def _admit(self) -> list[TalkerOutput]:
@@ -300,8 +288,7 @@ class TalkerRunner:
             if len(self.streams) >= self.cfg.max_streams:
                 return
             stream, state = self._parked.pop(turn_id)
-            for d, s in zip(self._row_state(len(self.streams)), state):
-                d.copy_(s)
+            self._put_row(len(self.streams), state)
             self.streams.append(stream)
 
     def _start(self, job: _Job, queue: deque) -> None:
@@ -336,7 +323,8 @@ class TalkerRunner:
             self._keep_head(voice, prompt_text, prompt, row)
         self.his[r] = initial_history(voice.prompt_lat, self.his.shape[1], self.his.shape[2],
                                       device=self.device, dtype=self.dtype)[0]
-        self.vae_state.reset(upload([r], torch.int64, self.vae_device))
+        with self._gpu.vae():
+            self.vae_state.reset(upload([r], torch.int64, self.vae_device))
         if self.cfg.steps_per_word > 0:  # benchmarks: fixed length, stop head ignored
             max_steps = max(1, len(job.text.split()) * self.cfg.steps_per_word)
         else:
@@ -372,12 +360,10 @@ class TalkerRunner:
         leads = sum(s.lead for s in self.streams)
         if not rows and leads:
             rows = [leads]
-        queued = [self._advance(self.streams)]
-        for n in rows:
-            queued[-1] = _kept(queued[-1])  # graph memory: the next replay reuses it
-            queued.append(self._advance(self.streams[:n]))
-        if keep:
-            queued[-1] = _kept(queued[-1])
+        queued = []
+        for i, n in enumerate([len(self.streams)] + rows):
+            # out of graph memory when another replay comes before `finish` (the next step here, or a kept launch)
+            queued.append(QueuedStep.queue(*self._advance(self.streams[:n]), keep=keep or i < len(rows)))
         for s in self.streams:  # a lead's second step is queued
             s.lead = False
         return queued
@@ -406,8 +392,8 @@ class TalkerRunner:
         matched by identity: rows may have moved since the launch (another launch's jobs, ended streams)."""
         ended: set[int] = set()
         pcm: dict[int, tuple[_Stream, list]] = {}  # by stream id, in the order the streams first took a step
-        for gen_lat, stop_prob, rows in queued:
-            for s, chunk in self._collect(rows, gen_lat, stop_prob, ended):
+        for step in queued:
+            for s, chunk in self._collect(step, ended):
                 pcm.setdefault(id(s), (s, []))[1].append(chunk)
         outputs = [TalkerOutput(s.job.turn_id, s.job.segment_id,
                                 (p[0] if len(p) == 1 else torch.cat(p)).numpy().astype(np.float32, copy=False),
@@ -418,12 +404,12 @@ class TalkerRunner:
             self._remove(ending, reset=False)
         return outputs
 
-    def _collect(self, rows: list[_Stream], gen_lat: torch.Tensor, stop_prob: torch.Tensor,
-                 ended: set[int]) -> list[tuple[_Stream, torch.Tensor]]:
-        """Stop decisions and the VAE chunk of one queued talker step over `rows` (the streams it stepped, by its
-        rows) -> (stream, PCM) of each stream that took it. A stream that ended at an earlier step, in this
+    def _collect(self, step: QueuedStep, ended: set[int]) -> list[tuple[_Stream, torch.Tensor]]:
+        """Stop decisions and the VAE chunk of one queued talker step over `step.rows` (the streams it stepped, by
+        its rows) -> (stream, PCM) of each stream that took it. A stream that ended at an earlier step, in this
         finish (`ended`, its id added here when it ends) or before (no longer running), keeps nothing of it."""
-        p_stop = stop_prob[:, 1].float().tolist()  # host sync: the stop decision needs it
+        rows, gen_lat = step.rows, step.gen_lat
+        p_stop = step.stop_probs()  # waits for this step's outputs: the stop decision needs them
         where = {id(s): i for i, s in enumerate(self.streams)}
         taken = []  # (row in the step, row now, stream)
         for j, s in enumerate(rows):
@@ -446,13 +432,14 @@ class TalkerRunner:
         last, active = [False] * n, [False] * n
         for _, now, s in taken:
             last[now], active[now] = id(s) in ended, True
-        if [(j, now) for j, now, _ in taken] == [(i, i) for i in range(gen_lat.shape[0])]:
-            pcm_rows = self.vae_step(gen_lat, last)  # the rows as launched (no pipelining): host float32 per row
-        else:  # each latent to its stream's row now; the other rows' VAE state is left alone
-            lat = gen_lat.new_zeros((n, *gen_lat.shape[1:]))
-            src = upload([j for j, _, _ in taken], torch.int64, gen_lat.device)
-            lat.index_copy_(0, upload([now for _, now, _ in taken], torch.int64, gen_lat.device), gen_lat[src])
-            pcm_rows = self.vae_step(lat, last, active)
+        with self._gpu.vae(after=step):  # beside the talker's next step, if one is queued
+            if [(j, now) for j, now, _ in taken] == [(i, i) for i in range(gen_lat.shape[0])]:
+                pcm_rows = self.vae_step(gen_lat, last)  # the rows as launched (no pipelining): host float32 per row
+            else:  # each latent to its stream's row now; the other rows' VAE state is left alone
+                lat = gen_lat.new_zeros((n, *gen_lat.shape[1:]))
+                src = upload([j for j, _, _ in taken], torch.int64, gen_lat.device)
+                lat.index_copy_(0, upload([now for _, now, _ in taken], torch.int64, gen_lat.device), gen_lat[src])
+                pcm_rows = self.vae_step(lat, last, active)
         return [(s, s.silence.push(pcm_rows[now], last[now]) if s.silence is not None else pcm_rows[now])
                 for _, now, s in taken]
 
@@ -472,28 +459,46 @@ class TalkerRunner:
         for i in sorted(indices, reverse=True):
             last = len(self.streams) - 1
             if reset:
-                self.vae_state.reset(upload([i], torch.int64, self.vae_device))
+                with self._gpu.vae():
+                    self.vae_state.reset(upload([i], torch.int64, self.vae_device))
             if i != last:
                 self._move_row(last, i)
                 self.streams[i] = self.streams[last]
             self.streams.pop()
-            self.vae_state.reset(upload([last], torch.int64, self.vae_device))
+            with self._gpu.vae():
+                self.vae_state.reset(upload([last], torch.int64, self.vae_device))
 
-    def _row_state(self, row: int) -> list[torch.Tensor]:
-        """Views of every per-stream state tensor at `row` (LM cache, history, h, aggregator output, VAE state)."""
+    def _talker_rows(self, row: int) -> list[torch.Tensor]:
+        """Views of the talker's per-stream state at `row` (LM cache, history, h, aggregator output)."""
+        c = self.cache
+        return [c.k[:, row], c.v[:, row], c.slot_pos[row]] + [t[row] for t in (self.his, self.h, self.next_embed)]
+
+    def _vae_rows(self, row: int) -> list[torch.Tensor]:
+        """Views of the VAE's per-stream state at `row` (written on the VAE's stream only)."""
         st = self.vae_state
-        caches = [t for c in (self.cache, st.cache) for t in (c.k[:, row], c.v[:, row], c.slot_pos[row])]
-        return caches + [t[row] for t in (self.his, self.h, self.next_embed, st.held, st.left_ctx, st.has_held,
-                                          st.frame_pos, st.audio_buf, st.env_buf)]
+        return [st.cache.k[:, row], st.cache.v[:, row], st.cache.slot_pos[row]] + [
+            t[row] for t in (st.held, st.left_ctx, st.has_held, st.frame_pos, st.audio_buf, st.env_buf)]
+
+    def _copy_row(self, row: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """A copy of every per-stream state tensor at `row`: (the talker's, the VAE's)."""
+        talker = [t.clone() for t in self._talker_rows(row)]
+        with self._gpu.vae():
+            return talker, [t.clone() for t in self._vae_rows(row)]
+
+    def _put_row(self, row: int, state: tuple[list[torch.Tensor], list[torch.Tensor]]) -> None:
+        """Write `state` (`_copy_row`, or another row's views) into `row`, each part on its own stream."""
+        for d, s in zip(self._talker_rows(row), state[0]):
+            d.copy_(s)
+        with self._gpu.vae():
+            for d, s in zip(self._vae_rows(row), state[1]):
+                d.copy_(s)
 
     def _move_row(self, src: int, dst: int) -> None:
-        for d, s in zip(self._row_state(dst), self._row_state(src)):
-            d.copy_(s)
+        self._put_row(dst, (self._talker_rows(src), self._vae_rows(src)))
 
     def _swap_rows(self, a: int, b: int) -> None:
         """Exchange two streams' rows (state and bookkeeping)."""
-        kept = [t.clone() for t in self._row_state(a)]
+        kept = self._copy_row(a)
         self._move_row(b, a)
-        for d, s in zip(self._row_state(b), kept):
-            d.copy_(s)
+        self._put_row(b, kept)
         self.streams[a], self.streams[b] = self.streams[b], self.streams[a]
