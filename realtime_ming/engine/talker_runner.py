@@ -17,7 +17,9 @@ more while the thinker's step on other GPUs is still running, `engine/step_overl
 one of them keeps nothing of the later ones, so the audio is the same whatever the steps per launch. A talker on
 its own thread may keep a launch (`launch(keep=True)`) and queue the next before finishing it (pipelined,
 `engine/talker_loop.py`): each stream counts its queued steps, and `finish` matches a launch's rows to streams by
-identity, since rows move between (jobs started by the later launch, streams ended by the earlier finish).
+identity, since rows move between (jobs started by the later launch, streams ended by the earlier finish); the
+VAE's work and state live on a CUDA stream of their own, so finishing one launch does not wait for the next
+(`engine/talker_sync.py`).
 
 A turn's talker work can be paused (`pause`, an unconfirmed speculative turn that holds enough audio,
 `engine/speculation.py`): its running stream leaves the rows with a copy of its row state (LM cache, history, VAE
