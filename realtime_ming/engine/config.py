@@ -160,9 +160,10 @@ class TalkerRunnerConfig:
     thread_steps: int = 1
     # with own_thread: pipelined -- the next launch is queued on the GPU before the last one's outputs are read
     # (stop decisions, VAE chunks, PCM), so the talker's GPU does not wait for that host work, nor for the next
-    # launch's. A stream is stepped once more after its last step (computed for nothing: the audio is the same); a
-    # job's next segment starts one launch later. Off: on 4x H200 (N=32) 45-46 spoken turns/s against 49 without; the
-    # talker's GPU step, not its host work, bounds it there (same folder)
+    # launch's (the VAE runs on a stream of its own: engine/talker_sync.py). A stream is stepped once more after its
+    # last step (computed for nothing: the audio is the same); a job's next segment starts one launch later. 4x H200,
+    # N=32, same machine: 46.6 -> 48.5 spoken turns/s (51.1 with thread_steps=2), first PCM +14 ms
+    # (bench/results/gpu-h200x4-talker-streams-2026-11-27/); off with own_thread
     thread_pipeline: bool = False
     # ... and those steps may end this share of the thinker's expected step after it (delaying its next launch)
     thinker_delay: float = 0.5
@@ -234,7 +235,9 @@ class EngineConfig:
     # the serving process's Python thread switch interval (sys.setswitchinterval, ms) while the engine runs; None
     # leaves Python's (5 ms). The engine, talker and input threads share one interpreter lock: a thread back from a
     # GPU wait may wait up to this long for it while another runs Python. Process-wide: set back on close. 0.5 ms
-    # changed nothing measurable on 4x H200 at N=32 (the talker thread holds the lock ~12 % of its step; py-spy)
+    # changed nothing measurable in the 4x H200 engine benchmark at N=32 (the talker thread holds the lock ~12 % of
+    # its step; py-spy) and, served with own_thread at 64 sessions, worsened TTFA_server p90 456 -> 715 ms
+    # (bench/results/gpu-h200x4-talker-streams-2026-11-27/)
     switch_interval_ms: float | None = None
 
     def __post_init__(self):

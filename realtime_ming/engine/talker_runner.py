@@ -357,7 +357,7 @@ class TalkerRunner:
 
     def _launch_advance(self, steps: int, keep: bool) -> list:
         """Queue `steps` steps of every stream (with one step, leads that started now still get their second,
-        over rows 0..leads-1); returns each queued step's (gen_lat, stop_prob, streams), in order."""
+        over rows 0..leads-1) -> each queued step (`QueuedStep`), in order."""
         rows = [len(self.streams)] * (steps - 1)
         leads = sum(s.lead for s in self.streams)
         if not rows and leads:

@@ -102,7 +102,7 @@ class VAEStepper:
         on = torch.ones(n, dtype=torch.bool, device=self.device) if all(active) else \
             upload(active, torch.bool, self.device)  # all rows (no upload) unless a pipelined step left some out
         if any(last):
-            audio, num = self._flush.step(lat=latents, last=torch.tensor(last, device=self.device), active=on)
+            audio, num = self._flush.step(lat=latents, last=upload(last, torch.bool, self.device), active=on)
         else:
             audio, num = self._hold.step(lat=latents, active=on)
         audio, lengths = audio.cpu(), num.tolist()  # the host copy (graph memory is reused next step)
