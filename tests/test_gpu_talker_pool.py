@@ -17,6 +17,7 @@ import torch
 from realtime_ming.engine.config import EngineConfig, PlacementConfig, TalkerRunnerConfig
 from realtime_ming.engine.talker_loop import Idle, TalkerLoop
 from realtime_ming.engine.talker_pool import TalkerPool
+from realtime_ming.engine.talker_process import TalkerProcess
 from realtime_ming.engine.talker_runner import TalkerRunner
 from realtime_ming.engine.voice_store import CustomVoice
 
@@ -90,11 +91,13 @@ def test_graphed_pool_on_two_gpus_speaks_as_the_single_runner(gpu_bundle):
         np.testing.assert_allclose(got[turn], want[turn], rtol=0, atol=1e-3 * peak, err_msg=turn)
 
 
-@pytest.mark.parametrize("steps,pipeline", [(1, False), (1, True), (2, True)])
-def test_graphed_pool_with_a_thread_per_gpu_speaks_as_the_single_runner(gpu_bundle, steps, pipeline):
+@pytest.mark.parametrize("steps,pipeline,process", [(1, False, False), (1, True, False), (2, True, False),
+                                                     (1, False, True), (2, True, True)])
+def test_graphed_pool_with_a_thread_per_gpu_speaks_as_the_single_runner(gpu_bundle, steps, pipeline, process):
     """`engine.talker.own_thread` on two GPUs: each replica captures and steps its graphs on a thread of its own;
     every turn (spread over both) has the single graphed runner's PCM -- also pipelined (`thread_pipeline`: the next
-    launch replays the graphs before the last one is read) and with several steps per launch."""
+    launch replays the graphs before the last one is read), with several steps per launch, and with each loop in a
+    process of its own (`own_process`: the child adopts the parent's weights through CUDA IPC)."""
     single = TalkerRunner(gpu_bundle, _cfg())
     single.capture()
     want = _drive(single, (None,))
@@ -105,12 +108,22 @@ def test_graphed_pool_with_a_thread_per_gpu_speaks_as_the_single_runner(gpu_bund
             if out.pcm is not None:
                 pcm[out.turn_id].append(out.pcm)
 
-    pool = TalkerPool(gpu_bundle, _cfg(), lambda r: TalkerLoop(r, deliver, reports.put, died.append, steps=steps,
-                                                               pipeline=pipeline))
+    cfg = _cfg()
+    cfg = dataclasses.replace(cfg, talker=dataclasses.replace(cfg.talker, own_thread=True, own_process=process,
+                                                              thread_steps=steps, thread_pipeline=pipeline))
+    if process:
+        member = lambda replica: TalkerProcess(gpu_bundle, cfg, replica, deliver, reports.put, died.append)  # noqa: E731
+    else:
+        member = lambda replica: TalkerLoop(TalkerRunner(gpu_bundle, cfg, replica), deliver,  # noqa: E731
+                                            reports.put, died.append, steps=steps, pipeline=pipeline)
+    pool = TalkerPool(gpu_bundle, cfg, member)
     try:
         pool.capture()
-        assert all(loop.talker.stepper.graphed for loop in pool.runners)
-        assert len({loop._thread.name for loop in pool.runners}) == 2
+        if process:
+            assert len({member.pid for member in pool.runners}) == 2
+        else:
+            assert all(loop.talker.stepper.graphed for loop in pool.runners)
+            assert len({loop._thread.name for loop in pool.runners}) == 2
         turns = [f"t{k}" for k in range(len(WORDS))]
         for k, turn in enumerate(turns):
             pool.enqueue(turn, 0, " ".join(["word"] * WORDS[k]), None, seed=100 + k)

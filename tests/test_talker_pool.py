@@ -299,8 +299,9 @@ def test_threaded_pool_routes_idle_reports_and_drops_on_every_replica(pool_bundl
     """The pool of loops: `drop` reaches every replica (any thread, before the owner is known), an `Idle` report
     goes to the turn's replica only, and each loop runs on its own named thread."""
     delivered = []
-    pool = TalkerPool(pool_bundle, _cfg(), lambda r: TalkerLoop(r, delivered.extend, lambda events: None,
-                                                                   lambda reason: None))
+    pool = TalkerPool(pool_bundle, _cfg(), lambda replica: TalkerLoop(TalkerRunner(pool_bundle, _cfg(), replica),
+                                                                         delivered.extend, lambda events: None,
+                                                                         lambda reason: None))
     try:
         names = sorted(loop._thread.name for loop in pool.runners)
         assert names == ["realtime-ming-talker-0", "realtime-ming-talker-1"]

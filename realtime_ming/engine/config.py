@@ -165,6 +165,10 @@ class TalkerRunnerConfig:
     # N=32, same machine: 46.6 -> 48.5 spoken turns/s (51.1 with thread_steps=2), first PCM +14 ms
     # (bench/results/gpu-h200x4-talker-streams-2026-11-27/); off with own_thread
     thread_pipeline: bool = False
+    # with own_thread: each replica's talker thread runs in a process of its own (`engine/talker_process.py`; the
+    # weights shared, not copied), so its host work does not compete with the engine thread's and the other
+    # replicas' for the GIL and the CUDA driver; the audio is the same. A talker process that exits kills the engine
+    own_process: bool = False
     # ... and those steps may end this share of the thinker's expected step after it (delaying its next launch)
     thinker_delay: float = 0.5
 
@@ -184,6 +188,9 @@ class TalkerRunnerConfig:
             raise ValueError(f"engine.talker.thread_steps must be in [1, 8], got {self.thread_steps!r}")
         if self.thread_pipeline and not self.own_thread:
             raise ValueError("engine.talker.thread_pipeline needs engine.talker.own_thread")
+        if self.own_process and not self.own_thread:
+            raise ValueError("engine.talker.own_process needs engine.talker.own_thread (the talker's loop is what "
+                             "runs in the process)")
         if self.thread_steps > 1 and not self.own_thread:
             raise ValueError("engine.talker.thread_steps > 1 needs engine.talker.own_thread (the engine-step talker "
                              "queues 1 + steps_while_thinking steps)")

@@ -66,6 +66,8 @@ from .supervision import (
 from .step_overlap import StepOverlap, overlap_steps
 from .talker_loop import Idle, TalkerLoop
 from .talker_pool import make_talker
+from .talker_process import TalkerProcess
+from .talker_runner import TalkerRunner
 from .thinker_runner import ThinkerRunner
 
 __all__ = ["Engine", "EngineStats"]
@@ -96,15 +98,21 @@ class Engine(Admission, Speculation):
         self._fault_injection = fault_injection_enabled()
         if self._fault_injection:
             log.warning("engine fault injection is ON: a turn carrying the kill marker kills the engine thread")
-        # the talker (a pool over several replicas); `engine.talker.own_thread`: each replica steps on a thread of its own
+        # the talker (a pool over several replicas); `engine.talker.own_thread`: each replica steps on a thread of its
+        # own (`own_process`: in a process of its own)
         self._threaded = bundle.has_talker and cfg.talker.own_thread
-        loop = (lambda runner: TalkerLoop(runner, self._deliver_talker, self._notice, self._worker_died,
-                                          steps=cfg.talker.thread_steps,
-                                          pipeline=cfg.talker.thread_pipeline)) if self._threaded else None
+        member = None
+        if self._threaded and cfg.talker.own_process:
+            member = lambda replica: TalkerProcess(bundle, cfg, replica, self._deliver_talker,  # noqa: E731
+                                                   self._notice, self._worker_died)
+        elif self._threaded:
+            member = lambda replica: TalkerLoop(TalkerRunner(bundle, cfg, replica),  # noqa: E731
+                                                self._deliver_talker, self._notice, self._worker_died,
+                                                steps=cfg.talker.thread_steps, pipeline=cfg.talker.thread_pipeline)
         self._switch_interval = sys.getswitchinterval()  # `engine.switch_interval_ms`: set back on close
         if cfg.switch_interval_ms is not None:
             sys.setswitchinterval(cfg.switch_interval_ms / 1e3)
-        self._talker = make_talker(bundle, cfg, loop) if bundle.has_talker else None
+        self._talker = make_talker(bundle, cfg, member) if bundle.has_talker else None
         self._thread = threading.Thread(target=self._main, name="realtime-ming-engine", daemon=True)
         self._thread.start()
         self._watch = WorkerWatch.start(bundle.thinker, self._worker_died)  # tensor-parallel workers, if any
@@ -243,6 +251,7 @@ class Engine(Admission, Speculation):
             except queue.Empty:
                 break
             self._reject(cmd, FailureCode.ENGINE_UNAVAILABLE, message)
+        self._inbox.put(Wake())  # an idle engine thread waits on its inbox: it sees `_dead` and ends
 
     def _reject(self, cmd: Command, code: FailureCode, message: str) -> None:
         """Report a command that could not be applied to its caller (a terminal event, an error, a wake-up)."""

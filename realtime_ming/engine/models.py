@@ -37,7 +37,7 @@ from .config import EngineConfig
 from .talker_replica import TalkerReplica
 from .voice_prompt import VoiceEncoder
 
-__all__ = ["ModelBundle", "TINY_NOTICE"]
+__all__ = ["ModelBundle", "TINY_NOTICE", "adopt_replica"]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +45,7 @@ TINY_NOTICE = ("serving the embedded TINY random-weight Ming model: its text and
                "not meaningful speech (use --model-path for the real checkpoint)")
 
 Progress = Callable[[str, int, int], None]
+_KERNELS = TRITON  # every Triton kernel where a model runs on CUDA (no kernel applies on CPU)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -67,10 +68,26 @@ def _meta(cls, args: tuple, kernels: Kernels | None):
 def _replicate(module, cls, *args, device, dtype, kernels: Kernels | None = None):
     """A copy of `module` (built as `cls(*args)`) on `device`: the same parameters and persistent buffers,
     copied tensor for tensor (computed buffers are recomputed as at load)."""
-    copy = materialize(_meta(cls, args, kernels), device, dtype)
+    return _adopt(cls, args, module.state_dict(), device=device, dtype=dtype, kernels=kernels, share=False)
+
+
+def _adopt(cls, args: tuple, state: dict, *, device, dtype, kernels: Kernels | None, share: bool):
+    """`cls(*args)` on `device` holding `state`'s tensors (`share`: the tensors themselves, else copies)."""
+    module = materialize(_meta(cls, args, kernels), device, dtype)
     with torch.no_grad():
-        copy.load_state_dict(module.state_dict(), strict=True)
-    return copy.eval()
+        module.load_state_dict(state, strict=True, assign=share)
+    return module.eval()
+
+
+def adopt_replica(ck: CheckpointConfig, index: int, talker_state: dict, vae_state: dict, *, device: torch.device,
+                  vae_device: torch.device, dtype: torch.dtype) -> TalkerReplica:
+    """A talker replica built around another process's tensors (`engine/talker_process.py`: shared through CUDA
+    IPC or shared memory, not copied), with the kernels `ModelBundle.load` gives the talker and the VAE."""
+    talker = _adopt(Talker, (ck.talker,), talker_state, device=device, dtype=dtype, kernels=_KERNELS, share=True)
+    vae = _adopt(AudioVAE, (ck.vae,), vae_state, device=vae_device, dtype=dtype, kernels=_KERNELS, share=True)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # the tensors `materialize` allocated before the shared ones replaced them
+    return TalkerReplica(index, talker, vae, device, vae_device)
 
 
 @dataclass
@@ -140,7 +157,7 @@ class ModelBundle:
             talker_w = read_weight_map(folder / "talker" / "model.safetensors")
             vae_w = read_weight_map(folder / "talker" / "vae" / "model.safetensors")
         common = dict(dtype=dtype, seed=cfg.seed, progress=progress)
-        kernels = TRITON  # every Triton kernel where a model runs on CUDA (no kernel applies on CPU)
+        kernels = _KERNELS
         ming = ck.ming
         hidden = ming.llm_config.hidden_size
         if place.tp_size > 1:

@@ -25,6 +25,7 @@ from typing import Callable
 
 from .config import EngineConfig
 from .models import ModelBundle
+from .talker_replica import first_replica
 from .talker_runner import TalkerOutput, TalkerRunner
 from .talker_step import Progress
 from .voice_store import CustomVoice
@@ -34,26 +35,33 @@ __all__ = ["TalkerPool", "make_talker"]
 log = logging.getLogger(__name__)
 
 
-def make_talker(bundle: ModelBundle, cfg: EngineConfig, wrap: Callable | None = None):
-    """The engine's talker: a `TalkerRunner` for one replica, else a `TalkerPool` over all of them. `wrap` (a
-    `TalkerLoop` factory, `engine.talker.own_thread`) wraps each replica's runner: one thread per replica."""
+def make_talker(bundle: ModelBundle, cfg: EngineConfig, member: Callable | None = None):
+    """The engine's talker: one member for one replica, else a `TalkerPool` over all of them. A member is
+    `member(replica)` (a `TalkerLoop` on a thread, `engine.talker.own_thread`, or a `TalkerProcess`,
+    `engine.talker.own_process`), else the replica's `TalkerRunner`, stepped by the engine thread."""
     if len(bundle.talker_replicas) <= 1:
-        runner = TalkerRunner(bundle, cfg)
-        return runner if wrap is None else wrap(runner)
-    return TalkerPool(bundle, cfg, wrap)
+        return TalkerRunner(bundle, cfg) if member is None else member(first_replica(bundle))
+    return TalkerPool(bundle, cfg, member)
 
 
 class TalkerPool:
     """Runs on the engine thread only, except `drop`. Its members are the replicas' `TalkerRunner`s, or with
-    `wrap` each runner wrapped in a `TalkerLoop` (`engine.talker.own_thread`): then every replica steps on a thread
-    of its own, at its own pace (one replica's host work runs beside the others' GPU work), the pool only routes a
-    turn's calls to its replica, and `idle`, `drop` and `close` apply (the engine never calls `launch`/`finish`)."""
+    `member` whatever it makes of each replica: a `TalkerLoop` (`engine.talker.own_thread`) or a `TalkerProcess`
+    (`engine.talker.own_process`); then every replica steps on a thread (or in a process) of its own, at its own
+    pace (one replica's host work runs beside the others' GPU work), the pool only routes a turn's calls to its
+    replica, and `idle`, `drop` and `close` apply (the engine never calls `launch`/`finish`)."""
 
-    def __init__(self, bundle: ModelBundle, cfg: EngineConfig, wrap: Callable | None = None):
+    def __init__(self, bundle: ModelBundle, cfg: EngineConfig, member: Callable | None = None):
         if not bundle.talker_replicas:
             raise ValueError("a talker pool needs the bundle's talker replicas")
-        runners = [TalkerRunner(bundle, cfg, replica) for replica in bundle.talker_replicas]
-        self.runners = runners if wrap is None else [wrap(runner) for runner in runners]
+        make = member or (lambda replica: TalkerRunner(bundle, cfg, replica))
+        self.runners = []
+        try:
+            for replica in bundle.talker_replicas:
+                self.runners.append(make(replica))
+        except BaseException:
+            self.close()  # the members started before the one that failed
+            raise
         self._owner: dict = {}  # turn -> the member (runner or loop) speaking it (until `forget`)
         self._turns = {id(r): 0 for r in self.runners}  # live turns assigned to each replica
 
@@ -126,7 +134,9 @@ class TalkerPool:
 
     def close(self) -> None:
         for runner in self.runners:
-            runner.close()
+            close = getattr(runner, "close", None)  # an engine-stepped runner holds no thread
+            if close is not None:
+                close()
 
     # ---- stepping ----------------------------------------------------------------------------
     def step(self) -> list[TalkerOutput]:

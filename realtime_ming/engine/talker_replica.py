@@ -19,7 +19,7 @@ import torch
 from ..model.talker import Talker, VoicePrompt
 from ..model.vae import AudioVAE
 
-__all__ = ["TalkerReplica", "VoiceCopies", "resolved_device"]
+__all__ = ["TalkerReplica", "VoiceCopies", "first_replica", "resolved_device"]
 
 
 def resolved_device(device: torch.device | str) -> torch.device:
@@ -93,3 +93,11 @@ class TalkerReplica:
         """`talker_device` (or `talker_device+vae_device` when they differ), for logs and `info()`."""
         same = self.device == self.vae_device
         return str(self.device) if same else f"{self.device}+{self.vae_device}"
+
+
+def first_replica(bundle) -> TalkerReplica:
+    """The bundle's first talker replica (`bundle.talker` / `bundle.vae` on their devices)."""
+    if bundle.talker_replicas:
+        return bundle.talker_replicas[0]
+    return TalkerReplica(0, bundle.talker, bundle.vae, torch.device(bundle.devices["talker"]),
+                         torch.device(bundle.devices["vae"]))

@@ -44,7 +44,7 @@ from ..model.vae_stream import SilenceHolder, VAEStreamState
 from .config import EngineConfig
 from .graphs import upload
 from .models import ModelBundle
-from .talker_replica import TalkerReplica
+from .talker_replica import TalkerReplica, first_replica
 from .talker_step import Progress, TalkerPrefiller, TalkerStepper, VoiceHeadCache, prefill_buckets
 from .talker_sync import QueuedStep, TalkerStreams
 from .vae_step import VAEStepper
@@ -111,9 +111,7 @@ class TalkerRunner:
     first, i.e. `bundle.talker` / `bundle.vae`); `engine.talker.max_streams` rows of its own."""
 
     def __init__(self, bundle: ModelBundle, cfg: EngineConfig, replica: TalkerReplica | None = None):
-        if replica is None:
-            replica = bundle.talker_replicas[0] if bundle.talker_replicas else TalkerReplica(
-                0, bundle.talker, bundle.vae, torch.device(bundle.devices["talker"]), torch.device(bundle.devices["vae"]))
+        replica = replica or first_replica(bundle)
         self.bundle = bundle
         self.replica = replica
         self.cfg = cfg.talker

@@ -1,0 +1,356 @@
+"""The talker in a process of its own (`engine.talker.own_process`): each replica's `TalkerLoop` in a child process.
+
+On its own thread (`engine/talker_loop.py`) the talker still shares the engine's process: its host work (a graph
+launch per stage, stop decisions, the VAE's PCM) competes with the engine thread and the other replicas' threads
+for the GIL and for the CUDA driver's locks (4x H200, N=32: a 12-37 µs graph launch took 1.5 ms on average inside
+the engine's process). `TalkerProcess` runs the same loop in a spawned child: the child steps the replica at its
+own pace and the parent only routes messages.
+
+* **Weights**: the child adopts the parent's tensors of its replica (CUDA IPC, or shared memory on CPU): nothing
+  is loaded twice and every replica keeps the same weights (the parent keeps them alive while the child runs).
+* **Voices**: the parent resolves a turn's voice (a preset's name, a cloned voice, or the default) to its prompt
+  and sends each prompt to the child once, under a key; a prompt the parent drops is dropped by the child.
+* **Messages**: engine → child over one pipe (`enqueue`, `pause`, `resume`, `forget`, `drop`, `capture`,
+  `stop`), child → engine over another (each step's outputs with the child's stream count, `Idle` and
+  `TalkerFailed` notices, capture progress and result). A reader thread in the parent hands outputs to
+  `deliver` and notices to `notify` in the child's order (a turn's last PCM before its `Idle`).
+* **Lifecycle**: a child that exits (killed, out of memory, a crash) closes its pipe: the reader thread sees it at
+  once and calls `die` (the engine fails every turn and reports itself dead). `close` asks the child to stop and
+  kills it if it does not within the timeout.
+
+The parent-side object has `TalkerLoop`'s interface: the engine and `TalkerPool` cannot tell them apart.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.multiprocessing as torch_mp
+from tokenizers import Tokenizer
+
+from ..model.config import CheckpointConfig
+from ..model.talker import TalkerSpecialIds, VoicePrompt
+from .config import EngineConfig
+from .talker_loop import TalkerFailed
+from .talker_replica import TalkerReplica
+from .voice_store import CustomVoice
+
+__all__ = ["TalkerProcess"]
+
+log = logging.getLogger(__name__)
+
+_MAX_DROPPED = 4096
+
+
+@dataclass(frozen=True)
+class _Spec:
+    """What the child needs to rebuild its replica and runner (the tensors travel beside it)."""
+
+    index: int
+    engine: EngineConfig
+    checkpoint: CheckpointConfig
+    dtype: torch.dtype
+    device: str
+    vae_device: str
+    tokenizer: Tokenizer
+    special: TalkerSpecialIds
+    log_level: int
+    backends: dict  # the parent's matmul/conv precision switches (`_backends`): the child computes as it would
+
+
+@dataclass
+class _ChildBundle:
+    """The part of `ModelBundle` a `TalkerRunner` reads (voices come with each job, already on the device)."""
+
+    cfg: CheckpointConfig
+    dtype: torch.dtype
+    talker_tokenizer: Tokenizer
+    talker_special: TalkerSpecialIds
+    voices: dict = field(default_factory=dict)
+    default_voice: str = ""
+
+
+class TalkerProcess:
+    """One talker replica stepped by a `TalkerLoop` in a child process. Engine-thread calls never wait for the
+    child (but `capture` and `close`); `drop` may come from any thread; `deliver`, `notify` and `die` are called on
+    this object's reader thread."""
+
+    def __init__(self, bundle, cfg: EngineConfig, replica: TalkerReplica,
+                 deliver: Callable[[list], None], notify: Callable[[list], None], die: Callable[[str], None],
+                 *, start_timeout: float = 600.0):
+        self.replica = replica
+        self.steps, self.pipeline = cfg.talker.thread_steps, cfg.talker.thread_pipeline
+        self._bundle = bundle
+        self._deliver, self._notify, self._die = deliver, notify, die
+        self._sent: dict[str, int] = {}  # engine thread: enqueues sent per turn
+        self._seen: dict[str, int] = {}  # engine thread: the last `Idle` seq per turn
+        self._dropped: OrderedDict[str, None] = OrderedDict()
+        self._drop_lock = threading.Lock()
+        self._send_lock = threading.RLock()
+        self._voice_keys: dict[int, tuple[weakref.ref, int]] = {}  # id(prompt) -> (its weakref, key in the child)
+        self._gone: deque[tuple[int, int]] = deque()  # (id, key) of prompts dropped, told to the child at the next send
+        self._next_key = 0
+        self._streams = 0  # the child's live streams at its last report
+        self._closing = False
+        self._progress = None
+        self._captured = threading.Event()
+        self._capture_error: str | None = None
+        self._ready = threading.Event()
+        self._start_error: str | None = None
+        ctx = torch_mp.get_context("spawn")
+        ops_r, ops_w = ctx.Pipe(duplex=False)
+        out_r, out_w = ctx.Pipe(duplex=False)
+        spec = _Spec(replica.index, cfg, bundle.cfg, bundle.dtype, str(replica.device), str(replica.vae_device),
+                     bundle.talker_tokenizer, bundle.talker_special, logging.getLogger().getEffectiveLevel(),
+                     _backends())
+        tensors = (replica.talker.state_dict(), replica.vae.state_dict())  # shared, not copied (IPC / shared memory)
+        self._proc = ctx.Process(target=_child_main, args=(spec, tensors, ops_r, out_w), daemon=True,
+                                 name=f"realtime-ming-talker-{replica.index}")
+        self._proc.start()
+        ops_r.close()
+        out_w.close()
+        self._ops, self._out = ops_w, out_r
+        self._reader = threading.Thread(target=self._read, daemon=True,
+                                        name=f"realtime-ming-talker-{replica.index}-reader")
+        self._reader.start()
+        if not self._ready.wait(start_timeout) or self._start_error is not None:
+            self.close(timeout=5.0)
+            raise RuntimeError(f"talker process {replica.index} did not start: "
+                               f"{self._start_error or f'no answer in {start_timeout:.0f} s'}")
+
+    # ---- engine thread ---------------------------------------------------------------------------
+    def enqueue(self, turn_id: str, segment_id: int, text: str, voice, *, seed=None, caption=None) -> None:
+        key = self._voice_key(voice or self._bundle.default_voice)
+        self._sent[turn_id] = self._sent.get(turn_id, 0) + 1
+        self._send(("enqueue", turn_id, segment_id, text, key, seed, caption))
+
+    def pending(self, turn_id: str) -> bool:
+        return self._sent.get(turn_id, 0) != self._seen.get(turn_id, 0)
+
+    def idle(self, event) -> None:
+        if event.turn_id in self._sent:
+            self._seen[event.turn_id] = max(self._seen.get(event.turn_id, 0), event.seq)
+
+    def drop(self, turn_id: str) -> None:
+        with self._drop_lock:
+            self._dropped[turn_id] = None
+            while len(self._dropped) > _MAX_DROPPED:
+                self._dropped.popitem(last=False)
+        self._send(("drop", turn_id))
+
+    def pause(self, turn_id: str) -> None:
+        self._send(("pause", turn_id))
+
+    def resume(self, turn_id: str) -> None:
+        self._send(("resume", turn_id))
+
+    def forget(self, turn_id: str) -> None:
+        self._sent.pop(turn_id, None)
+        self._seen.pop(turn_id, None)
+        with self._drop_lock:
+            self._dropped.pop(turn_id, None)
+        self._send(("forget", turn_id))
+
+    def has_work(self) -> bool:
+        return False  # the engine thread never steps this talker
+
+    def num_streams(self) -> int:
+        return self._streams
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid
+
+    def capture(self, progress=None) -> None:
+        """The child captures its graphs; waits, and raises what the capture raised (or the child's death)."""
+        self._progress, self._capture_error = progress, None
+        self._captured.clear()
+        self._send(("capture",))
+        while not self._captured.wait(0.5):
+            if not self._proc.is_alive():
+                raise RuntimeError(f"talker process {self.replica.index} exited during capture "
+                                   f"(exit code {self._proc.exitcode})")
+        self._progress = None
+        if self._capture_error is not None:
+            raise RuntimeError(f"talker process {self.replica.index}: {self._capture_error}")
+
+    def close(self, timeout: float = 10.0) -> None:
+        self._closing = True
+        try:
+            self._send(("stop",))
+        except (OSError, ValueError):  # the child is gone already
+            pass
+        self._proc.join(timeout)
+        if self._proc.is_alive():
+            log.error("talker process %d did not stop in %.0f s: killed", self.replica.index, timeout)
+            self._proc.kill()
+            self._proc.join(5.0)
+        self._reader.join(5.0)
+        self._ops.close()
+
+    def _voice_key(self, voice) -> int:
+        """The child's key of `voice`'s prompt, sent to the child at its first use."""
+        if isinstance(voice, CustomVoice):
+            prompt, prompt_text = voice.prompt, voice.prompt_text
+        else:
+            prompt, prompt_text = self._bundle.voices[voice]
+        with self._send_lock:  # `drop` may send (and prune the keys) from another thread
+            kept = self._voice_keys.get(id(prompt))
+            if kept is not None and kept[0]() is prompt:
+                return kept[1]
+            key, self._next_key = self._next_key, self._next_key + 1
+            cpu = lambda t: None if t is None else t.detach().to("cpu")  # noqa: E731
+            self._send(("voice", key, VoicePrompt(cpu(prompt.spk_embed), cpu(prompt.prompt_lat),
+                                                  cpu(prompt.prompt_emb)), prompt_text))
+            gone = self._gone  # the callback (any thread, the GC) only queues the key: it must not send
+            self._voice_keys[id(prompt)] = (weakref.ref(prompt, lambda _ref, k=(id(prompt), key): gone.append(k)), key)
+            return key
+
+    def _send(self, op: tuple) -> None:
+        with self._send_lock:
+            while self._gone:
+                ident, key = self._gone.popleft()
+                kept = self._voice_keys.get(ident)
+                if kept is not None and kept[1] == key:
+                    del self._voice_keys[ident]
+                self._ops.send(("unvoice", key))
+            self._ops.send(op)
+
+    # ---- reader thread ---------------------------------------------------------------------------
+    def _read(self) -> None:
+        while True:
+            try:
+                msg = self._out.recv()
+            except (EOFError, OSError):
+                break
+            kind = msg[0]
+            if kind == "out":
+                _, outputs, self._streams = msg
+                with self._drop_lock:
+                    outputs = [o for o in outputs if o.turn_id not in self._dropped]
+                if outputs:
+                    try:
+                        self._deliver(outputs)
+                    except Exception as exc:  # the engine could not take them: their turns fail, not the talker
+                        log.exception("delivering talker outputs failed")
+                        self._notify([TalkerFailed(t, f"talker output: {type(exc).__name__}: {exc}")
+                                      for t in sorted({o.turn_id for o in outputs})])
+            elif kind == "notify":
+                self._notify(msg[1])
+            elif kind == "progress":
+                if self._progress is not None:
+                    self._progress(*msg[1:])
+            elif kind == "captured":
+                self._capture_error = msg[1]
+                self._captured.set()
+            elif kind == "ready":
+                self._start_error = msg[1]
+                self._ready.set()
+            elif kind == "die":
+                self._die(msg[1])
+        self._out.close()
+        if not self._closing:
+            self._proc.join(1.0)
+            reason = f"talker process {self.replica.index} exited (exit code {self._proc.exitcode})"
+            log.critical(reason)
+            if not self._ready.is_set():
+                self._start_error = reason
+                self._ready.set()
+            self._die(reason)
+
+
+# ---- the child process -----------------------------------------------------------------------------------
+def _child_main(spec: _Spec, tensors: tuple, ops, out) -> None:
+    logging.basicConfig(level=spec.log_level, format=f"%(asctime)s talker-{spec.index} %(levelname)s %(name)s: "
+                                                     "%(message)s")
+    lock = threading.Lock()
+
+    def send(msg: tuple) -> None:
+        with lock:
+            out.send(msg)
+
+    try:
+        loop, runner = _child_loop(spec, tensors, send)
+    except BaseException as exc:  # noqa: B036 - reported to the parent, which refuses to start
+        log.exception("talker process %d could not start", spec.index)
+        send(("ready", f"{type(exc).__name__}: {exc}"))
+        return
+    del tensors
+    send(("ready", None))
+    voices: dict[int, CustomVoice] = {}
+    device = torch.device(spec.device)
+    move = lambda t: None if t is None else t.to(device)  # noqa: E731
+    try:
+        while True:
+            try:
+                op = ops.recv()
+            except (EOFError, OSError):  # the parent is gone
+                break
+            kind = op[0]
+            if kind == "enqueue":
+                _, turn_id, segment_id, text, key, seed, caption = op
+                loop.enqueue(turn_id, segment_id, text, voices[key], seed=seed, caption=caption)
+            elif kind == "voice":
+                _, key, prompt, prompt_text = op
+                prompt = VoicePrompt(move(prompt.spk_embed), move(prompt.prompt_lat), move(prompt.prompt_emb))
+                voices[key] = CustomVoice(f"talker-{key}", "", "", prompt, prompt_text, 0.0, 0)
+            elif kind == "unvoice":
+                voices.pop(op[1], None)
+            elif kind in ("pause", "resume", "forget", "drop"):
+                getattr(loop, kind)(op[1])
+            elif kind == "capture":
+                try:
+                    loop.capture(lambda *args: send(("progress", *args)))
+                    send(("captured", None))
+                except Exception as exc:  # reported to the capturing caller
+                    send(("captured", f"{type(exc).__name__}: {exc}"))
+            elif kind == "stop":
+                break
+    finally:
+        loop.close()
+        out.close()
+
+
+_BACKENDS = (("matmul", "allow_tf32"), ("matmul", "allow_fp16_reduced_precision_reduction"),
+             ("matmul", "allow_bf16_reduced_precision_reduction"), ("cudnn", "allow_tf32"))
+
+
+def _backend(kind: str):
+    return torch.backends.cuda.matmul if kind == "matmul" else torch.backends.cudnn
+
+
+def _backends() -> dict:
+    return {(kind, name): getattr(_backend(kind), name) for kind, name in _BACKENDS}
+
+
+def _child_loop(spec: _Spec, tensors: tuple, send):
+    from .models import adopt_replica
+    from .talker_loop import TalkerLoop
+    from .talker_runner import TalkerRunner
+
+    for (kind, name), value in spec.backends.items():
+        setattr(_backend(kind), name, value)
+    device = torch.device(spec.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    replica = adopt_replica(spec.checkpoint, spec.index, *tensors, device=device,
+                            vae_device=torch.device(spec.vae_device), dtype=spec.dtype)
+    bundle = _ChildBundle(spec.checkpoint, spec.dtype, spec.tokenizer, spec.special)
+    runner = TalkerRunner(bundle, spec.engine, replica)
+    reported = [0]
+
+    def deliver(outputs: list) -> None:
+        streams = runner.num_streams()
+        if outputs or streams != reported[0]:
+            reported[0] = streams
+            send(("out", outputs, streams))
+
+    loop = TalkerLoop(runner, deliver, lambda events: send(("notify", events)), lambda reason: send(("die", reason)),
+                      steps=spec.engine.talker.thread_steps, pipeline=spec.engine.talker.thread_pipeline)
+    return loop, runner

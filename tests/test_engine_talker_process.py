@@ -1,0 +1,163 @@
+"""`engine.talker.own_process`: each talker replica's loop runs in a process of its own
+(`engine/talker_process.py`). The client gets the same text and audio as from the talker stepped once per engine
+step (the child adopts the parent's weights); voices reach the child; cancels keep their guarantees; a child that
+dies kills the engine at once (every turn fails, health reports it); close stops every child."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from realtime_ming.engine import Engine
+from realtime_ming.engine.api import AudioChunk, FailureCode, TurnDone, TurnFailed
+from realtime_ming.engine.config import PlacementConfig, TalkerRunnerConfig
+from realtime_ming.engine.models import ModelBundle
+from realtime_ming.engine.talker_pool import TalkerPool
+from realtime_ming.engine.talker_process import TalkerProcess
+from realtime_ming.engine.voice_store import CustomVoice
+from test_engine import PROMPT_A, PROMPT_B, Recorder, _config, _done_fields, _request, _run, _wait_stats
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _in_process(fixture_root, pipeline: bool = False, thread_steps: int = 1, **engine):
+    cfg = _config(fixture_root, engine or None)
+    return dataclasses.replace(cfg, talker=dataclasses.replace(
+        cfg.talker, own_thread=True, own_process=True, thread_steps=thread_steps, thread_pipeline=pipeline))
+
+
+@pytest.fixture(scope="module")
+def bundle(fixture_root) -> ModelBundle:
+    return ModelBundle.load(_config(fixture_root))
+
+
+@pytest.fixture
+def engines():
+    made = []
+    yield made
+    for engine in made:
+        engine.close()
+
+
+def _pcm_by_segment(rec: Recorder) -> dict[int, np.ndarray]:
+    segments = sorted({e.segment_id for e in rec.events if isinstance(e, AudioChunk)})
+    return {s: np.concatenate([e.pcm for e in rec.events if isinstance(e, AudioChunk) and e.segment_id == s])
+            for s in segments}
+
+
+def _assert_same_speech(a: list[Recorder], b: list[Recorder]) -> None:
+    for x, y in zip(a, b, strict=True):
+        assert x.text() == y.text() and x.events[-1].audio_samples > 0
+        assert _done_fields(x.events[-1]) == _done_fields(y.events[-1])
+        assert x.events[-1].talker_steps == y.events[-1].talker_steps
+        px, py = _pcm_by_segment(x), _pcm_by_segment(y)
+        assert px.keys() == py.keys()
+        for seg in px:  # batched differently: equal within float noise
+            np.testing.assert_allclose(px[seg], py[seg], rtol=0, atol=1e-4)
+
+
+def _speak(engine: Engine, tag: str, voice: str | None = None) -> list[Recorder]:
+    make = [_request(f"a{tag}", PROMPT_A, seed=1), _request(f"b{tag}", PROMPT_B, seed=5, temperature=0.8),
+            _request(f"c{tag}", PROMPT_B, seed=2, max_tokens=20)]
+    recs = [Recorder() for _ in make]
+    for request, rec in zip(make, recs):
+        if voice is not None:
+            request = dataclasses.replace(request, voice=voice)
+        engine.submit(request, rec)
+    for rec in recs:
+        assert isinstance(rec.wait(), TurnDone), rec.events[-1]
+    return recs
+
+
+@pytest.mark.parametrize("thread_steps,pipeline", [(1, False), (2, True)])
+def test_talker_process_speaks_what_the_stepped_talker_speaks(fixture_root, bundle, engines, thread_steps, pipeline):
+    """Three turns at once (greedy and sampled): the same text, usage, talker steps and audio per segment from the
+    talker in its own process as from the talker stepped with the thinker, in every preset voice."""
+    stepped = Engine(_config(fixture_root), bundle)
+    engines.append(stepped)
+    child = Engine(_in_process(fixture_root, pipeline, thread_steps), bundle)
+    engines.append(child)
+    assert isinstance(child._talker, TalkerProcess) and child._talker.pid != os.getpid()
+    for voice in [None, *sorted(bundle.voices)]:
+        tag = f"-{voice}"
+        _assert_same_speech(_speak(stepped, "s" + tag, voice), _speak(child, "p" + tag, voice))
+    _wait_stats(child, lambda s: (s.turns, s.thinker_rows, s.talker_streams) == (0, 0, 0))
+
+
+def test_talker_processes_on_two_replicas(fixture_root, engines):
+    """Two replicas, each in its own process, each adopting the parent's copy of the weights: turns go to both and
+    speak what one stepped replica speaks."""
+    cfg = _config(fixture_root)
+    two = dataclasses.replace(cfg, placement=PlacementConfig(talker_devices=["cpu", "cpu"]))
+    pool_bundle = ModelBundle.load(two)
+    stepped = Engine(cfg, pool_bundle)
+    engines.append(stepped)
+    child = Engine(dataclasses.replace(_in_process(fixture_root), placement=two.placement), pool_bundle)
+    engines.append(child)
+    pool = child._talker
+    assert isinstance(pool, TalkerPool) and all(isinstance(m, TalkerProcess) for m in pool.runners)
+    assert len({m.pid for m in pool.runners}) == 2
+    recs = _speak(child, "p")
+    _assert_same_speech(_speak(stepped, "s"), recs)
+
+
+def test_a_cloned_voice_reaches_the_talker_process(fixture_root, bundle, engines):
+    """A voice registered at run time (a `CustomVoice`) is sent to the child at its first use and spoken there as
+    the stepped talker speaks it."""
+    encoder = bundle.voice_encoder
+    rng = np.random.default_rng(3)
+    wave = (rng.standard_normal(encoder.vae_rate_hz * 2) * 0.1).astype(np.float32)
+    prompt = encoder.encode(wave, encoder.vae_rate_hz, "Hello.", lambda w, a, b: w)
+    voice = CustomVoice("voice_proc", "owner", "proc", prompt, "Hello.", 2.0, 0)
+    stepped = Engine(_config(fixture_root), bundle)
+    child = Engine(_in_process(fixture_root), bundle)
+    engines += [stepped, child]
+    a = _run(stepped, dataclasses.replace(_request("vs", PROMPT_A, seed=1), voice=voice))
+    b = _run(child, dataclasses.replace(_request("vp", PROMPT_A, seed=1), voice=voice))
+    _assert_same_speech([a], [b])
+
+
+def test_a_talker_process_that_dies_kills_the_engine_at_once(fixture_root, bundle):
+    """SIGKILL the child mid-turn: the turn in flight fails as engine unavailable within a second, health reports
+    the dead talker, later turns are refused; close returns."""
+    engine = Engine(_in_process(fixture_root), bundle)
+    try:
+        rec = Recorder()
+        engine.submit(_request("k", PROMPT_A, seed=1), rec)
+        deadline = time.monotonic() + 60
+        while not any(isinstance(e, AudioChunk) for e in rec.events):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        os.kill(engine._talker.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        end = rec.wait()
+        assert time.monotonic() - killed < 1.0
+        if isinstance(end, TurnFailed):
+            assert end.code is FailureCode.ENGINE_UNAVAILABLE and "talker process 0 exited" in end.message
+        health = engine.health()
+        assert not health.alive and "talker process 0 exited" in health.reason
+        late = _run(engine, _request("late", PROMPT_B, seed=1))
+        assert isinstance(late.events[-1], TurnFailed) and late.events[-1].code is FailureCode.ENGINE_UNAVAILABLE
+    finally:
+        started = time.monotonic()
+        engine.close()
+        assert time.monotonic() - started < 15
+        assert not engine._thread.is_alive()  # the dead engine's thread ended (it was idle on its inbox)
+
+
+def test_close_stops_every_talker_process(fixture_root, bundle):
+    engine = Engine(_in_process(fixture_root, pipeline=True), bundle)
+    _run(engine, _request("x", PROMPT_B, seed=1))
+    proc = engine._talker._proc
+    engine.close()
+    assert not proc.is_alive() and proc.exitcode == 0
+
+
+def test_own_process_needs_own_thread():
+    with pytest.raises(ValueError, match="own_process needs"):
+        TalkerRunnerConfig(own_process=True)
