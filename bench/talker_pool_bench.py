@@ -1,0 +1,192 @@
+"""Talker-only throughput: N turns spoken at once by a pool of talker replicas, each replica stepped by the caller
+(`stepped`, as the engine thread does by default), on a thread of its own (`thread`, `engine.talker.own_thread`) or
+in a process of its own (`process`, `engine.talker.own_process`) -- optionally beside a Python thread that holds the
+GIL for a share of the time, as the engine thread does while it schedules and steps the thinker.
+
+The full-size Ming talker and AudioVAE (dummy bf16 weights, a voice without a prompt) on each device, no thinker: a
+closed loop keeps `--streams` turns of `--words` words live (a turn that ends is forgotten and replaced at once),
+and counts the turns finished and the audio spoken in `--seconds` after a warm-up. On GPUs only.
+
+    python3 -m bench.talker_pool_bench --devices cuda:0,cuda:1 --streams 32 --gil-duty 0,0.7 --out OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import queue
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from realtime_ming.engine.config import EngineConfig, PlacementConfig, TalkerRunnerConfig
+from realtime_ming.engine.models import ModelBundle, _build, _replicate
+from realtime_ming.engine.talker_loop import Idle, TalkerLoop
+from realtime_ming.engine.talker_pool import TalkerPool
+from realtime_ming.engine.talker_process import TalkerProcess
+from realtime_ming.engine.talker_replica import TalkerReplica
+from realtime_ming.engine.talker_runner import TalkerRunner
+from realtime_ming.model.kernels import TRITON
+from realtime_ming.model.presets import preset_config
+from realtime_ming.model.talker import Talker
+from realtime_ming.model.vae import AudioVAE
+
+RATE = 44_100
+
+
+def talker_bundle(preset: str, devices: list[str]) -> ModelBundle:
+    """The tiny bundle's tokenizers with the full-size talker + VAE (seeded dummy bf16) on every device (`tiny`:
+    the embedded tiny model's, a smoke test on CPU)."""
+    place = dict(thinker_devices=("cpu",), encoder_device="cpu")
+    if preset == "tiny":
+        return ModelBundle.load(EngineConfig(placement=PlacementConfig(**place, talker_devices=tuple(devices))))
+    tiny = ModelBundle.load(EngineConfig(placement=PlacementConfig(**place, talker_devices=("cpu",))))
+    full, dtype = preset_config(preset), torch.bfloat16
+    common = dict(dtype=dtype, kernels=TRITON)
+    talker = _build(Talker, full.talker, device=devices[0], what="talker", seed=0, **common)
+    vae = _build(AudioVAE, full.vae, device=devices[0], what="vae", seed=0, **common)
+    replicas = [TalkerReplica(0, talker, vae, torch.device(devices[0]), torch.device(devices[0]))]
+    for i, dev in enumerate(devices[1:], start=1):
+        replicas.append(TalkerReplica(i, _replicate(talker, Talker, full.talker, device=dev, **common),
+                                      _replicate(vae, AudioVAE, full.vae, device=dev, **common),
+                                      torch.device(dev), torch.device(dev)))
+    big = dataclasses.replace(tiny, cfg=dataclasses.replace(tiny.cfg, talker=full.talker, vae=full.vae), dtype=dtype,
+                              talker=talker, vae=vae, talker_replicas=replicas, voices={})
+    big.set_preset_voice(tiny.default_voice, "", None)
+    big.default_voice = tiny.default_voice
+    return big
+
+
+class GilHog:
+    """A thread holding the GIL `duty` of the time in 1 ms bursts of pure Python (0: not started)."""
+
+    def __init__(self, duty: float):
+        self.duty, self._stop = duty, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="gil-hog")
+        if duty > 0:
+            self._thread.start()
+
+    def _run(self) -> None:
+        rest = 1e-3 * (1 - self.duty) / self.duty
+        while not self._stop.is_set():
+            t = time.perf_counter()
+            while time.perf_counter() - t < 1e-3:
+                pass
+            time.sleep(rest)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+
+def run(bundle, cfg: EngineConfig, member: str, streams: int, words: int, warm_s: float, seconds: float,
+        duty: float) -> dict:
+    samples, reports, died = [0], queue.SimpleQueue(), []
+    counting = [False]
+
+    def deliver(outputs):
+        if counting[0]:
+            samples[0] += sum(0 if o.pcm is None else o.pcm.size for o in outputs)
+
+    if member == "process":
+        make = lambda replica: TalkerProcess(bundle, cfg, replica, deliver, reports.put, died.append)  # noqa: E731
+    elif member == "thread":
+        make = lambda replica: TalkerLoop(TalkerRunner(bundle, cfg, replica), deliver, reports.put,  # noqa: E731
+                                          died.append, steps=cfg.talker.thread_steps,
+                                          pipeline=cfg.talker.thread_pipeline)
+    else:
+        make = None
+    pool = TalkerPool(bundle, cfg, make)
+    hog = None
+    try:
+        pool.capture()
+        text = " ".join(["word"] * words)
+        live, serial = set(), [0]
+
+        def start() -> None:
+            turn = f"t{serial[0]}"
+            serial[0] += 1
+            live.add(turn)
+            pool.enqueue(turn, 0, text, None, seed=serial[0])
+
+        for _ in range(streams):
+            start()
+        hog = GilHog(duty)
+        t0 = time.perf_counter()
+        done = 0
+        while time.perf_counter() - t0 < warm_s + seconds:
+            if not counting[0] and time.perf_counter() - t0 >= warm_s:
+                counting[0], done, t_count = True, 0, time.perf_counter()
+            if make is None:
+                for out in pool.step():
+                    deliver([out])
+            else:
+                try:
+                    events = reports.get(timeout=0.5)
+                except queue.Empty:
+                    events = []
+                for event in events:
+                    assert isinstance(event, Idle), event
+                    pool.idle(event)
+            for turn in [t for t in live if not pool.pending(t)]:
+                live.discard(turn)
+                pool.forget(turn)
+                done += 1
+                start()
+            assert not died, died
+        elapsed = time.perf_counter() - t_count
+    finally:
+        if hog is not None:
+            hog.stop()
+        pool.close()
+    return {"member": member, "gil_duty": duty, "streams": streams, "words": words, "seconds": round(elapsed, 2),
+            "turns_per_s": round(done / elapsed, 2), "audio_s_per_s": round(samples[0] / RATE / elapsed, 2)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--devices", default="cuda:0,cuda:1")
+    ap.add_argument("--preset", default="ming-flash-omni-2.0", help="the talker's shapes (tiny: a CPU smoke test)")
+    ap.add_argument("--streams", type=int, default=32)
+    ap.add_argument("--words", type=int, default=8)
+    ap.add_argument("--steps-per-word", type=int, default=2)
+    ap.add_argument("--members", default="stepped,thread,process")
+    ap.add_argument("--gil-duty", default="0,0.7", help="shares of time another thread holds the GIL")
+    ap.add_argument("--thread-steps", type=int, default=2)
+    ap.add_argument("--pipeline", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--warm-s", type=float, default=4.0)
+    ap.add_argument("--seconds", type=float, default=15.0)
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    devices = args.devices.split(",")
+    bundle = talker_bundle(args.preset, devices)
+    per_replica = -(-args.streams // len(devices))
+    buckets = tuple(b for b in (1, 2, 4, 8, 16, 24, 32, 48, 64) if b < per_replica) + (per_replica,)
+    results = []
+    for duty in (float(d) for d in args.gil_duty.split(",")):
+        for member in args.members.split(","):
+            threaded = member != "stepped"
+            cfg = EngineConfig(enforce_eager=False, talker=TalkerRunnerConfig(
+                max_streams=per_replica, buckets=buckets, steps_per_word=args.steps_per_word,
+                own_thread=threaded, own_process=member == "process",
+                thread_steps=args.thread_steps if threaded else 1, thread_pipeline=threaded and args.pipeline))
+            row = run(bundle, cfg, member, args.streams, args.words, args.warm_s, args.seconds, duty)
+            print(json.dumps(row), flush=True)
+            results.append(row)
+    args.out.mkdir(parents=True, exist_ok=True)
+    meta = {"devices": devices, "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu", "torch": torch.__version__,
+            "args": {k: str(v) for k, v in vars(args).items()}}
+    (args.out / "talker_pool_bench.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    lines = ["| member | GIL duty | streams | turns/s | audio s/s |", "|---|---|---|---|---|"]
+    lines += [f"| {r['member']} | {r['gil_duty']} | {r['streams']} | {r['turns_per_s']} | {r['audio_s_per_s']} |"
+              for r in results]
+    (args.out / "talker_pool_bench.md").write_text(f"{meta['gpu']} x {len(devices)}\n\n" + "\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
