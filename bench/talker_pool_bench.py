@@ -20,6 +20,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from realtime_ming.engine.config import EngineConfig, PlacementConfig, TalkerRunnerConfig
@@ -160,6 +161,7 @@ def main() -> None:
     ap.add_argument("--pipeline", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--warm-s", type=float, default=4.0)
     ap.add_argument("--seconds", type=float, default=15.0)
+    ap.add_argument("--rounds", type=int, default=1, help="runs per cell (the table reports their median)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     devices = args.devices.split(",")
@@ -174,16 +176,22 @@ def main() -> None:
                 max_streams=per_replica, buckets=buckets, steps_per_word=args.steps_per_word,
                 own_thread=threaded, own_process=member == "process",
                 thread_steps=args.thread_steps if threaded else 1, thread_pipeline=threaded and args.pipeline))
-            row = run(bundle, cfg, member, args.streams, args.words, args.warm_s, args.seconds, duty)
-            print(json.dumps(row), flush=True)
+            rounds = []
+            for _ in range(args.rounds):
+                rounds.append(run(bundle, cfg, member, args.streams, args.words, args.warm_s, args.seconds, duty))
+                print(json.dumps(rounds[-1]), flush=True)
+            row = dict(rounds[0], rounds=[r["turns_per_s"] for r in rounds])
+            for key in ("turns_per_s", "audio_s_per_s"):
+                row[key] = float(np.median([r[key] for r in rounds]))
             results.append(row)
     args.out.mkdir(parents=True, exist_ok=True)
     meta = {"devices": devices, "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu", "torch": torch.__version__,
             "args": {k: str(v) for k, v in vars(args).items()}}
     (args.out / "talker_pool_bench.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
-    lines = ["| member | GIL duty | streams | turns/s | audio s/s |", "|---|---|---|---|---|"]
-    lines += [f"| {r['member']} | {r['gil_duty']} | {r['streams']} | {r['turns_per_s']} | {r['audio_s_per_s']} |"
-              for r in results]
+    lines = ["| member | GIL duty | streams | turns/s (median) | audio s/s (median) | turns/s per round |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {r['member']} | {r['gil_duty']} | {r['streams']} | {r['turns_per_s']:.1f} | {r['audio_s_per_s']:.1f} "
+              f"| {', '.join(f'{x:.1f}' for x in r['rounds'])} |" for r in results]
     (args.out / "talker_pool_bench.md").write_text(f"{meta['gpu']} x {len(devices)}\n\n" + "\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -23,6 +23,7 @@ The parent-side object has `TalkerLoop`'s interface: the engine and `TalkerPool`
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import weakref
@@ -315,6 +316,9 @@ def _child_main(spec: _Spec, tensors: tuple, ops, out) -> None:
     finally:
         loop.close()
         out.close()
+        # the adopted tensors are released before the process exits, so the parent's CUDA IPC count falls to zero
+        del loop, runner, voices
+        gc.collect()
 
 
 _BACKENDS = (("matmul", "allow_tf32"), ("matmul", "allow_fp16_reduced_precision_reduction"),
