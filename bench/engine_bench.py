@@ -58,6 +58,7 @@ from realtime_ming.engine.config import (
     ThinkerRunnerConfig,
 )
 from realtime_ming.engine.talker_loop import TalkerLoop
+from realtime_ming.engine.talker_process import TalkerProcess
 
 __all__ = ["main", "run_level"]
 
@@ -106,6 +107,8 @@ def instrument(engine: Engine) -> StepClock:
     clock.wrap(thinker, "launch", "thinker_launch")  # queues the thinker's GPU work
     clock.wrap(thinker, "collect", "thinker_collect")  # waits for it (after the talker's step)
     runners = getattr(talker, "runners", [talker])  # a talker pool: each replica's runner, summed per label
+    if any(isinstance(r, TalkerProcess) for r in runners):
+        return clock  # engine.talker.own_process: the talker's time is spent in other processes, not clocked here
     if any(isinstance(r, TalkerLoop) for r in runners):
         # engine.talker.own_thread: each replica steps on its own thread; the talker_* rows are those threads' (summed)
         runners = [r.talker for r in runners]
