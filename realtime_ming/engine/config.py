@@ -167,7 +167,9 @@ class TalkerRunnerConfig:
     thread_pipeline: bool = False
     # with own_thread: each replica's talker thread runs in a process of its own (`engine/talker_process.py`; the
     # weights shared, not copied), so its host work does not compete with the engine thread's and the other
-    # replicas' for the GIL and the CUDA driver; the audio is the same. A talker process that exits kills the engine
+    # replicas' for the GIL and the CUDA driver; the audio is the same. A talker process that exits kills the engine.
+    # 4x H200, N=32 steady state, one machine: 47.7 (threads) -> 58.5 spoken turns/s, first PCM -34 ms
+    # (bench/results/gpu-h200x4-talker-process-2026-11-27/); off until measured served
     own_process: bool = False
     # ... and those steps may end this share of the thinker's expected step after it (delaying its next launch)
     thinker_delay: float = 0.5
