@@ -21,6 +21,7 @@ from realtime_ming.engine.talker_pool import TalkerPool
 from realtime_ming.engine.talker_process import TalkerProcess
 from realtime_ming.engine.voice_store import CustomVoice
 from test_engine import PROMPT_A, PROMPT_B, Recorder, _config, _done_fields, _request, _run, _wait_stats
+from test_engine_talker_thread import _pcm_by_segment, bundle, engines  # noqa: F401 - shared fixtures
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -29,25 +30,6 @@ def _in_process(fixture_root, pipeline: bool = False, thread_steps: int = 1, **e
     cfg = _config(fixture_root, engine or None)
     return dataclasses.replace(cfg, talker=dataclasses.replace(
         cfg.talker, own_thread=True, own_process=True, thread_steps=thread_steps, thread_pipeline=pipeline))
-
-
-@pytest.fixture(scope="module")
-def bundle(fixture_root) -> ModelBundle:
-    return ModelBundle.load(_config(fixture_root))
-
-
-@pytest.fixture
-def engines():
-    made = []
-    yield made
-    for engine in made:
-        engine.close()
-
-
-def _pcm_by_segment(rec: Recorder) -> dict[int, np.ndarray]:
-    segments = sorted({e.segment_id for e in rec.events if isinstance(e, AudioChunk)})
-    return {s: np.concatenate([e.pcm for e in rec.events if isinstance(e, AudioChunk) and e.segment_id == s])
-            for s in segments}
 
 
 def _assert_same_speech(a: list[Recorder], b: list[Recorder]) -> None:
@@ -161,3 +143,45 @@ def test_close_stops_every_talker_process(fixture_root, bundle):
 def test_own_process_needs_own_thread():
     with pytest.raises(ValueError, match="own_process needs"):
         TalkerRunnerConfig(own_process=True)
+
+
+_ORPHAN_SCRIPT = """
+import sys
+from realtime_ming.engine import Engine
+from realtime_ming.engine.config import EngineConfig, TalkerRunnerConfig
+from realtime_ming.engine.models import ModelBundle
+cfg = EngineConfig(talker=TalkerRunnerConfig(own_thread=True, own_process=True))
+engine = Engine(cfg, ModelBundle.load(cfg))
+print(engine._talker.pid, flush=True)
+sys.stdin.read()
+"""
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` runs (a zombie waiting to be reaped does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+def test_a_talker_process_outlives_no_killed_server():
+    """SIGKILL the serving process (no close, no atexit): its talker process sees the pipe close and exits."""
+    import subprocess
+    import sys
+
+    server = subprocess.Popen([sys.executable, "-c", _ORPHAN_SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        child = int(server.stdout.readline())
+        assert _running(child)
+        server.kill()
+        server.wait(10)
+        deadline = time.monotonic() + 15
+        while _running(child):
+            assert time.monotonic() < deadline, "the talker process outlived its server"
+            time.sleep(0.1)
+    finally:
+        server.kill()
