@@ -183,10 +183,7 @@ class TalkerProcess:
 
     def close(self, timeout: float = 10.0) -> None:
         self._closing = True
-        try:
-            self._send(("stop",))
-        except (OSError, ValueError):  # the child is gone already
-            pass
+        self._send(("stop",))
         self._proc.join(timeout)
         if self._proc.is_alive():
             log.error("talker process %d did not stop in %.0f s: killed", self.replica.index, timeout)
@@ -214,14 +211,19 @@ class TalkerProcess:
             return key
 
     def _send(self, op: tuple) -> None:
+        """Queue `op` for the child. A child that is gone takes nothing: its death reaches the engine through the
+        reader thread, so a caller (a cancel on any thread, the engine thread) never fails on a broken pipe."""
         with self._send_lock:
-            while self._gone:
-                ident, key = self._gone.popleft()
-                kept = self._voice_keys.get(ident)
-                if kept is not None and kept[1] == key:
-                    del self._voice_keys[ident]
-                self._ops.send(("unvoice", key))
-            self._ops.send(op)
+            try:
+                while self._gone:
+                    ident, key = self._gone.popleft()
+                    kept = self._voice_keys.get(ident)
+                    if kept is not None and kept[1] == key:
+                        del self._voice_keys[ident]
+                    self._ops.send(("unvoice", key))
+                self._ops.send(op)
+            except (OSError, ValueError) as exc:  # broken pipe / closed handle: the child exited or was closed
+                log.debug("talker process %d: %r not sent (%s)", self.replica.index, op[0], exc)
 
     # ---- reader thread ---------------------------------------------------------------------------
     def _read(self) -> None:
