@@ -187,3 +187,40 @@ def test_a_talker_process_outlives_no_killed_server():
             time.sleep(0.1)
     finally:
         server.kill()
+
+
+def test_a_talker_process_that_cannot_start_is_reported(fixture_root, bundle):
+    """A child that fails to build its replica (here: tensors that do not fit the talker) reports why, and the
+    parent raises at once instead of serving without a talker."""
+    from realtime_ming.engine.talker_replica import TalkerReplica
+
+    first = bundle.talker_replicas[0]
+    wrong = TalkerReplica(0, first.vae, first.vae, first.device, first.vae_device)  # the VAE's tensors as the talker's
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="talker process 0 did not start: .*state_dict"):
+        TalkerProcess(bundle, _in_process(fixture_root), wrong, lambda outputs: None, lambda events: None,
+                      lambda reason: None)
+    assert time.monotonic() - started < 60
+
+
+def test_a_talker_process_on_a_thinker_gpu_is_warned(caplog):
+    """Only a CUDA device shared with the thinker is warned about (CPU placements and talker GPUs apart are not)."""
+    import torch
+
+    from realtime_ming.engine.config import EngineConfig
+    from realtime_ming.engine.talker_process import warn_shared_gpus
+    from realtime_ming.engine.talker_replica import TalkerReplica
+
+    def bundle_on(*devices):
+        replicas = [TalkerReplica(i, None, None, torch.device(d), torch.device(d)) for i, d in enumerate(devices)]
+        return type("B", (), {"talker_replicas": replicas})()
+
+    def cfg(*thinker):
+        return EngineConfig(placement=PlacementConfig(thinker_devices=thinker, encoder_device="cpu"))
+
+    with caplog.at_level("WARNING", logger="realtime_ming.engine.talker_process"):
+        warn_shared_gpus(bundle_on("cuda:2", "cuda:3"), cfg("cuda:0", "cuda:1"))
+        warn_shared_gpus(bundle_on("cpu"), cfg("cpu"))
+        assert caplog.records == []
+        warn_shared_gpus(bundle_on("cuda:1", "cuda:2"), cfg("cuda:0", "cuda:1"))
+    assert len(caplog.records) == 1 and "on cuda:1, a thinker GPU" in caplog.records[0].getMessage()

@@ -66,7 +66,7 @@ from .supervision import (
 from .step_overlap import StepOverlap, overlap_steps
 from .talker_loop import Idle, TalkerLoop
 from .talker_pool import make_talker
-from .talker_process import TalkerProcess
+from .talker_process import TalkerProcess, warn_shared_gpus
 from .talker_runner import TalkerRunner
 from .thinker_runner import ThinkerRunner
 
@@ -103,6 +103,7 @@ class Engine(Admission, Speculation):
         self._threaded = bundle.has_talker and cfg.talker.own_thread
         member = None
         if self._threaded and cfg.talker.own_process:
+            warn_shared_gpus(bundle, cfg)
             member = lambda replica: TalkerProcess(bundle, cfg, replica, self._deliver_talker,  # noqa: E731
                                                    self._notice, self._worker_died)
         elif self._threaded:

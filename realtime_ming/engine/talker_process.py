@@ -39,10 +39,10 @@ from ..model.config import CheckpointConfig
 from ..model.talker import TalkerSpecialIds, VoicePrompt
 from .config import EngineConfig
 from .talker_loop import TalkerFailed
-from .talker_replica import TalkerReplica
+from .talker_replica import TalkerReplica, resolved_device
 from .voice_store import CustomVoice
 
-__all__ = ["TalkerProcess"]
+__all__ = ["TalkerProcess", "warn_shared_gpus"]
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +75,15 @@ class _ChildBundle:
     talker_special: TalkerSpecialIds
     voices: dict = field(default_factory=dict)
     default_voice: str = ""
+
+
+def warn_shared_gpus(bundle, cfg: EngineConfig) -> None:
+    """Log a talker process placed on a thinker GPU: two processes share one GPU by time slices (no MPS assumed)."""
+    thinker = {resolved_device(d) for d in cfg.placement.thinker_devices if torch.device(d).type == "cuda"}
+    shared = sorted({str(r.device) for r in bundle.talker_replicas if r.device in thinker})
+    if shared:
+        log.warning("engine.talker.own_process: talker process(es) on %s, a thinker GPU: two processes share that GPU "
+                    "by time slices (measured only with the talker on GPUs of its own)", ", ".join(shared))
 
 
 class TalkerProcess:
