@@ -8,6 +8,7 @@ closed loop keeps `--streams` turns of `--words` words live (a turn that ends is
 and counts the turns finished and the audio spoken in `--seconds` after a warm-up. On GPUs only.
 
     python3 -m bench.talker_pool_bench --devices cuda:0,cuda:1 --streams 32 --gil-duty 0,0.7 --out OUT
+    python3 -m bench.talker_pool_bench --replot OUT/talker_pool_bench.json     # the plot again, from the JSON
 """
 
 from __future__ import annotations
@@ -118,9 +119,9 @@ def run(bundle, cfg: EngineConfig, member: str, streams: int, words: int, warm_s
             start()
         hog = GilHog(duty)
         t0 = time.perf_counter()
-        done = 0
-        while time.perf_counter() - t0 < warm_s + seconds:
-            if not counting[0] and time.perf_counter() - t0 >= warm_s:
+        done, t_count = 0, None
+        while t_count is None or time.perf_counter() - t_count < seconds:  # a full window after the warm-up
+            if t_count is None and time.perf_counter() - t0 >= warm_s:
                 counting[0], done, t_count = True, 0, time.perf_counter()
             if make is None:
                 for out in pool.step():
@@ -148,7 +149,38 @@ def run(bundle, cfg: EngineConfig, member: str, streams: int, words: int, warm_s
             "turns_per_s": round(done / elapsed, 2), "audio_s_per_s": round(samples[0] / RATE / elapsed, 2)}
 
 
-def main() -> None:
+def plot(report: dict, path: Path) -> Path | None:
+    """Grouped bars: turns/s per member, one group per GIL duty."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: no plot (run --replot on the JSON where it is installed)")
+        return None
+    rows = report["results"]
+    duties = sorted({r["gil_duty"] for r in rows})
+    members = list(dict.fromkeys(r["member"] for r in rows))
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    width = 0.8 / len(members)
+    for k, member in enumerate(members):
+        values = [next((r["turns_per_s"] for r in rows if r["member"] == member and r["gil_duty"] == d), 0.0)
+                  for d in duties]
+        ax.bar([i + k * width for i in range(len(duties))], values, width, label=member)
+    ax.set_xticks([i + width * (len(members) - 1) / 2 for i in range(len(duties))],
+                  [f"GIL held {d:.0%} by another thread" for d in duties])
+    ax.set_ylabel("turns / s")
+    meta = report["meta"]
+    ax.set_title(f"talker only, {meta['args'].get('streams')} turns live, {meta['gpu']} x {len(meta['devices'])}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--devices", default="cuda:0,cuda:1")
     ap.add_argument("--preset", default="ming-flash-omni-2.0", help="the talker's shapes (tiny: a CPU smoke test)")
@@ -162,8 +194,14 @@ def main() -> None:
     ap.add_argument("--warm-s", type=float, default=4.0)
     ap.add_argument("--seconds", type=float, default=15.0)
     ap.add_argument("--rounds", type=int, default=1, help="runs per cell (the table reports their median)")
-    ap.add_argument("--out", type=Path, required=True)
-    args = ap.parse_args()
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--replot", type=Path, help="write the plot of an earlier run's JSON next to it")
+    args = ap.parse_args(argv)
+    if args.replot:
+        print(plot(json.loads(args.replot.read_text()), args.replot.with_suffix(".png")))
+        return 0
+    if args.out is None:
+        ap.error("--out is required")
     devices = args.devices.split(",")
     bundle = talker_bundle(args.preset, devices)
     per_replica = -(-args.streams // len(devices))
@@ -177,7 +215,9 @@ def main() -> None:
                 own_thread=threaded, own_process=member == "process",
                 thread_steps=args.thread_steps if threaded else 1, thread_pipeline=threaded and args.pipeline))
             rounds = []
-            for _ in range(args.rounds):
+            for k in range(args.rounds):
+                print(f"[{member}, GIL duty {duty}] round {k + 1}/{args.rounds}: capture, then "
+                      f"{args.warm_s + args.seconds:.0f} s of turns", flush=True)
                 rounds.append(run(bundle, cfg, member, args.streams, args.words, args.warm_s, args.seconds, duty))
                 print(json.dumps(rounds[-1]), flush=True)
             row = dict(rounds[0], rounds=[r["turns_per_s"] for r in rounds])
@@ -187,14 +227,17 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     meta = {"devices": devices, "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu", "torch": torch.__version__,
             "args": {k: str(v) for k, v in vars(args).items()}}
-    (args.out / "talker_pool_bench.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    report = {"meta": meta, "results": results}
+    (args.out / "talker_pool_bench.json").write_text(json.dumps(report, indent=1))
+    plot(report, args.out / "talker_pool_bench.png")
     lines = ["| member | GIL duty | streams | turns/s (median) | audio s/s (median) | turns/s per round |",
              "|---|---|---|---|---|---|"]
     lines += [f"| {r['member']} | {r['gil_duty']} | {r['streams']} | {r['turns_per_s']:.1f} | {r['audio_s_per_s']:.1f} "
               f"| {', '.join(f'{x:.1f}' for x in r['rounds'])} |" for r in results]
     (args.out / "talker_pool_bench.md").write_text(f"{meta['gpu']} x {len(devices)}\n\n" + "\n".join(lines) + "\n")
     print("\n".join(lines))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

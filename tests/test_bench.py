@@ -236,3 +236,21 @@ def test_talker_admission_bench_runs_and_writes_its_table(tmp_path):
     assert level["turns"] == 1 and gap["steps_max"] == 0 and gap["ms_p50"] > 0
     assert level["starts"] >= 1 and level["start_ms_p50"] > 0
     assert "segment→talker step" in (tmp_path / "talker_admission.md").read_text()
+
+
+def test_talker_pool_bench_runs_every_member_and_writes_its_report(tmp_path):
+    """bench.talker_pool_bench on the tiny talker (two CPU replicas): the stepped pool, a thread and a process per
+    replica, beside a GIL-holding thread; every cell speaks for a full window; JSON, Markdown and the plot."""
+    import json
+
+    from bench import talker_pool_bench
+
+    assert talker_pool_bench.main(["--preset", "tiny", "--devices", "cpu,cpu", "--streams", "2", "--words", "4",
+                                   "--warm-s", "0.5", "--seconds", "1.5", "--gil-duty", "0.7",
+                                   "--out", str(tmp_path)]) == 0
+    saved = json.loads((tmp_path / "talker_pool_bench.json").read_text())
+    cells = {(r["member"], r["gil_duty"]) for r in saved["results"]}
+    assert cells == {(m, 0.7) for m in ("stepped", "thread", "process")}
+    assert all(r["audio_s_per_s"] > 0 and r["seconds"] >= 1.5 for r in saved["results"])  # every cell spoke
+    assert "| process | 0.7 |" in (tmp_path / "talker_pool_bench.md").read_text()
+    assert (tmp_path / "talker_pool_bench.png").stat().st_size > 0
