@@ -43,14 +43,17 @@ async def _client(srv: RealtimeServer, turn_detection: dict | None = None) -> Ws
 
 
 async def _drain(client: WsClient, seconds: float) -> list[dict]:
-    """Every frame that arrives within `seconds`."""
+    """Every frame that arrives within `seconds`. Each read carries its own timeout (the time left): an outer
+    `asyncio.timeout` cancelling a read just as its frame arrives would lose the frame (with `wait_for2`, which
+    pipecat installs, the cancel surfaces as `CancelledWithResultError`, not `TimeoutError`)."""
     got = []
-    try:
-        async with asyncio.timeout(seconds):
-            while True:
-                got.append(await client.recv(seconds))
-    except TimeoutError:
-        pass
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while (left := deadline - loop.time()) > 0:
+        try:
+            got.append(await client.recv(left))
+        except TimeoutError:
+            break
     return got
 
 
