@@ -225,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
                 row[key] = float(np.median([r[key] for r in rounds]))
             results.append(row)
     args.out.mkdir(parents=True, exist_ok=True)
-    meta = {"devices": devices, "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu", "torch": torch.__version__,
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    meta = {"devices": devices, "gpu": gpu, "torch": torch.__version__,
             "args": {k: str(v) for k, v in vars(args).items()}}
     report = {"meta": meta, "results": results}
     (args.out / "talker_pool_bench.json").write_text(json.dumps(report, indent=1))
