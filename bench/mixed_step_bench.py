@@ -38,6 +38,8 @@ from realtime_ming.model.config import load_checkpoint_config
 from realtime_ming.model.presets import preset_config
 from realtime_ming.model.thinker import Thinker, ThinkerKVCache
 
+from .report import agg_pyplot, save_figure
+
 __all__ = ["main"]
 
 
@@ -136,13 +138,8 @@ def markdown(report: dict) -> str:
 
 
 def plot(report: dict, path: Path) -> Path | None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib missing: no plot (run --replot on the JSON where it is installed)")
+    plt = agg_pyplot()
+    if plt is None:
         return None
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for c in sorted({r["chunk"] for r in report["results"]}):
@@ -154,10 +151,7 @@ def plot(report: dict, path: Path) -> Path | None:
     ax.set_ylabel("ms per step (median)")
     ax.set_title(f"{report['results'][0]['rows']} decode rows + one chunk, {report['device']}")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def main(argv=None) -> None:

@@ -157,6 +157,30 @@ def _samples(results: dict[str, Any], target: str, concurrency: int, key: str) -
     return np.sort(np.asarray([v for v in values if v is not None], dtype=np.float64)) * 1000.0
 
 
+def agg_pyplot():
+    """matplotlib.pyplot on the Agg backend, or None (said once on stdout) where matplotlib is not installed: the
+    benchmarks that keep a JSON can plot it later with their `--replot`."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: no plot (run --replot on the JSON where it is installed)")
+        return None
+    return plt
+
+
+def save_figure(fig, path: Path) -> Path:
+    """Lay out, write (120 dpi) and close `fig`."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def plot_results(results: dict[str, Any], out_dir: Path) -> list[Path]:
     """Write the PNG plots into `out_dir`; returns their paths."""
     import matplotlib

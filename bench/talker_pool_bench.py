@@ -36,6 +36,8 @@ from realtime_ming.model.presets import preset_config
 from realtime_ming.model.talker import Talker
 from realtime_ming.model.vae import AudioVAE
 
+from .report import agg_pyplot, save_figure
+
 RATE = 44_100
 
 
@@ -151,13 +153,8 @@ def run(bundle, cfg: EngineConfig, member: str, streams: int, words: int, warm_s
 
 def plot(report: dict, path: Path) -> Path | None:
     """Grouped bars: turns/s per member, one group per GIL duty."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib missing: no plot (run --replot on the JSON where it is installed)")
+    plt = agg_pyplot()
+    if plt is None:
         return None
     rows = report["results"]
     duties = sorted({r["gil_duty"] for r in rows})
@@ -174,10 +171,7 @@ def plot(report: dict, path: Path) -> Path | None:
     meta = report["meta"]
     ax.set_title(f"talker only, {meta['args'].get('streams')} turns live, {meta['gpu']} x {len(meta['devices'])}")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:

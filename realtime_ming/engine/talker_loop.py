@@ -29,7 +29,7 @@ from typing import Callable
 
 from .talker_runner import TalkerOutput
 
-__all__ = ["Idle", "TalkerFailed", "TalkerLoop"]
+__all__ = ["Idle", "TalkerFailed", "TalkerHandle", "TalkerLoop"]
 
 log = logging.getLogger(__name__)
 
@@ -54,41 +54,29 @@ class _Stop:
     pass
 
 
-class TalkerLoop:
-    """A talker stepped on its own thread. `deliver(outputs)` runs on that thread; `notify(events)` and
-    `die(reason)` tell the engine thread what it must act on."""
+class TalkerHandle:
+    """The engine's side of a talker stepped elsewhere (on a thread, `TalkerLoop`, or in a process,
+    `talker_process.TalkerProcess`): enqueues sent per turn and the last `Idle` report of each (engine thread), and
+    the turns whose output nobody takes any more (any thread)."""
 
-    def __init__(self, talker, deliver: Callable[[list[TalkerOutput]], None],
-                 notify: Callable[[list], None], die: Callable[[str], None], *, steps: int = 1,
-                 pipeline: bool = False):
-        self.talker = talker
-        self.steps = max(1, int(steps))  # talker steps queued per launch (`engine.talker.thread_steps`)
-        self.pipeline = pipeline  # the next launch queued before the last one is finished (`thread_pipeline`)
-        self._inflight = None  # pipelined: the launch queued and not yet finished (loop thread)
-        self._deliver, self._notify, self._die = deliver, notify, die
-        self._ops: queue.SimpleQueue = queue.SimpleQueue()
-        self._sent: dict[str, int] = {}  # engine thread: enqueues queued per turn
+    def __init__(self):
+        self._sent: dict[str, int] = {}  # engine thread: enqueues sent per turn
         self._seen: dict[str, int] = {}  # engine thread: the last `Idle` seq per turn
-        self._applied: dict[str, int] = {}  # loop thread: enqueues applied per turn
         self._dropped: OrderedDict[str, None] = OrderedDict()  # any thread: turns whose output nobody takes
         self._drop_lock = threading.Lock()
-        replica = getattr(talker, "replica", None)
-        name = "realtime-ming-talker" if replica is None else f"realtime-ming-talker-{replica.index}"
-        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
-        self._thread.start()
 
-    # ---- engine thread ---------------------------------------------------------------------------
-    def enqueue(self, turn_id: str, segment_id: int, text: str, voice, *, seed=None, caption=None) -> None:
+    def _count_enqueue(self, turn_id: str) -> int:
+        """The seq of `turn_id`'s next enqueue (its `Idle` reports name the last one seen through)."""
         seq = self._sent.get(turn_id, 0) + 1
         self._sent[turn_id] = seq
-        self._ops.put(("enqueue", turn_id, seq, (segment_id, text, voice), {"seed": seed, "caption": caption}))
+        return seq
 
     def pending(self, turn_id: str) -> bool:
         """Whether talker work the engine queued for `turn_id` is not known to be done."""
         return self._sent.get(turn_id, 0) != self._seen.get(turn_id, 0)
 
     def idle(self, event: Idle) -> None:
-        """Record the loop's `Idle` report (engine thread; a report about a forgotten turn is ignored)."""
+        """Record an `Idle` report (engine thread; a report about a forgotten turn is ignored)."""
         if event.turn_id in self._sent:
             self._seen[event.turn_id] = max(self._seen.get(event.turn_id, 0), event.seq)
 
@@ -100,6 +88,49 @@ class TalkerLoop:
             while len(self._dropped) > _MAX_DROPPED:
                 self._dropped.popitem(last=False)
 
+    def _forget_counts(self, turn_id: str) -> None:
+        self._sent.pop(turn_id, None)
+        self._seen.pop(turn_id, None)
+
+    def _undrop(self, turn_id: str) -> None:
+        with self._drop_lock:
+            self._dropped.pop(turn_id, None)
+
+    def _taken(self, outputs: list) -> list:
+        """`outputs` less those of dropped turns."""
+        with self._drop_lock:
+            return [o for o in outputs if o.turn_id not in self._dropped]
+
+    def has_work(self) -> bool:
+        """The engine thread never steps this talker: its work keeps no engine step going."""
+        return False
+
+
+class TalkerLoop(TalkerHandle):
+    """A talker stepped on its own thread. `deliver(outputs)` runs on that thread; `notify(events)` and
+    `die(reason)` tell the engine thread what it must act on."""
+
+    def __init__(self, talker, deliver: Callable[[list[TalkerOutput]], None],
+                 notify: Callable[[list], None], die: Callable[[str], None], *, steps: int = 1,
+                 pipeline: bool = False):
+        super().__init__()
+        self.talker = talker
+        self.steps = max(1, int(steps))  # talker steps queued per launch (`engine.talker.thread_steps`)
+        self.pipeline = pipeline  # the next launch queued before the last one is finished (`thread_pipeline`)
+        self._inflight = None  # pipelined: the launch queued and not yet finished (loop thread)
+        self._deliver, self._notify, self._die = deliver, notify, die
+        self._ops: queue.SimpleQueue = queue.SimpleQueue()
+        self._applied: dict[str, int] = {}  # loop thread: enqueues applied per turn
+        replica = getattr(talker, "replica", None)
+        name = "realtime-ming-talker" if replica is None else f"realtime-ming-talker-{replica.index}"
+        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self._thread.start()
+
+    # ---- engine thread ---------------------------------------------------------------------------
+    def enqueue(self, turn_id: str, segment_id: int, text: str, voice, *, seed=None, caption=None) -> None:
+        seq = self._count_enqueue(turn_id)
+        self._ops.put(("enqueue", turn_id, seq, (segment_id, text, voice), {"seed": seed, "caption": caption}))
+
     def pause(self, turn_id: str) -> None:
         self._ops.put(("pause", turn_id))
 
@@ -107,18 +138,13 @@ class TalkerLoop:
         self._ops.put(("resume", turn_id))
 
     def forget(self, turn_id: str) -> None:
-        self._sent.pop(turn_id, None)
-        self._seen.pop(turn_id, None)
+        self._forget_counts(turn_id)
         self._ops.put(("forget", turn_id))
 
     @property
     def replica(self):
         """The replica this loop steps (a `TalkerPool` member)."""
         return self.talker.replica
-
-    def has_work(self) -> bool:
-        """The engine thread never steps this talker: its work keeps no engine step going."""
-        return False
 
     def num_streams(self) -> int:
         return self.talker.num_streams()  # a count read across threads: a snapshot
@@ -182,8 +208,7 @@ class TalkerLoop:
             self.talker.resume(op[1])
         elif kind == "forget":
             self._applied.pop(op[1], None)
-            with self._drop_lock:
-                self._dropped.pop(op[1], None)
+            self._undrop(op[1])
             self.talker.forget(op[1])
         elif kind == "capture":
             _, progress, done, errors = op
@@ -212,8 +237,7 @@ class TalkerLoop:
                 self.talker.cancel(turn_id)
             return [TalkerFailed(t, f"talker error: {type(exc).__name__}: {exc}") for t in sorted(turns)]
         failed = [TalkerFailed(o.turn_id, o.error) for o in outputs if o.error is not None]
-        with self._drop_lock:
-            delivered = [o for o in outputs if o.error is None and o.turn_id not in self._dropped]
+        delivered = self._taken([o for o in outputs if o.error is None])
         touched.update(o.turn_id for o in outputs)
         try:
             self._deliver(delivered)

@@ -27,7 +27,7 @@ import gc
 import logging
 import threading
 import weakref
-from collections import OrderedDict, deque
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -38,15 +38,13 @@ from tokenizers import Tokenizer
 from ..model.config import CheckpointConfig
 from ..model.talker import TalkerSpecialIds, VoicePrompt
 from .config import EngineConfig
-from .talker_loop import TalkerFailed
+from .talker_loop import TalkerFailed, TalkerHandle
 from .talker_replica import TalkerReplica, resolved_device
 from .voice_store import CustomVoice
 
 __all__ = ["TalkerProcess", "warn_shared_gpus"]
 
 log = logging.getLogger(__name__)
-
-_MAX_DROPPED = 4096
 
 
 @dataclass(frozen=True)
@@ -86,7 +84,7 @@ def warn_shared_gpus(bundle, cfg: EngineConfig) -> None:
                     "by time slices (measured only with the talker on GPUs of its own)", ", ".join(shared))
 
 
-class TalkerProcess:
+class TalkerProcess(TalkerHandle):
     """One talker replica stepped by a `TalkerLoop` in a child process. Engine-thread calls never wait for the
     child (but `capture` and `close`); `drop` may come from any thread; `deliver`, `notify` and `die` are called on
     this object's reader thread."""
@@ -94,14 +92,10 @@ class TalkerProcess:
     def __init__(self, bundle, cfg: EngineConfig, replica: TalkerReplica,
                  deliver: Callable[[list], None], notify: Callable[[list], None], die: Callable[[str], None],
                  *, start_timeout: float = 600.0):
+        super().__init__()
         self.replica = replica
-        self.steps, self.pipeline = cfg.talker.thread_steps, cfg.talker.thread_pipeline
         self._bundle = bundle
         self._deliver, self._notify, self._die = deliver, notify, die
-        self._sent: dict[str, int] = {}  # engine thread: enqueues sent per turn
-        self._seen: dict[str, int] = {}  # engine thread: the last `Idle` seq per turn
-        self._dropped: OrderedDict[str, None] = OrderedDict()
-        self._drop_lock = threading.Lock()
         self._send_lock = threading.RLock()
         self._voice_keys: dict[int, tuple[weakref.ref, int]] = {}  # id(prompt) -> (its weakref, key in the child)
         self._gone: deque[tuple[int, int]] = deque()  # (id, key) of prompts dropped, told to the child at the next send
@@ -137,21 +131,11 @@ class TalkerProcess:
     # ---- engine thread ---------------------------------------------------------------------------
     def enqueue(self, turn_id: str, segment_id: int, text: str, voice, *, seed=None, caption=None) -> None:
         key = self._voice_key(voice or self._bundle.default_voice)
-        self._sent[turn_id] = self._sent.get(turn_id, 0) + 1
+        self._count_enqueue(turn_id)
         self._send(("enqueue", turn_id, segment_id, text, key, seed, caption))
 
-    def pending(self, turn_id: str) -> bool:
-        return self._sent.get(turn_id, 0) != self._seen.get(turn_id, 0)
-
-    def idle(self, event) -> None:
-        if event.turn_id in self._sent:
-            self._seen[event.turn_id] = max(self._seen.get(event.turn_id, 0), event.seq)
-
     def drop(self, turn_id: str) -> None:
-        with self._drop_lock:
-            self._dropped[turn_id] = None
-            while len(self._dropped) > _MAX_DROPPED:
-                self._dropped.popitem(last=False)
+        super().drop(turn_id)
         self._send(("drop", turn_id))
 
     def pause(self, turn_id: str) -> None:
@@ -161,14 +145,9 @@ class TalkerProcess:
         self._send(("resume", turn_id))
 
     def forget(self, turn_id: str) -> None:
-        self._sent.pop(turn_id, None)
-        self._seen.pop(turn_id, None)
-        with self._drop_lock:
-            self._dropped.pop(turn_id, None)
+        self._forget_counts(turn_id)
+        self._undrop(turn_id)
         self._send(("forget", turn_id))
-
-    def has_work(self) -> bool:
-        return False  # the engine thread never steps this talker
 
     def num_streams(self) -> int:
         return self._streams
@@ -244,8 +223,7 @@ class TalkerProcess:
             kind = msg[0]
             if kind == "out":
                 _, outputs, self._streams = msg
-                with self._drop_lock:
-                    outputs = [o for o in outputs if o.turn_id not in self._dropped]
+                outputs = self._taken(outputs)
                 if outputs:
                     try:
                         self._deliver(outputs)
