@@ -1,6 +1,6 @@
 """Per-kernel timings of a thinker decode layer at the real Ming-flash-omni-2.0 shapes (one GPU).
 
-    python bench/kernel_bench.py --out DIR [--tp 2] [--batches 1,16] [--tune] [--prefill]
+    python bench/kernel_bench.py --out DIR [--tp 2] [--batches 1,16] [--tune] [--prefill] [--live 0.75]
 
 Each op runs 50 times inside one CUDA graph (launch gaps as in the graphed decode step); the median
 per call over 10 replays is reported with the bytes it must move and the bandwidth that implies.
@@ -15,6 +15,7 @@ import argparse
 import datetime
 import itertools
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -67,7 +68,7 @@ def _w(*shape, scale=None):
 class Layer:
     """One rank's tensors of one MoE decode layer (random, bf16) and a batch of decode inputs."""
 
-    def __init__(self, tp: int, batch: int, kv_len: int):
+    def __init__(self, tp: int, batch: int, kv_len: int, live: float = 0.75):
         c = preset_config("ming-flash-omni-2.0").thinker
         self.c, self.b = c, batch
         d, hd = c.hidden_size, c.resolved_head_dim
@@ -97,6 +98,9 @@ class Layer:
         self.flat = self.x[:, 0]
         self.ids, self.weights = md.route(self.flat, self.gate, self.bias, c.num_experts_per_tok, c.n_group,
                                           c.topk_group, c.routed_scaling_factor, kernels=K)
+        # a bucket's padding: the last rows not live (the decode kernels skip them)
+        self.n_live = max(1, math.ceil(batch * live))
+        self.live = torch.arange(batch, device=DEV) < self.n_live
 
     def ops(self) -> dict:
         """name -> (callable, bytes it must move)."""
@@ -107,6 +111,7 @@ class Layer:
         k = self.c.num_experts_per_tok
         experts = len(set(self.ids.flatten().tolist()))
         moe_bytes = (experts + 1) * 3 * d * self.inter * e2
+        live_bytes = (len(set(self.ids[:self.n_live].flatten().tolist())) + 1) * 3 * d * self.inter * e2
         kv_bytes = b * self.kv * int(self.lengths[0]) * hd * e2 * 2
         return {
             "add_rms_norm": (lambda: add_rms_norm(self.x, self.x, self.norm_w, 1e-6, kernels=K), 3 * b * d * e2),
@@ -122,6 +127,9 @@ class Layer:
                                        self.c.routed_scaling_factor, kernels=K), self.gate.numel() * e2),
             "moe_decode": (lambda: md.moe_decode(self.flat, self.ids, self.weights, self.w_gu, self.w_dn, self.sg,
                                                  self.su, self.sd, kernels=K), moe_bytes),
+            f"moe_decode_live{self.n_live}": (lambda: md.moe_decode(
+                self.flat, self.ids, self.weights, self.w_gu, self.w_dn, self.sg, self.su, self.sd, kernels=K,
+                live=self.live), live_bytes),
             "lm_head_gemm": (lambda: F.linear(self.flat, self.lm), self.lm.numel() * e2),
         }
 
@@ -202,13 +210,15 @@ def main() -> None:
     ap.add_argument("--prefill", action="store_true", help="also time the prefill attention kernel against the "
                     "gathered, masked SDPA path it replaced")
     ap.add_argument("--tune-batches", default=None, help="batches to tune (default: all of --batches)")
+    ap.add_argument("--live", type=float, default=0.75, help="moe_decode_liveN: the experts with only this share "
+                    "of a batch's rows live (the rest a graph bucket's padding, skipped)")
     args = ap.parse_args()
     out = {"device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
            "torch": torch.__version__, "command": " ".join(sys.argv), "tp": args.tp, "kv_len": args.kv_len,
            "batches": {}}
     torch.manual_seed(0)
     for b in (int(v) for v in args.batches.split(",")):
-        layer = Layer(args.tp, b, args.kv_len)
+        layer = Layer(args.tp, b, args.kv_len, args.live)
         res = {}
         for name, (fn, nbytes) in layer.ops().items():
             us = graphed_us(fn)

@@ -142,6 +142,28 @@ def test_thinker_padding_row_writes_only_the_sink(case, thinker):
     torch.testing.assert_close(h[:1], ref, rtol=1e-5, atol=1e-5)
 
 
+def test_padding_tokens_read_no_expert_of_their_own(thinker, monkeypatch):
+    """A padding token (`live` False) goes to the first token's experts (no weight read for it alone), and the
+    router still records its own choice; the live tokens' outputs are unchanged."""
+    from realtime_ming.model import moe as moe_module
+
+    block = next(layer.mlp for layer in thinker.model.layers if layer.is_moe)
+    x = torch.randn(1, 6, thinker.cfg.hidden_size, generator=torch.Generator().manual_seed(3))
+    live = torch.tensor([True, True, True, False, False, False])
+    seen = []
+    for name in ("experts_gathered", "experts_grouped"):
+        real = getattr(moe_module, name)
+        monkeypatch.setattr(moe_module, name, lambda x, ids, *a, _real=real: (seen.append(ids), _real(x, ids, *a))[1])
+    routing = []
+    with torch.no_grad():
+        want = block(x)
+        got = block(x, live=live, routing=routing)
+    chosen, ran = routing[0].expert_ids.view(6, -1), seen[-1]
+    assert torch.equal(ran[:3], chosen[:3]) and torch.equal(ran[3:], chosen[:1].expand(3, -1))
+    assert not torch.equal(chosen[3:], chosen[:1].expand(3, -1))  # the remap did something
+    torch.testing.assert_close(got[:, :3], want[:, :3], rtol=1e-5, atol=1e-5)
+
+
 def test_thinker_stacked_experts_hold_checkpoint_tensors(thinker, fixture_root):
     """experts_gate_up[e] = [gate_proj; up_proj] and experts_down[e] = down_proj of checkpoint expert e."""
     from safetensors import safe_open

@@ -119,3 +119,25 @@ def test_moe_decode_matches_reference(dtype, tokens):
     want = routed.to(dtype) + shared
     assert got.dtype == dtype and got.shape == (tokens, d)
     assert _rel(got, want) < _tol(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_moe_decode_skips_padding_tokens(dtype):
+    """`live` False (a graph bucket's padding row): the token reads nothing -- a NaN input row and NaN weights of
+    the experts only it chose stay out of every output -- and gets exactly 0; the live tokens' outputs are the
+    unmasked call's, bit for bit."""
+    e, d, inter, k, tokens = 12, 128, 96, 2, 5
+    live = torch.tensor([True, False, True, True, False], device=DEVICE)
+    x = _randn(tokens, d, dtype=dtype)
+    w_gu = _randn(e, 2 * inter, d, dtype=dtype, seed=1, scale=d ** -0.5)
+    w_d = _randn(e, d, inter, dtype=dtype, seed=2, scale=inter ** -0.5)
+    sg, su = _randn(inter, d, dtype=dtype, seed=3, scale=d ** -0.5), _randn(inter, d, dtype=dtype, seed=4, scale=d ** -0.5)
+    sd = _randn(d, inter, dtype=dtype, seed=5, scale=inter ** -0.5)
+    ids = torch.tensor([[0, 1], [10, 11], [2, 3], [1, 4], [11, 10]], device=DEVICE)  # 10, 11: padding's own
+    weights = _randn(tokens, k, seed=6).abs() + 0.1
+    want = md.moe_decode(x, ids, weights, w_gu, w_d, sg, su, sd, kernels=ON)
+    x[~live] = float("nan")
+    w_gu[10:], w_d[10:] = float("nan"), float("nan")
+    got = md.moe_decode(x, ids, weights, w_gu, w_d, sg, su, sd, kernels=ON, live=live)
+    assert torch.equal(got[live], want[live])
+    assert torch.equal(got[~live], torch.zeros_like(got[~live]))

@@ -215,8 +215,12 @@ class SparseMoeBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, image_mask: torch.Tensor | None = None,
                 audio_mask: torch.Tensor | None = None, routing: list | None = None,
-                layer: int = -1) -> torch.Tensor:
-        """x [B, T, D]; masks [B, T] bool (prefill only; None = text gate) -> [B, T, D]."""
+                layer: int = -1, live: torch.Tensor | None = None) -> torch.Tensor:
+        """x [B, T, D]; masks [B, T] bool (prefill only; None = text gate) -> [B, T, D].
+
+        live [B*T] bool (None: all): False marks a padding token (a graph bucket's filler) whose output
+        is garbage: its routed experts cost nothing -- the decode kernels skip its pairs (its expert
+        output is 0), the other paths route it to the first token's experts (no extra expert read)."""
         b, t, d = x.shape
         flat = x.reshape(b * t, d)
         decoded = None
@@ -239,8 +243,10 @@ class SparseMoeBlock(nn.Module):
         if decoded is not None:  # routed + shared experts in two launches
             out = decode_kernels.moe_decode(flat, ids, weights, self.experts_gate_up, self.experts_down,
                                             shared.gate_proj.weight, shared.up_proj.weight, shared.down_proj.weight,
-                                            kernels=self.kernels)
+                                            kernels=self.kernels, live=live)
         if out is None:
+            if live is not None:
+                ids = torch.where(live[:, None], ids, ids[:1])
             experts = experts_gathered if ids.numel() <= GATHER_MAX_ROWS else experts_grouped
             if self.kernels.experts_apply(flat):
                 experts = fused_experts

@@ -127,11 +127,12 @@ class ThinkerLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, kernels=kernels)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, kernels=kernels)
 
-    def forward(self, x, h, cos, sin, mask, kv, slots, write_idx, kv_len, lengths, image_mask, audio_mask, routing):
+    def forward(self, x, h, cos, sin, mask, kv, slots, write_idx, kv_len, lengths, image_mask, audio_mask, routing,
+                live=None):
         h, x = self.post_attention_layernorm.add(x, self.attention(h, cos, sin, mask, kv, slots, write_idx, kv_len,
                                                                   lengths))
         if self.is_moe:
-            return x, self.mlp(h, image_mask, audio_mask, routing, self.index)
+            return x, self.mlp(h, image_mask, audio_mask, routing, self.index, live)
         return x, self.mlp(h)
 
 
@@ -222,7 +223,9 @@ class Thinker(nn.Module):
         # a padding token (cache position -1) attends to index 0 of its slot: a finite garbage output
         # instead of the NaN of an all-masked softmax row (NaN would reach the MoE router)
         q_pos = cache_positions if cache is None else cache_positions.clamp(min=0)
-        lengths = mask = None
+        lengths = mask = live = None
+        if cache is not None:  # padding rows' experts are skipped (their output is garbage anyway)
+            live = (cache_positions >= 0).reshape(-1)
         if cache is not None and self.kernels.applies(inputs_embeds) and (t == 1 or self._prefill_kernel):
             # the attention kernels read each row's slot in place, indices 0..position
             lengths = q_pos[:, 0] + 1 if t == 1 else q_pos + 1
@@ -232,7 +235,8 @@ class Thinker(nn.Module):
 
         def step(i, layer, x, h):
             kv = (cache.k[run[i]], cache.v[run[i]]) if cache is not None else None
-            return layer(x, h, cos, sin, mask, kv, slots, write_idx, kv_len, lengths, image_mask, audio_mask, routing)
+            return layer(x, h, cos, sin, mask, kv, slots, write_idx, kv_len, lengths, image_mask, audio_mask, routing,
+                         live)
 
         return prenorm_stack([self.model.layers[i] for i in run], inputs_embeds, lambda layer: layer.input_layernorm,
                              self.model.norm, step)

@@ -126,12 +126,17 @@ def route(x: torch.Tensor, weight: torch.Tensor, expert_bias: torch.Tensor, top_
 if triton is not None:
 
     @triton.jit
-    def _moe_gate_up_kernel(x_ptr, ids_ptr, w_ptr, sg_ptr, su_ptr, act_ptr, D, I, stride_x, stride_we, stride_wn,
-                            stride_s, TOPK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        """act[pair, n] = round(silu(round(x.g_n))) * round(x.u_n) for pair = (token, slot); slot TOPK = shared."""
+    def _moe_gate_up_kernel(x_ptr, ids_ptr, w_ptr, sg_ptr, su_ptr, act_ptr, live_ptr, D, I, stride_x, stride_we,
+                            stride_wn, stride_s, TOPK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                            HAS_LIVE: tl.constexpr):
+        """act[pair, n] = round(silu(round(x.g_n))) * round(x.u_n) for pair = (token, slot); slot TOPK = shared.
+        A token with live[token] == 0 (padding) is skipped: nothing read, its act rows left unwritten."""
         pair = tl.program_id(0).to(tl.int64)
         tok = pair // (TOPK + 1)
         slot = pair % (TOPK + 1)
+        if HAS_LIVE:
+            if tl.load(live_ptr + tok) == 0:
+                return
         n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         nok = n < I
         shared = slot == TOPK
@@ -157,12 +162,17 @@ if triton is not None:
         tl.store(act_ptr + pair * I + n, a.to(ty), mask=nok)
 
     @triton.jit
-    def _moe_down_kernel(act_ptr, ids_ptr, wts_ptr, w_ptr, sd_ptr, out_ptr, D, I, stride_we, stride_wn, stride_s,
-                         stride_o, TOPK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr):
-        """out[token, n] = round(round(sum_k w_k round(act_k . Wd_e[n])) + round(act_s . Wd_shared[n]))."""
+    def _moe_down_kernel(act_ptr, ids_ptr, wts_ptr, w_ptr, sd_ptr, out_ptr, live_ptr, D, I, stride_we, stride_wn,
+                         stride_s, stride_o, TOPK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
+                         HAS_LIVE: tl.constexpr):
+        """out[token, n] = round(round(sum_k w_k round(act_k . Wd_e[n])) + round(act_s . Wd_shared[n])); 0 for a
+        token with live[token] == 0 (nothing read)."""
         tok = tl.program_id(0).to(tl.int64)
         n = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
         nok = n < D
+        reads = I  # the act columns read: none for a padding token (its output: 0)
+        if HAS_LIVE:
+            reads = tl.where(tl.load(live_ptr + tok) != 0, I, 0)
         ty = out_ptr.dtype.element_ty
         k = tl.arange(0, BLOCK_K)
         routed = tl.zeros((BLOCK_D,), tl.float32)
@@ -175,7 +185,7 @@ if triton is not None:
                 base = sd_ptr + n[:, None].to(tl.int64) * stride_s
             acc = tl.zeros((BLOCK_D, BLOCK_K), tl.float32)
             a_row = act_ptr + (tok * (TOPK + 1) + slot) * I
-            for k0 in range(0, I, BLOCK_K):
+            for k0 in range(0, reads, BLOCK_K):
                 kk = k0 + k
                 kok = kk < I
                 a = tl.load(a_row + kk, mask=kok, other=0.0).to(tl.float32)
@@ -207,9 +217,10 @@ def _moe_tiles(n: int, k: int, inter: int, d: int) -> dict:
 
 def moe_decode(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w_gate_up: torch.Tensor,
                w_down: torch.Tensor, shared_gate: torch.Tensor, shared_up: torch.Tensor, shared_down: torch.Tensor,
-               *, kernels: Kernels, tune: dict | None = None) -> torch.Tensor | None:
+               *, kernels: Kernels, tune: dict | None = None, live: torch.Tensor | None = None) -> torch.Tensor | None:
     """Routed experts + shared expert of up to MAX_DECODE_TOKENS tokens: x [N, D] -> [N, D] in x's dtype
-    (this rank's partial sum under TP), or None when the kernels do not apply.
+    (this rank's partial sum under TP), or None when the kernels do not apply. live [N] bool (None: all):
+    a token marked False (a padding row) reads no weights and gets 0.
 
     ids/weights [N, k]; w_gate_up [E, 2I, D], w_down [E, D, I]; shared_gate/up [I, D], shared_down [D, I]
     (the shared expert must have the routed experts' width I).
@@ -225,13 +236,15 @@ def moe_decode(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w_gate
     pairs = n * (k + 1)
     t = {**_moe_tiles(n, k, inter, d), **(tune or {})}  # tune: benchmarks
     act = torch.empty(pairs, inter, device=x.device, dtype=x.dtype)
+    has_live = live is not None
+    live = live.contiguous() if has_live else x  # an unread pointer when every token is live
     _moe_gate_up_kernel[(pairs, triton.cdiv(inter, t["gu_n"]))](
-        x, ids.contiguous(), w_gate_up, shared_gate, shared_up, act, d, inter, x.stride(0), w_gate_up.stride(0),
-        w_gate_up.stride(1), shared_gate.stride(0), TOPK=k, BLOCK_N=t["gu_n"], BLOCK_K=t["gu_k"],
+        x, ids.contiguous(), w_gate_up, shared_gate, shared_up, act, live, d, inter, x.stride(0), w_gate_up.stride(0),
+        w_gate_up.stride(1), shared_gate.stride(0), TOPK=k, BLOCK_N=t["gu_n"], BLOCK_K=t["gu_k"], HAS_LIVE=has_live,
         num_warps=t["gu_warps"])
     out = torch.empty(n, d, device=x.device, dtype=x.dtype)
     _moe_down_kernel[(n, triton.cdiv(d, t["dn_d"]))](
-        act, ids.contiguous(), weights.float().contiguous(), w_down, shared_down, out, d, inter, w_down.stride(0),
-        w_down.stride(1), shared_down.stride(0), out.stride(0), TOPK=k, BLOCK_D=t["dn_d"],
-        BLOCK_K=min(t["dn_k"], triton.next_power_of_2(inter)), num_warps=t["dn_warps"])
+        act, ids.contiguous(), weights.float().contiguous(), w_down, shared_down, out, live, d, inter,
+        w_down.stride(0), w_down.stride(1), shared_down.stride(0), out.stride(0), TOPK=k, BLOCK_D=t["dn_d"],
+        BLOCK_K=min(t["dn_k"], triton.next_power_of_2(inter)), HAS_LIVE=has_live, num_warps=t["dn_warps"])
     return out
