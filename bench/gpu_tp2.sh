@@ -51,11 +51,12 @@ if [[ $steps == *" engine "* ]]; then
 fi
 if [[ $steps == *" steady "* ]]; then
   # the steady state at N=32 (12 closed-loop waves, lengths spread, starts staggered) for each variant of CONFIG in
-  # STEADY="name:key=value,key=value;name2:..." (default: the config as shipped), MODE (spoken) each
+  # STEADY="name:key=value,key=[1,2],key=value;name2:..." (default: the config as shipped), MODE (spoken) each
   IFS=';' read -ra variants <<< "${STEADY:-shipped:}"
   for variant in "${variants[@]}"; do
     name=${variant%%:*}; sets=()
-    IFS=',' read -ra pairs <<< "${variant#*:}"
+    # pairs split at commas outside brackets: a list value (key=[1,2,4]) stays one pair
+    mapfile -t pairs < <(python3 -c 'import re, sys; print("\n".join(re.split(r",(?![^\[]*\])", sys.argv[1])))' "${variant#*:}")
     for pair in "${pairs[@]}"; do [[ -n $pair ]] && sets+=(--set "$pair"); done
     timeout "${STEADY_TIMEOUT_S:-160}" python3 -m bench.engine_bench --modes "${MODE:-spoken}" --config "$config" \
       --set engine.preset=ming-flash-omni-2.0 --set engine.weights=dummy --max-tokens 12 --steps-per-word 2 \
