@@ -127,6 +127,31 @@ def instrument(engine: Engine) -> StepClock:
     return clock
 
 
+def loop_totals(engine: Engine) -> tuple[dict, int] | None:
+    """The talker loops' running totals summed over replicas, and how many (None: the engine thread steps the
+    talker); `TalkerLoop.loop_stats` / `TalkerProcess.loop_stats`."""
+    members = [m for m in getattr(engine._talker, "runners", [engine._talker]) if hasattr(m, "loop_stats")]
+    if not members:
+        return None
+    total: dict = defaultdict(float)
+    for member in members:
+        for key, value in (member.loop_stats() or {}).items():
+            total[key] += value
+    return dict(total), len(members)
+
+
+def loop_rates(before: tuple[dict, int] | None, after: tuple[dict, int] | None, wall: float) -> dict:
+    """A level's talker-loop figures from the totals before and after it, per replica where it says so."""
+    if before is None or after is None:
+        return {}
+    d = {k: after[0].get(k, 0) - before[0].get(k, 0) for k in after[0]}
+    n, launches = after[1], max(1, d.get("launches", 0))
+    return {"launches_per_s": d.get("launches", 0) / wall / n, "launch_ms": 1000 * d.get("launch_s", 0) / launches,
+            "finish_ms": 1000 * d.get("finish_s", 0) / launches, "idle": d.get("idle_s", 0) / wall / n,
+            "rows_per_step": d.get("rows", 0) / max(1, d.get("steps", 0)), "jobs_per_s": d.get("jobs", 0) / wall,
+            "admit_ms_per_job": 1000 * d.get("admit_s", 0) / max(1, d.get("jobs", 0))}
+
+
 def turn_tokens(index: int, max_tokens: int, spread: float) -> int:
     """Turn `index`'s thinker tokens: max_tokens, or with `spread` uniform in max_tokens x [1 - spread, 1 + spread]
     (seeded by the index: every run and every engine get the same lengths)."""
@@ -166,6 +191,7 @@ def run_level(engine: Engine, clock: StepClock, mode: str, n: int, round_index: 
                     done.set()
 
     clock.reset()
+    loops = loop_totals(engine)
     t0 = time.monotonic()
     for i, turn_id in enumerate(ids[:n]):
         if stagger_ms > 0 and i:
@@ -174,6 +200,7 @@ def run_level(engine: Engine, clock: StepClock, mode: str, n: int, round_index: 
     if not done.wait(600):
         raise RuntimeError(f"{mode} N={n}: only {len(results)} of {total} turns finished")
     wall = time.monotonic() - t0
+    loops = loop_rates(loops, loop_totals(engine), wall)
     for turn_id in ids:
         engine.close_conversation(turn_id)
     failed = [r for r in results.values() if not isinstance(r, TurnDone)]
@@ -191,6 +218,7 @@ def run_level(engine: Engine, clock: StepClock, mode: str, n: int, round_index: 
         "thinker_tok_per_s": tokens / thinker_span, "audio_s_per_wall_s": audio_s / wall, "turns_per_s": total / wall,
         "stages_ms": stages, "engine_thread_s": dict(clock.seconds), "calls": dict(clock.calls),
         "mean_talker_streams": clock.rows["talker_advance"] / max(1, clock.calls["talker_advance"]),
+        "talker_loops": loops,
     }
 
 
@@ -212,6 +240,8 @@ def summarise(samples: list[dict]) -> dict:
                           for st in rows[0]["stages_ms"] if any(r["stages_ms"][st] for r in rows)},
             "engine_thread_s": thread, "calls": calls,
             "ms_per_call": {k: 1000 * thread[k] / calls[k] for k in labels if calls[k]},
+            "talker_loops": {k: statistics.median(r["talker_loops"][k] for r in rows)
+                             for k in (rows[0].get("talker_loops") or {})},
         }
     return out
 
@@ -246,6 +276,16 @@ def _mode_markdown(mode: str, summary: dict, own_thread: bool = False) -> list[s
         busy = sum(thread.get(k, 0.0) for k in keys) / summary[n]["wall_s"]
         lines.append(f"| {n} | " + " | ".join(f"{per[k]:.1f} ({calls[k]:.0f})" if k in per else "–" for k in _THREAD_KEYS)
                      + f" | {busy:.2f} |")
+    if any(summary[n].get("talker_loops") for n in levels):
+        lines += ["", f"## {mode} turns: talker loops (per replica but jobs/s; median round)", "",
+                  "| N | launches/s | ms in launch | ms in finish | idle share | rows per step | jobs/s | ms to start a job |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for n in levels:
+            t = summary[n].get("talker_loops") or {}
+            if t:
+                lines.append(f"| {n} | {t['launches_per_s']:.1f} | {t['launch_ms']:.2f} | {t['finish_ms']:.2f} | "
+                             f"{t['idle']:.2f} | {t['rows_per_step']:.1f} | {t['jobs_per_s']:.1f} | "
+                             f"{t['admit_ms_per_job']:.2f} |")
     return lines + [""]
 
 
@@ -277,7 +317,10 @@ def markdown(meta: dict, summary: dict) -> str:
               "decisions, `vae_chunk`, PCM); `talker_prefill` starts one talker job; `talker_lm` / `talker_cfm_tail` "
               "show only when the talker runs eagerly."
               + (" The talker steps on its own thread (`engine.talker.own_thread`): the talker_* columns are that "
-                 "thread's, and busy / wall counts the thinker's two alone." if (ec.get("talker") or {}).get("own_thread")
+                 "thread's, and busy / wall counts the thinker's two alone. Talker loops: per replica, launches per "
+                 "second, ms per launch in `launch` (starting jobs, queuing steps) and in `finish` (waiting for the "
+                 "steps, stop decisions, VAE, PCM), the share of wall time idle and streams per step; jobs started per "
+                 "second over all replicas and the host ms to start one." if (ec.get("talker") or {}).get("own_thread")
                  else ""))
     lines = [f"# Engine benchmark — {meta['date']}", "", device, "", f"Command: `{meta['command']}`", "",
              work, "", legend, ""]

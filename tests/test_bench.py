@@ -182,6 +182,22 @@ def test_engine_bench_runs_and_writes_its_tables(tmp_path):
     assert "turns/s" in (tmp_path / "engine_bench.md").read_text()
 
 
+def test_engine_bench_reports_the_talker_processes_loops(tmp_path):
+    """With the talker in a process of its own, engine_bench reads the child's loop totals: a table of launches, time
+    in launch / finish, idle share, rows per step and job starts, every figure from the level's own work."""
+    import json
+
+    from bench import engine_bench
+
+    assert engine_bench.main(["--levels", "2", "--rounds", "1", "--waves", "2", "--modes", "spoken", "--max-tokens",
+                              "6", "--set", "engine.talker.own_thread=true", "--set", "engine.talker.own_process=true",
+                              "--out", str(tmp_path)]) == 0
+    loops = json.loads((tmp_path / "engine_bench.json").read_text())["samples"][0]["talker_loops"]
+    assert loops["launches_per_s"] > 0 and loops["launch_ms"] > 0 and loops["finish_ms"] > 0
+    assert 0 <= loops["idle"] < 1 and loops["rows_per_step"] >= 1 and loops["jobs_per_s"] > 0
+    assert "## spoken turns: talker loops" in (tmp_path / "engine_bench.md").read_text()
+
+
 def test_engine_bench_spread_lengths_and_staggered_starts(tmp_path):
     """--length-spread: each turn's tokens seeded by its index, within the spread, the mean kept; a closed loop with
     spread lengths and staggered starts runs every turn to its own length."""

@@ -224,3 +224,23 @@ def test_a_talker_process_on_a_thinker_gpu_is_warned(caplog):
         assert caplog.records == []
         warn_shared_gpus(bundle_on("cuda:1", "cuda:2"), cfg("cuda:0", "cuda:1"))
     assert len(caplog.records) == 1 and "on cuda:1, a thinker GPU" in caplog.records[0].getMessage()
+
+
+def test_the_talker_loops_report_their_time_and_work(fixture_root, bundle, engines):
+    """`loop_stats` (the benchmarks' view of a talker loop): the child process answers with the same totals of jobs
+    started and rows stepped as a loop on a thread for the same turns -- every talker step the turns report -- and
+    with the time it spent launching, finishing and idle."""
+    threaded = Engine(dataclasses.replace(_in_process(fixture_root), talker=dataclasses.replace(
+        _in_process(fixture_root).talker, own_process=False)), bundle)
+    child = Engine(_in_process(fixture_root), bundle)
+    engines += [threaded, child]
+    totals = []
+    for engine, tag in ((threaded, "t"), (child, "p")):
+        recs = _speak(engine, "stats-" + tag)
+        _wait_stats(engine, lambda s: s.talker_streams == 0)
+        stats = engine._talker.loop_stats()
+        assert stats["rows"] == sum(r.events[-1].talker_steps for r in recs)
+        assert stats["jobs"] >= len(recs) and stats["steps"] >= 1 and stats["launches"] >= stats["steps"] // 2
+        assert all(stats[k] > 0 for k in ("launch_s", "finish_s", "idle_s", "admit_s"))
+        totals.append((stats["jobs"], stats["rows"]))
+    assert totals[0] == totals[1]

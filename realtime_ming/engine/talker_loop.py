@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
@@ -121,6 +122,8 @@ class TalkerLoop(TalkerHandle):
         self._deliver, self._notify, self._die = deliver, notify, die
         self._ops: queue.SimpleQueue = queue.SimpleQueue()
         self._applied: dict[str, int] = {}  # loop thread: enqueues applied per turn
+        # loop thread, running totals (`loop_stats`): seconds in launches, in finishes, waiting for work with none
+        self._counts = {"launches": 0, "launch_s": 0.0, "finish_s": 0.0, "idle_s": 0.0}
         replica = getattr(talker, "replica", None)
         name = "realtime-ming-talker" if replica is None else f"realtime-ming-talker-{replica.index}"
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
@@ -149,6 +152,17 @@ class TalkerLoop(TalkerHandle):
     def num_streams(self) -> int:
         return self.talker.num_streams()  # a count read across threads: a snapshot
 
+    def loop_stats(self) -> dict:
+        """Running totals since start (a snapshot; any thread): launches and the loop's seconds in them (`launch_s`:
+        starting jobs, queuing steps), in finishes (`finish_s`: waiting for the steps, stop decisions, VAE, PCM) and
+        idle (`idle_s`: no work); the talker's host seconds starting jobs (`admit_s`), jobs started, steps queued and
+        rows stepped (`rows`: streams summed over steps)."""
+        out = dict(self._counts)
+        for runner in getattr(self.talker, "runners", [self.talker]):
+            for key, value in getattr(runner, "counts", {}).items():
+                out[key] = out.get(key, 0) + value
+        return out
+
     def capture(self, progress=None) -> None:
         """Capture the talker's graphs on the loop's thread; waits, and raises what the capture raised."""
         done, errors = threading.Event(), []
@@ -172,10 +186,13 @@ class TalkerLoop(TalkerHandle):
     def _run(self) -> None:
         while True:
             busy = self.talker.has_work() or self._inflight is not None
+            t0 = time.perf_counter()
             try:
                 op = self._ops.get(block=not busy)
             except queue.Empty:
                 op = None
+            if not busy:
+                self._counts["idle_s"] += time.perf_counter() - t0
             touched: set[str] = set()
             events = []
             while op is not None:
@@ -223,12 +240,18 @@ class TalkerLoop(TalkerHandle):
         """One launch of every stream's steps and one finish, its outputs delivered (pipelined: the launch queued
         before the previous one is finished, which is the one delivered; `launch=False` only finishes it)
         -> the failures (a failed step fails its turns)."""
+        counts = self._counts
         try:
+            t0 = time.perf_counter()
             queued = self.talker.launch(self.steps, keep=self.pipeline) \
                 if launch and self.talker.has_work() else None
+            t1 = time.perf_counter()
+            counts["launches"] += queued is not None
+            counts["launch_s"] += t1 - t0
             if self.pipeline:
                 queued, self._inflight = self._inflight, queued
             outputs = [] if queued is None else self.talker.finish(queued)
+            counts["finish_s"] += time.perf_counter() - t1
         except Exception as exc:
             self._inflight = None
             log.exception("talker step failed")

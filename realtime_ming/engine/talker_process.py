@@ -10,9 +10,9 @@ own pace and the parent only routes messages.
   is loaded twice and every replica keeps the same weights (the parent keeps them alive while the child runs).
 * **Voices**: the parent resolves a turn's voice (a preset's name, a cloned voice, or the default) to its prompt
   and sends each prompt to the child once, under a key; a prompt the parent drops is dropped by the child.
-* **Messages**: engine → child over one pipe (`enqueue`, `pause`, `resume`, `forget`, `drop`, `capture`,
+* **Messages**: engine → child over one pipe (`enqueue`, `pause`, `resume`, `forget`, `drop`, `capture`, `stats`,
   `stop`), child → engine over another (each step's outputs with the child's stream count, `Idle` and
-  `TalkerFailed` notices, capture progress and result). A reader thread in the parent hands outputs to
+  `TalkerFailed` notices, capture progress and result, the loop's running totals). A reader thread in the parent hands outputs to
   `deliver` and notices to `notify` in the child's order (a turn's last PCM before its `Idle`).
 * **Lifecycle**: a child that exits (killed, out of memory, a crash) closes its pipe: the reader thread sees it at
   once and calls `die` (the engine fails every turn and reports itself dead). `close` asks the child to stop and
@@ -107,6 +107,8 @@ class TalkerProcess(TalkerHandle):
         self._capture_error: str | None = None
         self._ready = threading.Event()
         self._start_error: str | None = None
+        self._stats_lock = threading.Lock()
+        self._stats: tuple[threading.Event, list] | None = None  # an asked `loop_stats`: its answer's box
         ctx = torch_mp.get_context("spawn")
         ops_r, ops_w = ctx.Pipe(duplex=False)
         out_r, out_w = ctx.Pipe(duplex=False)
@@ -151,6 +153,16 @@ class TalkerProcess(TalkerHandle):
 
     def num_streams(self) -> int:
         return self._streams
+
+    def loop_stats(self, timeout: float = 5.0) -> dict | None:
+        """The child's `TalkerLoop.loop_stats` (any thread; waits up to `timeout`, None when no answer came)."""
+        with self._stats_lock:
+            answered, box = threading.Event(), []
+            self._stats = (answered, box)
+            self._send(("stats",))
+            answered.wait(timeout)
+            self._stats = None
+            return box[0] if box else None
 
     @property
     def pid(self) -> int | None:
@@ -236,6 +248,11 @@ class TalkerProcess(TalkerHandle):
             elif kind == "progress":
                 if self._progress is not None:
                     self._progress(*msg[1:])
+            elif kind == "stats":
+                asked = self._stats
+                if asked is not None:
+                    asked[1].append(msg[1])
+                    asked[0].set()
             elif kind == "captured":
                 self._capture_error = msg[1]
                 self._captured.set()
@@ -294,6 +311,8 @@ def _child_main(spec: _Spec, tensors: tuple, ops, out) -> None:
                 voices.pop(op[1], None)
             elif kind in ("pause", "resume", "forget", "drop"):
                 getattr(loop, kind)(op[1])
+            elif kind == "stats":
+                send(("stats", loop.loop_stats()))
             elif kind == "capture":
                 try:
                     loop.capture(lambda *args: send(("progress", *args)))

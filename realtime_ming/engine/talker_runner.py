@@ -29,6 +29,7 @@ step's admission, before any new job, and goes on exactly as if it had never sto
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, replace
 
@@ -156,6 +157,8 @@ class TalkerRunner:
         self._job_count: dict[str, int] = {}  # jobs queued so far per turn (noise seeds)
         self._paused: set[str] = set()  # turns whose talker work waits for `resume`
         self._parked: dict[str, tuple[_Stream, list[torch.Tensor]]] = {}  # paused turn -> its stream, row state
+        # running totals (`TalkerLoop.loop_stats`): host seconds starting jobs, jobs started, steps queued, rows stepped
+        self.counts = {"admit_s": 0.0, "jobs": 0, "steps": 0, "rows": 0}
         tok = bundle.talker_tokenizer
         self._encode = lambda text: tok.encode(text, add_special_tokens=False).ids
 
@@ -246,7 +249,10 @@ class TalkerRunner:
         one's `finish` (a pipelined talker: the GPU runs the next steps while the host reads these). Launches are
         finished in order; only `launch` may run between one and its `finish` (pause, cancel and forget wait)."""
         with self._gpu.talker():
+            t0 = time.perf_counter()
             started = self._admit()
+            self.counts["admit_s"] += time.perf_counter() - t0
+            self.counts["jobs"] += sum(o.first_step for o in started)
             if not self.streams:
                 return _Launched(started, [])
             with torch.no_grad():
@@ -366,6 +372,8 @@ class TalkerRunner:
             queued.append(QueuedStep.queue(*self._advance(self.streams[:n]), keep=keep or i < len(rows)))
         for s in self.streams:  # a lead's second step is queued
             s.lead = False
+        self.counts["steps"] += len(queued)
+        self.counts["rows"] += len(self.streams) + sum(rows)
         return queued
 
     def _advance(self, streams: list[_Stream]) -> tuple:
