@@ -60,6 +60,8 @@ from realtime_ming.engine.config import (
 from realtime_ming.engine.talker_loop import TalkerLoop
 from realtime_ming.engine.talker_process import TalkerProcess
 
+from bench.loop_stats import LOOP_HEADER, loop_members, loop_rates, loop_row, loop_totals
+
 __all__ = ["main", "run_level"]
 
 REPLY = ("Sure. The weather today looks sunny, with a light breeze from the west and a high of twenty degrees. "
@@ -127,31 +129,6 @@ def instrument(engine: Engine) -> StepClock:
     return clock
 
 
-def loop_totals(engine: Engine) -> tuple[dict, int] | None:
-    """The talker loops' running totals summed over replicas, and how many (None: the engine thread steps the
-    talker); `TalkerLoop.loop_stats` / `TalkerProcess.loop_stats`."""
-    members = [m for m in getattr(engine._talker, "runners", [engine._talker]) if hasattr(m, "loop_stats")]
-    if not members:
-        return None
-    total: dict = defaultdict(float)
-    for member in members:
-        for key, value in (member.loop_stats() or {}).items():
-            total[key] += value
-    return dict(total), len(members)
-
-
-def loop_rates(before: tuple[dict, int] | None, after: tuple[dict, int] | None, wall: float) -> dict:
-    """A level's talker-loop figures from the totals before and after it, per replica where it says so."""
-    if before is None or after is None:
-        return {}
-    d = {k: after[0].get(k, 0) - before[0].get(k, 0) for k in after[0]}
-    n, launches = after[1], max(1, d.get("launches", 0))
-    return {"launches_per_s": d.get("launches", 0) / wall / n, "launch_ms": 1000 * d.get("launch_s", 0) / launches,
-            "finish_ms": 1000 * d.get("finish_s", 0) / launches, "idle": d.get("idle_s", 0) / wall / n,
-            "rows_per_step": d.get("rows", 0) / max(1, d.get("steps", 0)), "jobs_per_s": d.get("jobs", 0) / wall,
-            "admit_ms_per_job": 1000 * d.get("admit_s", 0) / max(1, d.get("jobs", 0))}
-
-
 def turn_tokens(index: int, max_tokens: int, spread: float) -> int:
     """Turn `index`'s thinker tokens: max_tokens, or with `spread` uniform in max_tokens x [1 - spread, 1 + spread]
     (seeded by the index: every run and every engine get the same lengths)."""
@@ -191,7 +168,7 @@ def run_level(engine: Engine, clock: StepClock, mode: str, n: int, round_index: 
                     done.set()
 
     clock.reset()
-    loops = loop_totals(engine)
+    loops = loop_totals(loop_members(engine._talker))
     t0 = time.monotonic()
     for i, turn_id in enumerate(ids[:n]):
         if stagger_ms > 0 and i:
@@ -200,7 +177,7 @@ def run_level(engine: Engine, clock: StepClock, mode: str, n: int, round_index: 
     if not done.wait(600):
         raise RuntimeError(f"{mode} N={n}: only {len(results)} of {total} turns finished")
     wall = time.monotonic() - t0
-    loops = loop_rates(loops, loop_totals(engine), wall)
+    loops = loop_rates(loops, loop_totals(loop_members(engine._talker)), wall)
     for turn_id in ids:
         engine.close_conversation(turn_id)
     failed = [r for r in results.values() if not isinstance(r, TurnDone)]
@@ -278,14 +255,8 @@ def _mode_markdown(mode: str, summary: dict, own_thread: bool = False) -> list[s
                      + f" | {busy:.2f} |")
     if any(summary[n].get("talker_loops") for n in levels):
         lines += ["", f"## {mode} turns: talker loops (per replica but jobs/s; median round)", "",
-                  "| N | launches/s | ms in launch | ms in finish | idle share | rows per step | jobs/s | ms to start a job |",
-                  "|---|---|---|---|---|---|---|---|"]
-        for n in levels:
-            t = summary[n].get("talker_loops") or {}
-            if t:
-                lines.append(f"| {n} | {t['launches_per_s']:.1f} | {t['launch_ms']:.2f} | {t['finish_ms']:.2f} | "
-                             f"{t['idle']:.2f} | {t['rows_per_step']:.1f} | {t['jobs_per_s']:.1f} | "
-                             f"{t['admit_ms_per_job']:.2f} |")
+                  "| N " + LOOP_HEADER[0], "|---" + LOOP_HEADER[1]]
+        lines += [f"| {n} | {loop_row(summary[n]['talker_loops'])} |" for n in levels if summary[n].get("talker_loops")]
     return lines + [""]
 
 

@@ -8,6 +8,8 @@ closed loop keeps `--streams` turns of `--words` words live (a turn that ends is
 and counts the turns finished and the audio spoken in `--seconds` after a warm-up. On GPUs only.
 
     python3 -m bench.talker_pool_bench --devices cuda:0,cuda:1 --streams 32 --gil-duty 0,0.7 --out OUT
+    python3 -m bench.talker_pool_bench --devices cuda:0,cuda:1 --streams 22 --segments 1,5,5 --members process \
+        --gil-duty 0 --out OUT     # turns of three jobs, as the engine's replies: what starting jobs costs
     python3 -m bench.talker_pool_bench --replot OUT/talker_pool_bench.json     # the plot again, from the JSON
 """
 
@@ -36,6 +38,7 @@ from realtime_ming.model.presets import preset_config
 from realtime_ming.model.talker import Talker
 from realtime_ming.model.vae import AudioVAE
 
+from .loop_stats import LOOP_HEADER, loop_members, loop_rates, loop_row, loop_totals
 from .report import agg_pyplot, save_figure
 
 RATE = 44_100
@@ -87,7 +90,7 @@ class GilHog:
             self._thread.join()
 
 
-def run(bundle, cfg: EngineConfig, member: str, streams: int, words: int, warm_s: float, seconds: float,
+def run(bundle, cfg: EngineConfig, member: str, streams: int, segments: list[int], warm_s: float, seconds: float,
         duty: float) -> dict:
     samples, reports, died = [0], queue.SimpleQueue(), []
     counting = [False]
@@ -108,14 +111,15 @@ def run(bundle, cfg: EngineConfig, member: str, streams: int, words: int, warm_s
     hog = None
     try:
         pool.capture()
-        text = " ".join(["word"] * words)
+        texts = [" ".join(["word"] * words) for words in segments]  # each a talker job of its own
         live, serial = set(), [0]
 
         def start() -> None:
             turn = f"t{serial[0]}"
             serial[0] += 1
             live.add(turn)
-            pool.enqueue(turn, 0, text, None, seed=serial[0])
+            for i, text in enumerate(texts):
+                pool.enqueue(turn, i, text, None, seed=serial[0])
 
         for _ in range(streams):
             start()
@@ -125,6 +129,7 @@ def run(bundle, cfg: EngineConfig, member: str, streams: int, words: int, warm_s
         while t_count is None or time.perf_counter() - t_count < seconds:  # a full window after the warm-up
             if t_count is None and time.perf_counter() - t0 >= warm_s:
                 counting[0], done, t_count = True, 0, time.perf_counter()
+                loops = loop_totals(loop_members(pool))
             if make is None:
                 for out in pool.step():
                     deliver([out])
@@ -143,12 +148,14 @@ def run(bundle, cfg: EngineConfig, member: str, streams: int, words: int, warm_s
                 start()
             assert not died, died
         elapsed = time.perf_counter() - t_count
+        loops = loop_rates(loops, loop_totals(loop_members(pool)), elapsed)
     finally:
         if hog is not None:
             hog.stop()
         pool.close()
-    return {"member": member, "gil_duty": duty, "streams": streams, "words": words, "seconds": round(elapsed, 2),
-            "turns_per_s": round(done / elapsed, 2), "audio_s_per_s": round(samples[0] / RATE / elapsed, 2)}
+    return {"member": member, "gil_duty": duty, "streams": streams, "segments": segments,
+            "seconds": round(elapsed, 2), "turns_per_s": round(done / elapsed, 2),
+            "audio_s_per_s": round(samples[0] / RATE / elapsed, 2), "loops": loops}
 
 
 def plot(report: dict, path: Path) -> Path | None:
@@ -180,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--preset", default="ming-flash-omni-2.0", help="the talker's shapes (tiny: a CPU smoke test)")
     ap.add_argument("--streams", type=int, default=32)
     ap.add_argument("--words", type=int, default=8)
+    ap.add_argument("--segments", default=None, help="words per talker job of a turn, e.g. 1,5,5 (one job after "
+                    "another, as a reply's segments; default: one job of --words)")
     ap.add_argument("--steps-per-word", type=int, default=2)
     ap.add_argument("--members", default="stepped,thread,process")
     ap.add_argument("--gil-duty", default="0,0.7", help="shares of time another thread holds the GIL")
@@ -197,6 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is None:
         ap.error("--out is required")
     devices = args.devices.split(",")
+    segments = [int(w) for w in args.segments.split(",")] if args.segments else [args.words]
+    if not segments or min(segments) < 1:
+        ap.error("--segments: positive word counts")
     bundle = talker_bundle(args.preset, devices)
     per_replica = -(-args.streams // len(devices))
     buckets = tuple(b for b in (1, 2, 4, 8, 16, 24, 32, 48, 64) if b < per_replica) + (per_replica,)
@@ -212,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
             for k in range(args.rounds):
                 print(f"[{member}, GIL duty {duty}] round {k + 1}/{args.rounds}: capture, then "
                       f"{args.warm_s + args.seconds:.0f} s of turns", flush=True)
-                rounds.append(run(bundle, cfg, member, args.streams, args.words, args.warm_s, args.seconds, duty))
+                rounds.append(run(bundle, cfg, member, args.streams, segments, args.warm_s, args.seconds, duty))
                 print(json.dumps(rounds[-1]), flush=True)
             row = dict(rounds[0], rounds=[r["turns_per_s"] for r in rounds])
             for key in ("turns_per_s", "audio_s_per_s"):
@@ -229,6 +241,9 @@ def main(argv: list[str] | None = None) -> int:
              "|---|---|---|---|---|---|"]
     lines += [f"| {r['member']} | {r['gil_duty']} | {r['streams']} | {r['turns_per_s']:.1f} | {r['audio_s_per_s']:.1f} "
               f"| {', '.join(f'{x:.1f}' for x in r['rounds'])} |" for r in results]
+    lines += ["", f"Talker loops (the first round; per replica but jobs/s), words per job {segments}:", "",
+              "| member | GIL duty " + LOOP_HEADER[0], "|---|---" + LOOP_HEADER[1]]
+    lines += [f"| {r['member']} | {r['gil_duty']} | {loop_row(r['loops'])} |" for r in results if r["loops"]]
     (args.out / "talker_pool_bench.md").write_text(f"{meta['gpu']} x {len(devices)}\n\n" + "\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -270,3 +270,21 @@ def test_talker_pool_bench_runs_every_member_and_writes_its_report(tmp_path):
     assert all(r["audio_s_per_s"] > 0 and r["seconds"] >= 1.5 for r in saved["results"])  # every cell spoke
     assert "| process | 0.7 |" in (tmp_path / "talker_pool_bench.md").read_text()
     assert (tmp_path / "talker_pool_bench.png").stat().st_size > 0
+    loops = {r["member"]: r["loops"] for r in saved["results"]}
+    assert loops["stepped"] == {}  # the caller steps it: no loop of its own
+    assert all(loops[m]["launches_per_s"] > 0 and loops[m]["launch_ms"] > 0 for m in ("thread", "process"))
+    assert "| process | 0.7 | " in (tmp_path / "talker_pool_bench.md").read_text().split("Talker loops")[1]
+
+
+def test_talker_pool_bench_speaks_turns_of_several_jobs(tmp_path):
+    """--segments: each turn is that many talker jobs (one after another), and the loops start them all."""
+    import json
+
+    from bench import talker_pool_bench
+
+    assert talker_pool_bench.main(["--preset", "tiny", "--devices", "cpu", "--streams", "2", "--segments", "1,2,2",
+                                   "--members", "process", "--warm-s", "0.5", "--seconds", "1.5", "--gil-duty", "0",
+                                   "--out", str(tmp_path)]) == 0
+    row = json.loads((tmp_path / "talker_pool_bench.json").read_text())["results"][0]
+    assert row["segments"] == [1, 2, 2] and row["turns_per_s"] > 0
+    assert row["loops"]["jobs_per_s"] >= 2.5 * row["turns_per_s"]  # three jobs a turn (the window's edges aside)
