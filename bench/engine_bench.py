@@ -168,7 +168,7 @@ def run_level(engine: Engine, clock: StepClock, mode: str, n: int, round_index: 
                     done.set()
 
     clock.reset()
-    loops = loop_totals(loop_members(engine._talker))
+    loops_before = loop_totals(loop_members(engine._talker))
     t0 = time.monotonic()
     for i, turn_id in enumerate(ids[:n]):
         if stagger_ms > 0 and i:
@@ -177,7 +177,7 @@ def run_level(engine: Engine, clock: StepClock, mode: str, n: int, round_index: 
     if not done.wait(600):
         raise RuntimeError(f"{mode} N={n}: only {len(results)} of {total} turns finished")
     wall = time.monotonic() - t0
-    loops = loop_rates(loops, loop_totals(loop_members(engine._talker)), wall)
+    loops = loop_rates(loops_before, loop_totals(loop_members(engine._talker)), wall)
     for turn_id in ids:
         engine.close_conversation(turn_id)
     failed = [r for r in results.values() if not isinstance(r, TurnDone)]

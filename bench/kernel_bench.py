@@ -68,7 +68,7 @@ def _w(*shape, scale=None):
 class Layer:
     """One rank's tensors of one MoE decode layer (random, bf16) and a batch of decode inputs."""
 
-    def __init__(self, tp: int, batch: int, kv_len: int, live: float = 0.75):
+    def __init__(self, tp: int, batch: int, kv_len: int, live: float):
         c = preset_config("ming-flash-omni-2.0").thinker
         self.c, self.b = c, batch
         d, hd = c.hidden_size, c.resolved_head_dim

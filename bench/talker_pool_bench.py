@@ -129,7 +129,7 @@ def run(bundle, cfg: EngineConfig, member: str, streams: int, segments: list[int
         while t_count is None or time.perf_counter() - t_count < seconds:  # a full window after the warm-up
             if t_count is None and time.perf_counter() - t0 >= warm_s:
                 counting[0], done, t_count = True, 0, time.perf_counter()
-                loops = loop_totals(loop_members(pool))
+                loops_before = loop_totals(loop_members(pool))
             if make is None:
                 for out in pool.step():
                     deliver([out])
@@ -148,7 +148,7 @@ def run(bundle, cfg: EngineConfig, member: str, streams: int, segments: list[int
                 start()
             assert not died, died
         elapsed = time.perf_counter() - t_count
-        loops = loop_rates(loops, loop_totals(loop_members(pool)), elapsed)
+        loops = loop_rates(loops_before, loop_totals(loop_members(pool)), elapsed)
     finally:
         if hog is not None:
             hog.stop()
@@ -206,9 +206,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is None:
         ap.error("--out is required")
     devices = args.devices.split(",")
-    segments = [int(w) for w in args.segments.split(",")] if args.segments else [args.words]
+    try:
+        segments = [int(w) for w in args.segments.split(",")] if args.segments else [args.words]
+    except ValueError:
+        segments = []
     if not segments or min(segments) < 1:
-        ap.error("--segments: positive word counts")
+        ap.error(f"--segments: positive word counts separated by commas, got {args.segments!r}")
     bundle = talker_bundle(args.preset, devices)
     per_replica = -(-args.streams // len(devices))
     buckets = tuple(b for b in (1, 2, 4, 8, 16, 24, 32, 48, 64) if b < per_replica) + (per_replica,)
