@@ -11,11 +11,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
-from importlib import metadata
 from collections.abc import Callable
-from typing import NoReturn
+from importlib import metadata
+
+from ._exit import exit_now
 
 __all__ = ["build_parser", "main", "serve_config"]
 
@@ -93,21 +93,9 @@ def _run_serve(args: argparse.Namespace) -> int:
             code = run_server(cfg)
     except StartupError as exc:
         return _fail(exc)
-    _exit_served(code)
+    exit_now(code)  # once shut down: finalization could abort a clean exit (see `exit_now`)
 
 
-def _exit_served(code: int) -> NoReturn:
-    """End the process once the server has shut down (sessions drained, engine and workers closed): logs and
-    stdio flushed, then `os._exit(code)`. Interpreter finalization would tear down native thread pools (torch,
-    onnxruntime) under threads still parked in them, which now and then aborts a clean shutdown with SIGABRT
-    ("terminate called without an active exception") instead of exiting with `code`."""
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code)
 
 
 _BENCH_MISSING = (

@@ -125,22 +125,22 @@ def test_workers_exit_when_rank0_dies(fixture_root):
         pytest.fail(f"worker {pid} outlived its killed rank 0 by 10 s")
 
 
-def test_a_worker_that_left_its_group_exits_0_without_interpreter_finalization(tmp_path):
-    """After a clean leave a worker's exit code is its acknowledgement; the interpreter's finalization, where
-    torch's distributed teardown can still abort (SIGABRT, seen once in CI), is skipped, and what the worker
-    wrote and logged is flushed first."""
+def test_exit_now_flushes_then_skips_interpreter_finalization():
+    """How a worker that left its group ends (`_exit.exit_now`, also the served CLI's end): its exit code is its
+    acknowledgement, so the interpreter's finalization, where torch's distributed teardown can still abort
+    (SIGABRT, seen once in CI after a clean gloo leave), is skipped; what it wrote and logged is flushed first."""
     import subprocess
     import sys
     from pathlib import Path
 
     script = (
         "import atexit, logging, sys\n"
-        "from realtime_ming.engine import tp\n"
+        "from realtime_ming import _exit\n"
         "logging.basicConfig(stream=sys.stderr, format='%(message)s')\n"
         "atexit.register(lambda: print('finalized', flush=True))\n"
         "sys.stdout.write('unflushed ')\n"
         "logging.getLogger('w').error('logged')\n"
-        "tp._exit_now(0)\n"
+        "_exit.exit_now(0)\n"
         "print('after exit')\n"
     )
     repo = Path(__file__).resolve().parent.parent

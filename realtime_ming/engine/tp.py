@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -33,6 +32,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from .._exit import exit_now
 from ..model.config import CheckpointConfig
 from ..model.kernels import TRITON, Kernels
 from ..model.kernels.all_reduce import OneShotAllReduce
@@ -208,21 +208,7 @@ def _worker(rank: int, launch: TPLaunch, parent: int) -> None:
     if not _bounded(lambda: _leave_group(device), CLOSE_TIMEOUT_S / 2, f"tp-rank-{rank}-leave"):
         log.error("tp rank %d could not leave the process group within %.0f s", rank, CLOSE_TIMEOUT_S / 2)
         os._exit(EXIT_LEAVE_STUCK)  # the stuck teardown thread would also block a normal interpreter exit
-    _exit_now(0)
-
-
-def _exit_now(code: int) -> None:
-    """End a worker that has left its group: flush what it wrote, then exit without interpreter finalization.
-    The worker's acknowledgement is its exit code, and finalization is where torch's distributed teardown can
-    still abort (a C++ thread destroyed while joinable: "terminate called without an active exception",
-    SIGABRT, seen once in CI on gloo after a clean leave); the OS frees everything a worker holds."""
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError, AttributeError):  # closed or replaced: nothing left to flush
-            pass
-    os._exit(code)
+    exit_now(0)  # its acknowledgement: finalization could still abort it (torch's teardown, seen once in CI)
 
 
 class ThinkerProxy:
