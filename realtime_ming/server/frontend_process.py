@@ -12,9 +12,9 @@ import asyncio
 import logging
 import os
 import socket
-import sys
 from multiprocessing.connection import Connection
 
+from .._exit import exit_now
 from .app import serve_until_signal
 from .config import ServerConfig
 from .handoff import HandoffLoop
@@ -51,7 +51,7 @@ def frontend_main(cfg: ServerConfig, index: int, sock: socket.socket, channel: s
     finally:
         if engine is not None:
             engine.close()
-    sys.exit(code)
+    exit_now(code)  # finalization could abort a clean exit (onnxruntime, torch threads: see `exit_now`)
 
 
 def _tell(status: Connection, message: tuple) -> None:
