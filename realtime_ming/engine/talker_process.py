@@ -35,6 +35,7 @@ import torch
 import torch.multiprocessing as torch_mp
 from tokenizers import Tokenizer
 
+from .._exit import exit_now
 from ..model.config import CheckpointConfig
 from ..model.talker import TalkerSpecialIds, VoicePrompt
 from .config import EngineConfig
@@ -327,6 +328,7 @@ def _child_main(spec: _Spec, tensors: tuple, ops, out) -> None:
         # the adopted tensors are released before the process exits, so the parent's CUDA IPC count falls to zero
         del loop, runner, voices
         gc.collect()
+    exit_now(0)  # stopped cleanly: its exit code says so (finalization could still abort it, see `exit_now`)
 
 
 _BACKENDS = (("matmul", "allow_tf32"), ("matmul", "allow_fp16_reduced_precision_reduction"),
