@@ -96,8 +96,6 @@ def _run_serve(args: argparse.Namespace) -> int:
     exit_now(code)  # once shut down: finalization could abort a clean exit (see `exit_now`)
 
 
-
-
 _BENCH_MISSING = (
     "realtime-ming: the benchmark ships with the source checkout, not the package: in the checkout's "
     "root run `python -m bench --url ws://HOST:PORT/v1/realtime ...` (plots: pip install 'realtime-ming[bench]')"
