@@ -157,11 +157,7 @@ class TalkerLoop(TalkerHandle):
         starting jobs, queuing steps), in finishes (`finish_s`: waiting for the steps, stop decisions, VAE, PCM) and
         idle (`idle_s`: no work); the talker's host seconds starting jobs (`admit_s`), jobs started, steps queued and
         rows stepped (`rows`: streams summed over steps)."""
-        out = dict(self._counts)
-        for runner in getattr(self.talker, "runners", [self.talker]):
-            for key, value in getattr(runner, "counts", {}).items():
-                out[key] = out.get(key, 0) + value
-        return out
+        return {**self._counts, **self.talker.counts}  # the loop's and its runner's (one runner: no pool here)
 
     def capture(self, progress=None) -> None:
         """Capture the talker's graphs on the loop's thread; waits, and raises what the capture raised."""
