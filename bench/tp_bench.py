@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_timing import measure_ceilings, param_bytes
 
+from realtime_ming._exit import exit_now
 from realtime_ming.engine.graphs import BucketedGraph, GraphInput
 from realtime_ming.model import moe
 from realtime_ming.model.config import ThinkerConfig, load_checkpoint_config
@@ -447,6 +448,11 @@ def _worker(rank: int, args, port: int) -> None:
         dist.destroy_process_group()
 
 
+def _spawned_worker(rank: int, args, port: int) -> None:
+    _worker(rank, args, port)
+    exit_now(0)  # finished: interpreter finalization could still abort the rank (torch's thread teardown)
+
+
 def _bench_rank(rank: int, args, device: torch.device) -> None:
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
     one_shot = OneShotAllReduce(device, dtype) if args.all_reduce == "one_shot" and args.tp > 1 else None
@@ -559,7 +565,7 @@ def main(argv=None) -> None:
     if args.tp == 1:
         _worker(0, args, port)
     else:
-        mp.spawn(_worker, args=(args, port), nprocs=args.tp, join=True)
+        mp.spawn(_spawned_worker, args=(args, port), nprocs=args.tp, join=True)
 
 
 if __name__ == "__main__":

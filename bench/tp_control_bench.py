@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from realtime_ming._exit import exit_now
 from realtime_ming.engine.tp_wire import Publisher, Receiver
 
 
@@ -95,7 +96,9 @@ def _rank(rank: int, devices: list[str], port: int, iters: int, rows: int, out: 
     if rank == 0:
         with open(out, "w") as f:
             json.dump({"devices": devices, "iters": iters, "torch": torch.__version__, "per_call": report}, f, indent=2)
+    dist.barrier()
     dist.destroy_process_group()
+    exit_now(0)  # finished: interpreter finalization could still abort the rank (torch's thread teardown)
 
 
 def main() -> None:

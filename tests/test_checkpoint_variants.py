@@ -11,10 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from safetensors.torch import save_file
-from thinker_support import free_port, greedy_decode
+from thinker_support import greedy_decode, spawn_ranks
 
 from realtime_ming.model.config import MingConfig, load_checkpoint_config, parse
 from realtime_ming.model.layers import TPGroup
@@ -161,14 +159,10 @@ def test_real_thinker_builds_at_tp8_with_replicated_kv_heads(fixture_root, rank)
     assert narrow_for_rank(full, qkv.tp_dim, qkv.tp_splits, tp).shape == qkv.shape
 
 
-def _worker(rank: int, world: int, port: int, root: str, ids: torch.Tensor, out_dir: str) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    try:
-        thinker = load_thinker(root, tp=TPGroup(rank, world))
-        kv_heads = thinker.model.layers[0].attention.num_kv
-        torch.save((*greedy_decode(thinker, ids, NEW_TOKENS), kv_heads), f"{out_dir}/rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+def _worker(rank: int, world: int, root: str, ids: torch.Tensor, out_dir: str) -> None:
+    thinker = load_thinker(root, tp=TPGroup(rank, world))
+    kv_heads = thinker.model.layers[0].attention.num_kv
+    torch.save((*greedy_decode(thinker, ids, NEW_TOKENS), kv_heads), f"{out_dir}/rank{rank}.pt")
 
 
 def _assert_tp_matches_tp1(root: Path, world: int, tmp_path: Path) -> None:
@@ -176,7 +170,7 @@ def _assert_tp_matches_tp1(root: Path, world: int, tmp_path: Path) -> None:
     assert load_checkpoint_config(root).thinker.num_key_value_heads < world  # the replicated case
     ids = torch.arange(5, 5 + 13)[None]
     ref_logits, ref_tokens = greedy_decode(load_thinker(root), ids, NEW_TOKENS)
-    mp.spawn(_worker, args=(world, free_port(), str(root), ids, str(tmp_path)), nprocs=world, join=True)
+    spawn_ranks(_worker, world, world, str(root), ids, str(tmp_path))
     for rank in range(world):
         logits, tokens, kv_heads = torch.load(tmp_path / f"rank{rank}.pt")
         assert kv_heads == 1

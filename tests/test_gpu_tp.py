@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from thinker_support import spawn_ranks
 
 from realtime_ming.engine.graphs import BucketedGraph, GraphInput
 from realtime_ming.model.kernels import TRITON
@@ -20,12 +18,6 @@ WORLD = 2
 NEW_TOKENS = 4
 pytestmark = pytest.mark.skipif(torch.cuda.device_count() < WORLD,
                                 reason=f"needs {WORLD} CUDA GPUs (found {torch.cuda.device_count()})")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @torch.no_grad()
@@ -52,17 +44,12 @@ def _run(thinker, ids: torch.Tensor, device: str, graphed: bool):
     return logits.cpu(), torch.stack(out, dim=1).cpu()
 
 
-def _worker(rank: int, port: int, root: str, ids: torch.Tensor, out_dir: str, all_reduce: str) -> None:
-    torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
-    try:
-        one_shot = OneShotAllReduce(f"cuda:{rank}", torch.float32) if all_reduce == "one_shot" else None
-        tp = TPGroup(rank, WORLD, one_shot=one_shot)
-        thinker = load_thinker(root, tp=tp, device=f"cuda:{rank}", kernels=TRITON)
-        results = [_run(thinker, ids, f"cuda:{rank}", graphed) for graphed in (False, True)]
-        torch.save(results, f"{out_dir}/rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+def _worker(rank: int, root: str, ids: torch.Tensor, out_dir: str, all_reduce: str) -> None:
+    one_shot = OneShotAllReduce(f"cuda:{rank}", torch.float32) if all_reduce == "one_shot" else None
+    tp = TPGroup(rank, WORLD, one_shot=one_shot)
+    thinker = load_thinker(root, tp=tp, device=f"cuda:{rank}", kernels=TRITON)
+    results = [_run(thinker, ids, f"cuda:{rank}", graphed) for graphed in (False, True)]
+    torch.save(results, f"{out_dir}/rank{rank}.pt")
 
 
 @pytest.mark.parametrize("all_reduce", ["nccl", "one_shot"])
@@ -72,50 +59,45 @@ def test_fixture_thinker_tp2_nccl_matches_tp1(fixture_root, load_case, tmp_path,
     tensors, _ = load_case("thinker_text")
     ids = tensors["input_ids"]
     ref_logits, ref_tokens = _run(load_thinker(fixture_root, device="cuda:0", kernels=TRITON), ids, "cuda:0", graphed=False)
-    mp.spawn(_worker, args=(_free_port(), str(fixture_root), ids, str(tmp_path), all_reduce), nprocs=WORLD, join=True)
+    spawn_ranks(_worker, WORLD, str(fixture_root), ids, str(tmp_path), all_reduce, backend="nccl")
     for rank in range(WORLD):
         for logits, tokens in torch.load(tmp_path / f"rank{rank}.pt"):
             torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
             assert torch.equal(tokens, ref_tokens)
 
 
-def _one_shot_worker(rank: int, port: int, out_dir: str) -> None:
-    torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
-    try:
-        ar = OneShotAllReduce(f"cuda:{rank}", torch.bfloat16, max_bytes=64 * 1024)
-        gen = torch.Generator(device=f"cuda:{rank}").manual_seed(rank)
-        results = {}
-        for rows in (1, 3, 8):  # [rows, 1, 4096] bf16 = 8 KiB per row: all within max_bytes
-            x = torch.randn(rows, 1, 4096, generator=gen, device=f"cuda:{rank}").to(torch.bfloat16)
-            want, before = x.clone(), x.clone()
-            dist.all_reduce(want)
-            results[rows] = (ar(x).cpu(), want.cpu(), x.cpu(), before.cpu())
-        big = torch.ones(16, 4096, dtype=torch.bfloat16, device=f"cuda:{rank}")  # 128 KiB: above max_bytes
-        results["big_is_none"] = ar(big) is None and ar(big.float()) is None and ar(big.t()) is None
-        # in a CUDA graph: the same kernel replayed on new inputs gives new sums
-        x = torch.zeros(2, 4096, dtype=torch.bfloat16, device=f"cuda:{rank}")
-        ar(x)  # warm-up outside the graph
+def _one_shot_worker(rank: int, out_dir: str) -> None:
+    ar = OneShotAllReduce(f"cuda:{rank}", torch.bfloat16, max_bytes=64 * 1024)
+    gen = torch.Generator(device=f"cuda:{rank}").manual_seed(rank)
+    results = {}
+    for rows in (1, 3, 8):  # [rows, 1, 4096] bf16 = 8 KiB per row: all within max_bytes
+        x = torch.randn(rows, 1, 4096, generator=gen, device=f"cuda:{rank}").to(torch.bfloat16)
+        want, before = x.clone(), x.clone()
+        dist.all_reduce(want)
+        results[rows] = (ar(x).cpu(), want.cpu(), x.cpu(), before.cpu())
+    big = torch.ones(16, 4096, dtype=torch.bfloat16, device=f"cuda:{rank}")  # 128 KiB: above max_bytes
+    results["big_is_none"] = ar(big) is None and ar(big.float()) is None and ar(big.t()) is None
+    # in a CUDA graph: the same kernel replayed on new inputs gives new sums
+    x = torch.zeros(2, 4096, dtype=torch.bfloat16, device=f"cuda:{rank}")
+    ar(x)  # warm-up outside the graph
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = ar(x)
+    replays = []
+    for k in range(3):
+        x.fill_(float(rank + 1 + k))
+        graph.replay()
         torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            y = ar(x)
-        replays = []
-        for k in range(3):
-            x.fill_(float(rank + 1 + k))
-            graph.replay()
-            torch.cuda.synchronize()
-            replays.append(y.float().cpu())
-        results["replays"] = replays
-        torch.save(results, f"{out_dir}/one_shot{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+        replays.append(y.float().cpu())
+    results["replays"] = replays
+    torch.save(results, f"{out_dir}/one_shot{rank}.pt")
 
 
 def test_one_shot_all_reduce_sums_like_nccl_and_replays_in_a_graph(tmp_path):
     """The symmetric-memory all-reduce returns NCCL's sums (bf16, several shapes, input untouched), declines what
     it does not take (too big, another dtype, not contiguous) and gives fresh sums on every graph replay."""
-    mp.spawn(_one_shot_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD, join=True)
+    spawn_ranks(_one_shot_worker, WORLD, str(tmp_path), backend="nccl")
     for rank in range(WORLD):
         res = torch.load(tmp_path / f"one_shot{rank}.pt")
         for rows in (1, 3, 8):

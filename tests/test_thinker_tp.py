@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
-from thinker_support import free_port, greedy_decode
+from thinker_support import greedy_decode, spawn_ranks
 
 from realtime_ming.model.layers import TPGroup
 from realtime_ming.model.thinker import load_thinker
@@ -14,13 +12,9 @@ WORLD = 2
 NEW_TOKENS = 4
 
 
-def _worker(rank: int, port: int, root: str, ids: torch.Tensor, out_dir: str) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
-    try:
-        thinker = load_thinker(root, tp=TPGroup(rank, WORLD))
-        torch.save(greedy_decode(thinker, ids, NEW_TOKENS), f"{out_dir}/rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+def _worker(rank: int, root: str, ids: torch.Tensor, out_dir: str) -> None:
+    thinker = load_thinker(root, tp=TPGroup(rank, WORLD))
+    torch.save(greedy_decode(thinker, ids, NEW_TOKENS), f"{out_dir}/rank{rank}.pt")
 
 
 def test_thinker_tp2_matches_tp1(fixture_root, load_case, tmp_path):
@@ -28,7 +22,7 @@ def test_thinker_tp2_matches_tp1(fixture_root, load_case, tmp_path):
     tensors, _ = load_case("thinker_text")
     ids = tensors["input_ids"]
     ref_logits, ref_tokens = greedy_decode(load_thinker(fixture_root), ids, NEW_TOKENS)
-    mp.spawn(_worker, args=(free_port(), str(fixture_root), ids, str(tmp_path)), nprocs=WORLD, join=True)
+    spawn_ranks(_worker, WORLD, str(fixture_root), ids, str(tmp_path))
     for rank in range(WORLD):
         logits, tokens = torch.load(tmp_path / f"rank{rank}.pt")
         torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)

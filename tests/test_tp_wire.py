@@ -4,12 +4,10 @@ is broadcast."""
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from thinker_support import spawn_ranks
 
 from realtime_ming.engine.tp_wire import HEADER_LEN, Publisher, Receiver
 
@@ -42,26 +40,19 @@ def _same(a, b) -> bool:
     return type(a) is type(b) and a == b
 
 
-def _rank(rank: int, port: int, out: str) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    try:
-        if rank == 0:
-            pub = Publisher("cpu")
-            for method, args, kwargs in _calls():
-                pub.publish(method, args, kwargs)
-        else:
-            inbox = Receiver("cpu")
-            got = [tuple(inbox.receive()) for _ in _calls()]
-            torch.save(got, out)
-    finally:
-        dist.destroy_process_group()
+def _rank(rank: int, out: str) -> None:
+    if rank == 0:
+        pub = Publisher("cpu")
+        for method, args, kwargs in _calls():
+            pub.publish(method, args, kwargs)
+    else:
+        inbox = Receiver("cpu")
+        got = [tuple(inbox.receive()) for _ in _calls()]
+        torch.save(got, out)
 
 
 def test_calls_arrive_as_sent(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_rank, args=(port, str(tmp_path / "got.pt")), nprocs=2, join=True)
+    spawn_ranks(_rank, 2, str(tmp_path / "got.pt"))
     got = torch.load(tmp_path / "got.pt")
     for (method, args, kwargs), (m, a, k) in zip(_calls(), got, strict=True):
         assert m == method

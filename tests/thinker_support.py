@@ -1,12 +1,16 @@
-"""What the thinker tensor-parallel tests share: a free loopback port for the process group, and one greedy
-decode through the KV cache (the result the ranks and the single-process reference are compared on)."""
+"""What the thinker tensor-parallel tests share: ranks spawned into one process group (`spawn_ranks`), and one
+greedy decode through the KV cache (the result the ranks and the single-process reference are compared on)."""
 
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
 
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
+from realtime_ming._exit import exit_now
 from realtime_ming.model.rope3d import text_position_ids
 from realtime_ming.model.thinker import ThinkerKVCache
 
@@ -15,6 +19,28 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def spawn_ranks(fn: Callable[..., None], world: int, *args, backend: str = "gloo") -> None:
+    """Run `fn(rank, *args)` in `world` spawned processes joined in one process group (nccl: rank r on cuda:r).
+
+    A rank whose `fn` raised fails the spawn with its traceback. One that returned leaves the group and ends
+    through `exit_now(0)`: interpreter finalization after gloo now and then aborts a finished rank with SIGABRT
+    (torch's teardown of threads still joinable, seen in CI), which would fail a test whose ranks all agreed.
+    """
+    mp.spawn(_rank_main, args=(fn, world, free_port(), backend, args), nprocs=world, join=True)
+
+
+def _rank_main(rank: int, fn: Callable[..., None], world: int, port: int, backend: str, args: tuple) -> None:
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        fn(rank, *args)
+        dist.barrier()  # no rank leaves while a peer is still inside a collective
+    finally:
+        dist.destroy_process_group()
+    exit_now(0)
 
 
 def greedy_decode(thinker, ids: torch.Tensor, new_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
