@@ -13,10 +13,10 @@ def exit_now(code: int) -> NoReturn:
 
     For a process that has already shut its work down cleanly (the server, or a front-end process, once its
     sessions drained and the engine closed; a tensor-parallel worker once it left its process group; a talker
-    process once it stopped), whose exit code is what its parent or supervisor reads. Interpreter finalization would tear down native threads (torch's thread pools and
-    distributed teardown, onnxruntime) under threads still parked in them, which now and then aborts a clean
-    exit with SIGABRT ("terminate called without an active exception") instead of exiting with `code`; the OS
-    frees everything such a process holds.
+    process once it stopped), whose exit code is what its parent or supervisor reads. Interpreter finalization
+    would tear down native threads (torch's thread pools and distributed teardown, onnxruntime) under threads
+    still parked in them, which now and then aborts a clean exit with SIGABRT ("terminate called without an
+    active exception") instead of exiting with `code`; the OS frees everything such a process holds.
     """
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
