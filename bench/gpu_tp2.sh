@@ -19,7 +19,7 @@ steps=" ${STEPS:-tests tp profile e2e engine} "
 if [[ $steps == *" tests "* ]]; then
   timeout -s ABRT "${TEST_TIMEOUT_S:-420}" python3 -X faulthandler -m pytest -q -rA -p no:cacheprovider -o addopts="" \
     tests/test_gpu_tp.py tests/test_gpu_thinker_decode.py tests/test_gpu_thinker_mixed.py tests/test_gpu_tp_lifecycle.py tests/test_gpu_graphs.py \
-    tests/test_gpu_moe.py tests/test_gpu_talker_runner.py tests/test_gpu_talker_pool.py tests/test_gpu_speculation_bound.py tests/test_fused_kernels.py \
+    tests/test_gpu_moe.py tests/test_gpu_talker_runner.py tests/test_gpu_talker_pool.py tests/test_gpu_talker_process.py tests/test_gpu_speculation_bound.py tests/test_fused_kernels.py \
     tests/test_thinker_kernels.py tests/test_fused_models.py tests/test_kernel_selection.py \
     tests/test_checkpoint_variants.py tests/test_vae.py tests/test_engine_parts.py > "$out/tests.log" 2>&1
   echo "tests rc=$?"; tail -8 "$out/tests.log"
