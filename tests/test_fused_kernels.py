@@ -185,17 +185,25 @@ def test_attention_any_length_grouped_kv_with_mask_equals_sdpa_gqa():
 def test_dit_rotary_attention_equals_rotary_sdpa_merge(dtype, t, heads, hd, split, monkeypatch):
     """The DiT's one-kernel attention (interleaved rotary of q/k, softmax attention, heads merged) equals
     head_rotary -> SDPA -> transpose/reshape, for the DiT's 37 tokens, the aggregator's 5 and an odd width,
-    with the queries split into blocks (few rows) and not (many rows)."""
+    with the queries in one block per (row, head) or split into blocks, all queries or only the last few."""
     from realtime_ming.model.dit import InterleavedRotary
     from realtime_ming.model.kernels import dit_attention
 
-    monkeypatch.setattr(dit_attention, "_SPLIT_BELOW", 1 << 30 if split else 1)
+    if split:  # several programs per (row, head), each a block of 16 queries (`bench/dit_attention_bench.py` sweeps)
+        monkeypatch.setattr(dit_attention, "launch_config", lambda pairs, queries, keys: (16, 4))
 
     qkv = _randn(2, t, 3 * heads * hd, dtype=dtype)
     cos, sin = InterleavedRotary(hd).to(DEVICE)(t)
     assert dit_attention.fits(qkv, heads, cos, kernels=ON)
     got = dit_attention.rotary_attention(qkv, heads, cos, sin, kernels=ON)
-    _close(got, dit_attention.rotary_attention_reference(qkv, heads, cos, sin))
+    want = dit_attention.rotary_attention_reference(qkv, heads, cos, sin)
+    _close(got, want)
+    # only the last few queries (the DiT's last block needs its patch positions only): the same rows
+    for n in (1, 4):
+        _close(dit_attention.rotary_attention_reference(qkv, heads, cos, sin, queries=n), want[:, -n:])
+        _close(dit_attention.rotary_attention(qkv, heads, cos, sin, kernels=ON, queries=n), want[:, -n:])
+    with pytest.raises(ValueError, match="queries"):
+        dit_attention.rotary_attention(qkv, heads, cos, sin, kernels=ON, queries=t + 1)
     # out of the kernel's range: the reference path, same result
     assert not dit_attention.fits(qkv[:, :1].expand(2, 200, -1), heads, cos, kernels=ON)
 

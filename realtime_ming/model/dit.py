@@ -89,11 +89,12 @@ class Attention(nn.Module):
         self.to_v = nn.Linear(dim, dim)
         self.to_out = nn.ModuleList([nn.Linear(dim, dim)])  # index 1 was a Dropout
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, queries: int | None = None) -> torch.Tensor:
+        """x [B, T, D] -> [B, Q, D]: the last Q = `queries` positions (default all T) attending to all T."""
         projs = (self.to_q, self.to_k, self.to_v)
         qkv = F.linear(x, concat_params(self, "_qkv_w", tuple(p.weight for p in projs)),
                        concat_params(self, "_qkv_b", tuple(p.bias for p in projs)))
-        return self.to_out[0](rotary_attention(qkv, self.heads, cos, sin, kernels=self.kernels))
+        return self.to_out[0](rotary_attention(qkv, self.heads, cos, sin, kernels=self.kernels, queries=queries))
 
 
 class FeedForward(nn.Module):
@@ -128,18 +129,22 @@ class DiTBlock(nn.Module):
         self.norm2 = RMSNorm(dim, _NORM_EPS, kernels=kernels)
         self.mlp = FeedForward(dim, mlp_ratio, kernels=kernels)
 
-    def forward(self, x: torch.Tensor, h: torch.Tensor, cos: torch.Tensor,
-                sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x the residual stream, h = norm1(x) -> (x after attention, the FF output still to add)."""
-        h, x = self.norm2.add(x, self.attn(h, cos, sin))
+    def forward(self, x: torch.Tensor, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                keep: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """x the residual stream, h = norm1(x) -> (x after attention, the FF output still to add), for the last
+        `keep` positions only when given (everything after the attention is position-wise)."""
+        delta = self.attn(h, cos, sin, queries=keep)
+        h, x = self.norm2.add(x if keep is None else x[:, -keep:], delta)
         return x, self.mlp(h)
 
 
 def run_blocks(blocks: nn.ModuleList, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-               final_norm: RMSNorm) -> torch.Tensor:
-    """final_norm(block stack(x)), every residual add fused into the norm that follows it."""
+               final_norm: RMSNorm, keep: int | None = None) -> torch.Tensor:
+    """final_norm(block stack(x)), every residual add fused into the norm that follows it; with `keep`, only the
+    last `keep` positions of the result (the last block computes no other: its attention queries only those)."""
+    last = len(blocks) - 1
     return prenorm_stack(blocks, x, lambda block: block.norm1, final_norm,
-                         lambda i, block, x, h: block(x, h, cos, sin))
+                         lambda i, block, x, h: block(x, h, cos, sin, keep if i == last else None))
 
 
 class FinalLayer(nn.Module):
@@ -216,9 +221,8 @@ class DiT(nn.Module):
 
     def _velocity(self, h: torch.Tensor, patch: int) -> torch.Tensor:
         cos, sin = self.rotary_embed(h.shape[1])
-        h = run_blocks(self.blocks, h, cos, sin, self.final_layer.norm_final)
-        # the final layer is position-wise: only the patch positions are needed
-        return self.final_layer.linear(h[:, -patch:])
+        # only the patch positions' velocity is needed: the last block computes no other
+        return self.final_layer.linear(run_blocks(self.blocks, h, cos, sin, self.final_layer.norm_final, keep=patch))
 
     def cfg_context(self, cond: torch.Tensor, history: torch.Tensor, t: torch.Tensor) -> "CFGContext":
         """What every step of one CFG sampling run shares: cond [B, 1, Dc], history [B, Hh, C], the step
