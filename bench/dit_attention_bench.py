@@ -55,9 +55,8 @@ def main() -> None:
         d = width["aggregator" if name == "aggregator" else "dit"]
         qkv = torch.randn(b, t, 3 * d, device="cuda", dtype=torch.bfloat16)
         cos, sin = InterleavedRotary(d // heads).cuda()(t)
-        block_t = max(16, 1 << (t - 1).bit_length())
         want = da.rotary_attention(qkv, heads, cos, sin, kernels=TRITON, queries=nq)
-        base = shipped(b * heads, nq, block_t)
+        base = shipped(nq)
         row = {"shape": name, "rows": rows, "dit_rows": b, "tokens": t, "queries": nq, "shipped": list(base),
                "us": {}}
         blocks = [m for m in (16, 32, 64, 128) if m <= max(16, 1 << (nq - 1).bit_length())]

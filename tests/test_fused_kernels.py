@@ -190,7 +190,7 @@ def test_dit_rotary_attention_equals_rotary_sdpa_merge(dtype, t, heads, hd, spli
     from realtime_ming.model.kernels import dit_attention
 
     if split:  # several programs per (row, head), each a block of 16 queries (`bench/dit_attention_bench.py` sweeps)
-        monkeypatch.setattr(dit_attention, "launch_config", lambda pairs, queries, keys: (16, 4))
+        monkeypatch.setattr(dit_attention, "launch_config", lambda queries: (16, 4))
 
     qkv = _randn(2, t, 3 * heads * hd, dtype=dtype)
     cos, sin = InterleavedRotary(hd).to(DEVICE)(t)

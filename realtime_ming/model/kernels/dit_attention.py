@@ -54,12 +54,12 @@ def fits(qkv: torch.Tensor, heads: int, cos: torch.Tensor, *, kernels: Kernels) 
             and 16 <= hd <= 128 and hd & (hd - 1) == 0 and cos.dim() == 2 and tuple(cos.shape) == (t, hd))
 
 
-def launch_config(pairs: int, queries: int, keys: int) -> tuple[int, int]:
-    """(query rows per program, warps) for `pairs` (row, head) programs over `queries` of `keys` tokens (padded).
+def launch_config(queries: int) -> tuple[int, int]:
+    """(query rows per program, warps) for a call that computes `queries` query tokens per (row, head).
 
-    One program per pair with all its queries, each head's keys rotated once: more programs, each with a block of
-    16 queries, cost more at every talker shape (1x H200, 6 rows = 12 CFG rows x 37 tokens: 17.8 vs 10.4 us per
-    call; 2 rows 7.8 vs 6.4; `bench/dit_attention_bench.py`). `bench/dit_attention_bench.py` sweeps this."""
+    One program per (row, head) with all its queries, each head's keys rotated once: more programs, each with a block
+    of 16 queries, cost more at every talker shape (1x H200, 6 rows = 12 CFG rows x 37 tokens: 17.8 vs 10.4 us per
+    call; 2 rows 7.8 vs 6.4). `bench/dit_attention_bench.py` sweeps the alternatives."""
     return max(16, triton.next_power_of_2(queries)), 4
 
 
@@ -80,7 +80,7 @@ def rotary_attention(qkv: torch.Tensor, heads: int, cos: torch.Tensor, sin: torc
     cos, sin = cos.float().contiguous(), sin.float().contiguous()
     out = torch.empty(b, nq, d, device=qkv.device, dtype=qkv.dtype)
     block_t = max(16, triton.next_power_of_2(t))
-    block_m, warps = launch_config(b * heads, nq, block_t)
+    block_m, warps = launch_config(nq)
     _rotary_attention_kernel[(b * heads, triton.cdiv(nq, block_m))](
         qkv, cos, sin, out, t, t - nq, heads, d, 1.0 / math.sqrt(hd), qkv.stride(0), qkv.stride(1), out.stride(0),
         out.stride(1), HD=hd, BLOCK_M=block_m, BLOCK_T=block_t,
