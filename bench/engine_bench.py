@@ -81,14 +81,18 @@ class StepClock:
         self.rows: dict[str, int] = defaultdict(int)  # talker streams summed over talker steps
         self._lock = threading.Lock()  # talker replicas on threads of their own add to the same labels
 
-    def wrap(self, owner, name: str, label: str, rows=None) -> None:
+    def wrap(self, owner, name: str, label: str, rows=None, tally=None) -> None:
+        """Time `owner.name` under `label`; `rows()` (before each call) or `tally(result)` (after it) adds to
+        `self.rows[label]`."""
         inner = getattr(owner, name)
 
         def timed(*args, **kwargs):
             n = rows() if rows is not None else 0
             t0 = time.perf_counter()
             try:
-                return inner(*args, **kwargs)
+                result = inner(*args, **kwargs)
+                n += tally(result) if tally is not None else 0
+                return result
             finally:
                 with self._lock:
                     self.rows[label] += n
@@ -106,7 +110,8 @@ class StepClock:
 def instrument(engine: Engine) -> StepClock:
     clock = StepClock()
     thinker, talker = engine._thinker, engine._talker
-    clock.wrap(thinker, "launch", "thinker_launch")  # queues the thinker's GPU work
+    # queues the thinker's GPU work; rows: the launches with a prefill chunk (which reads every MoE expert)
+    clock.wrap(thinker, "launch", "thinker_launch", tally=lambda step: int(bool(step.chunk)))
     clock.wrap(thinker, "collect", "thinker_collect")  # waits for it (after the talker's step)
     runners = getattr(talker, "runners", [talker])  # a talker pool: each replica's runner, summed per label
     if any(isinstance(r, TalkerProcess) for r in runners):
@@ -195,6 +200,7 @@ def run_level(engine: Engine, clock: StepClock, mode: str, n: int, round_index: 
         "thinker_tok_per_s": tokens / thinker_span, "audio_s_per_wall_s": audio_s / wall, "turns_per_s": total / wall,
         "stages_ms": stages, "engine_thread_s": dict(clock.seconds), "calls": dict(clock.calls),
         "mean_talker_streams": clock.rows["talker_advance"] / max(1, clock.calls["talker_advance"]),
+        "chunk_share": clock.rows["thinker_launch"] / max(1, clock.calls["thinker_launch"]),
         "talker_loops": loops,
     }
 
@@ -212,7 +218,7 @@ def summarise(samples: list[dict]) -> dict:
             "wall_s": med("wall_s"), "thinker_tok_per_s": med("thinker_tok_per_s"),
             "audio_s_per_wall_s": med("audio_s_per_wall_s"), "turns_per_s": med("turns_per_s"),
             "audio_s_per_turn": statistics.median(r["audio_s"] / r.get("turns", n) for r in rows),
-            "mean_talker_streams": med("mean_talker_streams"),
+            "mean_talker_streams": med("mean_talker_streams"), "chunk_share": med("chunk_share"),
             "stages_ms": {st: statistics.median(v for r in rows for v in r["stages_ms"][st])
                           for st in rows[0]["stages_ms"] if any(r["stages_ms"][st] for r in rows)},
             "engine_thread_s": thread, "calls": calls,
@@ -246,13 +252,14 @@ def _mode_markdown(mode: str, summary: dict, own_thread: bool = False) -> list[s
         st = summary[n]["stages_ms"]
         lines.append(f"| {n} | " + " | ".join(f"{st[s.value]:.0f}" if s.value in st else "–" for s in STAGES) + " |")
     lines += ["", f"## {mode} turns: engine thread, ms per call (calls), median round", "",
-              "| N | " + " | ".join(_THREAD_KEYS) + " | busy / wall |", "|---|" + "---|" * (len(_THREAD_KEYS) + 1)]
+              "| N | " + " | ".join(_THREAD_KEYS) + " | busy / wall | thinker steps with a prefill chunk |",
+              "|---|" + "---|" * (len(_THREAD_KEYS) + 2)]
     for n in levels:
         per, calls, thread = summary[n]["ms_per_call"], summary[n]["calls"], summary[n]["engine_thread_s"]
         keys = _THREAD_KEYS[:2] if own_thread else _THREAD_KEYS[:4]  # a talker on its own thread is not this one's
         busy = sum(thread.get(k, 0.0) for k in keys) / summary[n]["wall_s"]
         lines.append(f"| {n} | " + " | ".join(f"{per[k]:.1f} ({calls[k]:.0f})" if k in per else "–" for k in _THREAD_KEYS)
-                     + f" | {busy:.2f} |")
+                     + f" | {busy:.2f} | {summary[n].get('chunk_share', 0.0):.0%} |")
     if any(summary[n].get("talker_loops") for n in levels):
         lines += ["", f"## {mode} turns: talker loops (per replica but jobs/s; median round)", "",
                   "| N " + LOOP_HEADER[0], "|---" + LOOP_HEADER[1]]
@@ -284,7 +291,8 @@ def markdown(meta: dict, summary: dict) -> str:
     legend = ("thinker tok/s = output tokens / (first SUBMITTED → last THINKER_DONE); audio s / wall s and turns/s "
               "over the level's wall time. Engine thread, per engine step: `talker_launch` starts talker jobs and queues "
               "the talker's step, `thinker_collect` waits for the thinker step in flight and takes its tokens, "
-              "`thinker_launch` queues the next thinker step, `talker_finish` waits for the talker's step (stop "
+              "`thinker_launch` queues the next thinker step (the share of those with a prefill chunk, alone or beside "
+              "decode rows, in the last column: a chunk reads every MoE expert), `talker_finish` waits for the talker's step (stop "
               "decisions, `vae_chunk`, PCM); `talker_prefill` starts one talker job; `talker_lm` / `talker_cfm_tail` "
               "show only when the talker runs eagerly."
               + (" The talker steps on its own thread (`engine.talker.own_thread`): the talker_* columns are that "
