@@ -78,7 +78,8 @@ class StepClock:
     def __init__(self):
         self.seconds: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)
-        self.rows: dict[str, int] = defaultdict(int)  # talker streams summed over talker steps
+        # per label, what its `rows` / `tally` counts: talker streams per step, thinker launches with a prefill chunk
+        self.rows: dict[str, int] = defaultdict(int)
         self._lock = threading.Lock()  # talker replicas on threads of their own add to the same labels
 
     def wrap(self, owner, name: str, label: str, rows=None, tally=None) -> None:

@@ -310,7 +310,7 @@ class ThinkerRunner:
             if decoding:
                 sampled.append(self._decode(decoding))
         if not sampled:
-            return _Launched(done, [], None, None)
+            return _Launched(done, [], None, None, chunk)  # a prompt's chunk may have run, none complete
         return self._ship(done, decoding, torch.cat(sampled) if len(sampled) > 1 else sampled[0], chunk)
 
     def _ship(self, done: list[Row], decoding: list[Row], ids: torch.Tensor, chunk: bool) -> "_Launched":
