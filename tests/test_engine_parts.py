@@ -243,25 +243,6 @@ def test_scheduler_prefill_wait_counts_rows_and_zero_never_holds():
     assert plain.prefill_due(decoding=True)
 
 
-def test_scheduler_holds_only_beside_prefill_wait_rows_decode_rows():
-    now = [0.0]
-    sched = Scheduler(max_batch=64, prefill_chunk_tokens=1000, prefill_wait_ms=50.0, prefill_wait_rows=16,
-                      clock=lambda: now[0])
-    sched.add(_row("a", tail=3))
-    assert sched.prefill_due(decoding=15)  # a light load: the first token goes now
-    assert not sched.prefill_due(decoding=16)  # a heavy one: held for company
-    now[0] += 0.05
-    assert sched.prefill_due(decoding=40)  # ... until the oldest waited 50 ms
-
-
-@pytest.mark.parametrize("rows", [0, -3])
-def test_prefill_wait_rows_below_one_is_refused(rows):
-    from realtime_ming.engine.config import ThinkerRunnerConfig
-
-    with pytest.raises(ValueError, match="prefill_wait_rows"):
-        ThinkerRunnerConfig(prefill_wait_rows=rows)
-
-
 @pytest.mark.parametrize("wait", [-1.0, float("nan"), 1e9])
 def test_prefill_wait_ms_out_of_range_is_refused(wait):
     from realtime_ming.engine.config import ThinkerRunnerConfig

@@ -73,9 +73,6 @@ class ThinkerRunnerConfig:
     # hold the prefill queue back while rows decode, until the queued prompts fill a chunk or the oldest waited
     # this long (ms): several prompts share one read of the experts instead of one chunk per step. 0 = never hold
     prefill_wait_ms: float = 0.0
-    # ... and only while at least this many rows decode: a few decode rows gain little from the shared read, the
-    # queued prompts' first tokens would still wait
-    prefill_wait_rows: int = 1
     # mixed step: a step that decodes rows AND prefills runs both in one forward of at most this many tokens
     # (the decode rows + the chunk, packed; `engine/thinker_mixed.py`), so the MoE experts are read once, not
     # twice. 0 = off (two forwards). A chunk beside decode rows is then packed into what the rows leave
@@ -114,8 +111,6 @@ class ThinkerRunnerConfig:
                              f"({self.max_batch}), got {self.mixed_step_tokens}")
         if not 0.0 <= self.prefill_wait_ms <= 10_000.0:  # NaN fails too
             raise ValueError(f"engine.thinker.prefill_wait_ms must be in [0, 10000] ms, got {self.prefill_wait_ms!r}")
-        if self.prefill_wait_rows < 1:
-            raise ValueError(f"engine.thinker.prefill_wait_rows must be >= 1, got {self.prefill_wait_rows!r}")
         if isinstance(self.turn_judgement, bool):
             object.__setattr__(self, "turn_judgement", "on" if self.turn_judgement else "off")
         if self.turn_judgement not in TURN_JUDGEMENT:

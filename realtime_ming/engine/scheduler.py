@@ -10,9 +10,8 @@ chunk, for a judgement) it adds.
 A prefill chunk reads every MoE expert once more than the decode step beside it (~15 ms more at the full shapes
 on a GPU), whatever its size. With `prefill_wait_ms` > 0 the queue is held back while rows decode until the
 queued prompts fill a chunk or the oldest has waited that long (`prefill_due`): under a steady stream of turns
-several prompts then share one chunk instead of each step carrying one. A queue with fewer than `prefill_wait_rows`
-rows decoding beside it (none, by default), or a prompt already partly prefilled, never waits: the hold buys
-throughput only where many rows decode, and costs first-token time wherever it holds.
+several prompts then share one chunk instead of each step carrying one. A queue with no decode beside it, or a
+prompt already partly prefilled, never waits.
 
 A row can be paused (`pause`: an unconfirmed speculative turn that holds enough output, `engine/speculation.py`):
 it keeps its slot, its position and its next token but leaves the decode batch until `resume`; its prefill, if
@@ -67,11 +66,10 @@ class Scheduler:
     """Admission queue, prefill packing and the decode batch of the thinker's rows."""
 
     def __init__(self, max_batch: int, prefill_chunk_tokens: int, prefill_wait_ms: float = 0.0,
-                 prefill_wait_rows: int = 1, clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic):
         self.max_batch = max_batch
         self.prefill_chunk_tokens = prefill_chunk_tokens
         self.prefill_wait_ms = prefill_wait_ms
-        self.prefill_wait_rows = prefill_wait_rows
         self.clock = clock
         self.rows: dict[str, Row] = {}
         self.prefill_queue: deque[str] = deque()
@@ -124,13 +122,13 @@ class Scheduler:
         """The rows generating and not paused: each runs one decode step now."""
         return [r for t, r in self.rows.items() if r.next_token is not None and t not in self.paused]
 
-    def prefill_due(self, decoding: int) -> bool:
-        """Whether this step runs a prefill chunk beside `decoding` decode rows: the queue is not empty and (no
-        wait is set, fewer than `prefill_wait_rows` rows decode, a prompt is partly prefilled, the queued tails
-        fill a chunk's tokens or rows, or the oldest queued prompt has waited `prefill_wait_ms`)."""
+    def prefill_due(self, decoding: bool) -> bool:
+        """Whether this step runs a prefill chunk: the queue is not empty and (no wait is set, nothing decodes
+        beside it, a prompt is partly prefilled, the queued tails fill a chunk's tokens or rows, or the oldest
+        queued prompt has waited `prefill_wait_ms`)."""
         if not self.prefill_queue:
             return False
-        if self.prefill_wait_ms <= 0 or decoding < max(1, self.prefill_wait_rows):
+        if self.prefill_wait_ms <= 0 or not decoding:
             return True
         rows = [self.rows[t] for t in self.prefill_queue]
         if any(r.offset for r in rows) or len(rows) >= self.max_batch:

@@ -104,8 +104,7 @@ class ThinkerRunner:
         self.cache = ThinkerKVCache.allocate(bundle.cfg.thinker, self.cfg.max_slots, self.cfg.max_seq_len,
                                              device=self.device, dtype=bundle.dtype, tp=self.model.tp)
         self.slots = KVSlotManager(self.cfg.max_slots, self._copy_kv)
-        self.scheduler = Scheduler(self.cfg.max_batch, self.cfg.prefill_chunk_tokens, self.cfg.prefill_wait_ms,
-                                   self.cfg.prefill_wait_rows)
+        self.scheduler = Scheduler(self.cfg.max_batch, self.cfg.prefill_chunk_tokens, self.cfg.prefill_wait_ms)
         self.inputs = InputProcessor(bundle, max_seq_len=self.cfg.max_seq_len, workers=cfg.input_workers,
                                      cache_bytes=cfg.media_cache_mb * 2**20, slots=self.slots)
         self.outputs = OutputProcessor(self.tok, self.cfg.max_seq_len)
@@ -298,7 +297,7 @@ class ThinkerRunner:
         the host, without waiting for any of it: the engine steps the talker meanwhile, then `collect`s."""
         decoding = self.scheduler.decoding()
         done, sampled = [], []
-        chunk = self.scheduler.prefill_due(len(decoding))
+        chunk = self.scheduler.prefill_due(bool(decoding))
         with torch.no_grad():
             if chunk and decoding and self.mixer is not None and len(decoding) < min(self.mixer.picks,
                                                                                      self.mixer.max_tokens):
