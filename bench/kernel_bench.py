@@ -1,6 +1,7 @@
 """Per-kernel timings of a thinker decode layer at the real Ming-flash-omni-2.0 shapes (one GPU).
 
     python bench/kernel_bench.py --out DIR [--tp 2] [--batches 1,16] [--tune] [--prefill] [--live 0.75]
+        [--selection 16,24,64,512]
 
 Each op runs 50 times inside one CUDA graph (launch gaps as in the graphed decode step); the median
 per call over 10 replays is reported with the bytes it must move and the bandwidth that implies.
@@ -199,6 +200,29 @@ def tune_moe(layer: Layer) -> list:
     return rows
 
 
+def selection_cases(layer: Layer, tokens: list[int]) -> dict:
+    """A MoE layer's routing of N tokens, µs per layer: the reference (fp32 router GEMM + `moe.select_experts`,
+    what a decode batch above MAX_DECODE_TOKENS and every chunk ran before 2026-11-27), the GEMM + the selection
+    kernel (`moe_decode.select`, what they run now), and the fused router (`moe_decode.route`, up to
+    MAX_DECODE_TOKENS tokens)."""
+    c = layer.c
+    args = (c.num_experts_per_tok, c.n_group, c.topk_group, c.routed_scaling_factor)
+    out = {}
+    for n in tokens:
+        x = _w(n, layer.d, scale=1.0)
+        row = {
+            "reference": graphed_us(lambda: moe.select_experts(F.linear(x.float(), layer.gate.float()), layer.bias,
+                                                               *args)),
+            "gemm+select_kernel": graphed_us(lambda: md.select(F.linear(x.float(), layer.gate.float()), layer.bias,
+                                                               *args, kernels=K)),
+        }
+        if n <= md.MAX_DECODE_TOKENS:
+            row["route_kernel"] = graphed_us(lambda: md.route(x, layer.gate, layer.bias, *args, kernels=K))
+        out[n] = {k: round(v, 2) for k, v in row.items()}
+        print(f"selection N={n}: " + ", ".join(f"{k} {v:.2f} us" for k, v in out[n].items()), flush=True)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -210,6 +234,8 @@ def main() -> None:
     ap.add_argument("--prefill", action="store_true", help="also time the prefill attention kernel against the "
                     "gathered, masked SDPA path it replaced")
     ap.add_argument("--tune-batches", default=None, help="batches to tune (default: all of --batches)")
+    ap.add_argument("--selection", default=None, help="also time a layer's routing of these token counts "
+                    "(e.g. 16,24,64,512): reference vs the selection kernel")
     ap.add_argument("--live", type=float, default=0.75, help="moe_decode_liveN: the experts with only this share "
                     "of a batch's rows live (the rest a graph bucket's padding, skipped)")
     args = ap.parse_args()
@@ -234,6 +260,8 @@ def main() -> None:
             for part in ("gate_up", "down"):
                 best = sorted((r for r in rows if r[0] == part and r[2] == r[2]), key=lambda r: r[2])[:3]
                 print(f"B={b} best {part}:", [(t, round(us, 2)) for _, t, us in best], flush=True)
+        if args.selection and b == int(args.batches.split(",")[0]):
+            out["selection"] = selection_cases(layer, [int(v) for v in args.selection.split(",")])
         out["batches"][b] = res
         del layer
         torch.cuda.empty_cache()

@@ -93,6 +93,65 @@ def test_route_matches_select_experts(experts, groups, topk_group, top_k):
     torch.testing.assert_close(got_w.gather(1, go.indices), ref_w.gather(1, ro.indices), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("n", [1, 17, 70])
+@pytest.mark.parametrize("per_token_bias", [False, True])
+@pytest.mark.parametrize("experts,groups,topk_group,top_k", [(256, 8, 4, 8), (16, 4, 2, 4)])
+def test_select_matches_select_experts_at_any_token_count(n, per_token_bias, experts, groups, topk_group, top_k):
+    """The selection alone, for a prefill chunk or a decode batch above MAX_DECODE_TOKENS: same experts, same
+    weights, with one bias or each token's own (the multi-router's)."""
+    logits = _randn(n, experts, seed=3)
+    bias = _randn(*((n, experts) if per_token_bias else (experts,)), seed=4, scale=0.05).to(torch.bfloat16)
+    got_ids, got_w = md.select(logits, bias, top_k, groups, topk_group, 2.5, kernels=ON)
+    ref_ids, ref_w = moe.select_experts(logits, bias, top_k, groups, topk_group, 2.5)
+    go, ro = got_ids.sort(dim=-1), ref_ids.sort(dim=-1)
+    assert torch.equal(go.values, ro.values)
+    torch.testing.assert_close(got_w.gather(1, go.indices), ref_w.gather(1, ro.indices), atol=1e-5, rtol=1e-5)
+
+
+def test_select_declines_what_it_cannot_do():
+    """Groups the kernel cannot lay out, a bias of another shape, more picks than the kept groups hold."""
+    assert md.select(_randn(3, 12), _randn(12), 2, 4, 2, 1.0, kernels=ON) is None  # 3 experts a group
+    assert md.select(_randn(3, 16), _randn(2, 16), 2, 4, 2, 1.0, kernels=ON) is None
+    assert md.select(_randn(3, 16), _randn(16), 9, 4, 2, 1.0, kernels=ON) is None
+    assert md.select(_randn(0, 16), _randn(16), 2, 4, 2, 1.0, kernels=ON) is None
+
+
+@pytest.mark.parametrize("masks", [False, True])
+def test_sparse_moe_block_routes_a_chunk_through_the_selection_kernel(masks, monkeypatch):
+    """A block's routing of 40 tokens (past the decode kernels: a prefill chunk) with the kernels on equals the
+    reference block's, with the text router alone and with the modality routers (image / audio masks)."""
+    import dataclasses
+
+    from realtime_ming.model.kernels import REFERENCE, select_kernels
+    from realtime_ming.model.loader import init_dummy
+    from realtime_ming.model.presets import preset_config
+
+    cfg = dataclasses.replace(preset_config("ming-flash-omni-2.0").thinker, hidden_size=64, head_dim=128,
+                              moe_intermediate_size=32, num_experts=32, n_group=8, topk_group=4)
+    with torch.device("meta"):
+        block = moe.SparseMoeBlock(cfg, kernels=ON)
+    init_dummy(block, seed=5, device=DEVICE, dtype=torch.float32)
+    x = _randn(1, 40, cfg.hidden_size, seed=6)
+    kw = {}
+    if masks:
+        assert cfg.is_multi_router
+        kw = {"image_mask": torch.arange(40, device=DEVICE)[None] % 3 == 1,
+              "audio_mask": torch.arange(40, device=DEVICE)[None] % 5 == 2}
+    got_routes, want_routes = [], []
+    reference = moe.select_experts
+    with monkeypatch.context() as m:  # the kernels' run never falls back to the reference selection
+        m.setattr(moe, "select_experts", lambda *a: pytest.fail("the reference selection ran"))
+        got = block(x, routing=got_routes, layer=0, **kw)
+    assert moe.select_experts is reference
+    want = select_kernels(block, REFERENCE)(x, routing=want_routes, layer=0, **kw)
+    (g,), (w,) = got_routes, want_routes
+    go, wo = g.expert_ids.sort(dim=-1), w.expert_ids.sort(dim=-1)
+    assert torch.equal(go.values, wo.values)
+    torch.testing.assert_close(g.weights.gather(-1, go.indices), w.weights.gather(-1, wo.indices), atol=1e-5,
+                               rtol=1e-5)
+    assert _rel(got, want) < 1e-4
+
+
 def test_route_declines_what_it_cannot_do():
     """Too many tokens (prefill) or a non-power-of-two group: the caller's reference runs instead."""
     w, bias = _randn(16, 64), _randn(16)

@@ -199,10 +199,10 @@ class SparseMoeBlock(nn.Module):
         takes the audio router, as the reference's order of overrides does)."""
         used = [(g, m) for g, m in (("image_gate", image_mask), ("audio_gate", audio_mask))
                 if m is not None and self.cfg.is_multi_router]
-        if not used:
-            return self.gate(x)
+        if not used:  # `self.gate(x)`, the selection in one launch where the kernels apply
+            return self._select(F.linear(x.float(), self.gate.weight.float()), self.gate.expert_bias)
         gates = [self.gate] + [getattr(self, g) for g, _ in used]
-        n, e, c = x.shape[0], self.cfg.num_experts, self.cfg
+        n, e = x.shape[0], self.cfg.num_experts
         name = "_routers_gate_" + "_".join(g for g, _ in used)
         weight = concat_params(self, name, tuple(g.weight for g in gates), torch.float32)
         logits = F.linear(x.float(), weight).view(n, len(gates), e)
@@ -211,7 +211,13 @@ class SparseMoeBlock(nn.Module):
             which = torch.where(mask, j, which)
         logits = logits.gather(1, which[:, None, None].expand(n, 1, e)).squeeze(1)
         bias = torch.stack([g.expert_bias for g in gates])[which]  # [N, E]
-        return select_experts(logits, bias, c.num_experts_per_tok, c.n_group, c.topk_group, c.routed_scaling_factor)
+        return self._select(logits, bias)
+
+    def _select(self, logits: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`select_experts`, as one kernel launch where the kernels apply (`moe_decode.select`)."""
+        c = self.cfg
+        args = (c.num_experts_per_tok, c.n_group, c.topk_group, c.routed_scaling_factor)
+        return decode_kernels.select(logits, bias, *args, kernels=self.kernels) or select_experts(logits, bias, *args)
 
     def forward(self, x: torch.Tensor, image_mask: torch.Tensor | None = None,
                 audio_mask: torch.Tensor | None = None, routing: list | None = None,

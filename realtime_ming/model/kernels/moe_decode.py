@@ -24,7 +24,7 @@ import torch
 from .selection import Kernels
 from .triton_import import tl, triton
 
-__all__ = ["MAX_DECODE_TOKENS", "moe_decode", "route"]
+__all__ = ["MAX_DECODE_TOKENS", "moe_decode", "route", "select"]
 
 MAX_DECODE_TOKENS = 16  # tokens per call these kernels are made for (the largest decode bucket)
 
@@ -52,11 +52,12 @@ if triton is not None:
         tl.store(part_ptr + (split * N + tok) * E + e, tl.sum(acc, axis=1), mask=ok)
 
     @triton.jit(do_not_specialize=['N'])
-    def _router_select_kernel(part_ptr, bias_ptr, ids_ptr, weights_ptr, N, scale,
+    def _router_select_kernel(part_ptr, bias_ptr, ids_ptr, weights_ptr, N, scale, bias_stride,
                               E: tl.constexpr, GROUPS: tl.constexpr, TOPK_GROUP: tl.constexpr, TOPK: tl.constexpr,
                               KP: tl.constexpr, SPLITS: tl.constexpr):
         """`moe.select_experts` for one token (after summing the split-K logits): sigmoid, +bias, top-2-sum
-        group scores, the top groups, then top-k among their experts (first index on ties)."""
+        group scores, the top groups, then top-k among their experts (first index on ties). The token's bias
+        row starts at bias_ptr + tok * bias_stride (0: one bias for all)."""
         tok = tl.program_id(0).to(tl.int64)
         per: tl.constexpr = E // GROUPS
         grp = tl.arange(0, GROUPS)
@@ -66,7 +67,7 @@ if triton is not None:
         for split in tl.static_range(SPLITS):
             logits += tl.load(part_ptr + (split * N + tok) * E + idx)
         scores = tl.sigmoid(logits)
-        biased = scores + tl.load(bias_ptr + idx).to(tl.float32)
+        biased = scores + tl.load(bias_ptr + tok * bias_stride + idx).to(tl.float32)
         first = tl.max(biased, axis=1)
         arg = tl.min(tl.where(biased == first[:, None], col[None, :], per), axis=1)
         second = tl.max(tl.where(col[None, :] == arg[:, None], float("-inf"), biased), axis=1)
@@ -98,15 +99,20 @@ if triton is not None:
 _ROUTER_SPLITS = 16  # split-K of the router logits: a decode batch of one still spreads over >= 128 programs
 
 
+def _groups_apply(e: int, n_group: int) -> bool:
+    """Whether the selection kernel takes E experts in n_group groups (powers of two, >= 2 experts a group)."""
+    per = e // n_group if n_group else 0
+    return bool(per) and not e % n_group and not per & (per - 1) and not n_group & (n_group - 1) and per >= 2
+
+
 def route(x: torch.Tensor, weight: torch.Tensor, expert_bias: torch.Tensor, top_k: int, n_group: int,
           topk_group: int, scale: float, *, kernels: Kernels) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Router of up to MAX_DECODE_TOKENS tokens x [N, D] -> (ids [N, k] int64, weights [N, k] fp32), or
     None when the kernels do not apply (the caller runs `MoEGate`'s reference)."""
     n, d = x.shape
     e = weight.shape[0]
-    per = e // n_group if n_group else 0
-    if (not kernels.applies(x) or n > MAX_DECODE_TOKENS or not per or e % n_group or per & (per - 1)
-            or n_group & (n_group - 1) or per < 2 or x.stride(-1) != 1 or weight.stride(-1) != 1):
+    if (not kernels.applies(x) or n > MAX_DECODE_TOKENS or not _groups_apply(e, n_group) or x.stride(-1) != 1
+            or weight.stride(-1) != 1):
         return None
     splits, block_e = _ROUTER_SPLITS, 32
     part = torch.empty(splits, n, e, device=x.device, dtype=torch.float32)
@@ -115,9 +121,28 @@ def route(x: torch.Tensor, weight: torch.Tensor, expert_bias: torch.Tensor, top_
         BLOCK_K=min(256, triton.next_power_of_2(triton.cdiv(d, splits))), num_warps=4)
     ids = torch.empty(n, top_k, device=x.device, dtype=torch.int64)
     weights = torch.empty(n, top_k, device=x.device, dtype=torch.float32)
-    _router_select_kernel[(n,)](part, expert_bias, ids, weights, n, scale, E=e, GROUPS=n_group,
+    _router_select_kernel[(n,)](part, expert_bias, ids, weights, n, scale, 0, E=e, GROUPS=n_group,
                                 TOPK_GROUP=topk_group, TOPK=top_k, KP=triton.next_power_of_2(top_k), SPLITS=splits,
                                 num_warps=4)
+    return ids, weights
+
+
+def select(logits: torch.Tensor, bias: torch.Tensor, top_k: int, n_group: int, topk_group: int, scale: float, *,
+           kernels: Kernels) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """`moe.select_experts` in one launch for any number of tokens (a prefill chunk, a mixed step, a decode batch
+    above MAX_DECODE_TOKENS; the reference is ~15 launches with three top-k sorts): logits [N, E] fp32, bias [E]
+    or [N, E] (each token's router's) -> (ids [N, k] int64, weights [N, k] fp32), or None when the kernel does
+    not apply (the caller runs the reference)."""
+    n, e = logits.shape
+    if (not kernels.applies(logits) or not n or not _groups_apply(e, n_group) or bias.shape not in ((e,), (n, e))
+            or not 1 <= top_k <= topk_group * (e // n_group) or not 1 <= topk_group <= n_group):
+        return None
+    logits, bias = logits.float().contiguous(), bias.contiguous()
+    ids = torch.empty(n, top_k, device=logits.device, dtype=torch.int64)
+    weights = torch.empty(n, top_k, device=logits.device, dtype=torch.float32)
+    _router_select_kernel[(n,)](logits, bias, ids, weights, n, scale, e if bias.dim() == 2 else 0, E=e,
+                                GROUPS=n_group, TOPK_GROUP=topk_group, TOPK=top_k,
+                                KP=triton.next_power_of_2(top_k), SPLITS=1, num_warps=4)
     return ids, weights
 
 
