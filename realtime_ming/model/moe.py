@@ -133,11 +133,14 @@ class MoEGate(nn.Module):
         # a Parameter (not a buffer) like the reference, so dummy init fills it N(0, 0.05²)
         self.expert_bias = nn.Parameter(torch.empty(cfg.num_experts), requires_grad=False)
 
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """x [N, D] -> router logits [N, E] in fp32 whatever the dtype."""
+        return F.linear(x.float(), self.weight.float())
+
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [N, D] -> (ids [N, k] int64, weights [N, k] fp32); logits in fp32 whatever the dtype."""
+        """x [N, D] -> (ids [N, k] int64, weights [N, k] fp32)."""
         c = self.cfg
-        logits = F.linear(x.float(), self.weight.float())
-        return select_experts(logits, self.expert_bias, c.num_experts_per_tok, c.n_group, c.topk_group,
+        return select_experts(self.logits(x), self.expert_bias, c.num_experts_per_tok, c.n_group, c.topk_group,
                               c.routed_scaling_factor)
 
 
@@ -200,7 +203,7 @@ class SparseMoeBlock(nn.Module):
         used = [(g, m) for g, m in (("image_gate", image_mask), ("audio_gate", audio_mask))
                 if m is not None and self.cfg.is_multi_router]
         if not used:  # `self.gate(x)`, the selection in one launch where the kernels apply
-            return self._select(F.linear(x.float(), self.gate.weight.float()), self.gate.expert_bias)
+            return self._select(self.gate.logits(x), self.gate.expert_bias)
         gates = [self.gate] + [getattr(self, g) for g, _ in used]
         n, e = x.shape[0], self.cfg.num_experts
         name = "_routers_gate_" + "_".join(g for g, _ in used)
