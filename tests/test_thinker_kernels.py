@@ -79,6 +79,14 @@ def test_prefill_attention_matches_sdpa(dtype, heads, kv, hd, t):
     assert _rel(got, ref) < _tol(dtype)
 
 
+def _assert_same_selection(ids, weights, ref_ids, ref_weights):
+    """Same experts per token (in any order) with the same weights."""
+    go, ro = ids.sort(dim=-1), ref_ids.sort(dim=-1)
+    assert torch.equal(go.values, ro.values)
+    torch.testing.assert_close(weights.gather(-1, go.indices), ref_weights.gather(-1, ro.indices), atol=1e-5,
+                               rtol=1e-5)
+
+
 @pytest.mark.parametrize("experts,groups,topk_group,top_k", [(256, 8, 4, 8), (16, 4, 2, 4)])
 def test_route_matches_select_experts(experts, groups, topk_group, top_k):
     """fp32 logits from bf16 weights + group-limited top-k: same experts, same weights."""
@@ -88,9 +96,7 @@ def test_route_matches_select_experts(experts, groups, topk_group, top_k):
     bias = _randn(experts, seed=2, scale=0.05).to(torch.bfloat16)
     got_ids, got_w = md.route(x, w, bias, top_k, groups, topk_group, 2.5, kernels=ON)
     ref_ids, ref_w = moe.select_experts(F.linear(x.float(), w.float()), bias, top_k, groups, topk_group, 2.5)
-    go, ro = got_ids.sort(dim=-1), ref_ids.sort(dim=-1)
-    assert torch.equal(go.values, ro.values)
-    torch.testing.assert_close(got_w.gather(1, go.indices), ref_w.gather(1, ro.indices), atol=1e-5, rtol=1e-5)
+    _assert_same_selection(got_ids, got_w, ref_ids, ref_w)
 
 
 @pytest.mark.parametrize("n", [1, 17, 70])
@@ -103,9 +109,7 @@ def test_select_matches_select_experts_at_any_token_count(n, per_token_bias, exp
     bias = _randn(*((n, experts) if per_token_bias else (experts,)), seed=4, scale=0.05).to(torch.bfloat16)
     got_ids, got_w = md.select(logits, bias, top_k, groups, topk_group, 2.5, kernels=ON)
     ref_ids, ref_w = moe.select_experts(logits, bias, top_k, groups, topk_group, 2.5)
-    go, ro = got_ids.sort(dim=-1), ref_ids.sort(dim=-1)
-    assert torch.equal(go.values, ro.values)
-    torch.testing.assert_close(got_w.gather(1, go.indices), ref_w.gather(1, ro.indices), atol=1e-5, rtol=1e-5)
+    _assert_same_selection(got_ids, got_w, ref_ids, ref_w)
 
 
 def test_select_declines_what_it_cannot_do():
@@ -145,10 +149,7 @@ def test_sparse_moe_block_routes_a_chunk_through_the_selection_kernel(masks, mon
     assert moe.select_experts is reference
     want = select_kernels(block, REFERENCE)(x, routing=want_routes, layer=0, **kw)
     (g,), (w,) = got_routes, want_routes
-    go, wo = g.expert_ids.sort(dim=-1), w.expert_ids.sort(dim=-1)
-    assert torch.equal(go.values, wo.values)
-    torch.testing.assert_close(g.weights.gather(-1, go.indices), w.weights.gather(-1, wo.indices), atol=1e-5,
-                               rtol=1e-5)
+    _assert_same_selection(g.expert_ids, g.weights, w.expert_ids, w.weights)
     assert _rel(got, want) < 1e-4
 
 
