@@ -94,8 +94,12 @@ def run(bundle, cfg: EngineConfig, member: str, streams: int, segments: list[int
         duty: float) -> dict:
     samples, reports, died = [0], queue.SimpleQueue(), []
     counting = [False]
+    jobs_started: dict[str, int] = {}  # per live turn: its jobs the talker started (first-step outputs delivered)
 
     def deliver(outputs):
+        for o in outputs:
+            if o.first_step:
+                jobs_started[o.turn_id] = jobs_started.get(o.turn_id, 0) + 1
         if counting[0]:
             samples[0] += sum(0 if o.pcm is None else o.pcm.size for o in outputs)
 
@@ -125,10 +129,10 @@ def run(bundle, cfg: EngineConfig, member: str, streams: int, segments: list[int
             start()
         hog = GilHog(duty)
         t0 = time.perf_counter()
-        done, t_count = 0, None
+        done, t_count, jobs_per_turn = 0, None, []
         while t_count is None or time.perf_counter() - t_count < seconds:  # a full window after the warm-up
             if t_count is None and time.perf_counter() - t0 >= warm_s:
-                counting[0], done, t_count = True, 0, time.perf_counter()
+                counting[0], done, t_count, jobs_per_turn = True, 0, time.perf_counter(), []
                 loops_before = loop_totals(loop_members(pool))
             if make is None:
                 for out in pool.step():
@@ -144,6 +148,7 @@ def run(bundle, cfg: EngineConfig, member: str, streams: int, segments: list[int
             for turn in [t for t in live if not pool.pending(t)]:
                 live.discard(turn)
                 pool.forget(turn)
+                jobs_per_turn.append(jobs_started.pop(turn, 0))
                 done += 1
                 start()
             assert not died, died
@@ -155,7 +160,8 @@ def run(bundle, cfg: EngineConfig, member: str, streams: int, segments: list[int
         pool.close()
     return {"member": member, "gil_duty": duty, "streams": streams, "segments": segments,
             "seconds": round(elapsed, 2), "turns_per_s": round(done / elapsed, 2),
-            "audio_s_per_s": round(samples[0] / RATE / elapsed, 2), "loops": loops}
+            "audio_s_per_s": round(samples[0] / RATE / elapsed, 2), "loops": loops,
+            "jobs_per_turn": sorted(set(jobs_per_turn))}
 
 
 def plot(report: dict, path: Path) -> Path | None:

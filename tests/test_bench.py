@@ -290,4 +290,5 @@ def test_talker_pool_bench_speaks_turns_of_several_jobs(tmp_path):
                                    "--out", str(tmp_path)]) == 0
     row = json.loads((tmp_path / "talker_pool_bench.json").read_text())["results"][0]
     assert row["segments"] == [1, 2, 2] and row["turns_per_s"] > 0
-    assert row["loops"]["jobs_per_s"] >= 2.5 * row["turns_per_s"]  # three jobs a turn (the window's edges aside)
+    assert row["jobs_per_turn"] == [3]  # every turn finished in the window had all three of its jobs started
+    assert row["loops"]["jobs_per_s"] > row["turns_per_s"]  # the loops' own count (a window's rate, edges blur it)
