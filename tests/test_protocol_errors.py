@@ -229,7 +229,7 @@ def test_parse_error_messages_are_stable() -> None:
         _update({"audio": {"input": {"format": {"type": "audio/pcm", "rate": 8000}}}}): (
             "Unsupported sample rate 8000 Hz for audio/pcm; supported rates: 16000, 24000, 44100."
         ),
-        _update({"voice": "x"}): "Unknown parameter 'session.voice': it is not part of the GA session shape.",
+        _update({"voice": "x"}): "Unknown parameter: 'session.voice'. Nothing of the event was applied.",
         '{"type": "conversation.item.truncate", "item_id": "i", "content_index": 0, "audio_end_ms": -1}': (
             "Invalid value for 'audio_end_ms': -1 is outside the range [0, inf]."
         ),

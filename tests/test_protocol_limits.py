@@ -117,9 +117,9 @@ def test_surrogate_pairs_from_json_escapes_are_one_character_and_accepted():
 
 def test_nesting_at_the_limit_is_accepted_and_echoed():
     deep: object = "leaf"
-    for _ in range(MAX_JSON_DEPTH - 3):  # frame → session → tracing → … within the limit
+    for _ in range(MAX_JSON_DEPTH - 4):  # frame → session → tracing → metadata (free-form) → … within the limit
         deep = {"k": deep}
-    event = parse(json.dumps({"type": "session.update", "session": {"tracing": deep}}), GA)
+    event = parse(json.dumps({"type": "session.update", "session": {"tracing": {"metadata": deep}}}), GA)
     assert not isinstance(event, ProtocolError), event
     config = apply_patch(SessionConfig(), event.session)
     for dialect in (GA, BETA):

@@ -210,18 +210,40 @@ def test_apply_update_semantic_vad_accepted() -> None:
     assert after.turn_detection == SemanticVad(interrupt_response=False)
 
 
-def test_apply_update_ignores_echoed_and_unknown_keys() -> None:
-    """Keys outside both shapes (id, object, fields newer than the SDK) are ignored, not rejected;
-    documented fields this server does not implement (`reasoning`) are refused (test_protocol_support.py)."""
-    update = {
-        "id": "sess_x",
-        "object": "realtime.session",
-        "some_future_field": {"effort": "low"},
-        "reasoning": None,
-        "instructions": "hi",
-    }
+def test_apply_update_ignores_echoed_read_only_keys() -> None:
+    """The session object's read-only keys (id, object, expires_at) are ignored; `reasoning: null` is its
+    empty value (a set one is refused, test_protocol_support.py)."""
+    update = {"id": "sess_x", "object": "realtime.session", "expires_at": 0, "reasoning": None, "instructions": "hi"}
     after = apply_update(SessionConfig(), update, Dialect.GA)
     assert after.instructions == "hi" and after.id != "sess_x"
+
+
+@pytest.mark.parametrize(("dialect", "update", "param"), [
+    (Dialect.GA, {"instuctions": "hi", "instructions": "x"}, "session.instuctions"),
+    (Dialect.GA, {"audio": {"output": {"voise": "ash"}}, "instructions": "x"}, "session.audio.output.voise"),
+    (Dialect.GA, {"foo": 1, "instructions": "x"}, "session.foo"),
+    (Dialect.GA, {"tools": [{"type": "function", "name": "f", "parameter": {}}]}, "session.tools[0].parameter"),
+    (Dialect.GA, {"audio": {"input": {"turn_detection": {"type": "server_vad", "treshold": 0.2}}}},
+     "session.audio.input.turn_detection.treshold"),
+    (Dialect.GA, {"audio": {"input": {"noise_reduction": {"type": "near_field", "strenght": 1}}}},
+     "session.audio.input.noise_reduction.strenght"),
+    (Dialect.GA, {"realtime_ming": {"timing_event": True}}, "session.realtime_ming.timing_event"),
+    (Dialect.BETA, {"voice": "ash", "input_audio_fromat": "pcm16"}, "session.input_audio_fromat"),
+])
+def test_apply_update_unknown_key_is_refused_with_its_path(dialect: Dialect, update: dict, param: str) -> None:
+    """A key the openai types of the dialect do not define is `unknown_parameter` naming its path, and
+    nothing of the update is applied."""
+    with pytest.raises(ProtocolError) as caught:
+        apply_update(SessionConfig(), update, dialect)
+    assert (caught.value.code, caught.value.param) == (ErrorCode.UNKNOWN_PARAMETER, param)
+
+
+def test_unknown_key_error_suggests_the_close_known_key() -> None:
+    """A typo's message names the key it is close to."""
+    with pytest.raises(ProtocolError) as caught:
+        apply_update(SessionConfig(), {"instuctions": "hi"}, Dialect.GA)
+    assert caught.value.message == (
+        "Unknown parameter: 'session.instuctions' (did you mean 'instructions'?). Nothing of the event was applied.")
 
 
 @pytest.mark.parametrize("dialect", list(Dialect))

@@ -22,6 +22,7 @@ from realtime_ming.protocol.dialect import (
 from realtime_ming.protocol.errors import MAX_QUOTE_CHARS, ErrorCode, ProtocolError, clip
 from realtime_ming.protocol.events import CLIENT_EVENTS, SERVER_EVENTS, ClientEvent, ServerEvent
 from realtime_ming.protocol.ids import IdPrefix, new_id
+from realtime_ming.protocol.known_keys import check_known_keys
 from realtime_ming.protocol.limits import MAX_ID_CHARS, check_json, load_json, text_problem
 from realtime_ming.protocol.wire import JsonValue
 
@@ -37,7 +38,9 @@ def _decode(obj: Mapping[str, Any], dialect: Dialect, event_id: str | None) -> C
     cls = CLIENT_EVENTS.get(event_type)
     if cls is None:
         raise ProtocolError(ErrorCode.UNKNOWN_EVENT, param="type", event_type=clip(event_type, MAX_QUOTE_CHARS))
-    return cls.from_wire(obj, dialect, event_id)
+    event = cls.from_wire(obj, dialect, event_id)
+    check_known_keys(obj, dialect)  # after the decoder, whose errors about a known key are more specific
+    return event
 
 
 def _echoable_event_id(obj: Mapping[str, Any]) -> str | None:

@@ -54,7 +54,7 @@ class ErrorCode(StrEnum):
     UNKNOWN_PARAMETER = (
         "unknown_parameter",
         _INVALID,
-        "Unknown parameter '{param}': it is not part of the {dialect} session shape.",
+        "Unknown parameter: '{param}'{hint}. Nothing of the event was applied.",
     )
     UNKNOWN_EVENT = ("unknown_event", _INVALID, "Unknown event type '{event_type}'.")
     UNSUPPORTED_EVENT = (

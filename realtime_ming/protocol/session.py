@@ -25,6 +25,7 @@ from realtime_ming.protocol.errors import (
     clip,
 )
 from realtime_ming.protocol.ids import IdPrefix, new_id
+from realtime_ming.protocol.known_keys import check_known_keys
 from realtime_ming.protocol.limits import (
     MAX_DESCRIPTION_CHARS,
     MAX_ECHO_JSON_BYTES,
@@ -220,12 +221,17 @@ class NoiseReductionType(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class NoiseReduction:
-    """Input noise reduction; `strength` `None` = server default."""
+    """Input noise reduction for a microphone class (`audio/denoise.py` says what each does).
+
+    `strength` (0-1, more is stronger) is `None` only in an update that leaves it out: the effective session
+    keeps the previous strength, or 1.0 when noise reduction is first enabled (OpenAI's documented default).
+    """
 
     type: NoiseReductionType
     strength: float | None = None
 
 
+DEFAULT_NOISE_REDUCTION_STRENGTH: Final = 1.0
 _NOISE_REDUCTION_FIELDS: Final = (
     WireField.at("type", enum_codec(NoiseReductionType), required=True),
     WireField.at("strength", nullable(number_codec(0.0, 1.0))),
@@ -448,18 +454,6 @@ _TRANSCRIPTION_SESSION_FIELDS: Final = tuple(
 )
 
 
-def _top_level_keys(dialect: Dialect) -> frozenset[str]:
-    return frozenset(f.path[0] for f in _SESSION_FIELDS[dialect])
-
-
-# Keys that belong only to the other shape: a client sending them has the dialect wrong, and
-# silently ignoring e.g. `input_audio_format` on a GA connection would misread its audio.
-_FOREIGN_KEYS: Final = {
-    Dialect.GA: _top_level_keys(Dialect.BETA) - _top_level_keys(Dialect.GA),
-    Dialect.BETA: _top_level_keys(Dialect.GA) - _top_level_keys(Dialect.BETA),
-}
-
-
 @dataclass(frozen=True, slots=True)
 class SessionPatch:
     """A validated `session.update`: `SessionConfig` attribute -> new typed value, for the
@@ -496,20 +490,19 @@ def _session_type(obj: Mapping[str, Any], param: str) -> SessionType | None:
 def parse_session_update(value: Any, dialect: Dialect, param: str = "session") -> SessionPatch:
     """Validate the `session` object of a `session.update`; raises `ProtocolError`.
 
-    Unknown keys are ignored (clients echo `id`, `object`, newer fields), except keys of the
-    other dialect's shape, which give `unknown_parameter`.
+    A key the openai types of `dialect` do not define (a typo, the other dialect's shape) is
+    `unknown_parameter` naming its path (`known_keys`).
     """
     obj = expect_object(value, param)
-    foreign = sorted(_FOREIGN_KEYS[dialect] & obj.keys())
-    if foreign:
-        raise ProtocolError(ErrorCode.UNKNOWN_PARAMETER, param=join(param, foreign[0]), dialect=dialect.name)
     changes = {}
     if dialect is Dialect.GA:
         session_type = _session_type(obj, param)
         if session_type is not None:
             changes["session_type"] = session_type
         refuse_unsupported(obj, param, dialect)
-    return SessionPatch({**decode_fields(obj, _SESSION_FIELDS[dialect], dialect, param), **changes}, dialect)
+    values = decode_fields(obj, _SESSION_FIELDS[dialect], dialect, param)
+    check_known_keys(obj, dialect, "session.update", "session")
+    return SessionPatch({**values, **changes}, dialect)
 
 
 def apply_patch(
@@ -527,8 +520,14 @@ def apply_patch(
         raise ProtocolError(
             ErrorCode.UNKNOWN_VOICE, param=patch.param("voice"), voice=voice, voices=", ".join(sorted(voices))
         )
+    changes = {k: v for k, v in patch.changes.items() if k != "model"}
+    reduction = changes.get("noise_reduction")
+    if reduction is not None and reduction.strength is None:  # left out: the current strength stays
+        kept = current.noise_reduction.strength if current.noise_reduction is not None else None
+        changes["noise_reduction"] = replace(
+            reduction, strength=DEFAULT_NOISE_REDUCTION_STRENGTH if kept is None else kept)
     # The served model is fixed: clients name theirs ("gpt-realtime") and read the served one back.
-    return replace(current, **{k: v for k, v in patch.changes.items() if k != "model"})
+    return replace(current, **changes)
 
 
 def apply_update(
