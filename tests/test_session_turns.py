@@ -177,14 +177,15 @@ def test_openai_voice_names_are_accepted_as_aliases():
 
 
 @pytest.mark.parametrize("kind", ["near_field", "far_field"])
-def test_noise_reduction_without_rnnoise_is_refused_not_echoed(kind, monkeypatch):
-    """RNNoise missing: noise_reduction gets unsupported_noise_reduction and the session is unchanged."""
+def test_noise_reduction_without_the_library_is_refused_not_echoed(kind, monkeypatch):
+    """The WebRTC library missing (a platform without its wheel): noise_reduction gets
+    unsupported_noise_reduction and the session is unchanged."""
     from realtime_ming.audio import denoise
 
     def missing():
-        raise denoise.DenoiserUnavailable("package pyrnnoise is not installed")
+        raise denoise.DenoiserUnavailable("the webrtc-noise-gain package is not installed")
 
-    monkeypatch.setattr(denoise, "_library", missing)
+    monkeypatch.setattr(denoise, "_processor_class", missing)
     h = Harness()
     before = h.session.config
     h.send(type="session.update", event_id="nr", session={
@@ -192,25 +193,22 @@ def test_noise_reduction_without_rnnoise_is_refused_not_echoed(kind, monkeypatch
     error = last_error(h)
     assert (error["code"], error["param"], error["event_id"]) == (
         "unsupported_noise_reduction", "session.audio.input.noise_reduction", "nr")
-    assert "pyrnnoise" in error["message"]
+    assert "webrtc-noise-gain" in error["message"]
     assert "session.updated" not in h.types()
     assert h.session.config == before
     h.send(type="session.update", session={"type": "realtime", "audio": {"input": {"noise_reduction": None}}})
     assert h.types()[-1] == "session.updated"
 
 
-def test_noise_reduction_denoises_before_vad_and_keeps_turns():
-    """near_field with RNNoise installed: echoed, and a spoken-length tone in noise is still one turn."""
-    from realtime_ming.audio.denoise import DenoiserUnavailable, rnnoise_library_path
-
-    try:
-        rnnoise_library_path()
-    except DenoiserUnavailable:
-        pytest.skip("RNNoise not installed (pip install --no-deps pyrnnoise)")
+@pytest.mark.parametrize("kind", ["near_field", "far_field"])
+def test_noise_reduction_denoises_before_vad_and_keeps_turns(kind):
+    """near_field / far_field on a default install: echoed with OpenAI's default strength 1, and a
+    spoken-length tone in silence is still one turn."""
     h = vad_harness()
     h.send(type="session.update", session={
-        "type": "realtime", "audio": {"input": {"noise_reduction": {"type": "near_field"}}}})
-    assert h.last("session.updated")["session"]["audio"]["input"]["noise_reduction"] == {"type": "near_field"}
+        "type": "realtime", "audio": {"input": {"noise_reduction": {"type": kind}}}})
+    assert h.last("session.updated")["session"]["audio"]["input"]["noise_reduction"] == {
+        "type": kind, "strength": 1.0}
     h.append(silence(0.5, MODEL_HZ))
     h.append(tone(0.6, MODEL_HZ))
     h.append(silence(1.0, MODEL_HZ))

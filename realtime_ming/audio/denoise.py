@@ -1,110 +1,81 @@
-"""Input noise reduction: RNNoise (Xiph, BSD-3) on the 16 kHz input stream, before VAD and the encoder.
+"""Input noise reduction: WebRTC's audio processing (noise suppression, high-pass, AGC) on the 16 kHz input.
 
-The native library ships in the `pyrnnoise` wheel (`pip install --no-deps pyrnnoise`; its own Python
-module needs audiolab/PyAV for file I/O, so it is never imported: the `.so` is loaded with ctypes).
-RNNoise runs at 48 kHz on 480-sample frames: the stream goes up ×3, through RNNoise, and back down,
-so its output lags the input by at most one frame plus the resamplers' delay. One state per session.
+Runs before VAD, the buffer and the encoder, on 10 ms frames (160 samples) through the `webrtc-noise-gain`
+wheel (Home Assistant's binding of webrtc-audio-processing; a declared dependency on Linux x86_64 and
+arm64). `near_field` (headsets) suppresses noise; `far_field` (laptop or room microphones) also runs the
+automatic gain control, since a distant talker arrives quieter. `strength` 0-1 picks the suppression level
+(0 = none, only the high-pass filter; 1 = WebRTC's "very high"). The output lags by less than one frame.
+One processor per session; measured cost: `bench/denoise_bench.py`.
 """
 
 from __future__ import annotations
 
-import ctypes
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 
-from realtime_ming.audio.resample import StreamResampler
-
-__all__ = ["DenoiserUnavailable", "RnnoiseDenoiser", "rnnoise_library_path"]
+__all__ = ["AUTO_GAIN_DBFS", "Denoiser", "DenoiserUnavailable", "suppression_level"]
 
 _RATE_HZ = 16000
-_RNNOISE_HZ = 48000
-_FRAME = 480  # 10 ms at 48 kHz
-_PCM_SCALE = 32768.0  # RNNoise works on float samples in the int16 range
-_LIB: ctypes.CDLL | None = None
+_FRAME = 160  # 10 ms at 16 kHz, the only frame the processor takes
+_MAX_LEVEL = 4  # the binding's levels: 0 off, 1-4 = WebRTC low, moderate, high, very high
+AUTO_GAIN_DBFS = 3  # the AGC's target level (dB below full scale) for far-field microphones
+_PCM_SCALE = 32768.0
 
 
 class DenoiserUnavailable(RuntimeError):
-    """The RNNoise library is not installed."""
+    """The WebRTC audio processing library is not installed (it has wheels for Linux only)."""
 
 
-def rnnoise_library_path() -> Path:
-    """`librnnoise.so` inside the installed `pyrnnoise` wheel; raises DenoiserUnavailable if missing."""
-    spec = importlib.util.find_spec("pyrnnoise")
-    if spec is None or not spec.submodule_search_locations:
-        raise DenoiserUnavailable("package pyrnnoise is not installed (pip install --no-deps pyrnnoise)")
-    for location in spec.submodule_search_locations:
-        for name in ("librnnoise.so", "librnnoise.dylib", "rnnoise.dll"):
-            if (Path(location) / name).is_file():
-                return Path(location) / name
-    raise DenoiserUnavailable("the RNNoise library is missing from the pyrnnoise package")
+def suppression_level(strength: float) -> int:
+    """The WebRTC noise suppression level (0-4) for an OpenAI `strength` in [0, 1]."""
+    return round(min(max(strength, 0.0), 1.0) * _MAX_LEVEL)
 
 
-def _library() -> ctypes.CDLL:
-    global _LIB
-    if _LIB is None:
-        try:
-            lib = ctypes.CDLL(str(rnnoise_library_path()))
-        except OSError as exc:
-            raise DenoiserUnavailable(f"cannot load RNNoise: {exc}") from exc
-        lib.rnnoise_create.argtypes = [ctypes.c_void_p]
-        lib.rnnoise_create.restype = ctypes.c_void_p
-        lib.rnnoise_destroy.argtypes = [ctypes.c_void_p]
-        lib.rnnoise_process_frame.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_float),
-                                              ctypes.POINTER(ctypes.c_float)]
-        lib.rnnoise_process_frame.restype = ctypes.c_float
-        lib.rnnoise_get_frame_size.restype = ctypes.c_int
-        if lib.rnnoise_get_frame_size() != _FRAME:
-            raise DenoiserUnavailable(f"unexpected RNNoise frame size {lib.rnnoise_get_frame_size()}")
-        _LIB = lib
-    return _LIB
+def _processor_class() -> type:
+    try:
+        from webrtc_noise_gain import AudioProcessor
+    except ImportError as exc:
+        raise DenoiserUnavailable(
+            f"the webrtc-noise-gain package is not installed ({exc}); it ships for Linux x86_64 and arm64") from exc
+    return AudioProcessor
 
 
-class RnnoiseDenoiser:
-    """Streaming denoiser: float32 16 kHz chunks in, denoised float32 16 kHz out (not thread-safe)."""
+class Denoiser:
+    """Streaming denoiser: float32 16 kHz chunks in, denoised float32 16 kHz out (not thread-safe).
 
-    def __init__(self) -> None:
-        self._lib = _library()
-        self._state = self._lib.rnnoise_create(None)
-        self._up = StreamResampler(_RATE_HZ, _RNNOISE_HZ)
-        self._down = StreamResampler(_RNNOISE_HZ, _RATE_HZ)
-        self._pending = np.zeros(0, dtype=np.float32)  # 48 kHz samples short of a frame
-        self._frame = np.zeros(_FRAME, dtype=np.float32)
-        self._ptr = self._frame.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+    `level` is `suppression_level(strength)`; `auto_gain` turns on the AGC (far field). Raises
+    `DenoiserUnavailable` when the library is missing.
+    """
 
-    def __del__(self) -> None:
-        state, self._state = getattr(self, "_state", None), None
-        if state:
-            self._lib.rnnoise_destroy(state)
+    def __init__(self, level: int, *, auto_gain: bool) -> None:
+        if not 0 <= level <= _MAX_LEVEL:
+            raise ValueError(f"level must be in [0, {_MAX_LEVEL}], got {level}")
+        self._args = (AUTO_GAIN_DBFS if auto_gain else 0, level)
+        self._processor = _processor_class()(*self._args)
+        self._pending = np.zeros(0, dtype=np.int16)  # samples short of a frame
 
     def process(self, chunk: np.ndarray) -> np.ndarray:
-        """Denoise the next 16 kHz samples; returns the denoised samples that are ready."""
-        return self._down.process(self._frames(self._up.process(np.asarray(chunk, dtype=np.float32))))
+        """Denoise the next 16 kHz samples; returns the whole 10 ms frames that are ready."""
+        pcm = (np.clip(np.asarray(chunk, dtype=np.float32), -1.0, 32767 / _PCM_SCALE) * _PCM_SCALE).astype(np.int16)
+        buf = np.concatenate([self._pending, pcm]) if self._pending.size else pcm
+        n = buf.size - buf.size % _FRAME
+        self._pending = buf[n:].copy()
+        if not n:
+            return np.zeros(0, dtype=np.float32)
+        data = buf[:n].astype("<i2").tobytes()
+        step = 2 * _FRAME
+        out = b"".join(self._processor.Process10ms(data[i: i + step]).audio for i in range(0, len(data), step))
+        return np.frombuffer(out, dtype="<i2").astype(np.float32) / _PCM_SCALE
 
     def flush(self) -> np.ndarray:
-        """End of stream: everything still held, denoised; the next chunk starts a new stream."""
-        tail = np.concatenate([self._pending, self._up.flush()])
-        n = tail.size
-        self._pending = np.zeros(0, dtype=np.float32)
-        out = self._frames(np.pad(tail, (0, -n % _FRAME)))[:n] if n else tail
-        return np.concatenate([self._down.process(out), self._down.flush()])
+        """End of stream: the held samples, denoised (padded to a frame, cut back); the state carries on."""
+        n = self._pending.size
+        if not n:
+            return np.zeros(0, dtype=np.float32)
+        tail = np.pad(self._pending, (0, _FRAME - n)).astype(np.float32) / _PCM_SCALE
+        self._pending = np.zeros(0, dtype=np.int16)
+        return self.process(tail)[:n]
 
     def reset(self) -> None:
-        """Drop all state (a cleared buffer)."""
-        self._lib.rnnoise_destroy(self._state)
-        self._state = self._lib.rnnoise_create(None)
-        self._up.flush()
-        self._down.flush()
-        self._pending = np.zeros(0, dtype=np.float32)
-
-    def _frames(self, x48: np.ndarray) -> np.ndarray:
-        buf = np.concatenate([self._pending, x48]) if self._pending.size else x48
-        n = buf.size - buf.size % _FRAME
-        out = np.empty(n, dtype=np.float32)
-        for start in range(0, n, _FRAME):
-            self._frame[:] = buf[start: start + _FRAME] * _PCM_SCALE
-            self._lib.rnnoise_process_frame(self._state, self._ptr, self._ptr)
-            out[start: start + _FRAME] = self._frame / _PCM_SCALE
-        self._pending = buf[n:].copy()
-        return out
+        """Drop all state (a cleared buffer): a fresh processor, nothing held."""
+        self._processor = _processor_class()(*self._args)
+        self._pending = np.zeros(0, dtype=np.int16)

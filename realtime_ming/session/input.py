@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..audio.denoise import RnnoiseDenoiser
+from ..audio.denoise import Denoiser, suppression_level
 from ..audio.end_of_turn import (
     EAGERNESS_POLICY,
     EndOfTurnPolicy,
@@ -42,7 +42,7 @@ from ..audio.turns import (
 )
 from ..audio.vad import VadBackend
 from ..protocol.ids import IdPrefix, new_id
-from ..protocol.session import ServerVad, TurnDetection
+from ..protocol.session import NoiseReduction, NoiseReductionType, ServerVad, TurnDetection
 from ..protocol.values import AudioFormat
 from .audio_io import MODEL_SAMPLE_RATE_HZ, InputAudioBuffer, InputDecoder
 from .config import VadSettings
@@ -123,7 +123,7 @@ class InputTurns:
         self._max_buffer_ms = max_buffer_s * 1000.0
         self._buffer = InputAudioBuffer()
         self._decoder: InputDecoder | None = None
-        self._denoiser: RnnoiseDenoiser | None = None  # audio.input.noise_reduction
+        self._denoiser: Denoiser | None = None  # audio.input.noise_reduction
         self._detector: TurnDetector | None = None
         self._origin = 0  # session sample index where the detector's clock starts
         self._speech_item_id: str | None = None  # id announced with SpeechBegan
@@ -199,12 +199,14 @@ class InputTurns:
         self._detector = TurnDetector(cfg, self._make_vad(self._vad.backend))
         self._origin = self._buffer.end_sample
 
-    def set_noise_reduction(self, enabled: bool) -> None:
-        """Denoise the input (RNNoise) before VAD and the buffer; raises denoise.DenoiserUnavailable."""
-        if enabled and self._denoiser is None:
-            self._denoiser = RnnoiseDenoiser()
-        elif not enabled:
+    def set_noise_reduction(self, setting: NoiseReduction | None) -> None:
+        """Denoise the input (`audio/denoise.py`) before VAD and the buffer, or stop (`None`); a changed
+        setting starts a fresh denoiser. Raises denoise.DenoiserUnavailable (nothing changes then)."""
+        if setting is None:
             self._denoiser = None
+            return
+        strength = 1.0 if setting.strength is None else setting.strength
+        self._denoiser = Denoiser(suppression_level(strength), auto_gain=setting.type is NoiseReductionType.FAR_FIELD)
 
     def guard_barge_in(self, on: bool) -> None:
         """A reply is playing (and may be interrupted): backchannels must not start a turn."""

@@ -43,7 +43,7 @@ def on_session_update(session: Session, event: ce.SessionUpdate, now: float) -> 
         check_tracing_update(session.config, new, event.session.param("tracing"))
     if new.noise_reduction != session.config.noise_reduction:
         try:
-            session._input.set_noise_reduction(new.noise_reduction is not None)
+            session._input.set_noise_reduction(new.noise_reduction)
         except DenoiserUnavailable as exc:  # refuse rather than echo a setting that would not act
             assert new.noise_reduction is not None
             return session._error(ErrorCode.UNSUPPORTED_NOISE_REDUCTION, event.event_id,
