@@ -203,8 +203,9 @@ async def test_required_tool_choice_makes_the_random_model_call(random_engine):
         added = [f for f in frames
                  if f["type"] == "response.output_item.added" and f["item"]["type"] == "function_call"]
         assert len(added) == 1 and added[0]["item"]["name"] in ("get_weather", "get_time")
+        assert added[0]["output_index"] == 0  # no empty assistant message before a forced call
         response = frames[-1]["response"]
-        assert response["output"][-1]["type"] == "function_call"
+        assert response["output"][0]["type"] == "function_call"
         if response["status"] == "failed":  # random argument text: malformed, a clear outcome
             assert response["status_details"]["error"]["code"] == "invalid_tool_call"
         await client.send(type="response.create", response={"tool_choice": {"type": "function", "name": "get_weather"}})

@@ -42,7 +42,7 @@ from .actions import Action, CancelTurn, Send, SubmitTurn
 from .conversation import AssistantItem, merge_calls
 from .failures import log_failure
 from .response import ActiveResponse, ResponseSpec, failure_error
-from .tools import check_tool_choice, engine_tools, response_tools
+from .tools import check_tool_choice, engine_tools, forces_call, response_tools
 from .tracing import trace_response
 from .usage import usage_of
 
@@ -129,6 +129,7 @@ def spec_for(session: Session, response_id: str, params: ce.ResponseParams | Non
         temperature=p.temperature if p.temperature is not None else config.temperature,
         conversation_id=None if oob else session.conversation_id,
         metadata=p.metadata,
+        forces_call=forces_call(*response_tools(config, params)),
     )
 
 
@@ -203,9 +204,6 @@ def start_response(
             session._transcriber.note_reply(request)
         actions.append(SubmitTurn(request))
     item = AssistantItem(new_id(IdPrefix.ITEM), is_audio=spec.is_audio)
-    previous = session.conversation.last_id()
-    if spec.conversation_id is not None:
-        session.conversation.insert(item)
     response = ActiveResponse(
         spec, item, engine_rate_hz=OUTPUT_SAMPLE_RATE_HZ, frame_ms=session.settings.output_frame_ms,
         conversation=session.conversation if spec.conversation_id is not None else None,
@@ -217,7 +215,7 @@ def start_response(
         session._response = response
     if spec.is_audio:
         session._has_spoken = True
-    actions += [Send(e) for e in response.created_events(previous)]
+    actions += [Send(e) for e in response.created_events()]
     return actions
 
 

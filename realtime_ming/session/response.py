@@ -96,6 +96,7 @@ class ResponseSpec:
     temperature: float
     conversation_id: str | None  # None: out of band, not added to the conversation
     metadata: Mapping[str, str] | None = None
+    forces_call: bool = False  # tool_choice required / named: the reply starts with a call, not a message
 
     @property
     def is_audio(self) -> bool:
@@ -106,7 +107,10 @@ class ResponseSpec:
 class ActiveResponse:
     """Event builder and bookkeeping of the response currently generating.
 
-    Times are `time.monotonic()` seconds (the engine's `StageMark.t` uses the same clock).
+    Its assistant message is output item 0, announced with `response.created` and added to `conversation`,
+    except when the response forces a call (`spec.forces_call`): then the message is opened only when text
+    or audio arrives (after the calls, at the next output index), so a reply that is only a call adds no
+    empty message. Times are `time.monotonic()` seconds (the engine's `StageMark.t` uses the same clock).
     """
 
     def __init__(
@@ -122,7 +126,9 @@ class ActiveResponse:
     ) -> None:
         self.spec = spec
         self.item = item
-        self.calls = ResponseCalls(spec.response_id, conversation)  # function calls: output items 1, 2, …
+        self._conversation = conversation
+        self._is_message_open = False
+        self.calls = ResponseCalls(spec.response_id, conversation, self._next_output_index)
         self.input_end_at = input_end_at
         self.is_speculative = is_speculative
         self.first_audio_at: float | None = None
@@ -138,14 +144,21 @@ class ActiveResponse:
         """Response id (also the engine turn id)."""
         return self.spec.response_id
 
+    def _next_output_index(self) -> int:
+        return int(self._is_message_open) + len(self.calls.items)
+
     def _response(self, status: ResponseStatus, details: StatusDetails | None, usage: Usage | None) -> Response:
-        output = () if status is ResponseStatus.IN_PROGRESS else (self.item.view(), *self.calls.views())
+        output: list = []
+        if status is not ResponseStatus.IN_PROGRESS:
+            output = list(self.calls.views())
+            if self._is_message_open:
+                output.insert(self._ids["output_index"], self.item.view())
         return Response(
             id=self.id,
             voice=self.spec.voice,
             status=status,
             status_details=details,
-            output=output,
+            output=tuple(output),
             usage=usage,
             conversation_id=self.spec.conversation_id,
             output_modalities=self.spec.output_modalities,
@@ -160,14 +173,22 @@ class ActiveResponse:
             return OutputAudio(transcript=self.item.text)
         return OutputText(self.item.text)
 
-    def created_events(self, previous_item_id: str | None) -> list[ServerEvent]:
-        """`response.created`, the output item and its content part (all empty)."""
-        events: list[ServerEvent] = [
-            ResponseCreated(response=self._response(ResponseStatus.IN_PROGRESS, None, None)),
-            ResponseOutputItemAdded(response_id=self.id, output_index=0, item=self.item.view(empty=True)),
-        ]
-        if self.spec.conversation_id is not None:
-            events.append(ConversationItemAdded(item=self.item.view(empty=True), previous_item_id=previous_item_id))
+    def created_events(self) -> list[ServerEvent]:
+        """`response.created`, then (unless the response forces a call) the message item and its content part,
+        all empty."""
+        events: list[ServerEvent] = [ResponseCreated(response=self._response(ResponseStatus.IN_PROGRESS, None, None))]
+        return events if self.spec.forces_call else events + self._open_message()
+
+    def _open_message(self) -> list[ServerEvent]:
+        """Announce the message item at the next output index (and add it to the conversation)."""
+        self._ids["output_index"] = self._next_output_index()
+        self._is_message_open = True
+        events: list[ServerEvent] = [ResponseOutputItemAdded(
+            response_id=self.id, output_index=self._ids["output_index"], item=self.item.view(empty=True))]
+        if self._conversation is not None:
+            previous = self._conversation.last_id()
+            self._conversation.insert(self.item)
+            events.append(ConversationItemAdded(item=self.item.view(empty=True), previous_item_id=previous))
         empty_part = OutputAudio(transcript="") if self.spec.is_audio else OutputText("")
         events.append(ResponseContentPartAdded(**self._ids, part=empty_part))
         return events
@@ -176,10 +197,11 @@ class ActiveResponse:
         """A thinker text delta: transcript delta (audio) or text delta (text-only)."""
         if not text:
             return []
+        events = [] if self._is_message_open else self._open_message()
         self.item.text += text
         if self.spec.is_audio:
-            return [ResponseOutputAudioTranscriptDelta(**self._ids, delta=text)]
-        return [ResponseOutputTextDelta(**self._ids, delta=text)]
+            return events + [ResponseOutputAudioTranscriptDelta(**self._ids, delta=text)]
+        return events + [ResponseOutputTextDelta(**self._ids, delta=text)]
 
     def on_audio(self, pcm: np.ndarray, now: float, whole: bool = False) -> list[ServerEvent]:
         """Engine PCM (float32 at the engine rate) → audio deltas of at most `frame_ms`; one delta when `whole` (a
@@ -192,9 +214,12 @@ class ActiveResponse:
         return self._deltas(self._encoder.push(pcm, whole=whole or ahead), now)
 
     def _deltas(self, frames: list[str], now: float) -> list[ServerEvent]:
-        if frames and self.first_audio_at is None:
+        if not frames:
+            return []
+        if self.first_audio_at is None:
             self.first_audio_at = now
-        return [ResponseOutputAudioDelta(**self._ids, delta=frame) for frame in frames]
+        events = [] if self._is_message_open else self._open_message()
+        return events + [ResponseOutputAudioDelta(**self._ids, delta=frame) for frame in frames]
 
     def on_stage(self, stage: Stage, t: float) -> None:
         """Record an engine stage timestamp."""
@@ -218,21 +243,28 @@ class ActiveResponse:
         if status is ResponseStatus.COMPLETED and self._encoder is not None:
             events += self._deltas(self._encoder.flush(), now)
         self.item.status = _ITEM_STATUS.get(status, ItemStatus.INCOMPLETE)
-        if self.spec.is_audio:
-            events.append(ResponseOutputAudioDone(**self._ids))
-            events.append(ResponseOutputAudioTranscriptDone(**self._ids, transcript=self.item.text))
-        else:
-            events.append(ResponseOutputTextDone(**self._ids, text=self.item.text))
-        events.append(ResponseContentPartDone(**self._ids, part=self._part()))
-        events.append(ResponseOutputItemDone(response_id=self.id, output_index=0, item=self.item.view()))
-        if self.spec.conversation_id is not None:
-            events.append(ConversationItemDone(item=self.item.view()))
+        if self._is_message_open:
+            events += self._message_done()
         events += self.calls.finish()
         details = None if status is ResponseStatus.COMPLETED else StatusDetails(type=status, reason=reason, error=error)
         events.append(ResponseDone(response=self._response(status, details, usage)))
         if timing_events:
             events.append(RealtimeMingResponseTimings(response_id=self.id, timings=self._timings_ms(now)))
         return events, self._record(status)
+
+    def _message_done(self) -> list[ServerEvent]:
+        events: list[ServerEvent] = []
+        if self.spec.is_audio:
+            events.append(ResponseOutputAudioDone(**self._ids))
+            events.append(ResponseOutputAudioTranscriptDone(**self._ids, transcript=self.item.text))
+        else:
+            events.append(ResponseOutputTextDone(**self._ids, text=self.item.text))
+        events.append(ResponseContentPartDone(**self._ids, part=self._part()))
+        events.append(ResponseOutputItemDone(response_id=self.id, output_index=self._ids["output_index"],
+                                             item=self.item.view()))
+        if self._conversation is not None:
+            events.append(ConversationItemDone(item=self.item.view()))
+        return events
 
     def _timings_ms(self, now: float) -> dict[str, float]:
         """Milliseconds relative to the end of user input (negative: before it, e.g. speculation)."""

@@ -19,6 +19,7 @@ the call was cut by the token limit. The session and the conversation go on.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 from ..engine.api import ToolCallArguments, ToolCallEnd, ToolCallStart
 from ..protocol.errors import ErrorCode, ProtocolError
@@ -37,7 +38,7 @@ from ..protocol.server_events import (
 from ..protocol.values import FunctionChoice, FunctionTool, ToolChoice, ToolChoiceMode
 from .conversation import Conversation, StoredItem
 
-__all__ = ["ResponseCalls", "check_tool_choice", "engine_tools", "response_tools"]
+__all__ = ["ResponseCalls", "check_tool_choice", "engine_tools", "forces_call", "response_tools"]
 
 _CALL_START = '<tool_call>\n{"name": "'
 
@@ -47,6 +48,11 @@ def response_tools(config, params) -> tuple[tuple[FunctionTool, ...], ToolChoice
     tools = params.tools if params is not None and params.tools is not None else config.tools
     choice = params.tool_choice if params is not None and params.tool_choice is not None else config.tool_choice
     return tools, choice
+
+
+def forces_call(tools: tuple[FunctionTool, ...], choice: ToolChoice) -> bool:
+    """Whether the reply is forced to start with a call (`required` / a named function, with tools)."""
+    return bool(tools) and (choice is ToolChoiceMode.REQUIRED or isinstance(choice, FunctionChoice))
 
 
 def engine_tools(tools: tuple[FunctionTool, ...],
@@ -82,11 +88,14 @@ def check_tool_choice(tools: tuple[FunctionTool, ...], choice: ToolChoice, param
 
 
 class ResponseCalls:
-    """The function-call items of one response, after its message item (output index 0)."""
+    """The function-call items of one response; each takes the output index `next_index()` gives when it starts
+    (after the message item, or first when the response forces a call)."""
 
-    def __init__(self, response_id: str, conversation: Conversation | None) -> None:
+    def __init__(self, response_id: str, conversation: Conversation | None, next_index: Callable[[], int]) -> None:
         self.response_id = response_id
         self._conversation = conversation
+        self._next_index = next_index
+        self._indexes: dict[str, int] = {}  # item id -> output index
         self.items: list[FunctionCallItem] = []
         self._open: FunctionCallItem | None = None
         self._args = ""
@@ -99,7 +108,7 @@ class ResponseCalls:
 
     def _ids(self, item: FunctionCallItem) -> dict:
         assert item.id is not None and item.call_id is not None
-        return {"response_id": self.response_id, "item_id": item.id, "output_index": 1 + self.items.index(item),
+        return {"response_id": self.response_id, "item_id": item.id, "output_index": self._indexes[item.id],
                 "call_id": item.call_id}
 
     def on_event(self, event: ToolCallStart | ToolCallArguments | ToolCallEnd) -> list[ServerEvent]:
@@ -130,9 +139,12 @@ class ResponseCalls:
         events = self._close(ItemStatus.INCOMPLETE) if self._open is not None else []
         item = FunctionCallItem(name=name, arguments="", call_id=new_id(IdPrefix.CALL), id=new_id(IdPrefix.ITEM),
                                 status=ItemStatus.IN_PROGRESS)
+        assert item.id is not None
+        self._indexes[item.id] = self._next_index()
         self.items.append(item)
         self._open, self._args = item, ""
-        events.append(ResponseOutputItemAdded(response_id=self.response_id, output_index=len(self.items), item=item))
+        events.append(ResponseOutputItemAdded(response_id=self.response_id, output_index=self._indexes[item.id],
+                                              item=item))
         if self._conversation is not None:
             previous = self._conversation.last_id()
             self._conversation.insert(StoredItem(item))
@@ -148,8 +160,8 @@ class ResponseCalls:
         index = self.items.index(item)
         done = FunctionCallItem(name=item.name, arguments=self._args, call_id=item.call_id, id=item.id, status=status)
         self.items[index] = done
-        events: list[ServerEvent] = [ResponseOutputItemDone(response_id=self.response_id, output_index=1 + index,
-                                                            item=done)]
+        events: list[ServerEvent] = [ResponseOutputItemDone(response_id=self.response_id,
+                                                            output_index=self._indexes[item.id], item=done)]
         if self._conversation is not None and done.id in self._conversation:
             entry = self._conversation.get(done.id)
             assert isinstance(entry, StoredItem)
