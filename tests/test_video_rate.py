@@ -205,3 +205,23 @@ async def test_over_the_socket_the_configured_bound_refuses_and_the_session_goes
         await client.send(type="conversation.item.create", event_id="evt_second", item=user_message(_clip(1.5)))
         await refused_then_answered(client, "video_rate_limited", "evt_second", "item.content[0]")
     assert [int(v.video[0, 0, 0, 0]) for v in _videos(recording.requests[-1])] == [40]
+
+
+@pytest.mark.parametrize("predecoded", [True, False])
+def test_clip_is_echoed_as_the_client_sent_it(predecoded):
+    """3 frames over 1.0 s are echoed as 3 frames / 1.0 s (the model still samples its own 2 fps frames), in
+    `conversation.item.added` / `.done` and `retrieve` alike, whether the server decoded it ahead or not."""
+    h = _harness()
+    event = parse(json.dumps({"type": "conversation.item.create", "item": user_message(_clip(1.0, count=3), TEXT)}),
+                  h.dialect)
+    if predecoded:
+        h.session.predecode(event, T0)
+    h._take(h.session.handle_client_event(event, T0))
+    summary = {"type": "input_image", "video": {"num_frames": 3, "duration_s": 1.0}}
+    assert h.last("conversation.item.added")["item"]["content"][0] == summary
+    assert h.last("conversation.item.done")["item"]["content"][0] == summary
+    h.send_at(T0, type="conversation.item.retrieve", item_id=h.last("conversation.item.done")["item"]["id"])
+    assert h.last("conversation.item.retrieved")["item"]["content"][0] == summary
+    h.send_at(T0 + 1, type="response.create")
+    (video,) = _videos(h.submitted()[-1])
+    assert video.video.shape[0] == 4  # Ming's sampling: at least 4 frames, at 2 fps

@@ -184,7 +184,7 @@ async def test_video_clip_turn_is_answered_and_echoed_as_a_summary(spy):
         "content": [{"type": "input_video", "frames": frames}, {"type": "input_text", "text": "What happens?"}]})
     added = (await client.recv_until("conversation.item.added"))[-1]
     part = added["item"]["content"][0]
-    assert part == {"type": "input_image", "video": {"num_frames": 6, "duration_s": 3.0}}
+    assert part == {"type": "input_image", "video": {"num_frames": 10, "duration_s": 2.25}}  # as sent
     await client.send(type="response.create")
     assert (await client.recv_until("response.done", timeout=60))[-1]["response"]["status"] != "failed"
     video = spy.requests[-1].history[-1].content[0]
@@ -196,7 +196,7 @@ async def test_video_clip_turn_is_answered_and_echoed_as_a_summary(spy):
     clip = "data:video/mp4;base64," + base64.b64encode(_mp4([_solid(8 * k) for k in range(20)], 10)).decode()
     await client.send(type="conversation.item.create", item={
         "type": "message", "role": "user", "content": [{"type": "input_video", "video_url": clip}]})
-    assert (await client.recv_until("conversation.item.done"))[-1]["item"]["content"][0]["video"]["num_frames"] == 4
+    assert (await client.recv_until("conversation.item.done"))[-1]["item"]["content"][0]["video"]["num_frames"] == 20
     await client.send(type="response.create")
     assert (await client.recv_until("response.done", timeout=60))[-1]["response"]["status"] != "failed"
     assert spy.requests[-1].history[-1].content[0].kind is ContentKind.VIDEO
@@ -255,7 +255,7 @@ async def test_sdk_add_video_sends_frames_and_reads_the_summary(spy):
         async for event in client:
             if getattr(event, "type", None) == "conversation.item.done":
                 assert event.item.id == item_id
-                assert event.item.content[0] == InputVideo(num_frames=4, duration_s=2.0)
+                assert event.item.content[0] == InputVideo(num_frames=8, duration_s=1.75)
                 break
         await client.create_response(output_modalities="text")
         turn = await client.collect_turn()

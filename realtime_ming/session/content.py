@@ -235,11 +235,12 @@ def decode_video_frames(frames: tuple[VideoFrame, ...], param: str, limits: Medi
 
 @dataclass(frozen=True, slots=True)
 class MeasuredClip:
-    """An `input_video` part's span (first to last frame), learned without decoding a pixel: what the
-    session's video rate takes. A `video_url` clip keeps its bytes and container probe, so that its
-    decode does not read the container's headers again."""
+    """An `input_video` part's span (first to last frame) and frame count, learned without decoding a pixel:
+    what the session's video rate takes and the stored part echoes. A `video_url` clip keeps its bytes and
+    container probe, so that its decode does not read the container's headers again."""
 
     span_s: float
+    num_frames: int
     container: tuple[bytes, ContainerProbe] | None = None
 
 
@@ -266,9 +267,10 @@ def measure_clip(part: InputVideo, param: str, limits: MediaLimits = MediaLimits
     if part.video_url is None:
         stamps = [f.timestamp_s for f in part.frames]
         _check_span(stamps, join(param, "frames"), limits)
-        return MeasuredClip(stamps[-1] - stamps[0])
+        return MeasuredClip(stamps[-1] - stamps[0], len(stamps))
     data, probed = _probe_url(part.video_url, join(param, "video_url"), limits)
-    return MeasuredClip(probed.timestamps_s[-1] - probed.timestamps_s[0], (data, probed))
+    stamps = probed.timestamps_s
+    return MeasuredClip(stamps[-1] - stamps[0], len(stamps), (data, probed))
 
 
 def decode_video_url(url: str, param: str, limits: MediaLimits = MediaLimits(),
@@ -349,14 +351,15 @@ def content_nbytes(content: Content) -> int:
     return 0 if array is None else int(array.nbytes)
 
 
-def stored_part(part: ContentPart, content: Content) -> ContentPart:
+def stored_part(part: ContentPart, clip: MeasuredClip | None = None) -> ContentPart:
     """The part as stored and shown in `conversation.item.*` events: audio bytes omitted
-    (docs/protocol.md §5.1), a video replaced by its summary (frames the model sees, their span)."""
+    (docs/protocol.md §5.1), a video replaced by the summary of the clip the client sent (`clip`, its
+    `measure_clip`: frames given or in the container, first to last timestamp), not of the frames the model
+    samples from it."""
     if isinstance(part, InputAudio) and part.audio is not None:
         return InputAudio(transcript=part.transcript)
-    if isinstance(part, InputVideo) and content.video is not None and content.fps:
-        frames = int(content.video.shape[0])
-        return InputVideo(num_frames=frames, duration_s=round(frames / content.fps, 3))
+    if isinstance(part, InputVideo) and clip is not None:
+        return InputVideo(num_frames=clip.num_frames, duration_s=round(clip.span_s, 3))
     return part
 
 

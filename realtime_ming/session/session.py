@@ -354,7 +354,8 @@ class Session:
         if not isinstance(item, MessageItem):
             return StoredItem(item)
         contents = tuple(self._content(part, f"{param}.content[{i}]") for i, part in enumerate(item.content))
-        parts = tuple(stored_part(p, c) for p, c in zip(item.content, contents))
+        clips = (self._measured.get(id(p)) for p in item.content)  # every clip was measured by `_admit_media`
+        parts = tuple(stored_part(p, c if isinstance(c, MeasuredClip) else None) for p, c in zip(item.content, clips))
         return StoredItem(replace(item, content=parts), contents)
 
     def _on_output_audio_clear(self, event: ce.OutputAudioBufferClear, now: float) -> list[Action]:
