@@ -170,6 +170,19 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
+_TORCH_HINT = ("pip install torch==2.13.0 (the CPU-only build: add --index-url https://download.pytorch.org/whl/cpu; "
+               "a GPU machine: the CUDA build of torch 2.11-2.14), then run again")
+
+
+def _missing_package(exc: ModuleNotFoundError) -> int:
+    """One stderr line for a dependency that is not installed (exit status 2), instead of a traceback."""
+    name = (exc.name or "?").split(".")[0]
+    hint = _TORCH_HINT if name == "torch" else "reinstall realtime-ming (pip install realtime-ming), which declares it"
+    print(f"realtime-ming: the Python package '{name}' is not installed in this environment ({sys.executable}): "
+          f"{hint}", file=sys.stderr, flush=True)
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `realtime-ming` script; returns the process exit code."""
     args = build_parser().parse_args(argv)
@@ -180,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         return args.run(args)
+    except ModuleNotFoundError as exc:  # torch is installed on its own (README), so it can be missing
+        return _missing_package(exc)
     except KeyboardInterrupt:  # Ctrl-C while loading: no traceback
         print("realtime-ming: interrupted", file=sys.stderr, flush=True)
         return 130

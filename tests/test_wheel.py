@@ -4,7 +4,9 @@ serves `GET /` from another directory through its `realtime-ming` script.
 The wheel is built from a copy of the sources (the checkout stays clean), without build isolation
 when setuptools is importable here (offline), else with it (pip fetches setuptools). The venv
 borrows this interpreter's site-packages for torch and the other dependencies (`--no-deps`), so
-only the package itself comes from the wheel.
+only the package itself comes from the wheel: `--system-site-packages` alone would give it the *base*
+interpreter's when this one is itself a venv (the README's setup), so a `.pth` adds this interpreter's
+own site directories after the venv's.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import site
 import subprocess
 import sys
 import zipfile
@@ -68,18 +71,36 @@ def test_wheel_holds_the_browser_demo(wheel):
     assert "realtime_ming/server/http.py" in names
 
 
+_ENV = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+
+
+def _venv(path: Path, wheel: Path, *, borrow: bool) -> Path:
+    """A fresh venv at `path` with `wheel` installed (`--no-deps`); `borrow`: it also sees this interpreter's
+    site-packages (torch and the other dependencies), after its own. Returns its bin directory."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", *(["--system-site-packages"] if borrow else []),
+                    str(path)], check=True, timeout=seconds(120))
+    bindir = path / ("Scripts" if os.name == "nt" else "bin")
+    python = bindir / "python"
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             check=True, env=_ENV, capture_output=True, text=True).stdout.strip()
+    if borrow:  # this interpreter's site directories (a venv's own, not only its base's), .pth files included
+        dirs = [*site.getsitepackages(), *([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])]
+        # one line, run by `site` in a scope where a comprehension could not see `site`: hence map
+        line = f"import site; list(map(site.addsitedir, {[d for d in dirs if os.path.isdir(d)]!r}))\n"
+        (Path(purelib) / "zz_borrowed_site.pth").write_text(line)
+    # This interpreter's pip installs into the venv (`--python`), so the venv needs none of its own.
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", "--no-index",
+                    str(wheel)], check=True, env=_ENV, timeout=seconds(120))
+    return bindir
+
+
 def test_installed_wheel_serves_the_demo_from_another_directory(wheel, tmp_path):
     """pip install <wheel> into a fresh venv; `realtime-ming serve` run elsewhere answers GET / with the demo,
     and `realtime-ming bench` says in one line where the benchmark is."""
     venv = tmp_path / "venv"
-    # --without-pip: this interpreter's pip (seen through --system-site-packages) installs into the venv.
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
-                   check=True, timeout=seconds(120))
-    bindir = venv / ("Scripts" if os.name == "nt" else "bin")
+    bindir = _venv(venv, wheel, borrow=True)
     python = bindir / "python"
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
-                   check=True, env=env, timeout=seconds(120))
+    env = _ENV
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     where = subprocess.run([str(python), "-c", "import realtime_ming; print(realtime_ming.__file__)"],
@@ -101,3 +122,19 @@ def test_installed_wheel_serves_the_demo_from_another_directory(wheel, tmp_path)
                                cwd=elsewhere, env=env, capture_output=True, text=True, timeout=seconds(60))
         assert bench.returncode == 2 and bench.stdout == ""
         assert len(bench.stderr.splitlines()) == 1 and "python -m bench" in bench.stderr, bench.stderr
+
+
+def test_installed_wheel_without_torch_fails_in_one_line(wheel, tmp_path):
+    """In a venv where torch cannot be imported, `realtime-ming serve` ends with one stderr line that names
+    torch and how to install it (exit status 2), not a traceback."""
+    bindir = _venv(tmp_path / "venv", wheel, borrow=True)
+    hidden = tmp_path / "no_torch"
+    (hidden / "torch").mkdir(parents=True)  # first on the path: importing it fails as a missing torch does
+    (hidden / "torch" / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'torch'\", name='torch')\n")
+    env = {**_ENV, "PYTHONPATH": str(hidden)}
+    run = subprocess.run([str(bindir / "realtime-ming"), "serve", "--port", "0"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=seconds(120))
+    assert run.returncode == 2, run.stderr
+    assert len(run.stderr.splitlines()) == 1 and "Traceback" not in run.stderr, run.stderr
+    assert run.stderr.startswith("realtime-ming: ") and "torch" in run.stderr and "pip install" in run.stderr
