@@ -39,6 +39,16 @@ from realtime_ming.protocol.session import (
     ServerVad,
     SessionConfig,
 )
+from realtime_ming.protocol.mcp import (
+    McpApprovalRequestItem,
+    McpApprovalResponseItem,
+    McpCallError,
+    McpCallItem,
+    McpListToolsItem,
+    McpTool,
+    McpToolFilter,
+    McpToolInfo,
+)
 from realtime_ming.protocol.values import FunctionTool, ToolChoiceMode
 
 RICH_SESSION = SessionConfig(
@@ -64,8 +74,19 @@ EXTRA: list[ServerEvent] = [
                                    temperature=0.0)),
     ConversationItemAdded(item=MessageItem(role=Role.USER, content=(InputAudio(transcript=None),), id="item_u")),
 ]
+# Remote MCP tools are GA only: their items and events exist on GA connections alone.
+MCP_EVENTS: list[ServerEvent] = [
+    ConversationItemAdded(item=McpListToolsItem(id="item_l", server_label="w", tools=(McpToolInfo(
+        "a", {"type": "object"}, "A tool.", {"readOnlyHint": True}),))),
+    ConversationItemAdded(item=McpCallItem(id="item_c", server_label="w", name="a", arguments="{}", output="ok",
+                                           approval_request_id="item_r")),
+    ConversationItemAdded(item=McpCallItem(id="item_e", server_label="w", name="a", arguments="{}",
+                                           error=McpCallError("http_error", "503", 503))),
+    ConversationItemAdded(item=McpApprovalRequestItem(id="item_r", server_label="w", name="a", arguments="{}")),
+    ConversationItemAdded(item=McpApprovalResponseItem(id="item_p", approval_request_id="item_r", approve=True)),
+]
 EVENTS = [event for events in SAMPLES.values() for event in events] + EXTRA
-CASES = [(dialect, event) for dialect in Dialect for event in EVENTS]
+CASES = [(dialect, event) for dialect in Dialect for event in EVENTS] + [(Dialect.GA, e) for e in MCP_EVENTS]
 
 
 def _projected(event: ServerEvent, dialect: Dialect) -> ServerEvent:
@@ -105,8 +126,19 @@ def test_every_server_event_round_trips_and_validates(dialect: Dialect, event: S
     assert {k: v for k, v in again.items() if k != "event_id"} == {k: v for k, v in original.items() if k != "event_id"}
 
 
+def test_ga_session_with_an_mcp_tool_round_trips_and_validates() -> None:
+    """An MCP tool is echoed in the GA session (its headers and token left out) and read back."""
+    tool = McpTool(server_label="w", server_url="http://127.0.0.1:1/mcp", allowed_tools=McpToolFilter(("a",)),
+                   require_approval="never", headers={"X-Key": "secret"})
+    frame = serialise(SessionUpdated(session=SessionConfig(tools=(tool,))), Dialect.GA)
+    validate_server_event(frame, Dialect.GA)
+    assert "secret" not in frame
+    decoded = decode_server_event(frame, Dialect.GA)
+    assert decoded.session.tools == (replace(tool, headers={}),)
+
+
 def test_every_registered_server_event_is_covered() -> None:
-    assert {type(event) for event in EVENTS} == set(SERVER_EVENTS.values())
+    assert {type(event) for event in EVENTS + MCP_EVENTS} == set(SERVER_EVENTS.values())
 
 
 def test_decode_maps_beta_names_and_refuses_foreign_ones() -> None:

@@ -86,6 +86,17 @@ from realtime_ming.protocol import (
     serialise,
 )
 from realtime_ming.protocol.events import class_name_for, register
+from realtime_ming.protocol.mcp_events import (
+    MCP_SERVER_TYPES,
+    McpListToolsCompleted,
+    McpListToolsFailed,
+    McpListToolsInProgress,
+    ResponseMcpCallArgumentsDelta,
+    ResponseMcpCallArgumentsDone,
+    ResponseMcpCallCompleted,
+    ResponseMcpCallFailed,
+    ResponseMcpCallInProgress,
+)
 
 RESP, ITEM, USER_ITEM, CALL = "resp_1", "item_2", "item_1", "call_1"
 IDX = {"response_id": RESP, "item_id": ITEM, "output_index": 0, "content_index": 0}
@@ -253,6 +264,16 @@ SAMPLES: dict[type[ServerEvent], list[ServerEvent]] = {
     RealtimeMingResponseTimings: [
         RealtimeMingResponseTimings(response_id=RESP, timings={"speech_stopped": 0.0, "first_audio": 212.5})
     ],
+    McpListToolsInProgress: [McpListToolsInProgress(item_id="item_l")],
+    McpListToolsCompleted: [McpListToolsCompleted(item_id="item_l")],
+    McpListToolsFailed: [McpListToolsFailed(item_id="item_l")],
+    ResponseMcpCallArgumentsDelta: [
+        ResponseMcpCallArgumentsDelta(response_id=RESP, item_id="item_m", output_index=0, delta='{"ci')],
+    ResponseMcpCallArgumentsDone: [
+        ResponseMcpCallArgumentsDone(response_id=RESP, item_id="item_m", output_index=0, arguments='{"city":"Paris"}')],
+    ResponseMcpCallInProgress: [ResponseMcpCallInProgress(item_id="item_m", output_index=0)],
+    ResponseMcpCallCompleted: [ResponseMcpCallCompleted(item_id="item_m", output_index=0)],
+    ResponseMcpCallFailed: [ResponseMcpCallFailed(item_id="item_m", output_index=0)],
 }
 ALL_SAMPLES = [(cls.type, event) for cls, events in SAMPLES.items() for event in events]
 SDK_SAMPLES = [(name, event) for name, event in ALL_SAMPLES if name != TIMINGS_EVENT_TYPE]
@@ -274,7 +295,7 @@ def test_registry_ga_types_are_pipecat_types_plus_timings() -> None:
     """The server events are exactly pipecat's 31 GA types plus our timings extension and the
     opt-in GA events (idle_timeout_ms's timeout_triggered)."""
     assert len(GA_CLIENT_SAFE_SERVER_TYPES) == 31
-    assert GA_OPT_IN_SERVER_TYPES == {"input_audio_buffer.timeout_triggered"}
+    assert GA_OPT_IN_SERVER_TYPES == {"input_audio_buffer.timeout_triggered"} | MCP_SERVER_TYPES
     assert set(SERVER_EVENTS) == GA_CLIENT_SAFE_SERVER_TYPES | GA_OPT_IN_SERVER_TYPES | {TIMINGS_EVENT_TYPE}
 
 
@@ -291,7 +312,7 @@ def test_serialise_ga_validates_against_sdk(name: str, event: ServerEvent) -> No
 def test_serialise_beta_validates_against_sdk(name: str, event: ServerEvent) -> None:
     """Every beta frame validates strictly as openai.types.beta.realtime.RealtimeServerEvent."""
     frame = serialise(event, Dialect.BETA)
-    if name in ("conversation.item.done", "input_audio_buffer.timeout_triggered"):
+    if name in ("conversation.item.done", "input_audio_buffer.timeout_triggered", *MCP_SERVER_TYPES):
         assert frame is None
         return
     assert frame is not None

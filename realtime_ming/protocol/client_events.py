@@ -26,7 +26,7 @@ from realtime_ming.protocol.values import (
     TOOLS,
     VOICE,
     AudioFormat,
-    FunctionTool,
+    Tool,
     MaxOutputTokens,
     Modality,
     ToolChoice,
@@ -171,7 +171,7 @@ class ResponseParams:
     output_modalities: tuple[Modality, ...] | None = None
     voice: str | None = None
     output_format: AudioFormat | None = None
-    tools: tuple[FunctionTool, ...] | None = None
+    tools: tuple[Tool, ...] | None = None
     tool_choice: ToolChoice | None = None
     max_output_tokens: MaxOutputTokens | None = None
     temperature: float | None = None

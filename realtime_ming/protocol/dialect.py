@@ -43,6 +43,10 @@ _BETA_SERVER_TYPES: Final = MappingProxyType(
         "response.output_audio.done": "response.audio.done",
         "response.output_audio_transcript.delta": "response.audio_transcript.delta",
         "response.output_audio_transcript.done": "response.audio_transcript.done",
+        # remote MCP tools are GA only
+        **dict.fromkeys(("mcp_list_tools.in_progress", "mcp_list_tools.completed", "mcp_list_tools.failed",
+                         "response.mcp_call_arguments.delta", "response.mcp_call_arguments.done",
+                         "response.mcp_call.in_progress", "response.mcp_call.completed", "response.mcp_call.failed")),
     }
 )
 
@@ -93,7 +97,13 @@ GA_CLIENT_SAFE_SERVER_TYPES: Final = frozenset(
 
 # GA events outside pipecat's list, sent only to a session that asked for the feature they belong to
 # (pipecat 1.14 ignores unknown types; it never sets idle_timeout_ms).
-GA_OPT_IN_SERVER_TYPES: Final = frozenset({"input_audio_buffer.timeout_triggered"})
+# The MCP events go only to a session with an MCP tool.
+GA_OPT_IN_SERVER_TYPES: Final = frozenset({
+    "input_audio_buffer.timeout_triggered",
+    "mcp_list_tools.in_progress", "mcp_list_tools.completed", "mcp_list_tools.failed",
+    "response.mcp_call_arguments.delta", "response.mcp_call_arguments.done",
+    "response.mcp_call.in_progress", "response.mcp_call.completed", "response.mcp_call.failed",
+})
 
 
 def server_type_to_wire(ga_type: str, dialect: Dialect) -> str | None:

@@ -13,6 +13,13 @@ from typing import Any, ClassVar, Final, TypeAlias, cast
 
 from realtime_ming.protocol.dialect import Dialect, content_type_from_wire, content_type_to_wire
 from realtime_ming.protocol.errors import ErrorCode, ProtocolError
+from realtime_ming.protocol.mcp import (
+    McpApprovalRequestItem,
+    McpApprovalResponseItem,
+    McpCallItem,
+    McpListToolsItem,
+    decode_approval_response,
+)
 from realtime_ming.protocol.limits import (
     MAX_CONTENT_PARTS,
     MAX_ID_CHARS,
@@ -405,7 +412,10 @@ class ItemReference:
         return {"type": self.type, "id": self.id}
 
 
-ConversationItem: TypeAlias = MessageItem | FunctionCallItem | FunctionCallOutputItem
+ConversationItem: TypeAlias = (MessageItem | FunctionCallItem | FunctionCallOutputItem | McpListToolsItem | McpCallItem
+                               | McpApprovalRequestItem | McpApprovalResponseItem)
+# the MCP items a client may not create: the server writes them (listing tools, calling them)
+_SERVER_ONLY_KINDS: Final = ("mcp_list_tools", "mcp_call", "mcp_approval_request")
 
 
 def _decode_message(
@@ -426,7 +436,7 @@ def _decode_item(
     value: Any, param: str, dialect: Dialect, *, allow_reference: bool
 ) -> ConversationItem | ItemReference:
     obj = expect_object(value, param)
-    kinds = ["message", "function_call", "function_call_output"] + (
+    kinds = ["message", "function_call", "function_call_output", "mcp_approval_response", *_SERVER_ONLY_KINDS] + (
         ["item_reference"] if allow_reference else []
     )
     # Beta items may omit `type`; a `role` makes them messages.
@@ -435,6 +445,10 @@ def _decode_item(
     item_id = _opt_id(obj, "id", param)
     if kind == "item_reference":
         return ItemReference(_id(obj.get("id"), join(param, "id")))
+    if kind in _SERVER_ONLY_KINDS:
+        raise invalid_value(join(param, "type"), f"{quote(kind)} items are written by the server (its MCP tools)")
+    if kind == "mcp_approval_response":
+        return decode_approval_response(obj, param, item_id)
     raw_status = obj.get("status")
     status = (
         None

@@ -15,6 +15,7 @@ from realtime_ming.protocol.dialect import TIMINGS_EVENT_TYPE, Dialect
 from realtime_ming.protocol.errors import ProtocolError
 from realtime_ming.protocol.events import ServerEvent, register
 from realtime_ming.protocol.items import ConversationItem, OutputAudio, OutputText
+from realtime_ming.protocol.mcp_events import MCP_SERVER_TYPES  # noqa: F401  (registers the MCP events)
 from realtime_ming.protocol.responses import (
     Conversation,
     ErrorDetail,
@@ -259,7 +260,8 @@ class ResponseDone(ServerEvent):
 @register
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RateLimitsUpdated(ServerEvent):
-    """Rate limits, sent at the start of a response."""
+    """Rate limits (`rate_limits.updated`): defined for decoding, never sent by this server, which has no
+    request or token quotas to report (docs/protocol.md §5.1); OpenAI's numbers would be invented here."""
 
     type: ClassVar[str] = "rate_limits.updated"
     rate_limits: tuple[RateLimit, ...]

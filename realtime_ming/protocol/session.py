@@ -42,7 +42,7 @@ from realtime_ming.protocol.values import (
     TOOLS,
     VOICE,
     AudioFormat,
-    FunctionTool,
+    Tool,
     MaxOutputTokens,
     Modality,
     ToolChoice,
@@ -271,7 +271,7 @@ def _decode_instructions(value: Any, param: str, _dialect: Dialect) -> str:
     return "" if value is None else expect_text(value, param, MAX_TEXT_CHARS)
 
 
-def _decode_tools_or_null(value: Any, param: str, dialect: Dialect) -> tuple[FunctionTool, ...]:
+def _decode_tools_or_null(value: Any, param: str, dialect: Dialect) -> tuple[Tool, ...]:
     return () if value is None else TOOLS.decode(value, param, dialect)
 
 
@@ -362,7 +362,7 @@ class SessionConfig:
     turn_detection: TurnDetection = ServerVad()
     transcription: InputTranscription | None = None
     noise_reduction: NoiseReduction | None = None
-    tools: tuple[FunctionTool, ...] = ()
+    tools: tuple[Tool, ...] = ()
     tool_choice: ToolChoice = ToolChoiceMode.AUTO
     max_output_tokens: MaxOutputTokens = "inf"
     temperature: float = 0.8

@@ -13,6 +13,7 @@ from typing import Any, Final, Literal, TypeAlias
 
 from realtime_ming.protocol.dialect import Dialect
 from realtime_ming.protocol.errors import MAX_QUOTE_CHARS, ErrorCode, ProtocolError, clip
+from realtime_ming.protocol.mcp import McpTool, decode_mcp_tool
 from realtime_ming.protocol.limits import (
     MAX_DESCRIPTION_CHARS,
     MAX_METADATA_KEY_CHARS,
@@ -54,6 +55,7 @@ __all__ = [
     "FunctionTool",
     "MaxOutputTokens",
     "Modality",
+    "Tool",
     "ToolChoice",
     "ToolChoiceMode",
 ]
@@ -215,11 +217,13 @@ class FunctionTool:
         }
 
 
-def _decode_tool(value: Any, param: str) -> FunctionTool:
+def _decode_tool(value: Any, param: str, dialect: Dialect) -> FunctionTool | McpTool:
     obj = expect_object(value, param)
     kind = expect_str(obj.get("type", "function"), join(param, "type"))
+    if kind == "mcp":
+        return decode_mcp_tool(obj, param, dialect)
     if kind != "function":
-        raise invalid_value(join(param, "type"), f"only function tools are supported, got {quote(kind)}")
+        raise invalid_value(join(param, "type"), f"tools are 'function' or 'mcp' tools, got {quote(kind)}")
     name = expect_text(obj.get("name"), join(param, "name"), MAX_NAME_CHARS, single_line=True)
     if not name:
         raise invalid_value(join(param, "name"), "the tool name must not be empty")
@@ -236,17 +240,21 @@ def _decode_tool(value: Any, param: str) -> FunctionTool:
     return FunctionTool(name, description, parameters or {})
 
 
-def _decode_tools(value: Any, param: str, _dialect: Dialect) -> tuple[FunctionTool, ...]:
+Tool: TypeAlias = FunctionTool | McpTool
+
+
+def _decode_tools(value: Any, param: str, dialect: Dialect) -> tuple[Tool, ...]:
     items = expect_list(value, param, MAX_TOOLS)
-    tools = tuple(_decode_tool(item, join(param, i)) for i, item in enumerate(items))
-    names = [tool.name for tool in tools]
-    for index, name in enumerate(names):
-        if name in names[:index]:
-            raise invalid_value(join(join(param, index), "name"), f"duplicate tool name '{name}'")
+    tools = tuple(_decode_tool(item, join(param, i), dialect) for i, item in enumerate(items))
+    names = [(tool.name, "name") if isinstance(tool, FunctionTool) else (tool.server_label, "server_label")
+             for tool in tools]
+    for index, (name, key) in enumerate(names):
+        if (name, key) in names[:index]:
+            raise invalid_value(join(join(param, index), key), f"duplicate tool {key} '{name}'")
     return tools
 
 
-TOOLS: Final[Codec[tuple[FunctionTool, ...]]] = Codec(_decode_tools, lambda v, d: [t.to_wire(d) for t in v])
+TOOLS: Final[Codec[tuple[Tool, ...]]] = Codec(_decode_tools, lambda v, d: [t.to_wire(d) for t in v])
 
 
 class ToolChoiceMode(StrEnum):
