@@ -372,6 +372,17 @@ class ErrorCode(StrEnum):
         _INVALID,
         "tool_choice names the function '{name}', which is not among the tools ({names}).",
     )
+    MCP_TOOLS_DISABLED = (
+        "mcp_tools_disabled",
+        _INVALID,
+        "Remote MCP tools are off on this server: it calls only the hosts its operator lists in"
+        " server.mcp.allowed_hosts, and that list is empty. Use function tools, or ask the operator to list the host.",
+    )
+    MCP_SERVER_NOT_ALLOWED = (
+        "mcp_server_not_allowed",
+        _INVALID,
+        "The MCP server host '{host}' is not one this server may call (server.mcp.allowed_hosts: {allowed}).",
+    )
     SERVER_SHUTTING_DOWN = (
         "server_shutting_down",
         _SERVER,

@@ -154,6 +154,7 @@ class RealtimeServer:
             make_vad=self._make_vad,
             media_info=self._info.get("media"),
             voice_lookup=self.voice_routes.lookup_for,
+            mcp_allowed_hosts=cfg.server.mcp.allowed_hosts,
         )
 
     @property

@@ -154,6 +154,25 @@ class VoicesConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class McpConfig:
+    """Remote MCP tools (`tools: [{"type": "mcp"}]`): the server itself calls `server_url`, an SSRF surface, so
+    it calls only the hosts listed here (host names or IP addresses, matched exactly; empty = MCP tools are
+    refused with `mcp_tools_disabled`). Each call is bounded in time and in response bytes."""
+
+    allowed_hosts: tuple[str, ...] = ()
+    timeout_s: float = 10.0  # one listing or one call, connection included
+    max_response_bytes: int = 1 * 2**20  # one listing or call result, as received
+
+    def __post_init__(self) -> None:
+        if any(not host or host != host.strip().lower() or "/" in host for host in self.allowed_hosts):
+            raise ValueError("server.mcp.allowed_hosts takes lower-case host names or IP addresses (no scheme, path)")
+        if not 0 < self.timeout_s <= 600:
+            raise ValueError("server.mcp.timeout_s must be in (0, 600]")
+        if self.max_response_bytes < 1024:
+            raise ValueError("server.mcp.max_response_bytes must be >= 1024")
+
+
+@dataclass(frozen=True, slots=True)
 class ListenConfig:
     host: str = "127.0.0.1"
     port: int = 8000  # 0 = an ephemeral port (tests)
@@ -167,6 +186,7 @@ class ListenConfig:
     tls: TlsConfig = field(default_factory=TlsConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     voices: VoicesConfig = field(default_factory=VoicesConfig)
+    mcp: McpConfig = field(default_factory=McpConfig)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

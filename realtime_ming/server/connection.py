@@ -98,6 +98,7 @@ class ConnectionContext:
     make_vad: Callable[[str], VadBackend]
     media_info: Mapping[str, Any] | None = None  # the engine's media constraints (`info()["media"]`)
     voice_lookup: Callable[[str | None], Callable] | None = None  # API key -> its cloned voices' lookup
+    mcp_allowed_hosts: tuple[str, ...] = ()  # server.mcp.allowed_hosts
 
     def media_limits(self) -> MediaLimits:
         """What one stored item may hold: the model's constraints and this server's budgets."""
@@ -356,6 +357,7 @@ async def serve_connection(ws: Transport, ctx: ConnectionContext, info: Handshak
         make_vad=ctx.make_vad,
         media=ctx.media_limits(),
         custom_voices=None if ctx.voice_lookup is None else ctx.voice_lookup(info.api_key),
+        mcp_allowed_hosts=ctx.mcp_allowed_hosts,
     )
     logger = logging.LoggerAdapter(log, {"session": session.config.id})
     # Overflow policy: past the outbound budget the session ends (1008); a client that reads too

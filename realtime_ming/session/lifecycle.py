@@ -42,6 +42,7 @@ from .actions import Action, CancelTurn, Send, SubmitTurn
 from .conversation import AssistantItem, merge_calls
 from .failures import log_failure
 from .response import ActiveResponse, ResponseSpec, failure_error
+from .mcp import check_mcp_tools
 from .tools import check_tool_choice, engine_tools, forces_call, response_tools
 from .tracing import trace_response
 from .usage import usage_of
@@ -80,6 +81,8 @@ def on_response_create(session: Session, event: ce.ResponseCreate, now: float) -
         )
     session._accepted_voices.check(params.voice or session.config.voice, "response.voice", event.event_id)
     check_tool_choice(*response_tools(session.config, params), "response.tool_choice")
+    if params.tools is not None:
+        check_mcp_tools(params.tools, session.mcp_allowed_hosts, "response.tools")
     history = None if params.input is None else _history_from(session, params.input)
     # An out-of-band response leaves the conversation as it is: a speculative turn stays valid.
     actions = [] if oob else session._discard_speculation()

@@ -14,7 +14,7 @@ events, failed-turn cleanup), `items` (`conversation.item.*`) and `session_updat
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 
@@ -114,8 +114,10 @@ class Session:
         make_vad: Callable[[str], VadBackend],
         media: MediaLimits | None = None,
         custom_voices: VoiceLookup | None = None,
+        mcp_allowed_hosts: Collection[str] = (),
     ) -> None:
         self.settings = settings
+        self.mcp_allowed_hosts = frozenset(mcp_allowed_hosts)  # server.mcp.allowed_hosts
         self.media = media or MediaLimits(min_audio_ms=settings.min_commit_ms, max_audio_s=settings.max_input_audio_s)
         self.dialect = dialect
         self.voices = tuple(voices)

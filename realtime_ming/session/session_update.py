@@ -15,6 +15,7 @@ from ..protocol.errors import ErrorCode
 from ..protocol.server_events import SessionUpdated
 from ..protocol.session import apply_patch
 from .actions import Action, Send
+from .mcp import check_mcp_tools
 from .tools import check_tool_choice
 from .tracing import check_tracing_update
 from .transcription import check_transcription, transcription_session_defaults
@@ -37,6 +38,8 @@ def on_session_update(session: Session, event: ce.SessionUpdate, now: float) -> 
         new = replace(new, transcription=check_transcription(
             new.transcription, session._served_model, event.session.param("transcription")))
     check_tool_choice(new.tools, new.tool_choice, event.session.param("tool_choice"))
+    if "tools" in event.session.changes:
+        check_mcp_tools(new.tools, session.mcp_allowed_hosts, event.session.param("tools"))
     if new.voice != session.config.voice and session._has_spoken:
         return session._error(ErrorCode.CANNOT_UPDATE_VOICE, event.event_id, param=event.session.param("voice"))
     if "tracing" in event.session.changes:

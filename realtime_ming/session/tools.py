@@ -35,29 +35,31 @@ from ..protocol.server_events import (
     ResponseOutputItemAdded,
     ResponseOutputItemDone,
 )
-from ..protocol.values import FunctionChoice, FunctionTool, ToolChoice, ToolChoiceMode
+from ..protocol.values import FunctionChoice, Tool, ToolChoice, ToolChoiceMode
 from .conversation import Conversation, StoredItem
+from .mcp import function_tools
 
 __all__ = ["ResponseCalls", "check_tool_choice", "engine_tools", "forces_call", "response_tools"]
 
 _CALL_START = '<tool_call>\n{"name": "'
 
 
-def response_tools(config, params) -> tuple[tuple[FunctionTool, ...], ToolChoice]:
+def response_tools(config, params) -> tuple[tuple[Tool, ...], ToolChoice]:
     """The tools and tool choice of a response: its `response.create` values, else the session's."""
     tools = params.tools if params is not None and params.tools is not None else config.tools
     choice = params.tool_choice if params is not None and params.tool_choice is not None else config.tool_choice
     return tools, choice
 
 
-def forces_call(tools: tuple[FunctionTool, ...], choice: ToolChoice) -> bool:
+def forces_call(tools: tuple[Tool, ...], choice: ToolChoice) -> bool:
     """Whether the reply is forced to start with a call (`required` / a named function, with tools)."""
-    return bool(tools) and (choice is ToolChoiceMode.REQUIRED or isinstance(choice, FunctionChoice))
+    return bool(function_tools(tools)) and (choice is ToolChoiceMode.REQUIRED or isinstance(choice, FunctionChoice))
 
 
-def engine_tools(tools: tuple[FunctionTool, ...],
+def engine_tools(tools: tuple[Tool, ...],
                  choice: ToolChoice) -> tuple[tuple[dict, ...], str, tuple[str, ...]]:
     """(tools as the template renders them, the forced reply prefix, the forced choices after it) for a response."""
+    tools = function_tools(tools)
     if choice is ToolChoiceMode.NONE or not tools:
         return (), "", ()
     rendered = tuple(
@@ -77,9 +79,9 @@ def _call_head(name: str) -> str:
     return json.dumps(name, ensure_ascii=False)[1:-1] + '", "arguments": '
 
 
-def check_tool_choice(tools: tuple[FunctionTool, ...], choice: ToolChoice, param: str) -> None:
+def check_tool_choice(tools: tuple[Tool, ...], choice: ToolChoice, param: str) -> None:
     """A named `tool_choice` must name one of the tools; `required` needs at least one tool."""
-    names = [t.name for t in tools]
+    names = [t.name for t in function_tools(tools)]
     if isinstance(choice, FunctionChoice) and choice.name not in names:
         raise ProtocolError(ErrorCode.TOOL_CHOICE_UNKNOWN_FUNCTION, param=param, name=choice.name,
                             names=", ".join(names) or "none")
