@@ -70,3 +70,14 @@ def test_an_allowed_host_is_refused_until_remote_calls_are_served():
     error = last_error(h)
     assert (error["code"], error["param"]) == ("unsupported_parameter", "session.tools[0]")
     assert h.session.config.tools == ()
+
+
+def test_an_approval_response_with_no_request_is_refused():
+    """An mcp_approval_response names a request that does not exist: a clear error, the conversation unchanged."""
+    h = _harness()
+    h.send(type="conversation.item.create", event_id="a1", item={
+        "type": "mcp_approval_response", "approval_request_id": "item_x", "approve": True})
+    error = last_error(h)
+    assert (error["code"], error["param"], error["event_id"]) == (
+        "mcp_approval_request_not_found", "item.approval_request_id", "a1")
+    assert "conversation.item.added" not in h.types()

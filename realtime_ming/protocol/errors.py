@@ -383,6 +383,11 @@ class ErrorCode(StrEnum):
         _INVALID,
         "The MCP server host '{host}' is not one this server may call (server.mcp.allowed_hosts: {allowed}).",
     )
+    MCP_APPROVAL_REQUEST_NOT_FOUND = (
+        "mcp_approval_request_not_found",
+        _INVALID,
+        "No mcp_approval_request item '{item_id}' is waiting for an answer in this conversation.",
+    )
     SERVER_SHUTTING_DOWN = (
         "server_shutting_down",
         _SERVER,

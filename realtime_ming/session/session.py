@@ -37,6 +37,7 @@ from ..protocol.items import (
     MessageItem,
     Role,
 )
+from ..protocol.mcp import McpApprovalResponseItem
 from ..protocol.responses import StatusReason
 from ..protocol.server_events import (
     ConversationItemAdded,
@@ -352,6 +353,9 @@ class Session:
 
     def _store_item(self, item, param: str) -> StoredItem:
         """Assign id/status and decode the model view of a client item; raises ProtocolError."""
+        if isinstance(item, McpApprovalResponseItem):  # no MCP call ever waits for approval yet (docs §4.2)
+            raise ProtocolError(ErrorCode.MCP_APPROVAL_REQUEST_NOT_FOUND, param=f"{param}.approval_request_id",
+                                item_id=item.approval_request_id)
         item = replace(item, id=item.id or new_id(IdPrefix.ITEM), status=ItemStatus.COMPLETED)
         if not isinstance(item, MessageItem):
             return StoredItem(item)
