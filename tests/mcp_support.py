@@ -1,0 +1,72 @@
+"""A real MCP server on loopback for tests: the `mcp` package's MCPServer over streamable HTTP (uvicorn in a
+thread), with two tools (`add`, `get_weather`) and a slow one; records the calls it served."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from contextlib import contextmanager
+
+import uvicorn
+from mcp.server.mcpserver import MCPServer
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LoopbackMcp:
+    """The server and what it was asked (tool name, arguments, the request's headers)."""
+
+    def __init__(self, slow_s: float = 30.0) -> None:
+        self.calls: list[tuple[str, dict]] = []
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/mcp"
+        server = MCPServer("loopback-tools")
+
+        @server.tool(description="The weather of a city.")
+        def get_weather(city: str) -> str:
+            self.calls.append(("get_weather", {"city": city}))
+            return f"sunny in {city}"
+
+        @server.tool(description="Add two integers.")
+        def add(a: int, b: int) -> int:
+            self.calls.append(("add", {"a": a, "b": b}))
+            return a + b
+
+        @server.tool(description="Answers after a long time.")
+        async def slow(city: str) -> str:
+            import anyio
+            self.calls.append(("slow", {"city": city}))
+            await anyio.sleep(slow_s)
+            return "late"
+
+        app = server.streamable_http_app()
+        self._server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
+                                                     lifespan="on"))
+        self._thread = threading.Thread(target=self._server.run, daemon=True)
+
+    def start(self) -> LoopbackMcp:
+        self._thread.start()
+        deadline = time.monotonic() + 20
+        while not self._server.started:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the loopback MCP server did not start")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(10)
+
+
+@contextmanager
+def loopback_mcp(**kwargs):
+    server = LoopbackMcp(**kwargs).start()
+    try:
+        yield server
+    finally:
+        server.stop()
