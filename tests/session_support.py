@@ -63,7 +63,8 @@ class Harness:
                     continue
                 frame = json.loads(text)
                 td = self.session.config.turn_detection
-                idle = getattr(td, "idle_timeout_ms", None) is not None
+                idle = getattr(td, "idle_timeout_ms", None) is not None or any(
+                    type(t).__name__ == "McpTool" for t in self.session.config.tools)
                 validate_frame(frame, self.dialect, allow_timings=timings, allow_opt_in=idle)
                 self.frames.append(frame)
             else:

@@ -6,14 +6,16 @@ from __future__ import annotations
 import pytest
 from session_support import Harness, last_error
 
+from realtime_ming.protocol.mcp import McpCallError, McpToolInfo
 from realtime_ming.server import load_config
 from realtime_ming.server.config import ConfigError
+from realtime_ming.session.actions import ListMcpTools
 
 FUNCTION = {"type": "function", "name": "get_time", "parameters": {"type": "object", "properties": {}}}
 
 
-def _mcp(url: str = "http://127.0.0.1:9/mcp") -> dict:
-    return {"type": "mcp", "server_label": "weather", "server_url": url, "require_approval": "never"}
+def _mcp(url: str = "http://127.0.0.1:9/mcp", label: str = "weather") -> dict:
+    return {"type": "mcp", "server_label": label, "server_url": url, "require_approval": "never"}
 
 
 def _harness(allowed: tuple[str, ...] = ()) -> Harness:
@@ -62,14 +64,33 @@ def test_allowed_hosts_reach_the_session_from_the_server_config():
         load_config(None, ["server.mcp.allowed_hosts=[http://x/]"])
 
 
-def test_an_allowed_host_is_refused_until_remote_calls_are_served():
-    """Listing and calling remote tools are not served yet: an allowed host's tool is unsupported_parameter,
-    never accepted and then left uncalled."""
+def test_an_allowed_host_is_listed_and_its_tools_offered():
+    """An allowed host's tool is accepted; its server is listed (an mcp_list_tools item, in_progress, then the
+    tools and completed); the listed tools are rendered into the next turn's prompt like function tools; a
+    failed listing is mcp_list_tools.failed plus an error naming the server."""
     h = _harness(("127.0.0.1",))
     h.send(type="session.update", session={"type": "realtime", "tools": [_mcp()]})
+    types = [f["type"] for f in h.frames]
+    assert types[-3:] == ["session.updated", "conversation.item.added", "mcp_list_tools.in_progress"]
+    listing = [c for c in h.commands if isinstance(c, ListMcpTools)]
+    assert len(listing) == 1 and listing[0].server.server_url == "http://127.0.0.1:9/mcp"
+    item_id = h.frames[-1]["item_id"]
+    info = McpToolInfo("get_weather", {"type": "object", "properties": {"city": {"type": "string"}}}, "Weather.")
+    h._take(h.session.on_mcp_listed(item_id, (info,), 0.0))
+    assert [f["type"] for f in h.frames[-2:]] == ["conversation.item.done", "mcp_list_tools.completed"]
+    assert h.frames[-2]["item"]["tools"][0]["name"] == "get_weather"
+    h.send(type="response.create")
+    request = h.submitted()[-1]
+    assert [t["function"]["name"] for t in request.tools] == ["get_weather"]
+    # the same server named again is not listed again; another one that fails says why
+    h.send(type="session.update", session={"type": "realtime", "tools": [_mcp(), _mcp("http://127.0.0.1:8/x", "maps")]})
+    listing = [c for c in h.commands if isinstance(c, ListMcpTools)]
+    assert len(listing) == 2
+    failed_id = h.frames[-1]["item_id"]
+    h._take(h.session.on_mcp_listed(failed_id, McpCallError("http_error", "refused", 502), 0.0))
+    assert h.frames[-2] == {"type": "mcp_list_tools.failed", "item_id": failed_id, "event_id": h.frames[-2]["event_id"]}
     error = last_error(h)
-    assert (error["code"], error["param"]) == ("unsupported_parameter", "session.tools[0]")
-    assert h.session.config.tools == ()
+    assert error["code"] == "mcp_list_tools_failed" and "'maps'" in error["message"] and "refused" in error["message"]
 
 
 def test_an_approval_response_with_no_request_is_refused():

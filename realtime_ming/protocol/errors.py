@@ -383,6 +383,11 @@ class ErrorCode(StrEnum):
         _INVALID,
         "The MCP server host '{host}' is not one this server may call (server.mcp.allowed_hosts: {allowed}).",
     )
+    MCP_LIST_TOOLS_FAILED = (
+        "mcp_list_tools_failed",
+        _SERVER,
+        "Listing the tools of MCP server '{server_label}' failed ({detail}); its tools are not offered to the model.",
+    )
     MCP_APPROVAL_REQUEST_NOT_FOUND = (
         "mcp_approval_request_not_found",
         _INVALID,

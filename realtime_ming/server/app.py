@@ -155,6 +155,8 @@ class RealtimeServer:
             media_info=self._info.get("media"),
             voice_lookup=self.voice_routes.lookup_for,
             mcp_allowed_hosts=cfg.server.mcp.allowed_hosts,
+            mcp_timeout_s=cfg.server.mcp.timeout_s,
+            mcp_max_response_bytes=cfg.server.mcp.max_response_bytes,
         )
 
     @property

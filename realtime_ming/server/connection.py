@@ -56,6 +56,7 @@ from ..session import (
 from ..session.config import SessionSettings
 from ..session.content import MediaLimits
 from ..session.failures import log_failure
+from ..session.mcp_client import McpLimits
 from ..session.runner import SessionClosing
 from .config import LimitsConfig
 from .handshake import HandshakeInfo
@@ -99,6 +100,8 @@ class ConnectionContext:
     media_info: Mapping[str, Any] | None = None  # the engine's media constraints (`info()["media"]`)
     voice_lookup: Callable[[str | None], Callable] | None = None  # API key -> its cloned voices' lookup
     mcp_allowed_hosts: tuple[str, ...] = ()  # server.mcp.allowed_hosts
+    mcp_timeout_s: float = 10.0  # server.mcp.timeout_s
+    mcp_max_response_bytes: int = 2**20  # server.mcp.max_response_bytes
 
     def media_limits(self) -> MediaLimits:
         """What one stored item may hold: the model's constraints and this server's budgets."""
@@ -378,6 +381,7 @@ async def serve_connection(ws: Transport, ctx: ConnectionContext, info: Handshak
     runner = SessionRunner(
         session, ctx.engine, emit=emit, on_action=_observe(ctx.metrics),
         max_pending_client=ctx.limits.max_inbound_frames,
+        mcp_limits=McpLimits(frozenset(ctx.mcp_allowed_hosts), ctx.mcp_timeout_s, ctx.mcp_max_response_bytes),
     )
     code: CloseCode | None = CloseCode.NORMAL_CLOSURE
     reason = ""

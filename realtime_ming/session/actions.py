@@ -10,15 +10,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..engine.api import TurnRequest
+from ..protocol.mcp import McpTool
 from ..protocol.events import ServerEvent
 from ..protocol.responses import ResponseStatus
 
 __all__ = [
     "Action",
+    "CallMcpTool",
     "CancelTurn",
     "CloseConversation",
     "ConfirmTurn",
     "DiscardTurn",
+    "ListMcpTools",
     "ResponseFinished",
     "Send",
     "SubmitTurn",
@@ -68,6 +71,25 @@ class CloseConversation:
 
 
 @dataclass(frozen=True, slots=True)
+class ListMcpTools:
+    """List the tools of `server` (`mcp_list_tools` item `item_id`); the outcome goes to `Session.on_mcp_listed`."""
+
+    item_id: str
+    server: McpTool
+
+
+@dataclass(frozen=True, slots=True)
+class CallMcpTool:
+    """Call tool `name` of `server` with the model's JSON `arguments` (`mcp_call` item `item_id`); the outcome
+    goes to `Session.on_mcp_called`."""
+
+    item_id: str
+    server: McpTool
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
 class ResponseFinished:
     """A response ended (for metrics). Seconds; `ttfa_s` is None when no audio was sent.
 
@@ -82,4 +104,5 @@ class ResponseFinished:
     stage_s: Mapping[str, float] = field(default_factory=dict)
 
 
-Action = Send | SubmitTurn | ConfirmTurn | DiscardTurn | CancelTurn | CloseConversation | ResponseFinished
+Action = (Send | SubmitTurn | ConfirmTurn | DiscardTurn | CancelTurn | CloseConversation | ResponseFinished
+          | ListMcpTools | CallMcpTool)

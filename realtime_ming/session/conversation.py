@@ -25,6 +25,8 @@ from ..protocol.items import (
     OutputText,
     Role,
 )
+from ..protocol.dialect import Dialect
+from ..protocol.mcp import McpCallItem
 from ..protocol.values import AudioFormat
 from .audio_io import encode_audio_once
 from .content import content_nbytes
@@ -65,9 +67,24 @@ class StoredItem:
             held += sum(len(p.image_url) for p in self.item.content if isinstance(p, InputImage))
         elif isinstance(self.item, FunctionCallItem):
             held += len(self.item.arguments)
-        else:
+        elif isinstance(self.item, FunctionCallOutputItem):
             held += len(self.item.output)
+        else:  # MCP items: the listed schemas, a call's arguments and output
+            held += len(str(self.item.to_wire(Dialect.GA)))
         return held
+
+    def messages(self) -> tuple[Message, ...]:
+        """The engine messages of this item: an MCP call that settled is the model's call and its result (the
+        output, or the error as text); the other MCP items are not shown to the model."""
+        item = self.item
+        if isinstance(item, McpCallItem):
+            if item.output is None and item.error is None:
+                return ()
+            result = item.output if item.error is None else f"error: {item.error.message}"
+            return (Message(Role.ASSISTANT.value, (), tool_calls=(ToolCall(item.name, item.arguments),)),
+                    Message("tool", (Content.of_text(result),)))
+        message = self.message()
+        return () if message is None else (message,)
 
     def message(self) -> Message | None:
         """The engine message, or None for items the model does not see: a function call is an assistant
@@ -213,7 +230,8 @@ class Conversation:
 
     def history(self) -> tuple[Message, ...]:
         """Engine messages of every item the model sees, oldest first (calls merged into their turn)."""
-        return merge_calls(entry.message() for entry in self._items.values())
+        return merge_calls(m for entry in self._items.values()
+                           for m in (entry.messages() if isinstance(entry, StoredItem) else (entry.message(),)))
 
 
 def merge_calls(messages) -> tuple[Message, ...]:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from ..protocol import client_events as ce
 from ..protocol.errors import ErrorCode
+from ..protocol.mcp import McpApprovalResponseItem
 from ..protocol.responses import StatusReason
 from ..protocol.server_events import (
     ConversationItemAdded,
@@ -20,6 +21,7 @@ from ..protocol.server_events import (
 from .actions import Action, Send
 from .conversation import AssistantItem
 from .lifecycle import cancel_response
+from .mcp_flow import on_answer
 
 if TYPE_CHECKING:
     from .session import Session
@@ -45,10 +47,13 @@ def on_item_create(session: Session, event: ce.ConversationItemCreate, now: floa
     actions = session._discard_speculation()
     previous_id = session.conversation.insert(stored, previous)
     view = stored.view()
-    return actions + [
+    actions += [
         Send(ConversationItemAdded(item=view, previous_item_id=previous_id)),
         Send(ConversationItemDone(item=view, previous_item_id=previous_id)),
     ] + session._evict(stored.id)
+    if isinstance(view, McpApprovalResponseItem):  # approved: the call runs now
+        actions += on_answer(session, view)
+    return actions
 
 
 def on_item_retrieve(session: Session, event: ce.ConversationItemRetrieve, now: float) -> list[Action]:

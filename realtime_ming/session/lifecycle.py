@@ -42,6 +42,7 @@ from .actions import Action, CancelTurn, Send, SubmitTurn
 from .conversation import AssistantItem, merge_calls
 from .failures import log_failure
 from .response import ActiveResponse, ResponseSpec, failure_error
+from . import mcp_flow
 from .mcp import check_mcp_tools
 from .tools import check_tool_choice, engine_tools, forces_call, response_tools
 from .tracing import trace_response
@@ -83,10 +84,12 @@ def on_response_create(session: Session, event: ce.ResponseCreate, now: float) -
     check_tool_choice(*response_tools(session.config, params), "response.tool_choice")
     if params.tools is not None:
         check_mcp_tools(params.tools, session.mcp_allowed_hosts, "response.tools")
+    # a server named here first is listed now; this response offers only tools already listed
+    listing = [] if params.tools is None else session.mcp.list_new(params.tools)
     history = None if params.input is None else _history_from(session, params.input)
     # An out-of-band response leaves the conversation as it is: a speculative turn stays valid.
     actions = [] if oob else session._discard_speculation()
-    return actions + start_response(session, now, params=params, history=history)
+    return listing + actions + start_response(session, now, params=params, history=history)
 
 
 def _history_from(session: Session, items) -> tuple[Message, ...]:
@@ -132,7 +135,7 @@ def spec_for(session: Session, response_id: str, params: ce.ResponseParams | Non
         temperature=p.temperature if p.temperature is not None else config.temperature,
         conversation_id=None if oob else session.conversation_id,
         metadata=p.metadata,
-        forces_call=forces_call(*response_tools(config, params)),
+        forces_call=forces_call(*_offered(session, params)),
     )
 
 
@@ -145,7 +148,7 @@ def turn_request(
     if instructions is None:
         instructions = session.config.instructions
     max_tokens = spec.max_output_tokens
-    tools, forced_prefix, forced_choices = engine_tools(*response_tools(session.config, params))
+    tools, forced_prefix, forced_choices = engine_tools(*_offered(session, params))
     return TurnRequest(
         turn_id=turn_id,
         conversation_id=spec.conversation_id or session._oob_conversation_id,
@@ -163,6 +166,12 @@ def turn_request(
         forced_prefix=forced_prefix,
         forced_choices=forced_choices,
     )
+
+
+def _offered(session: Session, params: ce.ResponseParams | None):
+    """(the tools the model sees: functions and each listed MCP server's tools, the tool choice) of a response."""
+    tools, choice = response_tools(session.config, params)
+    return session.mcp.expand(tools), choice
 
 
 def _talker_caption(session: Session, params: ce.ResponseParams | None) -> str | None:
@@ -207,11 +216,14 @@ def start_response(
             session._transcriber.note_reply(request)
         actions.append(SubmitTurn(request))
     item = AssistantItem(new_id(IdPrefix.ITEM), is_audio=spec.is_audio)
+    offered = response_tools(session.config, params)[0]
     response = ActiveResponse(
         spec, item, engine_rate_hz=OUTPUT_SAMPLE_RATE_HZ, frame_ms=session.settings.output_frame_ms,
         conversation=session.conversation if spec.conversation_id is not None else None,
         input_end_at=now, is_speculative=turn_id is not None,
+        mcp_target=lambda name: session.mcp.target(offered, name),
     )
+    response.params = params
     if spec.conversation_id is None:
         session._oob[spec.response_id] = response
     else:
@@ -305,7 +317,7 @@ def on_engine_event(session: Session, event: TurnEvent, now: float) -> list[Acti
         response.on_stage(event.stage, event.t)
         return []
     if isinstance(event, (ToolCallStart, ToolCallArguments, ToolCallEnd)):
-        return [Send(e) for e in response.calls.on_event(event)]
+        return [Send(e) for e in response.calls.on_event(event)] + mcp_flow.take_calls(session, response)
     if isinstance(event, TurnDone):
         usage = usage_of(event)
         for stage, t in event.stages.items():
@@ -319,7 +331,7 @@ def on_engine_event(session: Session, event: TurnEvent, now: float) -> list[Acti
                 session, ResponseStatus.INCOMPLETE, now, response=response, reason=StatusReason.MAX_OUTPUT_TOKENS,
                 usage=usage,
             )
-        return finish_response(session, ResponseStatus.COMPLETED, now, response=response, usage=usage)
+        return mcp_flow.finish_or_wait(session, response, ResponseStatus.COMPLETED, now, usage=usage)
     if isinstance(event, TurnCancelled):
         return finish_response(session, ResponseStatus.CANCELLED, now, response=response)
     assert isinstance(event, TurnFailed)

@@ -3,8 +3,7 @@
 The server itself would call an MCP tool's `server_url`, so a `session.update` / `response.create` whose
 tools name a host that is not listed is refused whole (nothing of it applied): `mcp_tools_disabled` when
 the list is empty (the default), `mcp_server_not_allowed` naming the host otherwise. Listing and calling
-remote tools (`mcp_list_tools.*`, `response.mcp_call*`, approvals) are not served yet (issue 47): a tool
-on an allowed host gets `unsupported_parameter` rather than being accepted and never called.
+remote tools: `mcp_calls.py` (state), `mcp_flow.py` (responses), `mcp_client.py` (the I/O, run by the runner).
 """
 
 from __future__ import annotations
@@ -45,5 +44,3 @@ def check_mcp_tools(tools: tuple[Tool, ...], allowed_hosts: Collection[str], par
         if host not in allowed_hosts:
             raise ProtocolError(ErrorCode.MCP_SERVER_NOT_ALLOWED, param=where, host=host or "(none)",
                                 allowed=", ".join(sorted(allowed_hosts)))
-        raise ProtocolError(ErrorCode.UNSUPPORTED_PARAMETER, param=f"{param}[{index}]",
-                            detail="listing and calling remote MCP tools is not served yet; use function tools")

@@ -7,7 +7,7 @@ event sequence of docs/protocol.md §5.2 and guarantees that `finish` emits each
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,6 +45,7 @@ from ..protocol.values import AudioFormat, MaxOutputTokens, Modality
 from .actions import ResponseFinished
 from .audio_io import OutputEncoder
 from .conversation import AssistantItem, Conversation
+from .mcp_calls import McpTarget
 from .tools import ResponseCalls
 
 __all__ = ["ActiveResponse", "ResponseSpec", "failure_error"]
@@ -123,12 +124,16 @@ class ActiveResponse:
         input_end_at: float,
         is_speculative: bool,
         conversation: Conversation | None = None,
+        mcp_target: Callable[[str], McpTarget | None] = lambda _name: None,
     ) -> None:
         self.spec = spec
+        self.params: object | None = None  # the response.create parameters (a follow-up response reuses them)
+        self.deferred: tuple[ResponseStatus, dict] | None = None  # ended in the engine, waits for its MCP calls
+        self.follow_ups = 0  # responses created before this one to answer from MCP results
         self.item = item
         self._conversation = conversation
         self._is_message_open = False
-        self.calls = ResponseCalls(spec.response_id, conversation, self._next_output_index)
+        self.calls = ResponseCalls(spec.response_id, conversation, self._next_output_index, mcp_target)
         self.input_end_at = input_end_at
         self.is_speculative = is_speculative
         self.first_audio_at: float | None = None

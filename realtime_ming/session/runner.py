@@ -23,18 +23,22 @@ from ..protocol.client_events import InputAudioBufferAppend
 from ..protocol.errors import ErrorCode, ProtocolError
 from ..protocol.events import ClientEvent, ServerEvent
 from ..protocol.server_events import Error, InputAudioBufferSpeechStopped
+from ..protocol.mcp import McpCallError
 from .actions import (
     Action,
+    CallMcpTool,
     CancelTurn,
     CloseConversation,
     ConfirmTurn,
     DiscardTurn,
+    ListMcpTools,
     Send,
     SubmitTurn,
 )
 from .audio_io import wire_duration_ms
 from .content import media_parts
 from .failures import log_failure
+from .mcp_client import McpFailure, McpLimits, call_tool, list_tools
 from .session import Session
 
 __all__ = ["SessionClosing", "SessionRunner"]
@@ -67,6 +71,15 @@ class _DecisionReady:
     wait for a words judgement ran out (posted by a loop timer)."""
 
     __slots__ = ()
+
+
+class _McpOutcome:
+    """A listing or call of a remote MCP server ended (posted by its task)."""
+
+    __slots__ = ("item_id", "is_call", "outcome")
+
+    def __init__(self, item_id: str, is_call: bool, outcome: object) -> None:
+        self.item_id, self.is_call, self.outcome = item_id, is_call, outcome
 
 
 class _EngineInput:
@@ -129,13 +142,16 @@ class SessionRunner:
         on_action: Callable[[Action], None] | None = None,
         max_pending_client: int = 16,
         loop: asyncio.AbstractEventLoop | None = None,
+        mcp_limits: McpLimits | None = None,
     ) -> None:
         self.session = session
         self._engine = engine
         self._emit = emit
         self._on_action = on_action
         self._loop = loop or asyncio.get_running_loop()
-        self._inbox: asyncio.Queue[_Inbound | _EngineInput | _DecisionReady] = asyncio.Queue()
+        self._inbox: asyncio.Queue[_Inbound | _EngineInput | _DecisionReady | _McpOutcome] = asyncio.Queue()
+        self._mcp_limits = mcp_limits or McpLimits(session.mcp_allowed_hosts)
+        self._mcp_tasks: set[asyncio.Task] = set()  # listings and calls running (cancelled by `close`)
         self._client_slots = asyncio.Semaphore(max_pending_client)
         self._is_closed = False
         settings = session.settings
@@ -192,6 +208,14 @@ class SessionRunner:
                     actions = self.session.abort_response(turn_id, now)
                 await self._dispatch(actions, None)
                 self._watch_words()
+            elif isinstance(item, _McpOutcome):
+                handle = self.session.on_mcp_called if item.is_call else self.session.on_mcp_listed
+                try:
+                    actions = handle(item.item_id, item.outcome, now)
+                except Exception as exc:
+                    self._log_failure("MCP outcome", item.item_id, exc)
+                    actions = []
+                await self._dispatch(actions, None)
             elif isinstance(item, _DecisionReady):
                 try:
                     actions = self.session.on_decision_ready(now)
@@ -310,6 +334,8 @@ class SessionRunner:
         if self._is_closed:
             return
         self._is_closed = True
+        for task in self._mcp_tasks:  # a listing or call in flight: its result has nobody to go to
+            task.cancel()
         if self._words_timer is not None:
             self._words_timer[1].cancel()
         worker = self._worker
@@ -363,9 +389,33 @@ class SessionRunner:
     def _log_failure(self, request: str, request_id: str | None, exc: Exception) -> None:
         log_failure(log, self.session.config.id, request, request_id, exc)
 
+    def _start_mcp(self, action: ListMcpTools | CallMcpTool) -> None:
+        """Run a listing or call as a task of this runner; its outcome (or failure) comes back on the inbox."""
+        limits = self._mcp_limits
+
+        async def run() -> None:
+            try:
+                if isinstance(action, ListMcpTools):
+                    outcome: object = await list_tools(action.server, limits)
+                else:
+                    outcome = await call_tool(action.server, action.name, action.arguments, limits)
+            except McpFailure as failure:
+                outcome = failure.error
+            except Exception as exc:  # a bug in the client costs this call, never the session
+                self._log_failure("MCP", action.item_id, exc)
+                outcome = McpCallError("protocol_error", "the MCP exchange failed on this server")
+            if not self._is_closed:
+                self._inbox.put_nowait(_McpOutcome(action.item_id, isinstance(action, CallMcpTool), outcome))
+
+        task = self._loop.create_task(run())
+        self._mcp_tasks.add(task)
+        task.add_done_callback(self._mcp_tasks.discard)
+
     def _command(self, action: Action) -> None:
         engine = self._engine
-        if isinstance(action, SubmitTurn):
+        if isinstance(action, ListMcpTools | CallMcpTool):
+            self._start_mcp(action)
+        elif isinstance(action, SubmitTurn):
             engine.submit(action.request, self.engine_sink)
         elif isinstance(action, ConfirmTurn):
             engine.confirm(action.turn_id)

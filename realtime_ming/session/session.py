@@ -37,7 +37,7 @@ from ..protocol.items import (
     MessageItem,
     Role,
 )
-from ..protocol.mcp import McpApprovalResponseItem
+from ..protocol.mcp import McpApprovalResponseItem, McpCallError, McpToolInfo
 from ..protocol.responses import StatusReason
 from ..protocol.server_events import (
     ConversationItemAdded,
@@ -52,7 +52,7 @@ from ..protocol.server_events import (
     SessionCreated,
 )
 from ..protocol.session import SemanticVad, ServerVad, SessionConfig, SessionType
-from . import items, lifecycle
+from . import items, lifecycle, mcp_flow
 from .actions import (
     Action,
     CancelTurn,
@@ -80,6 +80,7 @@ from .failures import log_failure
 from .idle import IdleTimer
 from .input import BufferFull, InputTurns, SpeechBegan, SpeechEnded, TurnSignal
 from .judgement import NO_ANSWER, TurnJudge
+from .mcp_calls import McpServers
 from .media_rate import MediaRate
 from .response import ActiveResponse
 from .session_update import on_session_update
@@ -161,6 +162,7 @@ class Session:
         self._transcriber = Transcriber(self.conversation, self.conversation_id)
         self._judge = TurnJudge(self.conversation_id)  # semantic_vad's words judgement (`set_turn_judgement`)
         self._served_model = model
+        self.mcp = McpServers(self.conversation)  # remote MCP servers: listings, calls, approvals
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def start(self) -> list[Action]:
@@ -176,6 +178,7 @@ class Session:
         self._response = None
         self._oob.clear()
         actions += self._transcriber.close() + self._judge.close()
+        self.mcp.close()
         actions.append(CloseConversation(self.conversation_id))
         if self._oob_used:
             actions.append(CloseConversation(self._oob_conversation_id))
@@ -353,9 +356,8 @@ class Session:
 
     def _store_item(self, item, param: str) -> StoredItem:
         """Assign id/status and decode the model view of a client item; raises ProtocolError."""
-        if isinstance(item, McpApprovalResponseItem):  # no MCP call ever waits for approval yet (docs §4.2)
-            raise ProtocolError(ErrorCode.MCP_APPROVAL_REQUEST_NOT_FOUND, param=f"{param}.approval_request_id",
-                                item_id=item.approval_request_id)
+        if isinstance(item, McpApprovalResponseItem):  # it must answer a request that waits (docs §4.2)
+            self.mcp.check_answer(item, param)
         item = replace(item, id=item.id or new_id(IdPrefix.ITEM), status=ItemStatus.COMPLETED)
         if not isinstance(item, MessageItem):
             return StoredItem(item)
@@ -491,6 +493,14 @@ class Session:
             for signal in self._input.on_judgement(event.turn_id, answer):
                 actions += self._on_turn_signal(signal, now)
         return actions
+
+    def on_mcp_listed(self, item_id: str, outcome: tuple[McpToolInfo, ...] | McpCallError, now: float) -> list[Action]:
+        """A `ListMcpTools` action ended (its tools, or why not)."""
+        return mcp_flow.on_listed(self, item_id, outcome)
+
+    def on_mcp_called(self, item_id: str, outcome: str | McpCallError, now: float) -> list[Action]:
+        """A `CallMcpTool` action ended (its output, or why not)."""
+        return mcp_flow.on_called(self, item_id, outcome, now)
 
     def _release_transcriptions(self) -> list[Action]:
         return self._transcriber.release(self._response)

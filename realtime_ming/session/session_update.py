@@ -59,4 +59,4 @@ def on_session_update(session: Session, event: ce.SessionUpdate, now: float) -> 
     if (new.input_format, new.turn_detection) != (old.input_format, old.turn_detection):
         session._input.configure(new.input_format, new.turn_detection)
     actions.append(Send(SessionUpdated(session=new)))
-    return actions
+    return actions + session.mcp.list_new(new.tools)

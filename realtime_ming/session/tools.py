@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import replace
 
 from ..engine.api import ToolCallArguments, ToolCallEnd, ToolCallStart
 from ..protocol.errors import ErrorCode, ProtocolError
 from ..protocol.events import ServerEvent
 from ..protocol.ids import IdPrefix, new_id
 from ..protocol.items import FunctionCallItem, ItemStatus
+from ..protocol.mcp import McpApprovalRequestItem, McpCallError, McpCallItem, McpTool
+from ..protocol.mcp_events import ResponseMcpCallArgumentsDelta, ResponseMcpCallArgumentsDone
 from ..protocol.responses import ErrorDetail
 from ..protocol.server_events import (
     ConversationItemAdded,
@@ -38,6 +41,7 @@ from ..protocol.server_events import (
 from ..protocol.values import FunctionChoice, Tool, ToolChoice, ToolChoiceMode
 from .conversation import Conversation, StoredItem
 from .mcp import function_tools
+from .mcp_calls import McpTarget
 
 __all__ = ["ResponseCalls", "check_tool_choice", "engine_tools", "forces_call", "response_tools"]
 
@@ -85,26 +89,38 @@ def check_tool_choice(tools: tuple[Tool, ...], choice: ToolChoice, param: str) -
     if isinstance(choice, FunctionChoice) and choice.name not in names:
         raise ProtocolError(ErrorCode.TOOL_CHOICE_UNKNOWN_FUNCTION, param=param, name=choice.name,
                             names=", ".join(names) or "none")
-    if choice is ToolChoiceMode.REQUIRED and not names:
+    if choice is ToolChoiceMode.REQUIRED and not names and not any(isinstance(t, McpTool) for t in tools):
         raise ProtocolError(ErrorCode.TOOL_CHOICE_UNKNOWN_FUNCTION, param=param, name="(any)", names="none")
 
 
-class ResponseCalls:
-    """The function-call items of one response; each takes the output index `next_index()` gives when it starts
-    (after the message item, or first when the response forces a call)."""
+CallItem = FunctionCallItem | McpCallItem | McpApprovalRequestItem
 
-    def __init__(self, response_id: str, conversation: Conversation | None, next_index: Callable[[], int]) -> None:
+
+class ResponseCalls:
+    """The call items of one response; each takes the output index `next_index()` gives when it starts (after the
+    message item, or first when the response forces a call). A call naming a listed MCP tool (`mcp_target`)
+    becomes an `mcp_call` item (or, needing approval, an `mcp_approval_request` once its arguments are
+    written); `started` and `approvals` hold what the session must run or wait for, `pending` the calls
+    running."""
+
+    def __init__(self, response_id: str, conversation: Conversation | None, next_index: Callable[[], int],
+                 mcp_target: Callable[[str], McpTarget | None] = lambda _name: None) -> None:
         self.response_id = response_id
         self._conversation = conversation
         self._next_index = next_index
+        self._mcp_target = mcp_target
         self._indexes: dict[str, int] = {}  # item id -> output index
-        self.items: list[FunctionCallItem] = []
+        self.items: list[CallItem] = []
         self._open: FunctionCallItem | None = None
+        self._mcp_open: tuple[McpTarget, str] | None = None  # an MCP call being written: its target, item id
         self._args = ""
         self.error: str | None = None  # why a call was malformed (the first such)
         self.unterminated = False
+        self.started: list[tuple[McpTarget, McpCallItem, int]] = []  # MCP calls to run (taken by the session)
+        self.approvals: list[tuple[McpTarget, McpApprovalRequestItem]] = []  # requests to wait for (same)
+        self.pending: set[str] = set()  # mcp_call item ids running
 
-    def views(self) -> tuple[FunctionCallItem, ...]:
+    def views(self) -> tuple[CallItem, ...]:
         """The call items for `response.done` `output`."""
         return tuple(self.items)
 
@@ -116,7 +132,11 @@ class ResponseCalls:
     def on_event(self, event: ToolCallStart | ToolCallArguments | ToolCallEnd) -> list[ServerEvent]:
         """Engine call event -> wire events (and conversation items)."""
         if isinstance(event, ToolCallStart):
-            return self._start(event.name)
+            events = self._close(ItemStatus.INCOMPLETE) + self._end_mcp(None, "a new call began")
+            target = self._mcp_target(event.name)
+            return events + (self._start(event.name) if target is None else self._start_mcp(target))
+        if self._mcp_open is not None:
+            return self._on_mcp_event(event)
         if isinstance(event, ToolCallArguments):
             if self._open is None or not event.delta:
                 return []
@@ -138,7 +158,7 @@ class ResponseCalls:
         return extra + [done] + self._close(ItemStatus.COMPLETED)
 
     def _start(self, name: str) -> list[ServerEvent]:
-        events = self._close(ItemStatus.INCOMPLETE) if self._open is not None else []
+        events: list[ServerEvent] = []
         item = FunctionCallItem(name=name, arguments="", call_id=new_id(IdPrefix.CALL), id=new_id(IdPrefix.ITEM),
                                 status=ItemStatus.IN_PROGRESS)
         assert item.id is not None
@@ -173,7 +193,98 @@ class ResponseCalls:
 
     def finish(self) -> list[ServerEvent]:
         """The response ends (cancelled, failed): an open call item ends incomplete."""
-        return self._close(ItemStatus.INCOMPLETE)
+        return self._close(ItemStatus.INCOMPLETE) + self._end_mcp(None, "the response ended before the call was"
+                                                                        " written")
+
+    # ---- MCP calls -------------------------------------------------------------------------------------
+    def _add(self, item: CallItem) -> list[ServerEvent]:
+        """Announce a new item at the next output index (and add it to the conversation)."""
+        self._indexes[item.id] = self._next_index()
+        self.items.append(item)
+        events: list[ServerEvent] = [ResponseOutputItemAdded(response_id=self.response_id,
+                                                             output_index=self._indexes[item.id], item=item)]
+        if self._conversation is not None:
+            previous = self._conversation.last_id()
+            self._conversation.insert(StoredItem(item))
+            events.append(ConversationItemAdded(item=item, previous_item_id=previous))
+        return events
+
+    def _replace(self, item: CallItem) -> list[ServerEvent]:
+        """`item` is final: `response.output_item.done` (and `conversation.item.done`)."""
+        self.items = [item if i.id == item.id else i for i in self.items]
+        events: list[ServerEvent] = [ResponseOutputItemDone(response_id=self.response_id,
+                                                            output_index=self._indexes[item.id], item=item)]
+        entry = None if self._conversation is None else self._conversation.get(item.id)
+        if isinstance(entry, StoredItem):
+            entry.item = item
+            events.append(ConversationItemDone(item=item))
+        return events
+
+    def _start_mcp(self, target: McpTarget) -> list[ServerEvent]:
+        """An MCP tool call begins: its `mcp_call` item now, or (approval needed) nothing until it is written."""
+        self._args = ""
+        if target.needs_approval:
+            self._mcp_open = (target, "")
+            return []
+        item = McpCallItem(id=new_id(IdPrefix.ITEM), server_label=target.server.server_label, name=target.info.name,
+                           arguments="")
+        self._mcp_open = (target, item.id)
+        return self._add(item)
+
+    def _on_mcp_event(self, event: ToolCallArguments | ToolCallEnd) -> list[ServerEvent]:
+        assert self._mcp_open is not None
+        target, item_id = self._mcp_open
+        if isinstance(event, ToolCallArguments):
+            self._args += event.delta
+            if not item_id or not event.delta:
+                return []
+            return [ResponseMcpCallArgumentsDelta(response_id=self.response_id, item_id=item_id,
+                                                  output_index=self._indexes[item_id], delta=event.delta)]
+        if event.error is not None:
+            self.error = self.error or event.error
+            self.unterminated = self.unterminated or "unterminated" in event.error
+            return self._end_mcp(None, event.error)
+        assert event.arguments is not None
+        return self._end_mcp(event.arguments, None)
+
+    def _end_mcp(self, arguments: str | None, error: str | None) -> list[ServerEvent]:
+        """The MCP call being written ends: with its `arguments` (run it, or ask for approval) or malformed
+        (`error`: the item fails, nothing is called)."""
+        if self._mcp_open is None:
+            return []
+        (target, item_id), self._mcp_open = self._mcp_open, None
+        if arguments is None:
+            if not item_id:
+                return []
+            item = next(i for i in self.items if i.id == item_id)
+            failed = replace(item, arguments=self._args,
+                             error=McpCallError("tool_execution_error", f"the model's call was not run: {error}"))
+            return self._replace(failed)
+        if not item_id:
+            request = McpApprovalRequestItem(id=new_id(IdPrefix.ITEM), server_label=target.server.server_label,
+                                             name=target.info.name, arguments=arguments)
+            self.approvals.append((target, request))
+            return self._add(request) + self._replace(request)
+        events: list[ServerEvent] = []
+        if arguments.startswith(self._args) and len(arguments) > len(self._args):
+            events.append(ResponseMcpCallArgumentsDelta(response_id=self.response_id, item_id=item_id,
+                                                        output_index=self._indexes[item_id],
+                                                        delta=arguments[len(self._args):]))
+        events.append(ResponseMcpCallArgumentsDone(response_id=self.response_id, item_id=item_id,
+                                                   output_index=self._indexes[item_id], arguments=arguments))
+        item = replace(next(i for i in self.items if i.id == item_id), arguments=arguments)
+        self.items = [item if i.id == item_id else i for i in self.items]
+        entry = None if self._conversation is None else self._conversation.get(item_id)
+        if isinstance(entry, StoredItem):
+            entry.item = item
+        self.started.append((target, item, self._indexes[item_id]))
+        self.pending.add(item_id)
+        return events
+
+    def settle(self, item: McpCallItem) -> list[ServerEvent]:
+        """A call this response started settled (`item` holds its output or error): `response.output_item.done`."""
+        self.pending.discard(item.id)
+        return self._replace(item)
 
     def failure(self) -> ErrorDetail | None:
         """`status_details.error` when the model wrote a malformed call."""
