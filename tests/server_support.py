@@ -342,6 +342,7 @@ class WsClient:
         self.dialect = dialect
         self.frames: list[dict] = []
         self.allow_timings = False
+        self.allow_opt_in = False  # GA events a client opts in to (idle timeout, MCP tools)
 
     async def send(self, **event) -> None:
         import json
@@ -366,11 +367,11 @@ class WsClient:
         import json
 
         frame = json.loads(await asyncio.wait_for(self.ws.recv(), seconds(timeout)))
-        validate_frame(frame, self.dialect, allow_timings=self.allow_timings)
+        validate_frame(frame, self.dialect, allow_timings=self.allow_timings, allow_opt_in=self.allow_opt_in)
         self.frames.append(frame)
         return frame
 
-    async def recv_until(self, event_type: str, timeout: float = 10.0) -> list[dict]:
+    async def recv_until(self, event_type: str | tuple[str, ...], timeout: float = 10.0) -> list[dict]:
         """Frames up to and including the first of `event_type`."""
         import asyncio
 
@@ -379,7 +380,7 @@ class WsClient:
             while True:
                 frame = await self.recv(timeout)
                 got.append(frame)
-                if frame["type"] == event_type:
+                if frame["type"] == event_type or frame["type"] in event_type:
                     return got
 
     async def expect_error(self, code: str, timeout: float = 5.0) -> dict:

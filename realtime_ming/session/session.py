@@ -358,6 +358,7 @@ class Session:
         """Assign id/status and decode the model view of a client item; raises ProtocolError."""
         if isinstance(item, McpApprovalResponseItem):  # it must answer a request that waits (docs §4.2)
             self.mcp.check_answer(item, param)
+            return StoredItem(replace(item, id=item.id or new_id(IdPrefix.ITEM)))
         item = replace(item, id=item.id or new_id(IdPrefix.ITEM), status=ItemStatus.COMPLETED)
         if not isinstance(item, MessageItem):
             return StoredItem(item)
