@@ -1,5 +1,6 @@
 """A real MCP server on loopback for tests: the `mcp` package's MCPServer over streamable HTTP (uvicorn in a
-thread), with two tools (`add`, `get_weather`) and a slow one; records the calls it served."""
+thread), with two tools (`add`, `get_weather`; `get_weather` answers after `slow_s` when given); records the
+calls it served."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import threading
 import time
 from contextlib import contextmanager
 
+import anyio
 import uvicorn
 from mcp.server.mcpserver import MCPServer
 
@@ -21,28 +23,23 @@ def free_port() -> int:
 class LoopbackMcp:
     """The server and what it was asked (tool name, arguments, the request's headers)."""
 
-    def __init__(self, slow_s: float = 30.0) -> None:
+    def __init__(self, slow_s: float | None = None) -> None:
         self.calls: list[tuple[str, dict]] = []
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/mcp"
         server = MCPServer("loopback-tools")
 
         @server.tool(description="The weather of a city.")
-        def get_weather(city: str) -> str:
+        async def get_weather(city: str) -> str:
             self.calls.append(("get_weather", {"city": city}))
+            if slow_s is not None:
+                await anyio.sleep(slow_s)
             return f"sunny in {city}"
 
         @server.tool(description="Add two integers.")
         def add(a: int, b: int) -> int:
             self.calls.append(("add", {"a": a, "b": b}))
             return a + b
-
-        @server.tool(description="Answers after a long time.")
-        async def slow(city: str) -> str:
-            import anyio
-            self.calls.append(("slow", {"city": city}))
-            await anyio.sleep(slow_s)
-            return "late"
 
         app = server.streamable_http_app()
         self._server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",

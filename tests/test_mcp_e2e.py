@@ -32,7 +32,7 @@ def forced_engine():
 
 @pytest.fixture(scope="module")
 def mcp_server():
-    with loopback_mcp(slow_s=20.0) as srv:
+    with loopback_mcp() as srv:
         yield srv
 
 
@@ -113,16 +113,21 @@ async def test_approval_required_then_approved_or_denied(server, mcp_server, app
     await client.ws.close()
 
 
-async def test_dead_and_slow_servers_fail_the_call_not_the_session(server, mcp_server):
+async def test_dead_and_slow_servers_fail_the_call_not_the_session(server):
     client = await _client(server.port)
-    frames = await _configure(client, f"http://127.0.0.1:{free_port()}/mcp")
+    frames = await _configure(client, f"http://127.0.0.1:{free_port()}/mcp")  # nothing listens there
     assert frames[-1]["type"] == "mcp_list_tools.failed"
     error = await client.recv_until("error")
     assert error[-1]["error"]["code"] == "mcp_list_tools_failed"
     # a slow tool: the call fails after server.mcp.timeout_s, the response ends, the session goes on
+    with loopback_mcp(slow_s=20.0) as slow:
+        await _slow_call(client, slow.url)
+    await client.ws.close()
+
+
+async def _slow_call(client: WsClient, url: str) -> None:
     await client.send(type="session.update", session={"type": "realtime", "tools": [{
-        "type": "mcp", "server_label": "slow", "server_url": mcp_server.url, "require_approval": "never",
-        "allowed_tools": ["slow"]}]})
+        "type": "mcp", "server_label": "slow", "server_url": url, "require_approval": "never"}]})
     await client.recv_until("mcp_list_tools.completed", timeout=30)
     await client.send(type="conversation.item.create", item={
         "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Slow?"}]})
@@ -133,7 +138,6 @@ async def test_dead_and_slow_servers_fail_the_call_not_the_session(server, mcp_s
     assert call["error"]["type"] == "http_error" and "timeout_s" in call["error"]["message"]
     await client.send(type="session.update", session={"type": "realtime", "instructions": "still here"})
     assert (await client.recv_until("session.updated"))[-1]["session"]["instructions"] == "still here"
-    await client.ws.close()
 
 
 async def test_a_host_not_allowed_is_refused(server):
