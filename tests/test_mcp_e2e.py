@@ -11,6 +11,7 @@ from mcp_support import free_port, loopback_mcp
 from server_support import WsClient
 from websockets.asyncio.client import connect
 
+from realtime_ming.protocol import Dialect
 from realtime_ming.server import RealtimeServer, load_config
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
@@ -45,7 +46,7 @@ async def server(forced_engine):
 
 async def _client(port: int) -> WsClient:
     ws = await connect(f"ws://127.0.0.1:{port}/v1/realtime?model=ming")
-    client = WsClient(ws, __import__("realtime_ming.protocol", fromlist=["Dialect"]).Dialect.GA)
+    client = WsClient(ws, Dialect.GA)
     client.allow_opt_in = True
     assert (await client.recv())["type"] == "session.created"
     return client
