@@ -161,7 +161,7 @@ def test_route_declines_what_it_cannot_do():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("tokens", [1, 3, 8])  # each tile set of _moe_tiles
+@pytest.mark.parametrize("tokens", [1, 3, 8])  # each tile set of moe_tiles
 def test_moe_decode_matches_reference(dtype, tokens):
     """Routed experts (fp32 weighted sum) + shared expert, rounded where SparseMoeBlock rounds."""
     e, d, inter, k = 12, 128, 96, 4

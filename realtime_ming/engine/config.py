@@ -9,6 +9,7 @@ from .segmenter import SegmenterConfig
 __all__ = ["EngineConfig", "PlacementConfig", "ThinkerRunnerConfig", "TalkerRunnerConfig"]
 
 _DTYPES = ("float32", "bfloat16", "float16")
+EXPERT_DTYPES = ("model", "fp8")  # engine.expert_dtype (model/fp8.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,6 +218,11 @@ class EngineConfig:
     weights: str = "checkpoint"  # "checkpoint" | "dummy" (seeded random weights, any preset)
     preset: str | None = None  # with weights="dummy": "tiny" | "ming-flash-omni-2.0"
     dtype: str = "float32"
+    # the thinker's routed experts (99.9 B of the root's 104 B parameters): "model" = in `dtype`; "fp8" = e4m3 with
+    # one fp32 scale per output channel, quantised from the checkpoint while it loads (never the whole bf16 model in
+    # host memory), run by the FP8 Triton kernels (model/kernels/moe_fp8.py); router, shared expert, attention and
+    # every other model stay in `dtype`. Fidelity: docs/fidelity.md
+    expert_dtype: str = "model"
     seed: int = 0
     default_voice: str | None = None
     enforce_eager: bool = True  # CUDA graphs off (CPU always eager)
@@ -269,5 +275,7 @@ class EngineConfig:
             raise ValueError("engine.bench_tp_shadow needs dummy weights (or a preset) and one thinker device")
         if self.dtype not in _DTYPES:
             raise ValueError(f"engine.dtype must be one of {_DTYPES}")
+        if self.expert_dtype not in EXPERT_DTYPES:
+            raise ValueError(f"engine.expert_dtype must be one of {EXPERT_DTYPES}, got {self.expert_dtype!r}")
         if self.weights == "checkpoint" and self.preset is not None and self.model_path is not None:
             raise ValueError("engine.preset applies only to weights='dummy' or the embedded default")

@@ -50,8 +50,8 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 
 def _build(cls, *args, weights=None, prefix="", device, dtype, seed, what, progress=None,
-           kernels: Kernels | None = None):
-    module = _meta(cls, args, kernels)
+           kernels: Kernels | None = None, **options):
+    module = _meta(cls, args, kernels, **options)
     if weights is None:
         init_dummy(module, seed=seed, device=device, dtype=dtype)
     else:
@@ -60,9 +60,9 @@ def _build(cls, *args, weights=None, prefix="", device, dtype, seed, what, progr
     return module.eval()
 
 
-def _meta(cls, args: tuple, kernels: Kernels | None):
+def _meta(cls, args: tuple, kernels: Kernels | None, **options):
     with torch.device("meta"):
-        return cls(*args) if kernels is None else cls(*args, kernels=kernels)
+        return cls(*args, **options) if kernels is None else cls(*args, kernels=kernels, **options)
 
 
 def _replicate(module, cls, *args, device, dtype, kernels: Kernels | None = None):
@@ -165,7 +165,7 @@ class ModelBundle:
 
             thinker = start_tp(ck, place.thinker_devices, None if dummy else cfg.model_path, dtype, cfg.seed,
                                cfg.thinker.max_slots, cfg.thinker.max_seq_len, kernels=kernels,
-                               all_reduce=cfg.thinker.all_reduce)
+                               all_reduce=cfg.thinker.all_reduce, expert_dtype=cfg.expert_dtype)
         else:
             shadow = cfg.bench_tp_shadow
             tp = TPGroup(0, shadow, shadow=True) if shadow > 1 else TPGroup()
@@ -173,7 +173,8 @@ class ModelBundle:
                 log.warning("bench_tp_shadow=%d: the thinker is rank 0 of TP=%d alone on %s, collectives skipped "
                             "(benchmark of per-GPU cost; its output is meaningless)", shadow, shadow, devices["thinker"])
             thinker = _build(Thinker, ming.llm_config, tp, weights=root_w, prefix="model.",
-                             device=devices["thinker"], what="thinker", kernels=kernels, **common)
+                             device=devices["thinker"], what="thinker", kernels=kernels,
+                             expert_dtype=cfg.expert_dtype, **common)
         audio_encoder = _build(WhisperEncoder, ming.audio_config, weights=root_w, prefix="audio.",
                                device=devices["encoder"], what="audio encoder", **common)
         audio_projector = _build(AudioProjector, ming.audio_config, hidden, weights=root_w,

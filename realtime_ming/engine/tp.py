@@ -70,6 +70,7 @@ class TPLaunch:
     port: int
     kernels: Kernels = TRITON  # every rank builds its shard with rank 0's kernel selection
     all_reduce: str = "nccl"  # engine.thinker.all_reduce: "one_shot" builds the symmetric-memory path on every rank
+    expert_dtype: str = "model"  # engine.expert_dtype: "fp8" quantises every rank's routed experts while loading
 
 
 def _free_port() -> int:
@@ -96,7 +97,7 @@ def _init(rank: int, launch: TPLaunch) -> TPGroup:
 
 def _build_shard(launch: TPLaunch, tp: TPGroup) -> Thinker:
     with torch.device("meta"):
-        thinker = Thinker(launch.ck.thinker, tp, kernels=launch.kernels)
+        thinker = Thinker(launch.ck.thinker, tp, kernels=launch.kernels, expert_dtype=launch.expert_dtype)
     device = launch.devices[tp.rank]
     if launch.model_path is None:
         init_dummy(thinker, seed=launch.seed + tp.rank, device=device, dtype=launch.dtype)
@@ -389,14 +390,14 @@ class _ProxyMixer(_ProxyGraphs):
 
 def start_tp(ck: CheckpointConfig, devices: tuple[str, ...], model_path: str | None, dtype: torch.dtype,
              seed: int, max_slots: int, max_seq_len: int, kernels: Kernels = TRITON,
-             all_reduce: str = "nccl") -> ThinkerProxy:
+             all_reduce: str = "nccl", expert_dtype: str = "model") -> ThinkerProxy:
     """Spawn ranks 1..N-1, join the process group as rank 0, build rank 0's shard.
 
     If joining or rank 0's shard build fails, the workers are ended and the process group destroyed
     before the error propagates, so a later engine in this process can start its own group.
     """
     launch = TPLaunch(ck, tuple(devices), model_path, dtype, seed, max_slots, max_seq_len, _free_port(), kernels,
-                      all_reduce)
+                      all_reduce, expert_dtype)
     ctx = mp.get_context("spawn")
     procs = [ctx.Process(target=_worker, args=(r, launch, os.getpid()), daemon=True, name=f"tp-rank-{r}")
              for r in range(1, len(devices))]

@@ -13,7 +13,9 @@ model modules:
 * parameters carry `tp_dim` / `tp_splits` (see `layers.mark_tp`) for tensor-parallel narrowing;
 * every module whose tensors are functions of the config (rotary tables, sinusoids, windows)
   implements `init_buffers()`, called after materialisation; checkpoint values then overwrite
-  the persistent ones.
+  the persistent ones;
+* a module may name its own parameters / buffers that keep their dtype whatever the target dtype
+  in a `keep_dtypes` dict (name -> dtype: fp8 expert weights and their fp32 scales).
 
 Every missing key, unexpected key and shape mismatch is reported in one `LoadError`.
 """
@@ -122,6 +124,12 @@ def materialize(module: nn.Module, device: torch.device | str, dtype: torch.dtyp
     # (tp_dim, weight_loader, ...) that layers attach: carry them over by name.
     attrs = {name: dict(vars(p)) for name, p in module.named_parameters() if vars(p)}
     module.to(dtype=dtype)  # still on meta: free, so storage is allocated once, in `dtype`
+    for sub in module.modules():
+        for name, kept in getattr(sub, "keep_dtypes", {}).items():
+            if name in sub._parameters:
+                sub._parameters[name].data = sub._parameters[name].data.to(kept)
+            else:
+                sub._buffers[name] = sub._buffers[name].to(kept)
     module.to_empty(device=device)
     for name, p in module.named_parameters():
         for k, v in attrs.get(name, {}).items():

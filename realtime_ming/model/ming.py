@@ -49,14 +49,16 @@ class MingOmni(nn.Module):
 
     Only the thinker is tensor-parallel (`tp`); the encoders are replicated. No forward: the
     engine calls the parts (`model` per step, `image_embeds` / `audio_embeds` at prefill). `kernels`
-    (default: the reference PyTorch ops) selects the thinker's Triton kernels.
+    (default: the reference PyTorch ops) selects the thinker's Triton kernels; `expert_dtype` "fp8" stores the
+    thinker's routed experts in e4m3, quantised while they load.
     """
 
-    def __init__(self, cfg: MingConfig, tp: TPGroup = SINGLE, *, kernels: Kernels = REFERENCE):
+    def __init__(self, cfg: MingConfig, tp: TPGroup = SINGLE, *, kernels: Kernels = REFERENCE,
+                 expert_dtype: str = "model"):
         super().__init__()
         self.cfg, self.tp, self.kernels = cfg, tp, kernels
         hidden = cfg.llm_config.hidden_size
-        self.model = Thinker(cfg.llm_config, tp, kernels=kernels)
+        self.model = Thinker(cfg.llm_config, tp, kernels=kernels, expert_dtype=expert_dtype)
         self.vision = VisionTransformer(cfg.vision_config)
         self.linear_proj = VisionProjector(cfg.vision_config, hidden)
         self.audio = WhisperEncoder(cfg.audio_config)
@@ -105,7 +107,8 @@ def _place(ming: MingOmni, device, encoder_device, dtype: torch.dtype) -> None:
 
 def load_ming(checkpoint_dir: str | Path, *, dtype: torch.dtype = torch.float32, device="cpu",
               tp: TPGroup = SINGLE, encoder_device=None,
-              progress: Callable[[int, int], None] | None = None, kernels: Kernels = REFERENCE) -> MingOmni:
+              progress: Callable[[int, int], None] | None = None, kernels: Kernels = REFERENCE,
+              expert_dtype: str = "model") -> MingOmni:
     """Build the root on meta and strictly load every root shard (via the index) straight into `dtype`.
 
     `encoder_device` (default `device`) holds vision/audio and their projectors; the thinker is
@@ -114,7 +117,7 @@ def load_ming(checkpoint_dir: str | Path, *, dtype: torch.dtype = torch.float32,
     """
     cfg = load_checkpoint_config(checkpoint_dir).ming
     with torch.device("meta"):
-        ming = MingOmni(cfg, tp, kernels=kernels)
+        ming = MingOmni(cfg, tp, kernels=kernels, expert_dtype=expert_dtype)
     _place(ming, device, encoder_device, dtype)
     load_weights(ming, read_weight_map(checkpoint_dir), device=device, dtype=dtype, tp=tp,
                  what="Ming root checkpoint (model.safetensors)", progress=progress)
@@ -126,7 +129,8 @@ def _part_seed(seed: int, part: str) -> int:
 
 
 def build_ming(cfg: MingConfig, *, weights: str = "dummy", seed: int = 0, dtype: torch.dtype = torch.float32,
-               device="cpu", tp: TPGroup = SINGLE, encoder_device=None, kernels: Kernels = REFERENCE) -> MingOmni:
+               device="cpu", tp: TPGroup = SINGLE, encoder_device=None, kernels: Kernels = REFERENCE,
+               expert_dtype: str = "model") -> MingOmni:
     """The root module without a checkpoint: `weights="dummy"` (seeded random, on the device) or "meta".
 
     Dummy values depend only on (seed, part, parameter name), never on construction order.
@@ -134,7 +138,7 @@ def build_ming(cfg: MingConfig, *, weights: str = "dummy", seed: int = 0, dtype:
     if weights not in ("dummy", "meta"):
         raise ValueError(f"weights must be 'dummy' or 'meta', got {weights!r}")
     with torch.device("meta"):
-        ming = MingOmni(cfg, tp, kernels=kernels)
+        ming = MingOmni(cfg, tp, kernels=kernels, expert_dtype=expert_dtype)
     if weights == "meta":
         return ming.eval()
     for name in ("model",) + _ENCODERS:
@@ -192,6 +196,7 @@ def load_all(
     parts: Collection[str] = PARTS,
     progress: Progress | None = None,
     kernels: Kernels = REFERENCE,
+    expert_dtype: str = "model",
 ) -> MingModels:
     """Load (or dummy-initialise) the root model, the talker and the AudioVAE, all in eval mode.
 
@@ -207,6 +212,8 @@ def load_all(
         (done == total == 1) for dummy weights.
     kernels: the Triton kernels the thinker, talker and AudioVAE run (`kernels.TRITON`); default the
         reference PyTorch ops.
+    expert_dtype: "fp8" stores the thinker's routed experts in e4m3 (quantised while loading), "model" in
+        `dtype`.
     Raises ConfigError (config files) or LoadError (weights) naming every problem; ValueError for
     bad arguments.
     """
@@ -230,10 +237,10 @@ def load_all(
         if weights == "checkpoint":
             cb = (lambda done, total: progress("ming", done, total)) if progress else None
             ming = load_ming(folder, dtype=dtype, device=place["thinker"], tp=tp, encoder_device=place["encoders"],
-                             progress=cb, kernels=kernels)
+                             progress=cb, kernels=kernels, expert_dtype=expert_dtype)
         else:
             ming = build_ming(cfg.ming, seed=seed, dtype=dtype, device=place["thinker"], tp=tp,
-                              encoder_device=place["encoders"], kernels=kernels)
+                              encoder_device=place["encoders"], kernels=kernels, expert_dtype=expert_dtype)
             if progress:
                 progress("ming", 1, 1)
     for stage, cls, part_cfg, rel in (("talker", Talker, cfg.talker, Path("talker", "model.safetensors")),

@@ -5,6 +5,8 @@ fp32 sigmoid router, `expert_bias` for selection only, group-limited top-k, reno
 × routed_scaling_factor, expert outputs weighted and summed in fp32, shared expert added. Experts are
 stacked tensors ([E, 2·I, D] gate|up and [E, D, I] down, I sharded under TP) filled from the
 per-expert checkpoint keys through `weight_loader`s; routed and shared partial sums share one all-reduce.
+With `expert_dtype="fp8"` the routed experts are stored in e4m3 with per-output-channel scales, quantised
+while they load (fp8.py); the router, the shared expert and everything else stay in the model dtype.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import fp8
 from .config import ThinkerConfig
 from .kernels import moe_decode as decode_kernels
+from .kernels import moe_fp8
 from .kernels.moe_experts import fused_experts
 from .kernels.selection import REFERENCE, Kernels
 from .kernels.swiglu import silu_mul
@@ -144,28 +148,39 @@ class MoEGate(nn.Module):
                               c.routed_scaling_factor)
 
 
-def _stacked_loader(tp: TPGroup, intermediate: int):
-    """weight_loader for `experts_gate_up` (shard (e, 0|1)) and `experts_down` (shard e)."""
+def _stacked_narrow(tp: TPGroup, intermediate: int):
+    """(param, src, shard_id) -> (this rank's part of the checkpoint tensor, its index in param): gate_proj /
+    up_proj [I, D] (shard (e, 0|1)) -> rows of param[e] of `experts_gate_up`, down_proj [D, I] (shard e) ->
+    param[e] of `experts_down`."""
     local = tp.divide(intermediate, "moe_intermediate_size")
 
-    def load(param: torch.Tensor, src: TensorSource, shard_id) -> None:
+    def narrow(param: torch.Tensor, src: TensorSource, shard_id):
         if isinstance(shard_id, tuple):  # gate_proj / up_proj [I, D] -> rows of param[e]
             expert, part = shard_id
             value = narrow_for_rank(src, 0, None, tp)
             target_shape = (local, param.shape[2])
+            index = (expert, slice(part * local, (part + 1) * local))
         else:  # down_proj [D, I] -> param[e]
-            expert, part = shard_id, None
+            expert = shard_id
             value = narrow_for_rank(src, 1, None, tp)
             target_shape = tuple(param.shape[1:])
+            index = expert
         if not 0 <= expert < param.shape[0]:
             raise ValueError(f"expert index {expert} outside 0..{param.shape[0] - 1}")
         if tuple(value.shape) != target_shape:
             raise ValueError(f"checkpoint {tuple(src.shape)} -> rank part {tuple(value.shape)}, expected {target_shape}")
+        return value, index
+
+    return narrow
+
+
+def _stacked_loader(narrow):
+    """weight_loader of a stacked expert parameter in the model dtype."""
+
+    def load(param: torch.Tensor, src: TensorSource, shard_id) -> None:
+        value, index = narrow(param, src, shard_id)
         with torch.no_grad():
-            if part is None:
-                param[expert].copy_(value)
-            else:
-                param[expert, part * local:(part + 1) * local].copy_(value)
+            param[index].copy_(value)
 
     return load
 
@@ -175,21 +190,39 @@ class SparseMoeBlock(nn.Module):
 
     `kernels`: the Triton router and decode experts (`triton`) and prefill experts (`moe_experts`)."""
 
-    def __init__(self, cfg: ThinkerConfig, tp: TPGroup = SINGLE, *, kernels: Kernels = REFERENCE):
+    def __init__(self, cfg: ThinkerConfig, tp: TPGroup = SINGLE, *, kernels: Kernels = REFERENCE,
+                 expert_dtype: str = "model"):
         super().__init__()
+        if expert_dtype not in fp8.EXPERT_DTYPES:
+            raise ValueError(f"expert_dtype must be one of {fp8.EXPERT_DTYPES}, got {expert_dtype!r}")
         self.cfg, self.tp, self.kernels = cfg, tp, kernels
+        self.fp8 = expert_dtype == "fp8"
         e, d = cfg.num_experts, cfg.hidden_size
         local = tp.divide(cfg.moe_intermediate_size, "moe_intermediate_size")
         self.gate = MoEGate(cfg)
         if cfg.is_multi_router:
             self.image_gate = MoEGate(cfg)
             self.audio_gate = MoEGate(cfg)
-        loader = _stacked_loader(tp, cfg.moe_intermediate_size)
-        self.experts_gate_up = nn.Parameter(torch.empty(e, 2 * local, d))  # [E, gate|up, D]
-        self.experts_down = nn.Parameter(torch.empty(e, d, local))  # [E, D, I_local]
-        for p, shards in ((self.experts_gate_up, 2 * e), (self.experts_down, e)):
+        narrow = _stacked_narrow(tp, cfg.moe_intermediate_size)
+        stored = fp8.FP8 if self.fp8 else None  # None: the model dtype (materialize's)
+        grad = not self.fp8  # an fp8 tensor has no gradient
+        self.experts_gate_up = nn.Parameter(torch.empty(e, 2 * local, d, dtype=stored), requires_grad=grad)
+        self.experts_down = nn.Parameter(torch.empty(e, d, local, dtype=stored), requires_grad=grad)  # [E, D, I_local]
+        if self.fp8:  # per-output-channel scales, filled with the weights (not checkpoint keys)
+            self.register_buffer("experts_gate_up_scale", torch.empty(e, 2 * local, dtype=torch.float32), persistent=False)
+            self.register_buffer("experts_down_scale", torch.empty(e, d, dtype=torch.float32), persistent=False)
+            self.keep_dtypes = {"experts_gate_up": fp8.FP8, "experts_down": fp8.FP8,
+                                "experts_gate_up_scale": torch.float32, "experts_down_scale": torch.float32}
+        for name, shards in (("experts_gate_up", 2 * e), ("experts_down", e)):
+            p = getattr(self, name)
             mark_tp(p, None)
-            p.weight_loader, p.num_shards, p.stacked = loader, shards, True
+            p.num_shards, p.stacked = shards, True
+            if self.fp8:
+                scale_of = (lambda n=name + "_scale": getattr(self, n))
+                p.weight_loader = fp8.stack_loader(scale_of, narrow)
+                p.dummy_init = fp8.stack_dummy_init(scale_of, lambda: self.gate.weight.dtype)
+            else:
+                p.weight_loader = _stacked_loader(narrow)
         self.shared_experts = DenseMLP(d, cfg.moe_intermediate_size * cfg.num_shared_experts, tp, reduce=False,
                                        kernels=kernels)
 
@@ -250,15 +283,30 @@ class SparseMoeBlock(nn.Module):
         shared = self.shared_experts
         out = None
         if decoded is not None:  # routed + shared experts in two launches
-            out = decode_kernels.moe_decode(flat, ids, weights, self.experts_gate_up, self.experts_down,
-                                            shared.gate_proj.weight, shared.up_proj.weight, shared.down_proj.weight,
-                                            kernels=self.kernels, live=live)
+            args = (flat, ids, weights, self.experts_gate_up, self.experts_down, shared.gate_proj.weight,
+                    shared.up_proj.weight, shared.down_proj.weight)
+            if self.fp8:
+                out = moe_fp8.moe_decode(*args, self.experts_gate_up_scale, self.experts_down_scale,
+                                         kernels=self.kernels, live=live)
+            else:
+                out = decode_kernels.moe_decode(*args, kernels=self.kernels, live=live)
         if out is None:
             if live is not None:
                 ids = torch.where(live[:, None], ids, ids[:1])
-            experts = experts_gathered if ids.numel() <= GATHER_MAX_ROWS else experts_grouped
-            if self.kernels.experts_apply(flat):
-                experts = fused_experts
-            routed = experts(flat, ids, weights, self.experts_gate_up, self.experts_down)
-            out = routed.to(x.dtype) + shared(flat)
+            out = self.routed(flat, ids, weights).to(x.dtype) + shared(flat)
         return self.tp.all_reduce(out).view(b, t, d)
+
+    def routed(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """The routed experts' weighted sum of any number of tokens: x [N, D] -> [N, D] fp32 (the Triton experts
+        on CUDA where selected, else the PyTorch gather / grouped paths, fp8 experts dequantised per use)."""
+        w_gate_up, w_down = self.experts_gate_up, self.experts_down
+        if self.kernels.experts_apply(x):
+            if self.fp8:
+                return moe_fp8.fused_experts(x, ids, weights, w_gate_up, w_down, self.experts_gate_up_scale,
+                                             self.experts_down_scale)
+            return fused_experts(x, ids, weights, w_gate_up, w_down)
+        if self.fp8:
+            w_gate_up = fp8.Fp8Stack(w_gate_up, self.experts_gate_up_scale, x.dtype)
+            w_down = fp8.Fp8Stack(w_down, self.experts_down_scale, x.dtype)
+        experts = experts_gathered if ids.numel() <= GATHER_MAX_ROWS else experts_grouped
+        return experts(x, ids, weights, w_gate_up, w_down)

@@ -117,12 +117,13 @@ class ThinkerLayer(nn.Module):
     ffn output): the residual adds run fused with the norm after them (`Thinker.forward`).
     """
 
-    def __init__(self, cfg: ThinkerConfig, index: int, tp: TPGroup = SINGLE, *, kernels: Kernels = REFERENCE):
+    def __init__(self, cfg: ThinkerConfig, index: int, tp: TPGroup = SINGLE, *, kernels: Kernels = REFERENCE,
+                 expert_dtype: str = "model"):
         super().__init__()
         self.index = index
         self.attention = ThinkerAttention(cfg, tp, kernels=kernels)
         self.is_moe = index >= cfg.first_k_dense_replace
-        self.mlp = (SparseMoeBlock(cfg, tp, kernels=kernels) if self.is_moe
+        self.mlp = (SparseMoeBlock(cfg, tp, kernels=kernels, expert_dtype=expert_dtype) if self.is_moe
                     else DenseMLP(cfg.hidden_size, cfg.intermediate_size, tp, kernels=kernels))
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, kernels=kernels)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, kernels=kernels)
@@ -139,10 +140,12 @@ class ThinkerLayer(nn.Module):
 class ThinkerModel(nn.Module):
     """`BailingMoeV2Model` body: keys word_embeddings / layers.N / norm."""
 
-    def __init__(self, cfg: ThinkerConfig, tp: TPGroup = SINGLE, *, kernels: Kernels = REFERENCE):
+    def __init__(self, cfg: ThinkerConfig, tp: TPGroup = SINGLE, *, kernels: Kernels = REFERENCE,
+                 expert_dtype: str = "model"):
         super().__init__()
         self.word_embeddings = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
-        self.layers = nn.ModuleList(ThinkerLayer(cfg, i, tp, kernels=kernels) for i in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(ThinkerLayer(cfg, i, tp, kernels=kernels, expert_dtype=expert_dtype)
+                                    for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, kernels=kernels)
         self.rotary = ThinkerRotary(cfg.rotary_dim, cfg.rope_theta, cfg.is_video_rope)
 
@@ -150,12 +153,14 @@ class ThinkerModel(nn.Module):
 class Thinker(nn.Module):
     """`BailingMoeV2ForCausalLM` (load with prefix `model.`): forward -> final-normed hidden states.
 
-    `kernels` (default: the reference PyTorch ops) selects the Triton kernels every module runs."""
+    `kernels` (default: the reference PyTorch ops) selects the Triton kernels every module runs;
+    `expert_dtype` "fp8" stores the routed experts in e4m3 (moe.SparseMoeBlock), "model" in the model dtype."""
 
-    def __init__(self, cfg: ThinkerConfig, tp: TPGroup = SINGLE, *, kernels: Kernels = REFERENCE):
+    def __init__(self, cfg: ThinkerConfig, tp: TPGroup = SINGLE, *, kernels: Kernels = REFERENCE,
+                 expert_dtype: str = "model"):
         super().__init__()
-        self.cfg, self.tp, self.kernels = cfg, tp, kernels
-        self.model = ThinkerModel(cfg, tp, kernels=kernels)
+        self.cfg, self.tp, self.kernels, self.expert_dtype = cfg, tp, kernels, expert_dtype
+        self.model = ThinkerModel(cfg, tp, kernels=kernels, expert_dtype=expert_dtype)
         self.lm_head = ParallelLMHead(cfg.hidden_size, cfg.vocab_size, tp)
         attn = self.model.layers[0].attention  # this rank's attention shapes suit the prefill kernel
         self._prefill_kernel = prefill_attention_supported(attn.num_heads, attn.num_kv, attn.head_dim)
@@ -248,11 +253,11 @@ class Thinker(nn.Module):
 
 
 def load_thinker(checkpoint_dir: str | Path, *, dtype: torch.dtype = torch.float32, device="cpu",
-                 tp: TPGroup = SINGLE, kernels: Kernels = REFERENCE) -> Thinker:
+                 tp: TPGroup = SINGLE, kernels: Kernels = REFERENCE, expert_dtype: str = "model") -> Thinker:
     """Build the thinker of a checkpoint folder on meta and load its `model.*` weights (strict)."""
     cfg = load_checkpoint_config(checkpoint_dir).thinker
     with torch.device("meta"):
-        thinker = Thinker(cfg, tp, kernels=kernels)
+        thinker = Thinker(cfg, tp, kernels=kernels, expert_dtype=expert_dtype)
     load_weights(thinker, read_weight_map(checkpoint_dir), prefix="model.", dtype=dtype, device=device, tp=tp,
                  what="thinker")
     return thinker.eval()

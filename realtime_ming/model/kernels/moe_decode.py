@@ -24,7 +24,7 @@ import torch
 from .selection import Kernels
 from .triton_import import tl, triton
 
-__all__ = ["MAX_DECODE_TOKENS", "moe_decode", "route", "select"]
+__all__ = ["MAX_DECODE_TOKENS", "decode_fits", "moe_decode", "moe_tiles", "route", "select"]
 
 MAX_DECODE_TOKENS = 16  # tokens per call these kernels are made for (the largest decode bucket)
 
@@ -224,7 +224,7 @@ if triton is not None:
         tl.store(out_ptr + tok * stride_o + n, out.to(ty), mask=nok)
 
 
-def _moe_tiles(n: int, k: int, inter: int, d: int) -> dict:
+def moe_tiles(n: int, k: int, inter: int, d: int) -> dict:
     """Tile sizes of the two expert kernels for n tokens (`bench/kernel_bench.py --tune` on an H200 at the real
     shapes, TP=2 rank, us per layer default -> tuned: B=1 46.6 -> 37.0, B=2 66.0 -> 59.3, B=4 127.9 -> 104.9,
     B=8 210.4 -> 178.6, B=16 380.9 -> 316.8; narrow tiles and few warps: many small programs keep more
@@ -240,6 +240,18 @@ def _moe_tiles(n: int, k: int, inter: int, d: int) -> dict:
     return {"gu_n": 2, "gu_k": 256, "gu_warps": 1, "dn_d": 2, "dn_k": 256, "dn_warps": 1}
 
 
+def decode_fits(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, shared_gate: torch.Tensor,
+                shared_up: torch.Tensor, shared_down: torch.Tensor, kernels: Kernels) -> bool:
+    """True when the decode expert kernels serve these tensors: the selection applies, at most MAX_DECODE_TOKENS
+    tokens, a shared expert of the routed experts' width, rows contiguous, gate and up rows equally strided."""
+    n, d = x.shape
+    inter = w_down.shape[2]
+    return (kernels.applies(x) and n <= MAX_DECODE_TOKENS and shared_gate.shape == (inter, d)
+            and shared_up.shape == (inter, d) and shared_down.shape == (d, inter)
+            and all(t.stride(-1) == 1 for t in (x, w_gate_up, w_down, shared_gate, shared_up, shared_down))
+            and shared_gate.stride(0) == shared_up.stride(0))
+
+
 def moe_decode(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w_gate_up: torch.Tensor,
                w_down: torch.Tensor, shared_gate: torch.Tensor, shared_up: torch.Tensor, shared_down: torch.Tensor,
                *, kernels: Kernels, tune: dict | None = None, live: torch.Tensor | None = None) -> torch.Tensor | None:
@@ -253,13 +265,10 @@ def moe_decode(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w_gate
     n, d = x.shape
     k = ids.shape[1]
     inter = w_down.shape[2]
-    if (not kernels.applies(x) or n > MAX_DECODE_TOKENS or shared_gate.shape != (inter, d)
-            or shared_up.shape != (inter, d) or shared_down.shape != (d, inter)
-            or any(t.stride(-1) != 1 for t in (x, w_gate_up, w_down, shared_gate, shared_up, shared_down))
-            or shared_gate.stride(0) != shared_up.stride(0)):
+    if not decode_fits(x, w_gate_up, w_down, shared_gate, shared_up, shared_down, kernels):
         return None
     pairs = n * (k + 1)
-    t = {**_moe_tiles(n, k, inter, d), **(tune or {})}  # tune: benchmarks
+    t = {**moe_tiles(n, k, inter, d), **(tune or {})}  # tune: benchmarks
     act = torch.empty(pairs, inter, device=x.device, dtype=x.dtype)
     has_live = live is not None
     live = live.contiguous() if has_live else x  # an unread pointer when every token is live

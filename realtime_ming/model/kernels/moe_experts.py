@@ -15,10 +15,10 @@ import torch
 
 from .triton_import import tl, triton
 
-__all__ = ["align_pairs", "fused_experts"]
+__all__ = ["align_pairs", "block_of_program", "fused_experts", "rows_per_block"]
 
 
-def _block_m(num_pairs: int, num_experts: int) -> int:
+def rows_per_block(num_pairs: int, num_experts: int) -> int:
     """Rows per block: 16 (tensor-core minimum) while experts average < 4 pairs, else 64."""
     return 16 if num_pairs <= 4 * num_experts else 64
 
@@ -52,7 +52,7 @@ def align_pairs(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torc
 if triton is not None:
 
     @triton.jit
-    def _block_of_program(rows_ptr, blocks_ptr, num_pairs,
+    def block_of_program(rows_ptr, blocks_ptr, num_pairs,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         """This program's tile: its block's expert (num_experts for an unused block), the block's pairs
         (`num_pairs` for padding), which of them are real, its BLOCK_N output columns and the K offsets."""
@@ -69,7 +69,7 @@ if triton is not None:
                         stride_xm, stride_we, stride_wn, stride_am,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PREC: tl.constexpr):
         """act[pair, n] = silu(x·W[e, n]) · (x·W[e, I + n]) for one block of pairs × BLOCK_N columns."""
-        e, pair, valid, offs_n, offs_k = _block_of_program(rows_ptr, blocks_ptr, num_pairs, BLOCK_M, BLOCK_N, BLOCK_K)
+        e, pair, valid, offs_n, offs_k = block_of_program(rows_ptr, blocks_ptr, num_pairs, BLOCK_M, BLOCK_N, BLOCK_K)
         if e >= num_experts:
             return
         token = tl.where(valid, pair // top_k, 0)
@@ -103,7 +103,7 @@ if triton is not None:
                      stride_am, stride_we, stride_wn, stride_ym,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PREC: tl.constexpr):
         """y[pair, n] = w_pair · round(act[pair]·W_down[e, n]) in fp32, for one block × BLOCK_N outputs."""
-        e, pair, valid, offs_n, offs_k = _block_of_program(rows_ptr, blocks_ptr, num_pairs, BLOCK_M, BLOCK_N, BLOCK_K)
+        e, pair, valid, offs_n, offs_k = block_of_program(rows_ptr, blocks_ptr, num_pairs, BLOCK_M, BLOCK_N, BLOCK_K)
         if e >= num_experts:
             return
         safe = tl.where(valid, pair, 0)
@@ -138,7 +138,7 @@ def fused_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w_g
     inter = two_i // 2
     x = x.contiguous()
     pairs = n * k
-    block_m = _block_m(pairs, e)
+    block_m = rows_per_block(pairs, e)
     rows, blocks = align_pairs(ids, e, block_m)
     if w_gate_up.stride(-1) != 1 or w_down.stride(-1) != 1:
         raise ValueError("expert weights must be contiguous in their last dim")
