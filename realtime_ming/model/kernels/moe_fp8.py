@@ -123,7 +123,10 @@ if triton is not None:
             e = tl.load(ids_ptr + tok * TOPK + slot).to(tl.int64)
             y = _row_dot(act_ptr + (tok * (TOPK + 1) + slot) * I, w_ptr + e * stride_we + rows * stride_wn, nok, reads,
                          I, BLOCK_D, BLOCK_K)
-            y = y * tl.load(ws_ptr + e * stride_se + n, mask=nok, other=0.0)
+            ws = tl.load(ws_ptr + e * stride_se + n, mask=nok, other=0.0)
+            if HAS_LIVE:  # a padding token's output is 0 whatever its experts' scales hold
+                ws = tl.where(reads > 0, ws, 0.0)
+            y = y * ws
             routed += y.to(ty).to(tl.float32) * tl.load(wts_ptr + tok * TOPK + slot)
         shared = _row_dot(act_ptr + (tok * (TOPK + 1) + TOPK) * I, sd_ptr + rows * stride_s, nok, reads, I, BLOCK_D,
                           BLOCK_K)
