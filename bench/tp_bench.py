@@ -82,7 +82,7 @@ def _kernels(args) -> Kernels:
 def _build_shard(cfg: ThinkerConfig, args, tp: TPGroup, device: torch.device, dtype: torch.dtype) -> Thinker:
     """This rank's shard: checkpoint keys `model.*` narrowed by the loader, or seeded dummy values."""
     with torch.device("meta"):
-        thinker = Thinker(cfg, tp, kernels=_kernels(args))
+        thinker = Thinker(cfg, tp, kernels=_kernels(args), expert_dtype=args.expert_dtype)
     if args.checkpoint:
         load_weights(thinker, read_weight_map(args.checkpoint), prefix="model.", device=device, dtype=dtype, tp=tp,
                      what=f"thinker rank {tp.rank}")
@@ -344,7 +344,8 @@ class Bench:
         thinker, cfg, args = self.thinker, self.thinker.cfg, self.args
         bw = measure_ceilings(self.device.type) if self.device.type == "cuda" else None
         local_i = cfg.moe_intermediate_size // thinker.tp.size
-        per_expert = 3 * cfg.hidden_size * local_i * self.dtype.itemsize
+        expert_bytes = thinker.model.layers[cfg.first_k_dense_replace].mlp.experts_down.element_size()  # fp8: 1
+        per_expert = 3 * cfg.hidden_size * local_i * expert_bytes
         skip = ("experts_gate_up", "experts_down", "image_gate", "audio_gate", "word_embeddings")
         dense = param_bytes(thinker, skip=skip)
         out = {"copy_GBps": bw and bw["copy_GBps"], "bf16_matmul_TFLOPs": bw and bw["bf16_matmul_TFLOPs"]}
@@ -460,7 +461,7 @@ def _bench_rank(rank: int, args, device: torch.device) -> None:
     cfg = _thinker_config(args)
     meta = {"date": datetime.date.today().isoformat(), "command": " ".join([Path(sys.executable).name] + sys.argv),
             "tp": args.tp, "gpu_count": args.tp if device.type == "cuda" else 0, "backend": dist.get_backend(),
-            "preset": args.preset, "weights": args.checkpoint or f"dummy (loader.init_dummy, seed {args.seed})",
+            "preset": args.preset, "expert_dtype": args.expert_dtype, "weights": args.checkpoint or f"dummy (loader.init_dummy, seed {args.seed})",
             "dtype": args.dtype, "all_reduce": args.all_reduce, "moe_experts": args.moe, "cuda_graphs": args.graphs,
             "kv_len": args.kv_len,
             "built": "thinker only (vision/audio encoders and talker not built)",
@@ -517,6 +518,8 @@ def _parse(argv=None):
     ap.add_argument("--dtype", choices=("bf16", "fp32"), default=None, help="default bf16 on CUDA, fp32 on CPU")
     ap.add_argument("--moe", choices=("triton", "torch"), default=None,
                     help="expert kernel: fused Triton (default where available) or the PyTorch gather path")
+    ap.add_argument("--expert-dtype", choices=("model", "fp8"), default="model",
+                    help="the routed experts in the model dtype or FP8 (engine.expert_dtype)")
     ap.add_argument("--all-reduce", choices=("nccl", "one_shot"), default="nccl",
                     help="small all-reduces over NCCL or the symmetric-memory one-shot kernel (engine.thinker.all_reduce)")
     ap.add_argument("--no-graphs", dest="graphs", action="store_false", help="eager only")

@@ -9,20 +9,16 @@ equals the eager one at every width bucket; bf16 stays within bf16 tolerance of 
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 import torch
 
-from realtime_ming.engine import Engine
-from realtime_ming.engine.api import Content, Message, SamplingParams, TurnDone, TurnRequest
-from realtime_ming.engine.config import EngineConfig, PlacementConfig, TalkerRunnerConfig, ThinkerRunnerConfig
+from realtime_ming.engine.api import TurnDone
 from realtime_ming.engine.thinker_decode import ThinkerDecoder, default_kv_buckets, eager_kv_len
 from realtime_ming.engine.thinker_prefill import ThinkerPrefiller
 from realtime_ming.model.kernels import TRITON
 from realtime_ming.model.thinker import ThinkerKVCache, load_thinker
-from conftest import fixture_tokenizers
+from gpu_engine_support import generate
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
 two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
@@ -51,51 +47,9 @@ def test_eager_decoder_on_cpu_equals_the_plain_forward(fixture_root):
     torch.testing.assert_close(cache.k, ref_cache.k)
 
 
-def _turns(engine: Engine, tag: str, with_audio: bool = False) -> list[TurnDone]:
-    rng = np.random.default_rng(3)
-    wave = (0.1 * rng.standard_normal(16000)).astype(np.float32)
-    sampling = SamplingParams(max_tokens=24, ignore_eos=True)
-    requests = [TurnRequest(f"t{tag}", f"t{tag}", (Message("user", (Content.of_text("Hello, how are you today?"),)),),
-                            sampling=sampling, with_audio=with_audio),
-                TurnRequest(f"a{tag}", f"a{tag}", (Message("user", (Content.of_audio(wave, 16000),)),),
-                            sampling=sampling, with_audio=with_audio)]
-    out = []
-    for request in requests:
-        done, events = threading.Event(), []
-
-        def sink(ev, events=events, done=done):
-            events.append(ev)
-            if isinstance(ev, TurnDone):
-                done.set()
-
-        engine.submit(request, sink)
-        assert done.wait(120), events[-3:]
-        out.append(events[-1])
-    return out
-
-
-def _generate(fixture_root, devices, *, eager: bool, dtype: str = "float32", talker: str | None = None,
-              own_thread: bool = False) -> list[TurnDone]:
-    device = talker or devices[0]
-    with_audio = talker is not None
-    cfg = EngineConfig(model_path=str(fixture_root), tokenizer_path=fixture_tokenizers(fixture_root)[0],
-                       talker_tokenizer_path=fixture_tokenizers(fixture_root)[1], dtype=dtype, enforce_eager=eager,
-                       thinker=ThinkerRunnerConfig(max_slots=4, max_seq_len=1024, kv_buckets=(256, 1024)),
-                       placement=PlacementConfig(thinker_devices=devices, talker_device=device, encoder_device=device,
-                                                 vae_device=device),
-                       talker=TalkerRunnerConfig(own_thread=own_thread))
-    engine = Engine.create(cfg, warmup=False)
-    try:
-        if not eager:
-            assert engine._thinker.decoder.graphed
-        return _turns(engine, "-".join(devices), with_audio)
-    finally:
-        engine.close()
-
-
 @pytest.fixture(scope="module")
 def cpu_reference(fixture_root) -> list[TurnDone]:
-    return _generate(fixture_root, ("cpu",), eager=True)
+    return generate(fixture_root, ("cpu",), eager=True)
 
 
 def _same_tokens(got: list[TurnDone], ref: list[TurnDone]) -> None:
@@ -107,18 +61,18 @@ def _same_tokens(got: list[TurnDone], ref: list[TurnDone]) -> None:
 @cuda
 @pytest.mark.parametrize("eager", [True, False], ids=["eager", "graphs"])
 def test_gpu_tp1_engine_equals_cpu_fp32(fixture_root, cpu_reference, eager):
-    _same_tokens(_generate(fixture_root, ("cuda:0",), eager=eager), cpu_reference)
+    _same_tokens(generate(fixture_root, ("cuda:0",), eager=eager), cpu_reference)
 
 
 @two_gpus
 def test_gpu_tp2_graphed_engine_equals_cpu_fp32(fixture_root, cpu_reference):
-    _same_tokens(_generate(fixture_root, ("cuda:0", "cuda:1"), eager=False), cpu_reference)
+    _same_tokens(generate(fixture_root, ("cuda:0", "cuda:1"), eager=False), cpu_reference)
 
 
 @two_gpus
 def test_gpu_thinker_and_talker_on_different_gpus_graphed(fixture_root, cpu_reference):
     """Thinker graphs on cuda:0, talker/encoder/VAE graphs on cuda:1 (each captured on its own device)."""
-    got = _generate(fixture_root, ("cuda:0",), eager=False, talker="cuda:1")
+    got = generate(fixture_root, ("cuda:0",), eager=False, talker="cuda:1")
     _same_tokens(got, cpu_reference)
     assert all(d.audio_samples > 0 for d in got)  # the talker graphs on cuda:1 spoke
 
@@ -130,8 +84,8 @@ def test_gpu_graphed_talker_on_its_own_thread_speaks_as_the_stepped_talker(fixtu
     GPU, or on a GPU of its own) gives the same tokens and the same amount of audio as the stepped talker."""
     if talker == "cuda:1" and torch.cuda.device_count() < 2:
         pytest.skip("needs two GPUs")
-    stepped = _generate(fixture_root, ("cuda:0",), eager=False, talker=talker)
-    threaded = _generate(fixture_root, ("cuda:0",), eager=False, talker=talker, own_thread=True)
+    stepped = generate(fixture_root, ("cuda:0",), eager=False, talker=talker)
+    threaded = generate(fixture_root, ("cuda:0",), eager=False, talker=talker, own_thread=True)
     _same_tokens(threaded, cpu_reference)
     assert [d.audio_samples for d in threaded] == [d.audio_samples for d in stepped]
     assert all(d.audio_samples > 0 for d in threaded)

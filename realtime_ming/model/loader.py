@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from .layers import TPGroup
+from .shard_prefetch import ShardPrefetch
 
 __all__ = [
     "LoadError",
@@ -189,10 +190,9 @@ def load_weights(
     """Materialise `module` and fill it from the keys of `weight_map` starting with `prefix`.
 
     Strict: every target must be filled and every key consumed, else one LoadError lists all
-    problems. Reads each shard file once, in file order. `progress(done, total)` is called per tensor.
+    problems. Reads each shard file once, in file order, the next ones read ahead into the page cache by
+    parallel readers (shard_prefetch.py). `progress(done, total)` is called per tensor.
     """
-    from safetensors import safe_open
-
     what = what or type(module).__name__
     if any(t.is_meta for t in _targets(module).values()):
         materialize(module, device, dtype)
@@ -206,36 +206,13 @@ def load_weights(
     for k in keys:
         by_file.setdefault(weight_map[k], []).append(k)
     done = 0
-    for path, file_keys in by_file.items():
-        try:
-            handle_ctx = safe_open(str(path), framework="pt")
-        except Exception as exc:
-            report.errors.append(f"{path}: {exc}")
-            continue
-        with handle_ctx as handle:
-            for key in file_keys:
-                local = key[len(prefix):]
-                target, shard_id = key_map(local) if key_map else (local, None)
-                if target is None:
-                    continue
-                param = targets.get(target)
-                if param is None:
-                    report.unexpected.append(key)
-                    continue
-                try:
-                    src = TensorSource(handle, key)
-                    (getattr(param, "weight_loader", None) or default)(param, src, shard_id)
-                except ValueError as exc:
-                    report.shape.append(f"{key}: {exc}")
-                    filled.setdefault(target, set()).add(shard_id)  # present, wrong shape: not also "missing"
-                    continue
-                except Exception as exc:  # corrupt data inside a readable header
-                    report.errors.append(f"{key} in {path.name}: {exc}")
-                    continue
-                filled.setdefault(target, set()).add(shard_id)
-                done += 1
-                if progress:
-                    progress(done, len(keys))
+    # several shards: read them ahead in parallel into the page cache (one file alone: nothing to overlap)
+    prefetch = ShardPrefetch(list(by_file), readers=8 if len(by_file) > 1 else 0)
+    with prefetch:
+        for index, (path, file_keys) in enumerate(by_file.items()):
+            prefetch.at(index)
+            done = _load_file(path, file_keys, prefix, key_map, targets, default, filled, report, progress, done,
+                              len(keys))
     missing = []
     for name, param in targets.items():
         need = getattr(param, "num_shards", 1)
@@ -251,6 +228,43 @@ def load_weights(
         missing.append(f"{prefix}{name} ({len(got)}/{need} parts){listed}")
     report.raise_if_any(missing, what)
     return module
+
+
+def _load_file(path: Path, file_keys: list[str], prefix: str, key_map, targets: dict, default, filled: dict,
+               report: _Report, progress, done: int, total: int) -> int:
+    """Fill the targets of one shard file's keys (every problem into `report`); returns the tensors done so far."""
+    from safetensors import safe_open
+
+    try:
+        handle_ctx = safe_open(str(path), framework="pt")
+    except Exception as exc:
+        report.errors.append(f"{path}: {exc}")
+        return done
+    with handle_ctx as handle:
+        for key in file_keys:
+            local = key[len(prefix):]
+            target, shard_id = key_map(local) if key_map else (local, None)
+            if target is None:
+                continue
+            param = targets.get(target)
+            if param is None:
+                report.unexpected.append(key)
+                continue
+            try:
+                src = TensorSource(handle, key)
+                (getattr(param, "weight_loader", None) or default)(param, src, shard_id)
+            except ValueError as exc:
+                report.shape.append(f"{key}: {exc}")
+                filled.setdefault(target, set()).add(shard_id)  # present, wrong shape: not also "missing"
+                continue
+            except Exception as exc:  # corrupt data inside a readable header
+                report.errors.append(f"{key} in {path.name}: {exc}")
+                continue
+            filled.setdefault(target, set()).add(shard_id)
+            done += 1
+            if progress:
+                progress(done, total)
+    return done
 
 
 def _sources(module: nn.Module, name: str, tensor: torch.Tensor) -> dict[str, tuple[int, ...]] | None:

@@ -1,0 +1,58 @@
+"""What the GPU engine tests share: an engine on the fixture checkpoint running a text and an audio turn.
+
+Nothing here is a test."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from realtime_ming.engine import Engine
+from realtime_ming.engine.api import Content, Message, SamplingParams, TurnDone, TurnRequest
+from realtime_ming.engine.config import EngineConfig, PlacementConfig, TalkerRunnerConfig, ThinkerRunnerConfig
+from conftest import fixture_tokenizers
+
+
+def turns(engine: Engine, tag: str, with_audio: bool = False) -> list[TurnDone]:
+    rng = np.random.default_rng(3)
+    wave = (0.1 * rng.standard_normal(16000)).astype(np.float32)
+    sampling = SamplingParams(max_tokens=24, ignore_eos=True)
+    requests = [TurnRequest(f"t{tag}", f"t{tag}", (Message("user", (Content.of_text("Hello, how are you today?"),)),),
+                            sampling=sampling, with_audio=with_audio),
+                TurnRequest(f"a{tag}", f"a{tag}", (Message("user", (Content.of_audio(wave, 16000),)),),
+                            sampling=sampling, with_audio=with_audio)]
+    out = []
+    for request in requests:
+        done, events = threading.Event(), []
+
+        def sink(ev, events=events, done=done):
+            events.append(ev)
+            if isinstance(ev, TurnDone):
+                done.set()
+
+        engine.submit(request, sink)
+        assert done.wait(120), events[-3:]
+        out.append(events[-1])
+    return out
+
+
+def generate(fixture_root, devices=("cuda:0",), *, eager: bool, dtype: str = "float32", talker: str | None = None,
+             own_thread: bool = False, expert_dtype: str = "model") -> list[TurnDone]:
+    """A text turn and an audio turn (24 tokens each, greedy) on an engine over the fixture checkpoint."""
+    device = talker or devices[0]
+    with_audio = talker is not None
+    cfg = EngineConfig(model_path=str(fixture_root), tokenizer_path=fixture_tokenizers(fixture_root)[0],
+                       talker_tokenizer_path=fixture_tokenizers(fixture_root)[1], dtype=dtype, enforce_eager=eager,
+                       expert_dtype=expert_dtype,
+                       thinker=ThinkerRunnerConfig(max_slots=4, max_seq_len=1024, kv_buckets=(256, 1024)),
+                       placement=PlacementConfig(thinker_devices=devices, talker_device=device, encoder_device=device,
+                                                 vae_device=device),
+                       talker=TalkerRunnerConfig(own_thread=own_thread))
+    engine = Engine.create(cfg, warmup=False)
+    try:
+        if not eager:
+            assert engine._thinker.decoder.graphed
+        return turns(engine, "-".join(devices), with_audio)
+    finally:
+        engine.close()

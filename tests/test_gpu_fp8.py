@@ -1,0 +1,46 @@
+"""The FP8-expert thinker on CUDA (compiled kernels): the graphed decoder equals the eager one, and the graphed FP8
+engine generates the eager FP8 engine's tokens (CUDA only; the kernels against their references:
+tests/test_fp8_kernels.py, which runs compiled here too)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gpu_engine_support import generate
+
+from realtime_ming.engine.thinker_decode import ThinkerDecoder
+from realtime_ming.model.kernels import TRITON
+from realtime_ming.model.thinker import ThinkerKVCache, load_thinker
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+pytestmark = [cuda, pytest.mark.timeout(300)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fp8_graphed_decoder_equals_eager(fixture_root, dtype):
+    """Every batch 1..5 (buckets 1, 2, 4, 8): the CUDA-graphed FP8 decode step's logits equal the eager step's."""
+    thinker = load_thinker(fixture_root, device="cuda", dtype=dtype, kernels=TRITON, expert_dtype="fp8")
+    caches = [ThinkerKVCache.allocate(thinker.cfg, 8, 512, device="cuda", dtype=dtype) for _ in range(2)]
+    for c in caches:
+        c.k.normal_(generator=torch.Generator("cuda").manual_seed(0))
+        c.v.normal_(generator=torch.Generator("cuda").manual_seed(1))
+    graphed = ThinkerDecoder(thinker, caches[0], (1, 2, 4, 8), (512,), device="cuda")
+    eager = ThinkerDecoder(thinker, caches[1], (1, 2, 4, 8), (512,), device="cuda", enforce_eager=True)
+    graphed.capture()
+    assert graphed.graphed and not eager.graphed
+    rng = np.random.default_rng(0)
+    for batch in range(1, 6):
+        slots = [int(s) for s in rng.permutation(8)[:batch]]
+        args = ([int(t) for t in rng.integers(0, 500, batch)], [int(p) for p in rng.integers(340, 400, batch)],
+                [0] * batch, slots)
+        torch.testing.assert_close(graphed.step(*args).clone(), eager.step(*args), rtol=1e-4, atol=1e-4)
+
+
+def test_fp8_graphed_engine_generates_the_eager_engines_tokens(fixture_root):
+    """A text and an audio turn through the whole engine with fp8 experts: graphs on == graphs off, token for token
+    (prefill through the FP8 tensor-core kernels, decode through the FP8 GEMVs)."""
+    eager = generate(fixture_root, eager=True, expert_dtype="fp8")
+    graphed = generate(fixture_root, eager=False, expert_dtype="fp8")
+    assert [d.output_tokens for d in graphed] == [d.output_tokens for d in eager] == [24, 24]
+    assert [d.text for d in graphed] == [d.text for d in eager]
