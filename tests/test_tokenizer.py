@@ -171,13 +171,13 @@ def test_resolve_tokenizer_missing_says_what_to_download(tmp_path):
 
 def test_standin_tokenizer_word_pieces_on_real_special_ids():
     """Dummy full-shape runs: specials keep the real ids, text round-trips, ~1.2 tokens per English word."""
-    from realtime_ming.engine.models import _standin_tokenizers
+    from realtime_ming.engine.models import standin_tokenizers
     from realtime_ming.model.presets import preset_config
     from realtime_ming.model.standin_tokenizer import tokens_per_word
 
     ck = preset_config("ming-flash-omni-2.0")
     reply = "Sure. The weather today looks sunny, with a light breeze from the west and a high of twenty degrees."
-    thinker, talker = _standin_tokenizers(ck, [reply])
+    thinker, talker = standin_tokenizers(ck, [reply])
     assert thinker.eos_id == ck.thinker.eos_token_id
     assert talker.token_to_id("<audioPatch>") == 151666 and talker.token_to_id("<|im_end|>") == 151645
     for text in (reply, "Zebras juggle quantum chromodynamics — 42 ünïcödé bytes!"):

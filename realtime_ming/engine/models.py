@@ -37,7 +37,7 @@ from .config import EngineConfig
 from .talker_replica import TalkerReplica
 from .voice_prompt import VoiceEncoder
 
-__all__ = ["ModelBundle", "TINY_NOTICE", "adopt_replica"]
+__all__ = ["ModelBundle", "TINY_NOTICE", "adopt_replica", "standin_tokenizers"]
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +136,7 @@ class ModelBundle:
         elif cfg.model_path is None:
             # real shapes, random weights: stand-in BPE tokenizers placed on the real special ids
             ck = preset_config(cfg.preset)
-            thinker_tok, talker_tok = _standin_tokenizers(ck, [cfg.thinker.forced_reply or "", cfg.thinker.forced_transcript or ""])
+            thinker_tok, talker_tok = standin_tokenizers(ck, [cfg.thinker.forced_reply or "", cfg.thinker.forced_transcript or ""])
             name = f"{cfg.preset}-dummy"
             dummy = True
         else:
@@ -342,7 +342,7 @@ def _token_id(tok: Tokenizer, token: str) -> int:
     return i
 
 
-def _standin_tokenizers(ck: CheckpointConfig, extra_text) -> tuple[ThinkerTokenizer, Tokenizer]:
+def standin_tokenizers(ck: CheckpointConfig, extra_text) -> tuple[ThinkerTokenizer, Tokenizer]:
     """Word-piece stand-ins whose special tokens sit on `ck`'s real ids (dummy-weight benchmarks)."""
     from ..model.standin_tokenizer import build_standin_tokenizer
 
