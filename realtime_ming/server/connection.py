@@ -56,7 +56,7 @@ from ..session import (
 from ..session.config import SessionSettings
 from ..session.content import MediaLimits
 from ..session.failures import log_failure
-from ..session.mcp_client import McpLimits
+from ..session.mcp_limits import McpLimits
 from ..session.runner import SessionClosing
 from .config import LimitsConfig
 from .handshake import HandshakeInfo

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Collection
-from dataclasses import dataclass
 from typing import Any
 
 import httpx2
@@ -24,25 +23,9 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import PaginatedRequestParams
 
 from ..protocol.mcp import McpCallError, McpTool, McpToolInfo
+from .mcp_limits import McpFailure, McpLimits
 
 __all__ = ["McpFailure", "McpLimits", "call_tool", "list_tools"]
-
-
-@dataclass(frozen=True, slots=True)
-class McpLimits:
-    """The operator's bounds (`server.mcp`): the hosts that may be fetched, time and bytes per operation."""
-
-    allowed_hosts: frozenset[str]
-    timeout_s: float = 10.0
-    max_response_bytes: int = 2**20
-
-
-class McpFailure(Exception):
-    """A listing or call failed; `error` is what the `mcp_call` item (or the listing's `error` event) shows."""
-
-    def __init__(self, error: McpCallError) -> None:
-        super().__init__(error.message)
-        self.error = error
 
 
 class _HostRefused(Exception):

@@ -38,7 +38,7 @@ from .actions import (
 from .audio_io import wire_duration_ms
 from .content import media_parts
 from .failures import log_failure
-from .mcp_client import McpFailure, McpLimits, call_tool, list_tools
+from .mcp_limits import McpFailure, McpLimits
 from .session import Session
 
 __all__ = ["SessionClosing", "SessionRunner"]
@@ -396,9 +396,9 @@ class SessionRunner:
         async def run() -> None:
             try:
                 if isinstance(action, ListMcpTools):
-                    outcome: object = await list_tools(action.server, limits)
+                    outcome: object = await _mcp_client().list_tools(action.server, limits)
                 else:
-                    outcome = await call_tool(action.server, action.name, action.arguments, limits)
+                    outcome = await _mcp_client().call_tool(action.server, action.name, action.arguments, limits)
             except McpFailure as failure:
                 outcome = failure.error
             except Exception as exc:  # a bug in the client costs this call, never the session
@@ -425,3 +425,11 @@ class SessionRunner:
             engine.cancel(action.turn_id)
         elif isinstance(action, CloseConversation):
             engine.close_conversation(action.conversation_id)
+
+
+def _mcp_client():
+    """The MCP client module, imported when a session first lists or calls a remote MCP tool: the `mcp` package
+    and its HTTP stack load only on a server whose sessions use MCP tools."""
+    from . import mcp_client
+
+    return mcp_client
