@@ -128,10 +128,10 @@ def test_the_refused_event_is_not_predecoded():
               for k in range(media.max_image_burst + 1)]
     for event in events[:-1]:
         h.session.predecode(event, T0)
-        assert h.session._predecoded, "an admitted image is decoded ahead"
+        assert h.session._intake.predecoded, "an admitted image is decoded ahead"
         h._take(h.session.handle_client_event(event, T0))
     h.session.predecode(events[-1], T0)
-    assert not h.session._predecoded
+    assert not h.session._intake.predecoded
     h._take(h.session.handle_client_event(events[-1], T0))
     assert last_error(h)["code"] == "image_rate_limited"
 

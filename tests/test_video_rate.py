@@ -164,7 +164,7 @@ def test_an_event_refused_for_another_reason_has_spent_its_seconds(decoded_ahead
                               "item": user_message(_clip(LIMITS.max_video_s))}), h.dialect)
     if decoded_ahead:
         h.session.predecode(event, T0)
-        assert h.session._predecoded
+        assert h.session._intake.predecoded
     h._take(h.session.handle_client_event(event, T0))
     assert last_error(h)["code"] == "item_create_invalid_previous_item_id"
     assert h.create_at(T0, "evt_next", _clip(1.0)) == "video_rate_limited"
@@ -178,7 +178,7 @@ def test_a_transcription_session_decodes_no_response_media():
     event = parse(json.dumps({"type": "response.create", "response": {
         "input": [user_message(_clip(LIMITS.max_video_s))]}}), h.dialect)
     h.session.predecode(event, T0)
-    assert not h.session._predecoded
+    assert not h.session._intake.predecoded
     h._take(h.session.handle_client_event(event, T0))
     assert last_error(h)["code"] == "transcription_session_no_response"
     assert h.create_at(T0, "evt_clip", _clip(LIMITS.max_video_s)) == "added"

@@ -29,14 +29,7 @@ from ..protocol.dialect import Dialect
 from ..protocol.errors import ErrorCode, ProtocolError
 from ..protocol.events import ClientEvent
 from ..protocol.ids import IdPrefix, new_id
-from ..protocol.items import (
-    ContentPart,
-    InputAudio,
-    InputVideo,
-    ItemStatus,
-    MessageItem,
-    Role,
-)
+from ..protocol.items import InputAudio, ItemStatus, MessageItem, Role
 from ..protocol.mcp import McpApprovalResponseItem, McpCallError, McpToolInfo
 from ..protocol.responses import StatusReason
 from ..protocol.server_events import (
@@ -65,23 +58,14 @@ from .actions import (
 from .audio_io import MODEL_SAMPLE_RATE_HZ
 from .barge_in import OutputHold, max_hold_s, sync_output_hold
 from .config import SessionSettings
-from .content import (
-    MeasuredClip,
-    MediaLimits,
-    image_params,
-    measure_clip,
-    media_parts,
-    part_to_content,
-    stored_part,
-    video_parts,
-)
+from .content import MediaLimits, stored_part
 from .conversation import Conversation, StoredItem
 from .failures import log_failure
 from .idle import IdleTimer
 from .input import BufferFull, InputTurns, SpeechBegan, SpeechEnded, TurnSignal
 from .judgement import NO_ANSWER, TurnJudge
 from .mcp_calls import McpServers
-from .media_rate import MediaRate
+from .media_intake import MediaIntake
 from .response import ActiveResponse
 from .session_update import on_session_update
 from .transcription import Transcriber
@@ -146,10 +130,7 @@ class Session:
         )
         self.conversation_id = new_id(IdPrefix.CONVERSATION)
         self.conversation = Conversation(settings.max_items, self.media.max_conversation_bytes)
-        self._predecoded: dict[int, Content | Exception] = {}  # id(part) -> its model view (predecode)
-        self._measured: dict[int, MeasuredClip | Exception] = {}  # id(part) -> an input_video clip's span
-        self._media_rate = MediaRate(self.media)  # input_image parts, input_video seconds
-        self._charged: object | None = None  # the event whose media `predecode` took the rates for
+        self._intake = MediaIntake(self.media)  # the media rates; the current event's decoded media
         self._input = InputTurns(vad, make_vad, settings.max_input_audio_s)
         self._input.configure(self.config.input_format, self.config.turn_detection)
         self._speculation: _Speculation | None = None
@@ -221,79 +202,27 @@ class Session:
                 ErrorCode.SERVER_ERROR, event.event_id)
 
         finally:
-            self._predecoded.clear()
-            self._measured.clear()
-            self._charged = None
+            self._intake.clear()
 
     def predecode(self, event: ClientEvent | ProtocolError, now: float) -> None:
         """Decode the media of `event` ahead of `handle_client_event` (its next call consumes them).
 
         Safe to run on a worker thread while the session is otherwise idle (the runner awaits it before
-        handling the event): it reads the input format and the limits and takes the media rates. Lets the event loop stay responsive while images
-        and clips decode. An event over the image or video rate at `now` is not decoded (it will be
-        refused): a client flooding media does not occupy the decoder threads all sessions share. An
-        event within them takes its rates here, before its decoding, as the handlers do first: an event
-        refused for another reason after its media were decoded has spent them. A `video_url` clip's
-        container is probed here (demuxed, no pixel decoded) to learn its span.
+        handling the event): it reads the input format and the limits and takes the media rates
+        (`MediaIntake.predecode`). Lets the event loop stay responsive while images and clips decode; an
+        event over the image or video rate is not decoded (a client flooding media does not occupy the
+        decoder threads all sessions share).
         """
-        if self._no_responses(event) or self._media_rate.images_refused(len(image_params(event)), now):
-            return
-        costs = []
-        for param, part in video_parts(event):
-            clip = self._measure(part, param)
-            if isinstance(clip, Exception):
-                return  # raised again by the handler on the session's own path
-            costs.append(self._media_rate.clip_cost_s(clip.span_s))
-        if self._media_rate.video_refused(costs, now):
-            return
-        self._admit_media(event, now)  # the decoding is spent on them even if the handler refuses the event
-        self._charged = event
-        for param, part in media_parts(event):
-            try:
-                self._predecoded[id(part)] = self._decode(part, param)
-            except Exception as error:  # raised again by the handler on the session's own path
-                self._predecoded[id(part)] = error
+        if not self._no_responses(event):
+            self._intake.predecode(event, now, self.config.input_format)
 
     def _no_responses(self, event: object) -> bool:
         """A `response.create` in a transcription session: refused before anything of it is read."""
         return isinstance(event, ce.ResponseCreate) and self.config.session_type is SessionType.TRANSCRIPTION
 
-    def _measure(self, part: InputVideo, param: str) -> MeasuredClip | Exception:
-        """A clip's span (`measure_clip`), once per event: kept for the admission and the decode."""
-        if id(part) not in self._measured:
-            try:
-                self._measured[id(part)] = measure_clip(part, param, self.media)
-            except Exception as error:
-                self._measured[id(part)] = error
-        return self._measured[id(part)]
-
     def _admit_media(self, event: ce.ConversationItemCreate | ce.ResponseCreate, now: float) -> None:
-        """Take the session's image and video rates for the media of `event`, all or none, before any is
-        decoded (the handlers' first step; done already for an event `predecode` decoded); raises
-        ProtocolError `image_rate_limited` / `video_rate_limited` naming the first part over the bound (or
-        the error a clip's span could not be learned with)."""
-        if event is self._charged:
-            return
-        images = image_params(event)
-        self._media_rate.check_images(images, now)  # before any container is probed
-        clips = []
-        for param, part in video_parts(event):
-            clip = self._measure(part, param)
-            if isinstance(clip, Exception):
-                raise clip
-            clips.append((param, self._media_rate.clip_cost_s(clip.span_s)))
-        self._media_rate.admit(images, clips, now)
-
-    def _decode(self, part: ContentPart, param: str) -> Content:
-        clip = self._measured.get(id(part))
-        measured = clip if isinstance(clip, MeasuredClip) else None
-        return part_to_content(part, self.config.input_format, param, self.media, measured)
-
-    def _content(self, part: ContentPart, param: str) -> Content:
-        done = self._predecoded.pop(id(part), None)
-        if isinstance(done, Exception):
-            raise done
-        return done if done is not None else self._decode(part, param)
+        """Take the media rates of `event` before any of it is decoded (`MediaIntake.admit`)."""
+        self._intake.admit(event, now)
 
     def abort_response(self, turn_id: str, now: float) -> list[Action]:
         """Handling the output of `turn_id` failed unexpectedly: stop its engine turn and end its
@@ -362,9 +291,9 @@ class Session:
         item = replace(item, id=item.id or new_id(IdPrefix.ITEM), status=ItemStatus.COMPLETED)
         if not isinstance(item, MessageItem):
             return StoredItem(item)
-        contents = tuple(self._content(part, f"{param}.content[{i}]") for i, part in enumerate(item.content))
-        clips = (self._measured.get(id(p)) for p in item.content)  # every clip was measured by `_admit_media`
-        parts = tuple(stored_part(p, c if isinstance(c, MeasuredClip) else None) for p, c in zip(item.content, clips))
+        fmt = self.config.input_format
+        contents = tuple(self._intake.content(part, f"{param}.content[{i}]", fmt) for i, part in enumerate(item.content))
+        parts = tuple(stored_part(p, self._intake.measured(p)) for p in item.content)  # clips measured by `admit`
         return StoredItem(replace(item, content=parts), contents)
 
     def _on_output_audio_clear(self, event: ce.OutputAudioBufferClear, now: float) -> list[Action]:
