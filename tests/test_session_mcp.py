@@ -3,19 +3,22 @@ update or response changes nothing."""
 
 from __future__ import annotations
 
-import pytest
-from session_support import Harness, last_error
+import time
 
+import pytest
+from session_support import Harness, last_error, user_message
+
+from realtime_ming.engine.api import FinishReason, ToolCallArguments, ToolCallEnd, ToolCallStart, TurnDone
 from realtime_ming.protocol.mcp import McpCallError, McpToolInfo
 from realtime_ming.server import load_config
 from realtime_ming.server.config import ConfigError
-from realtime_ming.session.actions import ListMcpTools
+from realtime_ming.session.actions import CallMcpTool, ListMcpTools
 
 FUNCTION = {"type": "function", "name": "get_time", "parameters": {"type": "object", "properties": {}}}
 
 
-def _mcp(url: str = "http://127.0.0.1:9/mcp", label: str = "weather") -> dict:
-    return {"type": "mcp", "server_label": label, "server_url": url, "require_approval": "never"}
+def _mcp(url: str = "http://127.0.0.1:9/mcp", label: str = "weather", approval: str = "never") -> dict:
+    return {"type": "mcp", "server_label": label, "server_url": url, "require_approval": approval}
 
 
 def _harness(allowed: tuple[str, ...] = ()) -> Harness:
@@ -102,3 +105,71 @@ def test_an_approval_response_with_no_request_is_refused():
     assert (error["code"], error["param"], error["event_id"]) == (
         "mcp_approval_request_not_found", "item.approval_request_id", "a1")
     assert "conversation.item.added" not in h.types()
+
+
+WEATHER = McpToolInfo("get_weather", {"type": "object", "properties": {"city": {"type": "string"}}}, "Weather.")
+
+
+def _listed(approval: str) -> Harness:
+    """A session whose MCP server (approval as given) is listed with `get_weather`, text output."""
+    h = _harness(("127.0.0.1",))
+    h.send(type="session.update", session={"type": "realtime", "output_modalities": ["text"],
+                                           "tools": [_mcp(approval=approval)]})
+    h._take(h.session.on_mcp_listed(h.frames[-1]["item_id"], (WEATHER,), time.monotonic()))
+    return h
+
+
+def _calls_weather(h: Harness, turn_id: str) -> None:
+    """The engine turn `turn_id` calls get_weather for Paris and ends."""
+    h.engine(ToolCallStart(turn_id, "get_weather"))
+    h.engine(ToolCallArguments(turn_id, '{"city": "Paris"}'))
+    h.engine(ToolCallEnd(turn_id, "get_weather", '{"city": "Paris"}'))
+    h.engine(TurnDone(turn_id, "", FinishReason.STOP, 12, 0, 3, 0, {}))
+
+
+def _approved_call(h: Harness) -> str:
+    """The model asks to call get_weather, the client approves: the CallMcpTool's item id."""
+    h.send(type="conversation.item.create", item=user_message({"type": "input_text", "text": "Weather?"}))
+    h.send(type="response.create", response={"tool_choice": "required"})
+    _calls_weather(h, h.submitted()[-1].turn_id)
+    request = next(o for o in h.last("response.done")["response"]["output"] if o["type"] == "mcp_approval_request")
+    h.send(type="conversation.item.create", item={
+        "type": "mcp_approval_response", "approval_request_id": request["id"], "approve": True})
+    return [c for c in h.commands if isinstance(c, CallMcpTool)][-1].item_id
+
+
+@pytest.mark.parametrize("ending", ["completed", "cancelled"])
+def test_an_approved_call_settling_during_a_response_is_answered_once_it_completes(ending):
+    """An approved call settles while another response runs: no response is started beside it; once that
+    response completes, the follow-up response starts and its prompt holds the call's output. A response
+    cancelled meanwhile (the user speaks) leaves the answer to the next response: none is started."""
+    h = _listed("always")
+    call_id = _approved_call(h)
+    h.send(type="response.create", response={"instructions": "Be brief."})
+    running = h.submitted()[-1].turn_id
+    since = len(h.frames)
+    h._take(h.session.on_mcp_called(call_id, "sunny in Paris", time.monotonic()))
+    assert h.types(since) == ["response.mcp_call.completed", "conversation.item.done"]
+    assert h.frames[-1]["item"]["output"] == "sunny in Paris" and h.session.active_response_id == running
+    if ending == "cancelled":
+        h.send(type="response.cancel")
+        assert h.last("response.done")["response"]["status"] == "cancelled"
+        assert h.session.active_response_id is None and h.submitted()[-1].turn_id == running
+        return
+    since = len(h.frames)
+    h.finish_turn(running, "Let me check.")
+    types = h.types(since)
+    assert types[types.index("response.done") + 1] == "response.created"
+    follow_up = h.submitted()[-1]
+    assert follow_up.turn_id == h.session.active_response_id != running
+    assert follow_up.system == "Be brief." and not follow_up.forced_choices
+    assert any(m.role == "tool" and "sunny in Paris" in (m.content[0].text or "") for m in follow_up.history)
+
+
+def test_an_approved_call_with_no_response_running_is_answered_at_once():
+    """No response running when the approved call settles: the follow-up starts right after its item is done."""
+    h = _listed("always")
+    call_id = _approved_call(h)
+    since = len(h.frames)
+    h._take(h.session.on_mcp_called(call_id, "sunny in Paris", time.monotonic()))
+    assert h.types(since)[:3] == ["response.mcp_call.completed", "conversation.item.done", "response.created"]

@@ -9,6 +9,7 @@ functions of the session, which owns the state they read and write.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ..engine.api import (
@@ -38,11 +39,11 @@ from ..protocol.responses import ErrorDetail, ResponseStatus, StatusReason
 from ..protocol.server_events import ConversationItemDeleted
 from ..protocol.session import ServerVad
 from ..protocol.speech_style import caption_labels
+from ..protocol.values import ToolChoiceMode
 from .actions import Action, CancelTurn, Send, SubmitTurn
 from .conversation import AssistantItem, merge_calls
 from .failures import log_failure
 from .response import ActiveResponse, ResponseSpec, failure_error
-from . import mcp_flow
 from .mcp import check_mcp_tools
 from .tools import check_tool_choice, engine_tools, forces_call, response_tools
 from .tracing import trace_response
@@ -55,7 +56,9 @@ __all__ = [
     "abort_response",
     "cancel_response",
     "drop_responses_since",
+    "finish_or_wait",
     "finish_response",
+    "follow_up",
     "on_engine_event",
     "on_response_cancel",
     "on_response_create",
@@ -66,6 +69,10 @@ __all__ = [
 
 # The session's logger: its log lines keep the name they have always had.
 log = logging.getLogger(__package__ + ".session")
+
+# Follow-up responses in a row that may call MCP tools again: past it, a response's calls still run but the
+# server creates no further response (a model that calls tools forever is stopped).
+MAX_FOLLOW_UPS = 8
 
 
 # ---- client events ---------------------------------------------------------------------------
@@ -265,6 +272,35 @@ def finish_response(
     return [Send(e) for e in events] + [record] + session._evict()
 
 
+def finish_or_wait(session: Session, response: ActiveResponse, status: ResponseStatus, now: float,
+                   **details) -> list[Action]:
+    """The engine turn of `response` ended: finish it now, or once the MCP calls it started have settled
+    (`mcp_flow.on_called` calls again). A completed response that called MCP tools, or during which an
+    approved call settled, is followed by the response that answers from their results (`follow_up`)."""
+    if response.calls.pending and status is ResponseStatus.COMPLETED:
+        response.deferred = (status, details)
+        return []
+    answers = response.owes_answer or any(getattr(i, "type", "") == "mcp_call" for i in response.calls.items)
+    actions = finish_response(session, status, now, response=response, **details)
+    if answers and status is ResponseStatus.COMPLETED and response.spec.conversation_id is not None:
+        actions += follow_up(session, now, response.params, response.follow_ups)
+    return actions
+
+
+def follow_up(session: Session, now: float, params: object, follow_ups: int) -> list[Action]:
+    """The model answers from MCP results: a response in the default conversation with `params` (those of the
+    response before it, its forced tool choice relaxed to `auto`, else it would call again), unless one is
+    running or `follow_ups` in a row were created already."""
+    if session._response is not None or follow_ups >= MAX_FOLLOW_UPS:
+        return []
+    params = params if isinstance(params, ce.ResponseParams) else ce.ResponseParams()
+    params = replace(params, tool_choice=ToolChoiceMode.AUTO, input=None)
+    actions = start_response(session, now, params=params)
+    if session._response is not None:
+        session._response.follow_ups = follow_ups + 1
+    return actions
+
+
 def cancel_response(session: Session, reason: StatusReason, now: float) -> list[Action]:
     """Barge-in or client cancel: stop the engine turn and end the response at once."""
     assert session._response is not None
@@ -317,7 +353,8 @@ def on_engine_event(session: Session, event: TurnEvent, now: float) -> list[Acti
         response.on_stage(event.stage, event.t)
         return []
     if isinstance(event, (ToolCallStart, ToolCallArguments, ToolCallEnd)):
-        return [Send(e) for e in response.calls.on_event(event)] + mcp_flow.take_calls(session, response)
+        calls = response.calls
+        return [Send(e) for e in calls.on_event(event)] + session.mcp.take(calls.started, calls.approvals)
     if isinstance(event, TurnDone):
         usage = usage_of(event)
         for stage, t in event.stages.items():
@@ -331,7 +368,7 @@ def on_engine_event(session: Session, event: TurnEvent, now: float) -> list[Acti
                 session, ResponseStatus.INCOMPLETE, now, response=response, reason=StatusReason.MAX_OUTPUT_TOKENS,
                 usage=usage,
             )
-        return mcp_flow.finish_or_wait(session, response, ResponseStatus.COMPLETED, now, usage=usage)
+        return finish_or_wait(session, response, ResponseStatus.COMPLETED, now, usage=usage)
     if isinstance(event, TurnCancelled):
         return finish_response(session, ResponseStatus.CANCELLED, now, response=response)
     assert isinstance(event, TurnFailed)

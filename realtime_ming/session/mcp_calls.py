@@ -141,6 +141,19 @@ class McpServers:
         return None
 
     # ---- calls -------------------------------------------------------------------------------------------
+    def take(self, started: list[tuple[McpTarget, McpCallItem, int]],
+             approvals: list[tuple[McpTarget, McpApprovalRequestItem]]) -> list[Action]:
+        """Run the calls a response just `started` (target, item, output index) and note the `approvals` it
+        asks for; both lists are emptied (a response's `ResponseCalls` fills them)."""
+        actions: list[Action] = []
+        for target, item, index in started:
+            actions += self.start_call(target.server, item, index)
+        for target, request in approvals:
+            self.await_approval(target.server, request)
+        started.clear()
+        approvals.clear()
+        return actions
+
     def start_call(self, server: McpTool, item: McpCallItem, output_index: int) -> list[Action]:
         """Run `item`'s call: `response.mcp_call.in_progress`, then the runner's task."""
         self.running[item.id] = item

@@ -130,6 +130,7 @@ class ActiveResponse:
         self.params: object | None = None  # the response.create parameters (a follow-up response reuses them)
         self.deferred: tuple[ResponseStatus, dict] | None = None  # ended in the engine, waits for its MCP calls
         self.follow_ups = 0  # responses created before this one to answer from MCP results
+        self.owes_answer = False  # an approved MCP call settled while it ran: a follow-up answers once it completes
         self.item = item
         self._conversation = conversation
         self._is_message_open = False
