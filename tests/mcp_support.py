@@ -1,6 +1,7 @@
 """A real MCP server on loopback for tests: the `mcp` package's MCPServer over streamable HTTP (uvicorn in a
-thread), with two tools (`add`, `get_weather`; `get_weather` answers after `slow_s` when given); records the
-calls it served."""
+thread), with two tools (`add`, `get_weather`; `get_weather` answers after `slow_s` when given, `pad` more
+characters after its answer when given); records the calls it served. `redirecting` answers every request
+with a redirect to another URL."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import socket
 import threading
 import time
 from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import anyio
 import uvicorn
@@ -23,7 +25,7 @@ def free_port() -> int:
 class LoopbackMcp:
     """The server and what it was asked (tool name, arguments, the request's headers)."""
 
-    def __init__(self, slow_s: float | None = None) -> None:
+    def __init__(self, slow_s: float | None = None, pad: int = 0) -> None:
         self.calls: list[tuple[str, dict]] = []
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/mcp"
@@ -34,7 +36,7 @@ class LoopbackMcp:
             self.calls.append(("get_weather", {"city": city}))
             if slow_s is not None:
                 await anyio.sleep(slow_s)
-            return f"sunny in {city}"
+            return f"sunny in {city}" + "." * pad
 
         @server.tool(description="Add two integers.")
         def add(a: int, b: int) -> int:
@@ -67,3 +69,32 @@ def loopback_mcp(**kwargs):
         yield server
     finally:
         server.stop()
+
+
+@contextmanager
+def redirecting(target: str):
+    """A loopback HTTP server (its URL yielded) that answers every request with a 307 to `target`; `hits`
+    counts the requests it got."""
+
+    class Redirect(BaseHTTPRequestHandler):
+        def _redirect(self) -> None:
+            server.hits += 1
+            self.send_response(307)
+            self.send_header("Location", target)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_GET = do_POST = do_DELETE = _redirect
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
+    server.hits = 0
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server, f"http://127.0.0.1:{server.server_address[1]}/mcp"
+    finally:
+        server.shutdown()
+        thread.join(10)

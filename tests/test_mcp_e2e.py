@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
-from mcp_support import free_port, loopback_mcp
-from server_support import WsClient
+from mcp_support import free_port, loopback_mcp, redirecting
+from server_support import WsClient, espeak, silence
 from websockets.asyncio.client import connect
 
 from realtime_ming.protocol import Dialect
@@ -39,7 +40,8 @@ def mcp_server():
 
 @pytest.fixture
 async def server(forced_engine):
-    cfg = load_config(None, ["server.port=0", "server.mcp.allowed_hosts=[127.0.0.1]", "server.mcp.timeout_s=3"])
+    cfg = load_config(None, ["server.port=0", "server.mcp.allowed_hosts=[127.0.0.1]", "server.mcp.timeout_s=3",
+                             "server.mcp.max_response_bytes=8192"])
     async with RealtimeServer(cfg, forced_engine) as srv:
         yield srv
 
@@ -52,9 +54,9 @@ async def _client(port: int) -> WsClient:
     return client
 
 
-async def _configure(client: WsClient, url: str, approval="never") -> list[dict]:
+async def _configure(client: WsClient, url: str, approval="never", **session) -> list[dict]:
     await client.send(type="session.update", session={
-        "type": "realtime", "output_modalities": ["text"], "audio": {"input": {"turn_detection": None}},
+        "type": "realtime", "output_modalities": ["text"], "audio": {"input": {"turn_detection": None}}, **session,
         "tools": [{"type": "mcp", "server_label": "tools", "server_url": url, "require_approval": approval,
                    "headers": {"X-Test": "yes"}, "allowed_tools": ["get_weather", "add"]}]})
     return await client.recv_until(("mcp_list_tools.completed", "mcp_list_tools.failed"), timeout=30)
@@ -147,4 +149,59 @@ async def test_a_host_not_allowed_is_refused(server):
         "type": "mcp", "server_label": "x", "server_url": "http://localhost:1/mcp"}]})
     error = (await client.recv_until("error"))[-1]["error"]
     assert error["code"] == "mcp_server_not_allowed" and "'localhost'" in error["message"]
+    await client.ws.close()
+
+
+async def test_a_spoken_turn_lists_and_calls_a_tool_then_answers(server, mcp_server, tmp_path):
+    """espeak-ng speech through input_audio_buffer with server VAD: the turn's response (tool_choice required
+    in the session) calls the listed MCP tool, and the follow-up response answers from its result."""
+    client = await _client(server.port)
+    await _configure(client, mcp_server.url, tool_choice="required",
+                     audio={"input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": 500}}})
+    before = len(mcp_server.calls)
+    await client.append_audio(np.concatenate([espeak("What is the weather in Paris?", tmp_path), silence(1.5)]))
+    frames = await client.recv_until("response.done", timeout=120)
+    types = [f["type"] for f in frames]
+    assert types.index("input_audio_buffer.speech_stopped") < types.index("input_audio_buffer.committed") < \
+        types.index("response.created") < types.index("response.mcp_call.completed")
+    call = next(o for o in frames[-1]["response"]["output"] if o["type"] == "mcp_call")
+    assert call["name"] == "get_weather" and call["output"] == "sunny in Paris"
+    assert mcp_server.calls[before:] == [("get_weather", {"city": "Paris"})]
+    frames = await client.recv_until("response.done", timeout=120)
+    assert frames[-1]["response"]["status"] == "completed"
+    assert next(f for f in frames if f["type"] == "response.output_text.done")["text"] == ANSWER
+    await client.ws.close()
+
+
+async def test_a_result_over_max_response_bytes_fails_the_call_not_the_session(server):
+    """A tool whose result is larger than server.mcp.max_response_bytes: the mcp_call item fails with
+    http_error 413 naming the bound, the response completes, the session goes on."""
+    client = await _client(server.port)
+    with loopback_mcp(pad=20000) as big:
+        await _configure(client, big.url)
+        await _ask(client)
+        frames = await client.recv_until("response.done", timeout=120)
+    assert "response.mcp_call.failed" in [f["type"] for f in frames]
+    assert frames[-1]["response"]["status"] == "completed"
+    call = next(o for o in frames[-1]["response"]["output"] if o["type"] == "mcp_call")
+    assert call["error"]["type"] == "http_error" and call["error"]["code"] == 413
+    assert "8192" in call["error"]["message"] and "max_response_bytes" in call["error"]["message"]
+    await client.send(type="session.update", session={"type": "realtime", "instructions": "still here"})
+    assert (await client.recv_until("session.updated", timeout=120))[-1]["session"]["instructions"] == "still here"
+    await client.ws.close()
+
+
+async def test_a_redirect_to_a_host_not_allowed_is_refused(server, mcp_server):
+    """An allowed host that redirects to one not listed (another name of the same MCP server): the redirect is
+    not followed, the listing fails with an error naming the refused host, the session goes on."""
+    client = await _client(server.port)
+    with redirecting(f"http://localhost:{mcp_server.port}/mcp") as (redirector, url):
+        frames = await _configure(client, url)
+        assert frames[-1]["type"] == "mcp_list_tools.failed"
+        error = (await client.recv_until("error"))[-1]["error"]
+        assert redirector.hits == 1
+    assert error["code"] == "mcp_list_tools_failed"
+    assert "'localhost'" in error["message"] and "server.mcp.allowed_hosts" in error["message"]
+    await client.send(type="session.update", session={"type": "realtime", "instructions": "still here"})
+    assert (await client.recv_until("session.updated"))[-1]["session"]["instructions"] == "still here"
     await client.ws.close()

@@ -4,7 +4,8 @@ Each listing and each call is one short MCP session (initialize, then `tools/lis
 session is closed), bounded by `McpLimits`: `timeout_s` for all of it, connection included, and
 `max_response_bytes` for every byte the server sends back. A server-side fetch is an SSRF surface, so every
 HTTP request — the first and any redirect the `mcp` transport follows (it follows only same-origin ones) — is
-checked against `allowed_hosts` before it leaves; a request to another host fails the operation. Failures
+checked against `allowed_hosts` before it leaves, and so is every redirect's target as it arrives: a request
+or a redirect to another host fails the operation (`http_error` 403 naming the host). Failures
 come back as `McpFailure` carrying the GA `mcp_call.error` shape; nothing here raises anything else but
 cancellation.
 """
@@ -79,6 +80,13 @@ class _GuardedTransport(httpx2.AsyncBaseTransport):
             self.refused = host or "(none)"
             raise _HostRefused(host)
         response = await self._inner.handle_async_request(request)
+        location = response.headers.get("location") if 300 <= response.status_code < 400 else None
+        if location is not None:  # a redirect to a host not listed fails here, named, whoever would follow it
+            target = (request.url.join(location).host or "").lower()
+            if target not in self._allowed:
+                await response.aclose()
+                self.refused = target or "(none)"
+                raise _HostRefused(target)
         assert isinstance(response.stream, httpx2.AsyncByteStream)
         response.stream = _BoundedStream(response.stream, self._budget)
         return response
