@@ -2,7 +2,8 @@
 
 GA frames must validate as `openai.types.realtime.RealtimeServerEvent` (openai 3.54) and be one
 of pipecat's 31 types; beta frames must validate as `openai.types.beta.realtime.RealtimeServerEvent`.
-Our `realtime_ming.response.timings` extension is accepted only when the caller allows it.
+Our `realtime_ming.response.timings` extension is accepted only when the caller allows it, and the WebRTC
+`output_audio_buffer.*` events only for a GA frame of a transport that owns the playout (`allow_playout`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,13 @@ from openai.types.beta.realtime import RealtimeServerEvent as BetaServerEvent
 from openai.types.realtime import RealtimeServerEvent as GaServerEvent
 from pydantic import TypeAdapter
 
-from realtime_ming.protocol import GA_CLIENT_SAFE_SERVER_TYPES, GA_OPT_IN_SERVER_TYPES, TIMINGS_EVENT_TYPE, Dialect
+from realtime_ming.protocol import (
+    GA_CLIENT_SAFE_SERVER_TYPES,
+    GA_OPT_IN_SERVER_TYPES,
+    PLAYOUT_SERVER_TYPES,
+    TIMINGS_EVENT_TYPE,
+    Dialect,
+)
 
 __all__ = ["validate_server_event"]
 
@@ -38,7 +45,8 @@ def _validate_timings(obj: dict[str, Any]) -> None:
 
 
 def validate_server_event(
-    obj: dict[str, Any] | str, dialect: Dialect, *, allow_timings: bool = False, allow_opt_in: bool = False
+    obj: dict[str, Any] | str, dialect: Dialect, *, allow_timings: bool = False, allow_opt_in: bool = False,
+    allow_playout: bool = False,
 ) -> None:
     """Raise (`AssertionError` or pydantic `ValidationError`) unless `obj` is a valid frame for `dialect`.
 
@@ -54,7 +62,8 @@ def validate_server_event(
             raise AssertionError(f"{TIMINGS_EVENT_TYPE} was sent without the client's opt-in")
         _validate_timings(obj)
         return
-    opt_in = GA_OPT_IN_SERVER_TYPES if allow_opt_in else frozenset()
+    opt_in = (GA_OPT_IN_SERVER_TYPES if allow_opt_in else frozenset()) | (
+        PLAYOUT_SERVER_TYPES if allow_playout and dialect is Dialect.GA else frozenset())
     if dialect is Dialect.GA and event_type not in GA_CLIENT_SAFE_SERVER_TYPES | opt_in:
-        raise AssertionError(f"{event_type!r} is not one of pipecat's 31 GA server event types")
+        raise AssertionError(f"{event_type!r} is not one of pipecat's 31 GA server event types (or allowed extra)")
     _ADAPTERS[dialect].validate_python(obj, strict=True)

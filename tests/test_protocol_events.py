@@ -16,6 +16,7 @@ from realtime_ming.protocol import (
     CLIENT_EVENTS,
     GA_CLIENT_SAFE_SERVER_TYPES,
     GA_OPT_IN_SERVER_TYPES,
+    PLAYOUT_SERVER_TYPES,
     SERVER_EVENTS,
     TIMINGS_EVENT_TYPE,
     AudioFormat,
@@ -45,6 +46,9 @@ from realtime_ming.protocol import (
     InputImage,
     InputText,
     ItemStatus,
+    OutputAudioBufferCleared,
+    OutputAudioBufferStarted,
+    OutputAudioBufferStopped,
     MessageItem,
     Modality,
     OutputAudio,
@@ -261,6 +265,9 @@ SAMPLES: dict[type[ServerEvent], list[ServerEvent]] = {
             arguments='{"city":"Paris"}',
         )
     ],
+    OutputAudioBufferStarted: [OutputAudioBufferStarted(response_id=RESP)],
+    OutputAudioBufferStopped: [OutputAudioBufferStopped(response_id=RESP)],
+    OutputAudioBufferCleared: [OutputAudioBufferCleared(response_id=RESP)],
     RealtimeMingResponseTimings: [
         RealtimeMingResponseTimings(response_id=RESP, timings={"speech_stopped": 0.0, "first_audio": 212.5})
     ],
@@ -277,6 +284,7 @@ SAMPLES: dict[type[ServerEvent], list[ServerEvent]] = {
 }
 ALL_SAMPLES = [(cls.type, event) for cls, events in SAMPLES.items() for event in events]
 SDK_SAMPLES = [(name, event) for name, event in ALL_SAMPLES if name != TIMINGS_EVENT_TYPE]
+WEBSOCKET_SAMPLES = [(name, event) for name, event in SDK_SAMPLES if name not in PLAYOUT_SERVER_TYPES]
 
 
 def test_registry_every_server_event_has_samples() -> None:
@@ -292,23 +300,40 @@ def test_registry_class_names_are_camel_case_of_wire_names() -> None:
 
 
 def test_registry_ga_types_are_pipecat_types_plus_timings() -> None:
-    """The server events are exactly pipecat's 31 GA types plus our timings extension and the
-    opt-in GA events (idle_timeout_ms's timeout_triggered)."""
+    """The server events are exactly pipecat's 31 GA types plus our timings extension, the
+    opt-in GA events (idle_timeout_ms's timeout_triggered) and the WebRTC playout events."""
     assert len(GA_CLIENT_SAFE_SERVER_TYPES) == 31
     assert GA_OPT_IN_SERVER_TYPES == {"input_audio_buffer.timeout_triggered"} | MCP_SERVER_TYPES
-    assert set(SERVER_EVENTS) == GA_CLIENT_SAFE_SERVER_TYPES | GA_OPT_IN_SERVER_TYPES | {TIMINGS_EVENT_TYPE}
+    assert PLAYOUT_SERVER_TYPES == {f"output_audio_buffer.{s}" for s in ("started", "stopped", "cleared")}
+    assert set(SERVER_EVENTS) == (GA_CLIENT_SAFE_SERVER_TYPES | GA_OPT_IN_SERVER_TYPES | PLAYOUT_SERVER_TYPES
+                                  | {TIMINGS_EVENT_TYPE})
 
 
 @pytest.mark.parametrize(("name", "event"), SDK_SAMPLES, ids=[n for n, _ in SDK_SAMPLES])
 def test_serialise_ga_validates_against_sdk(name: str, event: ServerEvent) -> None:
     """Every GA frame validates strictly as openai.types.realtime.RealtimeServerEvent and keeps its name."""
-    frame = serialise(event, Dialect.GA)
+    playout = name in PLAYOUT_SERVER_TYPES
+    frame = serialise(event, Dialect.GA, playout=playout)
     assert frame is not None
-    validate_server_event(frame, Dialect.GA, allow_opt_in=name in GA_OPT_IN_SERVER_TYPES)
+    validate_server_event(frame, Dialect.GA, allow_opt_in=name in GA_OPT_IN_SERVER_TYPES, allow_playout=playout)
     assert json.loads(frame)["type"] == name
 
 
-@pytest.mark.parametrize(("name", "event"), SDK_SAMPLES, ids=[n for n, _ in SDK_SAMPLES])
+@pytest.mark.parametrize("event", [e for cls in (OutputAudioBufferStarted, OutputAudioBufferStopped,
+                                                   OutputAudioBufferCleared) for e in SAMPLES[cls]])
+def test_playout_events_only_where_the_transport_plays_out(event: ServerEvent) -> None:
+    """`output_audio_buffer.*` go to a GA transport that owns the playout (WebRTC) and nowhere else: a WebSocket
+    connection (GA or beta) never gets them, even by mistake."""
+    for dialect in Dialect:
+        with pytest.raises(ValueError, match="playout"):
+            serialise(event, dialect)
+    with pytest.raises(ValueError, match="playout"):
+        serialise(event, Dialect.BETA, playout=True)
+    with pytest.raises(AssertionError):
+        validate_server_event(serialise(event, Dialect.GA, playout=True), Dialect.GA)
+
+
+@pytest.mark.parametrize(("name", "event"), WEBSOCKET_SAMPLES, ids=[n for n, _ in WEBSOCKET_SAMPLES])
 def test_serialise_beta_validates_against_sdk(name: str, event: ServerEvent) -> None:
     """Every beta frame validates strictly as openai.types.beta.realtime.RealtimeServerEvent."""
     frame = serialise(event, Dialect.BETA)

@@ -15,6 +15,7 @@ from typing import Any
 from realtime_ming.protocol.dialect import (
     GA_CLIENT_SAFE_SERVER_TYPES,
     GA_OPT_IN_SERVER_TYPES,
+    PLAYOUT_SERVER_TYPES,
     TIMINGS_EVENT_TYPE,
     Dialect,
     server_type_to_wire,
@@ -85,34 +86,39 @@ def parse(frame: str | bytes, dialect: Dialect) -> ClientEvent | ProtocolError:
         return error.with_event_id(event_id)
 
 
-def _check_allowed(event: ServerEvent, dialect: Dialect, timing_events: bool) -> None:
+def _check_allowed(event: ServerEvent, dialect: Dialect, timing_events: bool, playout: bool) -> None:
     if SERVER_EVENTS.get(event.type) is not type(event):
         raise ValueError(f"{type(event).__name__} is not a registered server event")
     if event.type == TIMINGS_EVENT_TYPE:
         if not timing_events:
             raise ValueError(f"{TIMINGS_EVENT_TYPE} requires the session's timing_events opt-in")
+    elif event.type in PLAYOUT_SERVER_TYPES:
+        if not playout or dialect is not Dialect.GA:
+            raise ValueError(f"{event.type} is sent only by a transport that owns the playout (GA WebRTC)")
     elif dialect is Dialect.GA and event.type not in GA_CLIENT_SAFE_SERVER_TYPES | GA_OPT_IN_SERVER_TYPES:
         raise ValueError(f"{event.type} must not be sent to a GA connection")
 
 
 def event_to_wire(
-    event: ServerEvent, dialect: Dialect, *, timing_events: bool = False
+    event: ServerEvent, dialect: Dialect, *, timing_events: bool = False, playout: bool = False
 ) -> dict[str, JsonValue] | None:
     """The JSON object for `event` with a fresh `event_id`; `None` when `dialect` drops it
-    (beta has no `conversation.item.done`). Raises `ValueError` for a forbidden event."""
-    _check_allowed(event, dialect, timing_events)
+    (beta has no `conversation.item.done`). Raises `ValueError` for a forbidden event: `playout` allows
+    `output_audio_buffer.*` (a transport that plays the audio out itself, `PLAYOUT_SERVER_TYPES`)."""
+    _check_allowed(event, dialect, timing_events, playout)
     wire_type = server_type_to_wire(event.type, dialect)
     if wire_type is None:
         return None
     return {"type": wire_type, "event_id": new_id(IdPrefix.EVENT), **event.wire_body(dialect)}
 
 
-def serialise(event: ServerEvent, dialect: Dialect, *, timing_events: bool = False) -> str | None:
+def serialise(event: ServerEvent, dialect: Dialect, *, timing_events: bool = False,
+              playout: bool = False) -> str | None:
     """`event_to_wire` as a compact JSON text frame; `None` means "send nothing".
 
     Raises `ValueError` (never a half-sent frame later) when the text cannot be UTF-8 encoded.
     """
-    wire = event_to_wire(event, dialect, timing_events=timing_events)
+    wire = event_to_wire(event, dialect, timing_events=timing_events, playout=playout)
     if wire is None:
         return None
     text = json.dumps(wire, ensure_ascii=False, separators=(",", ":"))

@@ -14,6 +14,7 @@ from typing import Final
 __all__ = [
     "GA_CLIENT_SAFE_SERVER_TYPES",
     "GA_OPT_IN_SERVER_TYPES",
+    "PLAYOUT_SERVER_TYPES",
     "TIMINGS_EVENT_TYPE",
     "Dialect",
     "content_type_from_wire",
@@ -104,6 +105,11 @@ GA_OPT_IN_SERVER_TYPES: Final = frozenset({
     "response.mcp_call_arguments.delta", "response.mcp_call_arguments.done",
     "response.mcp_call.in_progress", "response.mcp_call.completed", "response.mcp_call.failed",
 })
+
+# GA events of a transport whose server owns the playout buffer (WebRTC: the audio goes out on a media track
+# paced by its clock). A WebSocket client plays the audio itself and never gets them.
+PLAYOUT_SERVER_TYPES: Final = frozenset(
+    {"output_audio_buffer.started", "output_audio_buffer.stopped", "output_audio_buffer.cleared"})
 
 
 def server_type_to_wire(ga_type: str, dialect: Dialect) -> str | None:

@@ -1,6 +1,7 @@
 """Server events (`docs/protocol.md` §5): one registered class per GA wire type.
 
-Only the 31 types pipecat accepts, plus our opt-in `realtime_ming.response.timings`. Beta names
+Only the 31 types pipecat accepts, plus our opt-in `realtime_ming.response.timings` and the WebRTC
+`output_audio_buffer.*` events (`dialect.PLAYOUT_SERVER_TYPES`). Beta names
 and the dropped beta `conversation.item.done` come from `dialect`'s alias table at serialise time.
 Indices shared by the content events live in two private bases.
 """
@@ -42,6 +43,9 @@ __all__ = [
     "InputAudioBufferSpeechStarted",
     "InputAudioBufferSpeechStopped",
     "InputAudioBufferTimeoutTriggered",
+    "OutputAudioBufferCleared",
+    "OutputAudioBufferStarted",
+    "OutputAudioBufferStopped",
     "RateLimitsUpdated",
     "RealtimeMingResponseTimings",
     "ResponseContentPartAdded",
@@ -265,6 +269,33 @@ class RateLimitsUpdated(ServerEvent):
 
     type: ClassVar[str] = "rate_limits.updated"
     rate_limits: tuple[RateLimit, ...]
+
+
+@register
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OutputAudioBufferStarted(ServerEvent):
+    """WebRTC: the server's playout began playing the audio of `response_id` (codec `playout`)."""
+
+    type: ClassVar[str] = "output_audio_buffer.started"
+    response_id: str
+
+
+@register
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OutputAudioBufferStopped(ServerEvent):
+    """WebRTC: the audio of `response_id` has all been played, after its `response.done`."""
+
+    type: ClassVar[str] = "output_audio_buffer.stopped"
+    response_id: str
+
+
+@register
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OutputAudioBufferCleared(ServerEvent):
+    """WebRTC: the unplayed audio of `response_id` was dropped (a barge-in, `output_audio_buffer.clear`)."""
+
+    type: ClassVar[str] = "output_audio_buffer.cleared"
+    response_id: str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
