@@ -267,6 +267,7 @@ FROZEN_CODES = {
     "unsupported_event": ErrorType.INVALID_REQUEST,
     "binary_frame_unsupported": ErrorType.INVALID_REQUEST,
     "frame_too_large": ErrorType.INVALID_REQUEST,
+    "event_too_large": ErrorType.SERVER,
     "unsupported_session_type": ErrorType.INVALID_REQUEST,
     "unsupported_audio_format": ErrorType.INVALID_REQUEST,
     "unsupported_sample_rate": ErrorType.INVALID_REQUEST,

@@ -72,6 +72,12 @@ class ErrorCode(StrEnum):
         _INVALID,
         "The frame of {num_bytes} bytes exceeds the limit of {max_bytes} bytes.",
     )
+    EVENT_TOO_LARGE = (
+        "event_too_large",
+        _SERVER,
+        "The {event_type} event of {num_bytes} bytes was not sent: the WebRTC data channel carries messages of at"
+        " most {max_bytes} bytes (the peer's max-message-size).",
+    )
     # Bounds on every decoded value (`protocol.limits`), checked before any field is read.
     INVALID_TEXT = ("invalid_text", _INVALID, "Invalid text: {detail}.")
     NESTING_TOO_DEEP = (

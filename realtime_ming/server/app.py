@@ -11,6 +11,10 @@ responses in progress finish within `server.limits.drain_timeout_s`, closes sess
 tensor-parallel worker), the open responses end `failed` with `engine_unavailable`, sessions
 close with 1011 and the process exits with `EXIT_ENGINE_DIED` (70) so a supervisor restarts it.
 
+WebRTC calls (`POST /v1/realtime/calls`, server/call_routes.py) and ephemeral keys (`POST
+/v1/realtime/client_secrets`, server/secret_routes.py) share the port; a call is one more session, admitted,
+counted, drained and closed like a WebSocket one.
+
 Health: `/health` is 503 while the engine is dead or the server drains; `/health/live` is 503
 only when the engine is dead (restart me); `/health/ready` is 503 unless a new session would be
 served now (engine alive, not draining, below `max_sessions`).
@@ -19,6 +23,7 @@ served now (engine alive, not draining, below `max_sessions`).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import http
 import json
 import logging
@@ -27,7 +32,8 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import yaml
@@ -39,12 +45,13 @@ from ..audio.end_of_turn import shared_smart_turn
 from ..audio.vad import VadBackend, VadKind, create_silero_session, create_vad
 from ..engine.api import EngineHandle, engine_health
 from ..protocol.session import DEFAULT_MODEL, DEFAULT_VOICE
+from .call_routes import CallRoutes
+from .client_secrets import ClientSecrets, Grant, authorize
 from .config import ServerConfig, config_to_dict, resolve_api_keys
-from .connection import ConnectionContext, serve_connection
+from .connection import ConnectionContext, MediaPath, preview_session, serve_connection
 from .handoff import Adopter, HandoffLoop
 from .handshake import (
     HandshakeInfo,
-    check_access,
     inspect_handshake,
     select_subprotocol,
 )
@@ -53,6 +60,7 @@ from .http_body import BodyConnection, body_connection_factory
 from .lifecycle import TurnTracker
 from .metrics import ServerMetrics
 from .remote_engine import SessionTickets
+from .secret_routes import SecretRoutes
 from .startup import (
     StartupError,
     check_exposure,
@@ -158,6 +166,12 @@ class RealtimeServer:
             mcp_timeout_s=cfg.server.mcp.timeout_s,
             mcp_max_response_bytes=cfg.server.mcp.max_response_bytes,
         )
+        self.secrets = ClientSecrets(cfg.server.client_secrets)
+        self.secret_routes = SecretRoutes(cfg.server.client_secrets, cfg.server.auth, self.secrets, self._preview)
+        self.call_routes = CallRoutes(cfg, self.secrets, serve=self.serve_session, preview=self._preview,
+                                      refusal=self._refusal)
+        # who each accepted upgrade authenticated as (dies with its connection, even one whose handshake then fails)
+        self._grants: weakref.WeakKeyDictionary[ServerConnection, Grant] = weakref.WeakKeyDictionary()
 
     @property
     def num_sessions(self) -> int:
@@ -287,6 +301,7 @@ class RealtimeServer:
                 await server.wait_closed()
         except TimeoutError:
             log.warning("sessions still open after %.1f s; leaving them", timeout_s)
+        await self.call_routes.close(timeout_s)
         self.voice_routes.close()
 
     async def __aenter__(self) -> RealtimeServer:  # noqa: PYI034 (final class)
@@ -299,17 +314,23 @@ class RealtimeServer:
     async def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
         if self._admit is not None and (refusal := self._admit(connection, request)) is not None:
             return refusal
-        if VoiceRoutes.matches(request_path(request.path)):
+        path = request_path(request.path)
+        if VoiceRoutes.matches(path):
             return await self.voice_routes.respond(connection, request)
+        if SecretRoutes.matches(path):
+            return await self.secret_routes.respond(connection, request)
+        if CallRoutes.matches(path):
+            return await self.call_routes.respond(connection, request)
         if isinstance(connection, BodyConnection):
             request.method = connection.http_method  # websockets < 17 is shown GET for every method
         response = await self.routes.respond(request)
         if response is not None:
             return response
-        refusal = check_access(inspect_handshake(request), self.cfg.server.auth)
-        if refusal is not None:
-            self.metrics.refusals.labels(refusal.reason).inc()
-            return text_response(refusal.status, refusal.message)
+        grant = authorize(inspect_handshake(request), self.cfg.server.auth, self.secrets, redeem=True)
+        if not isinstance(grant, Grant):
+            self.metrics.refusals.labels(grant.reason).inc()
+            return text_response(grant.status, grant.message)
+        self._grants[connection] = grant
         return None
 
     def _name_frontend(self, _connection: ServerConnection, _request: Request, response: Response) -> None:
@@ -317,10 +338,29 @@ class RealtimeServer:
         response.headers[FRONTEND_HEADER] = str(self._frontend)
 
     async def _handle(self, ws: ServerConnection) -> None:
-        await self.serve_session(WebsocketsTransport(ws), inspect_handshake(ws.request))
+        grant = self._grants.pop(ws, None)
+        info = inspect_handshake(ws.request)
+        if grant is None:  # not reached: every accepted upgrade went through _process_request
+            await ws.close(CloseCode.POLICY_VIOLATION, "not authorized")
+            return
+        await self.serve_session(WebsocketsTransport(ws), dataclasses.replace(info, api_key=grant.api_key),
+                                 initial=() if grant.session is None else (grant.session,))
 
-    async def serve_session(self, ws: Transport, info: HandshakeInfo) -> None:
-        """Admit (or refuse with 1013) and run one accepted `/v1/realtime` connection to its end."""
+    async def _preview(self, configs: Sequence[Mapping[str, Any]], info: HandshakeInfo) -> dict:
+        """The session object `configs` give a session of `info`'s key (raises connection.InitialConfigError)."""
+        return await asyncio.to_thread(preview_session, self._ctx, info, configs)
+
+    def _refusal(self) -> tuple[str, str] | None:
+        """Why a new session would be refused now (code, message), or None."""
+        if self._draining:
+            return "server_shutting_down", "The server is shutting down; try again later."
+        if self._num_sessions >= self.cfg.server.limits.max_sessions:
+            return "session_limit_reached", "The server is at its session limit; try again later."
+        return None
+
+    async def serve_session(self, ws: Transport, info: HandshakeInfo, *, initial: Sequence[Mapping[str, Any]] = (),
+                            media: MediaPath | None = None) -> None:
+        """Admit (or refuse with 1013) and run one accepted realtime connection (`/v1/realtime`, a call) to its end."""
         if self._draining:
             self.metrics.refusals.labels("draining").inc()
             await ws.close(CloseCode.TRY_AGAIN_LATER, "server is shutting down; try again later")
@@ -340,7 +380,7 @@ class RealtimeServer:
         self.metrics.sessions.inc()
         self.metrics.sessions_accepted.inc()
         try:
-            await serve_connection(ws, self._ctx, info)
+            await serve_connection(ws, self._ctx, info, initial=initial, media=media)
         finally:
             if self._tickets is not None:
                 self._tickets.release()

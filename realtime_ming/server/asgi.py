@@ -14,6 +14,7 @@ offers that extension, else with a close before accepting (the ASGI server answe
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import http
 import logging
 from collections.abc import Sequence
@@ -23,8 +24,11 @@ from websockets.datastructures import Headers
 from websockets.frames import CloseCode
 from websockets.http11 import Request, Response
 
-from .handshake import check_access, inspect_handshake, select_subprotocol
-from .http import REALTIME_PATH, request_path, text_response
+from .call_routes import CallRoutes
+from .client_secrets import Grant, authorize
+from .handshake import inspect_handshake, select_subprotocol
+from .http import REALTIME_PATH, api_error, request_path, text_response
+from .secret_routes import SecretRoutes
 from .transport import TransportClosed
 
 if TYPE_CHECKING:
@@ -164,6 +168,12 @@ class RealtimeAsgiApp:
 
     async def _http(self, scope: Scope, send) -> None:
         request = asgi_request(scope)
+        path = request_path(request.path)
+        if CallRoutes.matches(path) or SecretRoutes.matches(path):
+            response = api_error(501, "not_served_here", f"{path} is served by `realtime-ming serve` (its own port), "
+                                 "not through the ASGI transport: use the WebSocket here.")
+            await _send_response(send, response, websocket=False)
+            return
         response = await self.server.routes.respond(request)
         if response is None:  # GET /v1/realtime without the upgrade
             response = text_response(http.HTTPStatus.UPGRADE_REQUIRED,
@@ -182,10 +192,10 @@ class RealtimeAsgiApp:
             await refuse_upgrade(scope, send, response or text_response(http.HTTPStatus.NOT_FOUND, "Not found.\n"))
             return
         info = inspect_handshake(request)
-        refusal = check_access(info, server.cfg.server.auth)
-        if refusal is not None:
-            server.metrics.refusals.labels(refusal.reason).inc()
-            await refuse_upgrade(scope, send, text_response(refusal.status, refusal.message))
+        grant = authorize(info, server.cfg.server.auth, server.secrets, redeem=True)
+        if not isinstance(grant, Grant):
+            server.metrics.refusals.labels(grant.reason).inc()
+            await refuse_upgrade(scope, send, text_response(grant.status, grant.message))
             return
         await self.ensure_prepared()
         await send({"type": "websocket.accept", "subprotocol": select_subprotocol(info.subprotocols),
@@ -193,7 +203,8 @@ class RealtimeAsgiApp:
         transport = AsgiTransport(receive, send, server.cfg.server.limits.max_message_bytes)
         self._open.add(transport)
         try:
-            await server.serve_session(transport, info)
+            await server.serve_session(transport, dataclasses.replace(info, api_key=grant.api_key),
+                                       initial=() if grant.session is None else (grant.session,))
         finally:
             self._open.discard(transport)
 

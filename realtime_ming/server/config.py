@@ -27,12 +27,14 @@ from ..session.config import SessionSettings
 __all__ = [
     "TINY_MAX_OUTPUT_TOKENS",
     "AuthConfig",
+    "ClientSecretsConfig",
     "ConfigError",
     "LimitsConfig",
     "ListenConfig",
     "ServerConfig",
     "TlsConfig",
     "VoicesConfig",
+    "WebRtcConfig",
     "config_to_dict",
     "load_config",
     "load_serve_config",
@@ -173,6 +175,49 @@ class McpConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ClientSecretsConfig:
+    """Ephemeral keys (`POST /v1/realtime/client_secrets`, `ek_...`): minted by an API key for a browser, they
+    open sessions on both transports as that key (its cloned voices and limits) with the minted session config.
+    A secret lives `default_ttl_s` unless the request asks for `expires_after.seconds` in [min_ttl_s, max_ttl_s];
+    `single_use` secrets open one session each (False: any number until they expire or are revoked)."""
+
+    enabled: bool = True
+    single_use: bool = True
+    default_ttl_s: int = 600
+    min_ttl_s: int = 10
+    max_ttl_s: int = 7200
+    max_secrets: int = 100_000  # outstanding, all keys together (beyond -> 429)
+    max_secrets_per_key: int = 10_000  # outstanding per API key (beyond -> 429)
+    max_request_bytes: int = 1 * 2**20  # the request body (a session config with instructions and tools)
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            if f.name not in ("enabled", "single_use") and getattr(self, f.name) <= 0:
+                raise ValueError(f"server.client_secrets.{f.name} must be > 0")
+        if not self.min_ttl_s <= self.default_ttl_s <= self.max_ttl_s:
+            raise ValueError("server.client_secrets needs min_ttl_s <= default_ttl_s <= max_ttl_s")
+
+
+@dataclass(frozen=True, slots=True)
+class WebRtcConfig:
+    """WebRTC calls (`POST /v1/realtime/calls`): Opus audio on a media track, events on the `oai-events` data
+    channel. `ice_servers`: STUN URLs (`stun:host:port`) the server's ICE agent asks for its public address;
+    none = host candidates only (loopback, a LAN, a host with a public address)."""
+
+    enabled: bool = True
+    ice_servers: tuple[str, ...] = ()
+    max_offer_bytes: int = 64 * 1024  # the SDP offer (multipart with a session config: max_request_bytes)
+    connect_timeout_s: float = 20.0  # answer sent -> data channel open (ICE, DTLS, SCTP); past it the call ends
+
+    def __post_init__(self) -> None:
+        if self.max_offer_bytes <= 0 or self.connect_timeout_s <= 0:
+            raise ValueError("server.webrtc.max_offer_bytes and connect_timeout_s must be > 0")
+        bad = [u for u in self.ice_servers if not u.startswith(("stun:", "stuns:"))]
+        if bad:
+            raise ValueError(f"server.webrtc.ice_servers takes stun: URLs, got {bad}")
+
+
+@dataclass(frozen=True, slots=True)
 class ListenConfig:
     host: str = "127.0.0.1"
     port: int = 8000  # 0 = an ephemeral port (tests)
@@ -187,6 +232,8 @@ class ListenConfig:
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     voices: VoicesConfig = field(default_factory=VoicesConfig)
     mcp: McpConfig = field(default_factory=McpConfig)
+    client_secrets: ClientSecretsConfig = field(default_factory=ClientSecretsConfig)
+    webrtc: WebRtcConfig = field(default_factory=WebRtcConfig)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

@@ -16,18 +16,25 @@ frame size is echoed twice and retrieved without the session ever exceeding its 
 that stops reading is still closed.
 The close itself is bounded (`close_timeout_s`): a peer that never reads cannot take the closing
 handshake, so its TCP connection is then aborted and the session's memory freed at once.
+
+Transport-neutral: the WebSocket server and the WebRTC calls (`realtime_ming/rtc`) both run their sessions
+here. A transport with media of its own passes a `MediaPath` (WebRTC: the audio tracks): it runs beside
+the reader and writer, sees every server event before it is sent (audio deltas go to its track instead,
+`output_audio_buffer.*` come from its playout) and may take client events (`output_audio_buffer.clear`).
+A session opened with an ephemeral key starts with the config it was minted with (`initial`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from websockets.frames import CloseCode
 
@@ -36,13 +43,14 @@ from ..engine.api import EngineHandle
 from ..protocol.codec import event_to_wire, parse, serialise
 from ..protocol.dialect import Dialect
 from ..protocol.errors import ErrorCode, ProtocolError
-from ..protocol.events import ServerEvent
+from ..protocol.events import ClientEvent, ServerEvent
 from ..protocol.items import ConversationItem, InputImage, MessageItem
 from ..protocol.server_events import (
     ConversationItemAdded,
     ConversationItemDone,
     ConversationItemRetrieved,
     Error,
+    SessionCreated,
 )
 from ..session import (
     Action,
@@ -63,7 +71,8 @@ from .handshake import HandshakeInfo
 from .metrics import ServerMetrics
 from .transport import Transport, TransportClosed
 
-__all__ = ["ConnectionContext", "SessionEnded", "serve_connection"]
+__all__ = ["ConnectionContext", "InitialConfigError", "MediaPath", "SessionEnded", "new_session", "preview_session",
+           "serve_connection"]
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +129,74 @@ class ConnectionContext:
 
 
 _ECHOES = (ConversationItemAdded, ConversationItemDone, ConversationItemRetrieved)
+
+Emit = Callable[[ServerEvent], Awaitable[None]]
+
+
+class MediaPath(Protocol):
+    """A transport's own media beside its event channel (WebRTC: the Opus tracks), run with the session."""
+
+    def outgoing(self, event: ServerEvent) -> Sequence[ServerEvent]:
+        """What goes on the event channel for a server event, in order (`()`: the media took it, e.g. audio)."""
+        ...
+
+    def incoming(self, event: ClientEvent | ProtocolError) -> bool:
+        """True when the media path handled a client event itself (it is not given to the session)."""
+        ...
+
+    async def run(self, runner: SessionRunner, emit: Emit, touch: Callable[[], None]) -> None:
+        """The media's task, until cancelled: feeds input to `runner`, sends its own events with `emit`, and calls
+        `touch` when the client shows it is there (input audio keeps the session from its idle timeout)."""
+        ...
+
+
+class InitialConfigError(Exception):
+    """The session config an ephemeral key was minted with no longer applies (e.g. its cloned voice is gone)."""
+
+    def __init__(self, error: Error) -> None:
+        super().__init__(error.error.message)
+        self.error = error
+
+
+def new_session(ctx: ConnectionContext, info: HandshakeInfo) -> Session:
+    """A session for a connection authenticated as `info.api_key`, with this server's settings."""
+    return Session(
+        ctx.settings,
+        dialect=info.dialect,
+        model=ctx.model_id,
+        voices=ctx.voices,
+        default_voice=ctx.default_voice,
+        make_vad=ctx.make_vad,
+        media=ctx.media_limits(),
+        custom_voices=None if ctx.voice_lookup is None else ctx.voice_lookup(info.api_key),
+        mcp_allowed_hosts=ctx.mcp_allowed_hosts,
+    )
+
+
+def _apply_initial(session: Session, configs: Sequence[Mapping[str, Any]]) -> None:
+    """Apply session configs (a minted one, a call's) as the session's first `session.update`s (their
+    `session.updated` is not sent: `session.created` shows the result). Raises InitialConfigError."""
+    for config in configs:
+        event = parse(json.dumps({"type": "session.update", "session": config}), Dialect.GA)
+        if isinstance(event, ProtocolError):
+            raise InitialConfigError(Error.from_protocol_error(event))
+        for action in session.handle_client_event(event, time.monotonic()):
+            if isinstance(action, Send) and isinstance(action.event, Error):
+                raise InitialConfigError(action.event)
+
+
+def preview_session(ctx: ConnectionContext, info: HandshakeInfo, configs: Sequence[Mapping[str, Any]]) -> dict:
+    """The session object (GA wire form) a session opened with `configs` starts with; raises InitialConfigError.
+    Checks a client secret's config when it is minted (a call's before it is answered), exactly as the session
+    will apply it."""
+    session = new_session(ctx, info)
+    try:
+        _apply_initial(session, configs)
+        wire = event_to_wire(SessionCreated(session=session.config), Dialect.GA)
+    finally:
+        session.close()  # nothing reached the engine: the actions are dropped
+    assert wire is not None
+    return wire["session"]
 
 
 def _echo_bytes(item: ConversationItem) -> tuple[int, int]:
@@ -231,11 +308,20 @@ class _IdleWatch:
 
     def __init__(self, timeout_s: float) -> None:
         self._loop = asyncio.get_running_loop()
-        self._task = asyncio.current_task()
+        self._task: asyncio.Task | None = None
         self._timeout_s = timeout_s
         self._since: float | None = None  # loop time the receive in progress began (None: not receiving)
         self._handle: asyncio.TimerHandle | None = None
         self.fired = False
+
+    def bind(self) -> None:
+        """The reader task (the one cancelled at the timeout) is the calling one."""
+        self._task = asyncio.current_task()
+
+    def touch(self) -> None:
+        """The client is there although it sends no event (a media path's input): the wait starts over."""
+        if self._since is not None:
+            self._since = self._loop.time()
 
     def receiving(self) -> None:
         self._since = self._loop.time()
@@ -264,16 +350,16 @@ class _IdleWatch:
 
 
 async def _read(ws: Transport, runner: SessionRunner, outbound: _Outbound, ctx: ConnectionContext,
-                info: HandshakeInfo) -> None:
-    watch = _IdleWatch(ctx.limits.idle_timeout_s)
+                info: HandshakeInfo, watch: _IdleWatch, media: MediaPath | None) -> None:
+    watch.bind()
     try:
-        await _read_frames(ws, runner, outbound, ctx, info, watch)
+        await _read_frames(ws, runner, outbound, ctx, info, watch, media)
     finally:
         watch.close()
 
 
 async def _read_frames(ws: Transport, runner: SessionRunner, outbound: _Outbound, ctx: ConnectionContext,
-                       info: HandshakeInfo, watch: _IdleWatch) -> None:
+                       info: HandshakeInfo, watch: _IdleWatch, media: MediaPath | None) -> None:
     limits = ctx.limits
     while True:
         watch.receiving()
@@ -301,6 +387,8 @@ async def _read_frames(ws: Transport, runner: SessionRunner, outbound: _Outbound
                 event = ProtocolError(ErrorCode.SERVER_ERROR)
         if isinstance(event, ProtocolError):  # at most one line per rejected frame, and only at DEBUG
             log.debug("session %s: frame rejected: %s at %s", runner.session.config.id, event.code.value, event.param)
+        if media is not None and media.incoming(event):
+            continue
         await runner.put_client(event)
 
 
@@ -349,49 +437,65 @@ async def _send_quietly(ws: Transport, frame: str | None) -> None:
         pass
 
 
-async def serve_connection(ws: Transport, ctx: ConnectionContext, info: HandshakeInfo) -> None:
-    """Run one accepted realtime connection to its end (the caller has counted it as a session)."""
-    session = Session(
-        ctx.settings,
-        dialect=info.dialect,
-        model=ctx.model_id,
-        voices=ctx.voices,
-        default_voice=ctx.default_voice,
-        make_vad=ctx.make_vad,
-        media=ctx.media_limits(),
-        custom_voices=None if ctx.voice_lookup is None else ctx.voice_lookup(info.api_key),
-        mcp_allowed_hosts=ctx.mcp_allowed_hosts,
-    )
+async def serve_connection(ws: Transport, ctx: ConnectionContext, info: HandshakeInfo, *,
+                           initial: Sequence[Mapping[str, Any]] = (), media: MediaPath | None = None) -> None:
+    """Run one accepted realtime connection to its end (the caller has counted it as a session).
+
+    `initial`: session configs to start with, the ephemeral key's that opened it and a call's (applied before
+    `session.created`; when one no longer applies the client gets the `error` and the connection closes with
+    1008). `media`: the
+    transport's own media path (WebRTC), whose playout makes `output_audio_buffer.*` events legal here."""
+    session = new_session(ctx, info)
+    if initial:
+        try:
+            _apply_initial(session, initial)
+        except InitialConfigError as exc:
+            session.close()
+            await _send_quietly(ws, serialise(exc.error, info.dialect))
+            await _close(ws, CloseCode.POLICY_VIOLATION, "the client secret's session config no longer applies",
+                         ctx.limits.close_timeout_s)
+            return
     logger = logging.LoggerAdapter(log, {"session": session.config.id})
     # Overflow policy: past the outbound budget the session ends (1008); a client that reads too
     # slowly to ever reach it but has stopped altogether hits send_timeout_s.
     outbound = _Outbound(ctx.limits.max_outbound_bytes, ctx.limits.max_outbound_events,
                          ctx.limits.max_conversation_bytes)
+    playout = media is not None
 
-    async def emit(event: ServerEvent) -> None:
+    def put(event: ServerEvent) -> None:
         timing_events = session.config.timing_events
         if isinstance(event, _ECHOES):  # serialised by the writer (the wire dict is cheap: it shares the strings)
             if event_to_wire(event, info.dialect, timing_events=timing_events) is not None:
                 outbound.put(outbound.echo(event, info.dialect, timing_events))
             return
-        frame = serialise(event, info.dialect, timing_events=timing_events)
+        frame = serialise(event, info.dialect, timing_events=timing_events, playout=playout)
         if frame is not None:
             outbound.put(frame)
+
+    async def emit(event: ServerEvent) -> None:
+        if media is None:
+            put(event)
+            return
+        for out in media.outgoing(event):
+            put(out)
 
     runner = SessionRunner(
         session, ctx.engine, emit=emit, on_action=_observe(ctx.metrics),
         max_pending_client=ctx.limits.max_inbound_frames,
         mcp_limits=McpLimits(frozenset(ctx.mcp_allowed_hosts), ctx.mcp_timeout_s, ctx.mcp_max_response_bytes),
     )
+    watch = _IdleWatch(ctx.limits.idle_timeout_s)
     code: CloseCode | None = CloseCode.NORMAL_CLOSURE
     reason = ""
     started = time.monotonic()
     logger.info("session %s opened (%s, origin=%s)", session.config.id, info.dialect.value, info.origin)
     try:
         async with asyncio.TaskGroup() as tg:
-            tg.create_task(_read(ws, runner, outbound, ctx, info))
+            tg.create_task(_read(ws, runner, outbound, ctx, info, watch, media))
             tg.create_task(runner.run())
             tg.create_task(_write(ws, outbound, ctx.limits))
+            if media is not None:
+                tg.create_task(media.run(runner, emit, watch.touch))
     except Exception as group:  # a TaskGroup raises only ExceptionGroups
         ended, failed = group.split(SessionEnded)
         if ended is not None:

@@ -26,7 +26,7 @@ from websockets.http11 import Request, Response
 
 from .metrics import CONTENT_TYPE_LATEST, ServerMetrics
 
-__all__ = ["REALTIME_PATH", "HttpRoutes", "default_web_roots", "json_response", "packaged_web_root",
+__all__ = ["REALTIME_PATH", "HttpRoutes", "api_error", "default_web_roots", "json_response", "packaged_web_root",
            "request_path", "text_response"]
 
 log = logging.getLogger(__name__)
@@ -87,6 +87,13 @@ def _response(status: http.HTTPStatus, body: bytes, content_type: str, *, head: 
 def json_response(status: http.HTTPStatus, payload: Any, *, head: bool = False) -> Response:
     """A JSON response (`application/json`)."""
     return _response(status, json.dumps(payload).encode(), "application/json", head=head)
+
+
+def api_error(status: int, code: str, message: str, param: str | None = None) -> Response:
+    """An OpenAI-style JSON error: `{"error": {"type", "code", "message", "param"}}` (type from the status)."""
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    body = {"error": {"type": kind, "code": code, "message": message, "param": param}}
+    return json_response(http.HTTPStatus(status), body)
 
 
 def text_response(status: http.HTTPStatus, text: str, *, head: bool = False) -> Response:

@@ -16,12 +16,15 @@ every byte goes straight to websockets: the realtime upgrade pays one branch per
 from __future__ import annotations
 
 import asyncio
+import email.parser
+import email.policy
 import functools
+from dataclasses import dataclass
 from typing import Any
 
 from websockets.asyncio.server import ServerConnection
 
-__all__ = ["BodyConnection", "BodyError", "body_connection_factory"]
+__all__ = ["BodyConnection", "BodyError", "FormPart", "body_connection_factory", "form_parts"]
 
 _HEAD_LIMIT = 64 * 1024  # past this without a blank line, websockets' own header limits answer
 
@@ -143,3 +146,37 @@ def _without_header(head: bytes, name: bytes) -> bytes:
 def body_connection_factory(max_body_bytes: int):
     """The `create_connection` argument of `serve()`: BodyConnections with this body limit."""
     return functools.partial(BodyConnection, max_body_bytes=max_body_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class FormPart:
+    """One part of a multipart/form-data body."""
+
+    name: str
+    payload: bytes
+    filename: str | None
+    charset: str  # of a text field (utf-8 unless the part says otherwise)
+    content_type: str
+
+    def text(self) -> str:
+        """The part as text; raises BodyError (400) when it does not decode."""
+        try:
+            return self.payload.decode(self.charset)
+        except (UnicodeDecodeError, LookupError):
+            raise BodyError(400, f"The form field {self.name!r} is not valid {self.charset} text.") from None
+
+
+def form_parts(body: bytes, content_type: str) -> list[FormPart]:
+    """The parts of a multipart/form-data body, in order; raises BodyError (400) for one that does not parse."""
+    message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
+        b"Content-Type: " + content_type.encode("latin-1", errors="replace") + b"\r\n\r\n" + body)
+    if not message.is_multipart():
+        raise BodyError(400, "The multipart/form-data body could not be parsed (boundary missing or wrong).")
+    parts = []
+    for part in message.iter_parts():
+        name = part.get_param("name", header="content-disposition")
+        if not isinstance(name, str) or not name:
+            raise BodyError(400, "A multipart part has no form field name.")
+        parts.append(FormPart(name, part.get_payload(decode=True) or b"", part.get_filename(),
+                              part.get_content_charset() or "utf-8", part.get_content_type()))
+    return parts

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import email.parser
-import email.policy
 import io
 import json
 from dataclasses import dataclass
@@ -24,6 +22,7 @@ import numpy as np
 import soundfile
 
 from .config import VoicesConfig
+from .http_body import BodyError, form_parts
 
 __all__ = ["VoiceUpload", "VoiceUploadError", "decode_audio", "parse_upload"]
 
@@ -69,24 +68,19 @@ def _bad(code: str, message: str, param: str | None = None) -> VoiceUploadError:
 
 def _form_fields(body: bytes, content_type: str) -> dict[str, list[bytes | str]]:
     """Fields of a multipart/form-data body: name -> values (bytes for files, str for text)."""
-    message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
-        b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + body)
-    if not message.is_multipart():
-        raise _bad("invalid_multipart", "The multipart/form-data body could not be parsed (boundary missing or wrong).")
+    try:
+        parts = form_parts(body, content_type)
+    except BodyError as exc:
+        raise _bad("invalid_multipart", exc.message) from None
     fields: dict[str, list[bytes | str]] = {}
-    for part in message.iter_parts():
-        name = part.get_param("name", header="content-disposition")
-        if not isinstance(name, str) or not name:
-            raise _bad("invalid_multipart", "A multipart part has no form field name.")
-        payload = part.get_payload(decode=True) or b""
-        is_file = part.get_filename() is not None or name in _AUDIO_FIELDS
-        if is_file:
-            fields.setdefault(name, []).append(payload)
-        else:
-            try:
-                fields.setdefault(name, []).append(payload.decode(part.get_content_charset() or "utf-8"))
-            except (UnicodeDecodeError, LookupError):
-                raise _bad("invalid_value", f"The form field {name!r} is not valid UTF-8 text.", name) from None
+    for part in parts:
+        if part.filename is not None or part.name in _AUDIO_FIELDS:
+            fields.setdefault(part.name, []).append(part.payload)
+            continue
+        try:
+            fields.setdefault(part.name, []).append(part.text())
+        except BodyError:
+            raise _bad("invalid_value", f"The form field {part.name!r} is not valid UTF-8 text.", part.name) from None
     return fields
 
 
