@@ -85,6 +85,7 @@ class RtcClient:
         self.mic = MicTrack()
         self.pc.addTrack(self.mic)
         self.events: list[dict] = []
+        self.arrived: list[float] = []  # monotonic arrival time of each event
         self._new = asyncio.Event()
         self.audio: list[tuple[float, np.ndarray]] = []  # (arrival monotonic s, 48 kHz mono int16 frame)
         self.call_id: str | None = None
@@ -98,6 +99,7 @@ class RtcClient:
         event = json.loads(message)
         validate_server_event(event, Dialect.GA, allow_playout=True)
         self.events.append(event)
+        self.arrived.append(time.monotonic())
         self._new.set()
 
     def _on_track(self, track) -> None:
@@ -163,9 +165,13 @@ class RtcClient:
     def types(self) -> list[str]:
         return [e["type"] for e in self.events]
 
-    def heard(self, since: float = 0.0) -> np.ndarray:
-        """The server's audio received after monotonic time `since`, one array."""
-        frames = [f for t, f in self.audio if t >= since]
+    def at(self, event: dict) -> float:
+        """When `event` arrived (monotonic s)."""
+        return self.arrived[next(i for i, e in enumerate(self.events) if e is event)]
+
+    def heard(self, since: float = 0.0, until: float = float("inf")) -> np.ndarray:
+        """The server's audio received in [since, until) (monotonic s), one array."""
+        frames = [f for t, f in self.audio if since <= t < until]
         return np.concatenate(frames) if frames else np.zeros(0, np.int16)
 
     async def close(self) -> None:

@@ -571,3 +571,22 @@ def test_a_voice_cloned_through_one_front_end_speaks_on_the_other_and_stays_its_
         asyncio.run(scenario(server.port))
         _assert_front_ends_never_loaded_torch(server.proc.pid)
         assert server.stop(signal.SIGTERM, timeout=30) == 0
+
+
+def test_client_secrets_live_in_the_engine_process_for_every_front_end(hosted):
+    """An ephemeral key minted through one front end is redeemed through another, once; revoked through either."""
+    from realtime_ming.server.client_secrets import SecretsFull
+
+    _engine, _host, remote = hosted
+    a, b = remote().client_secrets(), remote().client_secrets()
+    value, expires_at = a.mint("key-a", {"instructions": "hi"}, 60)
+    assert expires_at > time.time()
+    assert b.peek(value).owner == "key-a"
+    assert b.redeem(value).session == {"instructions": "hi"}
+    assert a.redeem(value) is None and b.peek(value) is None  # single use, whichever front end saw it
+    other, _ = b.mint("key-a", {}, 60)
+    assert not a.revoke("key-b", other) and a.revoke("key-a", other) and b.redeem(other) is None
+    assert a.revoke_all("key-a") == 0
+    with pytest.raises(RuntimeError, match="no client-secret call"):
+        a._call("_drop", other)
+    assert SecretsFull  # the host's refusal of a full store reaches the front end as this type (see test_webrtc_units)

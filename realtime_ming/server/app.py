@@ -46,7 +46,7 @@ from ..audio.vad import VadBackend, VadKind, create_silero_session, create_vad
 from ..engine.api import EngineHandle, engine_health
 from ..protocol.session import DEFAULT_MODEL, DEFAULT_VOICE
 from .call_routes import CallRoutes
-from .client_secrets import ClientSecrets, Grant, authorize
+from .client_secrets import ClientSecrets, Grant, SecretStore, authorize
 from .config import ServerConfig, config_to_dict, resolve_api_keys
 from .connection import ConnectionContext, MediaPath, preview_session, serve_connection
 from .handoff import Adopter, HandoffLoop
@@ -166,7 +166,8 @@ class RealtimeServer:
             mcp_timeout_s=cfg.server.mcp.timeout_s,
             mcp_max_response_bytes=cfg.server.mcp.max_response_bytes,
         )
-        self.secrets = ClientSecrets(cfg.server.client_secrets)
+        shared = getattr(engine, "client_secrets", None)  # the engine process's store (a front end)
+        self.secrets: SecretStore = shared() if callable(shared) else ClientSecrets(cfg.server.client_secrets)
         self.secret_routes = SecretRoutes(cfg.server.client_secrets, cfg.server.auth, self.secrets, self._preview)
         self.call_routes = CallRoutes(cfg, self.secrets, serve=self.serve_session, preview=self._preview,
                                       refusal=self._refusal)
@@ -326,7 +327,7 @@ class RealtimeServer:
         response = await self.routes.respond(request)
         if response is not None:
             return response
-        grant = authorize(inspect_handshake(request), self.cfg.server.auth, self.secrets, redeem=True)
+        grant = await authorize(inspect_handshake(request), self.cfg.server.auth, self.secrets, redeem=True)
         if not isinstance(grant, Grant):
             self.metrics.refusals.labels(grant.reason).inc()
             return text_response(grant.status, grant.message)

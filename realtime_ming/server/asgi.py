@@ -192,7 +192,7 @@ class RealtimeAsgiApp:
             await refuse_upgrade(scope, send, response or text_response(http.HTTPStatus.NOT_FOUND, "Not found.\n"))
             return
         info = inspect_handshake(request)
-        grant = authorize(info, server.cfg.server.auth, server.secrets, redeem=True)
+        grant = await authorize(info, server.cfg.server.auth, server.secrets, redeem=True)
         if not isinstance(grant, Grant):
             server.metrics.refusals.labels(grant.reason).inc()
             await refuse_upgrade(scope, send, text_response(grant.status, grant.message))

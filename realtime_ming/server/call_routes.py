@@ -25,7 +25,7 @@ from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
 from ..rtc.call import Call, OfferError, answer_offer
-from .client_secrets import ClientSecrets, Grant, authorize
+from .client_secrets import Grant, SecretStore, authorize
 from .config import AuthConfig, ServerConfig
 from .connection import InitialConfigError, MediaPath
 from .cors import allow_origin, preflight
@@ -60,7 +60,7 @@ class _Open:
 class CallRoutes:
     """The calls endpoint and the calls in progress of one server."""
 
-    def __init__(self, cfg: ServerConfig, secrets: ClientSecrets, *, serve: Serve, preview: Preview,
+    def __init__(self, cfg: ServerConfig, secrets: SecretStore, *, serve: Serve, preview: Preview,
                  refusal: Callable[[], tuple[str, str] | None]) -> None:
         self._cfg = cfg.server.webrtc
         self._auth: AuthConfig = cfg.server.auth
@@ -101,8 +101,8 @@ class CallRoutes:
             response = api_error(500, "server_error", "The call could not be set up on the server.")
         return allow_origin(response, request, self._auth)
 
-    def _grant(self, info: HandshakeInfo, *, redeem: bool) -> Grant:
-        grant = authorize(info, self._auth, self._secrets, redeem=redeem)
+    async def _grant(self, info: HandshakeInfo, *, redeem: bool) -> Grant:
+        grant = await authorize(info, self._auth, self._secrets, redeem=redeem)
         if isinstance(grant, Grant):
             return grant
         code = "origin_not_allowed" if grant.status == http.HTTPStatus.FORBIDDEN else "invalid_api_key"
@@ -112,7 +112,7 @@ class CallRoutes:
         if not self._cfg.enabled:
             raise _Refused(404, "webrtc_disabled", "WebRTC calls are disabled on this server (server.webrtc.enabled).")
         info = inspect_handshake(request)
-        grant = self._grant(info, redeem=False)
+        grant = await self._grant(info, redeem=False)
         busy = self._refusal()
         if busy is not None:
             refused = _Refused(503, *busy)
@@ -132,7 +132,8 @@ class CallRoutes:
                                       connect_timeout_s=self._cfg.connect_timeout_s)
         except OfferError as exc:
             raise _Refused(400, "invalid_offer", str(exc), "sdp") from None
-        if grant.secret is not None and self._secrets.redeem(grant.secret) is None:  # spent or revoked meanwhile
+        spent = grant.secret is not None and await asyncio.to_thread(self._secrets.redeem, grant.secret) is None
+        if spent:  # used or revoked meanwhile
             await call.hang_up("ephemeral key no longer valid")
             raise _Refused(401, "invalid_api_key", "Invalid, expired, used or revoked ephemeral key.")
         self._start(call, info, initial, grant.api_key)
@@ -202,7 +203,7 @@ class CallRoutes:
 
     async def _hang_up(self, request: Request, call_id: str) -> Response:
         info = inspect_handshake(request)
-        grant = self._grant(info, redeem=False)
+        grant = await self._grant(info, redeem=False)
         found = self._calls.get(call_id)
         if found is None or (found.owner != grant.api_key and self._auth.api_keys):
             raise _Refused(404, "call_not_found", f"No call {call_id[:80]!r} in progress for this API key.", "call_id")

@@ -28,9 +28,11 @@ from multiprocessing.connection import Connection, Listener
 
 from ..engine.api import FailureCode, TurnFailed, engine_health
 from ..engine.voice_store import CustomVoice, VoiceStore
-from .config import VoicesConfig
+from .client_secrets import ClientSecrets
+from .config import ClientSecretsConfig, VoicesConfig
 from .remote_engine import (
     HEARTBEAT_S,
+    SECRETS_CALL_PREFIX,
     TERMINAL,
     Call,
     Cancel,
@@ -49,6 +51,8 @@ from .remote_engine import (
 __all__ = ["EngineHost", "VoiceHost"]
 
 log = logging.getLogger(__name__)
+
+_SECRET_CALLS = frozenset({"mint", "peek", "redeem", "revoke", "revoke_all"})
 
 _RECENT_VOICES = 64  # evicted / deleted voices kept for sessions that already resolved them (their pins)
 _PENDING_PROMPTS = 16  # encoded prompts waiting for their `add` (a front end that died in between leaks none)
@@ -227,7 +231,13 @@ class _Peer:
 
     def _answer(self, call: Call) -> None:
         try:
-            method = getattr(self.host.voices, call.method) if self.host.voices is not None else None
+            if call.method.startswith(SECRETS_CALL_PREFIX):  # the one client-secret store of every front end
+                name = call.method[len(SECRETS_CALL_PREFIX):]
+                if name not in _SECRET_CALLS:
+                    raise RuntimeError(f"no client-secret call {name!r}")
+                method = getattr(self.host.secrets, name)
+            else:
+                method = getattr(self.host.voices, call.method) if self.host.voices is not None else None
             if method is None or call.method.startswith("_") or call.method == "resolve":
                 raise RuntimeError(f"no voice call {call.method!r} on this engine")
             reply = Reply(call.call_id, True, method(*call.args))
@@ -255,8 +265,10 @@ class _Peer:
 class EngineHost:
     """Accepts front ends on a unix socket and serves `engine` to each (start with `start()`)."""
 
-    def __init__(self, engine, address: str, authkey: bytes, voices_cfg: VoicesConfig, max_sessions: int) -> None:
+    def __init__(self, engine, address: str, authkey: bytes, voices_cfg: VoicesConfig, max_sessions: int,
+                 secrets_cfg: ClientSecretsConfig | None = None) -> None:
         self.engine = engine
+        self.secrets = ClientSecrets(secrets_cfg or ClientSecretsConfig())
         self.max_sessions = max_sessions
         self._sessions = 0
         self.address = address

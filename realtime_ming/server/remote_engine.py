@@ -40,13 +40,16 @@ from ..engine.api import (
 )
 from ..engine.commands import Cancel, Confirm, Discard
 
-__all__ = ["HEARTBEAT_S", "Call", "Cancel", "Close", "Confirm", "Discard", "Hello", "PromptRef", "Release", "RemoteEngine",
-           "RemoteVoiceEncoder", "RemoteVoiceStore", "Reply", "SessionTickets", "Status", "Submit", "hang_up"]
+__all__ = ["HEARTBEAT_S", "SECRETS_CALL_PREFIX", "Call", "Cancel", "Close", "Confirm", "Discard", "Hello", "PromptRef",
+           "Release", "RemoteClientSecrets", "RemoteEngine", "RemoteVoiceEncoder", "RemoteVoiceStore", "Reply",
+           "SessionTickets", "Status", "Submit", "hang_up"]
 
 log = logging.getLogger(__name__)
 
 HEARTBEAT_S = 0.25  # the host sends the engine's health at least this often
 CALL_TIMEOUT_S = 120.0  # a voice call (encoding a clip takes seconds on a busy GPU)
+SECRETS_CALL_PREFIX = "secrets_"  # a Call of the host's client-secret store (`secrets_mint`, ...)
+SECRETS_TIMEOUT_S = 10.0
 TERMINAL = (TurnDone, TurnCancelled, TurnFailed)
 
 
@@ -201,6 +204,9 @@ class RemoteEngine:
     def session_tickets(self) -> SessionTickets:
         return SessionTickets(self)
 
+    def client_secrets(self) -> RemoteClientSecrets:
+        return RemoteClientSecrets(self)
+
     def close(self) -> None:
         """Hang up (the host then cancels this front end's turns and closes its conversations)."""
         self._closing = True
@@ -350,3 +356,29 @@ class RemoteVoiceStore:
     @property
     def nbytes(self) -> int:
         return self._engine.call("nbytes")
+
+
+class RemoteClientSecrets:
+    """`client_secrets.ClientSecrets` of the engine process: an ephemeral key minted through one front end opens
+    a session on any other (blocking round trips: the callers run them off the event loop)."""
+
+    def __init__(self, engine: RemoteEngine) -> None:
+        self._engine = engine
+
+    def _call(self, method: str, *args: Any) -> Any:
+        return self._engine.call(SECRETS_CALL_PREFIX + method, *args, timeout_s=SECRETS_TIMEOUT_S)
+
+    def mint(self, owner, session, ttl_s: int):
+        return self._call("mint", owner, dict(session), ttl_s)
+
+    def peek(self, value: str):
+        return self._call("peek", value)
+
+    def redeem(self, value: str):
+        return self._call("redeem", value)
+
+    def revoke(self, owner, value: str) -> bool:
+        return self._call("revoke", owner, value)
+
+    def revoke_all(self, owner) -> int:
+        return self._call("revoke_all", owner)

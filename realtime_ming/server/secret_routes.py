@@ -9,6 +9,7 @@ ephemeral one): the secret acts as that key, its voices and limits (`client_secr
 
 from __future__ import annotations
 
+import asyncio
 import http
 import json
 import logging
@@ -18,7 +19,7 @@ from typing import Any
 from websockets.asyncio.server import ServerConnection
 from websockets.http11 import Request, Response
 
-from .client_secrets import ClientSecrets, SecretsFull, is_secret
+from .client_secrets import SecretsFull, SecretStore, is_secret
 from .config import AuthConfig, ClientSecretsConfig
 from .connection import InitialConfigError
 from .cors import allow_origin, preflight
@@ -69,7 +70,7 @@ async def read_json_body(connection: ServerConnection, max_bytes: int) -> Any:
 class SecretRoutes:
     """The client-secret endpoints over the server's store; `preview(config, info)` checks a session config."""
 
-    def __init__(self, cfg: ClientSecretsConfig, auth: AuthConfig, store: ClientSecrets, preview: Preview) -> None:
+    def __init__(self, cfg: ClientSecretsConfig, auth: AuthConfig, store: SecretStore, preview: Preview) -> None:
         self.cfg = cfg
         self._auth = auth
         self.store = store
@@ -114,9 +115,9 @@ class SecretRoutes:
                        "(server.client_secrets.enabled).", status=404)
         if method == "DELETE":
             if value is None:
-                count = self.store.revoke_all(info.api_key)
+                count = await asyncio.to_thread(self.store.revoke_all, info.api_key)
                 return json_response(http.HTTPStatus.OK, {"object": "realtime.client_secret.deleted", "deleted": count})
-            if not self.store.revoke(info.api_key, value):
+            if not await asyncio.to_thread(self.store.revoke, info.api_key, value):
                 raise _bad("client_secret_not_found", "No live client secret with this value for this API key.",
                            "value", status=404)
             return json_response(http.HTTPStatus.OK, {"object": "realtime.client_secret.deleted", "deleted": True})
@@ -142,7 +143,7 @@ class SecretRoutes:
             detail = exc.error.error
             raise _bad(detail.code or "invalid_value", detail.message, detail.param) from None
         try:
-            value, expires_at = self.store.mint(info.api_key, session, ttl_s)
+            value, expires_at = await asyncio.to_thread(self.store.mint, info.api_key, session, ttl_s)
         except SecretsFull as exc:
             refused = _bad("too_many_client_secrets", str(exc), status=429)
             refused.response.headers["Retry-After"] = "60"
