@@ -22,6 +22,8 @@ from .media import CallMedia
 __all__ = ["CALL_ID_PREFIX", "Call", "OfferError", "answer_offer"]
 
 log = logging.getLogger(__name__)
+if logging.getLogger("aioice").level == logging.NOTSET:  # ~10 INFO lines of ICE checks per call otherwise
+    logging.getLogger("aioice").setLevel(logging.WARNING)
 
 CALL_ID_PREFIX = "rtc_"
 
