@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from browser_support import FORCED_REPLY, MIC_RATE_HZ, _mic_file, _open, _page, _wait_for
 from conftest import tiny_engine_fixture
 from server_support import RecordingEngine, espeak
-from test_web import FORCED_REPLY, MIC_RATE_HZ, _mic_file, _open, _page, _wait_for
 
 from realtime_ming.engine.api import ContentKind
 from realtime_ming.server import RealtimeServer, load_config

@@ -272,3 +272,12 @@ async def test_a_call_counts_against_max_sessions():
         await first.close()
         await second.close()
     assert busy.json()["error"]["code"] == "session_limit_reached" and busy.headers["retry-after"] == "1"
+
+
+async def test_websocket_sideband_join_of_a_call_is_refused_not_ignored():
+    """`/v1/realtime?call_id=` (OpenAI's sideband control of a WebRTC call) is not offered: a 400 that says so,
+    not an unrelated new session."""
+    async with stub_served() as srv:
+        with pytest.raises(Exception, match="400"):
+            async with connect(f"ws://127.0.0.1:{srv.port}/v1/realtime?call_id=rtc_123"):
+                pass

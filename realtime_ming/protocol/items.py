@@ -116,8 +116,9 @@ class InputAudio:
     transcript: str | None = None
 
     def to_wire(self, dialect: Dialect) -> JsonValue:
-        """Wire content part."""
-        return _part_wire(self.type, dialect, audio=self.audio, transcript=self.transcript)
+        """Wire content part; `transcript` is always there, null until the audio is transcribed (OpenAI's shape: the
+        Agents JS SDK's item schema requires the key)."""
+        return {**_part_wire(self.type, dialect, audio=self.audio), "transcript": self.transcript}
 
 
 @dataclass(frozen=True, slots=True)

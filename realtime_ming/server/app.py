@@ -54,6 +54,7 @@ from .handshake import (
     HandshakeInfo,
     inspect_handshake,
     select_subprotocol,
+    sideband_refusal,
 )
 from .http import HttpRoutes, default_web_roots, request_path, text_response
 from .http_body import BodyConnection, body_connection_factory
@@ -327,7 +328,8 @@ class RealtimeServer:
         response = await self.routes.respond(request)
         if response is not None:
             return response
-        grant = await authorize(inspect_handshake(request), self.cfg.server.auth, self.secrets, redeem=True)
+        grant = sideband_refusal(request) or await authorize(inspect_handshake(request), self.cfg.server.auth,
+                                                             self.secrets, redeem=True)
         if not isinstance(grant, Grant):
             self.metrics.refusals.labels(grant.reason).inc()
             return text_response(grant.status, grant.message)

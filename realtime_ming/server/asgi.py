@@ -26,7 +26,7 @@ from websockets.http11 import Request, Response
 
 from .call_routes import CallRoutes
 from .client_secrets import Grant, authorize
-from .handshake import inspect_handshake, select_subprotocol
+from .handshake import inspect_handshake, select_subprotocol, sideband_refusal
 from .http import REALTIME_PATH, api_error, request_path, text_response
 from .secret_routes import SecretRoutes
 from .transport import TransportClosed
@@ -192,7 +192,7 @@ class RealtimeAsgiApp:
             await refuse_upgrade(scope, send, response or text_response(http.HTTPStatus.NOT_FOUND, "Not found.\n"))
             return
         info = inspect_handshake(request)
-        grant = await authorize(info, server.cfg.server.auth, server.secrets, redeem=True)
+        grant = sideband_refusal(request) or await authorize(info, server.cfg.server.auth, server.secrets, redeem=True)
         if not isinstance(grant, Grant):
             server.metrics.refusals.labels(grant.reason).inc()
             await refuse_upgrade(scope, send, text_response(grant.status, grant.message))

@@ -24,7 +24,7 @@ from websockets.http11 import Request
 from ..protocol.dialect import Dialect
 from .config import AuthConfig
 
-__all__ = ["HandshakeInfo", "Refusal", "check_access", "inspect_handshake", "select_subprotocol"]
+__all__ = ["HandshakeInfo", "Refusal", "check_access", "inspect_handshake", "select_subprotocol", "sideband_refusal"]
 
 _KEY_SUBPROTOCOL_PREFIX = "openai-insecure-api-key."
 _BETA_SUBPROTOCOL = "openai-beta.realtime-v1"
@@ -98,6 +98,15 @@ def inspect_handshake(request: Request) -> HandshakeInfo:
         ambiguous_key=len(keys) > 1,
         ambiguous_origin=len(origins) > 1,
     )
+
+
+def sideband_refusal(request: Request) -> Refusal | None:
+    """`?call_id=` asks to join a WebRTC call as its server-side (sideband) control channel, which this server does
+    not offer: refused (400) rather than served as an unrelated new session."""
+    if "call_id" not in parse_qs(request.path.partition("?")[2].partition("#")[0]):
+        return None
+    return Refusal(http.HTTPStatus.BAD_REQUEST, "call_id: joining a WebRTC call from a WebSocket (sideband control) "
+                   "is not supported by this server; open a session of its own without call_id.\n", "sideband")
 
 
 def select_subprotocol(offered: Sequence[str]) -> str | None:

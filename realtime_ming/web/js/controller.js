@@ -1,62 +1,26 @@
 /**
  * The conversation logic of the demo, free of DOM code: one Realtime session, the turn state
- * (listening / user speaking / thinking / speaking), per-turn TTFA, and barge-in (stop playback at
- * once, then `conversation.item.truncate` with the milliseconds actually played). Everything the
- * page observes is mirrored into `demo` (window.__demo) for the headless-browser tests.
+ * (listening / user speaking / thinking / speaking), per-turn TTFA, and barge-in. Two transports:
+ * - WebSocket: the page sends the microphone as `input_audio_buffer.append` events, plays the audio deltas
+ *   itself and barges in itself (stop playback at once, then `conversation.item.truncate` with the
+ *   milliseconds actually played);
+ * - WebRTC (rtc.js): the microphone and the reply travel as Opus tracks; the server paces the reply, clears
+ *   it on a barge-in and truncates it to what was played, and says so (`output_audio_buffer.*`).
+ * Everything the page observes is mirrored into `demo` (window.__demo) for the headless-browser tests.
  */
 import { AudioIO } from "./audio.js";
 import { base64ToPcm16, pcm16ToBase64 } from "./pcm.js";
 import { RealtimeClient } from "./realtime.js";
+import { RtcClient } from "./rtc.js";
+import { RtcAudio } from "./rtcaudio.js";
+import { FRAME_MS, INPUT_RATE_HZ, State } from "./record.js";
 
-export const State = Object.freeze({
-  DISCONNECTED: "disconnected",
-  CONNECTING: "connecting",
-  LISTENING: "listening",
-  USER_SPEAKING: "user_speaking",
-  THINKING: "thinking",
-  SPEAKING: "speaking",
-});
+export { FRAME_MS, INPUT_RATE_HZ, State, newDemoRecord } from "./record.js";
 
-export const INPUT_RATE_HZ = 24000; // the session's input PCM rate (the GA default)
-export const FRAME_MS = 20; // one input_audio_buffer.append per 20 ms of microphone audio
+const RTC_OUTPUT_RATE_HZ = 24000;
 // Races a user need not hear about: a cancel that met a reply which had just finished.
 const BENIGN_ERRORS = new Set(["response_cancel_not_active"]);
 const REASON_TEXT = { turn_detected: "you spoke", client_cancelled: "stopped", max_output_tokens: "length limit" };
-
-/** The observable record of a session; `window.__demo` points at one. */
-export function newDemoRecord() {
-  return {
-    state: State.DISCONNECTED,
-    stateLog: [State.DISCONNECTED], // every state entered, consecutive repeats collapsed
-    sessionId: null,
-    inputRate: INPUT_RATE_HZ,
-    outputRate: null,
-    contextRate: null,
-    micError: null,
-    micFrames: 0,
-    sentAudioMs: 0,
-    speechStarted: 0,
-    speechStopped: 0,
-    committed: 0,
-    cameraOn: false,
-    cameraFrames: 0, // camera frames sent as input_image items
-    cameraFramesBySpeech: {}, // user speech item id -> camera frames sent while it was spoken
-    transcripts: {}, // user item id -> its final transcript (Ming's own ASR), or null when it failed
-    receivedSamples: 0,
-    playedSamples: 0,
-    droppedDeltas: 0,
-    playback: { state: "idle", bufferedMs: 0, underruns: 0, prebufferMs: 0 },
-    ttfaMs: [],
-    serverTtfaMs: [],
-    responses: {},
-    bargeIns: [],
-    truncates: [],
-    truncated: [],
-    errors: [],
-    events: {},
-    sent: {},
-  };
-}
 
 /** The `realtime_ming.speech` extension object for the demo's style picker (`null` = natural). */
 function speechStyle({ emotion } = {}) {
@@ -75,6 +39,8 @@ export class VoiceChat {
     this.client = null;
     this.audio = null;
     this.camera = null;
+    this.rtcAudio = null;
+    this.isRtc = false;
     this.speakingItem = null;
     this.isMuted = false;
     this._reset();
@@ -90,6 +56,7 @@ export class VoiceChat {
     this.userSpeech = new Map(); // user item id -> {startMs, seconds} from the VAD events
     this.hasSpoken = false;
     this.lastTimedResponse = null; // the response whose TTFA the page shows
+    this.playing = new Set(); // WebRTC: responses the server's playout is playing
   }
 
   get isConnected() {
@@ -102,38 +69,51 @@ export class VoiceChat {
     this.ui.setState(state);
   }
 
-  /** Open audio, connect, configure the session, start the microphone; false on failure. */
-  async connect({ serverUrl, apiKey, voice, outputRate, model, style }) {
+  /** Open audio, connect (`transport`: "webrtc" or "websocket"), configure the session, start the microphone. */
+  async connect({ serverUrl, apiKey, voice, outputRate, model, style, transport = "websocket" }) {
     this._reset();
     this._setState(State.CONNECTING);
+    this.isRtc = transport === "webrtc";
+    this.demo.transport = transport;
     this.audio = new AudioIO({
       onFrame: (pcm, rms) => this._onMicFrame(pcm, rms),
       onPlayback: (msg) => this._onPlayback(msg),
     });
-    this.client = new RealtimeClient({
-      onEvent: (ev) => this._onEvent(ev),
-      onClose: (err) => this._onClosed(err),
-    });
+    const handlers = { onEvent: (ev) => this._onEvent(ev), onClose: (err) => this._onClosed(err) };
+    this.client = this.isRtc
+      ? new RtcClient({ ...handlers, onTrack: (stream) => this.rtcAudio?.play(stream) })
+      : new RealtimeClient(handlers);
     try {
       await this.audio.open();
       this.demo.contextRate = this.audio.sampleRate;
-      await this.client.connect(serverUrl, { apiKey, model });
+      if (this.isRtc) {
+        this.rtcAudio = new RtcAudio(this.audio.ctx, (frame) => this._onHeard(frame));
+        await this._startMic(); // the microphone track goes into the offer
+        await this.client.connect(serverUrl, { apiKey, model, micStream: this.audio.stream });
+      } else {
+        await this.client.connect(serverUrl, { apiKey, model });
+      }
     } catch (err) {
       await this._teardown();
       this.ui.error(err.kind === "auth" ? "Authentication failed"
         : err.kind === "unreachable" ? "Server unreachable" : "Could not connect", err.message, err.kind);
       return false;
     }
-    this.client.send(this._sessionUpdate(voice, outputRate, style));
+    // WebRTC: the deltas never leave the server (the track is 48 kHz Opus): the GA standard rate keeps every event GA
+    this.client.send(this._sessionUpdate(voice, this.isRtc ? RTC_OUTPUT_RATE_HZ : outputRate, style));
     this.demo.sent = this.client.sentCounts;
+    if (!this.isRtc) await this._startMic();
+    if (this.isConnected) this._setState(State.LISTENING);
+    return this.isConnected;
+  }
+
+  async _startMic() {
     try {
       await this.audio.startMic({ targetRate: INPUT_RATE_HZ, frameMs: FRAME_MS });
     } catch (err) {
       this.demo.micError = err.kind;
       this.ui.error(err.kind === "denied" ? "Microphone blocked" : "Microphone unavailable", err.message, `mic-${err.kind}`);
     }
-    if (this.isConnected) this._setState(State.LISTENING);
-    return this.isConnected;
   }
 
   _sessionUpdate(voice, outputRate, style = {}) {
@@ -174,8 +154,9 @@ export class VoiceChat {
   }
 
   async _teardown() {
-    const { client, audio } = this;
-    this.client = this.audio = null;
+    const { client, audio, rtcAudio } = this;
+    this.client = this.audio = this.rtcAudio = null;
+    rtcAudio?.close();
     this.camera?.pause();
     this.speakingItem = null;
     if (client) client.close();
@@ -193,6 +174,7 @@ export class VoiceChat {
   /** Mute or unmute the microphone (muted: nothing is sent). */
   setMuted(isMuted) {
     this.isMuted = isMuted;
+    if (this.isRtc) this.client?.setMuted(isMuted);
     if (isMuted) this.ui.level(0, true);
   }
 
@@ -255,8 +237,8 @@ export class VoiceChat {
     d.micFrames++;
     if (this.isMuted || !this.isConnected) return;
     this.ui.level(rms, false);
-    this.client.send({ type: "input_audio_buffer.append", audio: pcm16ToBase64(pcm) });
-    d.sentAudioMs += (1000 * pcm.length) / INPUT_RATE_HZ;
+    if (!this.isRtc) this.client.send({ type: "input_audio_buffer.append", audio: pcm16ToBase64(pcm) });
+    d.sentAudioMs += (1000 * pcm.length) / INPUT_RATE_HZ; // WebRTC: what the microphone track carried
   }
 
   _onEvent(ev) {
@@ -334,6 +316,11 @@ export class VoiceChat {
         break;
       case "realtime_ming.response.timings":
         this._onServerTimings(ev);
+        break;
+      case "output_audio_buffer.started":
+      case "output_audio_buffer.stopped":
+      case "output_audio_buffer.cleared":
+        this._onPlayout(ev);
         break;
       case "conversation.item.truncated":
         d.truncated.push({ itemId: ev.item_id, audioEndMs: ev.audio_end_ms });
@@ -443,6 +430,10 @@ export class VoiceChat {
    */
   async _interrupt(cancel) {
     if (!this.audio) return;
+    if (this.isRtc) {
+      this._interruptRtc(cancel);
+      return;
+    }
     const active = this.activeResponse;
     if (active) {
       this.interrupted.add(active);
@@ -464,5 +455,52 @@ export class VoiceChat {
       record.items.push(entry);
     }
     if (active || record.items.length > 0) this.demo.bargeIns.push(record);
+  }
+
+  /** WebRTC: the server plays the reply; a typed turn cancels it and clears the server's playout. */
+  _interruptRtc(cancel) {
+    const active = this.activeResponse;
+    if (active && cancel) {
+      this.interrupted.add(active);
+      this.client.send({ type: "response.cancel", response_id: active });
+    }
+    if (cancel && this.playing.size > 0) this.client.send({ type: "output_audio_buffer.clear" });
+  }
+
+  /** WebRTC: the server's playout started, finished or was cleared (a barge-in) for a response. */
+  _onPlayout(ev) {
+    const d = this.demo;
+    const r = d.responses[ev.response_id];
+    if (ev.type === "output_audio_buffer.started") {
+      this.playing.add(ev.response_id);
+      if (r && r.ttfaMs === null) {
+        r.ttfaMs = Math.round(performance.now() - r.startedAt);
+        d.ttfaMs.push(r.ttfaMs);
+        this.lastTimedResponse = r.id;
+        this.ui.latency(r.ttfaMs, null);
+      }
+      if (!this.hasSpoken) {
+        this.hasSpoken = true;
+        this.ui.setVoiceLocked(true);
+      }
+      if (d.state !== State.USER_SPEAKING) this._setState(State.SPEAKING);
+      return;
+    }
+    this.playing.delete(ev.response_id);
+    if (r) r.playout = ev.type === "output_audio_buffer.stopped" ? "stopped" : "cleared";
+    if (ev.type === "output_audio_buffer.cleared") {
+      this.interrupted.add(ev.response_id);
+      d.cleared.push({ responseId: ev.response_id, at: performance.now() });
+    }
+    if (d.state === State.SPEAKING && this.playing.size === 0) {
+      this._setState(this.activeResponse ? State.THINKING : State.LISTENING);
+    }
+  }
+
+  /** WebRTC: one 20 ms frame of the server's track as the page heard it. */
+  _onHeard(frame) {
+    const d = this.demo;
+    if (frame.heard) d.heardMs += 20;
+    d.playback = { ...d.playback, state: this.playing.size > 0 ? "playing" : "idle" };
   }
 }

@@ -7,6 +7,7 @@ import { CameraStreamer } from "./camera.js";
 import { LatencyChart, median } from "./chart.js";
 import { State, VoiceChat, newDemoRecord } from "./controller.js";
 import { httpUrl } from "./realtime.js";
+import { hasWebRtc } from "./rtc.js";
 import { Banner, LevelMeter, StatusView, Transcript } from "./ui.js";
 import { setupVoiceClone } from "./voiceclone.js";
 
@@ -20,6 +21,7 @@ const dom = {
   camera: $("camera-btn"),
   cameraPreview: $("camera-preview"),
   server: $("server-url"),
+  transport: $("transport"),
   apiKey: $("api-key"),
   voice: $("voice"),
   voiceHint: $("voice-hint"),
@@ -61,7 +63,8 @@ const ui = {
     dom.connect.setAttribute("aria-busy", String(state === State.CONNECTING));
     dom.connect.disabled = state === State.CONNECTING;
     for (const control of [dom.composerInput, dom.send, dom.attach, dom.mute, dom.camera]) control.disabled = !isOnline;
-    for (const control of [dom.server, dom.apiKey, dom.outputRate]) control.disabled = state !== State.DISCONNECTED;
+    for (const control of [dom.server, dom.transport, dom.apiKey, dom.outputRate]) control.disabled = state !== State.DISCONNECTED;
+    if (dom.transport.value === "webrtc") dom.outputRate.disabled = true; // the call's audio is 48 kHz Opus
     if (state === State.DISCONNECTED) {
       setCamera(false);
       transcript.settle();
@@ -103,15 +106,20 @@ function loadSettings() {
   } catch {
     saved = {};
   }
-  const fromQuery = new URLSearchParams(location.search).get("server");
+  const query = new URLSearchParams(location.search);
   const origin = location.protocol.startsWith("http") ? location.origin : "http://127.0.0.1:8000";
-  dom.server.value = fromQuery || saved.server || origin;
+  dom.server.value = query.get("server") || saved.server || origin;
+  // WebRTC where the browser has it (what OpenAI's browser SDKs use), else WebSocket; ?transport= overrides
+  if (!hasWebRtc()) dom.transport.querySelector('option[value="webrtc"]').disabled = true;
+  const wanted = query.get("transport") || saved.transport;
+  dom.transport.value = hasWebRtc() && wanted !== "websocket" ? "webrtc" : "websocket";
   if (saved.outputRate) dom.outputRate.value = String(saved.outputRate);
   return saved;
 }
 
 function saveSettings() {
-  const settings = { server: dom.server.value, voice: dom.voice.value, outputRate: Number(dom.outputRate.value) };
+  const settings = { server: dom.server.value, voice: dom.voice.value, outputRate: Number(dom.outputRate.value),
+                     transport: dom.transport.value };
   try {
     localStorage.setItem(SETTINGS_KEY, JSON.stringify(settings)); // the API key is never stored
   } catch {
@@ -159,6 +167,7 @@ async function toggleConnection() {
     outputRate: Number(dom.outputRate.value),
     model: dom.modelName.dataset.model || "",
     style: currentStyle(),
+    transport: dom.transport.value,
   });
 }
 
@@ -215,6 +224,10 @@ dom.voice.addEventListener("change", () => {
   chat.setVoice(dom.voice.value);
 });
 dom.outputRate.addEventListener("change", saveSettings);
+dom.transport.addEventListener("change", () => {
+  saveSettings();
+  ui.setState(demo.state);
+});
 for (const control of [dom.speed, dom.emotion]) {
   control.addEventListener("change", () => chat.setSpeechStyle(currentStyle()));
 }

@@ -85,6 +85,7 @@ export class RealtimeClient {
       let isReady = false;
       ws.onopen = () => { isOpened = true; };
       ws.onmessage = (msg) => {
+        if (window.__recordFrames) (window.__frames ??= []).push(msg.data); // tests: every event as sent
         let ev;
         try {
           ev = JSON.parse(msg.data);
