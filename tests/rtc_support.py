@@ -9,7 +9,6 @@ included) and the audio of the server's track, with the arrival time of every fr
 from __future__ import annotations
 
 import asyncio
-import fractions
 import json
 import time
 
@@ -22,6 +21,8 @@ from realtime_validate import validate_server_event
 from server_support import seconds
 
 from realtime_ming.protocol import Dialect
+from realtime_ming.audio.pcm import float_to_int16
+from realtime_ming.rtc.tracks import audio_frame, read_mic
 
 __all__ = ["MIC_RATE_HZ", "MicTrack", "RtcClient", "mint"]
 
@@ -62,11 +63,7 @@ class MicTrack(MediaStreamTrack):
         chunk, self._queue = self._queue[:_FRAME], self._queue[_FRAME:]
         frame_samples = np.zeros(_FRAME, np.int16)
         frame_samples[: chunk.size] = chunk
-        frame = av.AudioFrame.from_ndarray(frame_samples.reshape(1, -1), format="s16", layout="mono")
-        frame.sample_rate = MIC_RATE_HZ
-        frame.pts = self._pts
-        frame.time_base = fractions.Fraction(1, MIC_RATE_HZ)
-        return frame
+        return audio_frame(frame_samples, self._pts)
 
 
 async def mint(port: int, api_key: str | None = None, **body) -> httpx.Response:
@@ -107,14 +104,10 @@ class RtcClient:
             self._reader = asyncio.ensure_future(self._read(track))
 
     async def _read(self, track) -> None:
-        resampler = av.AudioResampler(format="s16", layout="mono", rate=MIC_RATE_HZ)
-        while True:
-            try:
-                frame = await track.recv()
-            except MediaStreamError:
-                return
-            for out in resampler.resample(frame):
-                self.audio.append((time.monotonic(), out.to_ndarray().reshape(-1).copy()))
+        async def keep(samples: np.ndarray) -> None:
+            self.audio.append((time.monotonic(), float_to_int16(samples)))
+
+        await read_mic(track, keep)  # the server's decoding of a track: the same code, on this side of the call
 
     async def connect(self, port: int, key: str | None, *, session: dict | None = None,
                       expect_status: int = 201) -> httpx.Response:

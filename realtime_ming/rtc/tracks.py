@@ -22,7 +22,7 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from ..audio.pcm import int16_to_float
 from .playout import FRAME_SAMPLES, RATE_HZ, Playout, PlayoutEvent
 
-__all__ = ["MAX_LATE_S", "OutputTrack", "read_mic"]
+__all__ = ["MAX_LATE_S", "OutputTrack", "audio_frame", "read_mic"]
 
 MAX_LATE_S = 0.1  # a frame due longer ago than this moves the clock on instead of going out in a burst
 _TIME_BASE = fractions.Fraction(1, RATE_HZ)
@@ -57,11 +57,16 @@ class OutputTrack(MediaStreamTrack):
         samples, events = self._playout.pull()
         if events:
             self._on_events(events)
-        frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
-        frame.sample_rate = RATE_HZ
-        frame.pts = self._pts
-        frame.time_base = _TIME_BASE
-        return frame
+        return audio_frame(samples, self._pts)
+
+
+def audio_frame(samples: np.ndarray, pts: int) -> av.AudioFrame:
+    """int16 mono samples at 48 kHz as the frame aiortc encodes, stamped `pts` (in samples)."""
+    frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
+    frame.sample_rate = RATE_HZ
+    frame.pts = pts
+    frame.time_base = _TIME_BASE
+    return frame
 
 
 async def read_mic(track: MediaStreamTrack, sink: Callable[[np.ndarray], Awaitable[None]]) -> None:

@@ -30,7 +30,7 @@ from .config import AuthConfig, ServerConfig
 from .connection import InitialConfigError, MediaPath
 from .cors import allow_origin, preflight
 from .handshake import HandshakeInfo, inspect_handshake
-from .http import api_error, request_path
+from .http import ApiRefusal, answer_api, api_error, request_path
 from .http_body import BodyConnection, BodyError, form_parts
 from .transport import Transport
 
@@ -42,12 +42,6 @@ CALLS_PATH = "/v1/realtime/calls"
 
 Serve = Callable[..., Awaitable[None]]  # RealtimeServer.serve_session(transport, info, initial=, media=)
 Preview = Callable[[list[Mapping[str, Any]], HandshakeInfo], Awaitable[dict]]
-
-
-class _Refused(Exception):
-    def __init__(self, status: int, code: str, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.response = api_error(status, code, message, param)
 
 
 @dataclasses.dataclass(slots=True)
@@ -86,19 +80,13 @@ class CallRoutes:
             return allow_origin(api_error(404, "not_found", "Not found."), request, self._auth)
         if method == "OPTIONS":
             return preflight(request, self._auth, "POST")
-        try:
-            if method != "POST":
-                response = api_error(405, "method_not_allowed", "Allowed methods: POST.")
-                response.headers["Allow"] = "POST"
-            elif hangup:
-                response = await self._hang_up(request, path.split("/")[-2])
-            else:
-                response = await self._create(connection, request)
-        except _Refused as refused:
-            response = refused.response
-        except Exception:  # a bug costs this request only
-            log.exception("call endpoint failed")
-            response = api_error(500, "server_error", "The call could not be set up on the server.")
+        if method != "POST":
+            response = api_error(405, "method_not_allowed", "Allowed methods: POST.")
+            response.headers["Allow"] = "POST"
+        elif hangup:
+            response = await answer_api(self._hang_up(request, path.split("/")[-2]), "The hangup failed on the server.")
+        else:
+            response = await answer_api(self._create(connection, request), "The call could not be set up on the server.")
         return allow_origin(response, request, self._auth)
 
     async def _grant(self, info: HandshakeInfo, *, redeem: bool) -> Grant:
@@ -106,16 +94,16 @@ class CallRoutes:
         if isinstance(grant, Grant):
             return grant
         code = "origin_not_allowed" if grant.status == http.HTTPStatus.FORBIDDEN else "invalid_api_key"
-        raise _Refused(grant.status, code, grant.message.strip())
+        raise ApiRefusal(grant.status, code, grant.message.strip())
 
     async def _create(self, connection: ServerConnection, request: Request) -> Response:
         if not self._cfg.enabled:
-            raise _Refused(404, "webrtc_disabled", "WebRTC calls are disabled on this server (server.webrtc.enabled).")
+            raise ApiRefusal(404, "webrtc_disabled", "WebRTC calls are disabled on this server (server.webrtc.enabled).")
         info = inspect_handshake(request)
         grant = await self._grant(info, redeem=False)
         busy = self._refusal()
         if busy is not None:
-            refused = _Refused(503, *busy)
+            refused = ApiRefusal(503, *busy)
             refused.response.headers["Retry-After"] = "1"
             raise refused
         offer, session = await self._read_offer(connection, request)
@@ -126,16 +114,16 @@ class CallRoutes:
                 await self._preview(initial, info)
             except InitialConfigError as exc:
                 detail = exc.error.error
-                raise _Refused(400, detail.code or "invalid_value", detail.message, detail.param) from None
+                raise ApiRefusal(400, detail.code or "invalid_value", detail.message, detail.param) from None
         try:
             call = await answer_offer(offer, ice_servers=self._cfg.ice_servers,
                                       connect_timeout_s=self._cfg.connect_timeout_s)
         except OfferError as exc:
-            raise _Refused(400, "invalid_offer", str(exc), "sdp") from None
+            raise ApiRefusal(400, "invalid_offer", str(exc), "sdp") from None
         spent = grant.secret is not None and await asyncio.to_thread(self._secrets.redeem, grant.secret) is None
         if spent:  # used or revoked meanwhile
             await call.hang_up("ephemeral key no longer valid")
-            raise _Refused(401, "invalid_api_key", "Invalid, expired, used or revoked ephemeral key.")
+            raise ApiRefusal(401, "invalid_api_key", "Invalid, expired, used or revoked ephemeral key.")
         self._start(call, info, initial, grant.api_key)
         headers = Headers()
         headers["Content-Type"] = "application/sdp"
@@ -148,13 +136,13 @@ class CallRoutes:
 
     async def _read_offer(self, connection: ServerConnection, request: Request) -> tuple[str, Mapping | None]:
         if not isinstance(connection, BodyConnection):
-            raise _Refused(500, "server_error", "This server cannot read request bodies.")
+            raise ApiRefusal(500, "server_error", "This server cannot read request bodies.")
         try:
             body = await connection.request_body()
         except BodyError as exc:
-            raise _Refused(exc.status, "invalid_request", exc.message) from None
+            raise ApiRefusal(exc.status, "invalid_request", exc.message) from None
         if len(body) > self._max_request:
-            raise _Refused(413, "request_too_large", f"The request body is over {self._max_request} bytes.")
+            raise ApiRefusal(413, "request_too_large", f"The request body is over {self._max_request} bytes.")
         content_type = request.headers.get("Content-Type", "")
         kind = content_type.split(";")[0].strip().lower()
         session = None
@@ -164,28 +152,28 @@ class CallRoutes:
                 sdp = parts["sdp"].text() if "sdp" in parts else None
                 raw = parts["session"].text() if "session" in parts else None
             except BodyError as exc:
-                raise _Refused(400, "invalid_multipart", exc.message) from None
+                raise ApiRefusal(400, "invalid_multipart", exc.message) from None
             if sdp is None:
-                raise _Refused(400, "missing_required_parameter", "The form has no 'sdp' part.", "sdp")
+                raise ApiRefusal(400, "missing_required_parameter", "The form has no 'sdp' part.", "sdp")
             for name in sorted(set(parts) - {"sdp", "session"}):
-                raise _Refused(400, "unknown_parameter", f"Unknown parameter '{name}'.", name)
+                raise ApiRefusal(400, "unknown_parameter", f"Unknown parameter '{name}'.", name)
             if raw is not None:
                 try:
                     session = json.loads(raw)
                 except (ValueError, RecursionError):
-                    raise _Refused(400, "invalid_json", "The 'session' part is not valid JSON.", "session") from None
+                    raise ApiRefusal(400, "invalid_json", "The 'session' part is not valid JSON.", "session") from None
                 if not isinstance(session, dict):
-                    raise _Refused(400, "invalid_type", "'session' must be an object.", "session")
+                    raise ApiRefusal(400, "invalid_type", "'session' must be an object.", "session")
         elif kind in ("application/sdp", "text/plain", ""):
             try:
                 sdp = body.decode("utf-8")
             except UnicodeDecodeError:
-                raise _Refused(400, "invalid_offer", "The SDP offer is not UTF-8 text.", "sdp") from None
+                raise ApiRefusal(400, "invalid_offer", "The SDP offer is not UTF-8 text.", "sdp") from None
         else:
-            raise _Refused(415, "unsupported_media_type", "Send the offer as application/sdp or multipart/form-data "
+            raise ApiRefusal(415, "unsupported_media_type", "Send the offer as application/sdp or multipart/form-data "
                            f"(sdp, session), not {kind!r}.")
         if len(sdp.encode()) > self._cfg.max_offer_bytes:
-            raise _Refused(413, "offer_too_large", f"The SDP offer is over {self._cfg.max_offer_bytes} bytes.", "sdp")
+            raise ApiRefusal(413, "offer_too_large", f"The SDP offer is over {self._cfg.max_offer_bytes} bytes.", "sdp")
         return sdp, session
 
     def _start(self, call: Call, info: HandshakeInfo, initial: list[Mapping], owner: str | None) -> None:
@@ -194,6 +182,8 @@ class CallRoutes:
                 transport: Transport = call.transport
                 media: MediaPath = call.media
                 await self._serve(transport, info, initial=initial, media=media)
+            except Exception:  # a bug costs this call only
+                log.exception("call %s failed", call.id)
             finally:
                 self._calls.pop(call.id, None)
                 await call.hang_up(call.transport.reason or "session ended")
@@ -206,7 +196,7 @@ class CallRoutes:
         grant = await self._grant(info, redeem=False)
         found = self._calls.get(call_id)
         if found is None or (found.owner != grant.api_key and self._auth.api_keys):
-            raise _Refused(404, "call_not_found", f"No call {call_id[:80]!r} in progress for this API key.", "call_id")
+            raise ApiRefusal(404, "call_not_found", f"No call {call_id[:80]!r} in progress for this API key.", "call_id")
         await found.call.hang_up("hung up by the API")
         headers = Headers()
         headers["Content-Length"] = "0"

@@ -27,10 +27,8 @@ A session opened with an ephemeral key starts with the config it was minted with
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
-import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -44,14 +42,7 @@ from ..protocol.codec import event_to_wire, parse, serialise
 from ..protocol.dialect import Dialect
 from ..protocol.errors import ErrorCode, ProtocolError
 from ..protocol.events import ClientEvent, ServerEvent
-from ..protocol.items import ConversationItem, InputImage, MessageItem
-from ..protocol.server_events import (
-    ConversationItemAdded,
-    ConversationItemDone,
-    ConversationItemRetrieved,
-    Error,
-    SessionCreated,
-)
+from ..protocol.server_events import Error, SessionCreated
 from ..session import (
     Action,
     ConfirmTurn,
@@ -65,33 +56,16 @@ from ..session.config import SessionSettings
 from ..session.content import MediaLimits
 from ..session.failures import log_failure
 from ..session.mcp_limits import McpLimits
-from ..session.runner import SessionClosing
 from .config import LimitsConfig
 from .handshake import HandshakeInfo
 from .metrics import ServerMetrics
+from .outbound import ECHOES, Close, Outbound, SessionEnded
 from .transport import Transport, TransportClosed
 
 __all__ = ["ConnectionContext", "InitialConfigError", "MediaPath", "SessionEnded", "new_session", "preview_session",
            "serve_connection"]
 
 log = logging.getLogger(__name__)
-
-
-class SessionEnded(SessionClosing):
-    """A task saw the session end; `code` None = the socket is already closed."""
-
-    def __init__(self, code: CloseCode | None, reason: str = "") -> None:
-        super().__init__(reason)
-        self.code = code
-        self.reason = reason
-
-
-@dataclass(frozen=True, slots=True)
-class _Close:
-    """Writer sentinel: flush everything queued before it, then close with `code`."""
-
-    code: CloseCode
-    reason: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,8 +101,6 @@ class ConnectionContext:
             max_conversation_bytes=self.limits.max_conversation_bytes,
         )
 
-
-_ECHOES = (ConversationItemAdded, ConversationItemDone, ConversationItemRetrieved)
 
 Emit = Callable[[ServerEvent], Awaitable[None]]
 
@@ -197,87 +169,6 @@ def preview_session(ctx: ConnectionContext, info: HandshakeInfo, configs: Sequen
         session.close()  # nothing reached the engine: the actions are dropped
     assert wire is not None
     return wire["session"]
-
-
-def _echo_bytes(item: ConversationItem) -> tuple[int, int]:
-    """(bytes of the item's image data URLs, which are the conversation's own strings; bytes of its
-    other strings), as `sys.getsizeof` counts them."""
-    shared = own = 0
-    parts = item.content if isinstance(item, MessageItem) else (item,)
-    for part in parts:
-        for f in dataclasses.fields(part):
-            value = getattr(part, f.name)
-            if isinstance(value, str):
-                size = sys.getsizeof(value)
-                if isinstance(part, InputImage) and f.name == "image_url":
-                    shared += size
-                else:
-                    own += size
-    return shared, own
-
-
-@dataclass(frozen=True, slots=True)
-class _Echo:
-    """An item event serialised by the writer just before it is sent (see the module doc)."""
-
-    event: ServerEvent
-    dialect: Dialect
-    timing_events: bool
-    shared: int  # bytes the conversation holds anyway (the client's image data URLs)
-    own: int  # bytes only this event holds, plus the frame's envelope
-
-    def frame(self) -> str | None:
-        return serialise(self.event, self.dialect, timing_events=self.timing_events)
-
-
-class _Outbound:
-    """Frames waiting for the writer, bounded in bytes (a frame counts until its send completed) and in
-    number. `put` never blocks: past a bound the client is not reading, and the session ends (1008).
-    An `_Echo` counts its own bytes against `max_bytes` and its shared ones against `max_echo_bytes`."""
-
-    _ENVELOPE = 256  # an echo's JSON keys and ids, beyond its strings
-
-    def __init__(self, max_bytes: int, max_frames: int, max_echo_bytes: int) -> None:
-        self._queue: asyncio.Queue[str | _Echo | _Close] = asyncio.Queue()
-        self._max_bytes, self._max_frames, self._max_echo_bytes = max_bytes, max_frames, max_echo_bytes
-        self.nbytes = 0  # memory held by queued and in-flight frames
-        self.echo_bytes = 0  # conversation strings referenced by queued and in-flight echoes
-
-    def echo(self, event: ServerEvent, dialect: Dialect, timing_events: bool) -> _Echo:
-        """`event` (an item event) as a deferred frame."""
-        shared, own = _echo_bytes(event.item)  # type: ignore[attr-defined]
-        return _Echo(event, dialect, timing_events, shared, own + self._ENVELOPE)
-
-    def _refuse(self, held: int, size: int, limit: int, what: str) -> None:
-        raise SessionEnded(
-            CloseCode.POLICY_VIOLATION,
-            f"client is not reading: {held + size} {what} / {self._queue.qsize() + 1} events "
-            f"to send exceed the limit of {limit} / {self._max_frames}",
-        )
-
-    def put(self, item: str | _Echo | _Close) -> None:
-        if isinstance(item, _Close):
-            self._queue.put_nowait(item)
-            return
-        size, shared = (sys.getsizeof(item), 0) if isinstance(item, str) else (item.own, item.shared)
-        full = self._queue.qsize() >= self._max_frames
-        if self.nbytes and (self.nbytes + size > self._max_bytes or full):
-            self._refuse(self.nbytes, size, self._max_bytes, "bytes")
-        if shared and self.echo_bytes and (self.echo_bytes + shared > self._max_echo_bytes or full):
-            self._refuse(self.echo_bytes, shared, self._max_echo_bytes, "image bytes")
-        self.nbytes += size
-        self.echo_bytes += shared
-        self._queue.put_nowait(item)
-
-    async def get(self) -> str | _Echo | _Close:
-        return await self._queue.get()
-
-    def sent(self, item: str | _Echo) -> None:
-        if isinstance(item, str):
-            self.nbytes -= sys.getsizeof(item)
-        else:
-            self.nbytes -= item.own
-            self.echo_bytes -= item.shared
 
 
 def _observe(metrics: ServerMetrics) -> Callable[[Action], None]:
@@ -349,7 +240,7 @@ class _IdleWatch:
             self._handle = None
 
 
-async def _read(ws: Transport, runner: SessionRunner, outbound: _Outbound, ctx: ConnectionContext,
+async def _read(ws: Transport, runner: SessionRunner, outbound: Outbound, ctx: ConnectionContext,
                 info: HandshakeInfo, watch: _IdleWatch, media: MediaPath | None) -> None:
     watch.bind()
     try:
@@ -358,7 +249,7 @@ async def _read(ws: Transport, runner: SessionRunner, outbound: _Outbound, ctx: 
         watch.close()
 
 
-async def _read_frames(ws: Transport, runner: SessionRunner, outbound: _Outbound, ctx: ConnectionContext,
+async def _read_frames(ws: Transport, runner: SessionRunner, outbound: Outbound, ctx: ConnectionContext,
                        info: HandshakeInfo, watch: _IdleWatch, media: MediaPath | None) -> None:
     limits = ctx.limits
     while True:
@@ -372,7 +263,7 @@ async def _read_frames(ws: Transport, runner: SessionRunner, outbound: _Outbound
             error = ProtocolError(ErrorCode.IDLE_TIMEOUT, idle_s=limits.idle_timeout_s)
             ctx.metrics.errors.labels(error.code.value).inc()
             outbound.put(serialise(Error.from_protocol_error(error), info.dialect))
-            outbound.put(_Close(CloseCode.NORMAL_CLOSURE, f"idle timeout: no client events for {limits.idle_timeout_s:g} s"))
+            outbound.put(Close(CloseCode.NORMAL_CLOSURE, f"idle timeout: no client events for {limits.idle_timeout_s:g} s"))
             return
         except TransportClosed:
             raise SessionEnded(None) from None
@@ -392,10 +283,10 @@ async def _read_frames(ws: Transport, runner: SessionRunner, outbound: _Outbound
         await runner.put_client(event)
 
 
-async def _write(ws: Transport, outbound: _Outbound, limits: LimitsConfig) -> None:
+async def _write(ws: Transport, outbound: Outbound, limits: LimitsConfig) -> None:
     while True:
         item = await outbound.get()
-        if isinstance(item, _Close):
+        if isinstance(item, Close):
             raise SessionEnded(item.code, item.reason)
         frame = item if isinstance(item, str) else item.frame()
         if frame is None:  # not reached: `emit` queues only echoes that have a wire form
@@ -458,13 +349,13 @@ async def serve_connection(ws: Transport, ctx: ConnectionContext, info: Handshak
     logger = logging.LoggerAdapter(log, {"session": session.config.id})
     # Overflow policy: past the outbound budget the session ends (1008); a client that reads too
     # slowly to ever reach it but has stopped altogether hits send_timeout_s.
-    outbound = _Outbound(ctx.limits.max_outbound_bytes, ctx.limits.max_outbound_events,
+    outbound = Outbound(ctx.limits.max_outbound_bytes, ctx.limits.max_outbound_events,
                          ctx.limits.max_conversation_bytes)
     playout = media is not None
 
     def put(event: ServerEvent) -> None:
         timing_events = session.config.timing_events
-        if isinstance(event, _ECHOES):  # serialised by the writer (the wire dict is cheap: it shares the strings)
+        if isinstance(event, ECHOES):  # serialised by the writer (the wire dict is cheap: it shares the strings)
             if event_to_wire(event, info.dialect, timing_events=timing_events) is not None:
                 outbound.put(outbound.echo(event, info.dialect, timing_events))
             return

@@ -16,7 +16,7 @@ import importlib.resources
 import json
 import logging
 import mimetypes
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote_to_bytes
@@ -26,7 +26,7 @@ from websockets.http11 import Request, Response
 
 from .metrics import CONTENT_TYPE_LATEST, ServerMetrics
 
-__all__ = ["REALTIME_PATH", "HttpRoutes", "api_error", "default_web_roots", "json_response", "packaged_web_root",
+__all__ = ["REALTIME_PATH", "ApiRefusal", "HttpRoutes", "answer_api", "api_error", "default_web_roots", "json_response", "packaged_web_root",
            "request_path", "text_response"]
 
 log = logging.getLogger(__name__)
@@ -94,6 +94,26 @@ def api_error(status: int, code: str, message: str, param: str | None = None) ->
     kind = "invalid_request_error" if status < 500 else "server_error"
     body = {"error": {"type": kind, "code": code, "message": message, "param": param}}
     return json_response(http.HTTPStatus(status), body)
+
+
+class ApiRefusal(Exception):
+    """An API request refused: carries its OpenAI-style error response (`api_error`)."""
+
+    def __init__(self, status: int, code: str, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.response = api_error(status, code, message, param)
+
+
+async def answer_api(handling: Awaitable[Response], failure: str) -> Response:
+    """The response of an API handler: its own, its `ApiRefusal`'s, or a 500 saying `failure` when it has a bug
+    (logged; it costs this request only)."""
+    try:
+        return await handling
+    except ApiRefusal as refusal:
+        return refusal.response
+    except Exception:
+        log.exception("%s", failure)
+        return api_error(500, "server_error", failure)
 
 
 def text_response(status: http.HTTPStatus, text: str, *, head: bool = False) -> Response:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import http
 import json
-import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -24,12 +23,11 @@ from .config import AuthConfig, ClientSecretsConfig
 from .connection import InitialConfigError
 from .cors import allow_origin, preflight
 from .handshake import HandshakeInfo, check_access, inspect_handshake
-from .http import api_error, json_response, request_path
+from .http import ApiRefusal, answer_api, api_error, json_response, request_path
 from .http_body import BodyConnection, BodyError
 
 __all__ = ["CLIENT_SECRETS_PATH", "SecretRoutes", "read_json_body"]
 
-log = logging.getLogger(__name__)
 
 CLIENT_SECRETS_PATH = "/v1/realtime/client_secrets"
 _KEYS = frozenset({"expires_after", "session"})
@@ -38,18 +36,12 @@ _EXPIRY_KEYS = frozenset({"anchor", "seconds"})
 Preview = Callable[[list[Mapping[str, Any]], HandshakeInfo], Awaitable[dict]]
 
 
-class _Refused(Exception):
-    def __init__(self, response: Response) -> None:
-        super().__init__()
-        self.response = response
-
-
-def _bad(code: str, message: str, param: str | None = None, status: int = 400) -> _Refused:
-    return _Refused(api_error(status, code, message, param))
+def _bad(code: str, message: str, param: str | None = None, status: int = 400) -> ApiRefusal:
+    return ApiRefusal(status, code, message, param)
 
 
 async def read_json_body(connection: ServerConnection, max_bytes: int) -> Any:
-    """The request's JSON body (None when empty); raises _Refused (400, 411, 413)."""
+    """The request's JSON body (None when empty); raises ApiRefusal (400, 411, 413)."""
     if not isinstance(connection, BodyConnection):
         raise _bad("server_error", "This server cannot read request bodies.", status=500)
     try:
@@ -88,13 +80,8 @@ class SecretRoutes:
         allow = "POST, DELETE" if value is None else "DELETE"
         if method == "OPTIONS":
             return preflight(request, self._auth, allow)
-        try:
-            response = await self._respond(connection, request, method, value, allow)
-        except _Refused as refused:
-            response = refused.response
-        except Exception:  # a bug costs this request only
-            log.exception("client secret endpoint failed")
-            response = api_error(500, "server_error", "The client secret request failed on the server.")
+        response = await answer_api(self._respond(connection, request, method, value, allow),
+                                    "The client secret request failed on the server.")
         return allow_origin(response, request, self._auth)
 
     async def _respond(self, connection: ServerConnection, request: Request, method: str, value: str | None,

@@ -367,17 +367,20 @@ export class VoiceChat {
     r.audioDeltas++;
     r.receivedSamples += pcm.length;
     d.receivedSamples += pcm.length;
-    if (r.ttfaMs === null) {
-      r.ttfaMs = Math.round(performance.now() - r.startedAt);
-      d.ttfaMs.push(r.ttfaMs);
-      this.lastTimedResponse = r.id;
-      this.ui.latency(r.ttfaMs, null);
-      if (!this.hasSpoken) {
-        this.hasSpoken = true;
-        this.ui.setVoiceLocked(true);
-      }
-    }
+    if (r.ttfaMs === null) this._firstAudio(r);
     this.audio.play(ev.item_id, pcm, d.outputRate ?? 24000);
+  }
+
+  /** A reply's first audio (a delta; WebRTC: its playout started): its TTFA, and the voice is fixed now. */
+  _firstAudio(r) {
+    r.ttfaMs = Math.round(performance.now() - r.startedAt);
+    this.demo.ttfaMs.push(r.ttfaMs);
+    this.lastTimedResponse = r.id;
+    this.ui.latency(r.ttfaMs, null);
+    if (!this.hasSpoken) {
+      this.hasSpoken = true;
+      this.ui.setVoiceLocked(true);
+    }
   }
 
   _onResponseDone(response) {
@@ -473,16 +476,7 @@ export class VoiceChat {
     const r = d.responses[ev.response_id];
     if (ev.type === "output_audio_buffer.started") {
       this.playing.add(ev.response_id);
-      if (r && r.ttfaMs === null) {
-        r.ttfaMs = Math.round(performance.now() - r.startedAt);
-        d.ttfaMs.push(r.ttfaMs);
-        this.lastTimedResponse = r.id;
-        this.ui.latency(r.ttfaMs, null);
-      }
-      if (!this.hasSpoken) {
-        this.hasSpoken = true;
-        this.ui.setVoiceLocked(true);
-      }
+      if (r && r.ttfaMs === null) this._firstAudio(r);
       if (d.state !== State.USER_SPEAKING) this._setState(State.SPEAKING);
       return;
     }
