@@ -4,7 +4,8 @@ server's CPU per call while replies play.
 Per level N (`--calls 1,4`): N calls open at once (mint an ephemeral key, post the offer to /v1/realtime/calls,
 data channel open, `session.created`: the setup time), each asks for a spoken reply to a typed message; once a
 reply has played `--listen-s` on every call, the server's CPU (utime + stime of `--server-pid`, from /proc) is
-read over `--window-s` of playback, then every call sends `output_audio_buffer.clear`: clear → the
+read over `--window-s` of playback (after every reply is generated, unless `--no-after-done`: then it is
+the media path's cost alone, as the playout still holds the rest of each reply), then every call sends `output_audio_buffer.clear`: clear → the
 `output_audio_buffer.cleared` event, and clear → the last frame of the track that still carried sound (what a
 listener hears of the cut). Writes `result.json` and `summary.md` to `--out`.
 
@@ -71,20 +72,22 @@ class Call:
             except TimeoutError:
                 pass
 
-    async def open(self, http: httpx.AsyncClient, url: str, api_key: str | None) -> float:
-        """Mint, offer, answer, wait for session.created: seconds it took."""
+    async def open(self, http: httpx.AsyncClient, url: str, api_key: str | None) -> tuple[float, float]:
+        """Mint, offer, answer, wait for session.created: (seconds it took, of which the POST of the offer)."""
         started = time.perf_counter()
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         minted = await http.post(f"{url}/v1/realtime/client_secrets", json={}, headers=headers)
         minted.raise_for_status()
         await self.pc.setLocalDescription(await self.pc.createOffer())
+        posted = time.perf_counter()
         answer = await http.post(f"{url}/v1/realtime/calls", content=self.pc.localDescription.sdp,
                                  headers={"Content-Type": "application/sdp",
                                           "Authorization": f"Bearer {minted.json()['value']}"})
         answer.raise_for_status()
+        answered = time.perf_counter() - posted
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=answer.text, type="answer"))
         await self.wait("session.created")
-        return time.perf_counter() - started
+        return time.perf_counter() - started, answered
 
     def send(self, **event) -> None:
         self.channel.send(json.dumps(event))
@@ -100,7 +103,7 @@ def _cpu_s(pid: int | None) -> float | None:
 async def _level(url: str, n: int, args: argparse.Namespace) -> dict:
     calls = [Call() for _ in range(n)]
     async with httpx.AsyncClient(timeout=60) as http:
-        setup_s = await asyncio.gather(*(c.open(http, url, args.api_key) for c in calls))
+        opened = await asyncio.gather(*(c.open(http, url, args.api_key) for c in calls))
     for c in calls:
         c.send(type="session.update", session={"type": "realtime", "audio": {"input": {"turn_detection": None}}})
         c.send(type="conversation.item.create",
@@ -108,6 +111,8 @@ async def _level(url: str, n: int, args: argparse.Namespace) -> dict:
         c.send(type="response.create")
     started = await asyncio.gather(*(c.wait("output_audio_buffer.started") for c in calls))
     await asyncio.sleep(max(0.0, max(started) + args.listen_s - time.perf_counter()))
+    if args.after_done:  # the replies are generated: the window sees the media path, not the engine
+        await asyncio.gather(*(c.wait("response.done", timeout=600) for c in calls))
     cpu0, t0 = _cpu_s(args.server_pid), time.perf_counter()
     await asyncio.sleep(args.window_s)
     cpu1, t1 = _cpu_s(args.server_pid), time.perf_counter()
@@ -124,7 +129,8 @@ async def _level(url: str, n: int, args: argparse.Namespace) -> dict:
     ms = lambda values: [round(v * 1000, 1) for v in values]  # noqa: E731
     return {
         "calls": n,
-        "setup_ms": ms(setup_s),
+        "setup_ms": ms([o[0] for o in opened]),
+        "offer_post_ms": ms([o[1] for o in opened]),
         "clear_to_cleared_ms": ms([c - s for c, s in zip(cleared, sent)]),
         "clear_to_last_sound_ms": ms(silent_after),
         "playing_during_window": playing,
@@ -133,11 +139,12 @@ async def _level(url: str, n: int, args: argparse.Namespace) -> dict:
 
 
 def _summary(levels: list[dict]) -> str:
-    lines = ["| calls | setup ms (median) | clear → cleared ms (median) | clear → last sound ms (max) | server CPU % per call |",
-             "|---|---|---|---|---|"]
+    lines = ["| calls | setup ms (median) | of it the offer's POST | clear → cleared ms (median) | clear → last sound ms "
+             "(max) | server CPU % per call | playing in the window |", "|---|---|---|---|---|---|---|"]
     for r in levels:
-        lines.append(f"| {r['calls']} | {statistics.median(r['setup_ms'])} | {statistics.median(r['clear_to_cleared_ms'])} | "
-                     f"{max(r['clear_to_last_sound_ms'])} | {r['server_cpu_percent_per_call']} |")
+        lines.append(f"| {r['calls']} | {statistics.median(r['setup_ms'])} | {statistics.median(r['offer_post_ms'])} | "
+                     f"{statistics.median(r['clear_to_cleared_ms'])} | {max(r['clear_to_last_sound_ms'])} | "
+                     f"{r['server_cpu_percent_per_call']} | {sum(r['playing_during_window'])}/{r['calls']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -158,6 +165,8 @@ def main() -> None:
     parser.add_argument("--calls", default="1,4", help="comma-separated numbers of concurrent calls")
     parser.add_argument("--listen-s", type=float, default=1.0, help="playback heard before the CPU window")
     parser.add_argument("--window-s", type=float, default=3.0, help="the CPU measurement window")
+    parser.add_argument("--after-done", action=argparse.BooleanOptionalAction, default=True,
+                        help="measure the CPU once every reply is generated (media only), not while it is")
     parser.add_argument("--server-pid", type=int, default=None, help="the server's pid (CPU from /proc; Linux)")
     parser.add_argument("--out", default=None, help="folder for result.json and summary.md")
     asyncio.run(_main(parser.parse_args()))
