@@ -6,8 +6,8 @@ from .._lazy import lazy_exports
 _WHERE = {
     "TINY_MODEL_NOTICE": ".app",
     "RealtimeServer": ".app",
-    "ServingEngine": ".app",
-    "load_engine": ".app",
+    "ServingEngine": ".loading",
+    "load_engine": ".loading",
     "run_server": ".app",
     "AuthConfig": ".config",
     "ConfigError": ".config",

@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import http
-import json
 import logging
 import os
 import signal
@@ -34,7 +33,7 @@ import sys
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import yaml
 from websockets.asyncio.server import Server, ServerConnection, serve
@@ -43,7 +42,7 @@ from websockets.http11 import Request, Response
 
 from ..audio.end_of_turn import shared_smart_turn
 from ..audio.vad import VadBackend, VadKind, create_silero_session, create_vad
-from ..engine.api import EngineHandle, engine_health
+from ..engine.api import engine_health
 from ..protocol.session import DEFAULT_MODEL, DEFAULT_VOICE
 from .call_routes import CallRoutes
 from .client_secrets import ClientSecrets, Grant, SecretStore, authorize
@@ -59,6 +58,7 @@ from .handshake import (
 from .http import HttpRoutes, default_web_roots, request_path, text_response
 from .http_body import BodyConnection, body_connection_factory
 from .lifecycle import TurnTracker
+from .loading import ServingEngine, load_engine
 from .metrics import ServerMetrics
 from .remote_engine import SessionTickets
 from .secret_routes import SecretRoutes
@@ -87,14 +87,6 @@ TINY_MODEL_NOTICE = (
     "No model path given: serving the embedded tiny model with random weights. Its output is "
     "random-weight noise, not meaningful speech or text. Pass --model-path to serve Ming-flash-omni-2.0."
 )
-
-
-class ServingEngine(EngineHandle, Protocol):
-    """An `EngineHandle` that also describes itself (realtime_ming.engine.Engine)."""
-
-    def info(self) -> dict: ...
-
-    def voices(self) -> list[str]: ...
 
 
 class _AccessLog(logging.LoggerAdapter):
@@ -454,63 +446,6 @@ def _redacted(cfg: ServerConfig) -> dict:
     keys = data["server"]["auth"]["api_keys"]
     data["server"]["auth"]["api_keys"] = [f"<{len(keys)} key(s)>"] if keys else []
     return data
-
-
-class _LoadProgress:
-    """The engine's `progress(label, done, total)` callback: on a terminal one tqdm bar per step, each
-    completed when the next step starts (the engine reports a step's items as they begin); elsewhere
-    (a log file) one INFO line as each step starts."""
-
-    def __init__(self) -> None:
-        self._tty = sys.stderr.isatty()
-        self._label: str | None = None
-        self._bar: Any = None
-
-    def __call__(self, label: str, done: int, total: int) -> None:
-        if label != self._label:
-            self._end_step()
-            from tqdm import tqdm
-
-            self._label = label
-            if self._tty:
-                self._bar = tqdm(total=total, desc=label, file=sys.stderr, mininterval=0.25)
-            else:
-                log.info("loading %s: %d item(s)", label, total)
-        if self._bar is not None:
-            self._bar.total = total
-            if done > self._bar.n:
-                self._bar.update(done - self._bar.n)
-
-    def _end_step(self) -> None:
-        if self._label is None:
-            return
-        if self._bar is not None:
-            self._bar.update(self._bar.total - self._bar.n)
-            self._bar.close()
-        self._label = self._bar = None
-
-    def finish(self, completed: bool) -> None:
-        """Complete the last step (`completed`) or just close its bar (the load failed)."""
-        if completed:
-            self._end_step()
-        elif self._bar is not None:
-            self._bar.close()
-
-
-def load_engine(cfg: ServerConfig) -> ServingEngine:
-    """Load the model with a progress display (blocking; call off the event loop)."""
-    from ..engine import Engine
-
-    progress = _LoadProgress()
-    started = time.monotonic()
-    completed = False
-    try:
-        engine = Engine.create(cfg.engine, progress=progress)
-        completed = True
-    finally:
-        progress.finish(completed)
-    log.info("engine ready in %.1f s: %s", time.monotonic() - started, json.dumps(engine.info(), default=str))
-    return engine
 
 
 async def _first(*aws) -> asyncio.Future:
