@@ -18,13 +18,12 @@ import http
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from websockets.asyncio.server import ServerConnection
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
-from ..rtc.call import Call, OfferError, answer_offer
 from .client_secrets import Grant, SecretStore, authorize
 from .config import AuthConfig, ServerConfig
 from .connection import InitialConfigError, MediaPath
@@ -33,6 +32,9 @@ from .handshake import HandshakeInfo, inspect_handshake
 from .http import ApiRefusal, answer_api, api_error, request_path
 from .http_body import BodyConnection, BodyError, form_parts
 from .transport import Transport
+
+if TYPE_CHECKING:
+    from ..rtc.call import Call
 
 __all__ = ["CALLS_PATH", "CallRoutes"]
 
@@ -115,10 +117,12 @@ class CallRoutes:
             except InitialConfigError as exc:
                 detail = exc.error.error
                 raise ApiRefusal(400, detail.code or "invalid_value", detail.message, detail.param) from None
+        from ..rtc import call as rtc  # aiortc and PyAV load with the first call, not with every server
+
         try:
-            call = await answer_offer(offer, ice_servers=self._cfg.ice_servers,
-                                      connect_timeout_s=self._cfg.connect_timeout_s)
-        except OfferError as exc:
+            call = await rtc.answer_offer(offer, ice_servers=self._cfg.ice_servers,
+                                          connect_timeout_s=self._cfg.connect_timeout_s)
+        except rtc.OfferError as exc:
             raise ApiRefusal(400, "invalid_offer", str(exc), "sdp") from None
         spent = grant.secret is not None and await asyncio.to_thread(self._secrets.redeem, grant.secret) is None
         if spent:  # used or revoked meanwhile
