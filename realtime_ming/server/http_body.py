@@ -162,8 +162,8 @@ class FormPart:
         """The part as text; raises BodyError (400) when it does not decode."""
         try:
             return self.payload.decode(self.charset)
-        except (UnicodeDecodeError, LookupError):
-            raise BodyError(400, f"The form field {self.name!r} is not valid {self.charset} text.") from None
+        except (UnicodeError, LookupError, ValueError):  # idna/punycode raise a bare UnicodeError
+            raise BodyError(400, f"The form field {self.name!r} is not valid {self.charset[:40]!r} text.") from None
 
 
 def form_parts(body: bytes, content_type: str) -> list[FormPart]:

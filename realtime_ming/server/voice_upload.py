@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import soundfile
 
+from ..protocol.limits import text_problem
 from .config import VoicesConfig
 from .http_body import BodyError, form_parts
 
@@ -80,7 +81,8 @@ def _form_fields(body: bytes, content_type: str) -> dict[str, list[bytes | str]]
         try:
             fields.setdefault(part.name, []).append(part.text())
         except BodyError:
-            raise _bad("invalid_value", f"The form field {part.name!r} is not valid UTF-8 text.", part.name) from None
+            raise _bad("invalid_value", f"The form field {part.name!r} is not valid {part.charset[:40]!r} text.",
+                       part.name) from None
     return fields
 
 
@@ -118,8 +120,9 @@ def _text(fields: dict, name: str, limit: int, *, required: bool) -> str | None:
                        f"{name!r} is required: the exact words spoken in the audio sample." if name == "transcript"
                        else f"{name!r} is required.", name)
         return None
-    if any(ord(c) < 0x20 and c not in "\t\n\r" or c == "\x7f" for c in value):
-        raise _bad("invalid_value", f"{name!r} contains control characters.", name)
+    problem = text_problem(value)  # a lone surrogate (JSON "\ud800", charset=utf-7) or a C0 control
+    if problem is not None or "\x7f" in value:
+        raise _bad("invalid_text", f"{name!r} holds {problem or 'a DEL character'}; send plain UTF-8 text.", name)
     if len(value) > limit:
         raise _bad(f"{name}_too_long", f"{name!r} is {len(value)} characters; at most {limit} are accepted.", name)
     return " ".join(value.split())
