@@ -21,7 +21,7 @@ import torch
 from server_support import WsClient, espeak
 from websockets.asyncio.client import connect
 
-from realtime_ming.engine.voice_store import CustomVoice, VoiceStore
+from realtime_ming.engine.voice_store import CustomVoice, VoiceStore, VoiceStoreFull
 from realtime_ming.model.talker import VoicePrompt
 from realtime_ming.protocol import Dialect
 from realtime_ming.protocol.session import DEFAULT_VOICE
@@ -225,18 +225,44 @@ def _voice(voice_id: str, owner: str, nbytes: int) -> CustomVoice:
 
 
 def test_voice_store_bounds_count_owner_and_bytes():
-    store = VoiceStore(max_voices=3, max_per_owner=2, max_bytes=100)
+    """Past its quota an owner evicts only its own least recently used voices; owners never cross."""
+    store = VoiceStore(max_voices=3, max_per_owner=2, max_bytes=100)  # one owner (no keys): the whole store
     assert store.add(_voice("voice_a1", "a", 10)) == []
     store.add(_voice("voice_a2", "a", 10))
-    assert [v.id for v in store.add(_voice("voice_a3", "a", 10))] == ["voice_a1"]  # per-owner bound
-    store.add(_voice("voice_b1", "b", 10))
+    assert [v.id for v in store.add(_voice("voice_a3", "a", 10))] == ["voice_a1"]  # per-owner count
     assert store.get("a", "voice_a2") is not None  # a2 used: a3 is now the oldest
-    assert [v.id for v in store.add(_voice("voice_c1", "c", 10))] == ["voice_a3"]  # total count bound
-    assert [v.id for v in store.add(_voice("voice_c2", "c", 75))] == ["voice_b1"]  # byte bound
-    assert store.nbytes <= 100 and len(store) <= 3
-    assert store.get("b", "voice_a2") is None and not store.delete("b", "voice_a2")  # owners never cross
+    assert [v.id for v in store.add(_voice("voice_a4", "a", 95))] == ["voice_a3", "voice_a2"]  # bytes
+    assert store.get("b", "voice_a4") is None and not store.delete("b", "voice_a4")  # owners never cross
     with pytest.raises(ValueError):
         store.add(_voice("voice_big", "a", 101))
+
+
+def test_voice_store_quotas_never_evict_another_owner():
+    """Four owners share 8 voices and 400 bytes: each keeps 2 voices and 100 bytes whatever the others do."""
+    store = VoiceStore(max_voices=8, max_per_owner=16, max_bytes=400, owners=4)
+    assert (store.max_per_owner, store.max_owner_bytes) == (2, 100)
+    mine = [_voice("voice_k0a", "k0", 10), _voice("voice_k0b", "k0", 10)]
+    for voice in mine:
+        assert store.add(voice) == []
+    for k in range(1, 4):  # the other owners register far past their quotas
+        for n in range(20):
+            evicted = store.add(_voice(f"voice_k{k}_{n}", f"k{k}", 30 + n))
+            assert all(v.owner == f"k{k}" for v in evicted)
+    assert [v.id for v in store.list("k0")] == [v.id for v in mine]  # untouched
+    assert len(store) <= 8 and store.nbytes <= 400
+    with pytest.raises(ValueError):  # over one owner's byte share
+        store.add(_voice("voice_k0c", "k0", 101))
+
+
+def test_voice_store_oversubscribed_refuses_rather_than_evicts():
+    """More owners than voices (quota rounds up to 1): a full store refuses the newcomer, keeps the others."""
+    store = VoiceStore(max_voices=2, max_per_owner=4, max_bytes=100, owners=3)
+    store.add(_voice("voice_a", "a", 10))
+    store.add(_voice("voice_b", "b", 10))
+    with pytest.raises(VoiceStoreFull):
+        store.add(_voice("voice_c", "c", 10))
+    assert [v.id for v in store.add(_voice("voice_a2", "a", 10))] == ["voice_a"]  # its own, to make room
+    assert store.get("b", "voice_b") is not None
 
 
 def test_openai_voice_names_are_documented_aliases_of_the_default():

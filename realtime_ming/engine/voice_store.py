@@ -2,9 +2,13 @@
 
 A `CustomVoice` is what the talker needs to speak in a registered voice (its `VoicePrompt`, already on
 the talker's device, and the transcript of the clip), computed once when the voice is registered.
-`VoiceStore` keeps them bounded by count (in all and per owner) and by tensor bytes, evicting the least
-recently used; `get` (a session choosing the voice) counts as a use. Every operation takes the owner
-(a digest of the API key): a voice registered under one owner is invisible to every other.
+`VoiceStore` keeps them bounded by count and by tensor bytes, as per-owner quotas within the store's
+global bounds: with `owners` owners (the configured API keys) each gets its share, at most
+min(`max_per_owner`, `max_voices` // owners) voices and `max_bytes` // owners bytes. A registration past
+its owner's quota evicts that owner's least recently used voices (`get`, a session choosing the voice,
+counts as a use); it never evicts another owner's. Should the quotas still not fit the store (more
+owners than voices), a registration that would overfill it is refused (`VoiceStoreFull`). Every operation
+takes the owner (a digest of the API key): a voice registered under one owner is invisible to every other.
 Thread-safe.
 """
 
@@ -20,7 +24,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # a store entry only holds the prompt: the front-end processes import this without torch
     from ..model.talker import VoicePrompt
 
-__all__ = ["CUSTOM_VOICE_PREFIX", "CustomVoice", "VoicePromptTooLong", "VoiceStore", "new_voice_id"]
+__all__ = ["CUSTOM_VOICE_PREFIX", "CustomVoice", "VoicePromptTooLong", "VoiceStore", "VoiceStoreFull", "new_voice_id"]
 
 CUSTOM_VOICE_PREFIX = "voice_"  # GA custom voices: {"id": "voice_..."}
 
@@ -28,6 +32,10 @@ CUSTOM_VOICE_PREFIX = "voice_"  # GA custom voices: {"id": "voice_..."}
 class VoicePromptTooLong(ValueError):
     """The transcript + prompt latents leave the talker too little room for the reply's text (raised by
     `voice_prompt.VoiceEncoder.encode`; defined here, without torch, so a front-end process can catch it)."""
+
+
+class VoiceStoreFull(Exception):
+    """The store holds its global bound and the new voice's owner has nothing of its own to evict."""
 
 
 def new_voice_id() -> str:
@@ -56,12 +64,15 @@ class CustomVoice:
 
 
 class VoiceStore:
-    """At most `max_voices` voices (`max_per_owner` per owner) holding at most `max_bytes` of tensors."""
+    """At most `max_voices` voices holding at most `max_bytes` of tensors, split into per-owner quotas."""
 
-    def __init__(self, max_voices: int, max_per_owner: int, max_bytes: int) -> None:
+    def __init__(self, max_voices: int, max_per_owner: int, max_bytes: int, owners: int = 1) -> None:
         if min(max_voices, max_per_owner, max_bytes) <= 0:
             raise ValueError("voice store bounds must be > 0")
-        self.max_voices, self.max_per_owner, self.max_bytes = max_voices, max_per_owner, max_bytes
+        share = max(1, owners)
+        self.max_voices, self.max_bytes = max_voices, max_bytes
+        self.max_per_owner = max(1, min(max_per_owner, max_voices // share))  # an owner's quota of voices
+        self.max_owner_bytes = max(1, max_bytes // share)  # ... and of bytes
         self._lock = threading.Lock()
         self._voices: OrderedDict[str, CustomVoice] = OrderedDict()  # id -> voice, least recently used first
         self._nbytes = 0
@@ -75,23 +86,36 @@ class VoiceStore:
         return self._nbytes
 
     def add(self, voice: CustomVoice) -> list[CustomVoice]:
-        """Store `voice` (most recently used) and evict past the bounds; returns the evicted voices.
+        """Store `voice` (most recently used), evicting its owner's least recently used voices past the
+        owner's quota; returns the evicted voices (all of that owner).
 
-        Raises ValueError when the voice alone exceeds `max_bytes`.
+        Raises ValueError when the voice alone exceeds its owner's byte quota, `VoiceStoreFull` when the
+        store is full without room its owner could free (only when the quotas oversubscribe the store).
         """
-        if voice.nbytes > self.max_bytes:
-            raise ValueError(f"the voice takes {voice.nbytes} bytes; the store holds at most {self.max_bytes}")
+        if voice.nbytes > self.max_owner_bytes:
+            raise ValueError(f"the voice takes {voice.nbytes} bytes; an API key's voices may hold at most "
+                             f"{self.max_owner_bytes}")
         with self._lock:
+            own = [v for v in self._voices.values() if v.owner == voice.owner]  # least recently used first
+            own_bytes = sum(v.nbytes for v in own)
+            drop = freed = 0  # the owner's oldest `drop` voices, `freed` bytes, make way
+            while not self._fits(voice, len(own) - drop, own_bytes - freed, drop, freed):
+                if drop == len(own):  # only other owners' voices fill the store: refused, never theirs evicted
+                    raise VoiceStoreFull(f"the voice store is full ({len(self._voices)} voices, {self._nbytes} "
+                                         "bytes), held by other API keys")
+                freed += own[drop].nbytes
+                drop += 1
+            evicted = [self._drop(old.id) for old in own[:drop]]
             self._voices[voice.id] = voice
             self._nbytes += voice.nbytes
-            evicted = []
-            own = [v for v in self._voices.values() if v.owner == voice.owner]
-            for old in own[: max(0, len(own) - self.max_per_owner)]:
-                evicted.append(self._drop(old.id))
-            while len(self._voices) > self.max_voices or self._nbytes > self.max_bytes:
-                evicted.append(self._drop(next(iter(self._voices))))
             self.evictions += len(evicted)
             return evicted
+
+    def _fits(self, voice: CustomVoice, own: int, own_bytes: int, dropped: int, freed: int) -> bool:
+        """Whether `voice` fits its owner's quota (holding `own` voices of `own_bytes`) and the store's bounds
+        once `dropped` voices of `freed` bytes are gone (the caller holds the lock)."""
+        return (own < self.max_per_owner and own_bytes + voice.nbytes <= self.max_owner_bytes
+                and len(self._voices) - dropped < self.max_voices and self._nbytes - freed + voice.nbytes <= self.max_bytes)
 
     def get(self, owner: str, voice_id: str) -> CustomVoice | None:
         """The owner's voice `voice_id` (marked used), or None (unknown, evicted, or another owner's)."""

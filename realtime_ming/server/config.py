@@ -131,9 +131,12 @@ class VoicesConfig:
     """Voice cloning (`POST /v1/realtime/voices`): upload validation and the bounded per-API-key store."""
 
     enabled: bool = True
-    max_voices: int = 256  # in the store, all API keys together (least recently used evicted beyond)
-    max_voices_per_key: int = 16  # per API key (that key's least recently used evicted beyond)
-    max_store_bytes: int = 256 * 2**20  # tensors held by the store (least recently used evicted beyond)
+    # The store: each API key gets a quota, its share of the whole (with K keys configured: at most
+    # min(max_voices_per_key, max_voices // K) voices and max_store_bytes // K bytes); past its quota a key's own
+    # least recently used voice is evicted, never another key's
+    max_voices: int = 256  # in the store, all API keys together
+    max_voices_per_key: int = 16  # per API key
+    max_store_bytes: int = 256 * 2**20  # tensors held by the store, all API keys together
     max_upload_bytes: int = 8 * 2**20  # request body (wav, or JSON with base64 wav); larger -> 413
     min_duration_s: float = 1.0
     max_duration_s: float = 30.0
@@ -142,7 +145,11 @@ class VoicesConfig:
     max_channels: int = 2  # stereo is mixed down to mono
     max_transcript_chars: int = 1000
     max_name_chars: int = 64
-    max_pending: int = 4  # registrations being computed at once; more -> 429
+    # registrations in progress at once, all keys together, counted from their first body byte (a client that
+    # sends a head and no body holds no slot); more -> 429
+    max_pending: int = 8
+    max_pending_per_key: int = 2  # ... per API key (without keys: per client address), counted from the head
+    body_timeout_s: float = 5.0  # the whole body must arrive within this of the head, else 408 request_timeout
     workers: int = 1  # threads computing embeddings + prompt latents (never the engine thread or event loop)
 
     def __post_init__(self) -> None:
@@ -153,6 +160,8 @@ class VoicesConfig:
             raise ValueError("server.voices.min_duration_s must be <= max_duration_s")
         if self.min_sample_rate_hz > self.max_sample_rate_hz:
             raise ValueError("server.voices.min_sample_rate_hz must be <= max_sample_rate_hz")
+        if self.max_pending_per_key > self.max_pending:
+            raise ValueError("server.voices.max_pending_per_key must be <= max_pending")
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,6 +249,8 @@ class ListenConfig:
             raise ValueError("server.port must be in [0, 65535]")
         if not 1 <= self.frontend_processes <= 256:
             raise ValueError("server.frontend_processes must be in [1, 256]")
+        if self.voices.body_timeout_s >= self.limits.open_timeout_s:  # the handshake's deadline cuts a request off
+            raise ValueError("server.voices.body_timeout_s must be < server.limits.open_timeout_s")
 
 
 @dataclass(frozen=True, slots=True)

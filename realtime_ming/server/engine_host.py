@@ -68,8 +68,8 @@ def _ref(voice: CustomVoice) -> CustomVoice:
 class VoiceHost:
     """The cloned voices of every front end (the methods a front end's `Call` names). Thread-safe."""
 
-    def __init__(self, cfg: VoicesConfig, encoder) -> None:
-        self.store = VoiceStore(cfg.max_voices, cfg.max_voices_per_key, cfg.max_store_bytes)
+    def __init__(self, cfg: VoicesConfig, encoder, owners: int = 1) -> None:
+        self.store = VoiceStore(cfg.max_voices, cfg.max_voices_per_key, cfg.max_store_bytes, owners)
         self._encoder = encoder
         self._lock = threading.Lock()
         self._pending: OrderedDict[str, object] = OrderedDict()  # PromptRef key -> VoicePrompt
@@ -266,7 +266,8 @@ class EngineHost:
     """Accepts front ends on a unix socket and serves `engine` to each (start with `start()`)."""
 
     def __init__(self, engine, address: str, authkey: bytes, voices_cfg: VoicesConfig, max_sessions: int,
-                 secrets_cfg: ClientSecretsConfig | None = None) -> None:
+                 secrets_cfg: ClientSecretsConfig | None = None, voice_owners: int = 1) -> None:
+        """`voice_owners`: the configured API keys (each gets its quota of the voice store)."""
         self.engine = engine
         self.secrets = ClientSecrets(secrets_cfg or ClientSecretsConfig())
         self.max_sessions = max_sessions
@@ -276,7 +277,7 @@ class EngineHost:
         self._listener = Listener(address, family="AF_UNIX", authkey=authkey)
         encoder_of = getattr(engine, "voice_encoder", None)
         encoder = encoder_of() if callable(encoder_of) else None
-        self.voices = VoiceHost(voices_cfg, encoder) if encoder is not None else None
+        self.voices = VoiceHost(voices_cfg, encoder, voice_owners) if encoder is not None else None
         self.encodes = ThreadPoolExecutor(voices_cfg.workers, thread_name_prefix="voice-clone")
         self.calls = ThreadPoolExecutor(2, thread_name_prefix="engine-host-call")
         self._lock = threading.Lock()

@@ -69,7 +69,8 @@ def serve_frontends(cfg: ServerConfig, engine: ServingEngine, sock: socket.socke
     """Host `engine`, serve `sock` from `cfg.server.frontend_processes` front ends until the end; exit code."""
     folder = tempfile.mkdtemp(prefix="realtime-ming-")
     host = EngineHost(engine, os.path.join(folder, "engine.sock"), secrets.token_bytes(32), cfg.server.voices,
-                      cfg.server.limits.max_sessions, cfg.server.client_secrets)
+                      cfg.server.limits.max_sessions, cfg.server.client_secrets,
+                      voice_owners=len(cfg.server.auth.api_keys))
     host.start()
     try:
         return FrontEnds(cfg, sock, host).run()

@@ -58,11 +58,17 @@ class BodyConnection(ServerConnection):
         self._expected = 0
         self._discard = False  # a refused body: its bytes are dropped
         self._body_done: asyncio.Future[bytes] = self.loop.create_future()
+        self._body_started: asyncio.Future[None] = self.loop.create_future()  # the first body byte (or the end)
         self.http_method = "GET"  # the request line's method (websockets may be shown GET instead)
 
     async def request_body(self) -> bytes:
         """The request's body (b"" when it declared none); raises BodyError."""
         return await asyncio.shield(self._body_done)
+
+    async def body_started(self) -> None:
+        """Return once the first byte of the body arrived, or the body ended (complete, empty or refused):
+        a route can hold back a scarce slot from a client that sends a head and no body."""
+        await asyncio.shield(self._body_started)
 
     def data_received(self, data: bytes) -> None:
         if self._head is None:
@@ -109,6 +115,8 @@ class BodyConnection(ServerConnection):
 
     def _take_body(self, data: bytes) -> None:
         assert self._body is not None
+        if data:
+            self._start()
         need = self._expected - len(self._body)
         self._body += data[:need]
         if len(self._body) >= self._expected:
@@ -122,11 +130,17 @@ class BodyConnection(ServerConnection):
         super().data_received(data)
 
     def _finish(self, body: bytes) -> None:
+        self._start()
         if not self._body_done.done():
             self._body_done.set_result(body)
 
+    def _start(self) -> None:
+        if not self._body_started.done():
+            self._body_started.set_result(None)
+
     def _refuse(self, error: BodyError) -> None:
         self._discard = True
+        self._start()
         if not self._body_done.done():
             self._body_done.set_exception(error)
             self._body_done.exception()  # retrieved: no "never retrieved" warning when no route reads it

@@ -12,6 +12,11 @@ thread — and stores the result (`engine/voice_store.py`). Sessions then only l
 (`lookup_for`): a reply in a cloned voice costs the talker what a preset costs.
 The store calls run off the event loop: with `server.frontend_processes` >= 2 the store is the engine
 process's (`remote_engine.RemoteVoiceStore`, a round trip each).
+Fairness: a registration in progress counts against its API key (without keys: its client address) from
+its head, `server.voices.max_pending_per_key` at once, and against the server-wide `max_pending` only from
+its first body byte: a key that opens connections and sends no body refuses itself (429) and no one else,
+and every body must arrive within `body_timeout_s` (408). The store gives each key a quota within its
+global bounds and never evicts one key's voice for another's (`voice_store.VoiceStore`).
 Errors are JSON `{"error": {"type", "code", "message", "param"}}` with a 4xx status (5xx only for a
 model failure); the registration never takes the server or a session down.
 """
@@ -22,7 +27,7 @@ import asyncio
 import hashlib
 import http
 import logging
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
@@ -35,6 +40,7 @@ from ..engine.voice_store import (
     CustomVoice,
     VoicePromptTooLong,
     VoiceStore,
+    VoiceStoreFull,
     new_voice_id,
 )
 from .config import AuthConfig, VoicesConfig
@@ -46,7 +52,7 @@ from .voice_upload import VoiceUploadError, decode_audio, parse_upload
 if TYPE_CHECKING:  # the encoder runs where the models are: a front-end process never loads torch
     from ..engine.voice_prompt import VoiceEncoder
 
-__all__ = ["VOICES_PATH", "VoiceRoutes"]
+__all__ = ["VOICES_PATH", "VoiceRoutes", "voice_store"]
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +62,17 @@ _PINS_PER_SESSION = 4  # cloned voices a session keeps alive after resolving the
 
 def _error(status: int, code: str, message: str, param: str | None = None) -> Response:
     return json_response(http.HTTPStatus(status), VoiceUploadError(status, code, message, param).body())
+
+
+def _busy(message: str) -> Response:
+    response = _error(429, "too_many_requests", message)
+    response.headers["Retry-After"] = "1"
+    return response
+
+
+def voice_store(cfg: VoicesConfig, auth: AuthConfig) -> VoiceStore:
+    """The store of `server.voices`, one quota per configured API key (one owner without keys)."""
+    return VoiceStore(cfg.max_voices, cfg.max_voices_per_key, cfg.max_store_bytes, owners=len(auth.api_keys))
 
 
 class VoiceRoutes:
@@ -68,10 +85,10 @@ class VoiceRoutes:
         self.cfg = cfg
         self._auth = auth
         self._encoder = encoder
-        self.store = store if store is not None else VoiceStore(cfg.max_voices, cfg.max_voices_per_key,
-                                                                cfg.max_store_bytes)
+        self.store = store if store is not None else voice_store(cfg, auth)
         self._executor = ThreadPoolExecutor(cfg.workers, thread_name_prefix="voice-clone")
-        self._pending = 0
+        self._pending = 0  # registrations past their first body byte, every key's
+        self._pending_by_key: Counter[str] = Counter()  # registrations from their head on, per key (or address)
 
     @staticmethod
     def matches(path: str) -> bool:
@@ -152,19 +169,42 @@ class VoiceRoutes:
             return _error(503, "voice_cloning_unavailable", "This server runs no talker: it cannot clone voices.")
         if not isinstance(connection, BodyConnection):
             return _error(500, "server_error", "This server cannot read request bodies.")
-        if self._pending >= self.cfg.max_pending:
-            response = _error(429, "too_many_requests", "Too many voice registrations in progress; retry shortly.")
-            response.headers["Retry-After"] = "1"
-            return response
-        self._pending += 1
+        key = owner if self._auth.api_keys else f"address:{_address(connection)}"
+        if self._pending_by_key[key] >= self.cfg.max_pending_per_key:
+            return _busy(f"{self.cfg.max_pending_per_key} voice registrations of this API key are in progress; "
+                         "retry when one has finished.")
+        self._pending_by_key[key] += 1
         try:
-            try:
-                body = await connection.request_body()
-            except BodyError as exc:
-                code = {411: "length_required", 413: "request_too_large"}.get(exc.status, "invalid_request")
-                return _error(exc.status, code, exc.message)
+            return await self._receive(connection, request, owner, encoder)
+        finally:
+            self._pending_by_key[key] -= 1
+            if not self._pending_by_key[key]:
+                del self._pending_by_key[key]
+
+    async def _receive(self, connection: BodyConnection, request: Request, owner: str,
+                       encoder: VoiceEncoder) -> Response:
+        """The body (within `body_timeout_s` of the head), then a server-wide slot for the computation."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.cfg.body_timeout_s
+        try:
+            async with asyncio.timeout_at(deadline):
+                await connection.body_started()  # no server-wide slot is held before the first body byte
+                if self._pending >= self.cfg.max_pending:
+                    return _busy("Too many voice registrations in progress; retry shortly.")
+                self._pending += 1
+                try:
+                    body = await connection.request_body()
+                except BaseException:
+                    self._pending -= 1
+                    raise
+        except TimeoutError:
+            return _error(408, "request_timeout", f"The request body did not arrive within "
+                          f"{self.cfg.body_timeout_s:g} s of its head (server.voices.body_timeout_s).")
+        except BodyError as exc:
+            code = {411: "length_required", 413: "request_too_large"}.get(exc.status, "invalid_request")
+            return _error(exc.status, code, exc.message)
+        try:
             content_type = request.headers.get("Content-Type")
-            loop = asyncio.get_running_loop()
             voice = await loop.run_in_executor(self._executor, self._compute, encoder, body, content_type, owner)
         except VoiceUploadError as exc:
             return json_response(http.HTTPStatus(exc.status), exc.body())
@@ -174,8 +214,11 @@ class VoiceRoutes:
             evicted = await asyncio.to_thread(self.store.add, voice)
         except ValueError as exc:
             return _error(413, "voice_too_large", str(exc), "audio_sample")
+        except VoiceStoreFull as exc:
+            return _error(409, "voice_store_full", f"{exc}; delete voices of this key or ask the operator to raise "
+                          "server.voices.max_voices / max_store_bytes.")
         for old in evicted:
-            log.info("voice store: evicted %s (least recently used)", old.id)
+            log.info("voice store: evicted %s (its key's least recently used, past the key's quota)", old.id)
         log.info("voice %s registered (%.1f s, %d bytes)", voice.id, voice.duration_s, voice.nbytes)
         return json_response(http.HTTPStatus.OK, voice.describe())
 
@@ -200,3 +243,9 @@ class VoiceRoutes:
         return CustomVoice(voice_id, owner, upload.name or voice_id, prompt, upload.transcript, audio.duration_s,
                            nbytes)
 
+
+
+def _address(connection: ServerConnection) -> str:
+    """The client's IP address ("" when the transport does not say)."""
+    peer = connection.transport.get_extra_info("peername") if connection.transport is not None else None
+    return str(peer[0]) if isinstance(peer, tuple) and peer else ""
