@@ -112,6 +112,23 @@ def test_scheduler_puts_replies_before_waiting_side_requests_and_packs_prefills(
     assert not sched.is_live(row)
 
 
+def test_scheduler_shares_the_prefill_round_robin_so_a_long_prompt_delays_a_short_one_by_one_chunk():
+    sched = Scheduler(max_batch=4, prefill_chunk_tokens=24)
+    sched.add(_row("image", tail=100))  # a large image's prompt: 5 chunks
+    chosen = sched.prefill_batch()
+    assert [(r.request.turn_id, s, e) for r, s, e in chosen] == [("image", 0, 24)]
+    sched.add(_row("short", tail=8))  # another session's turn arrives meanwhile
+    sched.add(_row("asr", TurnTask.TRANSCRIBE))
+    assert sched.prefilled(chosen) == [] and list(sched.prefill_queue) == ["short", "image", "asr"]
+    chosen = sched.prefill_batch()
+    assert [(r.request.turn_id, s, e) for r, s, e in chosen] == [("short", 0, 8)]  # 2 rows x 24 > 24
+    assert [r.request.turn_id for r in sched.prefilled(chosen)] == ["short"]
+    chosen = sched.prefill_batch()
+    assert [(r.request.turn_id, s, e) for r, s, e in chosen] == [("image", 24, 48)]  # the image resumes
+    sched.prefilled(chosen)
+    assert list(sched.prefill_queue) == ["image", "asr"]  # still before the side request not started
+
+
 def test_scheduler_prefill_batch_stops_where_no_graph_serves():
     sched = Scheduler(max_batch=8, prefill_chunk_tokens=64)
     for i in range(4):

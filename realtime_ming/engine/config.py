@@ -71,6 +71,10 @@ class ThinkerRunnerConfig:
     # experts once (~3 GB per layer per GPU at the full shapes at TP=2), so on GPUs a large budget lets the
     # prompts of many turns share one read (configs/ use 2048)
     prefill_chunk_tokens: int = 256
+    # a chunk (which every decoding row's next token and every prompt behind it waits for) is cut to what the host
+    # time of the recent chunks says fits in this many ms (`engine/prefill_pace.py`): binds where the host computes
+    # the chunk (CPU), not where it only launches it (CUDA). 0 = always prefill_chunk_tokens
+    prefill_step_ms: float = 250.0
     # hold the prefill queue back while rows decode, until the queued prompts fill a chunk or the oldest waited
     # this long (ms): several prompts share one read of the experts instead of one chunk per step. 0 = never hold
     prefill_wait_ms: float = 0.0
@@ -110,6 +114,8 @@ class ThinkerRunnerConfig:
         if self.mixed_step_tokens and self.mixed_step_tokens <= self.max_batch:
             raise ValueError(f"engine.thinker.mixed_step_tokens must be 0 (off) or above max_batch "
                              f"({self.max_batch}), got {self.mixed_step_tokens}")
+        if not 0.0 <= self.prefill_step_ms <= 60_000.0:  # NaN fails too
+            raise ValueError(f"engine.thinker.prefill_step_ms must be in [0, 60000] ms, got {self.prefill_step_ms!r}")
         if not 0.0 <= self.prefill_wait_ms <= 10_000.0:  # NaN fails too
             raise ValueError(f"engine.thinker.prefill_wait_ms must be in [0, 10000] ms, got {self.prefill_wait_ms!r}")
         if isinstance(self.turn_judgement, bool):

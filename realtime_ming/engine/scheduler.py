@@ -7,6 +7,11 @@ arrival order, a side request (a turn judgement, then a transcription) waits beh
 admission, so it never delays a reply's first token by more than the decode row (or the one short prefill
 chunk, for a judgement) it adds.
 
+Long prompts share the prefill with the prompts queued behind them: a prompt that took a chunk and is not
+complete goes back in the queue behind the prompts of its class waiting there (round robin, one chunk each), so
+a short prompt waits at most one chunk of a long one (a 2048 x 2048 image is ~4,000 prompt tokens, 16 chunks of
+256: seconds on a CPU) instead of all of it, and other sessions' first tokens keep coming.
+
 A prefill chunk reads every MoE expert once more than the decode step beside it (~15 ms more at the full shapes
 on a GPU), whatever its size. With `prefill_wait_ms` > 0 the queue is held back while rows decode until the
 queued prompts fill a chunk or the oldest has waited that long (`prefill_due`): under a steady stream of turns
@@ -89,16 +94,20 @@ class Scheduler:
     def add(self, row: Row) -> None:
         """Admit a row: it waits for its prefill (replies before side requests not yet started; a turn judgement,
         which a turn-end decision waits for, before a transcription not yet started)."""
-        turn_id = row.request.turn_id
         row.queued_at = self.clock()
-        self.rows[turn_id] = row
+        self.rows[row.request.turn_id] = row
+        self._enqueue(row)
+
+    def _enqueue(self, row: Row) -> None:
+        """Queue `row`'s prefill behind the rows of its class or a better one, and before the lower classes'
+        rows not started yet."""
         queue, rank = self.prefill_queue, _PRIORITY[row.request.task]
         later = next((i for i, t in enumerate(queue) if _PRIORITY[self.rows[t].request.task] > rank
                       and self.rows[t].offset == 0), None)
         if later is None:
-            queue.append(turn_id)
+            queue.append(row.request.turn_id)
         else:
-            queue.insert(later, turn_id)
+            queue.insert(later, row.request.turn_id)
 
     def prefilling(self, conversation_id: str) -> bool:
         """Whether a turn of `conversation_id` still has prompt tokens to prefill (a fork of it would miss them)."""
@@ -137,12 +146,14 @@ class Scheduler:
             return True
         return (self.clock() - min(r.queued_at for r in rows)) * 1000.0 >= self.prefill_wait_ms
 
-    def prefill_batch(self, fits: Callable[[int, int], bool] | None = None) -> list[tuple[Row, int, int]]:
-        """(row, start, end) chunks for this step: queue order, padded width x rows <= prefill_chunk_tokens, and
+    def prefill_batch(self, fits: Callable[[int, int], bool] | None = None,
+                      budget: int | None = None) -> list[tuple[Row, int, int]]:
+        """(row, start, end) chunks for this step: queue order, padded width x rows <= `budget` (default
+        prefill_chunk_tokens; `prefill_pace.PrefillPace` cuts it beside decoding rows), and
         never grown from a shape a prefill graph serves (`fits(width, rows)`) into one none does (14 rows of 35
         tokens would pad to 16 x 64, past the budget: eager, ~2,500 launches; 8 rows now and 6 next step are
         two graph replays)."""
-        budget, width, chosen = self.prefill_chunk_tokens, 0, []
+        budget, width, chosen = budget or self.prefill_chunk_tokens, 0, []
         for turn_id in self.prefill_queue:
             row = self.rows[turn_id]
             take = min(len(row.tail_ids) - row.offset, budget)
@@ -169,14 +180,16 @@ class Scheduler:
 
     def prefilled(self, chosen: list[tuple[Row, int, int]]) -> list[Row]:
         """Account a prefill chunk that ran: the slots hold its tokens. -> the rows whose prompt is complete
-        (out of the queue, ready to decode once their first token is sampled)."""
+        (out of the queue, ready to decode once their first token is sampled). A row with more to prefill goes
+        back behind the rows of its class queued meanwhile (round robin)."""
         done = []
         for row, start, end in chosen:
             row.slot.ids.extend(row.tail_ids[start:end])
             row.offset = end
+            self.prefill_queue.remove(row.request.turn_id)
             if end == len(row.tail_ids):
                 done.append(row)
-        for row in done:
-            self.prefill_queue.remove(row.request.turn_id)
-            row.prefill = None
+                row.prefill = None
+            else:
+                self._enqueue(row)
         return done

@@ -34,6 +34,7 @@ from .input_processor import InputProcessor, PreparedInputs
 from .kv_slots import KVSlotManager, copy_kv_prefix
 from .models import ModelBundle
 from .output_processor import OutputProcessor
+from .prefill_pace import PrefillPace
 from .sampling import SamplingBatch, mask_to_allowed, sample
 from .scheduler import Row, Scheduler
 from .turn_judgement import answer_ids, turn_judgement_on
@@ -105,6 +106,7 @@ class ThinkerRunner:
                                              device=self.device, dtype=bundle.dtype, tp=self.model.tp)
         self.slots = KVSlotManager(self.cfg.max_slots, self._copy_kv)
         self.scheduler = Scheduler(self.cfg.max_batch, self.cfg.prefill_chunk_tokens, self.cfg.prefill_wait_ms)
+        self.pace = PrefillPace(self.cfg.prefill_step_ms, self.cfg.prefill_chunk_tokens)
         self.inputs = InputProcessor(bundle, max_seq_len=self.cfg.max_seq_len, workers=cfg.input_workers,
                                      cache_bytes=cfg.media_cache_mb * 2**20, slots=self.slots)
         self.outputs = OutputProcessor(self.tok, self.cfg.max_seq_len)
@@ -341,11 +343,13 @@ class ThinkerRunner:
         return outputs
 
     def _prefill(self) -> tuple[list[Row], torch.Tensor | None]:
-        """Run the scheduler's chunks as one padded batch (padding: cache position -1, written to the sink).
-        -> the rows whose prompt is now complete and their sampled first ids (device)."""
-        chosen = self.scheduler.prefill_batch(self.prefiller.fits if self.prefiller is not None else None)
+        """Run the scheduler's chunks as one padded batch (padding: cache position -1, written to the sink), cut
+        to the pace's budget. -> the rows whose prompt is now complete and their sampled first ids (device)."""
+        chosen = self.scheduler.prefill_batch(self.prefiller.fits if self.prefiller is not None else None,
+                                              self.pace.budget())
         if not chosen:  # a scheduler may hold the queue back this step
             return [], None
+        started = time.perf_counter()
         width = max(end - start for _, start, end in chosen)
         b, dev = len(chosen), self.device
         first = chosen[0][0].prefill
@@ -373,6 +377,7 @@ class ThinkerRunner:
             needed = max(len(r.slot.ids) + e - s for r, s, e in chosen)  # the slot holds its tokens before `s`
             hidden = self.model(embeds, rotary, cache=self.cache, slots=slots, cache_positions=cache_pos,
                                 kv_len=eager_kv_len(needed, self.cfg.max_seq_len), **masks)
+        self.pace.observe(width * b, time.perf_counter() - started)  # host time: the launches on a GPU
         done = self.scheduler.prefilled(chosen)
         if not done:
             return [], None
