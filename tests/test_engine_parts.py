@@ -129,6 +129,27 @@ def test_scheduler_shares_the_prefill_round_robin_so_a_long_prompt_delays_a_shor
     assert list(sched.prefill_queue) == ["image", "asr"]  # still before the side request not started
 
 
+def test_prefill_pace_cuts_chunks_to_the_step_budget_from_measured_costs():
+    from realtime_ming.engine.prefill_pace import PrefillPace
+
+    pace = PrefillPace(step_ms=250.0, max_tokens=256)
+    assert pace.budget() == 256  # nothing measured yet
+    pace.observe(256, 0.001)  # a GPU: the host only launches (4 us per token)
+    assert pace.budget() == 256
+    pace = PrefillPace(step_ms=250.0, max_tokens=256)
+    pace.observe(256, 1.28)  # a CPU deep into a long prompt: 5 ms per token
+    assert pace.budget() == 50
+    pace.observe(50, 0.5)  # costlier still (10 ms): the average moves halfway
+    assert pace.budget() == 33
+    for _ in range(20):
+        pace.observe(16, 16.0)  # a very slow host: never below the smallest chunk
+    assert pace.budget() == 16
+    assert PrefillPace(step_ms=0.0, max_tokens=256).budget() == 256  # off
+    sched = Scheduler(max_batch=4, prefill_chunk_tokens=256)
+    sched.add(_row("image", tail=1000))
+    assert [(s, e) for _, s, e in sched.prefill_batch(budget=50)] == [(0, 50)]
+
+
 def test_scheduler_prefill_batch_stops_where_no_graph_serves():
     sched = Scheduler(max_batch=8, prefill_chunk_tokens=64)
     for i in range(4):
