@@ -181,6 +181,31 @@ async def test_drain_finishes_replies_refuses_new_work_then_closes_1001():
     engine.close()
 
 
+async def test_drain_deadline_ends_every_running_response_before_the_close():
+    """Replies still running when the drain gives up: each (default conversation and out of band) gets its
+    .done events and response.done (cancelled, error server_shutting_down) before the 1001 close frame."""
+    engine = StubEngine(words=("word ",) * 400, step_s=0.05)  # a 20 s reply
+    async with RealtimeServer(_config(), engine) as srv:
+        clients = [await _open(srv.port) for _ in range(2)]
+        await _respond(clients[0], "hi", max_tokens="inf")
+        await _respond(clients[1], "hi", max_tokens="inf", conversation="none")
+        for client in clients:
+            await client.recv_until("response.output_text.delta")
+        srv.begin_drain()
+        assert not await srv.wait_responses_done(0.2)  # the deadline passes with both replies running
+        await srv.close()
+        for client in clients:
+            frames = await client.recv_until("response.done", timeout=5)
+            assert {"response.output_text.done", "response.output_item.done"} <= {f["type"] for f in frames}
+            response = frames[-1]["response"]
+            assert response["status"] == "cancelled", response
+            assert response["status_details"]["error"]["code"] == "server_shutting_down", response
+            with pytest.raises(ConnectionClosed) as closed:
+                await asyncio.wait_for(client.ws.recv(), seconds(5))
+            assert closed.value.rcvd.code == CloseCode.GOING_AWAY  # the next frame after response.done: the close
+    engine.close()
+
+
 # ---- the CLI process ------------------------------------------------------------------------------
 
 

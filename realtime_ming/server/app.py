@@ -6,8 +6,9 @@
 SIGINT/SIGTERM. With `server.tls` the one port serves `wss://` and `https://`.
 
 On SIGINT/SIGTERM the server drains (refuses new sessions with 1013 and new responses, lets
-responses in progress finish within `server.limits.drain_timeout_s`, closes sessions with
-1001; a second signal skips the wait), stops the engine and exits 0. If the engine dies (its thread, or a
+responses in progress finish within `server.limits.drain_timeout_s`, then ends those still running with a
+`response.done` (`cancelled`, error `server_shutting_down`) and closes sessions with 1001 after it; a second
+signal skips the wait), stops the engine and exits 0. If the engine dies (its thread, or a
 tensor-parallel worker), the open responses end `failed` with `engine_unavailable`, sessions
 close with 1011 and the process exits with `EXIT_ENGINE_DIED` (70) so a supervisor restarts it.
 
@@ -47,7 +48,7 @@ from ..protocol.session import DEFAULT_MODEL, DEFAULT_VOICE
 from .call_routes import CallRoutes
 from .client_secrets import ClientSecrets, Grant, SecretStore, authorize
 from .config import ServerConfig, config_to_dict, resolve_api_keys
-from .connection import ConnectionContext, MediaPath, preview_session, serve_connection
+from .connection import ConnectionContext, LiveSessions, MediaPath, preview_session, serve_connection
 from .handoff import Adopter, HandoffLoop
 from .handshake import (
     HandshakeInfo,
@@ -129,6 +130,7 @@ class RealtimeServer:
         self._draining = False  # set by `begin_drain` / `close`: no new session, no new response
         self._closed = False
         self._turns = TurnTracker(engine)  # the sessions' engine: counts turns in flight, refuses new ones when draining
+        self._live = LiveSessions()  # the open sessions: the shutdown ends their responses before closing them
         self._idle = asyncio.Event()  # set while no session is open
         self._idle.set()
         self._started_at = int(time.time())
@@ -158,6 +160,7 @@ class RealtimeServer:
             mcp_allowed_hosts=cfg.server.mcp.allowed_hosts,
             mcp_timeout_s=cfg.server.mcp.timeout_s,
             mcp_max_response_bytes=cfg.server.mcp.max_response_bytes,
+            live=self._live,
         )
         shared = getattr(engine, "client_secrets", None)  # the engine process's store (a front end)
         self.secrets: SecretStore = shared() if callable(shared) else ClientSecrets(cfg.server.client_secrets)
@@ -291,12 +294,26 @@ class RealtimeServer:
         timeout_s = self.cfg.server.limits.shutdown_timeout_s
         try:
             async with asyncio.timeout(timeout_s):
+                await self.end_sessions(code, reason, timeout_s)  # response.done of each running response, then close
                 await asyncio.gather(*(ws.close(code, reason) for ws in server.connections), return_exceptions=True)
                 await server.wait_closed()
         except TimeoutError:
             log.warning("sessions still open after %.1f s; leaving them", timeout_s)
         await self.call_routes.close(timeout_s)
         self.voice_routes.close()
+
+    async def end_sessions(self, code: CloseCode, reason: str, timeout_s: float) -> None:
+        """Every open session ends its running responses (`response.done`: cancelled, `server_shutting_down`) and
+        closes with `code` after them; returns when they all closed or `timeout_s` passed."""
+        if not len(self._live):
+            return
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        await self._live.end_all(code, reason, timeout_s)
+        try:
+            async with asyncio.timeout_at(deadline):
+                await self._idle.wait()
+        except TimeoutError:
+            log.warning("%d session(s) still open %.1f s after their close was queued", self._num_sessions, timeout_s)
 
     async def __aenter__(self) -> RealtimeServer:  # noqa: PYI034 (final class)
         await self.start()

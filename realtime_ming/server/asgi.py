@@ -209,7 +209,9 @@ class RealtimeAsgiApp:
             self._open.discard(transport)
 
     async def close_sessions(self, code: int = CloseCode.GOING_AWAY, reason: str = "server shutting down") -> None:
-        """Close every open session with `code` (their handlers then end and free the engine turns)."""
+        """Close every open session with `code`, each after the `response.done` of its running responses (their
+        handlers then end and free the engine turns)."""
+        await self.server.end_sessions(CloseCode(code), reason, self.server.cfg.server.limits.shutdown_timeout_s)
         await asyncio.gather(*(t.close(code, reason) for t in list(self._open)), return_exceptions=True)
 
     async def drain(self, timeout_s: float) -> bool:

@@ -22,6 +22,9 @@ here. A transport with media of its own passes a `MediaPath` (WebRTC: the audio 
 the reader and writer, sees every server event before it is sent (audio deltas go to its track instead,
 `output_audio_buffer.*` come from its playout) and may take client events (`output_audio_buffer.clear`).
 A session opened with an ephemeral key starts with the config it was minted with (`initial`).
+
+At the server's drain deadline (`LiveSessions.end_all`), each session ends its running responses (each gets its
+`response.done`, `cancelled` with `server_shutting_down`) and closes (1001) after those events.
 """
 
 from __future__ import annotations
@@ -62,10 +65,38 @@ from .metrics import ServerMetrics
 from .outbound import ECHOES, Close, Outbound, SessionEnded
 from .transport import Transport, TransportClosed
 
-__all__ = ["ConnectionContext", "InitialConfigError", "MediaPath", "SessionEnded", "new_session", "preview_session",
+__all__ = ["ConnectionContext", "InitialConfigError", "LiveSessions", "MediaPath", "SessionEnded", "new_session", "preview_session",
            "serve_connection"]
 
 log = logging.getLogger(__name__)
+
+
+_Ender = Callable[[CloseCode, str], Awaitable[None]]
+
+
+class LiveSessions:
+    """The open sessions of a server, so that its shutdown ends their responses before closing them."""
+
+    def __init__(self) -> None:
+        self._enders: set[_Ender] = set()
+
+    def __len__(self) -> int:
+        return len(self._enders)
+
+    def add(self, ender: _Ender) -> None:
+        self._enders.add(ender)
+
+    def discard(self, ender: _Ender) -> None:
+        self._enders.discard(ender)
+
+    async def end_all(self, code: CloseCode, reason: str, timeout_s: float) -> None:
+        """Every session: `response.done` for each running response, then its close with `code` queued after
+        them (waits at most `timeout_s` for the sessions to have done so)."""
+        tasks = [asyncio.ensure_future(end(code, reason)) for end in list(self._enders)]
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=timeout_s)
+            for task in late:
+                task.cancel()
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +116,7 @@ class ConnectionContext:
     mcp_allowed_hosts: tuple[str, ...] = ()  # server.mcp.allowed_hosts
     mcp_timeout_s: float = 10.0  # server.mcp.timeout_s
     mcp_max_response_bytes: int = 2**20  # server.mcp.max_response_bytes
+    live: LiveSessions | None = None  # where the session registers for the server's shutdown
 
     def media_limits(self) -> MediaLimits:
         """What one stored item may hold: the model's constraints and this server's budgets."""
@@ -380,6 +412,15 @@ async def serve_connection(ws: Transport, ctx: ConnectionContext, info: Handshak
     reason = ""
     started = time.monotonic()
     logger.info("session %s opened (%s, origin=%s)", session.config.id, info.dialect.value, info.origin)
+
+    async def end(close_code: CloseCode, close_reason: str) -> None:  # the server's drain deadline
+        try:
+            await runner.end_responses()
+        finally:
+            outbound.put(Close(close_code, close_reason))  # after the response.done frames
+
+    if ctx.live is not None:
+        ctx.live.add(end)
     try:
         async with asyncio.TaskGroup() as tg:
             tg.create_task(_read(ws, runner, outbound, ctx, info, watch, media))
@@ -399,6 +440,8 @@ async def serve_connection(ws: Transport, ctx: ConnectionContext, info: Handshak
             error = Error.from_protocol_error(ProtocolError(ErrorCode.SERVER_ERROR))
             await _send_quietly(ws, serialise(error, info.dialect))
     finally:
+        if ctx.live is not None:
+            ctx.live.discard(end)
         runner.close()  # the engine frees the active turn even when this task is cancelled
     if code is not None:
         await _close(ws, code, reason, ctx.limits.close_timeout_s)

@@ -40,6 +40,7 @@ from .content import media_parts
 from .failures import log_failure
 from .mcp_limits import McpFailure, McpLimits
 from .session import Session
+from .shutdown import end_responses
 
 __all__ = ["SessionClosing", "SessionRunner"]
 
@@ -80,6 +81,15 @@ class _McpOutcome:
 
     def __init__(self, item_id: str, is_call: bool, outcome: object) -> None:
         self.item_id, self.is_call, self.outcome = item_id, is_call, outcome
+
+
+class _ShutDown:
+    """The server's drain deadline (`SessionRunner.end_responses`): set `done` once the responses ended."""
+
+    __slots__ = ("done",)
+
+    def __init__(self, done: asyncio.Future) -> None:
+        self.done = done
 
 
 class _EngineInput:
@@ -149,7 +159,8 @@ class SessionRunner:
         self._emit = emit
         self._on_action = on_action
         self._loop = loop or asyncio.get_running_loop()
-        self._inbox: asyncio.Queue[_Inbound | _EngineInput | _DecisionReady | _McpOutcome] = asyncio.Queue()
+        self._inbox: asyncio.Queue[_Inbound | _EngineInput | _DecisionReady | _McpOutcome | _ShutDown] = (
+            asyncio.Queue())
         self._mcp_limits = mcp_limits or McpLimits(session.mcp_allowed_hosts)
         self._mcp_tasks: set[asyncio.Task] = set()  # listings and calls running (cancelled by `close`)
         self._client_slots = asyncio.Semaphore(max_pending_client)
@@ -161,7 +172,7 @@ class SessionRunner:
         self._words_timer: tuple[float, asyncio.TimerHandle] | None = None  # (deadline, its timer)
         self._arrivals: collections.deque[float] = collections.deque()  # when each queued append came in
         self._decision_posted_at = 0.0  # when the last _DecisionReady was posted
-        self._held: _Inbound | _EngineInput | _DecisionReady | None = None  # taken from the inbox, handled next
+        self._held: _Inbound | _EngineInput | _DecisionReady | _McpOutcome | _ShutDown | None = None  # handled next
         session.set_turn_judgement(engine_supports(engine, TurnTask.JUDGE_TURN))
 
     def engine_sink(self, event: TurnEvent) -> None:
@@ -184,6 +195,13 @@ class SessionRunner:
         if isinstance(event, InputAudioBufferAppend):
             self._arrivals.append(arrived)
         self._inbox.put_nowait(event)
+
+    async def end_responses(self) -> None:
+        """The server's drain deadline: end every running response (`shutdown.end_responses`) on the session task,
+        after the inputs queued before; returns once their events went to `emit` (the caller bounds the wait)."""
+        done = self._loop.create_future()
+        self._inbox.put_nowait(_ShutDown(done))
+        await asyncio.shield(done)
 
     async def run(self) -> None:
         """The session task: start the session, then apply inputs in arrival order until cancelled.
@@ -225,6 +243,12 @@ class SessionRunner:
                 await self._dispatch(actions, None)
                 self._log_turn_end(actions, "late decision", self._decision_posted_at, now, now)
                 self._watch_words()
+            elif isinstance(item, _ShutDown):
+                try:
+                    await self._dispatch(end_responses(self.session, now), None)
+                finally:
+                    if not item.done.done():
+                        item.done.set_result(None)
             elif isinstance(item, InputAudioBufferAppend):
                 batch = self._take_appends(item)
                 arrived = []
