@@ -91,7 +91,7 @@ async def _all(url: str, pid: int, keys: list[str], scale: float) -> dict:
         "barge-in": lambda: barge_ins(url, total=n(200), sessions=4, api_key=key),
         "soak": lambda: soak(url, sessions=n(200), concurrency=4, pid=pid, api_key=key),
         "long-session": lambda: long_session(url, turns=n(40), truncation="auto", max_output_tokens=16, api_key=key),
-        "voices": lambda: _voices(url, keys, hold=6, victim_voices=2, per_key=n(8)),
+        "voices": lambda: _voices(url, keys, hold=6, victim_voices=3, per_key=n(16)),
         "http-bodies": lambda: http_bodies(url, api_key=key, fuzz=n(2000)),
         "image": lambda: image_stall(url, side=2048, api_key=key),
         "drain": lambda: drain(url, _sigterm(pid), sessions=4, api_key=key),
