@@ -79,16 +79,17 @@ async def test_session_soak_keeps_fds_and_rss_flat(server):
 
 @pytest.fixture
 async def keyed(engine):
-    """Five API keys sharing a 16-voice store (3 voices each) and 2 s body deadlines."""
+    """Five API keys sharing a 16-voice store (3 voices each), 2 registration slots and 2 s body deadlines."""
     cfg = load_config(None, ["server.port=0", f"server.auth.api_keys=[{', '.join(KEYS)}]",
-                             "server.voices.max_voices=16", "server.voices.body_timeout_s=2"])
+                             "server.voices.max_voices=16", "server.voices.max_pending=2",
+                             "server.voices.body_timeout_s=2"])
     async with RealtimeServer(cfg, engine) as srv:
         yield srv
 
 
 async def test_bodiless_uploads_of_one_key_never_refuse_another(keyed):
-    """One key holds 6 registrations that send a head and no body: every other key registers at once (0 429),
-    the holder gets its own 429s (past its 2 pending) and 408s (the body deadline); 0 HTTP 5xx."""
+    """One key holds 6 registrations that send a head and no body: the 4 other keys register at once, 2 at a time
+    in the 2 slots (0 429), the holder gets its own 429s (past its 2 pending) and 408s (the body deadline); 0 5xx."""
     report = await voice_starvation(_url(keyed), attacker_key=KEYS[0], victim_keys=KEYS[1:], hold=6)
     assert report["ok"] and report["cross_key_429"] == 0 and report["victims_ok"] == 4, report
     assert report["attacker_statuses"] == {"429": 4, "408": 2}, report

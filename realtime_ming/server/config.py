@@ -145,11 +145,11 @@ class VoicesConfig:
     max_channels: int = 2  # stereo is mixed down to mono
     max_transcript_chars: int = 1000
     max_name_chars: int = 64
-    # registrations in progress at once, all keys together, counted from their first body byte (a client that
-    # sends a head and no body holds no slot); more -> 429
+    # registrations in progress at once, all keys together, each holding its slot from its first body byte (a client
+    # that sends a head and no body holds none); more wait, first come first served, up to body_timeout_s, then 429
     max_pending: int = 8
     max_pending_per_key: int = 2  # ... per API key (without keys: per client address), counted from the head
-    body_timeout_s: float = 5.0  # the whole body must arrive within this of the head, else 408 request_timeout
+    body_timeout_s: float = 5.0  # the body (and a free slot) must come within this of the head, else 408 (429)
     workers: int = 1  # threads computing embeddings + prompt latents (never the engine thread or event loop)
 
     def __post_init__(self) -> None:

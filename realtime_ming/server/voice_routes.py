@@ -13,9 +13,10 @@ thread — and stores the result (`engine/voice_store.py`). Sessions then only l
 The store calls run off the event loop: with `server.frontend_processes` >= 2 the store is the engine
 process's (`remote_engine.RemoteVoiceStore`, a round trip each).
 Fairness: a registration in progress counts against its API key (without keys: its client address) from
-its head, `server.voices.max_pending_per_key` at once, and against the server-wide `max_pending` only from
-its first body byte: a key that opens connections and sends no body refuses itself (429) and no one else,
-and every body must arrive within `body_timeout_s` (408). The store gives each key a quota within its
+its head, `server.voices.max_pending_per_key` at once, and takes one of the server-wide `max_pending` slots only
+from its first body byte, waiting for one in arrival order (first come, first served) while the others compute: a
+key that opens connections and sends no body refuses itself (429) and no one else. The body, and the wait for a
+slot, must end within `body_timeout_s` of the head (408 `request_timeout`; 429 when no slot came free in time). The store gives each key a quota within its
 global bounds and never evicts one key's voice for another's (`voice_store.VoiceStore`).
 Errors are JSON `{"error": {"type", "code", "message", "param"}}` with a 4xx status (5xx only for a
 model failure); the registration never takes the server or a session down.
@@ -87,7 +88,7 @@ class VoiceRoutes:
         self._encoder = encoder
         self.store = store if store is not None else voice_store(cfg, auth)
         self._executor = ThreadPoolExecutor(cfg.workers, thread_name_prefix="voice-clone")
-        self._pending = 0  # registrations past their first body byte, every key's
+        self._slots = asyncio.Semaphore(cfg.max_pending)  # registrations past their first body byte, every key's
         self._pending_by_key: Counter[str] = Counter()  # registrations from their head on, per key (or address)
 
     @staticmethod
@@ -183,33 +184,35 @@ class VoiceRoutes:
 
     async def _receive(self, connection: BodyConnection, request: Request, owner: str,
                        encoder: VoiceEncoder) -> Response:
-        """The body (within `body_timeout_s` of the head), then a server-wide slot for the computation."""
+        """The first body byte, a server-wide slot (first come, first served), the whole body, all within
+        `body_timeout_s` of the head; then the computation, in the slot."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.cfg.body_timeout_s
         try:
             async with asyncio.timeout_at(deadline):
                 await connection.body_started()  # no server-wide slot is held before the first body byte
-                if self._pending >= self.cfg.max_pending:
-                    return _busy("Too many voice registrations in progress; retry shortly.")
-                self._pending += 1
-                try:
-                    body = await connection.request_body()
-                except BaseException:
-                    self._pending -= 1
-                    raise
         except TimeoutError:
-            return _error(408, "request_timeout", f"The request body did not arrive within "
-                          f"{self.cfg.body_timeout_s:g} s of its head (server.voices.body_timeout_s).")
-        except BodyError as exc:
-            code = {411: "length_required", 413: "request_too_large"}.get(exc.status, "invalid_request")
-            return _error(exc.status, code, exc.message)
+            return self._late("begin")
         try:
+            async with asyncio.timeout_at(deadline):
+                await self._slots.acquire()  # first come, first served
+        except TimeoutError:
+            return _busy("Too many voice registrations in progress; retry shortly.")
+        try:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    body = await connection.request_body()
+            except TimeoutError:
+                return self._late("arrive")
+            except BodyError as exc:
+                code = {411: "length_required", 413: "request_too_large"}.get(exc.status, "invalid_request")
+                return _error(exc.status, code, exc.message)
             content_type = request.headers.get("Content-Type")
             voice = await loop.run_in_executor(self._executor, self._compute, encoder, body, content_type, owner)
         except VoiceUploadError as exc:
             return json_response(http.HTTPStatus(exc.status), exc.body())
         finally:
-            self._pending -= 1
+            self._slots.release()
         try:
             evicted = await asyncio.to_thread(self.store.add, voice)
         except ValueError as exc:
@@ -221,6 +224,10 @@ class VoiceRoutes:
             log.info("voice store: evicted %s (its key's least recently used, past the key's quota)", old.id)
         log.info("voice %s registered (%.1f s, %d bytes)", voice.id, voice.duration_s, voice.nbytes)
         return json_response(http.HTTPStatus.OK, voice.describe())
+
+    def _late(self, what: str) -> Response:
+        return _error(408, "request_timeout", f"The request body did not {what} within {self.cfg.body_timeout_s:g} s "
+                      "of its head (server.voices.body_timeout_s).")
 
     def _compute(self, encoder: VoiceEncoder, body: bytes, content_type: str | None, owner: str) -> CustomVoice:
         """Worker thread: parse, decode, validate, embed. Raises VoiceUploadError."""
