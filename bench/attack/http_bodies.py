@@ -36,7 +36,8 @@ def _json_bodies(wav_b64: str) -> list[bytes]:
     odd += [b'{"audio": "' + wav_b64.encode() + b'", "transcript": "ok", "\\ud800": "x"}',
             b'{"audio": "!!", "transcript": "ok"}', b'{"audio": "' + b"A" * 7 + b'", "transcript": "ok"}',
             b"[" * 100_000, b'{"transcript": ' + b"1" * 5000 + b"}", b'{"transcript": 1e999}', b'{"transcript": NaN}',
-            b'{"transcript": "a", "transcript": "b"}', b"null", b"[]", b'"x"', b"", b"\xff\xfe", b'{"a":"\xed\xa0\x80"}']
+            b'{"transcript": "a", "transcript": "b"}', b"null", b"[]", b'"x"', b"", b"\xff\xfe",
+            b'{"a":"\xed\xa0\x80"}']
     return odd
 
 

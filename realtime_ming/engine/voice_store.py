@@ -115,7 +115,8 @@ class VoiceStore:
         """Whether `voice` fits its owner's quota (holding `own` voices of `own_bytes`) and the store's bounds
         once `dropped` voices of `freed` bytes are gone (the caller holds the lock)."""
         return (own < self.max_per_owner and own_bytes + voice.nbytes <= self.max_owner_bytes
-                and len(self._voices) - dropped < self.max_voices and self._nbytes - freed + voice.nbytes <= self.max_bytes)
+                and len(self._voices) - dropped < self.max_voices
+                and self._nbytes - freed + voice.nbytes <= self.max_bytes)
 
     def get(self, owner: str, voice_id: str) -> CustomVoice | None:
         """The owner's voice `voice_id` (marked used), or None (unknown, evicted, or another owner's)."""

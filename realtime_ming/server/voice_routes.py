@@ -16,8 +16,9 @@ Fairness: a registration in progress counts against its API key (without keys: i
 its head, `server.voices.max_pending_per_key` at once, and takes one of the server-wide `max_pending` slots only
 from its first body byte, waiting for one in arrival order (first come, first served) while the others compute: a
 key that opens connections and sends no body refuses itself (429) and no one else. The body, and the wait for a
-slot, must end within `body_timeout_s` of the head (408 `request_timeout`; 429 when no slot came free in time). The store gives each key a quota within its
-global bounds and never evicts one key's voice for another's (`voice_store.VoiceStore`).
+slot, must end within `body_timeout_s` of the head (408 `request_timeout`; 429 when no slot came free in time).
+The store gives each key a quota within its global bounds and never evicts one key's voice for another's
+(`voice_store.VoiceStore`).
 Errors are JSON `{"error": {"type", "code", "message", "param"}}` with a 4xx status (5xx only for a
 model failure); the registration never takes the server or a session down.
 """
