@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-SEED = 4407
+SEED = 16  # chosen so the random greedy replies to the engine tests' prompts hold no letter or digit
 NAME = "ming_variant"
 THINKER_EOS = 260  # <|role_end|>: every thinker special id moves with it (tiny_thinker_special_ids)
 TALKER_BOS = 100  # talker <|endoftext|> (Qwen2 specials follow it)
