@@ -217,6 +217,8 @@ def _thinker_cases(root: Path, src: Path, cases: Path, media_tensors: dict, gen:
             tok, margin = _argmax_margin(thinker.logits(forward(seq)[-1])[0, -1])
             greedy.append(tok), margins.append(margin)
             seq.append(tok)
+        if min(margins) < 1e-3:  # a near tie could flip between the cached and the recomputed path
+            raise AssertionError(f"greedy top-1/top-2 margin {min(margins):.2g} too small: choose another seed")
         t, pos, deltas, emb, masks, hidden = forward(ids)
         routes, _ = _routes(thinker, emb, pos, **masks)
         out = dict(input_ids=t, position_ids=pos, logits=thinker.logits(hidden), greedy_ids=torch.tensor([greedy]),
