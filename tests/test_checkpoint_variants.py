@@ -24,11 +24,12 @@ WORLD = 2
 NEW_TOKENS = 3
 
 
-def _variant_llm(llm: dict) -> dict:
-    """hidden = heads·head_dim with no `head_dim` field, one KV head, two shared experts."""
+def _variant_llm(llm: dict, heads: int, kv_heads: int) -> dict:
+    """`heads` query / `kv_heads` KV heads, hidden = heads·head_dim with no `head_dim` field, two shared experts."""
     head_dim = llm.get("head_dim") or llm["hidden_size"] // llm["num_attention_heads"]
     out = {k: v for k, v in llm.items() if k != "head_dim"}
-    out.update(num_attention_heads=2, hidden_size=2 * head_dim, num_key_value_heads=1, num_shared_experts=2)
+    out.update(num_attention_heads=heads, hidden_size=heads * head_dim, num_key_value_heads=kv_heads,
+               num_shared_experts=2)
     return out
 
 
@@ -52,12 +53,13 @@ def variant(fixture_root, tmp_path_factory) -> tuple[Path, Path]:
     return make_variant(fixture_root, tmp_path_factory.mktemp("variant"))
 
 
-def make_variant(fixture_root: Path, base: Path) -> tuple[Path, Path]:
-    """(two-shard checkpoint, the same weights in one model.safetensors) of the variant config, under `base`."""
+def make_variant(fixture_root: Path, base: Path, heads: int = WORLD, kv_heads: int = 1) -> tuple[Path, Path]:
+    """(two-shard checkpoint, the same weights in one model.safetensors) of the variant config with `heads` /
+    `kv_heads` attention heads, under `base`."""
     sharded, single = base / "sharded", base / "single"
     shutil.copytree(fixture_root, sharded, ignore=shutil.ignore_patterns("cases", "model.safetensors*"))
     config = json.loads((fixture_root / "config.json").read_text())
-    config["llm_config"] = _variant_llm(config["llm_config"])
+    config["llm_config"] = _variant_llm(config["llm_config"], heads, kv_heads)
     (sharded / "config.json").write_text(json.dumps(config, indent=2))
     cfg = load_checkpoint_config(sharded)
     with torch.device("meta"):
@@ -186,5 +188,7 @@ def test_tp2_with_one_kv_head_matches_tp1(variant, tmp_path):
 
 @pytest.mark.timeout(300)
 def test_tp4_with_two_kv_heads_matches_tp1(fixture_root, tmp_path):
-    """Four gloo ranks over the fixture checkpoint's 2 KV heads (ranks 0-1 hold head 0, ranks 2-3 head 1)."""
-    _assert_tp_matches_tp1(fixture_root, 4, tmp_path)
+    """Four gloo ranks over 4 query / 2 KV heads (ranks 0-1 hold KV head 0, ranks 2-3 head 1): the set's weights
+    layout with its head counts built for TP=4, whatever heads the set itself has."""
+    sharded, _ = make_variant(fixture_root, tmp_path / "tp4", heads=4, kv_heads=2)
+    _assert_tp_matches_tp1(sharded, 4, tmp_path)

@@ -24,7 +24,7 @@ from server_support import StubEngine, http_request
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
-from realtime_ming.model.loader import LoadError
+from realtime_ming.model.loader import LoadError, read_weight_map
 from realtime_ming.server import RealtimeServer, load_config
 from realtime_ming.server.config import TINY_MAX_OUTPUT_TOKENS, load_serve_config
 from realtime_ming.server.startup import StartupError, check_config, is_loopback, load_failure
@@ -82,7 +82,9 @@ def outcomes(tmp_path_factory, fixture_root):
     (tmp / "broken.yaml").write_text("server:\n  port: [8000\nsession: {}\n")
     (tmp / "broken.json").write_text('{"server": }')
     (tmp / "only-weights").mkdir()
-    shutil.copy(fixture_root / "model.safetensors", tmp / "only-weights" / "model.safetensors")
+    for src in {*read_weight_map(fixture_root).values(), fixture_root / "model.safetensors.index.json"}:
+        if src.is_file():  # every root shard the index names (a one-file set may have no index)
+            shutil.copy(src, tmp / "only-weights" / src.name)
     no_tokenizer = _checkpoint_copy(fixture_root, tmp / "ckpt-no-tokenizer", None)
     assert not (no_tokenizer / "tokenizer.json").exists()
     no_vae = _checkpoint_copy(fixture_root, tmp / "ckpt-no-vae", "talker/vae/model.safetensors")

@@ -13,7 +13,7 @@ import threading
 import time
 
 import pytest
-from conftest import fresh_engine_fixture
+from conftest import fixture_tokenizers, fresh_engine_fixture
 
 from realtime_ming.engine import Engine
 from realtime_ming.engine.api import (
@@ -216,10 +216,9 @@ def test_tp_worker_death_is_detected_within_a_second(fixture_root):
     """TP=2 over gloo: killing the rank-1 worker process makes the engine dead within 1 s (no polling on the
     engine thread), fails the turn in flight with ENGINE_UNAVAILABLE, and close() returns promptly."""
     from realtime_ming.engine.config import PlacementConfig
-    from realtime_ming.model.tiny_tokenizer import tiny_tokenizer_path
 
-    cfg = EngineConfig(model_path=str(fixture_root), tokenizer_path=str(tiny_tokenizer_path("thinker")),
-                       talker_tokenizer_path=str(tiny_tokenizer_path("talker")),
+    thinker_tok, talker_tok = fixture_tokenizers(fixture_root)  # on the set's own special ids
+    cfg = EngineConfig(model_path=str(fixture_root), tokenizer_path=thinker_tok, talker_tokenizer_path=talker_tok,
                        placement=PlacementConfig(thinker_devices=("cpu", "cpu")))
     engine = Engine.create(cfg, warmup=False)
     try:

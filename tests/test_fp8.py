@@ -20,7 +20,7 @@ from realtime_ming.engine.config import EngineConfig
 from realtime_ming.model import fp8
 from realtime_ming.model.config import load_checkpoint_config
 from realtime_ming.model.layers import TPGroup
-from realtime_ming.model.loader import init_dummy
+from realtime_ming.model.loader import init_dummy, read_weight_map
 from realtime_ming.model.ming import load_ming
 from realtime_ming.model.thinker import Thinker, load_thinker
 
@@ -96,7 +96,9 @@ def test_zero_rows_and_the_largest_value():
 def test_channel_layout_error_is_at_most_the_block_layouts_on_the_fixture_experts(fixture_root):
     """The choice of per-output-channel scales: on the fixture's expert weights the channel layout's error is no
     larger than 128x128 blocks', and both stay within the e4m3 bound."""
-    tensors = load_file(str(fixture_root / "model.safetensors"))
+    tensors = {}
+    for file in set(read_weight_map(fixture_root).values()):  # every root shard the set has
+        tensors.update(load_file(str(file)))
     experts = [t for k, t in tensors.items() if ".mlp.experts." in k]
     assert experts
     err = {layout: max(_rel(fp8.dequantize(*fp8.quantize(w, layout)), w) for w in experts)

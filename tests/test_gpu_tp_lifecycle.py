@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.timeout(300),
                                  reason=f"needs 2 CUDA GPUs (found {torch.cuda.device_count()})")]
 DEVICES = ("cuda:0", "cuda:1")
 SEQ = 256
-TOKENS = [5, 17, 3, 250, 42, 7, 99, 1]
+TOKENS = [5, 17, 3, 250, 42, 7, 99, 1]  # taken modulo the set's vocab size
 
 
 def _graphed_tp2(root):
@@ -35,15 +35,16 @@ def _graphed_tp2(root):
     return proxy, decoder
 
 
-def _teacher_forced(decoder) -> torch.Tensor:
-    """Logits [len(TOKENS), V] of decoding TOKENS one at a time into slot 1."""
-    return torch.stack([decoder.step([t], [i], [0], [1])[0].float().cpu().clone() for i, t in enumerate(TOKENS)])
+def _teacher_forced(decoder, vocab: int) -> torch.Tensor:
+    """Logits [len(TOKENS), V] of decoding TOKENS (modulo `vocab`) one at a time into slot 1."""
+    return torch.stack([decoder.step([t % vocab], [i], [0], [1])[0].float().cpu().clone()
+                        for i, t in enumerate(TOKENS)])
 
 
 def test_gpu_tp2_graphed_close_is_clean_and_bounded(fixture_root):
     for _ in range(2):  # the second group starts in the same process after the first closed
         proxy, decoder = _graphed_tp2(fixture_root)
-        assert torch.isfinite(_teacher_forced(decoder)).all()
+        assert torch.isfinite(_teacher_forced(decoder, proxy.cfg.vocab_size)).all()
         procs = list(proxy.procs)
         started = time.monotonic()
         proxy.close()
@@ -58,12 +59,13 @@ def test_gpu_tp2_with_one_replicated_kv_head_decodes_like_tp1(fixture_root, tmp_
     one = load_thinker(root, device=DEVICES[0], kernels=TRITON)
     cache = ThinkerKVCache.allocate(one.cfg, 2, SEQ, device=DEVICES[0], dtype=torch.float32, tp=one.tp)
     with torch.no_grad():
-        want = _teacher_forced(ThinkerDecoder(one, cache, (1, 2), (SEQ,), device=DEVICES[0], enforce_eager=True))
+        want = _teacher_forced(ThinkerDecoder(one, cache, (1, 2), (SEQ,), device=DEVICES[0], enforce_eager=True),
+                               one.cfg.vocab_size)
     del one, cache
     proxy, decoder = _graphed_tp2(root)
     try:
         with torch.no_grad():
-            got = _teacher_forced(decoder)
+            got = _teacher_forced(decoder, proxy.cfg.vocab_size)
     finally:
         proxy.close()
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

@@ -115,7 +115,7 @@ def _fixture_steps(talker, tensors, dtype=torch.float32, **kw):
 
 
 def test_fixture_loop_six_steps(talker, case):
-    """generate() reproduces his_lat_in, LM hidden, gen_lat, next_embed and stop_prob of all 6 steps."""
+    """generate() reproduces his_lat_in, LM hidden, gen_lat, next_embed and stop_prob of all K recorded steps."""
     tensors, meta = case
     k = meta["loop"]["K"]
     steps = _fixture_steps(talker, tensors, max_steps=k)
@@ -130,11 +130,15 @@ def test_fixture_loop_six_steps(talker, case):
 @pytest.mark.parametrize("min_new_token", [0, 1])
 def test_fixture_loop_stop_rule(talker, case, min_new_token):
     """The loop ends at the first step > min_new_token with p_stop > 0.5, keeping that step's patch."""
-    tensors, _ = case
+    tensors, meta = case
     p_stop = tensors["stop_prob"][:, 0, 1].tolist()
-    expected = next(s for s, p in enumerate(p_stop) if s > min_new_token and p > 0.5)
-    steps = _fixture_steps(talker, tensors, min_new_token=min_new_token)
-    assert len(steps) == expected + 1
+    expected = next((s for s, p in enumerate(p_stop) if s > min_new_token and p > 0.5), None)
+    if expected is None:  # the recorded steps never stop: all K run and only the step limit ends the loop
+        steps = _fixture_steps(talker, tensors, min_new_token=min_new_token, max_steps=meta["loop"]["K"])
+        assert len(steps) == meta["loop"]["K"]
+    else:
+        steps = _fixture_steps(talker, tensors, min_new_token=min_new_token)
+        assert len(steps) == expected + 1
     assert steps[-1].last and not any(s.last for s in steps[:-1])
 
 
@@ -151,13 +155,14 @@ def test_bf16_loop_close_to_fp32(fixture_root, case):
 def _batched_vs_single(talker, rows, positions, step_in):
     """Prefill rows [B, T] (positions -1 = padding) then decode one step; compare with B=1 runs."""
     llm, b = talker.cfg.llm, rows.shape[0]
+    capacity = rows.shape[1] + 1  # the prompt and one decode step
     lengths = (positions >= 0).sum(1).tolist()
     with torch.no_grad():
-        cache = KVCache.allocate(llm, b, 256, "cpu", torch.float32)
+        cache = KVCache.allocate(llm, b, capacity, "cpu", torch.float32)
         h = talker.prefill(rows, positions, cache)
         h2 = talker.decode_lm(step_in, torch.tensor([[n] for n in lengths]), cache)
         for i, n in enumerate(lengths):
-            single = KVCache.allocate(llm, 1, 256, "cpu", torch.float32)
+            single = KVCache.allocate(llm, 1, capacity, "cpu", torch.float32)
             want = talker.prefill(rows[i:i + 1, :n], torch.arange(n)[None], single)
             want2 = talker.decode_lm(step_in[i:i + 1], torch.tensor([[n]]), single)
             torch.testing.assert_close(h[i:i + 1], want, atol=1e-5, rtol=1e-5)
@@ -169,7 +174,8 @@ def test_prefill_and_decode_batched_rows_equal_single_rows(talker, case):
     tensors, _ = case
     embeds = tensors["inputs_embeds"]
     other = embeds.clone()
-    other[0, -6:] = tensors["next_embed"][:, 0, 0]  # a different prompt tail for row 1
+    tail = tensors["next_embed"][:, 0, 0]  # one per recorded step: a different prompt tail for row 1
+    other[0, -tail.shape[0]:] = tail
     rows = torch.cat((embeds, other))
     positions = torch.arange(embeds.shape[1]).expand(2, -1)
     _batched_vs_single(talker, rows, positions, tensors["next_embed"][:2, 0])

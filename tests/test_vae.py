@@ -175,33 +175,33 @@ def test_vae_bf16_close_to_fp32(fixture_root, vae, load_case, talker_patch):
     assert rel(stream16, full16[0]) < 5e-3
 
 
-def _is_suffix(piece: torch.Tensor, emitted: list[torch.Tensor]) -> bool:
-    before = torch.cat(emitted) if emitted else torch.zeros(0)
-    return 0 < piece.numel() <= before.numel() and torch.equal(before[before.numel() - piece.numel():], piece)
-
-
 def test_fixture_silence_holder(load_case):
-    """silence_in_0..4 (last on the final one) give silence_out_0..4, except for the documented deviation
-    (vae_stream.SilenceHolder): after a loud chunk arrives while silence is held, the reference re-holds a
-    tail of audio it has already emitted and emits it again later; we never re-emit. So each of our outputs
-    equals the reference's, or (only after such a chunk) the reference's minus a leading repeat of audio
-    already emitted (cut to the reference's length on the last chunk)."""
+    """silence_in_0..4 (last on the final one) give silence_out_0..4 up to the documented deviation
+    (vae_stream.SilenceHolder, docs/fidelity.md): when loud audio arrives while the reference holds samples,
+    it keeps the last that-many samples of what it emits as its new holder, so they go out a second time in
+    front of its next non-empty output -- and that output re-holds them again while loud audio continues.
+    The test tracks that re-held tail (`tail`) exactly: each reference output must equal `tail` + ours (the
+    last one cut to the reference's length: the 0.3 s cap), and equal ours wherever the reference holds no
+    repeat or emits nothing."""
     t, _ = load_case("vae_decode")
     holder = SilenceHolder()
     count = sum(1 for k in t if k.startswith("silence_in_"))
-    emitted, reheld = [], False
+    tail = torch.zeros(0)  # samples the reference holds that it has already emitted (we hold none of them)
     for i in range(count):
         ref, is_last = t[f"silence_out_{i}"][0], i == count - 1
-        held_before = bool(holder._held)
+        held = sum(x.numel() for x in holder._held)  # silence both hold (not emitted yet)
         out = holder.push(t[f"silence_in_{i}"][0], is_last=is_last)
-        if not torch.equal(out, ref):
-            assert reheld, f"chunk {i} differs from the reference without the documented deviation"
-            dup = next((n for n in range(1, ref.numel() + 1) if _is_suffix(ref[:n], emitted)
-                        and torch.equal(torch.cat((ref[:n], out))[: ref.numel()], ref)), None)
-            assert dup is not None, f"chunk {i}: the reference's extra audio is not a repeat of emitted audio"
-            reheld = False
-        reheld = reheld or (held_before and out.numel() > 0 and not is_last)
-        emitted.append(ref)
+        if tail.numel() == 0 or (ref.numel() == 0 and not is_last):
+            assert torch.equal(out, ref), f"chunk {i} differs from the reference without the documented deviation"
+            if ref.numel() == 0:
+                continue
+        else:
+            want = torch.cat((tail, out))
+            cut = want[: ref.numel()] if is_last else want
+            assert torch.equal(cut, ref), f"chunk {i}: the reference is not its re-held tail followed by our output"
+            assert not is_last or ref.numel() in (want.numel(), holder.max_tail)
+        reheld = tail.numel() + held  # the reference's holder before this loud chunk
+        tail = ref[ref.numel() - reheld:] if reheld else torch.zeros(0)
 
 
 def test_silence_holder_never_reemits_held_audio():
