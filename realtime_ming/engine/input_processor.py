@@ -22,7 +22,7 @@ import threading
 import weakref
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
@@ -126,13 +126,15 @@ class MediaCache:
 
 class InputProcessor:
     """Prepares requests on `workers` threads (`submit`) or inline (`prepare`). `bundle` gives the tokenizer,
-    the preprocessor settings and the audio clip rules; `slots` (optional) the KV-slot hint."""
+    the preprocessor settings and the audio clip rules; `slots` (optional) the KV-slot hint;
+    `auto_truncation_ratio` the retention ratio `truncation: auto` cuts to (`prompt_budget`)."""
 
     def __init__(self, bundle, *, max_seq_len: int, workers: int = 2, cache_bytes: int = 512 * 2**20,
-                 slots: KVSlotManager | None = None):
+                 slots: KVSlotManager | None = None, auto_truncation_ratio: float = 1.0):
         self.bundle = bundle
         self.tok = bundle.tokenizer
         self.max_seq_len = max_seq_len
+        self.auto_truncation_ratio = auto_truncation_ratio
         self.slots = slots
         self.cache = MediaCache(cache_bytes)
         self._pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="realtime-ming-inputs")
@@ -148,10 +150,13 @@ class InputProcessor:
     def prepare(self, request: TurnRequest) -> PreparedInputs:
         """Render, fit and tokenise the chat prompt; preprocess the media the turn may prefill."""
         system, messages = self._chat(request)
+        policy = request.truncation
+        if policy.mode == "auto":  # the server's choice: one cut that the next turns' cached prefix survives
+            policy = replace(policy, retention_ratio=self.auto_truncation_ratio)
         fitted = fit_prompt(lambda first: self.tok.build_prompt([m for m, _ in messages[first:]], system=system,
                                                                 tools=request.tools),
-                            len(messages), self.tok.token_id("<role>"), max_seq_len=self.max_seq_len,
-                            max_tokens=request.sampling.max_tokens, policy=request.truncation)
+                            [m.role for m, _ in messages], self.tok.token_id("<role>"), max_seq_len=self.max_seq_len,
+                            max_tokens=request.sampling.max_tokens, policy=policy)
         if fitted.dropped:
             log.debug("turn %s: %d oldest messages truncated from the prompt", request.turn_id, fitted.dropped)
         prompt = fitted.prompt

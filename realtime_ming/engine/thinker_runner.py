@@ -106,7 +106,8 @@ class ThinkerRunner:
         self.slots = KVSlotManager(self.cfg.max_slots, self._copy_kv)
         self.scheduler = Scheduler(self.cfg.max_batch, self.cfg.prefill_chunk_tokens, self.cfg.prefill_wait_ms)
         self.inputs = InputProcessor(bundle, max_seq_len=self.cfg.max_seq_len, workers=cfg.input_workers,
-                                     cache_bytes=cfg.media_cache_mb * 2**20, slots=self.slots)
+                                     cache_bytes=cfg.media_cache_mb * 2**20, slots=self.slots,
+                                     auto_truncation_ratio=self.cfg.auto_truncation_ratio)
         self.outputs = OutputProcessor(self.tok, self.cfg.max_seq_len)
         self._encoder = (EncoderWorker(bundle, self.inputs.vision, out_device=self.device, on_done=wake)
                          if cfg.encoder_worker else None)

@@ -34,7 +34,7 @@ from ..model.talker_caption import TalkerCaption
 from ..protocol import client_events as ce
 from ..protocol.errors import ErrorCode, ErrorType, ProtocolError
 from ..protocol.ids import IdPrefix, new_id
-from ..protocol.items import ItemReference
+from ..protocol.items import FunctionCallItem, ItemReference
 from ..protocol.responses import ErrorDetail, ResponseStatus, StatusReason
 from ..protocol.server_events import ConversationItemDeleted
 from ..protocol.session import ServerVad
@@ -377,9 +377,10 @@ def on_engine_event(session: Session, event: TurnEvent, now: float) -> list[Acti
 
 def _on_turn_failed(session: Session, response: ActiveResponse, event: TurnFailed, now: float) -> list[Action]:
     """A failed response names its cause; unless the cause is transient (capacity, shutdown, a dead
-    engine), the input items the turn added (the user/system items after the last assistant item) are
-    removed from the conversation, each with `conversation.item.deleted`, so that the next response
-    does not fail on them again."""
+    engine), the input items the turn added since the model's last output (the user/system messages and
+    function results after the last assistant message or function call) are removed from the conversation,
+    each announced with `conversation.item.deleted`, so that the next response does not fail on them again.
+    The model's own output (messages, function calls) and everything before it stay."""
     error, transient = failure_error(response.id, event)
     log.warning("response %s failed in the engine (%s): %s", response.id, error.code, event.message)
     actions = finish_response(session, ResponseStatus.FAILED, now, response=response, error=error)
@@ -389,7 +390,7 @@ def _on_turn_failed(session: Session, response: ActiveResponse, event: TurnFaile
     for entry in session.conversation.newest_first():
         if entry is response.item:
             continue
-        if isinstance(entry, AssistantItem):
+        if isinstance(entry, AssistantItem) or isinstance(entry.item, FunctionCallItem):
             break
         new_inputs.append(entry.id)
     for item_id in reversed(new_inputs):
