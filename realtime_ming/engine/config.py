@@ -213,6 +213,13 @@ class TalkerRunnerConfig:
         """Talker tokens a cloned voice's prompt (with an empty reply text) may take."""
         return self.max_prompt_len // 2 - self.min_text_tokens
 
+    @property
+    def caption_budget(self) -> int:
+        """Talker tokens a speech-style caption may take: a job's prompt without it is at most max_prompt_len // 2
+        (longer text is spoken in halves), and the caption must leave that, the 2 tokens the prompt must stay under
+        max_prompt_len by, and min_text_tokens steps of generation."""
+        return self.max_prompt_len - self.max_prompt_len // 2 - 2 - self.min_text_tokens
+
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:

@@ -33,6 +33,7 @@ from ..model.tokenizer import ChatMessage
 from .api import ContentKind, TurnRequest
 from .kv_slots import KVSlotManager
 from .prompt_budget import fit_prompt
+from .prompt_meter import PromptMeter
 
 __all__ = ["ImagePayload", "InputProcessor", "MediaCache", "PreparedInputs", "expand_payloads"]
 
@@ -127,13 +128,16 @@ class MediaCache:
 class InputProcessor:
     """Prepares requests on `workers` threads (`submit`) or inline (`prepare`). `bundle` gives the tokenizer,
     the preprocessor settings and the audio clip rules; `slots` (optional) the KV-slot hint;
-    `auto_truncation_ratio` the retention ratio `truncation: auto` cuts to (`prompt_budget`)."""
+    `auto_truncation_ratio` the retention ratio `truncation: auto` cuts to (`prompt_budget`); `meter` the cache of
+    system turns (instructions + tools) encoded once and reused by every turn that has them."""
 
     def __init__(self, bundle, *, max_seq_len: int, workers: int = 2, cache_bytes: int = 512 * 2**20,
-                 slots: KVSlotManager | None = None, auto_truncation_ratio: float = 1.0):
+                 slots: KVSlotManager | None = None, auto_truncation_ratio: float = 1.0,
+                 meter: PromptMeter | None = None):
         self.bundle = bundle
         self.tok = bundle.tokenizer
         self.max_seq_len = max_seq_len
+        self.meter = meter or PromptMeter(self.tok, None, max_seq_len=max_seq_len, caption_budget=0)
         self.auto_truncation_ratio = auto_truncation_ratio
         self.slots = slots
         self.cache = MediaCache(cache_bytes)
@@ -153,8 +157,9 @@ class InputProcessor:
         policy = request.truncation
         if policy.mode == "auto":  # the server's choice: one cut that the next turns' cached prefix survives
             policy = replace(policy, retention_ratio=self.auto_truncation_ratio)
-        fitted = fit_prompt(lambda first: self.tok.build_prompt([m for m, _ in messages[first:]], system=system,
-                                                                tools=request.tools),
+        system_ids = self.meter.system_ids(system, request.tools)  # bounded; over the context: refused here
+        fitted = fit_prompt(lambda first: self.tok.build_prompt([m for m, _ in messages[first:]],
+                                                                system_ids=system_ids),
                             [m.role for m, _ in messages], self.tok.token_id("<role>"), max_seq_len=self.max_seq_len,
                             max_tokens=request.sampling.max_tokens, policy=policy)
         if fitted.dropped:

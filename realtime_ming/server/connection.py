@@ -37,7 +37,7 @@ from typing import Any, Protocol
 from websockets.frames import CloseCode
 
 from ..audio.vad import VadBackend
-from ..engine.api import EngineHandle
+from ..engine.api import EngineHandle, PromptMeter
 from ..protocol.codec import event_to_wire, parse, serialise
 from ..protocol.dialect import Dialect
 from ..protocol.errors import ErrorCode, ProtocolError
@@ -85,6 +85,7 @@ class ConnectionContext:
     mcp_allowed_hosts: tuple[str, ...] = ()  # server.mcp.allowed_hosts
     mcp_timeout_s: float = 10.0  # server.mcp.timeout_s
     mcp_max_response_bytes: int = 2**20  # server.mcp.max_response_bytes
+    prompt_meter: PromptMeter | None = None  # the engine's token counts of instructions, tools and speech styles
 
     def media_limits(self) -> MediaLimits:
         """What one stored item may hold: the model's constraints and this server's budgets."""
@@ -142,6 +143,7 @@ def new_session(ctx: ConnectionContext, info: HandshakeInfo) -> Session:
         media=ctx.media_limits(),
         custom_voices=None if ctx.voice_lookup is None else ctx.voice_lookup(info.api_key),
         mcp_allowed_hosts=ctx.mcp_allowed_hosts,
+        prompt_meter=ctx.prompt_meter,
     )
 
 
