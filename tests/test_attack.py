@@ -16,6 +16,7 @@ from server_support import espeak, silence
 from bench.attack.barge import barge_ins
 from bench.attack.flood import flood
 from bench.attack.soak import soak
+from bench.attack.tools import tools_attack
 from realtime_ming.session.runner import AudioPacer
 
 pytestmark = pytest.mark.timeout(240)
@@ -68,3 +69,12 @@ async def test_session_soak_keeps_fds_and_rss_flat(server):
                         settle=lambda: asyncio.wait_for(server.wait_idle(), 30), max_rss_growth_mib=64.0,
                         max_fd_growth=4)
     assert report["ok"], report
+
+
+async def test_oversized_tools_are_refused_where_they_come_in(server):
+    """128 tools at every size limit (~9.4 MB a frame), by session.update and by response.create, twice: each is
+    refused with instructions_exceed_context at its param, no response starts, another session's turns complete
+    and /health answers throughout (issue 43; the full run's latency ratios: `python -m bench.attack tools`)."""
+    report = await asyncio.to_thread(asyncio.run, tools_attack(_url(server), attacks=2, turns=3))
+    assert report["refused_where_sent"], report
+    assert report["attack"]["health_n"] >= 5 and report["attack"]["health_failures"] == 0, report

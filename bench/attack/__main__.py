@@ -11,6 +11,7 @@ from .barge import barge_ins
 from .flood import flood
 from .long_session import long_session
 from .soak import soak
+from .tools import tools_attack
 
 
 def _truncation(text: str):
@@ -39,6 +40,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--turns", type=int, default=200)
     p.add_argument("--truncation", type=_truncation, default="auto", help='auto | disabled | a JSON object')
     p.add_argument("--max-output-tokens", type=int, default=16)
+    p.add_argument("--context-tokens", type=int, default=4096, help="the server's engine.thinker.max_seq_len")
+    p = sub.add_parser("tools", help="128 tools at every size limit while another session takes turns")
+    p.add_argument("--attacks", type=int, default=5)
+    p.add_argument("--turns", type=int, default=10)
+    p.add_argument("--tools", type=int, default=128)
+    p.add_argument("--max-ratio", type=float, default=2.0)
     args = parser.parse_args(argv)
     if args.attack == "flood":
         coro = flood(args.url, audio_s=args.audio_s, append_s=args.append_s, max_p50_ms=args.max_p50_ms,
@@ -48,9 +55,13 @@ def main(argv: list[str] | None = None) -> int:
     elif args.attack == "soak":
         coro = soak(args.url, sessions=args.sessions, concurrency=args.concurrency, pid=args.pid,
                     api_key=args.api_key, max_rss_growth_mib=args.max_rss_growth_mib, max_fd_growth=args.max_fd_growth)
+    elif args.attack == "tools":
+        coro = tools_attack(args.url, attacks=args.attacks, turns=args.turns, tools=args.tools,
+                            max_ratio=args.max_ratio, api_key=args.api_key)
     else:
         coro = long_session(args.url, turns=args.turns, truncation=args.truncation,
-                            max_output_tokens=args.max_output_tokens, api_key=args.api_key)
+                            max_output_tokens=args.max_output_tokens, context_tokens=args.context_tokens,
+                            api_key=args.api_key)
     report = asyncio.run(coro)
     print(json.dumps(report, indent=2))
     return 0 if report["ok"] else 1
