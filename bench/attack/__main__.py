@@ -46,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--turns", type=int, default=10)
     p.add_argument("--tools", type=int, default=128)
     p.add_argument("--max-ratio", type=float, default=2.0)
+    p.add_argument("--pid", type=int, default=None, help="the server's process id (its RSS from /proc)")
     args = parser.parse_args(argv)
     if args.attack == "flood":
         coro = flood(args.url, audio_s=args.audio_s, append_s=args.append_s, max_p50_ms=args.max_p50_ms,
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
                     api_key=args.api_key, max_rss_growth_mib=args.max_rss_growth_mib, max_fd_growth=args.max_fd_growth)
     elif args.attack == "tools":
         coro = tools_attack(args.url, attacks=args.attacks, turns=args.turns, tools=args.tools,
-                            max_ratio=args.max_ratio, api_key=args.api_key)
+                            max_ratio=args.max_ratio, pid=args.pid, api_key=args.api_key)
     else:
         coro = long_session(args.url, turns=args.turns, truncation=args.truncation,
                             max_output_tokens=args.max_output_tokens, context_tokens=args.context_tokens,

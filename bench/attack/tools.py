@@ -9,9 +9,10 @@ attack stay within `max_ratio` x their baseline (measured just before, same serv
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
-from .common import Client, HealthProbe, health_address, percentile
+from .common import Client, HealthProbe, ProcessGauge, health_address, percentile
 
 __all__ = ["big_tools", "tools_attack"]
 
@@ -47,7 +48,8 @@ async def _turns(url: str, turns: int, api_key: str | None, max_output_tokens: i
 
 
 async def _attack(url: str, attacks: int, tools: list[dict], api_key: str | None) -> dict:
-    """`attacks` rounds of session.update and response.create with `tools`; the error codes and params answered."""
+    """`attacks` rounds of session.update and response.create with `tools`; the error codes and params answered.
+    Each frame is serialised once (the client's JSON work is not what is measured)."""
     client = await Client.open(url, api_key)
     answers: dict[str, int] = {}
     started = 0
@@ -58,9 +60,11 @@ async def _attack(url: str, attacks: int, tools: list[dict], api_key: str | None
         await client.send(type="conversation.item.create", item={"type": "message", "role": "user", "content": [
             {"type": "input_text", "text": "Use the tools."}]})
         await client.recv_until("conversation.item.done")
-        for i in range(attacks):
-            await client.send(type="session.update", event_id=f"u{i}", session={"type": "realtime", "tools": tools})
-            await client.send(type="response.create", event_id=f"r{i}", response={"tools": tools})
+        update = json.dumps({"type": "session.update", "session": {"type": "realtime", "tools": tools}})
+        create = json.dumps({"type": "response.create", "response": {"tools": tools}})
+        for _ in range(attacks):
+            await client.ws.send(update)
+            await client.ws.send(create)
             for _ in range(2):
                 frame = await client.recv_until("error", "session.updated", "response.created", timeout=120)
                 if frame["type"] == "error":
@@ -75,8 +79,11 @@ async def _attack(url: str, attacks: int, tools: list[dict], api_key: str | None
 
 
 async def tools_attack(url: str, *, attacks: int = 5, turns: int = 10, tools: int = 128, max_output_tokens: int = 8,
-                       max_ratio: float = 2.0, api_key: str | None = None) -> dict:
-    """Baseline (another session's `turns` turns, /health polled), then the same during `attacks` attack rounds."""
+                       max_ratio: float = 2.0, pid: int | None = None, api_key: str | None = None) -> dict:
+    """Baseline (another session's `turns` turns, /health polled), then the same during `attacks` attack rounds;
+    with the server's `pid`, its RSS before and after (MiB)."""
+    gauge = ProcessGauge(pid) if pid is not None else None
+    rss_before = gauge.rss_mib() if gauge is not None else None
     host, port = health_address(url)
     payload = big_tools(tools)
 
@@ -106,6 +113,8 @@ async def tools_attack(url: str, *, attacks: int = 5, turns: int = 10, tools: in
 
     report = {"attacks": attacks, "tools": tools, "baseline": summary(base_turns, base_health),
               "attack": summary(hit_turns, hit_health), **attacked}
+    if gauge is not None:
+        report["rss_mib"] = {"before": round(rss_before, 1), "after": round(gauge.rss_mib(), 1)}
     refused = {"instructions_exceed_context@session.tools": attacks,
                "instructions_exceed_context@response.tools": attacks}
     b, a = report["baseline"], report["attack"]

@@ -80,11 +80,16 @@ class PromptMeter:
         return found
 
     def system_tokens(self, system: str | None, tools: Sequence[Mapping] = ()) -> int:
-        """Tokens of the system turn plus the generation prompt; above `max_seq_len`, where measuring stopped."""
+        """Tokens of the system turn plus the generation prompt; above `max_seq_len`, where measuring stopped.
+
+        Encodes first (bounded) and keys the cache only for a turn that fits: megabytes of tools are refused
+        without being written out whole (the cache key is a digest of every tool's JSON)."""
         try:
-            return len(self.system_ids(system, tools)) + self._generation
-        except ContextLengthExceeded as exc:
-            return exc.prompt_tokens + self._generation
+            ids = tuple(self.tokenizer.system_ids(system, tools=tools, max_tokens=self.max_seq_len))
+        except PromptTooLong as exc:
+            return exc.num_tokens + self._generation
+        self._remember(self._systems, self._key(system, tools), ids)
+        return len(ids) + self._generation
 
     def caption_tokens(self, caption: str) -> int:
         """Talker tokens `caption` takes in a talker prompt (its text and the mark that closes it)."""

@@ -31,6 +31,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -66,6 +67,12 @@ __all__ = ["ConnectionContext", "InitialConfigError", "MediaPath", "SessionEnded
            "serve_connection"]
 
 log = logging.getLogger(__name__)
+
+# Frames above this many characters are parsed on a worker thread: checking every value of a frame of megabytes
+# of small JSON values (128 tools at every size limit: ~9 MB) takes a third of a second of Python, which on the
+# event loop would stall every session's events and /health (the GIL is still shared, but in slices).
+_PARSE_OFF_LOOP_CHARS = 256 * 1024
+_PARSERS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="frame-parse")
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,7 +281,10 @@ async def _read_frames(ws: Transport, runner: SessionRunner, outbound: Outbound,
             event = ProtocolError(ErrorCode.FRAME_TOO_LARGE, num_bytes=len(message), max_bytes=limits.max_frame_bytes)
         else:
             try:
-                event = parse(message, info.dialect)
+                if len(message) > _PARSE_OFF_LOOP_CHARS:
+                    event = await asyncio.get_running_loop().run_in_executor(_PARSERS, parse, message, info.dialect)
+                else:
+                    event = parse(message, info.dialect)
             except Exception as exc:  # parse answers every frame; a bug in it costs one error event
                 log_failure(log, runner.session.config.id, "frame", None, exc)
                 event = ProtocolError(ErrorCode.SERVER_ERROR)
