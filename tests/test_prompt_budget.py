@@ -140,14 +140,18 @@ def engine_1k():
     eng.close()
 
 
-def test_auto_cuts_once_and_the_next_turns_reuse_the_prefix(engine_1k):
+@pytest.mark.parametrize("forget", [False, True])
+def test_auto_cuts_once_and_the_next_turns_reuse_the_prefix(engine_1k, forget):
     """`auto` on a full context (issue 43): a turn either reuses the whole previous prompt (prefills only its new
     messages, at most a quarter of the context) or is one of the few cut turns; the cut leaves the history at
-    engine.thinker.auto_truncation_ratio (0.75) of its limit, so cuts come every few turns, not every turn."""
+    engine.thinker.auto_truncation_ratio (0.75) of its limit, so cuts come every few turns, not every turn — also
+    when the session forgets its oldest items every turn (`max_items`), which shifts where the history begins."""
     history, prompts, cached = [], [], []
     for turn in range(48):
         history.append(_user(f"User message {turn}: tell me something about the weather."))
-        event = _run(engine_1k, _request(turn, history, AUTO))
+        if forget and len(history) > 30:
+            del history[:2]
+        event = _run(engine_1k, replace(_request(turn, history, AUTO), conversation_id=f"conv-forget-{forget}"))
         assert isinstance(event, TurnDone), event
         prompts.append(event.prompt_tokens)
         cached.append(event.cached_tokens)

@@ -33,12 +33,8 @@ async def long_session(url: str, *, turns: int = 200, truncation="auto", max_out
     start = time.perf_counter()
     try:
         for turn in range(turns):
-            await client.send(type="conversation.item.create", item={"type": "message", "role": "user", "content": [
-                {"type": "input_text", "text": f"This is turn {turn} of a long conversation; answer briefly."}]})
-            sent = time.perf_counter()
-            await client.send(type="response.create")
-            response = (await client.recv_until("response.done", timeout=120))["response"]
-            latencies.append(time.perf_counter() - sent)
+            response, latency = await client.text_turn(f"This is turn {turn} of a long conversation; answer briefly.")
+            latencies.append(latency)
             statuses[response["status"]] = statuses.get(response["status"], 0) + 1
             if response["status"] == "failed":
                 code = (response.get("status_details") or {}).get("error", {}).get("code")

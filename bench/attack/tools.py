@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 
 from .common import Client, HealthProbe, ProcessGauge, health_address, percentile
 
@@ -34,12 +33,8 @@ async def _turns(url: str, turns: int, api_key: str | None, max_output_tokens: i
         await client.recv_until("session.updated")
         latencies = []
         for turn in range(turns):
-            await client.send(type="conversation.item.create", item={"type": "message", "role": "user", "content": [
-                {"type": "input_text", "text": f"Turn {turn}: answer briefly."}]})
-            start = time.perf_counter()
-            await client.send(type="response.create")
-            response = (await client.recv_until("response.done", timeout=120))["response"]
-            latencies.append(time.perf_counter() - start)
+            response, latency = await client.text_turn(f"Turn {turn}: answer briefly.")
+            latencies.append(latency)
             if response["status"] not in ("completed", "incomplete"):
                 raise RuntimeError(f"victim turn {turn} ended {response['status']}: {response.get('status_details')}")
         return latencies

@@ -15,9 +15,11 @@ results are kept or dropped together; no result is left without its call). When 
   fit without another cut and keep their cached prefix;
 - `disabled`: `ContextLengthExceeded` (code `context_length_exceeded`); nothing is dropped.
 
-The cut is a pure function of the history: it replays the conversation's growth unit by unit, cutting
-whenever the limit is crossed, so the same history always gives the same cut, and a history that only grew
-at its end keeps the cut of its earlier turns (the thinker's cached prefix stays valid until the next cut).
+The cut replays the conversation's growth unit by unit, cutting whenever the limit is crossed, so the same
+history always gives the same cut, and a history that only grew at its end keeps the cut of its earlier turns
+(the thinker's cached prefix stays valid until the next cut). The caller may name where the previous turn's
+prompt began (`sticky`): while the history from there fits, the cut stays there, and the next cut replays from
+there, so a session that also forgets its oldest items (`max_items`) does not move the cut every turn.
 The system prompt is never dropped; the newest unit never either (a newest unit over the limit fails with
 `context_length_exceeded`; an older one over the limit is dropped once a newer unit arrives).
 """
@@ -125,11 +127,12 @@ def history_cut(lengths: Sequence[int], limit: int, policy: Truncation) -> int:
 
 
 def fit_prompt(build: Callable[[int], object], roles: Sequence[str], role_id: int, *, max_seq_len: int,
-               max_tokens: int, policy: Truncation) -> FittedPrompt:
+               max_tokens: int, policy: Truncation, sticky: int | None = None) -> FittedPrompt:
     """Render the prompt (`build(first_message)` -> MultimodalPrompt of messages[first:]) within the budget.
 
-    `roles` are the history's message roles. One render when the whole conversation fits; otherwise the cut
-    is computed from its unit lengths and the kept messages are rendered once more.
+    `roles` are the history's message roles; `sticky` the message the previous turn's prompt began with, if
+    it is still in the history. One render when the whole conversation fits; otherwise the cut is computed
+    from its unit lengths and the kept messages are rendered once more.
     """
     budget = prompt_budget(max_seq_len, max_tokens)
     prompt = build(0)
@@ -143,5 +146,8 @@ def fit_prompt(build: Callable[[int], object], roles: Sequence[str], role_id: in
     if limit < 1:
         raise ContextLengthExceeded(len(ids), budget, "the system prompt alone fills the context")
     units, lengths = _unit_lengths(roles, segment_tokens)
-    cut = units[history_cut(lengths, limit, policy)] if units else 0
+    if not units:
+        return FittedPrompt(prompt, 0)
+    first = units.index(sticky) if sticky in units and policy.mode != "disabled" else 0
+    cut = units[first + history_cut(lengths[first:], limit, policy)]
     return FittedPrompt(build(cut) if cut else prompt, cut)
