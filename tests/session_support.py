@@ -39,7 +39,7 @@ class Harness:
     """A session plus the frames it sent (validated) and the engine commands it issued."""
 
     def __init__(self, dialect: Dialect = Dialect.GA, settings: SessionSettings | None = None,
-                 media: MediaLimits | None = None) -> None:
+                 media: MediaLimits | None = None, prompt_meter=None) -> None:
         self.dialect = dialect
         self.session = Session(
             settings or SessionSettings(),
@@ -49,6 +49,7 @@ class Harness:
             default_voice="DB30",
             make_vad=lambda _backend: EnergyVad(),
             media=media,
+            prompt_meter=prompt_meter,
         )
         self.frames: list[dict] = []
         self.commands: list = []

@@ -19,6 +19,7 @@ from bench.attack.flood import flood
 from bench.attack.http_bodies import http_bodies
 from bench.attack.image_stall import image_stall
 from bench.attack.soak import soak
+from bench.attack.tools import tools_attack
 from bench.attack.voices import voice_eviction, voice_starvation
 from realtime_ming.server import RealtimeServer, load_config
 from realtime_ming.session.runner import AudioPacer
@@ -123,3 +124,12 @@ async def test_a_big_image_does_not_stall_other_sessions(server):
     """A 2048 x 2048 image with a reply request while 2 sessions stream replies: their event gap stays <= 1 s."""
     report = await image_stall(_url(server), side=2048, sessions=2, max_gap_s=1.0)
     assert report["ok"], report
+
+
+async def test_oversized_tools_are_refused_where_they_come_in(server):
+    """128 tools at every size limit (~9.4 MB a frame), by session.update and by response.create, twice: each is
+    refused with instructions_exceed_context at its param, no response starts, another session's turns complete
+    and /health answers throughout (issue 43; the full run's latency ratios: `python -m bench.attack tools`)."""
+    report = await asyncio.to_thread(asyncio.run, tools_attack(_url(server), attacks=2, turns=3))
+    assert report["refused_where_sent"], report
+    assert report["attack"]["health_n"] >= 5 and report["attack"]["health_failures"] == 0, report

@@ -139,6 +139,44 @@ def _collector():
     return got, done, sink
 
 
+class _CharMeter:
+    """A `PromptMeter` that counts characters: what the host answers is visible in the numbers."""
+
+    max_seq_len, caption_budget = 100, 10
+
+    def system_tokens(self, system, tools) -> int:
+        return len(system or "") + sum(len(json.dumps(t)) for t in tools)
+
+    def caption_tokens(self, caption: str) -> int:
+        return len(caption)
+
+
+class MeteredEngine(ScriptEngine):
+    def info(self): return {**super().info(), "prompt": {"max_seq_len": 100, "caption_budget": 10}}
+    def prompt_meter(self): return _CharMeter()
+
+
+def test_a_front_end_measures_prompts_with_the_engine_process_meter(tmp_path):
+    """RemoteEngine.prompt_meter() asks the engine process (its tokenizers): the same counts and budgets; an engine
+    without a meter gives None (the session then leaves the budgets to the engine's turn-time checks)."""
+    authkey = secrets.token_bytes(16)
+    for engine, expect_meter in ((MeteredEngine(), True), (ScriptEngine(), False)):
+        host = EngineHost(engine, str(tmp_path / f"{expect_meter}.sock"), authkey, VoicesConfig(), max_sessions=2)
+        host.start()
+        remote = RemoteEngine.connect(host.address, authkey)
+        try:
+            meter = remote.prompt_meter()
+            assert (meter is not None) == expect_meter
+            if meter is not None:
+                tool = {"type": "function", "function": {"name": "f"}}
+                assert (meter.max_seq_len, meter.caption_budget) == (100, 10)
+                assert meter.system_tokens("Be brief.", (tool,)) == 9 + len(json.dumps(tool))
+                assert meter.caption_tokens("快速") == 2
+        finally:
+            remote.close()
+            host.close()
+
+
 def test_events_keep_their_turn_order_and_travel_in_batches(hosted):
     engine, _, remote = hosted
     front = remote(counting=True)

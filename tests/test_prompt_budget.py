@@ -10,7 +10,7 @@ import threading
 from dataclasses import replace
 
 import pytest
-from conftest import tiny_engine_fixture
+from conftest import tiny_engine, tiny_engine_fixture
 
 from realtime_ming.engine.api import (
     Content,
@@ -120,8 +120,7 @@ def test_long_conversation_keeps_answering_with_auto(engine):
 
 
 def test_retention_ratio_keeps_the_prefix_cached_between_cuts(engine):
-    """With retention_ratio 0.5 most turns after the first cut reuse the cached prefix (auto's minimal cuts
-    re-prefill every turn once full)."""
+    """With retention_ratio 0.5 most turns after the first cut reuse the cached prefix."""
     policy = Truncation("retention_ratio", 0.5)
     history, hits = [], []
     for turn in range(40):
@@ -131,6 +130,40 @@ def test_retention_ratio_keeps_the_prefix_cached_between_cuts(engine):
         hits.append(event.cached_tokens > 10)  # more than the system turn
         history.append(Message("assistant", (Content.of_text(event.text or "ok"),)))
     assert sum(hits[20:]) >= 14, hits
+
+
+@pytest.fixture(scope="module")
+def engine_1k():
+    """The tiny engine at a 1024-token context: a quarter of it holds several turns."""
+    eng = tiny_engine(max_seq_len=1024, max_slots=2)
+    yield eng
+    eng.close()
+
+
+@pytest.mark.parametrize("forget", [False, True])
+def test_auto_cuts_once_and_the_next_turns_reuse_the_prefix(engine_1k, forget):
+    """`auto` on a full context (issue 43): a turn either reuses the whole previous prompt (prefills only its new
+    messages, at most a quarter of the context) or is one of the few cut turns; the cut leaves the history at
+    engine.thinker.auto_truncation_ratio (0.75) of its limit, so cuts come every few turns, not every turn — also
+    when the session forgets its oldest items every turn (`max_items`), which shifts where the history begins."""
+    history, prompts, cached = [], [], []
+    for turn in range(48):
+        history.append(_user(f"User message {turn}: tell me something about the weather."))
+        if forget and len(history) > 30:
+            del history[:2]
+        event = _run(engine_1k, replace(_request(turn, history, AUTO), conversation_id=f"conv-forget-{forget}"))
+        assert isinstance(event, TurnDone), event
+        prompts.append(event.prompt_tokens)
+        cached.append(event.cached_tokens)
+        history.append(Message("assistant", (Content.of_text(event.text or "ok"),)))
+    full = next(i for i, n in enumerate(prompts) if n > 0.75 * max(prompts))
+    cuts = [i for i in range(full + 1, len(prompts)) if cached[i] < prompts[i - 1]]
+    assert max(prompts) > 1024 // 2 and len(prompts) - full > 12  # the context was really full, for a while
+    assert len(cuts) <= (len(prompts) - full) // 3, (cuts, prompts, cached)
+    for i in set(range(full + 1, len(prompts))) - set(cuts):
+        assert prompts[i] - cached[i] <= 1024 // 4, (i, prompts, cached)
+    for i in cuts:  # a cut keeps the history at about 0.75 of its limit (the system turn is the cached part)
+        assert prompts[i] < 0.9 * max(prompts), (i, prompts)
 
 
 def test_disabled_fails_with_the_code_and_a_shorter_request_works(engine):

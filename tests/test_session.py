@@ -19,7 +19,15 @@ from server_support import b64_pcm16_samples, tone
 from session_support import AUDIO_CLOSE, ENGINE_HZ, MODEL_HZ, PCM16K, Harness, audio_deltas, engine_pcm, last_error
 
 from realtime_ming.audio.resample import resampled_length
-from realtime_ming.engine.api import AudioChunk, ContentKind, FinishReason, TurnCancelled, TurnDone, TurnFailed
+from realtime_ming.engine.api import (
+    AudioChunk,
+    ContentKind,
+    FailureCode,
+    FinishReason,
+    TurnCancelled,
+    TurnDone,
+    TurnFailed,
+)
 from realtime_ming.session import CancelTurn, CloseConversation, ResponseFinished, SessionSettings
 
 
@@ -424,3 +432,29 @@ def test_close_frees_the_engine():
     h.send(type="response.create")
     turn_id = h.submitted()[0].turn_id
     assert h.session.close() == [CancelTurn(turn_id), CloseConversation(h.session.conversation_id)]
+
+
+def test_failed_response_after_parallel_calls_removes_only_the_new_results_and_announces_each():
+    """user, two function calls, their two results, then a response that fails on its input: the two results
+    are removed, each with conversation.item.deleted; the question and the calls stay (issue 43)."""
+    h = Harness()
+    h.send(type="session.update", session={"type": "realtime", "output_modalities": ["text"],
+                                           "audio": {"input": {"turn_detection": None}}})
+    h.send(type="conversation.item.create", item={"type": "message", "role": "user",
+                                                  "content": [{"type": "input_text", "text": "Paris and Lyon?"}]})
+    for call in "ab":
+        h.send(type="conversation.item.create", item={"type": "function_call", "name": "get_weather",
+                                                      "call_id": f"call_{call}", "arguments": "{}"})
+    for call in "ab":
+        h.send(type="conversation.item.create", item={"type": "function_call_output", "call_id": f"call_{call}",
+                                                      "output": "sunny"})
+    ids = [f["item"]["id"] for f in h.frames if f["type"] == "conversation.item.done"]
+    h.send(type="response.create")
+    (request,) = h.submitted()
+    assert [(m.role, len(m.tool_calls)) for m in request.history] == [("user", 0), ("assistant", 2), ("tool", 0),
+                                                                       ("tool", 0)]
+    since = len(h.frames)
+    h.engine(TurnFailed(request.turn_id, "prompt of 9000 tokens exceeds max_seq_len", FailureCode.INVALID_PROMPT))
+    assert h.types(since)[-3:] == ["response.done", "conversation.item.deleted", "conversation.item.deleted"]
+    assert [f["item_id"] for f in h.frames[-2:]] == ids[3:]
+    assert [e.id for e in reversed(h.session.conversation.newest_first())][:3] == ids[:3]

@@ -4,12 +4,10 @@ reply and forced prefix): a call is parsed out of the stream, never spoken, and 
 
 from __future__ import annotations
 
-import json
 import threading
 
-import jinja2
-import jinja2.sandbox
 import pytest
+from template_support import chat_template
 
 from realtime_ming.engine import Engine
 from realtime_ming.engine.api import (
@@ -29,7 +27,7 @@ from realtime_ming.engine.api import (
 from realtime_ming.engine.config import EngineConfig, ThinkerRunnerConfig
 from realtime_ming.engine.tool_calls import ToolCallParser
 from realtime_ming.model.tiny_tokenizer import tiny_thinker_tokenizer
-from realtime_ming.model.tokenizer import MING_TOKENIZER_DIR, ChatMessage
+from realtime_ming.model.tokenizer import ChatMessage
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -37,16 +35,6 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "description"
                                              "parameters": {"type": "object",
                                                             "properties": {"city": {"type": "string"}}}}}
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-
-
-def _template() -> jinja2.Template:
-    """The checkpoint's chat template in the environment transformers renders it with (tojson = json.dumps,
-    ensure_ascii False, keys unsorted; trim_blocks / lstrip_blocks)."""
-    config = json.loads((MING_TOKENIZER_DIR / "tokenizer_config.json").read_text(encoding="utf-8"))
-    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                                      extensions=["jinja2.ext.loopcontrols"])
-    env.filters["tojson"] = lambda x, **_: json.dumps(x, ensure_ascii=False)
-    return env.from_string(config["chat_template"])
 
 
 @pytest.mark.parametrize("calls", [1, 2])
@@ -75,7 +63,7 @@ def test_prompt_matches_the_checkpoint_template(calls):
         else:
             hf.append({"role": role, "content": content})
             ours.append(ChatMessage(role, content))
-    want = _template().render(messages=hf, tools=[WEATHER], add_generation_prompt=True)
+    want = chat_template().render(messages=hf, tools=[WEATHER], add_generation_prompt=True)
     prompt = tok.build_prompt(ours, system="You are terse.", tools=[WEATHER])
     assert tok.decode(prompt.input_ids, skip_special_tokens=False) == want
     markers = tok.marker_ids()
@@ -86,7 +74,7 @@ def test_prompt_matches_the_checkpoint_template(calls):
 def test_prompt_without_tools_is_unchanged():
     tok = tiny_thinker_tokenizer()
     msgs = [ChatMessage("user", "hi")]
-    want = _template().render(messages=[{"role": "system", "content": "S"}, {"role": "user", "content": "hi"}],
+    want = chat_template().render(messages=[{"role": "system", "content": "S"}, {"role": "user", "content": "hi"}],
                               add_generation_prompt=True)
     assert tok.decode(tok.build_prompt(msgs, system="S").input_ids, skip_special_tokens=False) == want
 

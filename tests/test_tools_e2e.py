@@ -304,3 +304,38 @@ async def test_a_made_up_call_without_tools_is_never_spoken(server):
     response = frames[-1]["response"]
     assert response["status"] == "completed" and [o["type"] for o in response["output"]] == ["message"]
     await client.ws.close()
+
+
+PARALLEL = ("Let me check both. " + CALL + "\n" + CALL.replace("Paris", "Lyon") + "<|role_end|>" + ANSWER
+            + "<|role_end|>")
+
+
+@pytest.fixture(scope="module")
+def parallel_engine():
+    eng = _engine(forced_reply=PARALLEL)
+    yield eng
+    eng.close()
+
+
+async def test_parallel_calls_round_trip_answers_and_deletes_nothing(parallel_engine):
+    """Two calls in one response, both outputs sent back (in the other order), then response.create: the answer
+    completes and no item is deleted (issue 43: the prompt has one OBSERVATION turn for both results)."""
+    async with RealtimeServer(load_config(None, ["server.port=0"]), parallel_engine) as srv:
+        client = await _client(srv.port)
+        await client.send(type="session.update", session={"type": "realtime", "tools": [WEATHER],
+                                                          "output_modalities": ["text"],
+                                                          "audio": {"input": {"turn_detection": None}}})
+        await client.recv_until("session.updated")
+        frames = await _ask(client, "Weather in Paris and Lyon?")
+        calls = [o for o in frames[-1]["response"]["output"] if o["type"] == "function_call"]
+        assert [json.loads(c["arguments"])["city"] for c in calls] == ["Paris", "Lyon"]
+        for call, sky in zip(reversed(calls), ("rain", "sunny")):
+            await client.send(type="conversation.item.create", item={
+                "type": "function_call_output", "call_id": call["call_id"], "output": json.dumps({"sky": sky})})
+            await client.recv_until("conversation.item.done")
+        await client.send(type="response.create")
+        frames = await client.recv_until("response.done", timeout=120)
+        assert frames[-1]["response"]["status"] == "completed", frames[-1]["response"]
+        assert frames[-1]["response"]["output"][0]["content"][0]["text"] == ANSWER
+        assert not any(f["type"] == "conversation.item.deleted" for f in client.frames)
+        await client.ws.close()

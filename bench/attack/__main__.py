@@ -17,6 +17,7 @@ from .image_stall import image_stall
 from .long_session import long_session
 from .soak import soak
 from .voices import voice_eviction, voice_starvation
+from .tools import tools_attack
 
 
 def _truncation(text: str):
@@ -56,6 +57,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--turns", type=int, default=200)
     p.add_argument("--truncation", type=_truncation, default="auto", help='auto | disabled | a JSON object')
     p.add_argument("--max-output-tokens", type=int, default=16)
+    p.add_argument("--context-tokens", type=int, default=4096, help="the server's engine.thinker.max_seq_len")
+    p = sub.add_parser("tools", help="128 tools at every size limit while another session takes turns")
+    p.add_argument("--attacks", type=int, default=5)
+    p.add_argument("--turns", type=int, default=10)
+    p.add_argument("--tools", type=int, default=128)
+    p.add_argument("--max-ratio", type=float, default=2.0)
+    p.add_argument("--pid", type=int, default=None, help="the server's process id (its RSS from /proc)")
     p = sub.add_parser("voices", help="bodiless uploads and registrations past quota: 0 cross-key 429 / eviction")
     p.add_argument("--api-keys", type=_keys, required=True, help="the server's keys, comma-separated (>= 2)")
     p.add_argument("--hold", type=int, default=6)
@@ -91,6 +99,7 @@ async def _all(url: str, pid: int, keys: list[str], scale: float) -> dict:
         "barge-in": lambda: barge_ins(url, total=n(200), sessions=4, api_key=key),
         "soak": lambda: soak(url, sessions=n(200), concurrency=4, pid=pid, api_key=key),
         "long-session": lambda: long_session(url, turns=n(40), truncation="auto", max_output_tokens=16, api_key=key),
+        "tools": lambda: tools_attack(url, attacks=n(5), turns=n(10), tools=128, max_ratio=2.0, pid=pid, api_key=key),
         "voices": lambda: _voices(url, keys, hold=6, victim_voices=3, per_key=n(16)),
         "http-bodies": lambda: http_bodies(url, api_key=key, fuzz=n(2000)),
         "image": lambda: image_stall(url, side=2048, api_key=key),
@@ -119,7 +128,10 @@ def main(argv: list[str] | None = None) -> int:
                     max_rss_growth_mib=args.max_rss_growth_mib, max_fd_growth=args.max_fd_growth)
     elif args.attack == "long-session":
         coro = long_session(url, turns=args.turns, truncation=args.truncation,
-                            max_output_tokens=args.max_output_tokens, api_key=key)
+                            max_output_tokens=args.max_output_tokens, context_tokens=args.context_tokens, api_key=key)
+    elif args.attack == "tools":
+        coro = tools_attack(url, attacks=args.attacks, turns=args.turns, tools=args.tools,
+                            max_ratio=args.max_ratio, pid=args.pid, api_key=key)
     elif args.attack == "voices":
         coro = _voices(url, args.api_keys, args.hold, args.victim_voices, args.per_key)
     elif args.attack == "http-bodies":

@@ -70,6 +70,15 @@ class Client:
                 if frame["type"] in types:
                     return frame
 
+    async def text_turn(self, text: str, timeout: float = 120.0) -> tuple[dict, float]:
+        """A user text message, then `response.create`: (its response, seconds from response.create to done)."""
+        await self.send(type="conversation.item.create", item={"type": "message", "role": "user", "content": [
+            {"type": "input_text", "text": text}]})
+        sent = time.perf_counter()
+        await self.send(type="response.create")
+        response = (await self.recv_until("response.done", timeout=timeout))["response"]
+        return response, time.perf_counter() - sent
+
     async def close(self) -> None:
         await self.ws.close()
 

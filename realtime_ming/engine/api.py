@@ -43,6 +43,8 @@ __all__ = [
     "Stage",
     "FinishReason",
     "EngineHandle",
+    "PromptMeter",
+    "engine_prompt_meter",
     "engine_supports",
 ]
 
@@ -410,3 +412,30 @@ def engine_supports(engine: object, task: TurnTask) -> bool:
     if callable(supports):
         return bool(supports(task))
     return task is not TurnTask.JUDGE_TURN
+
+
+class PromptMeter(Protocol):
+    """Measures a session's fixed prompt parts in tokens, so that settings that cannot fit are refused where they are
+    accepted (`session.update`, `response.create`) rather than failing every turn. Thread-safe; a call may take
+    milliseconds (it encodes at most about a context's worth of text, then caches): call it off the event loop.
+
+    `max_seq_len`: the thinker's context (prompt + reply), tokens. `caption_budget`: talker tokens a speech-style
+    caption may take (`TurnRequest.caption`)."""
+
+    max_seq_len: int
+    caption_budget: int
+
+    def system_tokens(self, system: str | None, tools: tuple[Mapping[str, Any], ...]) -> int:
+        """Thinker tokens of the system turn for `system` and `tools` (as `TurnRequest` carries them) plus the
+        generation prompt: what a turn's prompt takes before any message. Above `max_seq_len` the count is where
+        measuring stopped (a lower bound)."""
+
+    def caption_tokens(self, caption: str) -> int:
+        """Talker tokens `caption` takes in each talker prompt of a spoken turn (0 without a talker)."""
+
+
+def engine_prompt_meter(engine: object) -> PromptMeter | None:
+    """`engine.prompt_meter()`, or None for a handle that cannot measure prompts (scripted test engines): the
+    session then leaves every budget to the engine's turn-time checks."""
+    meter = getattr(engine, "prompt_meter", None)
+    return meter() if callable(meter) else None

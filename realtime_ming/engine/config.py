@@ -66,6 +66,10 @@ TURN_JUDGEMENT = ("auto", "on", "off")  # engine.thinker.turn_judgement
 class ThinkerRunnerConfig:
     max_slots: int = 32  # concurrent conversations with a cached KV slot
     max_seq_len: int = 4096  # tokens per slot (prompt + history + output)
+    # `truncation: "auto"`: when the history crosses its limit it is cut to this share of the limit at once
+    # (`prompt_budget`), so the turns after a cut reuse the cached prefix until the limit is crossed again;
+    # 1.0 = drop the fewest messages (then every turn on a full context re-prefills it)
+    auto_truncation_ratio: float = 0.75
     max_batch: int = 16  # decode rows per step
     # chunked prefill: at most this many (padded) prompt tokens per step. Every chunk reads each MoE layer's
     # experts once (~3 GB per layer per GPU at the full shapes at TP=2), so on GPUs a large budget lets the
@@ -116,6 +120,8 @@ class ThinkerRunnerConfig:
                              f"({self.max_batch}), got {self.mixed_step_tokens}")
         if not 0.0 <= self.prefill_step_ms <= 60_000.0:  # NaN fails too
             raise ValueError(f"engine.thinker.prefill_step_ms must be in [0, 60000] ms, got {self.prefill_step_ms!r}")
+        if not 0.0 <= self.auto_truncation_ratio <= 1.0:  # NaN fails too
+            raise ValueError(f"engine.thinker.auto_truncation_ratio must be in [0, 1], got {self.auto_truncation_ratio!r}")
         if not 0.0 <= self.prefill_wait_ms <= 10_000.0:  # NaN fails too
             raise ValueError(f"engine.thinker.prefill_wait_ms must be in [0, 10000] ms, got {self.prefill_wait_ms!r}")
         if isinstance(self.turn_judgement, bool):
@@ -212,6 +218,13 @@ class TalkerRunnerConfig:
     def voice_prompt_budget(self) -> int:
         """Talker tokens a cloned voice's prompt (with an empty reply text) may take."""
         return self.max_prompt_len // 2 - self.min_text_tokens
+
+    @property
+    def caption_budget(self) -> int:
+        """Talker tokens a speech-style caption may take: a job's prompt without it is at most max_prompt_len // 2
+        (longer text is spoken in halves), and the caption must leave that, the 2 tokens the prompt must stay under
+        max_prompt_len by, and min_text_tokens steps of generation."""
+        return self.max_prompt_len - self.max_prompt_len // 2 - 2 - self.min_text_tokens
 
 
 @dataclass(frozen=True, slots=True)

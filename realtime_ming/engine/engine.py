@@ -54,6 +54,7 @@ from .commands import (Cancel, Capture, CloseConversation, Command, Confirm, Dis
                        Stats, Stop, Submit, Wake)
 from .config import EngineConfig
 from .models import ModelBundle
+from .prompt_meter import PromptMeter
 from .speculation import Speculation
 from .turn_state import TurnState as _Turn
 from .warmup import warm_up
@@ -177,7 +178,13 @@ class Engine(Admission, Speculation):
         return EngineHealth(reason is None, reason)
 
     def info(self) -> dict:
-        return {**self.bundle.info(), "turn_judgement": self.supports(TurnTask.JUDGE_TURN)}
+        meter = self._thinker.meter
+        return {**self.bundle.info(), "turn_judgement": self.supports(TurnTask.JUDGE_TURN),
+                "prompt": {"max_seq_len": meter.max_seq_len, "caption_budget": meter.caption_budget}}
+
+    def prompt_meter(self) -> PromptMeter:
+        """Measures instructions, tools and speech styles in tokens (`api.PromptMeter`; any thread but the engine's)."""
+        return self._thinker.meter
 
     def supports(self, task: TurnTask) -> bool:
         """Whether this engine runs turns of `task` (JUDGE_TURN: `engine.thinker.turn_judgement`)."""

@@ -22,7 +22,7 @@ import threading
 import weakref
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
@@ -30,13 +30,17 @@ import torch
 
 from ..model.multimodal import AudioInput, ImageInput, MediaKind, MultimodalPrompt, VideoInput, rope_index_3d
 from ..model.tokenizer import ChatMessage
-from .api import ContentKind, TurnRequest
+from .api import ContentKind, TurnRequest, TurnTask
 from .kv_slots import KVSlotManager
 from .prompt_budget import fit_prompt
+from .prompt_meter import PromptMeter
 
 __all__ = ["ImagePayload", "InputProcessor", "MediaCache", "PreparedInputs", "expand_payloads"]
 
 log = logging.getLogger(__name__)
+
+_MAX_REMEMBERED_CONVERSATIONS = 4096  # where each conversation's last prompt began (`_first_kept`), newest kept
+_WINDOW = 4  # messages that tell where a prompt began (`_window`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,13 +130,20 @@ class MediaCache:
 
 class InputProcessor:
     """Prepares requests on `workers` threads (`submit`) or inline (`prepare`). `bundle` gives the tokenizer,
-    the preprocessor settings and the audio clip rules; `slots` (optional) the KV-slot hint."""
+    the preprocessor settings and the audio clip rules; `slots` (optional) the KV-slot hint;
+    `auto_truncation_ratio` the retention ratio `truncation: auto` cuts to (`prompt_budget`); `meter` the cache of
+    system turns (instructions + tools) encoded once and reused by every turn that has them."""
 
     def __init__(self, bundle, *, max_seq_len: int, workers: int = 2, cache_bytes: int = 512 * 2**20,
-                 slots: KVSlotManager | None = None):
+                 slots: KVSlotManager | None = None, auto_truncation_ratio: float = 1.0,
+                 meter: PromptMeter | None = None):
         self.bundle = bundle
         self.tok = bundle.tokenizer
         self.max_seq_len = max_seq_len
+        self.meter = meter or PromptMeter(self.tok, None, max_seq_len=max_seq_len, caption_budget=0)
+        self._firsts: OrderedDict[str, int] = OrderedDict()  # conversation -> key of its last prompt's 1st message
+        self._first_lock = threading.Lock()
+        self.auto_truncation_ratio = auto_truncation_ratio
         self.slots = slots
         self.cache = MediaCache(cache_bytes)
         self._pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="realtime-ming-inputs")
@@ -147,11 +158,18 @@ class InputProcessor:
     # ---- preparation ---------------------------------------------------------------------------
     def prepare(self, request: TurnRequest) -> PreparedInputs:
         """Render, fit and tokenise the chat prompt; preprocess the media the turn may prefill."""
-        system, messages = self._chat(request)
-        fitted = fit_prompt(lambda first: self.tok.build_prompt([m for m, _ in messages[first:]], system=system,
-                                                                tools=request.tools),
-                            len(messages), self.tok.token_id("<role>"), max_seq_len=self.max_seq_len,
-                            max_tokens=request.sampling.max_tokens, policy=request.truncation)
+        system, messages, keys = self._chat(request)
+        policy = request.truncation
+        if policy.mode == "auto":  # the server's choice: one cut that the next turns' cached prefix survives
+            policy = replace(policy, retention_ratio=self.auto_truncation_ratio)
+        system_ids = self.meter.system_ids(system, request.tools)  # bounded; over the context: refused here
+        fitted = fit_prompt(lambda first: self.tok.build_prompt([m for m, _ in messages[first:]],
+                                                                system_ids=system_ids),
+                            [m.role for m, _ in messages], self.tok.token_id("<role>"), max_seq_len=self.max_seq_len,
+                            max_tokens=request.sampling.max_tokens, policy=policy,
+                            sticky=self._first_kept(request.conversation_id, keys))
+        if request.task is TurnTask.REPLY and fitted.dropped < len(keys):
+            self._remember_first(request.conversation_id, _window(keys, fitted.dropped))
         if fitted.dropped:
             log.debug("turn %s: %d oldest messages truncated from the prompt", request.turn_id, fitted.dropped)
         prompt = fitted.prompt
@@ -162,6 +180,21 @@ class InputProcessor:
         pos, _ = rope_index_3d(list(prompt.input_ids), self.tok.media, prompt.image_grid_thw, prompt.video_grid_thw,
                                start=0)
         return PreparedInputs(prompt, pos, tuple(payloads))
+
+    def _first_kept(self, conversation_id: str, keys: list) -> int | None:
+        """Index of the message the conversation's last prompt began with, if it is still in `keys`."""
+        with self._first_lock:
+            key = self._firsts.get(conversation_id)
+        if key is None:
+            return None
+        return next((i for i in range(len(keys)) if _window(keys, i) == key), None)
+
+    def _remember_first(self, conversation_id: str, key) -> None:
+        with self._first_lock:
+            self._firsts[conversation_id] = key
+            self._firsts.move_to_end(conversation_id)
+            while len(self._firsts) > _MAX_REMEMBERED_CONVERSATIONS:
+                self._firsts.popitem(last=False)
 
     def vision(self, payload: ImagePayload):
         """The preprocessed image (from the cache, else computed now)."""
@@ -185,13 +218,16 @@ class InputProcessor:
         return out
 
     def _chat(self, request: TurnRequest):
-        """-> (system prompt, [(ChatMessage, its media payloads)]) of the request's conversation."""
-        system_parts, messages = [], []
+        """-> (system prompt, [(ChatMessage, its media payloads)], [a content key of each message]) of the
+        request's conversation (the key tells a message again in a later turn's history: `_first_kept`)."""
+        system_parts, messages, keys = [], [], []
         if request.system is not None:
             system_parts.append(request.system)
         for msg in request.history:
-            items, payloads = [], []
+            items, payloads, media = [], [], []
             for c in msg.content:
+                if c.kind is not ContentKind.TEXT:
+                    media.append(self.cache.digest(next(a for a in (c.audio, c.image, c.video) if a is not None)))
                 if c.kind is ContentKind.TEXT:
                     items.append(c.text)
                 elif c.kind is ContentKind.AUDIO:  # longer than the encoder's window: consecutive clips
@@ -212,8 +248,9 @@ class InputProcessor:
             elif items or msg.tool_calls or msg.role == "tool":
                 calls = tuple((c.name, c.arguments) for c in msg.tool_calls)
                 messages.append((ChatMessage(msg.role, tuple(items), tool_calls=calls), payloads))
+                keys.append(hash((msg.role, tuple(i for i in items if isinstance(i, str)), calls, tuple(media))))
         system = "\n".join(system_parts) if system_parts else None
-        return system, messages
+        return system, messages, keys
 
     def _clips(self, audio: np.ndarray, rate: int) -> list:
         key = ("audio", self.cache.digest(audio), int(rate))
@@ -224,6 +261,11 @@ class InputProcessor:
 
         key = ("video", self.cache.digest(video), float(fps))
         return self.cache.get(key, lambda: preprocess_video(video, fps, self.bundle.cfg.preprocessor))
+
+
+def _window(keys: list[int], i: int) -> int:
+    """Message `i` told by its own key and the next few (replies such as "OK" repeat; a run of messages rarely)."""
+    return hash(tuple(keys[i:i + _WINDOW]))
 
 
 def expand_payloads(payloads, spans) -> list:

@@ -35,6 +35,7 @@ from .kv_slots import KVSlotManager, copy_kv_prefix
 from .models import ModelBundle
 from .output_processor import OutputProcessor
 from .prefill_pace import PrefillPace
+from .prompt_meter import PromptMeter
 from .sampling import SamplingBatch, mask_to_allowed, sample
 from .scheduler import Row, Scheduler
 from .turn_judgement import answer_ids, turn_judgement_on
@@ -107,8 +108,13 @@ class ThinkerRunner:
         self.slots = KVSlotManager(self.cfg.max_slots, self._copy_kv)
         self.scheduler = Scheduler(self.cfg.max_batch, self.cfg.prefill_chunk_tokens, self.cfg.prefill_wait_ms)
         self.pace = PrefillPace(self.cfg.prefill_step_ms, self.cfg.prefill_chunk_tokens)
+        talker_tok = getattr(bundle, "talker_tokenizer", None)
+        self.meter = PromptMeter(self.tok, None if talker_tok is None else
+                                 (lambda text: talker_tok.encode(text, add_special_tokens=False).ids),
+                                 max_seq_len=self.cfg.max_seq_len, caption_budget=cfg.talker.caption_budget)
         self.inputs = InputProcessor(bundle, max_seq_len=self.cfg.max_seq_len, workers=cfg.input_workers,
-                                     cache_bytes=cfg.media_cache_mb * 2**20, slots=self.slots)
+                                     cache_bytes=cfg.media_cache_mb * 2**20, slots=self.slots,
+                                     auto_truncation_ratio=self.cfg.auto_truncation_ratio, meter=self.meter)
         self.outputs = OutputProcessor(self.tok, self.cfg.max_seq_len)
         self._encoder = (EncoderWorker(bundle, self.inputs.vision, out_device=self.device, on_done=wake)
                          if cfg.encoder_worker else None)

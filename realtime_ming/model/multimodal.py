@@ -166,11 +166,23 @@ class PromptBuilder:
         return self
 
     def special(self, token_id: int) -> "PromptBuilder":
-        self._flush()
+        self.flush()
         self._ids.append(token_id)
         return self
 
-    def _flush(self) -> None:
+    def tokens(self, ids) -> "PromptBuilder":
+        """Ids already encoded (a cached system turn), appended as they are."""
+        self.flush()
+        self._ids.extend(ids)
+        return self
+
+    @property
+    def num_tokens(self) -> int:
+        """Ids so far (text not yet encoded is not counted: `flush` first)."""
+        return len(self._ids)
+
+    def flush(self) -> None:
+        """Encode the text added since the last special token or flush (adjacent text is one piece)."""
         if self._pending:
             self._ids.extend(self.encode_text("".join(self._pending)))
             self._pending.clear()
@@ -225,7 +237,7 @@ class PromptBuilder:
         raise TypeError(f"unsupported prompt item {type(item).__name__}")
 
     def build(self) -> MultimodalPrompt:
-        self._flush()
+        self.flush()
         return MultimodalPrompt(tuple(self._ids), tuple(self._spans))
 
 

@@ -20,6 +20,7 @@ from .multimodal import AudioInput, ImageInput, MediaTokenIds, MultimodalPrompt,
 
 __all__ = [
     "ChatMessage",
+    "PromptTooLong",
     "ThinkerTokenizer",
     "IncrementalDecoder",
     "TokenizerNotFoundError",
@@ -49,6 +50,57 @@ _TOOLS_HEAD = ("# Tools\n\nYou may call one or more functions to assist with the
 _TOOLS_TAIL = ("\n</tools>\n\nFor each function call, return a json object with function name and arguments "
                "within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, "
                "\"arguments\": <args-json-object>}\n</tool_call>\n")
+
+
+# text longer than this is encoded in pieces cut before a single space (where a regex pre-tokenizer starts a
+# new word anyway, so the ids are the same): encoding stops as soon as a bound is passed, and the GIL is
+# released between pieces (one `encode` call holds it throughout)
+_PIECE_CHARS = 16384
+
+
+class PromptTooLong(ValueError):
+    """A prompt part would take more than its bound; `num_tokens` counts what was encoded when that was known
+    (a lower bound of the whole, above the bound)."""
+
+    def __init__(self, num_tokens: int, max_tokens: int):
+        super().__init__(f"more than {max_tokens} tokens (at least {num_tokens})")
+        self.num_tokens = num_tokens
+        self.max_tokens = max_tokens
+
+
+def _pieces(text: str, size: int):
+    """`text` in pieces of at most `size` characters, each after the first starting at a space that follows a
+    non-space and precedes one (a word boundary of GPT-2 / Qwen2 style pre-tokenizers); cut at `size` where a
+    window has no such space."""
+    start = 0
+    while len(text) - start > size:
+        cut = text.rfind(" ", start + 1, start + size)
+        while cut > start and (text[cut - 1].isspace() or text[cut + 1].isspace()):
+            cut = text.rfind(" ", start + 1, cut)
+        if cut <= start:
+            cut = start + size
+        yield text[start:cut]
+        start = cut
+    yield text[start:]
+
+
+class _BoundedEncoder:
+    """`encode` over pieces of the text, raising PromptTooLong once the ids of every call together pass `max_tokens`
+    (the specials a builder adds between calls are not counted: the caller checks the total)."""
+
+    def __init__(self, encode, max_tokens: int):
+        self._encode = encode
+        self.max_tokens = max_tokens
+        self.num_tokens = 0
+
+    def __call__(self, text: str) -> list[int]:
+        ids: list[int] = []
+        for piece in _pieces(text, _PIECE_CHARS):
+            ids += self._encode(piece)
+            if self.num_tokens + len(ids) > self.max_tokens:
+                raise PromptTooLong(self.num_tokens + len(ids), self.max_tokens)
+        self.num_tokens += len(ids)
+        return ids
 
 
 class TokenizerNotFoundError(FileNotFoundError):
@@ -194,13 +246,44 @@ class ThinkerTokenizer:
     def incremental_decoder(self, skip_special_tokens: bool = True) -> IncrementalDecoder:
         return IncrementalDecoder(self.tokenizer, skip_special_tokens)
 
+    def system_ids(self, system: str | None = None, *, tools: Sequence[Mapping] = (), thinking: bool = False,
+                   max_tokens: int | None = None) -> list[int]:
+        """The system turn as `build_prompt` renders it: `<role>SYSTEM</role>{system}…<|role_end|>`, tools included.
+
+        With `max_tokens`, raises PromptTooLong as soon as the turn is known to take more: the text is encoded in
+        pieces (tool by tool, long text cut at word boundaries), so the work is bounded by `max_tokens`, not by the
+        size of the instructions and tools (megabytes of tools are refused after about `max_tokens` tokens of them).
+        """
+        encode = self.encode if max_tokens is None else _BoundedEncoder(self.encode, max_tokens)
+        b = PromptBuilder(encode, self.media)
+        self._turn(b, "SYSTEM")
+        head = DEFAULT_SYSTEM_PROMPT if system is None else system
+        thinking_line = _THINKING.format("on" if thinking else "off")
+        if tools:
+            b.text(head + "\n\n")
+            self._markup(b, _TOOLS_HEAD + "\n")
+            for tool in tools:  # "\n".join of the tools, then the tail (which opens with its own "\n")
+                self._markup(b, json.dumps(tool, ensure_ascii=False) + "\n")
+                if max_tokens is not None:  # cut after "}\n": a pre-token boundary (the text is the same)
+                    b.flush()
+            self._markup(b, _TOOLS_TAIL[1:])
+            b.text(thinking_line[2:])
+        else:
+            b.text(head).text(thinking_line)
+        b.special(self._role_end)
+        if max_tokens is not None and b.num_tokens > max_tokens:
+            raise PromptTooLong(b.num_tokens, max_tokens)
+        return list(b.build().input_ids)
+
     def build_prompt(self, messages: Sequence[ChatMessage], *, system: str | None = None, thinking: bool = False,
-                     add_generation_prompt: bool = True, tools: Sequence[Mapping] = ()) -> MultimodalPrompt:
+                     add_generation_prompt: bool = True, tools: Sequence[Mapping] = (),
+                     system_ids: Sequence[int] | None = None) -> MultimodalPrompt:
         """Chat prompt in the official processor format (§1.6), media expanded in content order (§4).
 
         `<role>SYSTEM</role>{system}\\n\\ndetailed thinking off<|role_end|>` (system defaults to
         你是一个友好的AI助手。), then `<role>HUMAN</role>…<|role_end|>` / `<role>ASSISTANT</role>…<|role_end|>`
-        per message, then `<role>ASSISTANT</role>` when `add_generation_prompt`.
+        per message, then `<role>ASSISTANT</role>` when `add_generation_prompt`. `system_ids` (the system turn
+        as `system_ids` made it, e.g. cached) replaces `system`, `tools` and `thinking`.
 
         Tools (each a JSON object, written with `json.dumps` as the template's `tojson`) go between the
         system text and `detailed thinking`; an assistant message's `tool_calls` follow its text as
@@ -209,17 +292,7 @@ class ThinkerTokenizer:
         checkpoint's chat template, with the tool markers as their special tokens.
         """
         b = PromptBuilder(self.encode, self.media)
-        self._turn(b, "SYSTEM")
-        head = DEFAULT_SYSTEM_PROMPT if system is None else system
-        thinking_line = _THINKING.format("on" if thinking else "off")
-        if tools:
-            b.text(head + "\n\n")
-            block = _TOOLS_HEAD + "".join("\n" + json.dumps(t, ensure_ascii=False) for t in tools) + _TOOLS_TAIL
-            self._markup(b, block)
-            b.text(thinking_line[2:])
-        else:
-            b.text(head).text(thinking_line)
-        b.special(self._role_end)
+        b.tokens(self.system_ids(system, tools=tools, thinking=thinking) if system_ids is None else system_ids)
         for i, msg in enumerate(messages):
             if msg.role == "tool":
                 self._tool_response(b, msg, first=i == 0 or messages[i - 1].role != "tool",

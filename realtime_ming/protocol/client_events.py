@@ -59,6 +59,7 @@ __all__ = [
     "ResponseCancel",
     "ResponseCreate",
     "ResponseParams",
+    "response_param",
     "SessionUpdate",
     "TranscriptionSessionUpdate",
 ]
@@ -217,6 +218,12 @@ _RESPONSE_FIELDS: Final[dict[Dialect, tuple[WireField, ...]]] = {
         WireField.at("temperature", nullable(TEMPERATURE)),
     ),
 }
+
+
+def response_param(name: str, dialect: Dialect) -> str:
+    """Wire param path of `ResponseParams` attribute `name` in `dialect`, e.g. `response.max_output_tokens`."""
+    path = next(f.path for f in _RESPONSE_FIELDS[dialect] if f.name == name)
+    return ".".join(("response", *path))
 
 
 def _decode_response_params(value: Any, param: str, dialect: Dialect) -> ResponseParams:

@@ -182,6 +182,27 @@ class ErrorCode(StrEnum):
         _INVALID,
         "{active} out-of-band responses are already in progress (the limit is {limit}); wait for one to finish.",
     )
+    # Settings measured in tokens where they are accepted (`session/prompt_limits.py`): refused there, never left
+    # to fail every turn.
+    INSTRUCTIONS_EXCEED_CONTEXT = (
+        "instructions_exceed_context",
+        _INVALID,
+        "The instructions and tools take {num_tokens} tokens of the model's {max_seq_len}-token context; with"
+        " {reply_tokens} tokens kept for the reply (max_output_tokens) the conversation would have {room} tokens"
+        " left, less than the {min_tokens} it needs. Shorten '{param}' or lower max_output_tokens.",
+    )
+    SPEECH_STYLE_TOO_LONG = (
+        "speech_style_too_long",
+        _INVALID,
+        "The speech style at '{param}' makes a talker caption of {num_tokens} talker tokens; the talker takes at"
+        " most {max_tokens} (engine.talker.max_prompt_len). Shorten the style.",
+    )
+    TOKEN_LIMIT_TOO_SMALL = (
+        "token_limit_too_small",
+        _INVALID,
+        "'{param}' is {value} tokens, less than the {min_tokens} tokens a conversation needs after the"
+        " instructions: every response would fail.",
+    )
     CANNOT_UPDATE_VOICE = (
         "cannot_update_voice",
         _INVALID,

@@ -16,7 +16,7 @@ from typing import Any
 from websockets.frames import CloseCode
 
 from ..audio.vad import VadBackend, VadKind, create_silero_session, create_vad
-from ..engine.api import EngineHandle
+from ..engine.api import EngineHandle, engine_prompt_meter
 from ..engine.config import EngineConfig
 from ..protocol.codec import parse
 from ..protocol.dialect import Dialect, server_type_to_wire
@@ -132,6 +132,7 @@ class LocalAgent(RealtimeAgent):
             make_vad=self._make_vad,
             media=MediaLimits.from_engine(info.get("media"), min_audio_ms=self._settings.min_commit_ms,
                                           max_audio_s=self._settings.max_input_audio_s),
+            prompt_meter=engine_prompt_meter(self.engine),
         )
         self._runner = SessionRunner(session, self.engine, emit=self._emit,
                                      max_pending_client=_MAX_PENDING_CLIENT_EVENTS)

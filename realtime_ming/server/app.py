@@ -43,7 +43,7 @@ from websockets.http11 import Request, Response
 
 from ..audio.end_of_turn import shared_smart_turn
 from ..audio.vad import VadBackend, VadKind, create_silero_session, create_vad
-from ..engine.api import engine_health
+from ..engine.api import engine_health, engine_prompt_meter
 from ..protocol.session import DEFAULT_MODEL, DEFAULT_VOICE
 from .call_routes import CallRoutes
 from .client_secrets import ClientSecrets, Grant, SecretStore, authorize
@@ -161,6 +161,7 @@ class RealtimeServer:
             mcp_timeout_s=cfg.server.mcp.timeout_s,
             mcp_max_response_bytes=cfg.server.mcp.max_response_bytes,
             live=self._live,
+            prompt_meter=engine_prompt_meter(engine),
         )
         shared = getattr(engine, "client_secrets", None)  # the engine process's store (a front end)
         self.secrets: SecretStore = shared() if callable(shared) else ClientSecrets(cfg.server.client_secrets)

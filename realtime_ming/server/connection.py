@@ -34,13 +34,14 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from websockets.frames import CloseCode
 
 from ..audio.vad import VadBackend
-from ..engine.api import EngineHandle
+from ..engine.api import EngineHandle, PromptMeter
 from ..protocol.codec import event_to_wire, parse, serialise
 from ..protocol.dialect import Dialect
 from ..protocol.errors import ErrorCode, ProtocolError
@@ -69,6 +70,12 @@ __all__ = ["ConnectionContext", "InitialConfigError", "LiveSessions", "MediaPath
            "serve_connection"]
 
 log = logging.getLogger(__name__)
+
+# Frames above this many characters are parsed on a worker thread: checking every value of a frame of megabytes
+# of small JSON values (128 tools at every size limit: ~9 MB) takes a third of a second of Python, which on the
+# event loop would stall every session's events and /health (the GIL is still shared, but in slices).
+_PARSE_OFF_LOOP_CHARS = 256 * 1024
+_PARSERS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="frame-parse")
 
 
 _Ender = Callable[[CloseCode, str], Awaitable[None]]
@@ -117,6 +124,7 @@ class ConnectionContext:
     mcp_timeout_s: float = 10.0  # server.mcp.timeout_s
     mcp_max_response_bytes: int = 2**20  # server.mcp.max_response_bytes
     live: LiveSessions | None = None  # where the session registers for the server's shutdown
+    prompt_meter: PromptMeter | None = None  # the engine's token counts of instructions, tools and speech styles
 
     def media_limits(self) -> MediaLimits:
         """What one stored item may hold: the model's constraints and this server's budgets."""
@@ -174,6 +182,7 @@ def new_session(ctx: ConnectionContext, info: HandshakeInfo) -> Session:
         media=ctx.media_limits(),
         custom_voices=None if ctx.voice_lookup is None else ctx.voice_lookup(info.api_key),
         mcp_allowed_hosts=ctx.mcp_allowed_hosts,
+        prompt_meter=ctx.prompt_meter,
     )
 
 
@@ -304,7 +313,10 @@ async def _read_frames(ws: Transport, runner: SessionRunner, outbound: Outbound,
             event = ProtocolError(ErrorCode.FRAME_TOO_LARGE, num_bytes=len(message), max_bytes=limits.max_frame_bytes)
         else:
             try:
-                event = parse(message, info.dialect)
+                if len(message) > _PARSE_OFF_LOOP_CHARS:
+                    event = await asyncio.get_running_loop().run_in_executor(_PARSERS, parse, message, info.dialect)
+                else:
+                    event = parse(message, info.dialect)
             except Exception as exc:  # parse answers every frame; a bug in it costs one error event
                 log_failure(log, runner.session.config.id, "frame", None, exc)
                 event = ProtocolError(ErrorCode.SERVER_ERROR)

@@ -26,12 +26,13 @@ from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection, Listener
 
 
-from ..engine.api import FailureCode, TurnFailed, engine_health
+from ..engine.api import FailureCode, TurnFailed, engine_health, engine_prompt_meter
 from ..engine.voice_store import CustomVoice, VoiceStore
 from .client_secrets import ClientSecrets
 from .config import ClientSecretsConfig, VoicesConfig
 from .remote_engine import (
     HEARTBEAT_S,
+    PROMPT_CALLS,
     SECRETS_CALL_PREFIX,
     TERMINAL,
     Call,
@@ -231,6 +232,9 @@ class _Peer:
 
     def _answer(self, call: Call) -> None:
         try:
+            if call.method in PROMPT_CALLS and self.host.meter is not None:  # a session's prompt measurement
+                self.post(Reply(call.call_id, True, getattr(self.host.meter, call.method)(*call.args)))
+                return
             if call.method.startswith(SECRETS_CALL_PREFIX):  # the one client-secret store of every front end
                 name = call.method[len(SECRETS_CALL_PREFIX):]
                 if name not in _SECRET_CALLS:
@@ -278,6 +282,7 @@ class EngineHost:
         encoder_of = getattr(engine, "voice_encoder", None)
         encoder = encoder_of() if callable(encoder_of) else None
         self.voices = VoiceHost(voices_cfg, encoder, voice_owners) if encoder is not None else None
+        self.meter = engine_prompt_meter(engine)
         self.encodes = ThreadPoolExecutor(voices_cfg.workers, thread_name_prefix="voice-clone")
         self.calls = ThreadPoolExecutor(2, thread_name_prefix="engine-host-call")
         self._lock = threading.Lock()

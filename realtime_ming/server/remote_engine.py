@@ -40,8 +40,8 @@ from ..engine.api import (
 )
 from ..engine.commands import Cancel, Confirm, Discard
 
-__all__ = ["HEARTBEAT_S", "SECRETS_CALL_PREFIX", "Call", "Cancel", "Close", "Confirm", "Discard", "Hello", "PromptRef",
-           "Release", "RemoteClientSecrets", "RemoteEngine", "RemoteVoiceEncoder", "RemoteVoiceStore", "Reply",
+__all__ = ["HEARTBEAT_S", "PROMPT_CALLS", "SECRETS_CALL_PREFIX", "Call", "Cancel", "Close", "Confirm", "Discard", "Hello", "PromptRef",
+           "Release", "RemoteClientSecrets", "RemoteEngine", "RemotePromptMeter", "RemoteVoiceEncoder", "RemoteVoiceStore", "Reply",
            "SessionTickets", "Status", "Submit", "hang_up"]
 
 log = logging.getLogger(__name__)
@@ -50,6 +50,8 @@ HEARTBEAT_S = 0.25  # the host sends the engine's health at least this often
 CALL_TIMEOUT_S = 120.0  # a voice call (encoding a clip takes seconds on a busy GPU)
 SECRETS_CALL_PREFIX = "secrets_"  # a Call of the host's client-secret store (`secrets_mint`, ...)
 SECRETS_TIMEOUT_S = 10.0
+PROMPT_CALL_TIMEOUT_S = 30.0  # a prompt measurement (bounded: at most a context's worth of encoding)
+PROMPT_CALLS = ("system_tokens", "caption_tokens")  # the `PromptMeter` methods a front end calls
 TERMINAL = (TurnDone, TurnCancelled, TurnFailed)
 
 
@@ -207,6 +209,11 @@ class RemoteEngine:
     def client_secrets(self) -> RemoteClientSecrets:
         return RemoteClientSecrets(self)
 
+    def prompt_meter(self) -> RemotePromptMeter | None:
+        """The engine process's `PromptMeter` (None when its engine has none)."""
+        prompt = self._hello.info.get("prompt")
+        return None if prompt is None else RemotePromptMeter(self, prompt["max_seq_len"], prompt["caption_budget"])
+
     def close(self) -> None:
         """Hang up (the host then cancels this front end's turns and closes its conversations)."""
         self._closing = True
@@ -319,6 +326,21 @@ class SessionTickets:
     def total(self) -> int:
         """Sessions open on every front end (as of the host's last status, at most `HEARTBEAT_S` old)."""
         return self._engine._status.sessions
+
+
+class RemotePromptMeter:
+    """`PromptMeter` (engine/api.py) of the engine process: counts are taken there, by its tokenizers and cache."""
+
+    def __init__(self, engine: RemoteEngine, max_seq_len: int, caption_budget: int) -> None:
+        self._engine = engine
+        self.max_seq_len = max_seq_len
+        self.caption_budget = caption_budget
+
+    def system_tokens(self, system, tools) -> int:
+        return self._engine.call("system_tokens", system, tuple(tools), timeout_s=PROMPT_CALL_TIMEOUT_S)
+
+    def caption_tokens(self, caption: str) -> int:
+        return self._engine.call("caption_tokens", caption, timeout_s=PROMPT_CALL_TIMEOUT_S)
 
 
 class RemoteVoiceEncoder:

@@ -49,6 +49,9 @@ class SessionSettings:
     max_audio_rate: float = 16.0
     audio_burst_s: float = 60.0
     max_out_of_band_responses: int = 2  # `conversation: "none"` responses running beside the main one
+    # tokens of the prompt budget (the context minus the reply's room) that instructions and tools must leave for
+    # the conversation, and the least `truncation.token_limits.post_instructions` accepted
+    min_conversation_tokens: int = 64
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -67,5 +70,7 @@ class SessionSettings:
             raise ValueError("session.audio_burst_s must be >= 0")
         if self.max_out_of_band_responses < 0:
             raise ValueError("session.max_out_of_band_responses must be >= 0")
+        if self.min_conversation_tokens < 1:
+            raise ValueError("session.min_conversation_tokens must be >= 1")
         if not 5 <= self.output_frame_ms <= 40:
             raise ValueError("session.output_frame_ms must be in [5, 40]")

@@ -30,19 +30,18 @@ from ..engine.api import (
     TurnFailed,
     TurnRequest,
 )
-from ..model.talker_caption import TalkerCaption
 from ..protocol import client_events as ce
 from ..protocol.errors import ErrorCode, ErrorType, ProtocolError
 from ..protocol.ids import IdPrefix, new_id
-from ..protocol.items import ItemReference
+from ..protocol.items import FunctionCallItem, ItemReference
 from ..protocol.responses import ErrorDetail, ResponseStatus, StatusReason
 from ..protocol.server_events import ConversationItemDeleted
 from ..protocol.session import ServerVad
-from ..protocol.speech_style import caption_labels
 from ..protocol.values import ToolChoiceMode
 from .actions import Action, CancelTurn, Send, SubmitTurn
 from .conversation import AssistantItem, merge_calls
 from .failures import log_failure
+from .prompt_limits import talker_caption
 from .response import ActiveResponse, ResponseSpec, failure_error
 from .mcp import check_mcp_tools
 from .tools import check_tool_choice, engine_tools, forces_call, response_tools
@@ -89,6 +88,7 @@ def on_response_create(session: Session, event: ce.ResponseCreate, now: float) -
         )
     session._accepted_voices.check(params.voice or session.config.voice, "response.voice", event.event_id)
     check_tool_choice(*response_tools(session.config, params), "response.tool_choice")
+    session.prompt_limits.check_response(session.config, params, session.dialect)
     if params.tools is not None:
         check_mcp_tools(params.tools, session.mcp_allowed_hosts, "response.tools")
     # a server named here first is listed now; this response offers only tools already listed
@@ -167,7 +167,7 @@ def turn_request(
         ),
         voice=_engine_voice(session, spec.voice) if spec.is_audio else None,
         with_audio=spec.is_audio,
-        caption=_talker_caption(session, params) if spec.is_audio else None,
+        caption=talker_caption(session.config, params) if spec.is_audio else None,
         truncation=_engine_truncation(session.config.truncation),
         tools=tools,
         forced_prefix=forced_prefix,
@@ -179,14 +179,6 @@ def _offered(session: Session, params: ce.ResponseParams | None):
     """(the tools the model sees: functions and each listed MCP server's tools, the tool choice) of a response."""
     tools, choice = response_tools(session.config, params)
     return session.mcp.expand(tools), choice
-
-
-def _talker_caption(session: Session, params: ce.ResponseParams | None) -> str | None:
-    """The talker caption for the response's speed and speech style (the response's override, else the session's)."""
-    p = params or ce.ResponseParams()
-    speed = p.speed if p.speed is not None else session.config.speed
-    style = p.speech if p.speech is not None else session.config.speech
-    return TalkerCaption(**caption_labels(style, speed)).instruction()
 
 
 def _engine_voice(session: Session, voice: str):
@@ -377,9 +369,10 @@ def on_engine_event(session: Session, event: TurnEvent, now: float) -> list[Acti
 
 def _on_turn_failed(session: Session, response: ActiveResponse, event: TurnFailed, now: float) -> list[Action]:
     """A failed response names its cause; unless the cause is transient (capacity, shutdown, a dead
-    engine), the input items the turn added (the user/system items after the last assistant item) are
-    removed from the conversation, each with `conversation.item.deleted`, so that the next response
-    does not fail on them again."""
+    engine), the input items the turn added since the model's last output (the user/system messages and
+    function results after the last assistant message or function call) are removed from the conversation,
+    each announced with `conversation.item.deleted`, so that the next response does not fail on them again.
+    The model's own output (messages, function calls) and everything before it stay."""
     error, transient = failure_error(response.id, event)
     log.warning("response %s failed in the engine (%s): %s", response.id, error.code, event.message)
     actions = finish_response(session, ResponseStatus.FAILED, now, response=response, error=error)
@@ -389,7 +382,7 @@ def _on_turn_failed(session: Session, response: ActiveResponse, event: TurnFaile
     for entry in session.conversation.newest_first():
         if entry is response.item:
             continue
-        if isinstance(entry, AssistantItem):
+        if isinstance(entry, AssistantItem) or isinstance(entry.item, FunctionCallItem):
             break
         new_inputs.append(entry.id)
     for item_id in reversed(new_inputs):

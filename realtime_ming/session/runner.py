@@ -269,6 +269,10 @@ class SessionRunner:
                 if media_parts(item):
                     await self._loop.run_in_executor(_MEDIA_DECODER, self.session.predecode, item, now)
                     now = time.monotonic()
+                limits = self.session.prompt_limits
+                if limits.wants(item):  # instructions, tools, speech style: their tokens are counted off the loop
+                    await self._loop.run_in_executor(_MEDIA_DECODER, limits.premeasure_event, self.session.config, item)
+                    now = time.monotonic()
                 await self._dispatch(self.session.handle_client_event(item, now), item)
 
     def _log_turn_end(self, actions: list[Action], cause: str, arrived: float, dequeued: float, handled: float) -> None:

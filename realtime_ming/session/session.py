@@ -23,7 +23,7 @@ import numpy as np
 from ..audio.pcm import AudioFormatError
 from ..audio.turns import SpeechPaused, SpeechResumed
 from ..audio.vad import VadBackend
-from ..engine.api import Content, Message, TurnEvent
+from ..engine.api import Content, Message, PromptMeter, TurnEvent
 from ..protocol import client_events as ce
 from ..protocol.dialect import Dialect
 from ..protocol.errors import ErrorCode, ProtocolError
@@ -66,6 +66,7 @@ from .input import BufferFull, InputTurns, SpeechBegan, SpeechEnded, TurnSignal
 from .judgement import NO_ANSWER, TurnJudge
 from .mcp_calls import McpServers
 from .media_intake import MediaIntake
+from .prompt_limits import PromptLimits
 from .response import ActiveResponse
 from .session_update import on_session_update
 from .transcription import Transcriber
@@ -101,9 +102,11 @@ class Session:
         media: MediaLimits | None = None,
         custom_voices: VoiceLookup | None = None,
         mcp_allowed_hosts: Collection[str] = (),
+        prompt_meter: PromptMeter | None = None,
     ) -> None:
         self.settings = settings
         self.mcp_allowed_hosts = frozenset(mcp_allowed_hosts)  # server.mcp.allowed_hosts
+        self.prompt_limits = PromptLimits(prompt_meter, settings)  # token budgets checked where settings come in
         self.media = media or MediaLimits(min_audio_ms=settings.min_commit_ms, max_audio_s=settings.max_input_audio_s)
         self.dialect = dialect
         self.voices = tuple(voices)

@@ -1,7 +1,8 @@
 """`session.update`: validate the patched configuration, then apply it to a `Session` at once.
 
 A refused update (voice after the first audio response, an unavailable denoiser, a bad tool
-choice, transcription or tracing value, a type change while a response runs) leaves the session as it was.
+choice, transcription or tracing value, a type change while a response runs, instructions, tools or a speech
+style over their token budgets: `prompt_limits`) leaves the session as it was.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ def on_session_update(session: Session, event: ce.SessionUpdate, now: float) -> 
     check_tool_choice(new.tools, new.tool_choice, event.session.param("tool_choice"))
     if "tools" in event.session.changes:
         check_mcp_tools(new.tools, session.mcp_allowed_hosts, event.session.param("tools"))
+    session.prompt_limits.check_update(new, event.session)
     if new.voice != session.config.voice and session._has_spoken:
         return session._error(ErrorCode.CANNOT_UPDATE_VOICE, event.event_id, param=event.session.param("voice"))
     if "tracing" in event.session.changes:
