@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..audio.config import TurnDetectorConfig
+from ..protocol.session import DEFAULT_OUTPUT_LEAD_MS, OUTPUT_LEAD_RANGE_MS
 
 __all__ = ["VAD_BACKENDS", "SessionSettings", "VadSettings"]
 
@@ -49,6 +50,10 @@ class SessionSettings:
     max_audio_rate: float = 16.0
     audio_burst_s: float = 60.0
     max_out_of_band_responses: int = 2  # `conversation: "none"` responses running beside the main one
+    # the most unplayed reply audio a client holds (ms): audio deltas are paced to it, so an output hold at a possible
+    # interruption is heard within it; None = unpaced (every delta as generated). Per session:
+    # `realtime_ming.output_lead_ms` (docs/barge_in.md)
+    output_lead_ms: int | None = DEFAULT_OUTPUT_LEAD_MS
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -69,3 +74,6 @@ class SessionSettings:
             raise ValueError("session.max_out_of_band_responses must be >= 0")
         if not 5 <= self.output_frame_ms <= 40:
             raise ValueError("session.output_frame_ms must be in [5, 40]")
+        low, high = OUTPUT_LEAD_RANGE_MS
+        if self.output_lead_ms is not None and not low <= self.output_lead_ms <= high:
+            raise ValueError(f"session.output_lead_ms must be null (unpaced) or in [{low}, {high}] ms")
