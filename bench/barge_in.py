@@ -28,6 +28,7 @@ import asyncio
 import base64
 import json
 import re
+import shlex
 import subprocess
 import sys
 import threading
@@ -261,12 +262,17 @@ def analyse_trial(trial: dict) -> tuple[list[dict], float | None]:
     timings = next((f["timings"] for _, f in frames
                     if f["type"] == "realtime_ming.response.timings" and f["response_id"] == rid), {})
     gen_end = trial["created_at"] + timings["done"] / 1000.0 if "done" in timings else None
-    started = [t for t, f in frames if f["type"] == "input_audio_buffer.speech_started" and t > trial["first_at"]]
+    whole = played(deltas, None)
+    playback_end = whole[-1][1] if whole else trial["first_at"]
+    # a speech_started flushes the reply only while it plays (after its end it is the user's next turn)
+    started = [t for t, f in frames if f["type"] == "input_audio_buffer.speech_started"
+               and trial["first_at"] < t < playback_end]
     flush_at = started[0] if started else None
     segments = played(deltas, flush_at)
     audio = trial["retrieved"]["content"][0].get("audio") if trial["retrieved"] else None
-    complete = (done["status"] == "completed" and flush_at is None
-                and audio is not None and base64.b64decode(audio) == received)
+    finished = done["status"] == "completed" or (
+        done["status"] == "incomplete" and (done.get("status_details") or {}).get("reason") == "max_output_tokens")
+    complete = finished and flush_at is None and audio is not None and base64.b64decode(audio) == received
     rows = []
     for (clip, _), onset in zip(trial["plan"], trial["onsets"]):
         row = {"clip": clip.name, "kind": clip.kind, "onset_s": round(onset - trial["first_at"], 3),
@@ -278,7 +284,7 @@ def analyse_trial(trial: dict) -> tuple[list[dict], float | None]:
             row["stop_ms"] = round((last - onset) * 1000.0, 1) if row["playing"] else None
             row["detected"] = flush_at is not None
         else:
-            row["stopped"] = any(onset < t < end + 1.5 for t in started) or done["status"] != "completed"
+            row["stopped"] = any(onset < t < end + 1.5 for t in started) or not finished
             row["complete"] = complete
             gaps = [b0 - a1 for (_, a1), (b0, _) in zip(segments, segments[1:]) if onset - 0.1 <= a1 <= end + 2.0]
             row["pause_ms"] = round(max(gaps, default=0.0) * 1000.0, 1)
@@ -312,15 +318,19 @@ def summarise(rows: list[dict], pause_bound_ms: float = 800.0) -> dict:
     return out
 
 
-def _plans(args, real: list[Clip], others: list[Clip], gen_after_first: float) -> list[tuple[list, int]]:
-    """Trials: (clips with their offsets after the first delta, reply tokens) for every clip in every state."""
+def _plans(args, real: list[Clip], others: list[Clip], gen_after_first: float,
+           audio_s: float) -> list[tuple[list, int]]:
+    """Trials: (clips with their offsets after the first delta, reply tokens) for every clip in every state. A
+    'generated' reply (as long as the warm-up's, `audio_s`) hosts as many non-interruptions as its playback after
+    generation holds, 2.5 s each (at most `--per-reply`)."""
     later = max(args.generated_at_ms / 1000.0, gen_after_first + args.margin_ms / 1000.0)
+    fits = int((audio_s - 2.5 - later) // (args.spacing_ms / 1000.0)) + 1
     plans: list[tuple[list, int]] = []
     for state in args.states:
         at = args.generating_at_ms / 1000.0 if state == "generating" else later
         tokens = args.short_reply_tokens if state == "generating" else args.reply_tokens
         plans += [([(c, at)], tokens) for c in real]
-        step = 1 if state == "generating" else args.per_reply
+        step = 1 if state == "generating" else max(1, min(args.per_reply, fits))
         for i in range(0, len(others), step):
             group = others[i: i + step]
             plans.append(([(c, at + j * args.spacing_ms / 1000.0) for j, c in enumerate(group)], tokens))
@@ -330,11 +340,13 @@ def _plans(args, real: list[Clip], others: list[Clip], gen_after_first: float) -
 async def run_listener(args) -> dict:
     real, others = listener_clips()
     session = {} if args.lead_ms is None else {"output_lead_ms": None if args.lead_ms == "null" else int(args.lead_ms)}
-    warm = await listener_trial(args.url, [], args.reply_tokens, session)  # how long generation takes
+    warm = await listener_trial(args.url, [], args.reply_tokens, session)  # how long generation and playback take
     _, gen = analyse_trial(warm)
     gen_after_first = 0.0 if gen is None else max(0.0, gen)
+    audio_s = sum(len(base64.b64decode(f["delta"])) / 2 / WIRE_HZ for _, f in warm["frames"]
+                  if f["type"] == "response.output_audio.delta")
     queue = asyncio.Queue()
-    for plan in _plans(args, real, others, gen_after_first):
+    for plan in _plans(args, real, others, gen_after_first, audio_s):
         queue.put_nowait(plan)
     rows: list[dict] = []
     failures: list[str] = []
@@ -350,13 +362,14 @@ async def run_listener(args) -> dict:
 
     await asyncio.gather(*(worker() for _ in range(args.concurrency)))
     return {"url": args.url, "concurrency": args.concurrency, "session": session,
-            "generation_after_first_delta_s": round(gen_after_first, 3), "summary": summarise(rows),
+            "generation_after_first_delta_s": round(gen_after_first, 3), "reply_audio_s": round(audio_s, 2),
+            "summary": summarise(rows),
             "failures": failures, "clips": rows}
 
 
-def _serve_tiny(forced_reply: str) -> tuple[subprocess.Popen, str]:
-    """`realtime-ming serve` with the embedded tiny model on a free port, forced to tell a story."""
-    proc = subprocess.Popen([sys.executable, "-m", "realtime_ming.cli", "serve", "--port", "0",
+def _serve(args: str, forced_reply: str) -> tuple[subprocess.Popen, str]:
+    """`realtime-ming serve ARGS` on a free port (no ARGS: the embedded tiny model), forced to tell a story."""
+    proc = subprocess.Popen([sys.executable, "-m", "realtime_ming.cli", "serve", *shlex.split(args), "--port", "0",
                              "--set", f"engine.thinker.forced_reply={forced_reply}"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
@@ -370,8 +383,8 @@ def _serve_tiny(forced_reply: str) -> tuple[subprocess.Popen, str]:
 
 def listener_main(args) -> None:
     proc = None
-    if args.serve_tiny:
-        proc, args.url = _serve_tiny(STORY)
+    if args.serve is not None:
+        proc, args.url = _serve(args.serve, STORY)
     try:
         result = asyncio.run(run_listener(args))
     finally:
@@ -390,10 +403,13 @@ def main(argv: list[str] | None = None) -> None:
     listen = parser.add_argument_group("listener (a standard client through the real server)")
     listen.add_argument("--listener", action="store_true", help="measure what a listener hears (needs --url or --serve-tiny)")
     listen.add_argument("--url", help="ws://HOST:PORT/v1/realtime of a running server")
-    listen.add_argument("--serve-tiny", action="store_true", help="start the embedded tiny model (CPU) in a child process")
+    listen.add_argument("--serve-tiny", dest="serve", action="store_const", const="",
+                        help="start the embedded tiny model (CPU) in a child process, forced to tell a story")
+    listen.add_argument("--serve", metavar="ARGS", help="start `realtime-ming serve ARGS` (e.g. '--config configs/"
+                        "ming-flash-omni-2.0-x4.yaml --set engine.weights=dummy'), forced to tell a story")
     listen.add_argument("-c", "--concurrency", type=int, default=1, help="sessions at once")
     listen.add_argument("--states", default="generating,generated", help="which reply states to measure")
-    listen.add_argument("--reply-tokens", type=int, default=180, help="reply length of the 'generated' trials")
+    listen.add_argument("--reply-tokens", type=int, default=300, help="reply length of the 'generated' trials")
     listen.add_argument("--short-reply-tokens", type=int, default=60, help="reply length of the 'generating' trials")
     listen.add_argument("--generating-at-ms", type=float, default=300.0, help="clip onset after the first delta")
     listen.add_argument("--generated-at-ms", type=float, default=1200.0,
@@ -405,8 +421,8 @@ def main(argv: list[str] | None = None) -> None:
     listen.add_argument("--out", help="write every clip's row here (JSON)")
     args = parser.parse_args(argv)
     if args.listener:
-        if not (args.url or args.serve_tiny):
-            parser.error("--listener needs --url or --serve-tiny")
+        if not args.url and args.serve is None:
+            parser.error("--listener needs --url, --serve or --serve-tiny")
         args.states = tuple(x for x in args.states.split(",") if x)
         listener_main(args)
         return
