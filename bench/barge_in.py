@@ -258,15 +258,16 @@ def analyse_trial(trial: dict) -> tuple[list[dict], float | None]:
               if f["type"] == "response.output_audio.delta" and f["response_id"] == rid]
     received = b"".join(base64.b64decode(f["delta"]) for _, f in frames
                         if f["type"] == "response.output_audio.delta" and f["response_id"] == rid)
-    done = next(f["response"] for _, f in frames if f["type"] == "response.done" and f["response"]["id"] == rid)
+    done_at, done = next((t, f["response"]) for t, f in frames
+                         if f["type"] == "response.done" and f["response"]["id"] == rid)
     timings = next((f["timings"] for _, f in frames
                     if f["type"] == "realtime_ming.response.timings" and f["response_id"] == rid), {})
     gen_end = trial["created_at"] + timings["done"] / 1000.0 if "done" in timings else None
     whole = played(deltas, None)
-    playback_end = whole[-1][1] if whole else trial["first_at"]
-    # a speech_started flushes the reply only while it plays (after its end it is the user's next turn)
+    # a speech_started stops the reply while it is active or plays (after that it is the user's next turn)
+    reply_end = max(whole[-1][1] if whole else trial["first_at"], done_at)
     started = [t for t, f in frames if f["type"] == "input_audio_buffer.speech_started"
-               and trial["first_at"] < t < playback_end]
+               and trial["first_at"] < t < reply_end]
     flush_at = started[0] if started else None
     segments = played(deltas, flush_at)
     audio = trial["retrieved"]["content"][0].get("audio") if trial["retrieved"] else None

@@ -23,7 +23,7 @@ from bench.end_of_turn import espeak
 from realtime_ming.protocol import Dialect
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
-LEAD_MS = 200  # the shipped default of realtime_ming.output_lead_ms
+LEAD_MS = 150  # the shipped default of realtime_ming.output_lead_ms
 WIRE_HZ = 24000
 GENERATED = {"words": ("word ",) * 120, "chunk_s": 0.1, "step_s": 0.002}  # 12 s of audio in ~0.3 s
 GENERATING = {"words": ("word ",) * 80, "chunk_s": 0.1, "step_s": 0.1}  # 8 s of audio at real time

@@ -65,7 +65,7 @@ def test_session_defaults_render_valid_ga_and_beta() -> None:
         "interrupt_response": True,
         "idle_timeout_ms": None,
     }
-    assert ga["realtime_ming"] == {"timing_events": False, "speech": None, "output_lead_ms": 200,
+    assert ga["realtime_ming"] == {"timing_events": False, "speech": None, "output_lead_ms": 150,
                                    "output_audio_buffer": False}
     assert beta["modalities"] == ["text", "audio"]
     assert beta["input_audio_format"] == beta["output_audio_format"] == "pcm16"
@@ -201,7 +201,7 @@ def test_apply_update_timing_events_opt_in(dialect: Dialect) -> None:
     after = apply_update(SessionConfig(), {"realtime_ming": {"timing_events": True}}, dialect)
     assert after.timing_events is True
     assert session_to_wire(after, dialect)["realtime_ming"] == {
-        "timing_events": True, "speech": None, "output_lead_ms": 200, "output_audio_buffer": False}
+        "timing_events": True, "speech": None, "output_lead_ms": 150, "output_audio_buffer": False}
     assert apply_update(after, {"instructions": "x"}, dialect).timing_events is True
 
 

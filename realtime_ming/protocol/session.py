@@ -342,7 +342,7 @@ _PROMPT = Codec(refuse_prompt, _plain)  # only `null` / `{}` get through: always
 
 # The most unplayed reply audio a client holds by default (ms): the server paces its audio deltas to it, so that
 # the output hold at a possible interruption is heard within it (docs/barge_in.md has the measurement).
-DEFAULT_OUTPUT_LEAD_MS: Final = 200
+DEFAULT_OUTPUT_LEAD_MS: Final = 150
 OUTPUT_LEAD_RANGE_MS: Final = (40, 60_000)
 
 

@@ -3,7 +3,7 @@
 Every engine event of the default conversation's response waits in `OutputGate` until it may go out
 (`playout.pump_output` applies it then), in arrival order:
 
-* Pacing (`realtime_ming.output_lead_ms`, default 200): audio goes out only while the client holds less
+* Pacing (`realtime_ming.output_lead_ms`, default 150): audio goes out only while the client holds less
   than that much unplayed audio (the session's `PlaybackClock`), so whatever the engine's speed the
   listener is never more than the lead ahead of what the server decides now. Engine audio is resampled to
   the wire rate as it comes (`WireAudio`) and cut into `output_frame_ms` pieces, so what a piece adds to the

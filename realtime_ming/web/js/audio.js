@@ -51,7 +51,7 @@ export class AudioIO {
 
   /**
    * Create the context and the player (call from a user gesture so audio may start). The server paces its audio
-   * to `realtime_ming.output_lead_ms` (200 ms) of unplayed audio and stops sending the moment the user may be
+   * to `realtime_ming.output_lead_ms` (150 ms) of unplayed audio and stops sending the moment the user may be
    * interrupting it, so the reply falls silent within that lead plus this jitter buffer: the buffer starts at
    * `prebufferMs` and grows after underruns only up to `maxPrebufferMs` (docs/barge_in.md).
    */
