@@ -35,9 +35,9 @@ def _clip(kind: str, text: str, voice: str = "en-us") -> Clip:
     return Clip(kind, text, espeak(text, voice))
 
 
-def _validated(trial: dict, opt_in: bool = False) -> dict:
+def _validated(trial: dict) -> dict:
     for _, frame in trial["frames"]:
-        validate_frame(frame, Dialect.GA, allow_timings=True, allow_opt_in=opt_in)
+        validate_frame(frame, Dialect.GA, allow_timings=True)
     return trial
 
 
@@ -109,7 +109,7 @@ async def test_output_audio_buffer_round_trip_and_truncation_at_the_played_posit
     is followed by stopped, after its response.done."""
     async with stub_served(**GENERATED) as srv, connect(f"ws://127.0.0.1:{srv.port}/v1/realtime") as ws:
         client = WsClient(ws, Dialect.GA)
-        client.allow_opt_in = True
+        client.allow_playout = True
         await client.recv_until("session.created")
         await client.send(type="session.update", session={"type": "realtime", "audio": {"input": {"turn_detection": None}},
                                                           "realtime_ming": {"output_audio_buffer": True}})
