@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 LEAD_MS = 150  # the shipped default of realtime_ming.output_lead_ms
 WIRE_HZ = 24000
 GENERATED = {"words": ("word ",) * 120, "chunk_s": 0.1, "step_s": 0.002}  # 12 s of audio in ~0.3 s
-GENERATING = {"words": ("word ",) * 80, "chunk_s": 0.1, "step_s": 0.1}  # 8 s of audio at real time
+GENERATING = {"words": ("word ",) * 80, "chunk_s": 0.1, "step_s": 0.05}  # 8 s of audio in about 4 s
 
 engine = tiny_engine_fixture(forced_reply=STORY)  # the real tiny engine, telling a story
 
@@ -46,9 +46,9 @@ def _response_done(trial: dict) -> dict:
 
 
 def _received_after_ms(trial: dict, t: float) -> float:
-    """Audio of the reply that arrived after client time `t`."""
+    """Audio of the reply (not of the response to the interruption) that arrived after client time `t`."""
     return sum(len(base64.b64decode(f["delta"])) / 2 / WIRE_HZ * 1000.0 for at, f in trial["frames"]
-               if f["type"] == "response.output_audio.delta" and at > t)
+               if f["type"] == "response.output_audio.delta" and f["response_id"] == trial["response_id"] and at > t)
 
 
 @pytest.mark.parametrize("stub", [GENERATED, GENERATING], ids=["generated", "generating"])
