@@ -285,8 +285,11 @@ def analyse_trial(trial: dict) -> tuple[list[dict], float | None]:
             row["stop_ms"] = round((last - onset) * 1000.0, 1) if row["playing"] else None
             row["detected"] = flush_at is not None
         else:
-            row["stopped"] = any(onset < t < end + 1.5 for t in started) or not finished
-            row["complete"] = complete
+            # this clip stopped the reply if its speech_started came while it was spoken (or just after); a reply
+            # that failed otherwise counts against every clip over it; once another clip stopped it, whether it
+            # would have completed is unknown (None)
+            row["stopped"] = any(onset < t < end + 1.5 for t in started) or (not finished and flush_at is None)
+            row["complete"] = complete if flush_at is None or row["stopped"] else None
             gaps = [b0 - a1 for (_, a1), (b0, _) in zip(segments, segments[1:]) if onset - 0.1 <= a1 <= end + 2.0]
             row["pause_ms"] = round(max(gaps, default=0.0) * 1000.0, 1)
         rows.append(row)
@@ -312,7 +315,7 @@ def summarise(rows: list[dict], pause_bound_ms: float = 800.0) -> dict:
             "missed": sum(not r["detected"] for r in real),
             "stop_ms_p50": _pct(stops, 0.5), "stop_ms_max": _pct(stops, 1.0),
             "others": len(other), "others_not_playing_at_onset": idle, "others_stopped_reply": sum(r["stopped"] for r in other),
-            "others_incomplete": sum(not r["complete"] for r in other),
+            "others_incomplete": sum(r["complete"] is False for r in other),
             "others_pause_over_bound": sum(p > pause_bound_ms for p in pauses),
             "pause_ms_p50": _pct(pauses, 0.5), "pause_ms_max": _pct(pauses, 1.0),
         }
