@@ -112,7 +112,8 @@ _RATE_PATHS = {
 EXTENSION_RATES_HZ = (16000, 44100)
 
 
-def validate_frame(frame: dict, dialect, *, allow_timings: bool = False, allow_opt_in: bool = False) -> None:
+def validate_frame(frame: dict, dialect, *, allow_timings: bool = False, allow_opt_in: bool = False,
+                   allow_playout: bool = False) -> None:
     """`realtime_validate.validate_server_event`, tolerating only our extension PCM rates."""
     import copy
 
@@ -130,7 +131,8 @@ def validate_frame(frame: dict, dialect, *, allow_timings: bool = False, allow_o
             for key in path:
                 target = target[key]
             target["rate"] = WIRE_RATE_HZ
-    validate_server_event(checked, dialect, allow_timings=allow_timings, allow_opt_in=allow_opt_in)
+    validate_server_event(checked, dialect, allow_timings=allow_timings, allow_opt_in=allow_opt_in,
+                          allow_playout=allow_playout)
 
 
 class RecordingEngine:
@@ -343,6 +345,7 @@ class WsClient:
         self.frames: list[dict] = []
         self.allow_timings = False
         self.allow_opt_in = False  # GA events a client opts in to (idle timeout, MCP tools)
+        self.allow_playout = False  # `output_audio_buffer.*` (WebRTC, realtime_ming.output_audio_buffer, a clear)
 
     async def send(self, **event) -> None:
         import json
@@ -367,7 +370,8 @@ class WsClient:
         import json
 
         frame = json.loads(await asyncio.wait_for(self.ws.recv(), seconds(timeout)))
-        validate_frame(frame, self.dialect, allow_timings=self.allow_timings, allow_opt_in=self.allow_opt_in)
+        validate_frame(frame, self.dialect, allow_timings=self.allow_timings, allow_opt_in=self.allow_opt_in,
+                       allow_playout=self.allow_playout)
         self.frames.append(frame)
         return frame
 

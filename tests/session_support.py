@@ -36,13 +36,16 @@ AUDIO_CLOSE = [
 
 
 class Harness:
-    """A session plus the frames it sent (validated) and the engine commands it issued."""
+    """A session plus the frames it sent (validated) and the engine commands it issued.
+
+    Its output is unpaced unless `settings` say otherwise (`SessionSettings.output_lead_ms`): the harness has no
+    timer, and most tests look at what a turn sends, not when (the pacing tests drive `tick`)."""
 
     def __init__(self, dialect: Dialect = Dialect.GA, settings: SessionSettings | None = None,
                  media: MediaLimits | None = None, prompt_meter=None) -> None:
         self.dialect = dialect
         self.session = Session(
-            settings or SessionSettings(),
+            settings or SessionSettings(output_lead_ms=None),
             dialect=dialect,
             model="ming-test",
             voices=("DB30", "other"),
@@ -53,20 +56,22 @@ class Harness:
         )
         self.frames: list[dict] = []
         self.commands: list = []
+        self.allow_opt_in = False  # the opt-in GA events may come whatever the session says (a client asked)
         self._take(self.session.start())
 
     def _take(self, actions: list) -> list:
         for action in actions:
             if isinstance(action, Send):
                 timings = self.session.config.timing_events
-                text = serialise(action.event, self.dialect, timing_events=timings)
+                playout = self.allow_opt_in or self.session.config.output_audio_buffer
+                text = serialise(action.event, self.dialect, timing_events=timings, playout=playout)
                 if text is None:
                     continue
                 frame = json.loads(text)
                 td = self.session.config.turn_detection
                 idle = getattr(td, "idle_timeout_ms", None) is not None or any(
                     type(t).__name__ == "McpTool" for t in self.session.config.tools)
-                validate_frame(frame, self.dialect, allow_timings=timings, allow_opt_in=idle)
+                validate_frame(frame, self.dialect, allow_timings=timings, allow_opt_in=idle, allow_playout=playout)
                 self.frames.append(frame)
             else:
                 self.commands.append(action)
@@ -97,6 +102,14 @@ class Harness:
 
     def engine(self, event) -> list:
         return self._take(self.session.handle_engine_event(event, time.monotonic()))
+
+    def engine_at(self, now: float, event) -> list:
+        """Feed one engine event at session time `now`."""
+        return self._take(self.session.handle_engine_event(event, now))
+
+    def tick(self, now: float) -> list:
+        """The session's output timer at `now` (what `SessionRunner` calls at `output_deadline`)."""
+        return self._take(self.session.on_output_timer(now))
 
     def types(self, since: int = 0) -> list[str]:
         return [f["type"] for f in self.frames[since:]]

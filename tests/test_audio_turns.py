@@ -298,3 +298,18 @@ def test_turn_detector_does_not_date_back_over_sound():
 
     events = TurnDetector(TurnDetectorConfig(), Stub(0)).feed(x)
     assert events[-1].speech_end_ms == 1860
+
+
+def _guarded_scripted(probs: list[float]) -> list:
+    detector = TurnDetector(TurnDetectorConfig(), ScriptedVad(probs))
+    detector.guard_barge_in(True)
+    return detector.feed(np.zeros(160 * len(probs), dtype=np.float32))
+
+
+def test_guarded_a_dip_inside_a_word_is_not_a_second_word():
+    """While a reply plays, speech that resumes after a gap is a second word (a real interruption) only when the
+    gap lasts `barge_in_word_gap_ms` (64 ms): a 30 ms dip inside "o-kay" keeps it a backchannel."""
+    dip = [1.0] * 15 + [0.0] * 3 + [1.0] * 15 + [0.0] * 40  # 150 ms, a 30 ms dip, 150 ms: one word
+    assert not [e for e in _guarded_scripted(dip) if isinstance(e, SpeechStarted)]
+    words = [1.0] * 15 + [0.0] * 8 + [1.0] * 15 + [0.0] * 40  # the same with an 80 ms gap: two words
+    assert [e for e in _guarded_scripted(words) if isinstance(e, SpeechStarted)]

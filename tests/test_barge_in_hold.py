@@ -75,7 +75,7 @@ def test_clearing_the_buffer_mid_candidate_releases_the_hold():
     h.engine(AudioChunk(turn_id, engine_pcm(0.2)))
     h.send(type="input_audio_buffer.clear")
     assert "response.output_audio.delta" in h.types(start)
-    assert not h.session._hold.active
+    assert not h.session._gate.active
 
 
 def test_a_hold_lasts_at_most_max_hold_s_of_wall_clock():
@@ -83,13 +83,13 @@ def test_a_hold_lasts_at_most_max_hold_s_of_wall_clock():
     h = vad_harness()
     turn_id = vad_response(h)
     _start_candidate(h)
-    since = h.session._hold.since
+    since = h.session._gate.since
     start = len(h.frames)
     h.session.handle_engine_event(AudioChunk(turn_id, engine_pcm(0.2)), since + 0.01)
     assert h.frames[start:] == []
     h._take(h.session.handle_engine_event(AudioChunk(turn_id, engine_pcm(0.2)),
-                                          since + h.session._hold.max_hold_s + 0.01))
+                                          since + h.session._gate.max_hold_s + 0.01))
     assert h.types(start).count("response.output_audio.delta") >= 2  # both chunks, in order
-    assert not h.session._hold.active
+    assert not h.session._gate.active
     h.engine(AudioChunk(turn_id, engine_pcm(0.1)))  # the same candidate is not held again
-    assert not h.session._hold.active
+    assert not h.session._gate.active

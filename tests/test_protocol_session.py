@@ -65,7 +65,8 @@ def test_session_defaults_render_valid_ga_and_beta() -> None:
         "interrupt_response": True,
         "idle_timeout_ms": None,
     }
-    assert ga["realtime_ming"] == {"timing_events": False, "speech": None}
+    assert ga["realtime_ming"] == {"timing_events": False, "speech": None, "output_lead_ms": 150,
+                                   "output_audio_buffer": False}
     assert beta["modalities"] == ["text", "audio"]
     assert beta["input_audio_format"] == beta["output_audio_format"] == "pcm16"
     assert "idle_timeout_ms" not in beta["turn_detection"]
@@ -199,8 +200,27 @@ def test_apply_update_timing_events_opt_in(dialect: Dialect) -> None:
     assert SessionConfig().timing_events is False
     after = apply_update(SessionConfig(), {"realtime_ming": {"timing_events": True}}, dialect)
     assert after.timing_events is True
-    assert session_to_wire(after, dialect)["realtime_ming"] == {"timing_events": True, "speech": None}
+    assert session_to_wire(after, dialect)["realtime_ming"] == {
+        "timing_events": True, "speech": None, "output_lead_ms": 150, "output_audio_buffer": False}
     assert apply_update(after, {"instructions": "x"}, dialect).timing_events is True
+
+
+@pytest.mark.parametrize("dialect", list(Dialect))
+def test_apply_update_output_lead_and_playout_events(dialect: Dialect) -> None:
+    """realtime_ming.output_lead_ms takes an integer in [40, 60000] ms or null (unpaced); output_audio_buffer a
+    bool; both echo in the rendered session; anything else is refused naming the field, nothing changed."""
+    after = apply_update(SessionConfig(), {"realtime_ming": {"output_lead_ms": 300, "output_audio_buffer": True}},
+                         dialect)
+    assert (after.output_lead_ms, after.output_audio_buffer) == (300, True)
+    assert session_to_wire(after, dialect)["realtime_ming"]["output_lead_ms"] == 300
+    assert apply_update(after, {"realtime_ming": {"output_lead_ms": None}}, dialect).output_lead_ms is None
+    for bad in (39, 60_001, "200", True, 200.5):
+        with pytest.raises(ProtocolError) as err:
+            apply_update(after, {"realtime_ming": {"output_lead_ms": bad}}, dialect)
+        assert err.value.param == "session.realtime_ming.output_lead_ms"
+    with pytest.raises(ProtocolError) as err:
+        apply_update(after, {"realtime_ming": {"output_audio_buffer": "yes"}}, dialect)
+    assert err.value.param == "session.realtime_ming.output_audio_buffer"
 
 
 def test_apply_update_semantic_vad_accepted() -> None:

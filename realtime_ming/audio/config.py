@@ -30,6 +30,11 @@ class TurnDetectorConfig:
     # espeak-ng (bench/barge_in.py): backchannels ("mm-hmm", "yeah", "okay") are one burst of 288-640 ms.
     barge_in_min_speech_ms: int = 700
     barge_in_max_gap_ms: int = 300
+    # The gap that makes the speech after it a second word: at least this much below the speech threshold. One
+    # 32 ms Silero window dips inside a two-syllable backchannel ("o-kay", "uh-huh") depending on where the
+    # windows fall: with a one-window gap 10 of 135 backchannel / noise clips (27 clips, 5 alignments) started
+    # a turn through the server's input path, with 64 ms 2 of 135 (bench/barge_in.py --listener, docs/barge_in.md).
+    barge_in_word_gap_ms: int = 64
     # Silero's probability decays for ~30-100 ms after speech ends. When it confirms silence, the silence
     # is dated back over the run of windows just before it that are this many dB below the turn's loudest
     # window (at most max_backdate_ms): the silence window then counts from where the sound stopped.
@@ -45,7 +50,7 @@ class TurnDetectorConfig:
         if self.quiet_db < 0:
             raise ValueError(f"quiet_db: must be >= 0, got {self.quiet_db}")
         for name in ("prefix_padding_ms", "speculative_pause_ms", "min_speech_ms", "max_backdate_ms",
-                     "barge_in_min_speech_ms", "barge_in_max_gap_ms"):
+                     "barge_in_min_speech_ms", "barge_in_max_gap_ms", "barge_in_word_gap_ms"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
         if self.silence_duration_ms <= 0:

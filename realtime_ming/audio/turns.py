@@ -153,7 +153,8 @@ class TurnDetector:
                 self._num_pending_speech += size
             return self._num_pending_speech >= cfg.min_speech_ms * _SAMPLES_PER_MS or None
         if is_speech:
-            self._pending_resumed |= self._pending_gap >= size  # at least one silent window between words
+            # a second word: speech after a gap of at least one window and `barge_in_word_gap_ms`
+            self._pending_resumed |= self._pending_gap >= max(size, cfg.barge_in_word_gap_ms * _SAMPLES_PER_MS)
             self._pending_gap = 0
             self._num_pending_speech += size
         else:

@@ -262,7 +262,8 @@ class ResponseCancel(ClientEvent):
 @register
 @dataclass(frozen=True, slots=True, kw_only=True)
 class OutputAudioBufferClear(ClientEvent):
-    """WebRTC/SIP only: stop server-side playout (a WebSocket server has no playout buffer)."""
+    """Cut off the reply's audio: the response stops, its item is truncated at the played position (the
+    session's playback clock) and the server answers `output_audio_buffer.cleared`."""
 
     type: ClassVar[str] = "output_audio_buffer.clear"
 

@@ -331,6 +331,11 @@ class ErrorCode(StrEnum):
         _INVALID,
         "Cancellation failed: no active response found.",
     )
+    OUTPUT_AUDIO_BUFFER_EMPTY = (
+        "output_audio_buffer_empty",
+        _INVALID,
+        "There is no output audio to clear: no response has spoken in this session yet.",
+    )
     # Connection lifetime and server faults.
     SESSION_LIMIT_REACHED = (
         "session_limit_reached",

@@ -32,7 +32,8 @@ _VIDEO_PART: Final = {"keys": {"frames": {"items": {"keys": {"image_url": {}, "t
 
 def _extensions(dialect: Dialect) -> KeyTree:
     # The session object's read-only keys are accepted and ignored: clients send a session they read back.
-    session_ext = {"keys": {"realtime_ming": {"keys": {"timing_events": {}, "speech": _SPEECH}},
+    session_ext = {"keys": {"realtime_ming": {"keys": {"timing_events": {}, "speech": _SPEECH, "output_lead_ms": {},
+                                                       "output_audio_buffer": {}}},
                             "id": {}, "object": {}, "expires_at": {}}}
     response_ext: KeyTree = {"keys": {"realtime_ming": {"keys": {"speed": {}, "speech": _SPEECH}}}}
     if dialect is Dialect.BETA:

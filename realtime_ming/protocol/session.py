@@ -7,7 +7,9 @@ One field table per dialect maps `SessionConfig` attributes to wire paths (GA ne
 objects (a format, turn detection, transcription) are replaced as a whole, missing sub-fields
 taking their defaults. Any bad value raises `ProtocolError` before anything changes.
 Extension: `realtime_ming: {"timing_events": true}` opts in to `realtime_ming.response.timings`;
-`realtime_ming: {"speech": {...}}` sets the talker's speech style (`protocol/speech_style.py`).
+`realtime_ming: {"speech": {...}}` sets the talker's speech style (`protocol/speech_style.py`);
+`realtime_ming: {"output_lead_ms": 200}` bounds the unplayed reply audio a client holds (null: unpaced) and
+`realtime_ming: {"output_audio_buffer": true}` opts in to the GA `output_audio_buffer.*` playout events.
 """
 
 from __future__ import annotations
@@ -338,6 +340,12 @@ _INCLUDE = nullable(Codec(_decode_include, _plain))
 _PROMPT = Codec(refuse_prompt, _plain)  # only `null` / `{}` get through: always echoed as null
 
 
+# The most unplayed reply audio a client holds by default (ms): the server paces its audio deltas to it, so that
+# the output hold at a possible interruption is heard within it (docs/barge_in.md has the measurement).
+DEFAULT_OUTPUT_LEAD_MS: Final = 150
+OUTPUT_LEAD_RANGE_MS: Final = (40, 60_000)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SessionConfig:
     """The full effective session of one connection (dialect-free, GA semantics).
@@ -373,6 +381,8 @@ class SessionConfig:
     timing_events: bool = False
     session_type: SessionType = SessionType.REALTIME
     speech: SpeechStyle | None = None
+    output_lead_ms: int | None = DEFAULT_OUTPUT_LEAD_MS
+    output_audio_buffer: bool = False
 
     def to_wire(self, dialect: Dialect) -> dict[str, JsonValue]:
         """Same as `session_to_wire(self, dialect)`."""
@@ -401,6 +411,10 @@ class SessionConfig:
 
 _TIMING_EVENTS = WireField.at("timing_events", BOOL, "realtime_ming.timing_events")
 _SPEECH = WireField.at("speech", nullable(SPEECH_STYLE), "realtime_ming.speech")
+_LEAD_MS = Codec(lambda v, p, _d: expect_int(v, p, minimum=OUTPUT_LEAD_RANGE_MS[0], maximum=OUTPUT_LEAD_RANGE_MS[1]),
+                 _plain)
+_OUTPUT_LEAD = WireField.at("output_lead_ms", nullable(_LEAD_MS), "realtime_ming.output_lead_ms")
+_OUTPUT_AUDIO_BUFFER = WireField.at("output_audio_buffer", BOOL, "realtime_ming.output_audio_buffer")
 _SESSION_FIELDS: Final[dict[Dialect, tuple[WireField, ...]]] = {
     Dialect.GA: (
         WireField.at("model", ID),
@@ -422,6 +436,8 @@ _SESSION_FIELDS: Final[dict[Dialect, tuple[WireField, ...]]] = {
         WireField.at("prompt", _PROMPT),
         _TIMING_EVENTS,
         _SPEECH,
+        _OUTPUT_LEAD,
+        _OUTPUT_AUDIO_BUFFER,
     ),
     Dialect.BETA: (
         WireField.at("model", ID),
@@ -441,6 +457,8 @@ _SESSION_FIELDS: Final[dict[Dialect, tuple[WireField, ...]]] = {
         WireField.at("tracing", _TRACING),
         _TIMING_EVENTS,
         _SPEECH,
+        _OUTPUT_LEAD,
+        _OUTPUT_AUDIO_BUFFER,
     ),
 }
 

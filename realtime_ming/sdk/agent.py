@@ -320,6 +320,8 @@ class RealtimeAgent(abc.ABC):
         temperature: float | _Unset = UNSET,
         timing_events: bool | _Unset = UNSET,
         session_type: SessionType | str | _Unset = UNSET,
+        output_lead_ms: int | None | _Unset = UNSET,
+        output_audio_buffer: bool | _Unset = UNSET,
     ) -> None:
         """Send a `session.update` with the given fields; the rest stays as it is.
 
@@ -327,7 +329,10 @@ class RealtimeAgent(abc.ABC):
         turns or `commit()`) is transcribed into `transcripts`, and no response is ever created.
 
         `turn_detection=None` switches server VAD off (manual `commit()` + `create_response()`);
-        an int format means PCM16 at that rate (44100 = Ming's native output). The answer is a
+        an int format means PCM16 at that rate (44100 = Ming's native output). `output_lead_ms` bounds the unplayed
+        reply audio the server lets this client hold (it paces the deltas; None: as fast as generated, for a
+        client that buffers or saves the audio itself); `output_audio_buffer=True` asks for the GA
+        `output_audio_buffer.*` playout events (docs/barge_in.md). The answer is a
         `session.updated` (or an `error`) event. Raises `ValueError` for a field this dialect
         cannot carry (GA has no `temperature`; beta only 24 kHz PCM and no session type).
         """
@@ -341,6 +346,7 @@ class RealtimeAgent(abc.ABC):
             "output_format": output_format if isinstance(output_format, _Unset) else _audio_format(output_format),
             "tools": tools if isinstance(tools, _Unset) else tuple(tools),
             "session_type": session_type if isinstance(session_type, _Unset) else SessionType(session_type),
+            "output_lead_ms": output_lead_ms, "output_audio_buffer": output_audio_buffer,
         }
         patch = SessionPatch({k: v for k, v in given.items() if not isinstance(v, _Unset)}, self.dialect)
         self._check_expressible(patch)
@@ -455,6 +461,12 @@ class RealtimeAgent(abc.ABC):
     async def cancel(self, response_id: str | None = None) -> None:
         """Cancel the active response (answer: `response.done` with status `cancelled`)."""
         await self.send(ce.ResponseCancel(response_id=response_id))
+
+    async def clear_output_audio(self) -> None:
+        """Cut off the reply the user is hearing (`output_audio_buffer.clear`): the active response is cancelled,
+        the item is truncated at the played position (`conversation.item.truncated`) and the server answers
+        `output_audio_buffer.cleared`."""
+        await self.send(ce.OutputAudioBufferClear())
 
     async def truncate(self, item_id: str, audio_end_ms: int, content_index: int = 0) -> None:
         """Tell the server the user heard only `audio_end_ms` of assistant item `item_id` (barge-in);

@@ -46,7 +46,7 @@ from ..protocol.codec import event_to_wire, parse, serialise
 from ..protocol.dialect import Dialect
 from ..protocol.errors import ErrorCode, ProtocolError
 from ..protocol.events import ClientEvent, ServerEvent
-from ..protocol.server_events import Error, SessionCreated
+from ..protocol.server_events import Error, OutputAudioBufferCleared, SessionCreated
 from ..session import (
     Action,
     ConfirmTurn,
@@ -403,7 +403,10 @@ async def serve_connection(ws: Transport, ctx: ConnectionContext, info: Handshak
             if event_to_wire(event, info.dialect, timing_events=timing_events) is not None:
                 outbound.put(outbound.echo(event, info.dialect, timing_events))
             return
-        frame = serialise(event, info.dialect, timing_events=timing_events, playout=playout)
+        # `output_audio_buffer.*` from the session itself: a WebSocket client asked for them
+        # (`realtime_ming.output_audio_buffer`) or for `cleared` with its own `output_audio_buffer.clear`
+        own = session.config.output_audio_buffer or isinstance(event, OutputAudioBufferCleared)
+        frame = serialise(event, info.dialect, timing_events=timing_events, playout=playout or own)
         if frame is not None:
             outbound.put(frame)
 

@@ -149,14 +149,32 @@ class OutputEncoder:
         """The wire codec (encoding and rate) of the deltas."""
         return self._codec
 
+    @property
+    def frame_samples(self) -> int:
+        """Samples of one full delta at the wire rate."""
+        return self._frame_samples
+
+    def resample(self, samples: np.ndarray) -> np.ndarray:
+        """Engine audio [n] float32 → the wire rate (float32), not yet encoded nor counted as sent."""
+        return self._resampler.process(samples)
+
+    def encode(self, samples: np.ndarray, whole: bool = False) -> list[str]:
+        """Wire-rate samples (from `resample`, in order) → base64 deltas ready to send, counted as sent (`whole`: all
+        of it as one delta, for held audio released at once, which as frames would be a burst of events)."""
+        return self._frames(samples, whole)
+
     def push(self, samples: np.ndarray, whole: bool = False) -> list[str]:
-        """Feed engine audio [n] float32; returns base64 deltas ready to send (`whole`: all of it as one delta,
-        for held audio released at once, which as frames would be a burst of events)."""
+        """Feed engine audio [n] float32; returns base64 deltas ready to send (`resample` then `encode`)."""
         return self._frames(self._resampler.process(samples), whole)
 
     def flush(self) -> list[str]:
         """End of the response: the resampler's tail as deltas."""
         return self._frames(self._resampler.flush())
+
+    def tail(self) -> np.ndarray:
+        """End of the response's audio: the resampler's tail at the wire rate, not yet encoded (a later `flush`
+        then has nothing left)."""
+        return self._resampler.flush()
 
     def _frames(self, samples: np.ndarray, whole: bool = False) -> list[str]:
         deltas = []

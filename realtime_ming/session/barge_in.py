@@ -1,36 +1,53 @@
-"""Barge-in output hold: the reply goes quiet at the first speech window, before the interruption is judged.
+"""The reply's output between the engine and the wire: paced to the listener, held while a barge-in is judged.
 
-While a reply is generated, telling a real interruption from a backchannel takes up to
-`barge_in_min_speech_ms` of speech (see `audio.turns.TurnDetector`). Cancelling only then lets the
-reply stream on for that long. Instead, the moment the guarded detector hears a speech candidate the
-session *holds* the engine events of the active response (nothing more is sent: no audio delta, no
-transcript delta, no `.done`), and when the candidate is judged:
+Every engine event of the default conversation's response waits in `OutputGate` until it may go out
+(`playout.pump_output` applies it then), in arrival order:
 
-* a real interruption (`speech_started`): the response is cancelled as before; the held events are
-  dropped, so the item's audio is exactly what was sent and truncation works on it unchanged;
-* a backchannel, a cough, noise (the candidate is dropped): every held event is applied in order,
-  so the client receives the full reply, nothing lost and nothing reordered.
+* Pacing (`realtime_ming.output_lead_ms`, default 150): audio goes out only while the client holds less
+  than that much unplayed audio (the session's `PlaybackClock`), so whatever the engine's speed the
+  listener is never more than the lead ahead of what the server decides now. Engine audio is resampled to
+  the wire rate as it comes (`WireAudio`) and cut into `output_frame_ms` pieces, so what a piece adds to the
+  client's buffer is known exactly; the events after a piece wait behind it (a transcript stays with its
+  audio, `response.done` follows the last delta). Unpaced (`null`), events go out as they come.
+* The hold: telling a real interruption from a backchannel takes up to `barge_in_min_speech_ms` of speech
+  (see `audio.turns.TurnDetector`). The moment the guarded detector hears a speech candidate, nothing
+  more goes out; the client plays out what it holds (at most the lead) and falls silent. When the
+  candidate is judged:
 
-The hold never outlives its candidate: `OutputHold.sync` releases it whenever the detector is no
-longer judging one (turn started or dropped, buffer cleared or committed, detection reconfigured,
-the response gone) and once `max_hold_s` of wall-clock time have passed, checked on every client and
-engine event (a client that stops streaming mid-candidate cannot freeze a reply that is still being
-generated; one whose engine turn already ended is released by the client's next event).
+  - a real interruption (`speech_started`): the response is cancelled; the waiting events are dropped, so
+    the item's audio is exactly what was sent and truncation works on it unchanged;
+  - a backchannel, a cough, noise (the candidate is dropped): the output resumes where it stopped, in order:
+    the listener hears a pause, nothing lost and nothing repeated.
+
+The hold never outlives its candidate: `OutputGate.sync` releases it whenever the detector is no longer
+judging one (turn started or dropped, buffer cleared or committed, detection reconfigured, the response
+gone) and once `max_hold_s` of wall-clock time have passed (`playout.output_deadline` wakes the session
+then, so a client that stops streaming mid-candidate cannot freeze a reply).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
 
 from ..audio.config import TurnDetectorConfig
 from ..engine.api import TurnEvent
-from . import lifecycle
-from .actions import Action
 
-if TYPE_CHECKING:
-    from .session import Session
+__all__ = ["OutputGate", "WireAudio", "max_hold_s"]
 
-__all__ = ["OutputHold", "max_hold_s", "sync_output_hold"]
+
+@dataclass(frozen=True, slots=True)
+class WireAudio:
+    """A response's audio already at the wire rate (float32), waiting to be encoded and sent."""
+
+    turn_id: str
+    samples: np.ndarray
+    whole: bool = False  # one delta (a confirmed speculation's backlog), not frames
+
+
+Waiting = TurnEvent | WireAudio
 
 
 def max_hold_s(config: TurnDetectorConfig) -> float:
@@ -40,29 +57,56 @@ def max_hold_s(config: TurnDetectorConfig) -> float:
     return 2.0 * (config.barge_in_min_speech_ms + config.barge_in_max_gap_ms) / 1000.0
 
 
-def sync_output_hold(session: Session, now: float) -> list[Action]:
-    """Start or end the session's output hold after its input moved; a release applies the held events."""
-    response = session._response
-    released = session._hold.sync(session._input.judging_barge_in, None if response is None else response.id, now)
-    actions: list[Action] = []
-    for event in released or ():
-        actions += lifecycle.on_engine_event(session, event, now)
-    return actions
-
-
-class OutputHold:
-    """Engine events of one turn kept back while a possible interruption is judged (not thread-safe)."""
+class OutputGate:
+    """Engine events of the default conversation's response waiting to go out (not thread-safe)."""
 
     def __init__(self, max_hold_s: float) -> None:
         if max_hold_s <= 0:
             raise ValueError(f"max_hold_s: must be > 0, got {max_hold_s}")
         self.max_hold_s = max_hold_s
+        self._events: deque[Waiting] = deque()
         self.turn_id: str | None = None  # the held turn, None when not holding
         self.since: float | None = None  # monotonic time the hold began
-        self._events: list[TurnEvent] = []
         self._spent = False  # the current candidate already had its hold
         self.holds_total = 0  # holds begun (observability / tests)
 
+    # ---- the queue ---------------------------------------------------------------------------------------
+    def put(self, event: TurnEvent) -> None:
+        """Queue one engine event (in arrival order)."""
+        self._events.append(event)
+
+    def put_audio(self, turn_id: str, samples: np.ndarray, piece: int | None, whole: bool = False) -> None:
+        """Queue wire-rate audio: in pieces of `piece` samples (paced), or as it is (None)."""
+        if not samples.size:
+            return
+        if piece is None or whole:
+            self._events.append(WireAudio(turn_id, samples, whole))
+            return
+        for start in range(0, samples.size, piece):
+            self._events.append(WireAudio(turn_id, samples[start: start + piece]))
+
+    def peek(self) -> Waiting | None:
+        """The next event to go out, if any."""
+        return self._events[0] if self._events else None
+
+    def pop(self) -> Waiting:
+        return self._events.popleft()
+
+    def take_all(self) -> list[Waiting]:
+        """Every waiting event, in order (the queue is left empty)."""
+        events = list(self._events)
+        self._events.clear()
+        return events
+
+    def drop(self, turn_id: str) -> None:
+        """Forget the waiting events of `turn_id` (its response ended: they never go out)."""
+        if any(e.turn_id == turn_id for e in self._events):
+            self._events = deque(e for e in self._events if e.turn_id != turn_id)
+
+    def __len__(self) -> int:
+        return len(self._events)
+
+    # ---- the hold ----------------------------------------------------------------------------------------
     @property
     def active(self) -> bool:
         """Holding a turn's events now."""
@@ -72,33 +116,20 @@ class OutputHold:
         """Events of `turn_id` must be kept back."""
         return self.turn_id is not None and self.turn_id == turn_id
 
-    def add(self, event: TurnEvent) -> None:
-        """Keep one event of the held turn (in arrival order)."""
-        assert self.holds(event.turn_id)
-        self._events.append(event)
-
-    def sync(self, candidate: bool, turn_id: str | None, now: float) -> list[TurnEvent] | None:
+    def sync(self, candidate: bool, turn_id: str | None, now: float) -> bool:
         """Follow the detector: hold `turn_id` while `candidate` (a guarded speech candidate is being
-        judged for the active response `turn_id`), else end the hold. One candidate is held at most
+        judged while response `turn_id` plays), else end the hold. One candidate is held at most
         once: after `max_hold_s`, or when its response changes, it plays on until the detector decides.
-
-        Returns the held events to apply now when a hold ends (in order; possibly empty), None when
-        nothing is released.
-        """
+        Returns whether a hold ended now (its events may go out)."""
         if not candidate:
             self._spent = False
         if self.turn_id is not None:
             expired = self.since is not None and now - self.since >= self.max_hold_s
             if candidate and turn_id == self.turn_id and not expired:
-                return None
-            return self.release()
+                return False
+            self.turn_id, self.since = None, None
+            return True
         if candidate and turn_id is not None and not self._spent:
             self.turn_id, self.since, self._spent = turn_id, now, True
             self.holds_total += 1
-        return None
-
-    def release(self) -> list[TurnEvent]:
-        """End the hold: the held events, for the caller to apply in order (dropped ones: ignore them)."""
-        events, self._events = self._events, []
-        self.turn_id, self.since = None, None
-        return events
+        return False

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..audio.config import TurnDetectorConfig
+from ..protocol.session import DEFAULT_OUTPUT_LEAD_MS, OUTPUT_LEAD_RANGE_MS
 
 __all__ = ["VAD_BACKENDS", "SessionSettings", "VadSettings"]
 
@@ -52,6 +53,10 @@ class SessionSettings:
     # tokens of the prompt budget (the context minus the reply's room) that instructions and tools must leave for
     # the conversation, and the least `truncation.token_limits.post_instructions` accepted
     min_conversation_tokens: int = 64
+    # the most unplayed reply audio a client holds (ms): audio deltas are paced to it, so an output hold at a possible
+    # interruption is heard within it; None = unpaced (every delta as generated). Per session:
+    # `realtime_ming.output_lead_ms` (docs/barge_in.md)
+    output_lead_ms: int | None = DEFAULT_OUTPUT_LEAD_MS
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -74,3 +79,6 @@ class SessionSettings:
             raise ValueError("session.min_conversation_tokens must be >= 1")
         if not 5 <= self.output_frame_ms <= 40:
             raise ValueError("session.output_frame_ms must be in [5, 40]")
+        low, high = OUTPUT_LEAD_RANGE_MS
+        if self.output_lead_ms is not None and not low <= self.output_lead_ms <= high:
+            raise ValueError(f"session.output_lead_ms must be null (unpaced) or in [{low}, {high}] ms")

@@ -22,6 +22,7 @@ from .actions import Action, Send
 from .conversation import AssistantItem
 from .lifecycle import cancel_response
 from .mcp_flow import on_answer
+from .playout import client_stopped
 
 if TYPE_CHECKING:
     from .session import Session
@@ -100,6 +101,7 @@ def on_item_truncate(session: Session, event: ce.ConversationItemTruncate, now: 
             audio_end_ms=event.audio_end_ms, duration_ms=int(duration_ms), item_id=event.item_id,
         )
     entry.truncate(min(event.audio_end_ms, int(duration_ms)))
+    client_stopped(session, entry.id, event.audio_end_ms, now)  # the client stopped playing it there
     actions += session._discard_speculation()
     return actions + [
         Send(ConversationItemTruncated(

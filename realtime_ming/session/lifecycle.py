@@ -216,10 +216,13 @@ def start_response(
         actions.append(SubmitTurn(request))
     item = AssistantItem(new_id(IdPrefix.ITEM), is_audio=spec.is_audio)
     offered = response_tools(session.config, params)[0]
+    playback = None
+    if spec.conversation_id is not None and spec.is_audio:  # the listener's side of it (out of band: not followed)
+        playback = session._playback.start(spec.response_id, item.id, now, events=session.config.output_audio_buffer)
     response = ActiveResponse(
         spec, item, engine_rate_hz=OUTPUT_SAMPLE_RATE_HZ, frame_ms=session.settings.output_frame_ms,
         conversation=session.conversation if spec.conversation_id is not None else None,
-        input_end_at=now, is_speculative=turn_id is not None,
+        input_end_at=now, is_speculative=turn_id is not None, playback=playback,
         mcp_target=lambda name: session.mcp.target(offered, name),
     )
     response.params = params
@@ -244,6 +247,7 @@ def _response_of(session: Session, turn_id: str) -> ActiveResponse | None:
 def _forget(session: Session, response: ActiveResponse) -> None:
     if response is session._response:
         session._response = None
+        session._gate.drop(response.id)  # output still waiting never goes out
     session._oob.pop(response.id, None)
 
 
@@ -258,7 +262,8 @@ def finish_response(
     td = session.config.turn_detection
     if (main and isinstance(td, ServerVad) and td.idle_timeout_ms is not None
             and status is not ResponseStatus.CANCELLED):
-        session._idle.arm(session._input.position_ms, response.item.audio_ms, td.idle_timeout_ms)
+        playing_ms = response.item.audio_ms if response.playback is None else response.playback.lead_ms(now)
+        session._idle.arm(session._input.position_ms, playing_ms, td.idle_timeout_ms)
     events, record = response.finish(status, now, timing_events=session.config.timing_events, **details)
     trace_response(session.config, response.id, status, details.get("usage"))
     return [Send(e) for e in events] + [record] + session._evict()

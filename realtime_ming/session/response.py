@@ -46,6 +46,7 @@ from .actions import ResponseFinished
 from .audio_io import OutputEncoder
 from .conversation import AssistantItem, Conversation
 from .mcp_calls import McpTarget
+from .playback import PlaybackClock
 from .tools import ResponseCalls
 
 __all__ = ["ActiveResponse", "ResponseSpec", "failure_error"]
@@ -125,7 +126,10 @@ class ActiveResponse:
         is_speculative: bool,
         conversation: Conversation | None = None,
         mcp_target: Callable[[str], McpTarget | None] = lambda _name: None,
+        playback: PlaybackClock | None = None,
     ) -> None:
+        """`playback`: the clock that follows the client's playback of this response's audio (each delta is
+        counted as it is built, i.e. as it goes out)."""
         self.spec = spec
         self.params: object | None = None  # the response.create parameters (a follow-up response reuses them)
         self.deferred: tuple[ResponseStatus, dict] | None = None  # ended in the engine, waits for its MCP calls
@@ -138,6 +142,7 @@ class ActiveResponse:
         self.input_end_at = input_end_at
         self.is_speculative = is_speculative
         self.first_audio_at: float | None = None
+        self.playback = playback
         self.stages: dict[Stage, float] = {}
         self._encoder = OutputEncoder(spec.output_format, engine_rate_hz, frame_ms) if spec.is_audio else None
         if self._encoder is not None:
@@ -209,17 +214,43 @@ class ActiveResponse:
             return events + [ResponseOutputAudioTranscriptDelta(**self._ids, delta=text)]
         return events + [ResponseOutputTextDelta(**self._ids, delta=text)]
 
+    @property
+    def frame_samples(self) -> int:
+        """Samples of one full audio delta at the wire rate (0: a text response)."""
+        return 0 if self._encoder is None else self._encoder.frame_samples
+
+    @property
+    def wire_rate_hz(self) -> int:
+        """The sample rate of the audio deltas."""
+        return self._encoder.codec.sample_rate_hz if self._encoder is not None else 0
+
+    def resample(self, pcm: np.ndarray) -> np.ndarray:
+        """Engine PCM (float32 at the engine rate) → wire-rate samples for `on_wire_audio` (in order; empty for a
+        text response)."""
+        return self._encoder.resample(pcm) if self._encoder is not None else np.zeros(0, np.float32)
+
+    def resample_tail(self) -> np.ndarray:
+        """The end of the response's audio: the resampler's tail, for `on_wire_audio` (`finish` then adds none)."""
+        return self._encoder.tail() if self._encoder is not None else np.zeros(0, np.float32)
+
     def on_audio(self, pcm: np.ndarray, now: float, whole: bool = False) -> list[ServerEvent]:
-        """Engine PCM (float32 at the engine rate) → audio deltas of at most `frame_ms`; one delta when `whole` (a
+        """Engine PCM (float32 at the engine rate) → audio deltas (`on_wire_audio`)."""
+        return self.on_wire_audio(self.resample(pcm), now, whole)
+
+    def on_wire_audio(self, samples: np.ndarray, now: float, whole: bool = False) -> list[ServerEvent]:
+        """Wire-rate samples (`resample`) → audio deltas of at most `frame_ms`; one delta when `whole` (a
         confirmed speculative turn's held audio, released at once: `AudioChunk.backlog`) or when the audio sent is
         more than `AHEAD_WHOLE_CHUNKS_S` ahead of real time."""
-        if self._encoder is None:
+        if self._encoder is None or not samples.size:
             return []
         ahead = (self.first_audio_at is not None
                  and self._encoder.duration_ms / 1000.0 - (now - self.first_audio_at) > AHEAD_WHOLE_CHUNKS_S)
-        return self._deltas(self._encoder.push(pcm, whole=whole or ahead), now)
+        before_ms = self._encoder.duration_ms
+        return self._deltas(self._encoder.encode(samples, whole=whole or ahead), now, before_ms)
 
-    def _deltas(self, frames: list[str], now: float) -> list[ServerEvent]:
+    def _deltas(self, frames: list[str], now: float, before_ms: float) -> list[ServerEvent]:
+        if self.playback is not None and self._encoder is not None:
+            self.playback.sent(self._encoder.duration_ms - before_ms, now)
         if not frames:
             return []
         if self.first_audio_at is None:
@@ -247,7 +278,10 @@ class ActiveResponse:
         """
         events: list[ServerEvent] = []
         if status is ResponseStatus.COMPLETED and self._encoder is not None:
-            events += self._deltas(self._encoder.flush(), now)
+            before_ms = self._encoder.duration_ms
+            events += self._deltas(self._encoder.flush(), now, before_ms)
+        if self.playback is not None:
+            self.playback.done = True
         self.item.status = _ITEM_STATUS.get(status, ItemStatus.INCOMPLETE)
         if self._is_message_open:
             events += self._message_done()

@@ -81,6 +81,10 @@ class _McpOutcome:
 
     def __init__(self, item_id: str, is_call: bool, outcome: object) -> None:
         self.item_id, self.is_call, self.outcome = item_id, is_call, outcome
+class _OutputDue:
+    """The session's `output_deadline` passed (posted by a loop timer): paced output is due, a hold expired."""
+
+    __slots__ = ()
 
 
 class _ShutDown:
@@ -159,7 +163,7 @@ class SessionRunner:
         self._emit = emit
         self._on_action = on_action
         self._loop = loop or asyncio.get_running_loop()
-        self._inbox: asyncio.Queue[_Inbound | _EngineInput | _DecisionReady | _McpOutcome | _ShutDown] = (
+        self._inbox: asyncio.Queue[_Inbound | _EngineInput | _DecisionReady | _McpOutcome | _ShutDown | _OutputDue] = (
             asyncio.Queue())
         self._mcp_limits = mcp_limits or McpLimits(session.mcp_allowed_hosts)
         self._mcp_tasks: set[asyncio.Task] = set()  # listings and calls running (cancelled by `close`)
@@ -170,9 +174,11 @@ class SessionRunner:
         self._worker: concurrent.futures.Future | None = None  # an append being handled off the loop
         self._watched: concurrent.futures.Future | None = None  # the end-of-turn call _watch_decision follows
         self._words_timer: tuple[float, asyncio.TimerHandle] | None = None  # (deadline, its timer)
+        self._output_timer: tuple[float, asyncio.TimerHandle] | None = None  # (the session's output deadline, its timer)
         self._arrivals: collections.deque[float] = collections.deque()  # when each queued append came in
         self._decision_posted_at = 0.0  # when the last _DecisionReady was posted
-        self._held: _Inbound | _EngineInput | _DecisionReady | _McpOutcome | _ShutDown | None = None  # handled next
+        # handled next
+        self._held: _Inbound | _EngineInput | _DecisionReady | _McpOutcome | _ShutDown | _OutputDue | None = None
         session.set_turn_judgement(engine_supports(engine, TurnTask.JUDGE_TURN))
 
     def engine_sink(self, event: TurnEvent) -> None:
@@ -234,6 +240,14 @@ class SessionRunner:
                     self._log_failure("MCP outcome", item.item_id, exc)
                     actions = []
                 await self._dispatch(actions, None)
+            elif isinstance(item, _OutputDue):
+                try:
+                    actions = self.session.on_output_timer(now)
+                except Exception as exc:  # the reply's output cannot be sent: its response ends failed
+                    turn_id = self.session.active_response_id
+                    self._log_failure("output timer", turn_id, exc)
+                    actions = [] if turn_id is None else self.session.abort_response(turn_id, now)
+                await self._dispatch(actions, None)
             elif isinstance(item, _DecisionReady):
                 try:
                     actions = self.session.on_decision_ready(now)
@@ -274,6 +288,7 @@ class SessionRunner:
                     await self._loop.run_in_executor(_MEDIA_DECODER, limits.premeasure_event, self.session.config, item)
                     now = time.monotonic()
                 await self._dispatch(self.session.handle_client_event(item, now), item)
+            self._watch_output()
 
     def _log_turn_end(self, actions: list[Action], cause: str, arrived: float, dequeued: float, handled: float) -> None:
         """DEBUG: where the server's wall time went for the input that ended a turn (speech_stopped sent)."""
@@ -304,6 +319,24 @@ class SessionRunner:
             self._words_timer[1].cancel()
         delay = max(0.0, deadline - time.monotonic()) + 1e-3
         self._words_timer = (deadline, self._loop.call_later(delay, self._post_decision))
+
+    def _watch_output(self) -> None:
+        """Wake the session at its `output_deadline` (the next paced audio piece, a hold's end, a reply played out)
+        even if no input comes meanwhile; one timer, moved when the deadline moves."""
+        deadline = self.session.output_deadline
+        timer = self._output_timer
+        if timer is not None and (deadline is None or timer[0] != deadline):
+            timer[1].cancel()
+            self._output_timer = timer = None
+        if deadline is None or timer is not None:
+            return
+        delay = max(0.0, deadline - time.monotonic())
+        self._output_timer = (deadline, self._loop.call_later(delay, self._output_due))
+
+    def _output_due(self) -> None:
+        self._output_timer = None
+        if not self._is_closed:
+            self._inbox.put_nowait(_OutputDue())
 
     def _post_decision(self) -> None:
         self._decision_posted_at = time.monotonic()
@@ -366,6 +399,8 @@ class SessionRunner:
             task.cancel()
         if self._words_timer is not None:
             self._words_timer[1].cancel()
+        if self._output_timer is not None:
+            self._output_timer[1].cancel()
         worker = self._worker
         if worker is not None and not worker.done():
             # an append still runs on a worker thread with the session: close it when that is done

@@ -45,7 +45,7 @@ from ..protocol.server_events import (
     SessionCreated,
 )
 from ..protocol.session import SemanticVad, ServerVad, SessionConfig, SessionType
-from . import items, lifecycle, mcp_flow
+from . import items, lifecycle, mcp_flow, playout
 from .actions import (
     Action,
     CancelTurn,
@@ -56,7 +56,7 @@ from .actions import (
     SubmitTurn,
 )
 from .audio_io import MODEL_SAMPLE_RATE_HZ
-from .barge_in import OutputHold, max_hold_s, sync_output_hold
+from .barge_in import OutputGate, max_hold_s
 from .config import SessionSettings
 from .content import MediaLimits, stored_part
 from .conversation import Conversation, StoredItem
@@ -67,6 +67,7 @@ from .judgement import NO_ANSWER, TurnJudge
 from .mcp_calls import McpServers
 from .media_intake import MediaIntake
 from .prompt_limits import PromptLimits
+from .playback import Playback
 from .response import ActiveResponse
 from .session_update import on_session_update
 from .transcription import Transcriber
@@ -130,6 +131,7 @@ class Session:
             voice=default_voice,
             turn_detection=turn_detection,
             temperature=settings.temperature,
+            output_lead_ms=settings.output_lead_ms,
         )
         self.conversation_id = new_id(IdPrefix.CONVERSATION)
         self.conversation = Conversation(settings.max_items, self.media.max_conversation_bytes)
@@ -137,7 +139,9 @@ class Session:
         self._input = InputTurns(vad, make_vad, settings.max_input_audio_s)
         self._input.configure(self.config.input_format, self.config.turn_detection)
         self._speculation: _Speculation | None = None
-        self._hold = OutputHold(max_hold_s(vad.detector))  # the reply's output while a barge-in is judged
+        # the reply's output on its way to the listener: paced to the client's playback, held while a barge-in is judged
+        self._gate = OutputGate(max_hold_s(vad.detector))
+        self._playback = Playback()  # what the client plays: the barge-in guard follows it (`playout`)
         self._response: ActiveResponse | None = None  # the one response of the default conversation
         self._oob: dict[str, ActiveResponse] = {}  # out-of-band responses running beside it, by id
         self._idle = IdleTimer()  # GA turn_detection.idle_timeout_ms
@@ -196,7 +200,7 @@ class Session:
                 return self._error(ErrorCode.UNSUPPORTED_EVENT, event.event_id, event_type=event.type)
             if self._no_responses(event):
                 return self._error(ErrorCode.TRANSCRIPTION_SESSION_NO_RESPONSE, event.event_id, param="type")
-            return handler(self, event, now) + sync_output_hold(self, now) + self._release_transcriptions()
+            return handler(self, event, now) + playout.sync_output(self, now) + self._release_transcriptions()
         except ProtocolError as error:
             return [Send(Error.from_protocol_error(error.with_event_id(event.event_id)))]
         except Exception as exc:  # a bug must cost this request, never the session
@@ -238,7 +242,8 @@ class Session:
 
     def _on_append(self, event: ce.InputAudioBufferAppend, now: float) -> list[Action]:
         td = self.config.turn_detection
-        self._input.guard_barge_in(self._response is not None and td is not None and td.interrupt_response)
+        # while Ming is heard (or a reply is generated) only a real interruption starts a turn
+        self._input.guard_barge_in(td is not None and td.interrupt_response and playout.speaking(self, now))
         try:
             signals = self._input.append(event.audio)
         except AudioFormatError as exc:
@@ -299,11 +304,6 @@ class Session:
         parts = tuple(stored_part(p, self._intake.measured(p)) for p in item.content)  # clips measured by `admit`
         return StoredItem(replace(item, content=parts), contents)
 
-    def _on_output_audio_clear(self, event: ce.OutputAudioBufferClear, now: float) -> list[Action]:
-        # WebSocket sessions have no server-side playout buffer; there is nothing to clear and
-        # `output_audio_buffer.cleared` must not reach a WebSocket client (docs/protocol.md §5.1).
-        return []
-
     # ---- turns -------------------------------------------------------------------------------
     def _on_turn_signal(self, signal: TurnSignal, now: float) -> list[Action]:
         td = self.config.turn_detection
@@ -313,8 +313,11 @@ class Session:
             actions: list[Action] = [Send(InputAudioBufferSpeechStarted(
                 audio_start_ms=signal.audio_start_ms, item_id=signal.item_id
             ))]
-            if self._response is not None and td.interrupt_response:
-                actions += lifecycle.cancel_response(self, StatusReason.TURN_DETECTED, now)
+            if td.interrupt_response:  # the client stops playing now (`playout.interrupted`)
+                cancelled = self.active_response_id
+                if cancelled is not None:
+                    actions += lifecycle.cancel_response(self, StatusReason.TURN_DETECTED, now)
+                actions += playout.interrupted(self, now, cancelled)
             return actions
         if isinstance(signal, SpeechPaused):
             if self._auto_respond(td) and self._response is None and self._speculation is None:
@@ -413,11 +416,23 @@ class Session:
             return self._transcriber.on_engine_event(event)
         if self._judge.owns(event.turn_id):
             return self._on_judgement(event, now)
-        actions = sync_output_hold(self, now) if self._hold.active else []
-        if self._hold.holds(event.turn_id):  # a possible interruption is being judged: nothing goes out yet
-            self._hold.add(event)
-            return actions
-        return actions + lifecycle.on_engine_event(self, event, now) + self._release_transcriptions()
+        actions = playout.sync_output(self, now) if self._gate.active else []
+        response = self._response
+        if response is not None and event.turn_id == response.id:  # on its way to the listener, paced or held
+            actions += playout.on_engine_event(self, response, event, now)
+        else:
+            actions += lifecycle.on_engine_event(self, event, now)
+        return actions + self._release_transcriptions()
+
+    @property
+    def output_deadline(self) -> float | None:
+        """Monotonic s at which to call `on_output_timer` even if no input comes (a paced audio piece is due, an
+        output hold expires, a reply has played out); None: nothing to wait for."""
+        return playout.output_deadline(self)
+
+    def on_output_timer(self, now: float) -> list[Action]:
+        """`output_deadline` passed: send the output that is due."""
+        return playout.sync_output(self, now) + self._release_transcriptions()
 
     def _on_judgement(self, event: TurnEvent, now: float) -> list[Action]:
         """An event of a words judgement: its answer (or its failure: prosody alone) may end the turn now."""
@@ -450,5 +465,5 @@ _HANDLERS: dict[type, Callable[[Session, ClientEvent, float], list[Action]]] = {
     ce.ConversationItemTruncate: items.on_item_truncate,
     ce.ResponseCreate: lifecycle.on_response_create,
     ce.ResponseCancel: lifecycle.on_response_cancel,
-    ce.OutputAudioBufferClear: Session._on_output_audio_clear,
+    ce.OutputAudioBufferClear: playout.on_output_audio_clear,
 }

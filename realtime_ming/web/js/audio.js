@@ -49,8 +49,13 @@ export class AudioIO {
     return this.ctx ? this.ctx.sampleRate : 0;
   }
 
-  /** Create the context and the player (call from a user gesture so audio may start). */
-  async open({ prebufferMs = 60 } = {}) {
+  /**
+   * Create the context and the player (call from a user gesture so audio may start). The server paces its audio
+   * to `realtime_ming.output_lead_ms` (150 ms) of unplayed audio and stops sending the moment the user may be
+   * interrupting it, so the reply falls silent within that lead plus this jitter buffer: the buffer starts at
+   * `prebufferMs` and grows after underruns only up to `maxPrebufferMs` (docs/barge_in.md).
+   */
+  async open({ prebufferMs = 60, maxPrebufferMs = 100 } = {}) {
     if (!window.AudioContext || !window.AudioWorkletNode) {
       throw new MicError("unsupported", "This browser lacks AudioWorklet; use a current Chrome, Edge, Firefox or Safari.");
     }
@@ -60,7 +65,7 @@ export class AudioIO {
       numberOfInputs: 0,
       numberOfOutputs: 1,
       outputChannelCount: [1],
-      processorOptions: { prebufferMs },
+      processorOptions: { prebufferMs, maxPrebufferMs },
     });
     this.player.port.onmessage = (e) => this._onPlayerMessage(e.data);
     this.player.connect(this.ctx.destination);
