@@ -135,19 +135,22 @@ def fit_prompt(build: Callable[[int], object], roles: Sequence[str], role_id: in
     from its unit lengths and the kept messages are rendered once more.
     """
     budget = prompt_budget(max_seq_len, max_tokens)
-    prompt = build(0)
+    # from where the previous prompt began (the cut never goes back before it): a long conversation is not
+    # rendered whole every turn, only what the context can hold and the turns since
+    start = sticky if sticky is not None and policy.mode != "disabled" and sticky in unit_starts(roles) else 0
+    roles = roles[start:]
+    prompt = build(start)
     ids = prompt.input_ids
     fixed, segment_tokens = segment_lengths(ids, role_id, len(segment_starts(roles)))
     limit = budget - fixed
     if policy.post_instructions is not None:
         limit = min(limit, policy.post_instructions)
     if len(ids) <= budget and sum(segment_tokens) <= limit:
-        return FittedPrompt(prompt, 0)
+        return FittedPrompt(prompt, start)
     if limit < 1:
         raise ContextLengthExceeded(len(ids), budget, "the system prompt alone fills the context")
     units, lengths = _unit_lengths(roles, segment_tokens)
     if not units:
-        return FittedPrompt(prompt, 0)
-    first = units.index(sticky) if sticky in units and policy.mode != "disabled" else 0
-    cut = units[first + history_cut(lengths[first:], limit, policy)]
-    return FittedPrompt(build(cut) if cut else prompt, cut)
+        return FittedPrompt(prompt, start)
+    cut = start + units[history_cut(lengths, limit, policy)]
+    return FittedPrompt(build(cut) if cut != start else prompt, cut)
