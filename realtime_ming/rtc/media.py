@@ -30,9 +30,6 @@ from ..protocol.errors import ProtocolError
 from ..protocol.events import ClientEvent, ServerEvent
 from ..protocol.server_events import (
     InputAudioBufferSpeechStarted,
-    OutputAudioBufferCleared,
-    OutputAudioBufferStarted,
-    OutputAudioBufferStopped,
     ResponseCreated,
     ResponseDone,
     ResponseOutputAudioDelta,
@@ -99,8 +96,6 @@ class CallMedia:
 
     # ---- MediaPath ------------------------------------------------------------------------------
     def outgoing(self, event: ServerEvent) -> Sequence[ServerEvent]:
-        if isinstance(event, OutputAudioBufferStarted | OutputAudioBufferStopped | OutputAudioBufferCleared):
-            return ()  # the playout says these itself (the session's own, `realtime_ming.output_audio_buffer`)
         if isinstance(event, ResponseOutputAudioDelta):
             decoder = self._decoders.get(event.response_id)
             if decoder is not None:

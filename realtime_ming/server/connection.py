@@ -396,6 +396,7 @@ async def serve_connection(ws: Transport, ctx: ConnectionContext, info: Handshak
     outbound = Outbound(ctx.limits.max_outbound_bytes, ctx.limits.max_outbound_events,
                          ctx.limits.max_conversation_bytes)
     playout = media is not None
+    session.transport_playout = playout  # its playout says output_audio_buffer.*, not the session
 
     def put(event: ServerEvent) -> None:
         timing_events = session.config.timing_events

@@ -10,8 +10,8 @@ Plain functions of the session, which owns the gate and the clocks (docs/barge_i
 * `interrupted`, `client_stopped`, `on_output_audio_clear` — the client stopped playing: at an interruption's
   `speech_started`, at its `conversation.item.truncate`, at its `output_audio_buffer.clear`.
 
-`output_audio_buffer.started` / `.stopped` / `.cleared` go to a session that tracks playout
-(`realtime_ming.output_audio_buffer`; a WebRTC transport sets it): started with a response's first audio delta,
+`output_audio_buffer.started` / `.stopped` / `.cleared` go to a WebSocket session that asks for them
+(`realtime_ming.output_audio_buffer`; a WebRTC call's playout sends its own): started with a response's first audio delta,
 stopped once it is done and its audio has played out, cleared when it was cut off (an interruption, or the client's
 clear, which is always answered with it). Where the server tracks playout it also truncates the item at the
 played position itself on an interruption, as OpenAI does over WebRTC.
@@ -147,15 +147,21 @@ def output_deadline(session: Session) -> float | None:
     if event is not None and response is not None and not gate.holds(event.turn_id):
         due = _due_at(session, response, event) if event.turn_id == response.id else None
         times.append(due if due is not None else 0.0)
-    if session.config.output_audio_buffer:
+    if _tells(session):
         times += [c.end_at for c in session._playback.clocks if c.done and c.started_told and not c.end_told]
     return min(times) if times else None
+
+
+def _tells(session: Session) -> bool:
+    """The session sends `output_audio_buffer.*` itself: its client asked, and no transport plays the audio out
+    (a WebRTC call's playout sends its own)."""
+    return session.config.output_audio_buffer and not session.transport_playout
 
 
 def announce(session: Session, now: float) -> list[Action]:
     """`output_audio_buffer.started` for each clock that began, `.stopped` for each done one that played out
     (where the session sends those events)."""
-    if not session.config.output_audio_buffer:
+    if not _tells(session):
         return []
     actions: list[Action] = []
     for clock in session._playback.clocks:
@@ -177,7 +183,7 @@ def interrupted(session: Session, now: float, cancelled: str | None) -> list[Act
     for clock in session._playback.clocks:
         if clock.playing(now) or (clock.response_id == cancelled and clock.sent_ms > 0):
             position = clock.stop(now)
-            if session.config.output_audio_buffer:
+            if _tells(session):
                 actions += _truncate(session, clock, position) + _cleared(clock)
     return actions
 

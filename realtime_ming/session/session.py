@@ -142,6 +142,9 @@ class Session:
         # the reply's output on its way to the listener: paced to the client's playback, held while a barge-in is judged
         self._gate = OutputGate(max_hold_s(vad.detector))
         self._playback = Playback()  # what the client plays: the barge-in guard follows it (`playout`)
+        # the transport plays the audio out and says `output_audio_buffer.*` itself (a WebRTC call): the session
+        # then never does (set by the connection)
+        self.transport_playout = False
         self._response: ActiveResponse | None = None  # the one response of the default conversation
         self._oob: dict[str, ActiveResponse] = {}  # out-of-band responses running beside it, by id
         self._idle = IdleTimer()  # GA turn_detection.idle_timeout_ms
