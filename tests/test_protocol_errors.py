@@ -335,6 +335,7 @@ FROZEN_CODES = {
     "mcp_server_not_allowed": ErrorType.INVALID_REQUEST,
     "mcp_approval_request_not_found": ErrorType.INVALID_REQUEST,
     "mcp_list_tools_failed": ErrorType.SERVER,
+    "output_audio_buffer_empty": ErrorType.INVALID_REQUEST,
     "realtime_only_parameter": ErrorType.INVALID_REQUEST,
     "transcription_session_no_response": ErrorType.INVALID_REQUEST,
     "session_type_change_while_responding": ErrorType.INVALID_REQUEST,

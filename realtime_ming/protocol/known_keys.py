@@ -66,7 +66,13 @@ def merge_key_trees(a: KeyTree, b: KeyTree) -> KeyTree:
 @cache
 def _tree(dialect: Dialect) -> KeyTree:
     text = resources.files("realtime_ming").joinpath("assets/openai_client_keys.json").read_text()
-    return merge_key_trees(json.loads(text)[dialect.value], _extensions(dialect))
+    tree = merge_key_trees(json.loads(text)[dialect.value], _extensions(dialect))
+    if dialect is Dialect.GA:
+        # a realtime session's keys sent to a transcription session are known, not typos: the session check refuses
+        # them with their specific code (`realtime_only_parameter`)
+        sessions = tree["variants"]["session.update"]["keys"]["session"]["variants"]
+        sessions["transcription"] = merge_key_trees(sessions["transcription"], sessions["realtime"])
+    return tree
 
 
 def event_key_tree(dialect: Dialect) -> KeyTree:
