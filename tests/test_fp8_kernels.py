@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from kernel_support import DEVICE, NEEDS_TRITON, ON
+from kernel_support import kernel_tol, rel_err, seeded_randn, DEVICE, NEEDS_TRITON, ON
 
 from realtime_ming.model import fp8, moe
 from realtime_ming.model.kernels import moe_fp8
@@ -23,21 +23,7 @@ pytestmark = NEEDS_TRITON
 E, D, INTER, K = 8, 64, 32, 2
 
 
-def _tol(dtype) -> float:
-    """Relative L2 bound against the same math in PyTorch: fp32 exact; bf16 1e-2 on the GPU, 4e-2 in the
-    interpreter (it truncates at every rounding point where the GPU rounds to nearest)."""
-    if dtype == torch.float32:
-        return 1e-5
-    return 1e-2 if DEVICE == "cuda" else 4e-2
-
-
-def _randn(*shape, dtype=torch.float32, seed=0, scale=1.0):
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(*shape, generator=g) * scale).to(DEVICE, dtype)
-
-
-def _rel(a, b) -> float:
-    return float((a.double() - b.double()).norm() / b.double().norm())
+_tol, _randn, _rel = kernel_tol, seeded_randn, rel_err
 
 
 def _experts(dtype, tokens: int, seed: int = 0):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from kernel_support import DEVICE, DTYPES, NEEDS_TRITON, ON
+from kernel_support import kernel_tol, rel_err, seeded_randn, DEVICE, DTYPES, NEEDS_TRITON, ON
 
 from realtime_ming.model import moe
 from realtime_ming.model.kernels import moe_decode as md
@@ -18,21 +18,7 @@ from realtime_ming.model.kernels import slot_attention as sa
 pytestmark = NEEDS_TRITON
 
 
-def _tol(dtype) -> float:
-    """Relative L2 bound: fp32 exact math; bf16 on the GPU 1e-2; the interpreter truncates fp32 -> bf16
-    at every rounding point (the GPU rounds to nearest), a bias that compounds to ~2% over a chain."""
-    if dtype == torch.float32:
-        return 1e-5
-    return 1e-2 if DEVICE == "cuda" else 4e-2
-
-
-def _randn(*shape, dtype=torch.float32, seed=0, scale=1.0):
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(*shape, generator=g) * scale).to(DEVICE, dtype)
-
-
-def _rel(a, b) -> float:
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+_tol, _randn, _rel = kernel_tol, seeded_randn, rel_err
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
