@@ -4,8 +4,9 @@ server_vad with a 2 s silence_duration_ms is a forced long decision (the semanti
 the reply is submitted at the first 120 ms pause and confirmed 2 s later. Before the speculation bound the engine
 meanwhile generated the whole reply, and its held events, released at once as 40 ms frames, overflowed the
 connection's outbound cap (1008 "client is not reading"). Here the cap is lowered to 64 frames, so a flood of
-any real size fails the test; the reply must arrive complete on an open connection, its held audio as one delta,
-and the item's audio bookkeeping (retrieve, truncate) must match the bytes sent exactly.
+any real size fails the test; the reply must arrive complete on an open connection and the item's audio
+bookkeeping (retrieve, truncate) must match the bytes sent exactly. Unpaced (`output_lead_ms: null`) the held audio
+goes as one backlog delta; paced (the default) it goes in frames the listener's clock lets out, none over a frame.
 """
 
 from __future__ import annotations
@@ -37,14 +38,18 @@ async def capped_server(engine):
         yield srv
 
 
-async def test_reply_confirmed_after_a_2s_decision_arrives_whole_on_an_open_connection(capped_server):
+@pytest.mark.parametrize("lead_ms", [None, "default"])
+async def test_reply_confirmed_after_a_2s_decision_arrives_whole_on_an_open_connection(capped_server, lead_ms):
     from websockets.asyncio.client import connect
 
     ws = await connect(f"ws://127.0.0.1:{capped_server.port}/v1/realtime?model=ming", max_size=None)  # retrieve: all audio
     client = WsClient(ws, Dialect.GA)
     assert (await client.recv())["type"] == "session.created"
-    await client.send(type="session.update", session={"type": "realtime", "audio": {"input": {"turn_detection": {
-        "type": "server_vad", "silence_duration_ms": 2000}}}})
+    session = {"type": "realtime", "audio": {"input": {"turn_detection": {
+        "type": "server_vad", "silence_duration_ms": 2000}}}}
+    if lead_ms is None:
+        session["realtime_ming"] = {"output_lead_ms": None}
+    await client.send(type="session.update", session=session)
     await client.recv_until("session.updated")
     await client.append_audio(np.concatenate([espeak("Tell me about the sea.", "en-us"), silence(0.4)]))
     await asyncio.sleep(2.5)  # the decision waits: the speculative reply runs (and is paused) meanwhile
@@ -59,8 +64,12 @@ async def test_reply_confirmed_after_a_2s_decision_arrives_whole_on_an_open_conn
     transcript = "".join(f["delta"] for f in frames if f["type"] == "response.output_audio_transcript.delta")
     assert transcript == done["output"][0]["content"][0]["transcript"] and transcript.strip() == REPLY
     audio = b"".join(base64.b64decode(d) for d in deltas)
-    first_ms = len(base64.b64decode(deltas[0])) / 2 / WIRE_HZ * 1000
-    assert first_ms > 40  # the held audio came as one backlog delta, not as 40 ms frames
+    delta_ms = [len(base64.b64decode(d)) / 2 / WIRE_HZ * 1000 for d in deltas]
+    first_ms = delta_ms[0]
+    if lead_ms is None:
+        assert first_ms > 40  # the held audio came as one backlog delta, not as 40 ms frames
+    else:
+        assert max(delta_ms) <= 40 + 1e-6  # paced: frame by frame as the listener plays, no backlog burst
     assert len(audio) / 2 / WIRE_HZ > 3.0  # the whole reply was spoken, not just its held lookahead
     item_id = done["output"][0]["id"]
     # the connection is open and the item holds exactly the audio sent

@@ -124,10 +124,10 @@ async def test_web_barge_in_stops_playback_and_cancels(engine, speech, tmp_path)
         # to this process) so the next looped sentence waits until the reply plays.
         await _wait_for(page, "() => __demo.speechStopped >= 1 && (document.getElementById('mute-btn').click(), true)", 60)
         assert await page.get_attribute("#mute-btn", "aria-pressed") == "true"
-        # The reply plays with a second of audio received ahead of playback: the barge-in's output hold
-        # (no audio sent while the speech is judged) must not drain the player before the cut.
+        # The reply has played a quarter second and still has audio queued in the player (paced: the server
+        # keeps only `output_lead_ms` ahead of the listener, so the queue is short but not empty).
         await _wait_for(page, f"""() => Object.values(__demo.responses).some(r => r.status === 'in_progress'
-                 && r.playedSamples > 0 && r.receivedSamples - r.playedSamples >= {OUTPUT_RATE_HZ})""", 120)
+                 && r.playedSamples >= {OUTPUT_RATE_HZ // 4} && r.receivedSamples > r.playedSamples)""", 120)
         await page.click("#mute-btn")  # unmuted: the looping mic's next sentence talks over the reply
         # (on a machine whose talker falls behind real time the player may still drain first: nothing is
         # left to truncate then, and a later reply, talked over in turn, is the one cut)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .segmenter import SegmenterConfig
 
@@ -137,7 +137,7 @@ class ThinkerRunnerConfig:
 @dataclass(frozen=True, slots=True)
 class TalkerRunnerConfig:
     max_streams: int = 16  # talker streams stepped together
-    max_prompt_len: int = 512  # talker LM prompt + generated steps per fragment
+    max_prompt_len: int = 512  # talker LM prompt + generated steps per fragment (the tiny model: >= 1024)
     min_new_token: int = 10  # stop rule (docs/model.md §5.9; sglang-omni uses 3)
     cfg_strength: float = 2.0
     sigma: float = 0.25
@@ -298,3 +298,14 @@ class EngineConfig:
             raise ValueError(f"engine.expert_dtype must be one of {EXPERT_DTYPES}, got {self.expert_dtype!r}")
         if self.weights == "checkpoint" and self.preset is not None and self.model_path is not None:
             raise ValueError("engine.preset applies only to weights='dummy' or the embedded default")
+
+    def fitted_to_tiny(self) -> "EngineConfig":
+        """This config for the embedded tiny model: its byte-level talker tokenizer spends one token per UTF-8 byte,
+        so a speech-style caption (the reference's JSON with Chinese labels, ~280 bytes) needs a talker prompt of at
+        least `TINY_TALKER_PROMPT_LEN` (a real checkpoint's tokenizer takes it in ~100 tokens of the default 512)."""
+        if self.talker.max_prompt_len >= TINY_TALKER_PROMPT_LEN:
+            return self
+        return replace(self, talker=replace(self.talker, max_prompt_len=TINY_TALKER_PROMPT_LEN))
+
+
+TINY_TALKER_PROMPT_LEN = 1024

@@ -80,6 +80,7 @@ class Engine(Admission, Speculation):
     """Owns the models and the engine thread. Create with `Engine.create(cfg)`; thread-safe API."""
 
     def __init__(self, cfg: EngineConfig, bundle: ModelBundle):
+        cfg = cfg.fitted_to_tiny() if bundle.is_tiny_default else cfg
         self.cfg = cfg
         self.bundle = bundle
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
