@@ -48,7 +48,13 @@ def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         help="override one config key, e.g. --set session.vad.backend=webrtc (repeatable)",
     )
-    parser.add_argument("--log-level", default="INFO", help="logging level (default: INFO)")
+    parser.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the full effective config (YAML, API keys redacted) once the start-up checks pass, and exit",
+    )
+    parser.add_argument("--log-level", default="INFO",
+                        help="logging level (default: INFO: a short summary; DEBUG adds the full effective config)")
 
 
 def serve_config(args: argparse.Namespace):
@@ -75,6 +81,7 @@ def _fail(message: object) -> int:
 
 def _run_serve(args: argparse.Namespace) -> int:
     from .server.config import ConfigError
+    from .server.config_report import config_yaml
     from .server.startup import StartupError, prepare
 
     try:
@@ -82,7 +89,10 @@ def _run_serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         return _fail(f"config error: {exc}")
     try:
-        prepare(cfg)  # before torch is imported: a bad start fails in a moment
+        checked = prepare(cfg)  # before torch is imported: a bad start fails in a moment
+        if args.print_config:
+            print(config_yaml(checked))
+            return 0
         if cfg.server.frontend_processes > 1:  # the WebSockets in their own processes, the engine in this one
             from .server.frontends import run_frontends
 
