@@ -230,7 +230,7 @@ def _frames(pcm16: np.ndarray) -> list[str]:
 
 def _session_frames(silence_s: float) -> list[str]:
     """One loop of a session's microphone: an espeak-ng turn then `silence_s` of silence (20 ms frames)."""
-    from bench.turns import default_cache_dir, default_turns
+    from realtime_ming.bench.turns import default_cache_dir, default_turns
 
     turn = default_turns(default_cache_dir(), wire_rate_hz=_WIRE_RATE_HZ)[0]
     speech = turn.pcm16[: turn.speech_end_sample]

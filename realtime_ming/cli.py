@@ -106,43 +106,16 @@ def _run_serve(args: argparse.Namespace) -> int:
     exit_now(code)  # once shut down: finalization could abort a clean exit (see `exit_now`)
 
 
-_BENCH_MISSING = (
-    "realtime-ming: the benchmark ships with the source checkout, not the package: in the checkout's "
-    "root run `python -m bench --url ws://HOST:PORT/v1/realtime ...` (plots: pip install 'realtime-ming[bench]')"
-)
-
-
-def _bench():
-    """The checkout's top-level `bench` package when it is importable (run from the checkout root:
-    `python -m bench` or `python -m realtime_ming.cli bench`), else None. Nothing touches sys.path."""
-    import importlib
-
-    try:
-        module = importlib.import_module("bench")
-    except ImportError:
-        return None
-    ours = all(callable(getattr(module, name, None)) for name in ("add_arguments", "run"))
-    return module if ours else None  # another distribution's top-level `bench` is not ours
-
-
 def _add_bench_arguments(parser: argparse.ArgumentParser) -> None:
-    bench = _bench()
-    if bench is not None:
-        bench.add_arguments(parser)
-        return
-    # Installed without the checkout: take every argument as a plain word (no option prefix, so
-    # `--url ...` and `-h` are not parse errors) and let `run` say in one line where the benchmark is.
-    parser.description = _BENCH_MISSING.removeprefix("realtime-ming: ")
-    parser.prefix_chars = ""
-    parser.add_argument("bench_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    from .bench import add_arguments
+
+    add_arguments(parser)
 
 
 def _run_bench(args: argparse.Namespace) -> int:
-    bench = _bench()
-    if bench is None or hasattr(args, "bench_args"):
-        print(_BENCH_MISSING, file=sys.stderr)
-        return 2
-    return bench.run(args)
+    from .bench import run
+
+    return run(args)
 
 
 def _cluster_cli():
@@ -156,7 +129,8 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Calla
     "serve": ("run the /v1/realtime server", _add_serve_arguments, _run_serve),
     "serve-cluster": ("run /v1/realtime on Ray Serve: many replicas, one endpoint (pip install 'realtime-ming[cluster]')",
                       lambda parser: _cluster_cli().add_arguments(parser), lambda args: _cluster_cli().run(args)),
-    "bench": ("TTFA benchmark against a /v1/realtime server (needs the source checkout's bench/)",
+    "bench": ("TTFA benchmark: real-time paced spoken turns against any /v1/realtime server (plots: pip install "
+              "'realtime-ming[bench]')",
               _add_bench_arguments, _run_bench),
 }
 

@@ -17,10 +17,10 @@ import pytest
 from conftest import tiny_engine_fixture
 from server_support import seconds, stub_served
 
-from bench.config import BenchConfig, Target, TurnMode
-from bench.report import write_results
-from bench.runner import run_benchmark
-from bench.turns import load_turns
+from realtime_ming.bench.config import BenchConfig, Target, TurnMode
+from realtime_ming.bench.report import write_results
+from realtime_ming.bench.runner import run_benchmark
+from realtime_ming.bench.turns import load_turns
 
 pytestmark = [
     pytest.mark.timeout(240),

@@ -54,12 +54,24 @@ async def server_info(target: Target) -> dict[str, Any]:
     return {"url": target.url, "models": models, "health": health}
 
 
-def client_info() -> dict[str, Any]:
-    """Where the benchmark ran: host, Python, platform, the repo commit (when in a git checkout)."""
-    import websockets
+def _package_version() -> str | None:
+    from importlib import metadata
 
     try:
-        root = Path(__file__).resolve().parent.parent
+        return metadata.version("realtime-ming")
+    except metadata.PackageNotFoundError:  # a source tree that was never installed
+        return None
+
+
+def client_info() -> dict[str, Any]:
+    """Where the benchmark ran: host, Python, platform, the package version, and the commit when the package
+    runs from a git checkout (not from an installed wheel)."""
+    import websockets
+
+    root = Path(__file__).resolve().parents[2]  # realtime_ming/bench/runner.py -> the checkout's root
+    try:
+        if not (root / ".git").exists() or not (root / "pyproject.toml").is_file():
+            raise OSError("not a source checkout")
         commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
                                 timeout=5, check=True).stdout.strip()
         dirty = bool(subprocess.run(["git", "-C", str(root), "status", "--porcelain"], capture_output=True,
@@ -81,6 +93,7 @@ def client_info() -> dict[str, Any]:
         "python": platform.python_version(),
         "processor": platform.processor() or platform.machine(),
         "websockets": websockets.__version__,
+        "realtime_ming": _package_version(),
         "git_commit": commit,
         "git_dirty": dirty,
     }

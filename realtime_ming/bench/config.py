@@ -95,7 +95,7 @@ class BenchConfig:
     allow_silent: bool = False  # a response without audio passes (random-weight models); else it fails
     silence_dbfs: float = -50.0  # |x| below this is silence (finds a user wav's speech end)
     seed: int = 0
-    out_dir: str | None = None  # None: bench/out/run-<utc timestamp> (git-ignored)
+    out_dir: str | None = None  # None: bench/out/run-<utc timestamp> under the current directory
     show_progress: bool = True
 
     def __post_init__(self) -> None:

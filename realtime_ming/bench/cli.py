@@ -1,4 +1,4 @@
-"""Command line of the benchmark: `python -m bench ...` or `realtime-ming bench ...`.
+"""Command line of the benchmark: `realtime-ming bench ...` (or `python -m realtime_ming.bench ...`).
 
 Options left unset keep the `BenchConfig` defaults (they live in the dataclass only). Exit code
 0 when every measured turn succeeded, 1 when some failed (results are still written), 2 for a
@@ -19,6 +19,8 @@ from dataclasses import fields
 from pathlib import Path
 
 from .config import BenchConfig, Target, TurnMode
+
+_PROG = "realtime-ming bench"
 
 __all__ = ["add_arguments", "config_from_args", "main", "run"]
 
@@ -47,7 +49,7 @@ _OPTIONS = (
     ("--max-turn-s", "max_turn_s", float, "skip utterances longer than this"),
     ("--silence-dbfs", "silence_dbfs", float, "below this a sample is silence (finds the end of speech)"),
     ("--seed", "seed", int, "seed of the session start offsets"),
-    ("--out", "out_dir", str, "output folder (default: bench/out/run-<UTC time>, git-ignored)"),
+    ("--out", "out_dir", str, "output folder (default: bench/out/run-<UTC time> under the current directory)"),
 )
 
 
@@ -59,7 +61,7 @@ def _json_object(text: str) -> dict:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the benchmark's options to `parser` (used by `python -m bench` and `realtime-ming bench`)."""
+    """Add the benchmark's options to `parser` (used by `realtime-ming bench` and `python -m realtime_ming.bench`)."""
     target = parser.add_argument_group("target")
     target.add_argument("--url", required=True, help="ws(s)://host:port/v1/realtime of the server")
     target.add_argument("--name", default="A", help="label of the target (default: A)")
@@ -106,7 +108,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     values = {name: getattr(args, name) for _, name, _, _ in _OPTIONS if getattr(args, name) is not None}
     if values.get("out_dir") is None:
         stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-        values["out_dir"] = str(Path(__file__).resolve().parent / "out" / f"run-{stamp}")  # git-ignored
+        values["out_dir"] = str(Path("bench") / "out" / f"run-{stamp}")  # in a checkout: git-ignored
     return BenchConfig(
         targets=tuple(targets),
         barge_in=args.barge_in,
@@ -120,7 +122,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 
 def _command_line() -> str:
     """The invoking command with API keys redacted."""
-    prog = "python -m bench" if sys.argv[0].endswith("__main__.py") else Path(sys.argv[0]).name
+    prog = _PROG if sys.argv[0].endswith("__main__.py") else Path(sys.argv[0]).name
     argv = sys.argv[1:]
     out = []
     for i, arg in enumerate(argv):
@@ -166,14 +168,14 @@ def run(args: argparse.Namespace) -> int:
     table = [line for line in paths["markdown"].read_text().split("## Results", 1)[-1].split("\n## ", 1)[0].splitlines()
              if line.startswith("|")]
     print("\n".join(table))
-    print(f"\nresults: {paths['json'].parent}")
+    print(f"\nresults: {paths['json'].parent.resolve()}")
     failed = sum(not s["ok"] for lv in results["levels"] for s in lv["samples"] if not s["is_warmup"])
     return 1 if failed else 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of `python -m bench`; returns the exit code."""
-    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    """Entry point of `python -m realtime_ming.bench`; returns the exit code."""
+    parser = argparse.ArgumentParser(prog=_PROG, description=__doc__.splitlines()[0])
     add_arguments(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.WARNING),

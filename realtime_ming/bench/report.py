@@ -118,8 +118,9 @@ def markdown_summary(results: dict[str, Any], plots: Sequence[str] = ()) -> str:
         f"{len(results['turns'])} utterances "
         f"({min(t['speech_end_s'] for t in results['turns']):.1f}–{max(t['speech_end_s'] for t in results['turns']):.1f} s)."),
         (f"Client: `{client['host']}` ({client.get('cpu_model') or client['processor']}, {client.get('num_cpus')} CPUs, "
-         f"load {_num(client.get('load_avg_1m'))} at start, Python {client['python']}), commit "
-        f"`{(client['git_commit'] or '?')[:12]}`{' (dirty)' if client['git_dirty'] else ''}."),
+         f"load {_num(client.get('load_avg_1m'))} at start, Python {client['python']}), "
+         f"realtime-ming {client.get('realtime_ming') or '?'}, commit "
+         f"`{(client['git_commit'] or '?')[:12]}`{' (dirty)' if client['git_dirty'] else ''}."),
         "",
         *(_server_line(name, info) for name, info in results["targets"].items()),
         "",
