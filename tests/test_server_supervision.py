@@ -231,6 +231,7 @@ def test_cli_exits_nonzero_when_the_engine_dies():
         assert time.monotonic() - died_at < seconds(20)
 
 
+@pytest.mark.slow
 def test_cli_sigterm_lets_the_reply_finish_then_exits_zero():
     """SIGTERM mid-reply: the reply generates to its end (all its max_output_tokens, response.done incomplete /
     max_output_tokens), the session closes with 1001, exit 0. The thinker plays a forced reply with no end token
