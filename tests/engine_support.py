@@ -8,7 +8,6 @@ import threading
 import numpy as np
 import pytest
 from conftest import fixture_tokenizers
-from engine_support import PROMPT_A, PROMPT_B
 
 from realtime_ming.engine import Engine
 from realtime_ming.engine.api import (
