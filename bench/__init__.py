@@ -1,10 +1,5 @@
-"""TTFA benchmark: real-time paced spoken turns against any OpenAI-Realtime (GA) `/v1/realtime` server.
+"""Measurement scripts of the source checkout: server load, fuzzing, attacks, turn taking offline, GPU-lab tools.
 
-`python -m bench --url ws://127.0.0.1:8000/v1/realtime -c 1,2,4` (or `realtime-ming bench ...`)
-sweeps concurrent sessions and writes results.json, summary.md and PNG plots. Importing this
-package is cheap: the run modules load only when a run starts.
+The client-side TTFA benchmark ships with the package (`realtime_ming.bench`, `realtime-ming bench`);
+`python -m bench` here is the same command.
 """
-
-from .cli import add_arguments, main, run
-
-__all__ = ["add_arguments", "main", "run"]

@@ -1,7 +1,7 @@
-"""`python -m bench`: the TTFA benchmark's command line (see `bench.cli`)."""
+"""`python -m bench`: the TTFA benchmark's command line, `realtime-ming bench` (see `realtime_ming.bench`)."""
 
 import sys
 
-from .cli import main
+from realtime_ming.bench.cli import main
 
 sys.exit(main())

@@ -7,7 +7,7 @@ The tiny model's reply and transcript are forced to real words (`REPLY`, `UTTERA
 on, the transcription side request reuses the reply's prefilled K/V (`session/transcription.py`): it is submitted
 at the reply's first audio and prefills only the ASR instruction.
 
-    python3 -m bench.asr_kv_bench [--pairs 5] [--out bench/results/cpu-asr-kv-2026-11-26/results.json]
+    python3 -m bench.asr_kv_bench [--pairs 5] [--out bench/out/asr-kv/results.json]
 """
 
 from __future__ import annotations

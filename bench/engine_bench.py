@@ -14,7 +14,7 @@ kept) and `--stagger-ms` spreads the first N submissions over that many ms, so a
 state of turns at every phase.
 Reports per mode and level: medians of each stage mark relative to SUBMITTED, aggregate throughput
 (thinker tokens/s, audio s per wall s, turns/s) and where the engine thread spent its time.
-Writes engine_bench.json and engine_bench.md into --out (default bench/results/cpu-engine-<date>/).
+Writes engine_bench.json and engine_bench.md into --out (default bench/out/engine-<date>/, git-ignored).
 """
 
 from __future__ import annotations
@@ -375,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     if not modes or set(modes) - {"spoken", "text"}:
         ap.error("--modes takes spoken and/or text")
     date = datetime.date.today().isoformat()
-    out = Path(args.out) if args.out else REPO / "bench" / "results" / f"cpu-engine-{date}"
+    out = Path(args.out) if args.out else REPO / "bench" / "out" / f"engine-{date}"
     cfg = bench_engine_config(args.config, args.set, levels, args.steps_per_word)
     load_at_start = os.getloadavg()
     t = time.monotonic()

@@ -138,7 +138,7 @@ def probe_problems() -> list[tuple[str, str, str]]:
 
 def turn_problems(folder: Path) -> list[tuple[str, str]]:
     """(utterance, problem) for each default espeak-ng utterance: a `<name>-*.wav` must be in `folder`."""
-    from bench.turns import DEFAULT_UTTERANCES
+    from realtime_ming.bench.turns import DEFAULT_UTTERANCES
 
     return [(name, "" if any(folder.glob(f"{name}-*.wav")) else f"no {name}-*.wav in {folder}")
             for name, *_ in DEFAULT_UTTERANCES]

@@ -38,7 +38,7 @@ from realtime_ming.model.config import load_checkpoint_config
 from realtime_ming.model.presets import preset_config
 from realtime_ming.model.thinker import Thinker, ThinkerKVCache
 
-from .report import agg_pyplot, save_figure
+from realtime_ming.bench.report import agg_pyplot, save_figure
 
 __all__ = ["main"]
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # TTFA through the Ray Serve ingress vs the plain server at c=1 and c=4, tiny model on CPU, on a machine
 # with no package registry (the GPU machines: nothing touches the GPU). It runs the comparison of
-# bench/results/cpu-ray-direct-2026-11-26/run.sh (same servers, same interleaved rounds, same relay RTT
+# bench/ray_direct_compare.sh (same servers, same interleaved rounds, same relay RTT
 # and CPU accounting) with every step bounded in time. From the repository root:
 #   bash bench/ray_remote_compare.sh OUT          # device tool: carry [".whl", ".turns", ".raypack"]
 # Before it: `bash bench/ray_pack.sh` here (builds .raypack/ray-serve-cp312.tar.xz).
@@ -82,11 +82,11 @@ run_s=$(($(left) - 45))
 if [ "$run_s" -lt 60 ]; then echo "only ${run_s}s left for the comparison" >&2; exit 1; fi
 step "run.sh (limit ${run_s}s)"
 ROUNDS=${ROUNDS:-3} PYTHON=python3 timeout -k 20 "$run_s" \
-  bash bench/results/cpu-ray-direct-2026-11-26/run.sh "$OUT" "${DATA_PATH:-direct}" || rc=$?
+  bash bench/ray_direct_compare.sh "$OUT" "${DATA_PATH:-direct}" || rc=$?
 step "run.sh exit $rc; stopping what is left of Ray"
 timeout 30 python3 -m ray.scripts.scripts stop --force > "$OUT/ray_stop.log" 2>&1 || true
 if [ -f "$OUT/results.json" ]; then
-  timeout 30 python3 bench/results/cpu-ray-direct-2026-11-26/rounds.py "$OUT/results.json" | tee "$OUT/rounds.txt"
+  timeout 30 python3 bench/ray_rounds.py "$OUT/results.json" | tee "$OUT/rounds.txt"
 fi
 rm -rf "$TMPD"
 step "done (exit $rc)"

@@ -15,7 +15,7 @@ it the first tokenizer.json under tests/fixtures/, else BPE-like pieces (`--piec
 Qwen2 pre-tokenizer split — words with their leading space, each digit, punctuation runs — with words
 over 10 letters cut into 6-letter pieces and one piece per CJK character). The report names which.
 
-    python3 -m bench.segmenter_policies --out bench/results/cpu-segmenter-2026-11-26
+    python3 -m bench.segmenter_policies --out bench/out/segmenter
 """
 
 from __future__ import annotations

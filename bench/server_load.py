@@ -15,7 +15,7 @@ The load clients run in this (parent) process, so their CPU never counts as the 
 measure the WebSocket ping round trip (the keepalive the GPU run's client timed out on). With
 `--py-spy` the highest level is also sampled by `py-spy record --gil` (who holds the GIL).
 
-    python -m bench.server_load --sessions 0,8,16,32 --seconds 15 --out bench/results/x
+    python -m bench.server_load --sessions 0,8,16,32 --seconds 15 --out bench/out/server-load
     python -m bench.server_load compare runs/before-1 runs/before-2 runs/after-1 ...   # medians per label
 
 Writes `server_load.json` and `server_load.md` into `--out`. Scale honestly: on a host with few cores
@@ -230,7 +230,7 @@ def _frames(pcm16: np.ndarray) -> list[str]:
 
 def _session_frames(silence_s: float) -> list[str]:
     """One loop of a session's microphone: an espeak-ng turn then `silence_s` of silence (20 ms frames)."""
-    from bench.turns import default_cache_dir, default_turns
+    from realtime_ming.bench.turns import default_cache_dir, default_turns
 
     turn = default_turns(default_cache_dir(), wire_rate_hz=_WIRE_RATE_HZ)[0]
     speech = turn.pcm16[: turn.speech_end_sample]
@@ -566,7 +566,7 @@ def main(argv: list[str] | None = None) -> None:
                    help="sys.setswitchinterval of the server process (default: the server's own)")
     p.add_argument("--py-spy", action="store_true", help="py-spy record --gil every level (the report details the highest)")
     p.add_argument("--label", default="", help="name for this run in the report")
-    p.add_argument("--out", default="bench/results/server-load")
+    p.add_argument("--out", default="bench/out/server-load")
     args = p.parse_args(argv)
     if args.mode == "compare":
         print(compare(args.folders), end="")

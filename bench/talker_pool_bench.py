@@ -39,7 +39,7 @@ from realtime_ming.model.talker import Talker
 from realtime_ming.model.vae import AudioVAE
 
 from .loop_stats import LOOP_HEADER, loop_members, loop_rates, loop_row, loop_totals
-from .report import agg_pyplot, save_figure
+from realtime_ming.bench.report import agg_pyplot, save_figure
 
 RATE = 44_100
 

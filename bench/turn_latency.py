@@ -1,6 +1,6 @@
 """Where the audio-time part of end of speech → turn end goes, per bench turn, offline.
 
-The bench's own turns (`bench.turns.default_turns`, 24 kHz, the e2e set) are streamed through the
+The bench's own turns (`realtime_ming.bench.turns.default_turns`, 24 kHz, the e2e set) are streamed through the
 session's `InputTurns` in 20 ms appends followed by silence, as `python -m bench` sends them. For each
 turn the time from the last non-silent sample (the bench's end of speech) to the append that ends the
 turn is split into: the resampler's delay, the VAD's lag (where the detector dates the silence start,
@@ -26,7 +26,7 @@ from realtime_ming.protocol.values import AudioFormat
 from realtime_ming.session.config import VadSettings
 from realtime_ming.session.input import InputTurns, SpeechEnded
 
-from .turns import default_cache_dir, default_turns
+from realtime_ming.bench.turns import default_cache_dir, default_turns
 
 __all__ = ["breakdown", "main"]
 

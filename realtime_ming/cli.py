@@ -48,7 +48,13 @@ def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         help="override one config key, e.g. --set session.vad.backend=webrtc (repeatable)",
     )
-    parser.add_argument("--log-level", default="INFO", help="logging level (default: INFO)")
+    parser.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the full effective config (YAML, API keys redacted) once the start-up checks pass, and exit",
+    )
+    parser.add_argument("--log-level", default="INFO",
+                        help="logging level (default: INFO: a short summary; DEBUG adds the full effective config)")
 
 
 def serve_config(args: argparse.Namespace):
@@ -75,6 +81,7 @@ def _fail(message: object) -> int:
 
 def _run_serve(args: argparse.Namespace) -> int:
     from .server.config import ConfigError
+    from .server.config_report import config_yaml
     from .server.startup import StartupError, prepare
 
     try:
@@ -82,7 +89,10 @@ def _run_serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         return _fail(f"config error: {exc}")
     try:
-        prepare(cfg)  # before torch is imported: a bad start fails in a moment
+        checked = prepare(cfg)  # before torch is imported: a bad start fails in a moment
+        if args.print_config:
+            print(config_yaml(checked))
+            return 0
         if cfg.server.frontend_processes > 1:  # the WebSockets in their own processes, the engine in this one
             from .server.frontends import run_frontends
 
@@ -96,43 +106,16 @@ def _run_serve(args: argparse.Namespace) -> int:
     exit_now(code)  # once shut down: finalization could abort a clean exit (see `exit_now`)
 
 
-_BENCH_MISSING = (
-    "realtime-ming: the benchmark ships with the source checkout, not the package: in the checkout's "
-    "root run `python -m bench --url ws://HOST:PORT/v1/realtime ...` (plots: pip install 'realtime-ming[bench]')"
-)
-
-
-def _bench():
-    """The checkout's top-level `bench` package when it is importable (run from the checkout root:
-    `python -m bench` or `python -m realtime_ming.cli bench`), else None. Nothing touches sys.path."""
-    import importlib
-
-    try:
-        module = importlib.import_module("bench")
-    except ImportError:
-        return None
-    ours = all(callable(getattr(module, name, None)) for name in ("add_arguments", "run"))
-    return module if ours else None  # another distribution's top-level `bench` is not ours
-
-
 def _add_bench_arguments(parser: argparse.ArgumentParser) -> None:
-    bench = _bench()
-    if bench is not None:
-        bench.add_arguments(parser)
-        return
-    # Installed without the checkout: take every argument as a plain word (no option prefix, so
-    # `--url ...` and `-h` are not parse errors) and let `run` say in one line where the benchmark is.
-    parser.description = _BENCH_MISSING.removeprefix("realtime-ming: ")
-    parser.prefix_chars = ""
-    parser.add_argument("bench_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    from .bench import add_arguments
+
+    add_arguments(parser)
 
 
 def _run_bench(args: argparse.Namespace) -> int:
-    bench = _bench()
-    if bench is None or hasattr(args, "bench_args"):
-        print(_BENCH_MISSING, file=sys.stderr)
-        return 2
-    return bench.run(args)
+    from .bench import run
+
+    return run(args)
 
 
 def _cluster_cli():
@@ -146,7 +129,8 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Calla
     "serve": ("run the /v1/realtime server", _add_serve_arguments, _run_serve),
     "serve-cluster": ("run /v1/realtime on Ray Serve: many replicas, one endpoint (pip install 'realtime-ming[cluster]')",
                       lambda parser: _cluster_cli().add_arguments(parser), lambda args: _cluster_cli().run(args)),
-    "bench": ("TTFA benchmark against a /v1/realtime server (needs the source checkout's bench/)",
+    "bench": ("TTFA benchmark: real-time paced spoken turns against any /v1/realtime server (plots: pip install "
+              "'realtime-ming[bench]')",
               _add_bench_arguments, _run_bench),
 }
 

@@ -17,10 +17,10 @@ import pytest
 from conftest import tiny_engine_fixture
 from server_support import seconds, stub_served
 
-from bench.config import BenchConfig, Target, TurnMode
-from bench.report import write_results
-from bench.runner import run_benchmark
-from bench.turns import load_turns
+from realtime_ming.bench.config import BenchConfig, Target, TurnMode
+from realtime_ming.bench.report import write_results
+from realtime_ming.bench.runner import run_benchmark
+from realtime_ming.bench.turns import load_turns
 
 pytestmark = [
     pytest.mark.timeout(240),
@@ -185,6 +185,7 @@ def test_engine_bench_runs_and_writes_its_tables(tmp_path):
     assert "turns/s" in text and "thinker steps with a prefill chunk" in text
 
 
+@pytest.mark.slow
 def test_engine_bench_reports_the_talker_processes_loops(tmp_path):
     """With the talker in a process of its own, engine_bench reads the child's loop totals: a table of launches, time
     in launch / finish, idle share, rows per step and job starts, every figure from the level's own work."""
@@ -257,6 +258,7 @@ def test_talker_admission_bench_runs_and_writes_its_table(tmp_path):
     assert "segment→talker step" in (tmp_path / "talker_admission.md").read_text()
 
 
+@pytest.mark.slow
 def test_talker_pool_bench_runs_every_member_and_writes_its_report(tmp_path):
     """bench.talker_pool_bench on the tiny talker (two CPU replicas): the stepped pool, a thread and a process per
     replica, beside a GIL-holding thread; every cell speaks for a full window; JSON, Markdown and the plot."""
@@ -279,6 +281,7 @@ def test_talker_pool_bench_runs_every_member_and_writes_its_report(tmp_path):
     assert "| process | 0.7 | " in (tmp_path / "talker_pool_bench.md").read_text().split("Talker loops")[1]
 
 
+@pytest.mark.slow
 def test_talker_pool_bench_speaks_turns_of_several_jobs(tmp_path):
     """--segments: each turn is that many talker jobs (one after another), and the loops start them all."""
     import json

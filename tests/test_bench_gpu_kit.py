@@ -33,6 +33,7 @@ def test_talker_throughput_matches_the_hand_computed_rate():
     assert out[16]["batch_step_ms"] == pytest.approx(44.0)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_gpu_bench_dry_run_reports_talker_req_per_s(tmp_path):
     cmd = [sys.executable, str(REPO / "bench" / "gpu_bench.py"), "--dry-cpu", "--out", str(tmp_path),

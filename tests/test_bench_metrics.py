@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from bench.cli import add_arguments, config_from_args
-from bench.client import Microphone, session_update
-from bench.config import BenchConfig, Target, TurnMode, http_base
-from bench.metrics import play, summarise, turn_sample
-from bench.trace import ResponseTrace, TurnTrace, b64_num_bytes, clock
-from bench.turns import wav_dir_turns
+from realtime_ming.bench.cli import add_arguments, config_from_args
+from realtime_ming.bench.client import Microphone, session_update
+from realtime_ming.bench.config import BenchConfig, Target, TurnMode, http_base
+from realtime_ming.bench.metrics import play, summarise, turn_sample
+from realtime_ming.bench.trace import ResponseTrace, TurnTrace, b64_num_bytes, clock
+from realtime_ming.bench.turns import wav_dir_turns
 
 RATE = 24000
 
@@ -190,8 +190,8 @@ def test_cli_compare_flags_make_a_second_target():
 
 
 def test_realtime_ming_cli_dispatches_bench(monkeypatch):
-    """`realtime-ming bench` parses the benchmark's own options and hands them to bench.run."""
-    import bench
+    """`realtime-ming bench` parses the benchmark's own options and hands them to realtime_ming.bench.run."""
+    import realtime_ming.bench as bench
     from realtime_ming.cli import build_parser
 
     seen = []
@@ -203,8 +203,8 @@ def test_realtime_ming_cli_dispatches_bench(monkeypatch):
 
 def test_command_line_redacts_api_keys(monkeypatch):
     """The command recorded in results hides --api-key values in both spellings."""
-    from bench.cli import _command_line
+    from realtime_ming.bench.cli import _command_line
 
     monkeypatch.setattr("sys.argv", ["/r/bench/__main__.py", "--url", "ws://h", "--api-key", "k1",
                                      "--compare-api-key=k2"])
-    assert _command_line() == "python -m bench --url ws://h --api-key '<redacted>' '--compare-api-key=<redacted>'"
+    assert _command_line() == "realtime-ming bench --url ws://h --api-key '<redacted>' '--compare-api-key=<redacted>'"

@@ -20,13 +20,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from server_support import StubEngine, http_request
+import yaml
+from server_support import StubEngine, http_request, served_cli
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
 from realtime_ming.model.loader import LoadError, read_weight_map
 from realtime_ming.server import RealtimeServer, load_config
-from realtime_ming.server.config import TINY_MAX_OUTPUT_TOKENS, load_serve_config
+from realtime_ming.server.config import TINY_MAX_OUTPUT_TOKENS, config_to_dict, load_serve_config
+from realtime_ming.server.config_report import summary
 from realtime_ming.server.startup import StartupError, check_config, is_loopback, load_failure
 
 REPO = Path(__file__).resolve().parent.parent
@@ -109,6 +111,7 @@ def outcomes(tmp_path_factory, fixture_root):
         busy.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", CASES)
 def test_startup_error_is_one_line_exit_2(outcomes, name):
     """Stderr is one `realtime-ming:` line naming the problem; no traceback, nothing logged before it; exit 2."""
@@ -242,3 +245,62 @@ async def test_access_log_is_debug(caplog):
         assert len(polls) == 2 and all(r.levelno == logging.DEBUG for r in polls)
     finally:
         engine.close()
+
+
+# ---- what `serve` says when it starts: a summary at INFO, the full config on request -------------
+def test_serve_logs_a_short_summary_not_the_whole_config():
+    """At INFO the start-up output up to the serving line is a handful of lines: the summary names the
+    model, the devices, the bound port, the auth and how to see the full config, which is not logged."""
+    with served_cli("--log-level", "INFO") as server:
+        startup = server.startup
+        assert server.stop() == 0
+    assert "effective config:\n" not in startup and "limits:" not in startup and "max_frame_bytes" not in startup
+    assert len(startup.splitlines()) <= 15, startup
+    summary_lines = {line.split(":", 1)[0].strip(): line for line in startup.splitlines() if line.startswith("  ")}
+    assert "embedded tiny Ming" in summary_lines["model"]
+    assert "thinker cpu" in summary_lines["devices"] and "encoders cpu" in summary_lines["devices"]
+    assert f"ws://127.0.0.1:{server.port}/v1/realtime" in summary_lines["listen"]
+    assert "none (loopback only)" in summary_lines["auth"]
+    assert "--print-config" in summary_lines["config"] and "DEBUG" in summary_lines["config"]
+
+
+def test_print_config_prints_the_effective_config_with_keys_redacted():
+    """`serve --print-config` checks the config, prints it as YAML (what the server would run, keys redacted) and
+    exits 0 without loading a model; a config it would refuse is refused the same way."""
+    args = ["--port", "9123", "--set", "server.auth.api_keys=[k-secret-1, k-secret-2]", "--set", "session.voice=tiny"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    run = [sys.executable, "-m", "realtime_ming.cli", "serve", "--print-config"]
+    done = subprocess.run([*run, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "k-secret" not in done.stdout + done.stderr
+    expected = config_to_dict(load_serve_config(None, ["server.port=9123", "server.auth.api_keys=[a, b]",
+                                                       "session.voice=tiny"]))
+    expected["server"]["auth"]["api_keys"] = ["<2 key(s)>"]
+    assert yaml.safe_load(done.stdout) == expected
+    refused = subprocess.run([*run, "--set", "server.colour=red"], cwd=REPO, env=env, capture_output=True,
+                             text=True, timeout=120)
+    assert refused.returncode == 2 and refused.stdout == ""  # the fast tier's one subprocess refusal
+    assert refused.stderr.startswith("realtime-ming: ") and len(refused.stderr.splitlines()) == 1, refused.stderr
+    assert "unknown config key(s): server.colour" in refused.stderr
+
+
+def test_summary_of_a_gpu_config_names_the_placement_and_the_keys(monkeypatch):
+    """The summary reads the placement and auth from the config: TP, talker replicas, encoders, key count."""
+    monkeypatch.setenv("REALTIME_MING_API_KEYS", "k1,k2,k3")
+    from realtime_ming.server.config import resolve_api_keys
+
+    cfg = resolve_api_keys(load_config(REPO / "configs" / "ming-flash-omni-2.0-h200x4.yaml",
+                                       ["server.host=0.0.0.0", "server.auth.api_keys_env=REALTIME_MING_API_KEYS",
+                                        "engine.model_path=/models/Ming-flash-omni-2.0"]))
+    place = cfg.engine.placement
+    text = summary(cfg, 8123)
+    lines = dict(line.strip().split(":", 1) for line in text.splitlines())
+    assert set(lines) == {"model", "devices", "listen", "auth", "config"}
+    assert "checkpoint /models/Ming-flash-omni-2.0" in lines["model"]
+    assert f"thinker {', '.join(place.thinker_devices)} (TP={len(place.thinker_devices)})" in lines["devices"]
+    assert f"talker + VAE replicas on {', '.join(place.talker_devices)}" in lines["devices"]
+    assert f"encoders {place.encoder_device}" in lines["devices"]
+    assert "ws://0.0.0.0:8123/v1/realtime" in lines["listen"]
+    assert f"{cfg.server.frontend_processes} front-end processes" in lines["listen"]
+    assert "3 API key(s) from $REALTIME_MING_API_KEYS" in lines["auth"]
+    assert "k1" not in text

@@ -138,6 +138,7 @@ def _speak(runner, plan: dict[int, list[tuple[str, str, int]]], steps: int = 1) 
     return {t: np.concatenate(p) for t, p in pcm.items()}, outs
 
 
+@pytest.mark.slow
 def test_a_turns_first_job_speaks_in_the_step_that_starts_it_with_unchanged_audio(tiny_bundle):
     """A turn's first talker job runs two talker steps in its first engine step (the VAE holds each chunk until the
     next one: one step would give no audio), so its first PCM leaves in that step; later jobs run one step per
@@ -162,6 +163,7 @@ def test_a_turns_first_job_speaks_in_the_step_that_starts_it_with_unchanged_audi
     assert sum(k for _, _, k in outs["a"]) == len(outs["a"]) + 1
 
 
+@pytest.mark.slow
 def test_first_chunk_catch_up_off_speaks_one_step_later_with_the_same_audio(tiny_bundle):
     """engine.talker.first_chunk_catch_up=false: one talker step per engine step from the start, so the first
     engine step gives no audio (the VAE holds the chunk); the audio itself is the same."""
@@ -175,6 +177,7 @@ def test_first_chunk_catch_up_off_speaks_one_step_later_with_the_same_audio(tiny
     np.testing.assert_allclose(audio[False], audio[True], rtol=0, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("steps_per_word", [2, 0])  # a fixed length, or the stop head and the duration cap
 def test_several_talker_steps_per_launch_speak_the_same_audio(tiny_bundle, steps_per_word):
     """`launch(steps)` queues that many steps of every stream back to back (the engine asks for more while the

@@ -14,10 +14,11 @@ import pytest
 from realtime_ming.engine import Engine
 from realtime_ming.engine.api import AudioChunk, FailureCode, TextDelta, TurnCancelled, TurnDone, TurnFailed
 from realtime_ming.engine.config import TalkerRunnerConfig
-from realtime_ming.engine.models import ModelBundle
 from realtime_ming.engine.talker_loop import TalkerLoop
-from test_engine import (PROMPT_A, PROMPT_B, Recorder, _assert_same_output, _CancelAt, _config, _done_fields,
-                         _request, _run, _TERMINAL, _wait_stats)
+from engine_support import (  # noqa: F401 - bundle, engines: shared fixtures
+    _assert_same_output, bundle, _CancelAt, _config, _done_fields, engines, _pcm_by_segment, PROMPT_A, PROMPT_B,
+    Recorder, _request, _run, _TERMINAL, _wait_stats,
+)
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -28,28 +29,9 @@ def _threaded(fixture_root, thread_steps: int = 1, pipeline: bool = False, **eng
                                                                thread_pipeline=pipeline))
 
 
-@pytest.fixture(scope="module")
-def bundle(fixture_root) -> ModelBundle:
-    return ModelBundle.load(_config(fixture_root))
-
-
-@pytest.fixture
-def engines():
-    made = []
-    yield made
-    for engine in made:
-        engine.close()
-
-
 def _engine(engines, cfg, bundle) -> Engine:
     engines.append(Engine(cfg, bundle))
     return engines[-1]
-
-
-def _pcm_by_segment(rec: Recorder) -> dict[int, np.ndarray]:
-    segments = sorted({e.segment_id for e in rec.events if isinstance(e, AudioChunk)})
-    return {s: np.concatenate([e.pcm for e in rec.events if isinstance(e, AudioChunk) and e.segment_id == s])
-            for s in segments}
 
 
 @pytest.mark.parametrize("thread_steps,pipeline", [(1, False), (3, False), (1, True), (2, True)])

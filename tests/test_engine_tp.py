@@ -38,6 +38,7 @@ def _run_turn(engine: Engine, request: TurnRequest) -> TurnDone:
     return events[-1]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_engine_tp2_fixture_greedy_equals_tp1(fixture_root):
     """The fixture thinker sharded over two ranks generates exactly the TP=1 greedy tokens."""
@@ -71,6 +72,7 @@ def test_bench_tp_shadow_refuses_a_real_checkpoint(fixture_root):
         EngineConfig(model_path=str(fixture_root), bench_tp_shadow=2)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_tp2_prefiller_with_row_buckets_equals_the_sharded_forward(fixture_root):
     """The prefiller every rank builds (row buckets, token budget) pads a 3-row chunk to its 4-row bucket on
@@ -103,6 +105,7 @@ def test_tp2_prefiller_with_row_buckets_equals_the_sharded_forward(fixture_root)
         engine.close()
 
 
+@pytest.mark.slow
 def test_start_tp_cleans_up_when_rank0_shard_build_fails(fixture_root, monkeypatch):
     """An injected failure in rank 0's shard build propagates, leaves no process group and no worker
     process behind, and the next start_tp in this process works."""

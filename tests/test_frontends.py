@@ -406,6 +406,7 @@ def test_two_front_ends_share_the_port_the_limit_and_a_drain():
         assert server.stop(signal.SIGTERM, timeout=30) == 0
 
 
+@pytest.mark.slow
 def test_a_killed_front_end_is_restarted_and_its_tickets_come_back():
     async def scenario(port: int) -> None:
         pids = await _frontend_pids(port)
@@ -497,6 +498,7 @@ def test_dispatcher_spreads_by_open_connections_and_rehands_what_a_dead_front_en
         listener.close()
 
 
+@pytest.mark.slow
 def test_a_burst_over_tls_spreads_over_both_front_ends(tmp_path):
     """8 wss:// sessions opened at once land 4 + 4 (the least-loaded hand-off); TLS ends in the front ends."""
     trustme = pytest.importorskip("trustme")
@@ -530,6 +532,7 @@ def test_a_burst_over_tls_spreads_over_both_front_ends(tmp_path):
         assert server.stop(signal.SIGTERM, timeout=30) == 0
 
 
+@pytest.mark.slow
 def test_a_voice_cloned_through_one_front_end_speaks_on_the_other_and_stays_its_keys(tmp_path):
     """Register on one front end (HTTP), use it in a session on the other; list / delete are the key's on both."""
     import requests

@@ -179,6 +179,7 @@ def test_attention_any_length_grouped_kv_with_mask_equals_sdpa_gqa():
     torch.testing.assert_close(attention_any_length(q, k, v, attn_mask=mask, enable_gqa=True), want)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("t,heads,hd", [(37, 4, 64), (5, 2, 16), (20, 3, 32)])
 @pytest.mark.parametrize("split", [True, False])

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_talker_loop import _close as _close_loop
-from test_talker_loop import _fixture_steps
-from test_thinker import _text_greedy
-from test_vae import _load_vae, _stream
+from talker_support import _close as _close_loop
+from talker_support import _fixture_steps
+from thinker_decode_support import _text_greedy
+from vae_support import _load_vae, _stream
 
 from realtime_ming.model.config import load_checkpoint_config
 from realtime_ming.model.kernels import TRITON, interpreting, select_kernels

@@ -27,7 +27,7 @@ from realtime_ming.protocol.client_events import ConversationItemDelete
 from realtime_ming.server import RealtimeServer, load_config
 from realtime_ming.session import session as session_module
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 SURROGATES = ("x\ud800", "\udc00", "a\udbffb", "\udfff\ud800")
 

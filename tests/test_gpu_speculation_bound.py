@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_speculation_bound import STORY, _request, _run, confirm_paused_turns
+from speculation_support import STORY, _request, _run, confirm_paused_turns
 
 from realtime_ming.engine import Engine
 from realtime_ming.engine.config import (

@@ -16,7 +16,7 @@ from realtime_ming.engine.thinker_mixed import ThinkerMixer
 from realtime_ming.model.kernels import TRITON
 from realtime_ming.model.thinker import load_thinker
 from conftest import fixture_tokenizers
-from test_thinker_mixed import mixed_equals_apart
+from thinker_decode_support import mixed_equals_apart
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
 pytestmark = [cuda, pytest.mark.timeout(300)]

@@ -16,7 +16,7 @@ from realtime_ming.engine.tp import start_tp
 from realtime_ming.model.config import load_checkpoint_config
 from realtime_ming.model.kernels import TRITON
 from realtime_ming.model.thinker import ThinkerKVCache, load_thinker
-from test_checkpoint_variants import make_variant
+from checkpoint_support import make_variant
 
 pytestmark = [pytest.mark.timeout(300),
               pytest.mark.skipif(torch.cuda.device_count() < 2,

@@ -210,20 +210,26 @@ async def test_non_reading_client_is_closed_within_its_byte_budget(engine, caplo
         client.ws.transport.abort()
 
 
-def test_image_bomb_is_refused_from_its_header_fast_and_small():
-    """A 15 KB PNG of 11000 x 11000 pixels: refused before decoding (no 121 M-pixel buffer)."""
+def test_image_bomb_is_refused_from_its_header_without_decoding(monkeypatch):
+    """A 15 KB PNG of 11000 x 11000 pixels: refused from its header — no pixel is decoded (Pillow's load is never
+    called) and no 121 M-pixel buffer is allocated."""
+    from PIL import ImageFile
+
     url = _bomb_png(11000)
     assert len(url) < 64 * 1024
+    loads = []
+    real_load = ImageFile.ImageFile.load
+    monkeypatch.setattr(ImageFile.ImageFile, "load", lambda self: loads.append(self.size) or real_load(self))
     tracemalloc.start()
-    started = time.perf_counter()
     with pytest.raises(ProtocolError) as caught:
         decode_image_url(url, "item.content[0]", MediaLimits())
-    elapsed = time.perf_counter() - started
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert caught.value.code.value == "image_too_large"
     assert "11000x11000" in caught.value.message
-    assert elapsed < 0.5 and peak < 4 * 2**20, (elapsed, peak)
+    assert loads == [] and peak < 4 * 2**20, (loads, peak)
+    decode_image_url(_bomb_png(64), "item.content[0]", MediaLimits())  # the probe sees a decode when one happens
+    assert loads and set(loads) == {(64, 64)}
 
 
 @pytest.mark.parametrize("size", [(32, 32), (33, 47), (480, 640), (32, 6400), (5000, 4000)])

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from types import SimpleNamespace
 
 import pytest
@@ -19,7 +18,6 @@ from realtime_ming.model.talker import Talker
 from realtime_ming.model.vae import AudioVAE
 
 PRESET = "ming-flash-omni-2.0"
-BUILD_SECONDS = 30.0  # generous: the CPU is shared; a meta build takes a few seconds
 
 
 @pytest.fixture(scope="module")
@@ -150,14 +148,11 @@ def test_vae_pattern_expansion_matches_fixture_file(fixture_root, manifest):
     assert expand_vae_patterns(_file(manifest, "talker/vae/model.safetensors")["patterns"], cfg) == stored
 
 
-def test_full_size_preset_builds_on_meta_fast():
-    """Root, talker and VAE of the full-size preset build on meta within BUILD_SECONDS, allocating nothing."""
+def test_full_size_preset_builds_on_meta_allocating_nothing():
+    """Root, talker and VAE of the full-size preset build on meta: every tensor is a meta tensor (no storage)."""
     cfg = preset_config(PRESET)
-    start = time.perf_counter()
     ming = build_ming(cfg.ming, weights="meta")
     with torch.device("meta"):
         talker, vae = Talker(cfg.talker), AudioVAE(cfg.vae)
-    elapsed = time.perf_counter() - start
-    assert elapsed < BUILD_SECONDS
     assert all(t.is_meta for m in (ming, talker, vae) for t in m.state_dict().values())
     assert sum(p.numel() for p in ming.parameters()) > 100e9

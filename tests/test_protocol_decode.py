@@ -9,7 +9,7 @@ from dataclasses import fields, replace
 
 import pytest
 from realtime_validate import validate_server_event
-from test_protocol_events import SAMPLES
+from protocol_samples_support import SAMPLES
 
 from realtime_ming.protocol import (
     PLAYOUT_SERVER_TYPES,

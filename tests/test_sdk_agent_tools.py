@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 from server_support import espeak, seconds, silence
-from test_tools_e2e import ANSWER, forced_engine, server  # noqa: F401  (fixtures: forced-reply engine + server)
+from tools_support import ANSWER, forced_engine, server  # noqa: F401 - fixtures: the forced-reply engine and its server
 
 from realtime_ming.protocol.items import FunctionCallItem
 from realtime_ming.protocol.server_events import (

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 from PIL import Image
-from test_protocol_events import ALL_SAMPLES
+from protocol_samples_support import ALL_SAMPLES
 
 from realtime_ming.audio.pcm import float_to_pcm16
 from realtime_ming.audio.resample import resample, resampled_length

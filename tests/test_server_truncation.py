@@ -48,6 +48,7 @@ async def _turn(client: WsClient, text: str) -> dict:
     return (await client.recv_until("response.done", timeout=60))[-1]["response"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("truncation", "turns"), [("auto", 200), ({"type": "retention_ratio", "retention_ratio": 0.6}, 50)])
 async def test_a_session_far_past_the_context_keeps_answering(client, truncation, turns):
     await _configure(client, truncation)

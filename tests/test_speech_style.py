@@ -16,7 +16,7 @@ import dataclasses
 
 import pytest
 from session_support import Harness, last_error
-from test_talker_loop import _recorded_encoder, case_special_ids, case_speak_text
+from talker_support import _recorded_encoder, case_special_ids, case_speak_text
 
 from realtime_ming.model.talker import build_talker_prompt
 from realtime_ming.model.talker_caption import TalkerCaption
@@ -171,7 +171,7 @@ def test_chinese_labels_pass_through_verbatim():
 
 def test_runner_puts_the_caption_into_every_job_prompt(monkeypatch, fixture_root):
     """The engine's talker runner builds each job's prompt with the turn's caption (and normalised Chinese text)."""
-    from test_engine import _config
+    from engine_support import _config
 
     from realtime_ming.engine import talker_runner as tr
     from realtime_ming.engine.models import ModelBundle

@@ -8,7 +8,6 @@ import re
 import pytest
 import torch
 
-from realtime_ming.model.cfm import sway
 from realtime_ming.model.config import load_checkpoint_config, parse_talker
 from realtime_ming.model.qwen2 import KVCache
 from realtime_ming.model.talker import (
@@ -17,22 +16,19 @@ from realtime_ming.model.talker import (
     build_talker_prompt,
     duration_exceeded,
     duration_step_cap,
-    generate,
     history_update,
     initial_history,
     load_talker,
     max_decode_steps,
     should_stop,
 )
+from talker_support import _close, _fixture_steps, _recorded_encoder, case_special_ids, case_speak_text
+from talker_support import SPECIAL_NAMES
 
-ATOL = RTOL = 1e-4  # fixtures README: loop outputs, hidden states
 STOP_ATOL = 1e-5
 # special ids of the structure tests below (any distinct ids do; the fixture tests read the case's own)
 TINY_IDS = TalkerSpecialIds(im_start=144, im_end=145, vision_start=152, vision_pad=154, vision_end=153,
                             audio=250, audio_patch=251)
-SPECIAL_NAMES = {"im_start": "<|im_start|>", "im_end": "<|im_end|>", "vision_start": "<|vision_start|>",
-                 "vision_pad": "<|vision_pad|>", "vision_end": "<|vision_end|>", "audio": "<audio>",
-                 "audio_patch": "<audioPatch>"}
 
 
 def _talker(root, dtype):
@@ -49,41 +45,11 @@ def case(load_case):
     return load_case("talker_loop")
 
 
-def _recorded_encoder(meta):
-    """Test-side tokenizer: returns the ids the fixture recorded for each piece text."""
-    table = {}
-    for piece in meta["template"]["pieces"]:
-        if table.setdefault(piece["text"], piece["ids"]) != piece["ids"]:
-            raise AssertionError(f"fixture piece {piece['text']!r} has two encodings")
-    return lambda text: list(table[text])
-
-
-def case_special_ids(meta) -> TalkerSpecialIds:
-    """The talker special ids of the case: the first id of each template piece that starts with the token."""
-    found = {}
-    for piece in meta["template"]["pieces"]:
-        for field, name in SPECIAL_NAMES.items():
-            if piece["text"].startswith(name):
-                found.setdefault(field, piece["ids"][0])
-    return TalkerSpecialIds(**found)
-
-
-def case_speak_text(meta) -> str:
-    """The synthesised text: the template piece right after the voice's prompt text."""
-    texts = [piece["text"] for piece in meta["template"]["pieces"]]
-    return texts[texts.index(meta["voice"]["prompt_text"]) + 1]
-
-
 def _fixture_prompt(case):
     tensors, meta = case
     voice = meta["voice"]
     return build_talker_prompt(_recorded_encoder(meta), case_special_ids(meta), case_speak_text(meta),
                                prompt_text=voice["prompt_text"], prompt_patches=tensors["prompt_wav_emb"].shape[1])
-
-
-def _close(got, want, atol=ATOL):
-    diff = (got.float() - want).abs().max().item()
-    assert torch.allclose(got.float(), want, atol=atol, rtol=RTOL), f"max abs diff {diff:.3g}"
 
 
 def test_fixture_prompt_ids_and_slots(case):
@@ -105,13 +71,6 @@ def test_fixture_voice_and_prompt_embeddings(talker, case):
     _close(voice.spk_embed, tensors["spk_embed"])
     _close(voice.prompt_emb, tensors["prompt_wav_emb"])
     _close(embeds, tensors["inputs_embeds"])
-
-
-def _fixture_steps(talker, tensors, dtype=torch.float32, **kw):
-    cast = lambda x: x.to(dtype)  # noqa: E731
-    return list(generate(talker, cast(tensors["inputs_embeds"]), cast(tensors["prompt_wav_lat"]),
-                         t_grid=sway(tensors["t_grid"]).to(dtype),
-                         noise=lambda s: (cast(tensors["noise_y0"][s]), cast(tensors["noise_sde"][s])), **kw))
 
 
 def test_fixture_loop_six_steps(talker, case):

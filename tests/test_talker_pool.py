@@ -132,6 +132,7 @@ def test_assignment_is_sticky_and_forget_frees_the_replica(pool_bundle):
     assert not pool.has_work() and pool.num_streams() == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("victim", ["a", "c"])  # a is on replica 0, c on replica 1
 def test_cancel_on_either_replica_leaves_the_other_turns_audio(pool_bundle, victim):
     want = _drive(TalkerRunner(pool_bundle, _cfg()))

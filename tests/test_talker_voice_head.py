@@ -56,6 +56,7 @@ def _clone(bundle) -> CustomVoice:
     return CustomVoice("voice_test", "owner", "test", voice, text, 1.0, 0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["preset", "clone"])
 def test_reused_prompt_head_gives_the_same_audio_as_full_prefills(fixture_root, bundle, kind):
     assert len(talker_job_texts(TEXT)) >= 3
@@ -125,6 +126,7 @@ def test_prefill_and_head_refuse_a_prompt_longer_than_the_cache(bundle):
     assert len(heads) == 0
 
 
+@pytest.mark.slow
 def test_head_from_a_music_caption_job_names_its_own_tokens(fixture_root, bundle):
     """A voice's first job whose text is a music caption has no ` Text input:` line: the head kept from its
     prefill holds that prompt's tokens, so a later ordinary job in the voice still speaks what a full prefill

@@ -10,6 +10,7 @@ from realtime_ming.model.moe import experts_gathered, experts_grouped, select_ex
 from realtime_ming.model.multimodal import MediaTokenIds, get_t_scale_rope_index
 from realtime_ming.model.rope3d import text_position_ids
 from realtime_ming.model.thinker import Thinker, ThinkerKVCache, load_thinker
+from thinker_decode_support import _text_greedy, greedy_decode, prefill
 
 ATOL = RTOL = 1e-4  # fixtures README: logits / hidden states
 
@@ -27,40 +28,6 @@ def case(load_case):
 def _sorted_routing(record):
     ids, order = record.expert_ids[0].sort(-1)
     return ids, record.weights[0].gather(-1, order)
-
-
-def prefill(thinker, cache, slot, embeds, position_ids, cache_positions, splits=(), **masks):
-    """Feed one slot's prompt in chunks cut at `splits`; returns the last position's logits [1, V]."""
-    bounds = [0, *splits, embeds.shape[1]]
-    slots = torch.tensor([slot], device=embeds.device)
-    for a, b in zip(bounds, bounds[1:]):
-        chunk_masks = {k: v[:, a:b] for k, v in masks.items() if v is not None}
-        h = thinker(embeds[:, a:b], position_ids[:, :, a:b], cache=cache, slots=slots,
-                    cache_positions=cache_positions[:, a:b], **chunk_masks)
-    return thinker.logits(h[:, -1])
-
-
-def greedy_decode(thinker, cache, slots, first, next_pos, rope_deltas, n):
-    """Greedy tokens [B, n] by single-token cached decode; `first` [B] is already chosen."""
-    tokens, out, pos = first, [first], next_pos.clone()
-    for _ in range(n - 1):
-        cp = pos[:, None]
-        h = thinker(thinker.embed(tokens[:, None]), text_position_ids(cp, rope_deltas), cache=cache,
-                    slots=slots, cache_positions=cp)
-        tokens = thinker.logits(h[:, -1]).argmax(-1)
-        out.append(tokens)
-        pos += 1
-    return torch.stack(out, dim=1)
-
-
-def _text_greedy(thinker, ids, splits=(), n=8, cache=None, slot=0):
-    t = ids.shape[1]
-    cache = cache or ThinkerKVCache.allocate(thinker.cfg, 1, t + n + 1)
-    pos = torch.arange(t)[None]
-    with torch.no_grad():
-        logits = prefill(thinker, cache, slot, thinker.embed(ids), pos.expand(3, 1, t), pos, splits)
-        return greedy_decode(thinker, cache, torch.tensor([slot]), logits.argmax(-1), torch.tensor([t]),
-                             torch.zeros(1, dtype=torch.int64), n)
 
 
 def test_fixture_thinker_text_positions(case):

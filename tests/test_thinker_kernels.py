@@ -21,6 +21,7 @@ pytestmark = NEEDS_TRITON
 _tol, _randn, _rel = kernel_tol, seeded_randn, rel_err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("heads,kv,hd", [(4, 2, 128), (16, 2, 128), (8, 8, 64)])
 def test_decode_attention_matches_sdpa(dtype, heads, kv, hd):
@@ -85,6 +86,7 @@ def test_route_matches_select_experts(experts, groups, topk_group, top_k):
     _assert_same_selection(got_ids, got_w, ref_ids, ref_w)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n", [1, 17, 70])
 @pytest.mark.parametrize("per_token_bias", [False, True])
 @pytest.mark.parametrize("experts,groups,topk_group,top_k", [(256, 8, 4, 8), (16, 4, 2, 4)])
@@ -146,6 +148,7 @@ def test_route_declines_what_it_cannot_do():
     assert md.route(_randn(2, 64), _randn(12, 64), _randn(12), 2, 4, 2, 1.0, kernels=ON) is None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("tokens", [1, 3, 8])  # each tile set of moe_tiles
 def test_moe_decode_matches_reference(dtype, tokens):

@@ -23,7 +23,7 @@ from realtime_ming.model.multimodal import (
 )
 from realtime_ming.model.thinker import ThinkerKVCache, load_thinker
 
-from test_thinker import greedy_decode, prefill
+from thinker_decode_support import greedy_decode, prefill
 
 ATOL = RTOL = 1e-4
 

@@ -15,34 +15,12 @@ from websockets.asyncio.client import connect
 
 from realtime_ming.protocol import Dialect
 from realtime_ming.server import RealtimeServer, load_config
+from tools_support import ANSWER, CALL, _engine, forced_engine, server  # noqa: F401 - fixtures: the forced-reply engine and its server
 
 pytestmark = pytest.mark.timeout(240)
 
-CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-ANSWER = "It is sunny in Paris."
-FORCED = "Let me check. " + CALL + "<|role_end|>" + ANSWER + "<|role_end|>"
 WEATHER = {"type": "function", "name": "get_weather", "description": "The weather of a city.",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
-
-
-def _engine(**thinker):
-    from realtime_ming.engine import Engine
-    from realtime_ming.engine.config import EngineConfig, ThinkerRunnerConfig
-
-    return Engine.create(EngineConfig(thinker=ThinkerRunnerConfig(max_seq_len=2048, **thinker)))
-
-
-@pytest.fixture(scope="module")
-def forced_engine():
-    eng = _engine(forced_reply=FORCED)
-    yield eng
-    eng.close()
-
-
-@pytest.fixture
-async def server(forced_engine):
-    async with RealtimeServer(load_config(None, ["server.port=0"]), forced_engine) as srv:
-        yield srv
 
 
 async def _client(port: int, dialect: Dialect = Dialect.GA) -> WsClient:

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import save_file
 
@@ -18,6 +19,8 @@ from realtime_ming.model.tiny_tokenizer import (
     tiny_talker_special_ids,
     tiny_thinker_special_ids,
 )
+
+pytestmark = pytest.mark.slow  # a bench script in a subprocess with gloo TP=2
 
 SCRIPT = Path(__file__).resolve().parent.parent / "bench" / "tp_bench.py"
 BATCHES = (1, 2)

@@ -26,7 +26,7 @@ from realtime_ming.engine.config import EngineConfig, ThinkerRunnerConfig
 from realtime_ming.protocol import Dialect
 from realtime_ming.server import RealtimeServer, load_config
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 WIRE_HZ = 24000
 HIGH = {"type": "semantic_vad", "eagerness": "high"}
 PAUSED = ("I'd like to book a table for <p> four people at eight.", "en-us")

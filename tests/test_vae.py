@@ -9,16 +9,10 @@ import torch
 import torch.nn.functional as F
 
 from realtime_ming.model.config import load_checkpoint_config
-from realtime_ming.model.loader import init_dummy, load_weights, read_weight_map
+from realtime_ming.model.loader import init_dummy
 from realtime_ming.model.vae import AudioVAE, upsample_linear
 from realtime_ming.model.vae_stream import SilenceHolder, VAEStreamState, decode_chunk
-
-
-def _load_vae(root, dtype=torch.float32) -> AudioVAE:
-    cfg = load_checkpoint_config(root)
-    with torch.device("meta"):
-        vae = AudioVAE(cfg.vae)
-    return load_weights(vae, read_weight_map(root / "talker" / "vae" / "model.safetensors"), dtype=dtype).eval()
+from vae_support import _load_vae, _stream
 
 
 @pytest.fixture(scope="module")
@@ -29,16 +23,6 @@ def vae(fixture_root) -> AudioVAE:
 @pytest.fixture(scope="module")
 def talker_patch(fixture_root) -> int:
     return load_checkpoint_config(fixture_root).talker.patch_size
-
-
-def _stream(vae, latents, patch, lengths=None):
-    """Decode [1, N, D] latents alone in chunks of `patch`; returns (concatenated audio, chunk lengths)."""
-    num = latents.shape[1] // patch
-    state = VAEStreamState.allocate(vae, 1, patch)
-    outs = []
-    for i in range(num):
-        outs += decode_chunk(vae, latents[:, i * patch:(i + 1) * patch], state, i == num - 1).rows()
-    return torch.cat(outs), [o.numel() for o in outs]
 
 
 def test_fixture_vae_full_decode(vae, load_case):

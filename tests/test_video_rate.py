@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from server_support import refused_then_answered, text_session
 from session_support import Harness, last_error, refused_then_created, user_message
-from test_video_turns import _jpeg, _mp4, _solid
+from media_support import _jpeg, _mp4, _solid
 
 from realtime_ming.engine.api import ContentKind
 from realtime_ming.protocol import parse

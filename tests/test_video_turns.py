@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import io
 import subprocess
 import sys
 from pathlib import Path
@@ -37,35 +36,11 @@ from realtime_ming.session.content import (
     decode_video_frames,
     decode_video_url,
 )
+from media_support import _jpeg, _mp4, _solid
 
 pytestmark = pytest.mark.timeout(240)
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def _jpeg(rgb: np.ndarray) -> str:
-    from PIL import Image
-
-    buffer = io.BytesIO()
-    Image.fromarray(rgb).save(buffer, format="PNG")  # lossless: pixel values survive for the order check
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
-
-
-def _solid(value: int, size: tuple[int, int] = (64, 96)) -> np.ndarray:
-    return np.full((*size, 3), value, dtype=np.uint8)
-
-
-def _mp4(frames: list[np.ndarray], fps: int) -> bytes:
-    av = pytest.importorskip("av")  # the `video` extra; part of the test extra
-    buffer = io.BytesIO()
-    height, width = frames[0].shape[:2]
-    with av.open(buffer, "w", format="mp4") as out:
-        stream = out.add_stream("mpeg4", rate=fps)
-        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-        for rgb in frames:
-            out.mux(stream.encode(av.VideoFrame.from_ndarray(rgb, format="rgb24")))
-        out.mux(stream.encode())
-    return buffer.getvalue()
 
 
 @pytest.fixture(scope="module")

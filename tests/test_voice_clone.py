@@ -276,7 +276,7 @@ def test_openai_voice_names_are_documented_aliases_of_the_default():
 def test_docs_name_the_voice_endpoint_and_the_alias_rule():
     from conftest import REPO
 
-    for doc in ("README.md", "docs/protocol.md"):
+    for doc in ("docs/realtime_api.md", "docs/protocol.md"):  # the field table and the wire facts
         text = (REPO / doc).read_text()
         assert "/v1/realtime/voices" in text and "voice_not_found" in text, doc
     assert json.dumps(list(OPENAI_VOICE_ALIASES))  # the names the docs list

@@ -97,7 +97,7 @@ class StatusDetails:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Usage:
-    """Token counts of one response, by modality (README "Usage"): input audio / image tokens are the
+    """Token counts of one response, by modality (docs/realtime_api.md "Usage"): input audio / image tokens are the
     prompt's media placeholder tokens, the cached ones the part of the prompt reused from the KV cache;
     output audio tokens are talker steps (one step = one latent patch of speech)."""
 

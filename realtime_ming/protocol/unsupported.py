@@ -1,8 +1,8 @@
 """Documented OpenAI fields this server does not implement: refused, never silently ignored.
 
 Each one is accepted only with its empty value (`null`, or `{}`); anything else is validated
-for shape and then answered with `unsupported_parameter` naming the field (README "Protocol
-support"). Used by `session.update` (GA `session`) and `response.create` (GA `response`).
+for shape and then answered with `unsupported_parameter` naming the field (docs/realtime_api.md,
+"Field by field"). Used by `session.update` (GA `session`) and `response.create` (GA `response`).
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 `RealtimeServer(cfg, engine)` serves an already-loaded engine (tests, embedding);
 `run_server(cfg)` is the CLI path: check the config against this machine and bind the port
-(`startup`), log the effective config, load the engine with a progress display, serve until
-SIGINT/SIGTERM. With `server.tls` the one port serves `wss://` and `https://`.
+(`startup`), log a short summary of the config (the whole of it at DEBUG: `config_report`), load the
+engine with a progress display, serve until SIGINT/SIGTERM. With `server.tls` the one port serves
+`wss://` and `https://`.
 
 On SIGINT/SIGTERM the server drains (refuses new sessions with 1013 and new responses, lets
 responses in progress finish within `server.limits.drain_timeout_s`, then ends those still running with a
@@ -36,7 +37,6 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import yaml
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.frames import CloseCode
 from websockets.http11 import Request, Response
@@ -47,7 +47,8 @@ from ..engine.api import engine_health, engine_prompt_meter
 from ..protocol.session import DEFAULT_MODEL, DEFAULT_VOICE
 from .call_routes import CallRoutes
 from .client_secrets import ClientSecrets, Grant, SecretStore, authorize
-from .config import ServerConfig, config_to_dict, resolve_api_keys
+from .config import ServerConfig, resolve_api_keys
+from .config_report import config_yaml, summary
 from .connection import ConnectionContext, LiveSessions, MediaPath, preview_session, serve_connection
 from .handoff import Adopter, HandoffLoop
 from .handshake import (
@@ -459,13 +460,6 @@ def _default_voice(cfg: ServerConfig, voices: tuple[str, ...]) -> str:
     return voices[0]
 
 
-def _redacted(cfg: ServerConfig) -> dict:
-    data = config_to_dict(cfg)
-    keys = data["server"]["auth"]["api_keys"]
-    data["server"]["auth"]["api_keys"] = [f"<{len(keys)} key(s)>"] if keys else []
-    return data
-
-
 async def _first(*aws) -> asyncio.Future:
     """Wait until the first of `aws` finishes; cancel the others; return the finished one."""
     tasks = [asyncio.ensure_future(a) for a in aws]
@@ -538,7 +532,9 @@ def run_server(cfg: ServerConfig,
     cfg = prepare(cfg)
     sock = open_listener(cfg.server.host, cfg.server.port)
     try:
-        log.info("effective config:\n%s", yaml.safe_dump(_redacted(cfg), sort_keys=False, default_flow_style=None, width=120).rstrip())
+        log.info("realtime-ming serve\n%s", summary(cfg, sock.getsockname()[1]))
+        if log.isEnabledFor(logging.DEBUG):  # the whole config only on request (or `serve --print-config`)
+            log.debug("effective config:\n%s", config_yaml(cfg))
         if cfg.engine.model_path is None and cfg.engine.weights == "checkpoint":
             print(f"realtime-ming: {TINY_MODEL_NOTICE}", file=sys.stderr, flush=True)
         try:

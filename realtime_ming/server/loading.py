@@ -78,5 +78,8 @@ def load_engine(cfg: ServerConfig) -> ServingEngine:
         completed = True
     finally:
         progress.finish(completed)
-    log.info("engine ready in %.1f s: %s", time.monotonic() - started, json.dumps(engine.info(), default=str))
+    info = engine.info()
+    log.info("engine ready in %.1f s: %s, %d voice(s)", time.monotonic() - started, info.get("model"),
+             len(info.get("voices") or ()))
+    log.debug("engine info: %s", json.dumps(info, default=str))
     return engine
