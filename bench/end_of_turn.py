@@ -65,11 +65,32 @@ _WIRE_HZ = 24000
 _CHUNK_MS = 20
 
 
+ESPEAK_CACHE_ENV = "REALTIME_MING_ESPEAK_CACHE"  # a folder of rendered clips: machines without espeak-ng (the GPU image)
+
+
 def espeak(text: str, voice: str, pause_ms: int = 0, wpm: int = 170) -> np.ndarray:
-    """float32 24 kHz speech; `<p>` becomes an SSML break of `pause_ms`."""
+    """float32 24 kHz speech; `<p>` becomes an SSML break of `pause_ms`. With $REALTIME_MING_ESPEAK_CACHE set, a
+    clip rendered before (on a machine with espeak-ng, same arguments) is read from there, a new one written."""
     ssml = "<speak>" + text.replace("<p>", f'<break time="{pause_ms}ms"/>') + "</speak>"
+    cache = os.environ.get(ESPEAK_CACHE_ENV)
+    path = None
+    if cache:
+        key = hashlib.sha256(json.dumps([ssml, voice, wpm]).encode()).hexdigest()[:20]
+        path = os.path.join(cache, f"{key}.wav")
+        if os.path.exists(path):
+            with open(path, "rb") as f:
+                raw = f.read()
+            return _espeak_pcm(raw)
     raw = subprocess.run(["espeak-ng", "-m", "-v", voice, "-s", str(wpm), "--stdout", ssml],
                          check=True, capture_output=True).stdout
+    if path is not None:
+        os.makedirs(cache, exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(raw)
+    return _espeak_pcm(raw)
+
+
+def _espeak_pcm(raw: bytes) -> np.ndarray:
     pcm = np.frombuffer(raw[44:], dtype=np.int16).astype(np.float32) / 32768.0  # espeak: 22.05 kHz wav
     loud = np.flatnonzero(np.abs(pcm) > 0.003)
     return soxr.resample(pcm[loud[0]: loud[-1] + 1], 22050, _WIRE_HZ).astype(np.float32)
