@@ -4,7 +4,9 @@
 #   bench/gpu_barge_in.sh OUT_DIR [CONCURRENCIES] [CONFIG]      (default: 16,1 and the 4x H200 config)
 # Needs `source bench/gpu_setup.sh` first, and the bench's espeak-ng clips rendered on a machine that has espeak-ng
 # (the GPU image does not): `REALTIME_MING_ESPEAK_CACHE=.espeak python3 -c "from bench.barge_in import
-# listener_clips; listener_clips()"` here, carry `.espeak` there.
+# listener_clips; listener_clips()"` here, carry `.espeak` there. Random talker weights never say "stop": the
+# talker is held to STEPS_PER_WORD (default 1 step = 0.32 s of audio per word, about natural speech), so a reply of
+# REPLY_TOKENS (60) plays ~15 s; SHORT_REPLY_TOKENS (100) is the 'generating' trials' (still generating 300 ms in).
 set -euo pipefail
 out=${1:?out dir}; levels=${2:-16,1}; config=${3:-configs/ming-flash-omni-2.0-h200x4.yaml}
 mkdir -p "$out"
@@ -13,7 +15,8 @@ export REALTIME_MING_ESPEAK_CACHE=${REALTIME_MING_ESPEAK_CACHE:-$PWD/.espeak}
 story=$(python3 -c 'from bench.barge_in import STORY; print(STORY)')
 python3 -c 'import sys; from realtime_ming.cli import main; sys.exit(main(sys.argv[1:]))' serve --config "$config" \
   --port 8765 --set "engine.preset=${PRESET:-ming-flash-omni-2.0}" --set engine.weights=dummy \
-  --set "engine.thinker.forced_reply=$story" > "$out/server.log" 2>&1 &
+  --set "engine.thinker.forced_reply=$story" --set "engine.talker.steps_per_word=${STEPS_PER_WORD:-1}" \
+  > "$out/server.log" 2>&1 &
 server=$!
 trap 'kill $server 2>/dev/null || true' EXIT
 for i in $(seq 1 400); do
@@ -24,7 +27,7 @@ done
 echo "server up after ${i}s"
 for c in ${levels//,/ }; do
   echo "== listener c=$c"
-  python3 -m bench.barge_in --listener --url ws://127.0.0.1:8765/v1/realtime -c "$c" --short-reply-tokens 300 \
-    ${LISTENER_ARGS:-} --out "$out/listener-c$c.json" | tee "$out/listener-c$c.txt" || true
+  python3 -m bench.barge_in --listener --url ws://127.0.0.1:8765/v1/realtime -c "$c" \
+    --short-reply-tokens "${SHORT_REPLY_TOKENS:-100}" --reply-tokens "${REPLY_TOKENS:-60}" ${LISTENER_ARGS:-} --out "$out/listener-c$c.json" | tee "$out/listener-c$c.txt" || true
 done
 tail -20 "$out/server.log"
