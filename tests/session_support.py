@@ -42,7 +42,8 @@ class Harness:
     timer, and most tests look at what a turn sends, not when (the pacing tests drive `tick`)."""
 
     def __init__(self, dialect: Dialect = Dialect.GA, settings: SessionSettings | None = None,
-                 media: MediaLimits | None = None, prompt_meter=None) -> None:
+                 media: MediaLimits | None = None, prompt_meter=None, custom_voices=None,
+                 mcp_allowed_hosts: tuple[str, ...] = ()) -> None:
         self.dialect = dialect
         self.session = Session(
             settings or SessionSettings(output_lead_ms=None),
@@ -53,6 +54,8 @@ class Harness:
             make_vad=lambda _backend: EnergyVad(),
             media=media,
             prompt_meter=prompt_meter,
+            custom_voices=custom_voices,
+            mcp_allowed_hosts=mcp_allowed_hosts,
         )
         self.frames: list[dict] = []
         self.commands: list = []

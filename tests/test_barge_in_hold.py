@@ -41,7 +41,7 @@ def test_backchannel_holds_then_releases_everything_in_order():
     assert set(types[1:]) == {"response.output_audio.delta"}
     assert CancelTurn(turn_id) not in h.commands
     # Nothing lost: the item's audio is what was sent, and it covers all the engine audio pushed so far.
-    item_audio = np.frombuffer(bytes(h.session._response.item.audio), np.int16)
+    item_audio = np.frombuffer(bytes(h.session.responses.active.item.audio), np.int16)
     assert item_audio.size == _sent_samples(h) > before
     h.engine(TurnDone(turn_id, "Well done", FinishReason.STOP, 1, 1, 1, 0, {}))
     assert h.last("response.done")["response"]["status"] == "completed"

@@ -22,10 +22,7 @@ def _mcp(url: str = "http://127.0.0.1:9/mcp", label: str = "weather", approval: 
 
 
 def _harness(allowed: tuple[str, ...] = ()) -> Harness:
-    h = Harness()
-    if allowed:  # a session of a server whose operator listed these hosts
-        h.session.mcp_allowed_hosts = frozenset(allowed)
-    return h
+    return Harness(mcp_allowed_hosts=allowed)  # a session of a server whose operator listed these hosts
 
 
 def test_mcp_tools_are_refused_when_no_host_is_allowed():

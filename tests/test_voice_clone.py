@@ -315,8 +315,7 @@ def test_the_session_voice_outlives_eviction_and_other_voices_resolved_since():
         owner = routes.owner(None)
         mine = _voice("voice_mine", owner, 10)
         routes.store.add(mine)
-        h = Harness()
-        h.session._accepted_voices = SessionVoices(("DB30", "other"), "DB30", routes.lookup_for(None))
+        h = Harness(custom_voices=routes.lookup_for(None))
         h.send(type="session.update", session={"type": "realtime", "audio": {"output": {"voice": {"id": mine.id}}}})
         assert h.last("session.updated")["session"]["audio"]["output"]["voice"] == mine.id
         for k in range(6):  # each registration evicts the key's oldest; each response resolves another voice

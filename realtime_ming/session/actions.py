@@ -10,9 +10,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..engine.api import TurnRequest
-from ..protocol.mcp import McpTool
+from ..protocol.errors import ErrorCode, ProtocolError
 from ..protocol.events import ServerEvent
+from ..protocol.mcp import McpTool
 from ..protocol.responses import ResponseStatus
+from ..protocol.server_events import Error
 
 __all__ = [
     "Action",
@@ -25,6 +27,7 @@ __all__ = [
     "ResponseFinished",
     "Send",
     "SubmitTurn",
+    "error_reply",
 ]
 
 
@@ -106,3 +109,8 @@ class ResponseFinished:
 
 Action = (Send | SubmitTurn | ConfirmTurn | DiscardTurn | CancelTurn | CloseConversation | ResponseFinished
           | ListMcpTools | CallMcpTool)
+
+
+def error_reply(code: ErrorCode, event_id: str | None, *, param: str | None = None, **values: object) -> list[Action]:
+    """The `error` event that refuses client event `event_id` (the session goes on)."""
+    return [Send(Error.from_protocol_error(ProtocolError(code, param=param, event_id=event_id, **values)))]

@@ -7,9 +7,13 @@ once the event is handled, however it ended.
 
 from __future__ import annotations
 
-from ..protocol.values import AudioFormat
+from dataclasses import replace
+
 from ..engine.api import Content
-from ..protocol.items import ContentPart, InputVideo
+from ..protocol.ids import IdPrefix, new_id
+from ..protocol.items import ContentPart, InputVideo, ItemStatus, MessageItem
+from ..protocol.mcp import McpApprovalResponseItem
+from ..protocol.values import AudioFormat
 from .content import (
     MeasuredClip,
     MediaLimits,
@@ -17,8 +21,11 @@ from .content import (
     measure_clip,
     media_parts,
     part_to_content,
+    stored_part,
     video_parts,
 )
+from .conversation import StoredItem
+from .mcp_calls import McpServers
 from .media_rate import MediaRate
 
 __all__ = ["MediaIntake"]
@@ -93,6 +100,19 @@ class MediaIntake:
         if isinstance(done, Exception):
             raise done
         return done if done is not None else self._decode(part, param, input_format)
+
+    def store(self, item, param: str, input_format: AudioFormat, mcp: McpServers) -> StoredItem:
+        """A client item as the conversation keeps it: id and status assigned, the model's view of its media
+        decoded (an approval must answer a request that waits: `McpServers.check_answer`); raises ProtocolError."""
+        if isinstance(item, McpApprovalResponseItem):  # it must answer a request that waits (docs §4.2)
+            mcp.check_answer(item, param)
+            return StoredItem(replace(item, id=item.id or new_id(IdPrefix.ITEM)))
+        item = replace(item, id=item.id or new_id(IdPrefix.ITEM), status=ItemStatus.COMPLETED)
+        if not isinstance(item, MessageItem):
+            return StoredItem(item)
+        contents = tuple(self.content(part, f"{param}.content[{i}]", input_format) for i, part in enumerate(item.content))
+        parts = tuple(stored_part(p, self.measured(p)) for p in item.content)  # clips measured by `admit`
+        return StoredItem(replace(item, content=parts), contents)
 
     def _decode(self, part: ContentPart, param: str, input_format: AudioFormat) -> Content:
         return part_to_content(part, input_format, param, self.limits, self.measured(part))

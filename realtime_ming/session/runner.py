@@ -259,7 +259,7 @@ class SessionRunner:
                 self._watch_words()
             elif isinstance(item, _ShutDown):
                 try:
-                    await self._dispatch(end_responses(self.session, now), None)
+                    await self._dispatch(end_responses(self.session.responses, now), None)
                 finally:
                     if not item.done.done():
                         item.done.set_result(None)

@@ -1,64 +1,78 @@
-"""`session.update`: validate the patched configuration, then apply it to a `Session` at once.
+"""`session.update`: the patched configuration, validated before the session applies it.
 
 A refused update (voice after the first audio response, an unavailable denoiser, a bad tool
 choice, transcription or tracing value, a type change while a response runs, instructions, tools or a speech
-style over their token budgets: `prompt_limits`) leaves the session as it was.
+style over their token budgets: `prompt_limits`) raises `ProtocolError` and leaves the session as it was.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, replace
 
 from ..audio.denoise import DenoiserUnavailable
 from ..protocol import client_events as ce
-from ..protocol.errors import ErrorCode
-from ..protocol.server_events import SessionUpdated
-from ..protocol.session import apply_patch
-from .actions import Action, Send
+from ..protocol.errors import ErrorCode, ProtocolError
+from ..protocol.session import SessionConfig, apply_patch
+from .input import InputTurns
 from .mcp import check_mcp_tools
+from .prompt_limits import PromptLimits
 from .tools import check_tool_choice
 from .tracing import check_tracing_update
 from .transcription import check_transcription, transcription_session_defaults
+from .voices import SessionVoices
 
-if TYPE_CHECKING:
-    from .session import Session
-
-__all__ = ["on_session_update"]
+__all__ = ["UpdateRefused", "UpdateRules", "updated_config"]
 
 
-def on_session_update(session: Session, event: ce.SessionUpdate, now: float) -> list[Action]:
-    if "voice" in event.session.changes:
-        session._accepted_voices.check(event.session.changes["voice"], event.session.param("voice"))
-    new = apply_patch(session.config, event.session, voices=session._accepted_voices)
-    if new.session_type is not session.config.session_type:
-        if session._response is not None or session._oob:
-            return session._error(ErrorCode.SESSION_TYPE_CHANGE_WHILE_RESPONDING, event.event_id, param="session.type")
-        new = transcription_session_defaults(new, session._served_model)
-    if "transcription" in event.session.changes:
+class UpdateRefused(Exception):
+    """The update asks for what this session cannot do now (a type change while responding, a voice change after
+    it spoke, an unavailable denoiser): answered with `error`, like a bad value."""
+
+    def __init__(self, error: ProtocolError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateRules:
+    """What a session's updates are checked against, fixed for its life."""
+
+    voices: SessionVoices
+    served_model: str
+    mcp_allowed_hosts: frozenset[str]
+    prompt_limits: PromptLimits
+
+
+def updated_config(config: SessionConfig, event: ce.SessionUpdate, rules: UpdateRules, *, responding: bool,
+                   has_spoken: bool, input_turns: InputTurns) -> SessionConfig:
+    """`config` with the update of `event` applied and checked; the input's denoiser is switched already (the one
+    check that needs it). Raises ProtocolError for a bad value, UpdateRefused for what the session cannot do now
+    (the session is left as it was)."""
+    patch = event.session
+    if "voice" in patch.changes:
+        rules.voices.check(patch.changes["voice"], patch.param("voice"))
+    new = apply_patch(config, patch, voices=rules.voices)
+    if new.session_type is not config.session_type:
+        if responding:
+            raise UpdateRefused(ProtocolError(ErrorCode.SESSION_TYPE_CHANGE_WHILE_RESPONDING, param="session.type"))
+        new = transcription_session_defaults(new, rules.served_model)
+    if "transcription" in patch.changes:
         new = replace(new, transcription=check_transcription(
-            new.transcription, session._served_model, event.session.param("transcription")))
-    check_tool_choice(new.tools, new.tool_choice, event.session.param("tool_choice"))
-    if "tools" in event.session.changes:
-        check_mcp_tools(new.tools, session.mcp_allowed_hosts, event.session.param("tools"))
-    session.prompt_limits.check_update(new, event.session)
-    if new.voice != session.config.voice and session._has_spoken:
-        return session._error(ErrorCode.CANNOT_UPDATE_VOICE, event.event_id, param=event.session.param("voice"))
-    if "tracing" in event.session.changes:
-        check_tracing_update(session.config, new, event.session.param("tracing"))
-    if new.noise_reduction != session.config.noise_reduction:
+            new.transcription, rules.served_model, patch.param("transcription")))
+    check_tool_choice(new.tools, new.tool_choice, patch.param("tool_choice"))
+    if "tools" in patch.changes:
+        check_mcp_tools(new.tools, rules.mcp_allowed_hosts, patch.param("tools"))
+    rules.prompt_limits.check_update(new, patch)
+    if new.voice != config.voice and has_spoken:
+        raise UpdateRefused(ProtocolError(ErrorCode.CANNOT_UPDATE_VOICE, param=patch.param("voice")))
+    if "tracing" in patch.changes:
+        check_tracing_update(config, new, patch.param("tracing"))
+    if new.noise_reduction != config.noise_reduction:
         try:
-            session._input.set_noise_reduction(new.noise_reduction)
+            input_turns.set_noise_reduction(new.noise_reduction)
         except DenoiserUnavailable as exc:  # refuse rather than echo a setting that would not act
             assert new.noise_reduction is not None
-            return session._error(ErrorCode.UNSUPPORTED_NOISE_REDUCTION, event.event_id,
-                                  param=event.session.param("noise_reduction"),
-                                  kind=new.noise_reduction.type.value, detail=str(exc))
-    old, session.config = session.config, new
-    if new.voice != old.voice:
-        session._accepted_voices.hold(new.voice)
-    actions = session._discard_speculation()
-    if (new.input_format, new.turn_detection) != (old.input_format, old.turn_detection):
-        session._input.configure(new.input_format, new.turn_detection)
-    actions.append(Send(SessionUpdated(session=new)))
-    return actions + session.mcp.list_new(new.tools)
+            raise UpdateRefused(ProtocolError(
+                ErrorCode.UNSUPPORTED_NOISE_REDUCTION, param=patch.param("noise_reduction"),
+                kind=new.noise_reduction.type.value, detail=str(exc))) from exc
+    return new

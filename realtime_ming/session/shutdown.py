@@ -9,30 +9,22 @@ cancelled response does. The connection then closes (1001) after these events.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ..protocol.errors import ErrorCode
 from ..protocol.responses import ErrorDetail, ResponseStatus
 from .actions import Action, CancelTurn
-from .lifecycle import finish_response
-
-if TYPE_CHECKING:
-    from .session import Session
+from .lifecycle import Responses
 
 __all__ = ["end_responses"]
 
 
-def end_responses(session: Session, now: float) -> list[Action]:
-    """Cancel every running response of `session` for the server's shutdown (its events, then the engine's stop)."""
+def end_responses(responses: Responses, now: float) -> list[Action]:
+    """Cancel every running response of a session for the server's shutdown (its events, then the engine's stop)."""
     actions: list[Action] = []
-    running = [session._response, *session._oob.values()]
-    for response in running:
-        if response is None:
-            continue
+    for response in responses.running():
         code = ErrorCode.SERVER_SHUTTING_DOWN
         error = ErrorDetail(type=code.error_type.value, code=code.value,
                             message=f"The server is shutting down: response '{response.id}' was cut off at its "
                                     "drain deadline. Reconnect and retry.")
         actions.append(CancelTurn(response.id))
-        actions += finish_response(session, ResponseStatus.CANCELLED, now, response=response, error=error)
+        actions += responses.finish(ResponseStatus.CANCELLED, now, response=response, error=error)
     return actions
