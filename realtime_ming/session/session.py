@@ -4,12 +4,12 @@
 `TurnEvent`s and the current monotonic time, and returns `Action`s: server events to send and
 engine commands. Nothing here touches a socket, a thread or a GPU.
 
-`Session` dispatches; objects own the state and the work per concern, composed here and handed the collaborators
-they need (never the session): the input turns (`input.InputTurns`), the speculative turn
-(`speculative.Speculation`), the conversation (`conversation.Conversation`, edited by `items.ItemEvents`), the
-responses (`lifecycle.Responses`), the listener's side (`playout.Playout` over the barge-in `barge_in.OutputGate`
-and the `playback.Playback` clocks), the MCP servers, transcriptions and turn judgements; `session_update` checks
-a `session.update`.
+`Session` dispatches; objects own the state and the work per concern, composed here and handed the
+collaborators they need (never the session): the input turns (`input.InputTurns`) and what they do
+(`turn_taking.TurnTaking`), the speculative turn (`speculative.Speculation`), the conversation
+(`conversation.Conversation`, edited by `items.ItemEvents`), the responses (`lifecycle.Responses`), the
+listener's side (`playout.Playout` over the barge-in `barge_in.OutputGate` and the `playback.Playback` clocks),
+the MCP servers, transcriptions and turn judgements; `session_update` checks a `session.update`.
 """
 
 from __future__ import annotations
@@ -17,47 +17,29 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import Future
-from dataclasses import replace
-
-import numpy as np
 
 from ..audio.pcm import AudioFormatError
-from ..audio.turns import SpeechPaused, SpeechResumed
 from ..audio.vad import VadBackend
-from ..engine.api import Content, Message, PromptMeter, TurnEvent
+from ..engine.api import PromptMeter, TurnEvent
 from ..protocol import client_events as ce
 from ..protocol.dialect import Dialect
 from ..protocol.errors import ErrorCode, ProtocolError
 from ..protocol.events import ClientEvent
 from ..protocol.ids import IdPrefix, new_id
-from ..protocol.items import InputAudio, ItemStatus, MessageItem, Role
 from ..protocol.mcp import McpCallError, McpToolInfo
-from ..protocol.responses import StatusReason
-from ..protocol.server_events import (
-    ConversationItemAdded,
-    ConversationItemDone,
-    Error,
-    InputAudioBufferCleared,
-    InputAudioBufferCommitted,
-    InputAudioBufferSpeechStarted,
-    InputAudioBufferSpeechStopped,
-    InputAudioBufferTimeoutTriggered,
-    SessionCreated,
-    SessionUpdated,
-)
-from ..protocol.session import SemanticVad, ServerVad, SessionConfig, SessionType
+from ..protocol.server_events import Error, InputAudioBufferCleared, SessionCreated, SessionUpdated
+from ..protocol.session import ServerVad, SessionConfig, SessionType
 from . import mcp_flow
-from .actions import Action, CloseConversation, ConfirmTurn, DiscardTurn, Send, SubmitTurn, error_reply
-from .audio_io import MODEL_SAMPLE_RATE_HZ
+from .actions import Action, CloseConversation, Send, error_reply
 from .barge_in import OutputGate, max_hold_s
 from .config import SessionSettings
 from .content import MediaLimits
-from .conversation import Conversation, StoredItem
+from .conversation import Conversation
 from .failures import log_failure
 from .idle import IdleTimer
-from .input import BufferFull, InputTurns, SpeechBegan, SpeechEnded, TurnSignal
+from .input import BufferFull, InputTurns
 from .items import ItemEvents
-from .judgement import NO_ANSWER, TurnJudge
+from .judgement import TurnJudge
 from .lifecycle import Responses
 from .mcp_calls import McpServers
 from .media_intake import MediaIntake
@@ -67,6 +49,7 @@ from .prompt_limits import PromptLimits
 from .session_update import UpdateRefused, UpdateRules, updated_config
 from .speculative import Speculation
 from .transcription import Transcriber
+from .turn_taking import TurnTaking
 from .voices import OPENAI_VOICE_ALIASES, SessionVoices, VoiceLookup
 
 __all__ = ["OPENAI_VOICE_ALIASES", "Session"]
@@ -144,6 +127,10 @@ class Session:
         self.playout = Playout(gate=self._gate, playback=self._playback, responses=self.responses, config=current,
                                conversation=self.conversation, speculation=self._speculation,
                                judging=lambda: self._input.judging_barge_in)
+        self._turns = TurnTaking(config=current, input_turns=self._input, speculation=self._speculation,
+                                 responses=self.responses, playout=self.playout, conversation=self.conversation,
+                                 transcriber=self._transcriber, judge=self._judge, idle=self._idle,
+                                 audio_min_samples=self.media.audio_min_samples)
         items = ItemEvents(conversation=self.conversation, config=current, intake=self._intake, mcp=self.mcp,
                            responses=self.responses, playout=self.playout, speculation=self._speculation,
                            transcriber=self._transcriber)
@@ -274,19 +261,8 @@ class Session:
                                max_s=self.settings.max_input_audio_s)
         actions: list[Action] = []
         for signal in signals:
-            actions += self._on_turn_signal(signal, now)
-        return actions + self._check_idle(now)
-
-    def _check_idle(self, now: float) -> list[Action]:
-        """idle_timeout_ms passed since the last reply played out: commit the idle input, prompt the user."""
-        span = self._idle.expired(self._input.position_ms)
-        if span is None or self.responses.active is not None or self._input.in_speech:
-            return []
-        item_id, audio = self._input.commit()
-        actions: list[Action] = [Send(InputAudioBufferTimeoutTriggered(
-            audio_start_ms=span[0], audio_end_ms=span[1], item_id=item_id))]
-        actions += self._speculation.discard() + self._commit_audio(item_id, audio)
-        return actions + self.responses.start(now)
+            actions += self._turns.on_signal(signal, now)
+        return actions + self._turns.check_idle(now)
 
     def _on_commit(self, event: ce.InputAudioBufferCommit, now: float) -> list[Action]:
         # The resampler holds back its filter delay (up to 85 ms for 8 kHz G.711): the commit
@@ -297,97 +273,11 @@ class Session:
             return error_reply(ErrorCode.INPUT_AUDIO_BUFFER_COMMIT_EMPTY, event.event_id,
                                min_ms=self.settings.min_commit_ms, buffered_ms=buffered_ms)
         item_id, audio = self._input.commit()
-        return self._speculation.discard() + self._commit_audio(item_id, audio)
+        return self._speculation.discard() + self._turns.commit_audio(item_id, audio)
 
     def _on_clear(self, event: ce.InputAudioBufferClear, now: float) -> list[Action]:
         self._input.clear(reset_decoder=True)
         return self._speculation.discard() + [Send(InputAudioBufferCleared())]
-
-    # ---- turns -------------------------------------------------------------------------------
-    def _on_turn_signal(self, signal: TurnSignal, now: float) -> list[Action]:
-        td = self.config.turn_detection
-        assert isinstance(td, ServerVad | SemanticVad)
-        if isinstance(signal, SpeechBegan):
-            self._idle.disarm()
-            actions: list[Action] = [Send(InputAudioBufferSpeechStarted(
-                audio_start_ms=signal.audio_start_ms, item_id=signal.item_id
-            ))]
-            if td.interrupt_response:  # the client stops playing now (`playout.interrupted`)
-                cancelled = self.active_response_id
-                if cancelled is not None:
-                    actions += self.responses.cancel(StatusReason.TURN_DETECTED, now)
-                actions += self.playout.interrupted(now, cancelled)
-            return actions
-        if isinstance(signal, SpeechPaused):
-            if self._auto_respond(td) and self.responses.active is None and not self._speculation.pending:
-                return self._speculate(now)
-            return []
-        if isinstance(signal, SpeechResumed):  # the user goes on: the pause's reply and judgement are obsolete
-            return self._speculation.discard() + self._judge.cancel_all()
-        assert isinstance(signal, SpeechEnded)
-        return self._judge.cancel_all() + self._on_speech_ended(signal, td, now)
-
-    def _speculate(self, now: float) -> list[Action]:
-        """Submit the turn as heard so far; its output is held until speech stop confirms it."""
-        audio = self._input.speech_so_far()
-        turn_id = new_id(IdPrefix.RESPONSE)
-        self._speculation.begin(turn_id, audio)
-        user = Message(Role.USER.value, (Content.of_audio(audio, MODEL_SAMPLE_RATE_HZ),))
-        spec = self.responses.spec_for(turn_id, None)
-        request = replace(self.responses.turn_request(turn_id, spec, self.conversation.history() + (user,), None),
-                          speculative=True)
-        self._transcriber.note_reply(request)  # the transcription of this audio reuses its prefill
-        actions: list[Action] = [SubmitTurn(request)]
-        if self._judge.available and isinstance(self.config.turn_detection, SemanticVad):
-            judge_id = self._judge.new_turn_id()  # forks the reply's prefill: submitted after it
-            if self._input.expect_judgement(judge_id):
-                actions += self._judge.submit(judge_id, request)
-        return actions
-
-    def _auto_respond(self, td: ServerVad | SemanticVad) -> bool:
-        """Whether a VAD turn starts a response (never in a transcription session: it only transcribes)."""
-        return td.create_response and self.config.session_type is SessionType.REALTIME
-
-    def _discard_speculation(self) -> list[Action]:
-        if self._speculation is None:
-            return []
-        turn_id, self._speculation = self._speculation.turn_id, None
-        return [DiscardTurn(turn_id)]
-
-    def _on_speech_ended(self, signal: SpeechEnded, td: ServerVad | SemanticVad, now: float) -> list[Action]:
-        actions: list[Action] = [
-            Send(InputAudioBufferSpeechStopped(audio_end_ms=signal.audio_end_ms, item_id=signal.item_id))
-        ]
-        speculation = self._speculation.take()
-        # The user item holds exactly the audio a speculative turn heard, so the engine's cached
-        # prefix matches the history of the next turn.
-        audio = speculation.audio if speculation is not None else signal.audio
-        actions += self._commit_audio(signal.item_id, audio)
-        if not self._auto_respond(td) or self.responses.active is not None:
-            if speculation is not None:
-                actions.append(DiscardTurn(speculation.turn_id))
-            return actions
-        if speculation is not None:
-            actions.append(ConfirmTurn(speculation.turn_id))
-            return actions + self.responses.start(now, turn_id=speculation.turn_id)
-        return actions + self.responses.start(now)
-
-    def _commit_audio(self, item_id: str, audio: np.ndarray) -> list[Action]:
-        # A turn shorter than the audio encoder's minimum (a very short VAD turn, min_commit_ms 0) is
-        # padded with silence: every committed item can be prompted.
-        if audio.size < self.media.audio_min_samples:
-            audio = np.pad(audio, (0, self.media.audio_min_samples - audio.size))
-        item = MessageItem(role=Role.USER, content=(InputAudio(),), id=item_id, status=ItemStatus.COMPLETED)
-        stored = StoredItem(item, (Content.of_audio(audio, MODEL_SAMPLE_RATE_HZ),))
-        previous = self.conversation.insert(stored)
-        actions: list[Action] = [
-            Send(InputAudioBufferCommitted(item_id=item_id, previous_item_id=previous)),
-            Send(ConversationItemAdded(item=item, previous_item_id=previous)),
-            Send(ConversationItemDone(item=item, previous_item_id=previous)),
-        ]
-        if self.config.transcription is not None:
-            self._transcriber.start(item_id, 0, stored.content[0], self.config.transcription)
-        return actions + self.responses.evict(item_id)
 
     @property
     def words_deadline(self) -> float | None:
@@ -403,10 +293,7 @@ class Session:
 
     def on_decision_ready(self, now: float) -> list[Action]:
         """The pending end-of-turn call finished, or `words_deadline` passed: end the turn now if it is complete."""
-        actions: list[Action] = []
-        for signal in self._input.poll():
-            actions += self._on_turn_signal(signal, now)
-        return actions
+        return self._turns.poll(now)
 
     # ---- engine events -----------------------------------------------------------------------
     def handle_engine_event(self, event: TurnEvent, now: float) -> list[Action]:
@@ -414,7 +301,7 @@ class Session:
         if self._transcriber.owns(event.turn_id):
             return self._transcriber.on_engine_event(event)
         if self._judge.owns(event.turn_id):
-            return self._on_judgement(event, now)
+            return self._turns.on_judgement(event, now)
         actions = self.playout.sync(now) if self.playout.holding else []
         response = self.responses.active
         if response is not None and event.turn_id == response.id:  # on its way to the listener, paced or held
@@ -432,14 +319,6 @@ class Session:
     def on_output_timer(self, now: float) -> list[Action]:
         """`output_deadline` passed: send the output that is due."""
         return self.playout.sync(now) + self._release_transcriptions()
-
-    def _on_judgement(self, event: TurnEvent, now: float) -> list[Action]:
-        """An event of a words judgement: its answer (or its failure: prosody alone) may end the turn now."""
-        answer, actions = self._judge.on_engine_event(event)
-        if answer is not NO_ANSWER:
-            for signal in self._input.on_judgement(event.turn_id, answer):
-                actions += self._on_turn_signal(signal, now)
-        return actions
 
     def on_mcp_listed(self, item_id: str, outcome: tuple[McpToolInfo, ...] | McpCallError, now: float) -> list[Action]:
         """A `ListMcpTools` action ended (its tools, or why not)."""
