@@ -10,10 +10,19 @@ no torch tensors cross this boundary (audio is float32 numpy).
 from __future__ import annotations
 
 import enum
+import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol, Union
+from typing import TYPE_CHECKING, Any, Final, Mapping, Protocol, Union
 
 import numpy as np
+
+# What front ends share with the model, re-exported so that they import the engine's API only: the talker's
+# style caption and the geometry of the vision pre-processing (both torch-free).
+from ..model.talker_caption import TalkerCaption
+from ..model.vision_geometry import VideoSampling, resize_bicubic, smart_resize, video_frame_size, video_grid_indices
+
+if TYPE_CHECKING:  # a cloned voice only holds the prompt: the front-end processes import this without torch
+    from ..model.talker import VoicePrompt
 
 __all__ = [
     "ContentKind",
@@ -46,6 +55,16 @@ __all__ = [
     "PromptMeter",
     "engine_prompt_meter",
     "engine_supports",
+    "CUSTOM_VOICE_PREFIX",
+    "CustomVoice",
+    "TURN_QUESTION",
+    "judgement_history",
+    "TalkerCaption",
+    "VideoSampling",
+    "resize_bicubic",
+    "smart_resize",
+    "video_frame_size",
+    "video_grid_indices",
 ]
 
 OUTPUT_SAMPLE_RATE_HZ = 44100
@@ -439,3 +458,41 @@ def engine_prompt_meter(engine: object) -> PromptMeter | None:
     session then leaves every budget to the engine's turn-time checks."""
     meter = getattr(engine, "prompt_meter", None)
     return meter() if callable(meter) else None
+
+
+# ---- voices cloned at run time (`voice_store`) ----------------------------------------------------------
+CUSTOM_VOICE_PREFIX = "voice_"  # GA custom voices: {"id": "voice_..."}
+
+
+@dataclass(frozen=True, eq=False)
+class CustomVoice:
+    """A registered voice: the talker's voice prompt and the transcript it was registered with."""
+
+    id: str
+    owner: str
+    name: str
+    prompt: VoicePrompt = field(repr=False)
+    prompt_text: str
+    duration_s: float
+    nbytes: int
+    created_at: int = field(default_factory=lambda: int(time.time()))
+
+    def describe(self) -> dict:
+        """The public record (OpenAI's `audio.voice` shape plus our fields)."""
+        return {"id": self.id, "object": "audio.voice", "type": "audio_sample", "name": self.name,
+                "created_at": self.created_at, "duration_s": round(self.duration_s, 3),
+                "transcript": self.prompt_text, "speaker_embedding": self.prompt.spk_embed is not None}
+
+
+# ---- the words judgement of a turn (`turn_judgement`, `TurnTask.JUDGE_TURN`) ----------------------------
+TURN_QUESTION: Final = ("Has the speaker finished their sentence and their turn, or did they stop in the middle and "
+                        "will go on? Answer Yes if they finished, No if they will go on.")
+
+
+def judgement_history(history: tuple[Message, ...]) -> tuple[Message, ...]:
+    """`history` (a reply's, ending with the user's turn) with the question following that turn's content.
+    Raises ValueError when it does not end with a user turn."""
+    if not history or history[-1].role != "user":
+        raise ValueError("a turn judgement needs a history that ends with the user's turn")
+    last = history[-1]
+    return history[:-1] + (Message("user", last.content + (Content.of_text(TURN_QUESTION),)),)

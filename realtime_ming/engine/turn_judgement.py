@@ -20,25 +20,15 @@ from __future__ import annotations
 
 from typing import Final
 
-from .api import Content, Message
+from .api import TURN_QUESTION, judgement_history
 from .config import EngineConfig
 
 __all__ = ["ANSWER_COMPLETE", "ANSWER_INCOMPLETE", "TURN_QUESTION", "answer_ids", "judgement_history",
            "turn_judgement_on"]
 
-TURN_QUESTION: Final = ("Has the speaker finished their sentence and their turn, or did they stop in the middle and "
-                        "will go on? Answer Yes if they finished, No if they will go on.")
+# the question and the history it follows are the engine API's (`api.judgement_history`): a session builds them
 ANSWER_COMPLETE: Final = "Yes"
 ANSWER_INCOMPLETE: Final = "No"
-
-
-def judgement_history(history: tuple[Message, ...]) -> tuple[Message, ...]:
-    """`history` (a reply's, ending with the user's turn) with the question following that turn's content.
-    Raises ValueError when it does not end with a user turn."""
-    if not history or history[-1].role != "user":
-        raise ValueError("a turn judgement needs a history that ends with the user's turn")
-    last = history[-1]
-    return history[:-1] + (Message("user", last.content + (Content.of_text(TURN_QUESTION),)),)
 
 
 def answer_ids(tokenizer) -> tuple[int, int]:

@@ -16,17 +16,11 @@ from __future__ import annotations
 
 import secrets
 import threading
-import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # a store entry only holds the prompt: the front-end processes import this without torch
-    from ..model.talker import VoicePrompt
+from .api import CUSTOM_VOICE_PREFIX, CustomVoice
 
 __all__ = ["CUSTOM_VOICE_PREFIX", "CustomVoice", "VoicePromptTooLong", "VoiceStore", "VoiceStoreFull", "new_voice_id"]
-
-CUSTOM_VOICE_PREFIX = "voice_"  # GA custom voices: {"id": "voice_..."}
 
 
 class VoicePromptTooLong(ValueError):
@@ -41,26 +35,6 @@ class VoiceStoreFull(Exception):
 def new_voice_id() -> str:
     """A fresh, unguessable voice id (`voice_` + 24 url-safe characters)."""
     return CUSTOM_VOICE_PREFIX + secrets.token_urlsafe(18)
-
-
-@dataclass(frozen=True, eq=False)
-class CustomVoice:
-    """A registered voice: the talker's voice prompt and the transcript it was registered with."""
-
-    id: str
-    owner: str
-    name: str
-    prompt: VoicePrompt = field(repr=False)
-    prompt_text: str
-    duration_s: float
-    nbytes: int
-    created_at: int = field(default_factory=lambda: int(time.time()))
-
-    def describe(self) -> dict:
-        """The public record (OpenAI's `audio.voice` shape plus our fields)."""
-        return {"id": self.id, "object": "audio.voice", "type": "audio_sample", "name": self.name,
-                "created_at": self.created_at, "duration_s": round(self.duration_s, 3),
-                "transcript": self.prompt_text, "speaker_embedding": self.prompt.spk_embed is not None}
 
 
 class VoiceStore:

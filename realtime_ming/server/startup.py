@@ -84,9 +84,7 @@ def _check_model_folder(engine: EngineConfig):
     """The parsed CheckpointConfig of `engine.model_path` after checking its files (None: no folder)."""
     if engine.model_path is None:
         return None
-    from ..model.config import ConfigError as CheckpointConfigError
-    from ..model.config import load_checkpoint_config
-    from ..model.loader import LoadError, read_weight_map
+    from ..model.checkpoint_check import CheckpointProblem, check_checkpoint
 
     folder = Path(engine.model_path).expanduser()
     if not folder.exists():
@@ -99,26 +97,14 @@ def _check_model_folder(engine: EngineConfig):
         raise StartupError(f"--model-path {folder} is an empty folder: the checkpoint is not there ({_DOWNLOAD_HINT})")
     incomplete = f"--model-path {folder} is not a complete Ming-flash-omni-2.0 checkpoint"
     try:
-        checkpoint = load_checkpoint_config(folder)
-    except CheckpointConfigError as exc:
-        raise StartupError(f"{incomplete}: {one_line(exc)}") from exc
-    if engine.weights == "checkpoint":
-        for where in (folder, folder / "talker" / "model.safetensors", folder / "talker" / "vae" / "model.safetensors"):
-            try:
-                read_weight_map(where)
-            except LoadError as exc:
-                raise StartupError(f"{incomplete}: {one_line(exc)}") from exc
-    _check_tokenizers(engine, folder, incomplete)
+        checkpoint = check_checkpoint(folder, weights=engine.weights == "checkpoint", tokenizer_path=engine.tokenizer_path)
+    except CheckpointProblem as exc:
+        raise StartupError(f"{incomplete}: {one_line(exc.cause)}" if exc.incomplete else one_line(exc.cause)) from exc
+    _check_talker_tokenizer(engine, folder, incomplete)
     return checkpoint
 
 
-def _check_tokenizers(engine: EngineConfig, folder: Path, incomplete: str) -> None:
-    from ..model.tokenizer import TokenizerNotFoundError, resolve_tokenizer
-
-    try:
-        resolve_tokenizer(folder, engine.tokenizer_path)
-    except (TokenizerNotFoundError, ValueError) as exc:
-        raise StartupError(one_line(exc)) from exc
+def _check_talker_tokenizer(engine: EngineConfig, folder: Path, incomplete: str) -> None:
     if engine.talker_tokenizer_path is not None:
         talker = Path(engine.talker_tokenizer_path)
         talker = talker / "tokenizer.json" if talker.is_dir() else talker
@@ -175,19 +161,12 @@ def _check_voices(cfg: ServerConfig, checkpoint) -> None:
 
 
 def _known_voices(engine: EngineConfig, checkpoint) -> list[str]:
-    from ..model.presets import preset_config
+    from ..model.checkpoint_check import checkpoint_voices
 
-    if checkpoint is None and engine.preset in (None, "tiny"):
-        from ..model.tiny_tokenizer import TINY_VOCAB_SIZE, tiny_talker_special_ids, tiny_thinker_special_ids
-
-        checkpoint = preset_config("tiny", thinker_ids=tiny_thinker_special_ids(),
-                                   talker_ids=tiny_talker_special_ids(), vocab=TINY_VOCAB_SIZE)
-    elif checkpoint is None:
-        try:
-            checkpoint = preset_config(engine.preset)
-        except ValueError as exc:
-            raise StartupError(f"engine.preset: {exc}") from exc
-    return list(checkpoint.voices)
+    try:
+        return checkpoint_voices(checkpoint, engine.preset)
+    except ValueError as exc:
+        raise StartupError(f"engine.preset: {exc}") from exc
 
 
 # ---- exposure and TLS ------------------------------------------------------------------------------
@@ -279,17 +258,14 @@ def load_failure(exc: BaseException) -> str | None:
     """One line for an exception of the kinds a model load can meet on a valid config; None = a bug."""
     import torch
 
-    from ..model.campplus import CampPlusError
-    from ..model.config import ConfigError as CheckpointConfigError
-    from ..model.loader import LoadError
-    from ..model.tokenizer import TokenizerNotFoundError
+    from ..model.checkpoint_check import is_load_error
 
     if isinstance(exc, torch.OutOfMemoryError):
         return ("out of GPU memory loading the model: the config's engine.placement gives it too little GPU memory; "
                 "use a config with more GPUs or free the GPUs (nvidia-smi)")
     if isinstance(exc, MemoryError):
         return "out of host memory loading the model: it needs more RAM than this machine has free"
-    if isinstance(exc, (LoadError, CheckpointConfigError, TokenizerNotFoundError, CampPlusError)):
+    if is_load_error(exc):
         return f"cannot load the model: {one_line(exc)}"
     if isinstance(exc, OSError):
         return f"cannot read the model files: {one_line(exc)}"

@@ -24,7 +24,15 @@ import numpy as np
 
 from ..audio.pcm import AudioFormatError, b64decode_audio
 from ..audio.resample import resample
-from ..engine.api import Content, ContentKind
+from ..engine.api import (
+    Content,
+    ContentKind,
+    VideoSampling,
+    resize_bicubic,
+    smart_resize,
+    video_frame_size,
+    video_grid_indices,
+)
 from ..protocol import client_events as ce
 from ..protocol.errors import ErrorCode, ProtocolError
 from ..protocol.items import (
@@ -95,9 +103,7 @@ class MediaLimits:
 
     @property
     def video_sampling(self):
-        """The model's video frame sampling (`model.image_processing.VideoSampling`, Ming's V1 constants)."""
-        from ..model.image_processing import VideoSampling
-
+        """The model's video frame sampling (`engine.api.VideoSampling`, Ming's V1 constants)."""
         return VideoSampling()
 
     @property
@@ -165,8 +171,6 @@ def decode_image_url(url: str, param: str, limits: MediaLimits = MediaLimits(),
     pixel is decoded. Raises ProtocolError (invalid_image, image_too_large, image_too_small,
     image_aspect_ratio_too_large).
     """
-    from ..model.image_processing import resize_bicubic, smart_resize
-
     with _opened_image(url, param, limits) as image:
         width, height = image.size
         max_pixels = limits.image_max_pixels
@@ -187,8 +191,6 @@ def _check_span(stamps: list[float], param: str, limits: MediaLimits) -> None:
 
 
 def _clip_indices(stamps: list[float], param: str, limits: MediaLimits) -> list[int]:
-    from ..model.image_processing import video_grid_indices
-
     _check_span(stamps, param, limits)
     try:
         return video_grid_indices(stamps, limits.video_sampling)
@@ -197,8 +199,6 @@ def _clip_indices(stamps: list[float], param: str, limits: MediaLimits) -> list[
 
 
 def _clip_size(height: int, width: int, count: int, limits: MediaLimits) -> tuple[int, int]:
-    from ..model.image_processing import video_frame_size
-
     return video_frame_size(height, width, count, limits.video_sampling, limits.image_factor)
 
 
@@ -214,8 +214,6 @@ def decode_video_frames(frames: tuple[VideoFrame, ...], param: str, limits: Medi
     frames are decoded, one at a time. Frames of another size than the clip's most common one are
     resized to it first (as the reference does). Raises ProtocolError (also `video_too_long`).
     """
-    from ..model.image_processing import resize_bicubic
-
     indices = _clip_indices([f.timestamp_s for f in frames], join(param, "frames"), limits)
     sizes = []
     for i, frame in enumerate(frames):
@@ -278,7 +276,6 @@ def decode_video_url(url: str, param: str, limits: MediaLimits = MediaLimits(),
     """`data:video/...;base64,...` → VIDEO content, sampled and resized as `decode_video_frames`
     (needs PyAV, the `video` extra; else `video_decoder_unavailable`). A `measured` clip
     (`measure_clip`) is not probed again."""
-    from ..model.image_processing import resize_bicubic
     from .video_container import decode_frames
 
     if measured is not None and measured.container is not None:

@@ -25,8 +25,8 @@ from ..engine.api import (
     TurnJudgement,
     TurnRequest,
     TurnTask,
+    judgement_history,
 )
-from ..engine.turn_judgement import judgement_history
 from ..protocol.ids import IdPrefix, new_id
 from .actions import Action, CancelTurn, CloseConversation, SubmitTurn
 

@@ -18,8 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
-from ..engine.api import PromptMeter
-from ..model.talker_caption import TalkerCaption
+from ..engine.api import PromptMeter, TalkerCaption
 from ..protocol import client_events as ce
 from ..protocol.dialect import Dialect
 from ..protocol.errors import ErrorCode, ProtocolError

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterator, Sequence
 
-from ..engine.voice_store import CUSTOM_VOICE_PREFIX, CustomVoice
+from ..engine.api import CUSTOM_VOICE_PREFIX, CustomVoice
 from ..protocol.errors import ErrorCode, ProtocolError
 
 __all__ = ["OPENAI_VOICE_ALIASES", "SessionVoices"]
