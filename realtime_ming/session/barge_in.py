@@ -1,7 +1,7 @@
 """The reply's output between the engine and the wire: paced to the listener, held while a barge-in is judged.
 
 Every engine event of the default conversation's response waits in `OutputGate` until it may go out
-(`playout.pump_output` applies it then), in arrival order:
+(`playout.Playout.pump` applies it then), in arrival order:
 
 * Pacing (`realtime_ming.output_lead_ms`, default 150): audio goes out only while the client holds less
   than that much unplayed audio (the session's `PlaybackClock`), so whatever the engine's speed the
@@ -21,7 +21,7 @@ Every engine event of the default conversation's response waits in `OutputGate` 
 
 The hold never outlives its candidate: `OutputGate.sync` releases it whenever the detector is no longer
 judging one (turn started or dropped, buffer cleared or committed, detection reconfigured, the response
-gone) and once `max_hold_s` of wall-clock time have passed (`playout.output_deadline` wakes the session
+gone) and once `max_hold_s` of wall-clock time have passed (`playout.Playout.deadline` wakes the session
 then, so a client that stops streaming mid-candidate cannot freeze a reply).
 """
 

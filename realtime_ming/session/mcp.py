@@ -3,8 +3,8 @@
 The server itself would call an MCP tool's `server_url`, so a `session.update` / `response.create` whose
 tools name a host that is not listed is refused whole (nothing of it applied): `mcp_tools_disabled` when
 the list is empty (the default), `mcp_server_not_allowed` naming the host otherwise. Listing and calling
-remote tools: `mcp_calls.py` (state), `mcp_flow.py` (outcomes, approvals), `lifecycle.py` (a response waiting
-for its calls, follow-ups), `mcp_client.py` (the I/O, run by the runner).
+remote tools: `mcp_calls.py` (state), `mcp_flow.py` (a call's outcome settling its response), `lifecycle.py` (a
+response waiting for its calls, follow-ups), `mcp_client.py` (the I/O, run by the runner).
 """
 
 from __future__ import annotations

@@ -116,7 +116,7 @@ class Session:
         self._judge = TurnJudge(self.conversation_id)  # semantic_vad's words judgement (`set_turn_judgement`)
         self.mcp = McpServers(self.conversation)  # remote MCP servers: listings, calls, approvals
         self._update_rules = UpdateRules(self._accepted_voices, model, self._mcp_allowed_hosts, self.prompt_limits)
-        current: Callable[[], SessionConfig] = lambda: self.config  # noqa: E731 - a session.update replaces it
+        current = self._current_config  # a session.update replaces the configuration: its holders read it here
         self.responses = Responses(
             settings=settings, config=current, dialect=dialect, conversation=self.conversation,
             conversation_id=self.conversation_id, voices=self._accepted_voices, prompt_limits=self.prompt_limits,
@@ -147,6 +147,9 @@ class Session:
             ce.ResponseCancel: self.responses.on_cancel,
             ce.OutputAudioBufferClear: self.playout.on_clear,
         }
+
+    def _current_config(self) -> SessionConfig:
+        return self.config
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def start(self) -> list[Action]:
