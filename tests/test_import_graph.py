@@ -6,7 +6,7 @@ module to the module it names (`from pkg import sub` names `pkg.sub` when that i
 under `if TYPE_CHECKING:` count too: a type named across a boundary couples the two modules as much as a
 call does (a circle drawn only through annotations is still a circle to whoever reads or splits the code).
 
-The rules (docs/engine_layout.md, issue 48): no cycle; `model/kernels` imports no other model module;
+The rules (README "Layout"): no cycle; `model/kernels` imports no other model module;
 `session/` reaches the engine only through `engine/api.py` and never imports `model/`; `server/` reaches
 `model/` only through `model/checkpoint_check.py` (the start-up checks).
 """
