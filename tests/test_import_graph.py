@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import subprocess
 import sys
 from pathlib import Path
 
@@ -203,3 +204,12 @@ def test_kernels_import_no_model_module():
         pytest.fail(f"{KERNELS} not found")
     bad = {m: sorted(t for t in graph[m] if not (t == KERNELS or t.startswith(KERNELS + "."))) for m in kernels}
     assert not {m: t for m, t in bad.items() if t}, bad
+
+
+def test_the_engine_api_and_the_checkpoint_checks_load_no_torch():
+    """What the session and the start-up checks import stays light: a front-end process and a failed start never
+    pay for torch (or Pillow) by importing them."""
+    code = ("import sys, realtime_ming.engine.api, realtime_ming.model.checkpoint_check, realtime_ming.session.session\n"
+            "print(sorted(m for m in ('torch', 'PIL') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr

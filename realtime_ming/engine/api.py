@@ -5,6 +5,10 @@ A caller submits a `TurnRequest` and receives an ordered stream of `TurnEvent`s 
 `TurnDone`, `TurnCancelled` or `TurnFailed`). Speculative turns run fully but hold their
 output until `confirm`; `discard` drops them without a trace. Values only — no asyncio,
 no torch tensors cross this boundary (audio is float32 numpy).
+
+The session layer imports the engine through this module only: what it shares with the engine and the model (a
+cloned voice, the words-judgement question, the talker's style caption, the vision geometry) is defined or
+re-exported here. Importing it loads neither torch nor Pillow.
 """
 
 from __future__ import annotations
