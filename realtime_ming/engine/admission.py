@@ -80,8 +80,8 @@ class Admission:
         """Admit the waiting side requests whose source conversation has prefilled its prompt (or stopped)."""
         waiting, self.forks = self.forks, []
         for turn in waiting:
-            if self.table.turns.get(turn.request.turn_id) is turn and turn.prepared is not None:  # else gone or admitted
-                self.admit_prepared(turn)
+            if self.table.turns.get(turn.request.turn_id) is turn and turn.prepared is not None:
+                self.admit_prepared(turn)  # else gone, or admitted already
 
     def admit_prepared(self, turn: TurnState) -> None:
         """Admit a turn whose inputs are prepared to the thinker (prefix matching; its tail's media go to the

@@ -23,13 +23,13 @@ A paused thinker row keeps its KV slot, position, next token and sampler and lea
 most about lookahead_tokens text deltas, lookahead_ms / 320 ms + 2 audio chunks and a few stage marks, however
 long the decision takes; `None` for both settings restores the unbounded behaviour.
 
-The release (`Speculation.deliver_held`) coalesces the held events (`coalesce`): within each run of text, audio and stage
-marks (a tool-call event, a judgement or the terminal event ends a run) the text deltas become one delta and the
-audio chunks of each segment one chunk marked `AudioChunk.backlog`, which the session sends as one audio delta
+The release (`Speculation.deliver_held`) coalesces the held events (`coalesce`): within each run of text, audio and
+stage marks (a tool-call event, a judgement or the terminal event ends a run) the text deltas become one delta and
+the audio chunks of each segment one chunk marked `AudioChunk.backlog`, which the session sends as one audio delta
 instead of cutting it into `output_frame_ms` frames. A confirmed turn thus reaches the client as a handful of
-events, never a burst that trips the connection's outbound cap (1,024 frames), and the client still receives
-exactly the same transcript and PCM. The transcript and the audio are separate streams of one content part, so
-sending a run's transcript before its audio changes no order the protocol defines.
+events, never a burst that trips the connection's outbound cap (1,024 frames), and the client still receives exactly
+the same transcript and PCM. The transcript and the audio are separate streams of one content part, so sending a
+run's transcript before its audio changes no order the protocol defines.
 
 `Speculation` is given the engine's turn table (`engine/turn_table.py`), thinker and talker; engine thread only, except
 `deliver_held` (under the table's lock).
