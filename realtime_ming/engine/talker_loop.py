@@ -7,12 +7,12 @@ jobs, steps every stream once (or `engine.talker.steps_per_launch` times, queued
 then goes again; pipelined (`engine.talker.pipeline`), it queues the next launch before finishing the one in
 flight, and finishes that one first when a pause, forget or capture comes.
 
-The ops (`talker_driver.Enqueue`, `Pause`, `Resume`, `Forget`, and `Drop`) come through `submit` from any thread
-and are applied between the loop's steps, in order. The loop hands each step's outputs to `deliver` (less those of
-dropped turns) and reports through `notify` what only the engine thread may act on: failed turns (a `TalkerOutput`
-with `error`) and `Idle` (no talker work left for a turn after its `seq`-th enqueue). A talker step that raises fails
-the turns it was running (their talker state is dropped) and the loop goes on; anything worse (a BaseException)
-is reported through `die`.
+The ops (`talker_driver.Enqueue`, `Pause`, `Resume`, `Forget`, and `Drop`) come through `submit` from any thread and
+are applied between the loop's steps, in order. The loop hands each step's outputs to `deliver` (less those of
+dropped turns; an empty list after ops that ran no step, so the deliverer can report the streams left) and reports
+through `notify` what only the engine thread may act on: failed turns (a `TalkerOutput` with `error`) and `Idle` (no
+talker work left for a turn after its `seq`-th enqueue). A talker step that raises fails the turns it was running
+(their talker state is dropped) and the loop goes on; anything worse (a BaseException) is reported through `die`.
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ class TalkerLoop:
             if not busy:
                 self._counts["idle_s"] += time.perf_counter() - t0
             touched: set[str] = set()
-            events = []
+            events, applied = [], op is not None
             while op is not None:
                 if isinstance(op, _Stop):
                     return
@@ -164,10 +164,18 @@ class TalkerLoop:
                     op = None
             if self.runner.has_work() or self._inflight is not None:
                 events += self._step(touched)
+            elif applied:  # ops without a step (a forget, a pause): `deliver` sees the streams left all the same
+                self._deliver_nothing()
             events += [Idle(t, self._applied[t]) for t in touched
                        if t in self._applied and not self.runner.pending(t)]
             if events:
                 self._notify(events)
+
+    def _deliver_nothing(self) -> None:
+        try:
+            self._deliver([])
+        except Exception:  # nothing was delivered: no turn to fail
+            log.exception("reporting the talker's streams failed")
 
     def _apply(self, op, touched: set[str]) -> None:
         match op:
