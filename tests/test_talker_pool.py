@@ -23,6 +23,7 @@ from realtime_ming.engine.segmenter import SegmenterConfig
 from realtime_ming.engine.talker_driver import Enqueue
 from realtime_ming.engine.talker_inline import InlineTalker
 from realtime_ming.engine.talker_pool import TalkerPool, make_talker
+from realtime_ming.engine.talker_process import ProcessTalker
 from realtime_ming.engine.talker_replica import VoiceCopies
 from realtime_ming.engine.talker_runner import TalkerRunner
 from realtime_ming.engine.voice_store import CustomVoice
@@ -356,3 +357,19 @@ def test_the_pool_routes_each_turn_to_its_member_and_drops_on_every_member():
     assert [c[0] for c in failing.members[0].calls] == ["launch", "outputs"]
     assert failing.members[2].calls == []
     assert pool.stats() is None
+
+
+def test_every_driver_has_the_whole_driver_interface():
+    """The engine calls its talker through `TalkerDriver` alone: the inline driver, the process driver and the pool
+    of either each have every method of it, with the protocol's parameters."""
+    import inspect
+
+    from realtime_ming.engine.talker_driver import TalkerDriver
+
+    names = [n for n, v in vars(TalkerDriver).items() if callable(v) and not n.startswith("_")]
+    assert {"enqueue", "pause", "resume", "forget", "drop", "outputs", "close", "stats"} <= set(names)
+    for cls in (InlineTalker, ProcessTalker, TalkerPool):
+        for name in names:
+            want = list(inspect.signature(getattr(TalkerDriver, name)).parameters)
+            got = list(inspect.signature(getattr(cls, name)).parameters)
+            assert got[:len(want)] == want, (cls.__name__, name, got)
