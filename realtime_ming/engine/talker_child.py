@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 # ---- parent → child ------------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Weights:
-    """The replica's (talker state, VAE state), shared, not copied: the first message (see `TalkerProcess`)."""
+    """The replica's (talker state, VAE state), shared, not copied: the first message (see `ProcessTalker`)."""
 
     tensors: tuple
 
