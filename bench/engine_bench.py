@@ -57,8 +57,7 @@ from realtime_ming.engine.config import (
     TalkerRunnerConfig,
     ThinkerRunnerConfig,
 )
-from realtime_ming.engine.talker_loop import TalkerLoop
-from realtime_ming.engine.talker_process import TalkerProcess
+from realtime_ming.engine.talker_process import ProcessTalker
 
 from bench.loop_stats import LOOP_HEADER, loop_members, loop_rates, loop_row, loop_totals
 
@@ -114,18 +113,13 @@ def instrument(engine: Engine) -> StepClock:
     # queues the thinker's GPU work; rows: the launches with a prefill chunk (which reads every MoE expert)
     clock.wrap(thinker, "launch", "thinker_launch", tally=lambda step: int(bool(step.chunk)))
     clock.wrap(thinker, "collect", "thinker_collect")  # waits for it (after the talker's step)
-    runners = getattr(talker, "runners", [talker])  # a talker pool: each replica's runner, summed per label
-    if any(isinstance(r, TalkerProcess) for r in runners):
-        return clock  # engine.talker.own_process: the talker's time is spent in other processes, not clocked here
-    if any(isinstance(r, TalkerLoop) for r in runners):
-        # engine.talker.own_thread: each replica steps on its own thread; the talker_* rows are those threads' (summed)
-        runners = [r.talker for r in runners]
-        stepped = runners
-    else:
-        stepped = [talker]  # the engine thread steps the talker (a pool: every replica's step in one call)
-    for t in stepped:
-        clock.wrap(t, "launch", "talker_launch")  # starts jobs, queues the step's graph
-        clock.wrap(t, "finish", "talker_finish")  # waits for it: stop decisions, VAE chunk, PCM
+    members = getattr(talker, "members", [talker])  # a talker pool: each replica's driver, summed per label
+    if any(isinstance(m, ProcessTalker) for m in members):
+        return clock  # engine.talker.driver: process: the talker's time is spent in other processes, not clocked here
+    runners = [m.runner for m in members]
+    # the engine thread steps the talker (a pool: every replica's step in one call)
+    clock.wrap(talker, "launch", "talker_launch")  # starts jobs, queues the step's graph
+    clock.wrap(talker, "outputs", "talker_finish")  # waits for it: stop decisions, VAE chunk, PCM
     for runner in runners:
         clock.wrap(runner, "_launch_advance", "talker_advance", rows=runner.num_streams)  # runs only with streams
         clock.wrap(runner.talker, "prefill", "talker_prefill")
@@ -234,7 +228,7 @@ _THREAD_KEYS = ("thinker_launch", "thinker_collect", "talker_launch", "talker_fi
                 "talker_cfm_tail", "vae_chunk")
 
 
-def _mode_markdown(mode: str, summary: dict, own_thread: bool = False) -> list[str]:
+def _mode_markdown(mode: str, summary: dict, process: bool = False) -> list[str]:
     levels = sorted(summary)
     base = summary[levels[0]]
     lines = [f"## {mode} turns: throughput", "",
@@ -257,7 +251,7 @@ def _mode_markdown(mode: str, summary: dict, own_thread: bool = False) -> list[s
               "|---|" + "---|" * (len(_THREAD_KEYS) + 2)]
     for n in levels:
         per, calls, thread = summary[n]["ms_per_call"], summary[n]["calls"], summary[n]["engine_thread_s"]
-        keys = _THREAD_KEYS[:2] if own_thread else _THREAD_KEYS[:4]  # a talker on its own thread is not this one's
+        keys = _THREAD_KEYS[:2] if process else _THREAD_KEYS[:4]  # a talker in its own process is not this thread's
         busy = sum(thread.get(k, 0.0) for k in keys) / summary[n]["wall_s"]
         lines.append(f"| {n} | " + " | ".join(f"{per[k]:.1f} ({calls[k]:.0f})" if k in per else "–" for k in _THREAD_KEYS)
                      + f" | {busy:.2f} | {summary[n].get('chunk_share', 0.0):.0%} |")
@@ -296,17 +290,21 @@ def markdown(meta: dict, summary: dict) -> str:
               "decode rows, in the last column: a chunk reads every MoE expert), `talker_finish` waits for the talker's step (stop "
               "decisions, `vae_chunk`, PCM); `talker_prefill` starts one talker job; `talker_lm` / `talker_cfm_tail` "
               "show only when the talker runs eagerly."
-              + (" The talker steps on its own thread (`engine.talker.own_thread`): the talker_* columns are that "
-                 "thread's, and busy / wall counts the thinker's two alone. Talker loops: per replica, launches per "
-                 "second, ms per launch in `launch` (starting jobs, queuing steps) and in `finish` (waiting for the "
-                 "steps, stop decisions, VAE, PCM), the share of wall time idle and streams per step; jobs started per "
-                 "second over all replicas and the host ms to start one." if (ec.get("talker") or {}).get("own_thread")
-                 else ""))
+              + (" The talker steps in a process of its own per replica (`engine.talker.driver: process`): busy / wall "
+                 "counts the thinker's two alone. Talker loops: per replica, launches per second, ms per launch in "
+                 "`launch` (starting jobs, queuing steps) and in `finish` (waiting for the steps, stop decisions, VAE, "
+                 "PCM), the share of wall time idle and streams per step; jobs started per second over all replicas "
+                 "and the host ms to start one." if _process(ec) else ""))
     lines = [f"# Engine benchmark — {meta['date']}", "", device, "", f"Command: `{meta['command']}`", "",
              work, "", legend, ""]
     for mode, levels in summary.items():
-        lines += _mode_markdown(mode, levels, bool((ec.get("talker") or {}).get("own_thread")))
+        lines += _mode_markdown(mode, levels, _process(ec))
     return "\n".join(lines)
+
+
+def _process(engine_config: dict) -> bool:
+    """Whether the benchmarked engine stepped its talker in processes of its own (`engine.talker.driver`)."""
+    return (engine_config.get("talker") or {}).get("driver") == "process"
 
 
 def _commit() -> str:

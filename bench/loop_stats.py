@@ -1,9 +1,11 @@
-"""The talker loops' running totals (`TalkerLoop.loop_stats`, `TalkerProcess.loop_stats`) turned into a window's
-figures, for the benches that run the talker on threads or in processes of its own."""
+"""The talker loops' running totals (`TalkerDriver.stats`: a talker process's `TalkerLoop.stats`) turned into a
+window's figures, for the benches that run the talker in processes of its own."""
 
 from __future__ import annotations
 
 from collections import defaultdict
+
+from realtime_ming.engine.talker_process import ProcessTalker
 
 __all__ = ["LOOP_HEADER", "loop_members", "loop_rates", "loop_row", "loop_totals"]
 
@@ -13,7 +15,7 @@ LOOP_HEADER = ("| launches/s | ms in launch | ms in finish | idle share | rows p
 
 def loop_members(talker) -> list:
     """The members of a talker (a pool's replicas, or itself) that keep loop totals; [] when the caller steps it."""
-    return [m for m in getattr(talker, "runners", [talker]) if hasattr(m, "loop_stats")]
+    return [m for m in getattr(talker, "members", [talker]) if isinstance(m, ProcessTalker)]
 
 
 def loop_totals(members: list) -> tuple[dict, int] | None:
@@ -22,7 +24,7 @@ def loop_totals(members: list) -> tuple[dict, int] | None:
         return None
     total: dict = defaultdict(float)
     for member in members:
-        for key, value in (member.loop_stats() or {}).items():
+        for key, value in (member.stats() or {}).items():
             total[key] += value
     return dict(total), len(members)
 

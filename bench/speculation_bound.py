@@ -75,7 +75,7 @@ def _frames(events: list, frame_ms: int) -> int:
 
 
 def _round(engine: Engine, turn_id: str, delay_s: float, max_tokens: int, frame_ms: int) -> dict:
-    thinker, talker = _Counter(engine._thinker, "_decode"), _Counter(engine._talker, "_advance")
+    thinker, talker = _Counter(engine._thinker, "_decode"), _Counter(engine._talker.runner, "_advance")
     events, audio_at, confirmed_at = [], [], []
     lock = threading.Lock()
 

@@ -50,7 +50,8 @@ class AdmissionProbe:
         self.marks: dict[str, dict[Stage, tuple[float, int]]] = defaultdict(dict)  # turn -> stage -> (t, step)
         self.start_s: list[float] = []  # per talker job started
         self.admit_s: list[float] = []  # per `_admit` call that started a job
-        step, mark = engine._step, engine._mark
+        table = engine._table
+        step, mark = engine._step, table.mark
 
         def timed_step():
             self.steps += 1
@@ -64,9 +65,9 @@ class AdmissionProbe:
             mark(turn, stage)
             self.marks[turn.request.turn_id].setdefault(stage, (turn.stages[stage], self.steps))
 
-        engine._step, engine._mark = timed_step, recorded_mark
-        for runner in getattr(engine._talker, "runners", [engine._talker]):  # a talker pool: every replica's runner
-            self._wrap_admission(runner)
+        engine._step, table.mark = timed_step, recorded_mark
+        for member in getattr(engine._talker, "members", [engine._talker]):  # a talker pool: every replica's driver
+            self._wrap_admission(member.runner)  # an inline driver's (a talker process's runner is not here)
 
     def _wrap_admission(self, talker) -> None:
         start, admit = talker._start, talker._admit

@@ -1,7 +1,7 @@
 """Talker-only throughput: N turns spoken at once by a pool of talker replicas, each replica stepped by the caller
-(`stepped`, as the engine thread does by default), on a thread of its own (`thread`, `engine.talker.own_thread`) or
-in a process of its own (`process`, `engine.talker.own_process`) -- optionally beside a Python thread that holds the
-GIL for a share of the time, as the engine thread does while it schedules and steps the thinker.
+(`inline`, as the engine thread does by default, `engine.talker.driver: inline`) or in a process of its own
+(`process`, `engine.talker.driver: process`) -- optionally beside a Python thread that holds the GIL for a share of
+the time, as the engine thread does while it schedules and steps the thinker.
 
 The full-size Ming talker and AudioVAE (dummy bf16 weights, a voice without a prompt) on each device, no thinker: a
 closed loop keeps `--streams` turns of `--words` words live (a turn that ends is forgotten and replaced at once),
@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import queue
 import threading
 import time
 from pathlib import Path
@@ -28,11 +27,9 @@ import torch
 
 from realtime_ming.engine.config import EngineConfig, PlacementConfig, TalkerRunnerConfig
 from realtime_ming.engine.models import ModelBundle, _build, _replicate
-from realtime_ming.engine.talker_loop import Idle, TalkerLoop
-from realtime_ming.engine.talker_pool import TalkerPool
-from realtime_ming.engine.talker_process import TalkerProcess
+from realtime_ming.engine.talker_driver import Enqueue
+from realtime_ming.engine.talker_pool import make_talker
 from realtime_ming.engine.talker_replica import TalkerReplica
-from realtime_ming.engine.talker_runner import TalkerRunner
 from realtime_ming.model.kernels import TRITON
 from realtime_ming.model.presets import preset_config
 from realtime_ming.model.talker import Talker
@@ -92,7 +89,7 @@ class GilHog:
 
 def run(bundle, cfg: EngineConfig, member: str, streams: int, segments: list[int], warm_s: float, seconds: float,
         duty: float) -> dict:
-    samples, reports, died = [0], queue.SimpleQueue(), []
+    samples, woken, died = [0], threading.Event(), []
     counting = [False]
     jobs_started: dict[str, int] = {}  # per live turn: its jobs the talker started (first-step outputs delivered)
 
@@ -103,15 +100,7 @@ def run(bundle, cfg: EngineConfig, member: str, streams: int, segments: list[int
         if counting[0]:
             samples[0] += sum(0 if o.pcm is None else o.pcm.size for o in outputs)
 
-    if member == "process":
-        make = lambda replica: TalkerProcess(bundle, cfg, replica, deliver, reports.put, died.append)  # noqa: E731
-    elif member == "thread":
-        make = lambda replica: TalkerLoop(TalkerRunner(bundle, cfg, replica), deliver, reports.put,  # noqa: E731
-                                          died.append, steps=cfg.talker.thread_steps,
-                                          pipeline=cfg.talker.thread_pipeline)
-    else:
-        make = None
-    pool = TalkerPool(bundle, cfg, make)
+    pool = make_talker(bundle, cfg, deliver, woken.set, died.append)  # the driver as `cfg` says
     hog = None
     try:
         pool.capture()
@@ -123,7 +112,7 @@ def run(bundle, cfg: EngineConfig, member: str, streams: int, segments: list[int
             serial[0] += 1
             live.add(turn)
             for i, text in enumerate(texts):
-                pool.enqueue(turn, i, text, None, seed=serial[0])
+                pool.enqueue(Enqueue(turn, i, text, None, serial[0]))
 
         for _ in range(streams):
             start()
@@ -134,17 +123,15 @@ def run(bundle, cfg: EngineConfig, member: str, streams: int, segments: list[int
             if t_count is None and time.perf_counter() - t0 >= warm_s:
                 counting[0], done, t_count, jobs_per_turn = True, 0, time.perf_counter(), []
                 loops_before = loop_totals(loop_members(pool))
-            if make is None:
-                for out in pool.step():
-                    deliver([out])
-            else:
-                try:
-                    events = reports.get(timeout=0.5)
-                except queue.Empty:
-                    events = []
-                for event in events:
-                    assert isinstance(event, Idle), event
-                    pool.idle(event)
+            if member == "inline":
+                pool.launch()
+                outputs = pool.outputs()
+                assert all(o.error is None for o in outputs), outputs
+                deliver(outputs)
+            else:  # the processes deliver; their notices (`Idle`) are taken here, as the engine thread does
+                woken.wait(0.5)
+                woken.clear()
+                assert pool.outputs() == [], "a talker turn failed"
             for turn in [t for t in live if not pool.pending(t)]:
                 live.discard(turn)
                 pool.forget(turn)
@@ -196,9 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--segments", default=None, help="words per talker job of a turn, e.g. 1,5,5 (one job after "
                     "another, as a reply's segments; default: one job of --words)")
     ap.add_argument("--steps-per-word", type=int, default=2)
-    ap.add_argument("--members", default="stepped,thread,process")
+    ap.add_argument("--members", default="inline,process")
     ap.add_argument("--gil-duty", default="0,0.7", help="shares of time another thread holds the GIL")
-    ap.add_argument("--thread-steps", type=int, default=2)
+    ap.add_argument("--steps-per-launch", type=int, default=2, help="process: engine.talker.steps_per_launch")
     ap.add_argument("--pipeline", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--warm-s", type=float, default=4.0)
     ap.add_argument("--seconds", type=float, default=15.0)
@@ -224,11 +211,12 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for duty in (float(d) for d in args.gil_duty.split(",")):
         for member in args.members.split(","):
-            threaded = member != "stepped"
+            if member not in ("inline", "process"):
+                ap.error(f"--members: inline or process, got {member!r}")
+            process = member == "process"
             cfg = EngineConfig(enforce_eager=False, talker=TalkerRunnerConfig(
-                max_streams=per_replica, buckets=buckets, steps_per_word=args.steps_per_word,
-                own_thread=threaded, own_process=member == "process",
-                thread_steps=args.thread_steps if threaded else 1, thread_pipeline=threaded and args.pipeline))
+                max_streams=per_replica, buckets=buckets, steps_per_word=args.steps_per_word, driver=member,
+                steps_per_launch=args.steps_per_launch if process else 1, pipeline=process and args.pipeline))
             rounds = []
             for k in range(args.rounds):
                 print(f"[{member}, GIL duty {duty}] round {k + 1}/{args.rounds}: capture, then "

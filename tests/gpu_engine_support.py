@@ -38,7 +38,7 @@ def turns(engine: Engine, tag: str, with_audio: bool = False) -> list[TurnDone]:
 
 
 def generate(fixture_root, devices=("cuda:0",), *, eager: bool, dtype: str = "float32", talker: str | None = None,
-             own_thread: bool = False, expert_dtype: str = "model") -> list[TurnDone]:
+             driver: str = "inline", expert_dtype: str = "model") -> list[TurnDone]:
     """A text turn and an audio turn (24 tokens each, greedy) on an engine over the fixture checkpoint."""
     device = talker or devices[0]
     with_audio = talker is not None
@@ -48,7 +48,7 @@ def generate(fixture_root, devices=("cuda:0",), *, eager: bool, dtype: str = "fl
                        thinker=ThinkerRunnerConfig(max_slots=4, max_seq_len=1024, kv_buckets=(256, 1024)),
                        placement=PlacementConfig(thinker_devices=devices, talker_device=device, encoder_device=device,
                                                  vae_device=device),
-                       talker=TalkerRunnerConfig(own_thread=own_thread))
+                       talker=TalkerRunnerConfig(driver=driver))
     engine = Engine.create(cfg, warmup=False)
     try:
         if not eager:

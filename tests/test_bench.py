@@ -194,7 +194,7 @@ def test_engine_bench_reports_the_talker_processes_loops(tmp_path):
     from bench import engine_bench
 
     assert engine_bench.main(["--levels", "2", "--rounds", "1", "--waves", "2", "--modes", "spoken", "--max-tokens",
-                              "6", "--set", "engine.talker.own_thread=true", "--set", "engine.talker.own_process=true",
+                              "6", "--set", "engine.talker.driver=process",
                               "--out", str(tmp_path)]) == 0
     loops = json.loads((tmp_path / "engine_bench.json").read_text())["samples"][0]["talker_loops"]
     assert loops["launches_per_s"] > 0 and loops["launch_ms"] > 0 and loops["finish_ms"] > 0
@@ -260,8 +260,8 @@ def test_talker_admission_bench_runs_and_writes_its_table(tmp_path):
 
 @pytest.mark.slow
 def test_talker_pool_bench_runs_every_member_and_writes_its_report(tmp_path):
-    """bench.talker_pool_bench on the tiny talker (two CPU replicas): the stepped pool, a thread and a process per
-    replica, beside a GIL-holding thread; every cell speaks for a full window; JSON, Markdown and the plot."""
+    """bench.talker_pool_bench on the tiny talker (two CPU replicas): the inline pool and a process per replica,
+    beside a GIL-holding thread; every cell speaks for a full window; JSON, Markdown and the plot."""
     import json
 
     from bench import talker_pool_bench
@@ -271,13 +271,13 @@ def test_talker_pool_bench_runs_every_member_and_writes_its_report(tmp_path):
                                    "--out", str(tmp_path)]) == 0
     saved = json.loads((tmp_path / "talker_pool_bench.json").read_text())
     cells = {(r["member"], r["gil_duty"]) for r in saved["results"]}
-    assert cells == {(m, 0.7) for m in ("stepped", "thread", "process")}
+    assert cells == {(m, 0.7) for m in ("inline", "process")}
     assert all(r["audio_s_per_s"] > 0 and r["seconds"] >= 1.5 for r in saved["results"])  # every cell spoke
     assert "| process | 0.7 |" in (tmp_path / "talker_pool_bench.md").read_text()
     assert (tmp_path / "talker_pool_bench.png").stat().st_size > 0
     loops = {r["member"]: r["loops"] for r in saved["results"]}
-    assert loops["stepped"] == {}  # the caller steps it: no loop of its own
-    assert all(loops[m]["launches_per_s"] > 0 and loops[m]["launch_ms"] > 0 for m in ("thread", "process"))
+    assert loops["inline"] == {}  # the caller steps it: no loop of its own
+    assert loops["process"]["launches_per_s"] > 0 and loops["process"]["launch_ms"] > 0
     assert "| process | 0.7 | " in (tmp_path / "talker_pool_bench.md").read_text().split("Talker loops")[1]
 
 

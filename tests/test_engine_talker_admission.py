@@ -98,7 +98,7 @@ def test_thinker_next_step_is_queued_before_the_talker_step(engine):
     calls: list[str] = []
     thinker, talker = engine._thinker, engine._talker
     for owner, name, label in ((engine, "_step", "step"), (thinker, "collect", "collect"),
-                               (thinker, "launch", "thinker"), (talker, "launch", "talker"), (talker, "finish", "finish")):
+                               (thinker, "launch", "thinker"), (talker, "launch", "talker"), (talker, "outputs", "finish")):
         def recorded(*args, _inner=getattr(owner, name), _label=label):
             calls.append(_label)
             return _inner(*args)

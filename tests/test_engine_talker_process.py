@@ -1,6 +1,7 @@
-"""`engine.talker.own_process`: each talker replica's loop runs in a process of its own
-(`engine/talker_process.py`). The client gets the same text and audio as from the talker stepped once per engine
-step (the child adopts the parent's weights); voices reach the child; cancels keep their guarantees; a child that
+"""`engine.talker.driver: process`: each talker replica's loop runs in a process of its own
+(`engine/talker_process.py`). The client gets the same text and audio as from the talker stepped inline once per
+engine step (the child adopts the parent's weights), with several steps per launch and pipelined too; voices reach
+the child; cancels and speculation keep their guarantees; a failing talker step fails its turns only; a child that
 dies kills the engine at once (every turn fails, health reports it); close stops every child."""
 
 from __future__ import annotations
@@ -8,29 +9,35 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import threading
 import time
 
 import numpy as np
 import pytest
 
 from realtime_ming.engine import Engine
-from realtime_ming.engine.api import AudioChunk, FailureCode, TurnDone, TurnFailed
+from realtime_ming.engine.api import AudioChunk, FailureCode, TurnCancelled, TurnDone, TurnFailed
 from realtime_ming.engine.config import PlacementConfig, TalkerRunnerConfig
 from realtime_ming.engine.models import ModelBundle
+from realtime_ming.engine.talker_driver import Enqueue
+from realtime_ming.engine.talker_inline import InlineTalker
+from realtime_ming.engine.talker_loop import TalkerLoop
 from realtime_ming.engine.talker_pool import TalkerPool
-from realtime_ming.engine.talker_process import TalkerProcess
+from realtime_ming.engine.talker_process import ProcessTalker
+from realtime_ming.engine.talker_runner import TalkerRunner
 from realtime_ming.engine.voice_store import CustomVoice
 from engine_support import (  # noqa: F401 - bundle, engines: shared fixtures
-    bundle, _config, _done_fields, engines, _pcm_by_segment, PROMPT_A, PROMPT_B, Recorder, _request, _run, _wait_stats,
+    _assert_same_output, bundle, _CancelAt, _config, _done_fields, engines, _pcm_by_segment, PROMPT_A, PROMPT_B,
+    Recorder, _request, _run, _TERMINAL, _wait_stats,
 )
 
 pytestmark = pytest.mark.timeout(300)
 
 
-def _in_process(fixture_root, pipeline: bool = False, thread_steps: int = 1, **engine):
+def _in_process(fixture_root, pipeline: bool = False, steps_per_launch: int = 1, **engine):
     cfg = _config(fixture_root, engine or None)
     return dataclasses.replace(cfg, talker=dataclasses.replace(
-        cfg.talker, own_thread=True, own_process=True, thread_steps=thread_steps, thread_pipeline=pipeline))
+        cfg.talker, driver="process", steps_per_launch=steps_per_launch, pipeline=pipeline))
 
 
 def _assert_same_speech(a: list[Recorder], b: list[Recorder]) -> None:
@@ -57,15 +64,21 @@ def _speak(engine: Engine, tag: str, voice: str | None = None) -> list[Recorder]
     return recs
 
 
-@pytest.mark.parametrize("thread_steps,pipeline", [(1, False), (2, True)])
-def test_talker_process_speaks_what_the_stepped_talker_speaks(fixture_root, bundle, engines, thread_steps, pipeline):
+@pytest.mark.parametrize("steps_per_launch,pipeline", [
+    (1, False), (2, True), pytest.param(3, False, marks=pytest.mark.slow), pytest.param(1, True, marks=pytest.mark.slow)])
+def test_talker_process_speaks_what_the_stepped_talker_speaks(fixture_root, bundle, engines, steps_per_launch,
+                                                              pipeline):
     """Three turns at once (greedy and sampled): the same text, usage, talker steps and audio per segment from the
-    talker in its own process as from the talker stepped with the thinker, in every preset voice."""
+    talker in its own process as from the talker stepped inline with the thinker, in every preset voice -- also with
+    several talker steps queued per launch (`steps_per_launch`: streams that end between keep nothing of the steps
+    after) and pipelined (the next launch queued before the last one is read: rows move between launch and
+    finish)."""
     stepped = Engine(_config(fixture_root), bundle)
     engines.append(stepped)
-    child = Engine(_in_process(fixture_root, pipeline, thread_steps), bundle)
+    assert isinstance(stepped._talker, InlineTalker)
+    child = Engine(_in_process(fixture_root, pipeline, steps_per_launch), bundle)
     engines.append(child)
-    assert isinstance(child._talker, TalkerProcess) and child._talker.pid != os.getpid()
+    assert isinstance(child._talker, ProcessTalker) and child._talker.pid != os.getpid()
     for voice in [None, *sorted(bundle.voices)]:
         tag = f"-{voice}"
         _assert_same_speech(_speak(stepped, "s" + tag, voice), _speak(child, "p" + tag, voice))
@@ -84,8 +97,8 @@ def test_talker_processes_on_two_replicas(fixture_root, engines):
     child = Engine(dataclasses.replace(_in_process(fixture_root), placement=two.placement), pool_bundle)
     engines.append(child)
     pool = child._talker
-    assert isinstance(pool, TalkerPool) and all(isinstance(m, TalkerProcess) for m in pool.runners)
-    assert len({m.pid for m in pool.runners}) == 2
+    assert isinstance(pool, TalkerPool) and all(isinstance(m, ProcessTalker) for m in pool.members)
+    assert len({m.pid for m in pool.members}) == 2
     recs = _speak(child, "p")
     _assert_same_speech(_speak(stepped, "s"), recs)
 
@@ -143,9 +156,102 @@ def test_close_stops_every_talker_process(fixture_root, bundle):
     assert not proc.is_alive() and proc.exitcode == 0
 
 
-def test_own_process_needs_own_thread():
-    with pytest.raises(ValueError, match="own_process needs"):
-        TalkerRunnerConfig(own_process=True)
+def test_the_driver_setting_and_the_process_driver_options():
+    assert TalkerRunnerConfig().driver == "inline"
+    with pytest.raises(ValueError, match="driver must be one of"):
+        TalkerRunnerConfig(driver="thread")
+    for options in ({"steps_per_launch": 2}, {"pipeline": True}):
+        with pytest.raises(ValueError, match="need engine.talker.driver: process"):
+            TalkerRunnerConfig(**options)
+        TalkerRunnerConfig(driver="process", **options)
+    for bad in (0, 9):
+        with pytest.raises(ValueError, match="steps_per_launch"):
+            TalkerRunnerConfig(driver="process", steps_per_launch=bad)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pipeline", [False, True])
+def test_talker_process_cancel_ends_every_turn_cleanly_and_leaks_nothing(fixture_root, bundle, engines, pipeline):
+    """30 turns cancelled at every stage: the terminal event is the last, nothing is left running, later turns
+    are unchanged (pipelined too: a cancel finishes the launch in flight first)."""
+    engine = Engine(_in_process(fixture_root, pipeline=pipeline), bundle)
+    engines.append(engine)
+    reference = _run(engine, _request("ref", PROMPT_A, seed=4))
+    events = len(reference.events)
+    hooks, recorders = [], []
+    for wave in range(3):
+        for index in range(wave * 10, wave * 10 + 10):
+            hooks.append(_CancelAt(engine, f"c{index}", (index * 7) % (events - 1)))
+            recorders.append(Recorder(hooks[-1]))
+            engine.submit(_request(f"c{index}", PROMPT_A, seed=4), recorders[-1])
+        for rec in recorders[-10:]:
+            rec.wait()
+    for rec in recorders:
+        assert sum(isinstance(e, _TERMINAL) for e in rec.events) == 1 and isinstance(rec.events[-1], _TERMINAL)
+        if isinstance(rec.events[-1], TurnCancelled):
+            assert rec.events[-1].text == rec.text()
+    for hook in hooks:  # the talker process's PCM stops at the cancel call, not at the engine's next step
+        assert sum(isinstance(e, AudioChunk) for e in hook.late[:-1]) <= 1
+    _wait_stats(engine, lambda s: (s.turns, s.thinker_rows, s.talker_streams) == (0, 0, 0))
+    after = _run(engine, _request("after", PROMPT_A, seed=4))
+    _assert_same_output(reference, after)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pipeline", [False, True])
+def test_talker_process_confirmed_speculative_turn_equals_normal_turn(fixture_root, bundle, engines, pipeline):
+    engine = Engine(_in_process(fixture_root, pipeline=pipeline, speculation_lookahead_ms=60_000.0), bundle)
+    engines.append(engine)
+    normal = _run(engine, _request("n", PROMPT_A, seed=3))
+    live = Recorder()
+    engine.submit(_request("s1", PROMPT_A, seed=3, speculative=True), live)
+    _wait_stats(engine, lambda s: s.talker_streams == 1)
+    assert live.events == []
+    engine.confirm("s1")
+    live.wait()
+    _assert_same_output(normal, live)
+
+
+@pytest.mark.parametrize("pipeline", [False, True])
+def test_a_failing_loop_step_fails_its_turns_and_the_loop_goes_on(bundle, pipeline):
+    """The talker process's loop, here on a thread of this process: a step that raises reports its turns as failed
+    (`error` set) and cancels their talker work; the next turn speaks as before; close stops the loop's thread."""
+    from realtime_ming.engine.config import EngineConfig
+
+    runner = TalkerRunner(bundle, EngineConfig(talker=TalkerRunnerConfig(max_prompt_len=1024)))
+    launch, calls = runner.launch, []
+
+    def flaky(steps=1, keep=False):
+        calls.append(steps)
+        if len(calls) == 3:
+            raise RuntimeError("injected talker fault")
+        return launch(steps, keep)
+
+    runner.launch = flaky
+    delivered, notices, died = [], [], []
+    idle = threading.Event()
+
+    def notify(events):
+        notices.extend(events)
+        if any(getattr(e, "turn_id", None) == "ok" and not hasattr(e, "error") for e in events):
+            idle.set()
+
+    loop = TalkerLoop(runner, delivered.extend, notify, died.append, pipeline=pipeline)
+    try:
+        loop.submit(Enqueue("f", 0, "One two three four five six.", None, 4))
+        deadline = time.monotonic() + 60
+        while not any(getattr(e, "error", None) for e in notices):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        failed = [e for e in notices if getattr(e, "error", None)]
+        assert [e.turn_id for e in failed] == ["f"] and "injected talker fault" in failed[0].error
+        assert not runner.pending("f")
+        loop.submit(Enqueue("ok", 0, "Seven eight.", None, 4))
+        assert idle.wait(60)
+        assert any(o.turn_id == "ok" and o.pcm is not None and o.pcm.size for o in delivered) and died == []
+    finally:
+        loop.close()
+    assert not loop._thread.is_alive()
 
 
 _ORPHAN_SCRIPT = """
@@ -153,7 +259,7 @@ import sys
 from realtime_ming.engine import Engine
 from realtime_ming.engine.config import EngineConfig, TalkerRunnerConfig
 from realtime_ming.engine.models import ModelBundle
-cfg = EngineConfig(talker=TalkerRunnerConfig(own_thread=True, own_process=True))
+cfg = EngineConfig(talker=TalkerRunnerConfig(driver="process"))
 engine = Engine(cfg, ModelBundle.load(cfg))
 print(engine._talker.pid, flush=True)
 sys.stdin.read()
@@ -200,7 +306,7 @@ def test_a_talker_process_that_cannot_start_is_reported(fixture_root, bundle):
     first = bundle.talker_replicas[0]
     wrong = TalkerReplica(0, first.vae, first.vae, first.device, first.vae_device)  # the VAE's tensors as the talker's
     with pytest.raises(RuntimeError, match="talker process 0 did not start: .*state_dict"):
-        TalkerProcess(bundle, _in_process(fixture_root), wrong, lambda outputs: None, lambda events: None,
+        ProcessTalker(bundle, _in_process(fixture_root), wrong, lambda outputs: None, lambda: None,
                       lambda reason: None)
 
 
@@ -229,20 +335,38 @@ def test_a_talker_process_on_a_thinker_gpu_is_warned(caplog):
 
 @pytest.mark.slow
 def test_the_talker_loops_report_their_time_and_work(fixture_root, bundle, engines):
-    """`loop_stats` (the benchmarks' view of a talker loop): the child process answers with the same totals of jobs
-    started and rows stepped as a loop on a thread for the same turns -- every talker step the turns report -- and
+    """`stats` (the benchmarks' view of a talker process's loop): the child answers with the same totals of jobs
+    started and rows stepped as the inline runner's for the same turns -- every talker step the turns report -- and
     with the time it spent launching, finishing and idle."""
-    threaded = Engine(dataclasses.replace(_in_process(fixture_root), talker=dataclasses.replace(
-        _in_process(fixture_root).talker, own_process=False)), bundle)
+    inline = Engine(_config(fixture_root), bundle)
     child = Engine(_in_process(fixture_root), bundle)
-    engines += [threaded, child]
+    engines += [inline, child]
+    assert inline._talker.stats() is None
     totals = []
-    for engine, tag in ((threaded, "t"), (child, "p")):
+    for engine, tag in ((inline, "i"), (child, "p")):
         recs = _speak(engine, "stats-" + tag)
         _wait_stats(engine, lambda s: s.talker_streams == 0)
-        stats = engine._talker.loop_stats()
+        stats = engine._talker.stats() or engine._talker.runner.counts
         assert stats["rows"] == sum(r.events[-1].talker_steps for r in recs)
-        assert stats["jobs"] >= len(recs) and stats["steps"] >= 1 and stats["launches"] >= stats["steps"] // 2
-        assert all(stats[k] > 0 for k in ("launch_s", "finish_s", "idle_s", "admit_s"))
+        assert stats["jobs"] >= len(recs) and stats["steps"] >= 1
         totals.append((stats["jobs"], stats["rows"]))
+    stats = child._talker.stats()
+    assert stats["launches"] >= stats["steps"] // 2
+    assert all(stats[k] > 0 for k in ("launch_s", "finish_s", "idle_s", "admit_s"))
     assert totals[0] == totals[1]
+
+
+def test_switch_interval_is_set_while_the_engine_runs_and_set_back_on_close(fixture_root, bundle):
+    import sys
+
+    before = sys.getswitchinterval()
+    engine = Engine(dataclasses.replace(_config(fixture_root), switch_interval_ms=0.5), bundle)
+    try:
+        assert sys.getswitchinterval() == pytest.approx(0.0005)
+        assert isinstance(_run(engine, _request("si", PROMPT_B, seed=1)).events[-1], TurnDone)
+    finally:
+        engine.close()
+    assert sys.getswitchinterval() == before
+    for bad in (0.0, float("nan"), 1000.0):
+        with pytest.raises(ValueError, match="switch_interval_ms"):
+            dataclasses.replace(_config(fixture_root), switch_interval_ms=bad)

@@ -6,7 +6,7 @@ cuda:0 and copied to cuda:1 included), and the two replicas' steps overlap: at t
 from __future__ import annotations
 
 import dataclasses
-import queue
+import threading
 import time
 from collections import defaultdict
 
@@ -15,9 +15,10 @@ import pytest
 import torch
 
 from realtime_ming.engine.config import EngineConfig, PlacementConfig, TalkerRunnerConfig
-from realtime_ming.engine.talker_loop import Idle, TalkerLoop
-from realtime_ming.engine.talker_pool import TalkerPool
-from realtime_ming.engine.talker_process import TalkerProcess
+from realtime_ming.engine.talker_driver import Enqueue
+from realtime_ming.engine.talker_inline import InlineTalker
+from realtime_ming.engine.talker_pool import TalkerPool, make_talker
+from realtime_ming.engine.talker_process import ProcessTalker
 from realtime_ming.engine.talker_runner import TalkerRunner
 from realtime_ming.engine.voice_store import CustomVoice
 
@@ -43,12 +44,25 @@ def _cfg(max_streams: int = 8, steps_per_word: int = 2) -> EngineConfig:
         max_streams=max_streams, buckets=(1, 2, 4, 8, 16), steps_per_word=steps_per_word, silence_holder=False))
 
 
-def _drive(runner, voices) -> dict[str, np.ndarray]:
+def _pool(bundle, cfg: EngineConfig, deliver=lambda outputs: None, wake=lambda: None, die=lambda reason: None):
+    """The engine's talker over both replicas (`engine.talker.driver` as `cfg` says)."""
+    pool = make_talker(bundle, cfg, deliver, wake, die)
+    assert isinstance(pool, TalkerPool)
+    return pool
+
+
+def _step(talker) -> list:
+    talker.launch()
+    return talker.outputs()
+
+
+def _drive(talker, voices) -> dict[str, np.ndarray]:
     pcm, step = defaultdict(list), 0
-    while step < len(WORDS) or runner.has_work():
+    while step < len(WORDS) or talker.has_work():
         if step < len(WORDS):
-            runner.enqueue(f"t{step}", 0, " ".join(["word"] * WORDS[step]), voices[step % len(voices)], seed=100 + step)
-        for out in runner.step():
+            talker.enqueue(Enqueue(f"t{step}", 0, " ".join(["word"] * WORDS[step]), voices[step % len(voices)],
+                                   100 + step))
+        for out in _step(talker):
             assert out.error is None, out.error
             if out.pcm is not None:
                 pcm[out.turn_id].append(out.pcm)
@@ -73,15 +87,15 @@ def test_graphed_pool_on_two_gpus_speaks_as_the_single_runner(gpu_bundle):
                         "Hello.", 2.0, 0)
     assert clone.prompt.prompt_lat.device == torch.device("cuda", 0)
     voices = (None, clone)
-    single = TalkerRunner(gpu_bundle, _cfg())
+    single = InlineTalker(TalkerRunner(gpu_bundle, _cfg()))
     single.capture()
     want = _drive(single, voices)
-    pool = TalkerPool(gpu_bundle, _cfg())
+    pool = _pool(gpu_bundle, _cfg())
     pool.capture()
-    assert all(r.stepper.graphed for r in pool.runners)
+    assert all(m.runner.stepper.graphed for m in pool.members)
     got = _drive(pool, voices)
     assert {pool.replica_of(f"t{k}") for k in range(len(WORDS))} == {0, 1}
-    copies = pool.runners[1].replica.voices
+    copies = pool.members[1].replica.voices
     assert len(copies) >= 2  # the preset and the clone, copied to cuda:1
     assert sorted(got) == sorted(want)
     for turn in want:
@@ -91,17 +105,16 @@ def test_graphed_pool_on_two_gpus_speaks_as_the_single_runner(gpu_bundle):
         np.testing.assert_allclose(got[turn], want[turn], rtol=0, atol=1e-3 * peak, err_msg=turn)
 
 
-@pytest.mark.parametrize("steps,pipeline,process", [(1, False, False), (1, True, False), (2, True, False),
-                                                     (1, False, True), (2, True, True)])
-def test_graphed_pool_with_a_thread_per_gpu_speaks_as_the_single_runner(gpu_bundle, steps, pipeline, process):
-    """`engine.talker.own_thread` on two GPUs: each replica captures and steps its graphs on a thread of its own;
-    every turn (spread over both) has the single graphed runner's PCM -- also pipelined (`thread_pipeline`: the next
-    launch replays the graphs before the last one is read), with several steps per launch, and with each loop in a
-    process of its own (`own_process`: the child adopts the parent's weights through CUDA IPC)."""
-    single = TalkerRunner(gpu_bundle, _cfg())
+@pytest.mark.parametrize("steps,pipeline", [(1, False), (1, True), (2, True)])
+def test_graphed_pool_with_a_process_per_gpu_speaks_as_the_single_runner(gpu_bundle, steps, pipeline):
+    """`engine.talker.driver: process` on two GPUs: each replica's child adopts the parent's weights through CUDA IPC
+    and captures and steps its graphs in a process of its own; every turn (spread over both) has the single graphed
+    runner's PCM -- also pipelined (`engine.talker.pipeline`: the next launch replays the graphs before the last one
+    is read) and with several steps per launch (`engine.talker.steps_per_launch`)."""
+    single = InlineTalker(TalkerRunner(gpu_bundle, _cfg()))
     single.capture()
     want = _drive(single, (None,))
-    pcm, reports, died = defaultdict(list), queue.SimpleQueue(), []
+    pcm, woken, died = defaultdict(list), threading.Event(), []
 
     def deliver(outputs):
         for out in outputs:
@@ -109,31 +122,22 @@ def test_graphed_pool_with_a_thread_per_gpu_speaks_as_the_single_runner(gpu_bund
                 pcm[out.turn_id].append(out.pcm)
 
     cfg = _cfg()
-    cfg = dataclasses.replace(cfg, talker=dataclasses.replace(cfg.talker, own_thread=True, own_process=process,
-                                                              thread_steps=steps, thread_pipeline=pipeline))
-    if process:
-        member = lambda replica: TalkerProcess(gpu_bundle, cfg, replica, deliver, reports.put, died.append)  # noqa: E731
-    else:
-        member = lambda replica: TalkerLoop(TalkerRunner(gpu_bundle, cfg, replica), deliver,  # noqa: E731
-                                            reports.put, died.append, steps=steps, pipeline=pipeline)
-    pool = TalkerPool(gpu_bundle, cfg, member)
+    cfg = dataclasses.replace(cfg, talker=dataclasses.replace(cfg.talker, driver="process", steps_per_launch=steps,
+                                                              pipeline=pipeline))
+    pool = _pool(gpu_bundle, cfg, deliver, woken.set, died.append)
     try:
         pool.capture()
-        if process:
-            assert len({member.pid for member in pool.runners}) == 2
-        else:
-            assert all(loop.talker.stepper.graphed for loop in pool.runners)
-            assert len({loop._thread.name for loop in pool.runners}) == 2
+        assert all(isinstance(m, ProcessTalker) for m in pool.members)
+        assert len({member.pid for member in pool.members}) == 2
         turns = [f"t{k}" for k in range(len(WORDS))]
         for k, turn in enumerate(turns):
-            pool.enqueue(turn, 0, " ".join(["word"] * WORDS[k]), None, seed=100 + k)
+            pool.enqueue(Enqueue(turn, 0, " ".join(["word"] * WORDS[k]), None, 100 + k))
         assert {pool.replica_of(t) for t in turns} == {0, 1}
         deadline = time.monotonic() + 120
-        while any(pool.pending(t) for t in turns):  # this thread plays the engine thread: it records the reports
-            events = reports.get(timeout=max(0.1, deadline - time.monotonic()))
-            for event in events:
-                assert isinstance(event, Idle), event
-                pool.idle(event)
+        while any(pool.pending(t) for t in turns):  # this thread plays the engine thread: it takes the notices
+            assert woken.wait(max(0.1, deadline - time.monotonic()))
+            woken.clear()
+            assert pool.outputs() == []  # no failed turn
         assert died == []
     finally:
         pool.close()
@@ -169,39 +173,40 @@ def _full_size(bundle):
     return big
 
 
-def _step_ms(runner, turns: int, steps: int = 12) -> float:
-    """Median wall ms of `runner`'s step with `turns` streams running (each speaks long enough)."""
+def _step_ms(talker, turns: int, steps: int = 12) -> float:
+    """Median wall ms of `talker`'s step (an inline driver or pool) with `turns` streams running (each speaks long
+    enough)."""
     for k in range(turns):
-        runner.enqueue(f"s{k}", 0, " ".join(["word"] * 40), None, seed=k)
+        talker.enqueue(Enqueue(f"s{k}", 0, " ".join(["word"] * 40), None, k))
     for _ in range(3):  # admission, the leads' double step, warm
-        runner.step()
-    assert runner.num_streams() == turns
+        _step(talker)
+    assert talker.num_streams() == turns
     times = []
     for _ in range(steps):
         t0 = time.perf_counter()
-        runner.step()
+        _step(talker)
         times.append(1000 * (time.perf_counter() - t0))
-    assert runner.num_streams() == turns
+    assert talker.num_streams() == turns
     return float(np.median(times))
 
 
 def test_two_replicas_step_side_by_side(gpu_bundle):
     big = _full_size(gpu_bundle)
     cfg = _cfg(max_streams=16, steps_per_word=8)
-    single = TalkerRunner(big, cfg)
+    single = InlineTalker(TalkerRunner(big, cfg))
     single.capture()
-    pool = TalkerPool(big, cfg)
+    pool = _pool(big, cfg)
     pool.capture()
     one = _step_ms(single, 16)
     ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
     with torch.cuda.device(0):
-        ev[0].record(single.cuda_stream)
-        single.step()
-        ev[1].record(single.cuda_stream)
+        ev[0].record(single.runner.cuda_stream)
+        _step(single)
+        ev[1].record(single.runner.cuda_stream)
     ev[1].synchronize()
     gpu_one = ev[0].elapsed_time(ev[1])
     both = _step_ms(pool, 32)
-    assert [r.num_streams() for r in pool.runners] == [16, 16]
+    assert [m.num_streams() for m in pool.members] == [16, 16]
     print(f"\nfull-size talker step (bf16, graphed): one replica x 16 streams {one:.2f} ms wall "
           f"({gpu_one:.2f} ms on its CUDA stream); two replicas x 16 streams {both:.2f} ms wall "
           f"(serial would be {2 * one:.2f} ms)")

@@ -79,13 +79,13 @@ def test_gpu_thinker_and_talker_on_different_gpus_graphed(fixture_root, cpu_refe
 
 @cuda
 @pytest.mark.parametrize("talker", ["cuda:0", "cuda:1"], ids=["same-gpu", "own-gpu"])
-def test_gpu_graphed_talker_on_its_own_thread_speaks_as_the_stepped_talker(fixture_root, cpu_reference, talker):
-    """`engine.talker.own_thread`: the graphed talker captured and stepped on its own thread (beside the thinker's
-    GPU, or on a GPU of its own) gives the same tokens and the same amount of audio as the stepped talker."""
+def test_gpu_graphed_talker_in_its_own_process_speaks_as_the_inline_talker(fixture_root, cpu_reference, talker):
+    """`engine.talker.driver: process`: the graphed talker captured and stepped in a process of its own (beside the
+    thinker's GPU, or on a GPU of its own) gives the same tokens and the same amount of audio as the inline talker."""
     if talker == "cuda:1" and torch.cuda.device_count() < 2:
         pytest.skip("needs two GPUs")
     stepped = generate(fixture_root, ("cuda:0",), eager=False, talker=talker)
-    threaded = generate(fixture_root, ("cuda:0",), eager=False, talker=talker, own_thread=True)
+    threaded = generate(fixture_root, ("cuda:0",), eager=False, talker=talker, driver="process")
     _same_tokens(threaded, cpu_reference)
     assert [d.audio_samples for d in threaded] == [d.audio_samples for d in stepped]
     assert all(d.audio_samples > 0 for d in threaded)

@@ -20,8 +20,10 @@ from realtime_ming.engine.api import AudioChunk, Content, Message, SamplingParam
 from realtime_ming.engine.config import EngineConfig, PlacementConfig, TalkerRunnerConfig, ThinkerRunnerConfig
 from realtime_ming.engine.models import ModelBundle
 from realtime_ming.engine.segmenter import SegmenterConfig
-from realtime_ming.engine.talker_loop import Idle, TalkerLoop
+from realtime_ming.engine.talker_driver import Enqueue
+from realtime_ming.engine.talker_inline import InlineTalker
 from realtime_ming.engine.talker_pool import TalkerPool, make_talker
+from realtime_ming.engine.talker_process import ProcessTalker
 from realtime_ming.engine.talker_replica import VoiceCopies
 from realtime_ming.engine.talker_runner import TalkerRunner
 from realtime_ming.engine.voice_store import CustomVoice
@@ -46,22 +48,36 @@ def pool_bundle() -> ModelBundle:
     return ModelBundle.load(EngineConfig(placement=TWO))
 
 
-def _drive(runner, turns=TURNS, voice=None, cancel: tuple[str, int] | None = None) -> dict[str, np.ndarray]:
+def _inline(bundle: ModelBundle, cfg: EngineConfig) -> InlineTalker:
+    """The single runner, as the engine drives it (`engine.talker.driver: inline`)."""
+    return InlineTalker(TalkerRunner(bundle, cfg))
+
+
+def _pool(bundle: ModelBundle, cfg: EngineConfig | None = None):
+    """The engine's talker over every replica of `bundle` (inline drivers: nothing is delivered elsewhere)."""
+    return make_talker(bundle, cfg or _cfg(), lambda outputs: None, lambda: None, lambda reason: None)
+
+
+def _step(talker) -> list:
+    talker.launch()
+    return talker.outputs()
+
+
+def _drive(talker, turns=TURNS, voice=None, cancel: tuple[str, int] | None = None) -> dict[str, np.ndarray]:
     """Enqueue each turn at its step, step until no work is left; PCM per turn. `cancel` = (turn, step):
     that turn is cancelled and forgotten after that step."""
     pcm, step = defaultdict(list), 0
     last = max(at for _, _, at in turns.values())
-    while step <= last or runner.has_work():
+    while step <= last or talker.has_work():
         for turn_id, (text, seed, at) in turns.items():
             if at == step:
-                runner.enqueue(turn_id, 0, text, voice, seed=seed)
-        for out in runner.step():
+                talker.enqueue(Enqueue(turn_id, 0, text, voice, seed))
+        for out in _step(talker):
             assert out.error is None, out.error
             if out.pcm is not None:
                 pcm[out.turn_id].append(out.pcm)
         if cancel is not None and cancel[1] == step:
-            runner.cancel(cancel[0])
-            runner.forget(cancel[0])
+            talker.forget(cancel[0])
         step += 1
     return {t: np.concatenate(chunks) for t, chunks in pcm.items()}
 
@@ -84,19 +100,19 @@ def test_replicas_hold_copies_of_the_same_tensors(pool_bundle):
             assert sa[name].data_ptr() != sb[name].data_ptr(), name  # a copy, not shared storage
             assert torch.equal(sa[name], sb[name]), name
     assert pool_bundle.info()["talker_devices"] == ["cpu", "cpu"]
-    assert isinstance(make_talker(pool_bundle, _cfg()), TalkerPool)
-    assert type(make_talker(ModelBundle.load(EngineConfig()), _cfg())) is TalkerRunner  # one device: as before
+    assert isinstance(_pool(pool_bundle), TalkerPool)
+    assert type(_pool(ModelBundle.load(EngineConfig()))) is InlineTalker  # one device: the replica's driver alone
 
 
 def test_pool_speaks_every_turn_as_the_single_runner_and_balances(pool_bundle):
-    want = _drive(TalkerRunner(pool_bundle, _cfg()))
-    pool = TalkerPool(pool_bundle, _cfg())
+    want = _drive(_inline(pool_bundle, _cfg()))
+    pool = _pool(pool_bundle)
     placed = {}
     original = pool.enqueue
 
-    def enqueue(turn_id, *args, **kwargs):
-        original(turn_id, *args, **kwargs)
-        placed[turn_id] = pool.replica_of(turn_id)
+    def enqueue(op):
+        original(op)
+        placed[op.turn_id] = pool.replica_of(op.turn_id)
 
     pool.enqueue = enqueue
     got = _drive(pool)
@@ -104,28 +120,28 @@ def test_pool_speaks_every_turn_as_the_single_runner_and_balances(pool_bundle):
     # a, b arrive together (replicas 0, 1); c next: both hold one live turn, but b (two steps, both run in its
     # first engine step) has ended its stream while a still runs, so replica 1; d: replica 0 holds fewer turns
     assert placed == {"a": 0, "b": 1, "c": 1, "d": 0}
-    assert all(r.num_streams() == 0 for r in pool.runners)
+    assert all(m.num_streams() == 0 for m in pool.members)
 
 
 def test_assignment_is_sticky_and_forget_frees_the_replica(pool_bundle):
-    pool = TalkerPool(pool_bundle, _cfg())
-    pool.enqueue("x", 0, "Hello there.", None, seed=1)
-    pool.enqueue("y", 0, "Hi.", None, seed=2)
+    pool = _pool(pool_bundle)
+    pool.enqueue(Enqueue("x", 0, "Hello there.", None, 1))
+    pool.enqueue(Enqueue("y", 0, "Hi.", None, 2))
     assert (pool.replica_of("x"), pool.replica_of("y")) == (0, 1)
     while pool.has_work():  # both speak their first segment to the end
-        pool.step()
+        _step(pool)
     assert not pool.pending("x") and not pool.pending("y")
-    pool.enqueue("z", 0, "Third.", None, seed=3)  # both replicas hold a live turn: the lower index
+    pool.enqueue(Enqueue("z", 0, "Third.", None, 3))  # both replicas hold a live turn: the lower index
     assert pool.replica_of("z") == 0
-    pool.enqueue("y", 1, "More from y.", None, seed=2)  # y's next segment stays on its replica
-    assert pool.replica_of("y") == 1 and pool.pending("y") and pool.runners[1].pending("y")
-    assert not pool.runners[0].pending("y")
+    pool.enqueue(Enqueue("y", 1, "More from y.", None, 2))  # y's next segment stays on its replica
+    assert pool.replica_of("y") == 1 and pool.pending("y") and pool.members[1].pending("y")
+    assert not pool.members[0].pending("y")
     pool.forget("x")
     assert pool.replica_of("x") is None and not pool.pending("x")
-    pool.enqueue("w", 0, "Fourth.", None, seed=4)  # replica 0 has only z now, replica 1 has y: the lower index
+    pool.enqueue(Enqueue("w", 0, "Fourth.", None, 4))  # replica 0 has only z now, replica 1 has y: the lower index
     assert pool.replica_of("w") == 0
     pool.forget("y")
-    pool.enqueue("v", 0, "Fifth.", None, seed=5)  # replica 1 is empty now
+    pool.enqueue(Enqueue("v", 0, "Fifth.", None, 5))  # replica 1 is empty now
     assert pool.replica_of("v") == 1
     for turn_id in ("z", "w", "v"):
         pool.forget(turn_id)
@@ -135,8 +151,8 @@ def test_assignment_is_sticky_and_forget_frees_the_replica(pool_bundle):
 @pytest.mark.slow
 @pytest.mark.parametrize("victim", ["a", "c"])  # a is on replica 0, c on replica 1
 def test_cancel_on_either_replica_leaves_the_other_turns_audio(pool_bundle, victim):
-    want = _drive(TalkerRunner(pool_bundle, _cfg()))
-    pool = TalkerPool(pool_bundle, _cfg())
+    want = _drive(_inline(pool_bundle, _cfg()))
+    pool = _pool(pool_bundle)
     got = _drive(pool, cancel=(victim, 1))
     assert victim in got and got[victim].size < want[victim].size  # it spoke, then stopped
     _assert_same_audio(got, want, [t for t in TURNS if t != victim])
@@ -149,11 +165,11 @@ def test_a_cloned_voice_speaks_on_both_replicas(pool_bundle):
     prompt = enc.encode(wave, enc.vae_rate_hz, "Hello.", lambda w, a, b: w)
     voice = CustomVoice("voice_pool", "owner", "pool", prompt, "Hello.", 1.0, 0)
     turns = {"a": ("One two.", 1, 0), "b": ("Three four.", 2, 0)}
-    want = _drive(TalkerRunner(pool_bundle, _cfg()), turns, voice)
-    pool = TalkerPool(pool_bundle, _cfg())
+    want = _drive(_inline(pool_bundle, _cfg()), turns, voice)
+    pool = _pool(pool_bundle)
     got = _drive(pool, turns, voice)
     _assert_same_audio(got, want, turns)
-    preset = _drive(TalkerRunner(pool_bundle, _cfg()), {"a": turns["a"]})
+    preset = _drive(_inline(pool_bundle, _cfg()), {"a": turns["a"]})
     assert not np.allclose(got["a"][:preset["a"].size], preset["a"][:got["a"].size])  # the clone's voice, not the preset's
     assert {t: pool.replica_of(t) for t in turns} == {"a": 0, "b": 1}  # both replicas spoke in it
 
@@ -224,24 +240,23 @@ def test_startup_checks_every_replica_device():
 
 # ---- the engine on the pool ---------------------------------------------------------------------------------
 
-def _engine_pcm(bundle: ModelBundle, placement: PlacementConfig, n: int, own_thread: bool = False,
+def _engine_pcm(bundle: ModelBundle, placement: PlacementConfig, n: int, driver: str = "inline",
                 seen: dict | None = None) -> tuple[dict, dict]:
     """Every turn's PCM from an engine on `bundle` and its info(); `seen` collects each replica's enqueued turns."""
     cfg = EngineConfig(placement=placement,
                        thinker=ThinkerRunnerConfig(max_slots=4, max_seq_len=256, forced_reply="Hello there, friend."),
-                       talker=TalkerRunnerConfig(max_streams=2, steps_per_word=1, own_thread=own_thread),
+                       talker=TalkerRunnerConfig(max_streams=2, steps_per_word=1, driver=driver),
                        segmenter=SegmenterConfig(first_max_wait_ms=60_000.0))
     engine = Engine(cfg, bundle)
     if seen is not None:
-        for member in engine._talker.runners:
-            runner = member.talker if isinstance(member, TalkerLoop) else member
-            enqueue = runner.enqueue
+        for member in engine._talker.members:
+            enqueue = member.enqueue
 
-            def tracked(turn_id, *args, _enqueue=enqueue, _index=runner.replica.index, **kwargs):
-                seen.setdefault(_index, set()).add(turn_id)
-                return _enqueue(turn_id, *args, **kwargs)
+            def tracked(op, _enqueue=enqueue, _index=member.replica.index):
+                seen.setdefault(_index, set()).add(op.turn_id)
+                return _enqueue(op)
 
-            runner.enqueue = tracked
+            member.enqueue = tracked
     try:
         pcm, done = defaultdict(list), {}
         finished = threading.Semaphore(0)
@@ -282,43 +297,79 @@ def _wait_for(condition, timeout: float = 10.0) -> None:
         time.sleep(0.01)
 
 
-def test_engine_with_a_thread_per_replica_speaks_as_stepped(pool_bundle):
-    """`engine.talker.own_thread` on two replicas: each replica steps on a thread of its own (both used, turns
-    balanced over them), every turn's audio is the stepped pool's, and close stops both threads."""
-    stepped, _ = _engine_pcm(pool_bundle, TWO, 4)
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_engine_with_a_process_per_replica_speaks_as_inline(pool_bundle):
+    """`engine.talker.driver: process` on two replicas: each replica steps in a process of its own (both used, turns
+    balanced over them), every turn's audio is the inline pool's, and close stops both (their reader threads too)."""
+    inline, _ = _engine_pcm(pool_bundle, TWO, 4)
     threads_before = set(threading.enumerate())
     seen: dict = {}
-    threaded, info = _engine_pcm(pool_bundle, TWO, 4, own_thread=True, seen=seen)
+    processes, info = _engine_pcm(pool_bundle, TWO, 4, driver="process", seen=seen)
     assert info["talker_devices"] == ["cpu", "cpu"]
     assert sorted(seen) == [0, 1] and all(len(turns) == 2 for turns in seen.values()), seen
-    _assert_same_audio(threaded, stepped, [f"t{i}" for i in range(4)])
+    _assert_same_audio(processes, inline, [f"t{i}" for i in range(4)])
     left = [t.name for t in set(threading.enumerate()) - threads_before if t.name.startswith("realtime-ming-talker")]
     assert left == []
 
 
-def test_threaded_pool_routes_idle_reports_and_drops_on_every_replica(pool_bundle):
-    """The pool of loops: `drop` reaches every replica (any thread, before the owner is known), an `Idle` report
-    goes to the turn's replica only, and each loop runs on its own named thread."""
-    delivered = []
-    pool = TalkerPool(pool_bundle, _cfg(), lambda replica: TalkerLoop(TalkerRunner(pool_bundle, _cfg(), replica),
-                                                                         delivered.extend, lambda events: None,
-                                                                         lambda reason: None))
-    try:
-        names = sorted(loop._thread.name for loop in pool.runners)
-        assert names == ["realtime-ming-talker-0", "realtime-ming-talker-1"]
-        assert all(loop._thread.is_alive() for loop in pool.runners)
-        pool.drop("x")
-        assert all("x" in loop._dropped for loop in pool.runners)
-        pool.enqueue("a", 0, "One two.", None, seed=1)
-        owner = pool.runners[pool.replica_of("a")]
-        other = pool.runners[1 - pool.replica_of("a")]
-        _wait_for(lambda: not pool.pending("a") or owner._applied.get("a") == 1)
-        pool.idle(Idle("a", 1))
-        assert owner._seen.get("a") == 1 and "a" not in other._seen
-        assert not pool.pending("a")
-        pool.forget("a")
-        pool.idle(Idle("a", 1))  # forgotten: ignored
-        assert "a" not in owner._seen
-    finally:
-        pool.close()
-    assert not any(loop._thread.is_alive() for loop in pool.runners)
+class _Member:
+    """A stand-in driver that records the calls the pool routes to it."""
+
+    def __init__(self, index: int, fail_launch: bool = False):
+        self.replica = type("Replica", (), {"index": index})()
+        self.calls: list = []
+        self.fail_launch = fail_launch
+
+    def __getattr__(self, name):
+        def call(*args):
+            self.calls.append((name, *args))
+            if name == "launch" and self.fail_launch:
+                raise RuntimeError("launch failed")
+            return {"num_streams": 0, "pending": True, "has_work": False, "stats": None,
+                    "outputs": [f"out-{self.replica.index}"]}.get(name)
+        return call
+
+
+def test_the_pool_routes_each_turn_to_its_member_and_drops_on_every_member():
+    """The pool over any drivers: a turn's calls go to the member chosen at its first segment, `drop` (any thread,
+    before the owner is known) to every member; `launch` launches every member before `outputs` collects each, and
+    a member that fails to launch has the members launched before it collected and its error raised."""
+    members = [_Member(0), _Member(1)]
+    pool = TalkerPool(members)
+    pool.drop("x")
+    assert all(m.calls == [("drop", "x")] for m in members)
+    pool.enqueue(Enqueue("a", 0, "One.", None))
+    owner = members[pool.replica_of("a")]
+    other = members[1 - pool.replica_of("a")]
+    for name in ("pause", "resume", "pending"):
+        getattr(pool, name)("a")
+    pool.forget("a")
+    assert [c[0] for c in owner.calls if c[0] != "num_streams"] == ["drop", "enqueue", "pause", "resume", "pending",
+                                                                    "forget"]
+    assert [c[0] for c in other.calls if c[0] != "num_streams"] == ["drop"]
+    assert pool.replica_of("a") is None and not pool.pending("a")
+    pool.launch()
+    assert pool.outputs() == ["out-0", "out-1"]
+    failing = TalkerPool([_Member(0), _Member(1, fail_launch=True), _Member(2)])
+    with pytest.raises(RuntimeError, match="launch failed"):
+        failing.launch()
+    assert [c[0] for c in failing.members[0].calls] == ["launch", "outputs"]
+    assert failing.members[2].calls == []
+    assert pool.stats() is None
+
+
+def test_every_driver_has_the_whole_driver_interface():
+    """The engine calls its talker through `TalkerDriver` alone: the inline driver, the process driver and the pool
+    of either each have every method of it, with the protocol's parameters."""
+    import inspect
+
+    from realtime_ming.engine.talker_driver import TalkerDriver
+
+    names = [n for n, v in vars(TalkerDriver).items() if callable(v) and not n.startswith("_")]
+    assert {"enqueue", "pause", "resume", "forget", "drop", "outputs", "close", "stats"} <= set(names)
+    for cls in (InlineTalker, ProcessTalker, TalkerPool):
+        for name in names:
+            want = list(inspect.signature(getattr(TalkerDriver, name)).parameters)
+            got = list(inspect.signature(getattr(cls, name)).parameters)
+            assert got[:len(want)] == want, (cls.__name__, name, got)

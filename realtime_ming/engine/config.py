@@ -60,6 +60,7 @@ class PlacementConfig:
 
 ALL_REDUCE = ("nccl", "one_shot")  # engine.thinker.all_reduce
 TURN_JUDGEMENT = ("auto", "on", "off")  # engine.thinker.turn_judgement
+TALKER_DRIVERS = ("inline", "process")  # engine.talker.driver
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,37 +156,19 @@ class TalkerRunnerConfig:
     # a turn's first job runs two talker steps in the engine step that starts it (the VAE holds each chunk until
     # the next one): the same audio, its first chunk one engine step sooner, for one small extra talker + VAE pass
     first_chunk_catch_up: bool = True
-    # with the talker on GPUs apart from the thinker's: up to this many more talker steps queued in one launch while
-    # the thinker's step is still running (`engine/step_overlap.py`); 0 = one talker step per engine step. Off by
-    # default: on 4x H200 it gave +7 % spoken turns/s at N=32 (thinker_delay 0.5) but TTFA_server p50 39 -> 83 ms
-    # at c=64 (bench/results/gpu-h200x4-overlap-2026-11-26/)
-    steps_while_thinking: int = 0
-    # the talker steps on a thread of its own (each talker replica on its own), at its own pace, instead of once per
-    # engine (thinker) step (`engine/talker_loop.py`); the audio is the same. Off: on 2x H200 (talker beside the
-    # thinker) +9 % spoken turns/s at N=32 for +25 ms first PCM (bench/results/gpu-h200x2-talker-threads-2026-11-26/).
-    # Excludes steps_while_thinking
-    own_thread: bool = False
-    # with own_thread: talker steps queued back to back per launch on the talker's thread (the GPU runs them without
-    # waiting for the host; new jobs start and stop decisions are taken once per launch, a stream that ends early
-    # keeps nothing of the steps after its end: the audio is the same). 1 = one step per launch. 4x H200, N=32 (own
-    # thread, prefill hold 40 ms): 2 gave 51.7-53.1 spoken turns/s against 48.7-50.7 with 1, within run-to-run noise
-    # (bench/results/gpu-h200x4-talker-thread-2026-11-26/)
-    thread_steps: int = 1
-    # with own_thread: pipelined -- the next launch is queued on the GPU before the last one's outputs are read
-    # (stop decisions, VAE chunks, PCM), so the talker's GPU does not wait for that host work, nor for the next
-    # launch's (the VAE runs on a stream of its own: engine/talker_sync.py). A stream is stepped once more after its
-    # last step (computed for nothing: the audio is the same); a job's next segment starts one launch later. 4x H200,
-    # N=32, same machine: 46.6 -> 48.5 spoken turns/s (51.1 with thread_steps=2), first PCM +14 ms
-    # (bench/results/gpu-h200x4-talker-streams-2026-11-27/); off with own_thread
-    thread_pipeline: bool = False
-    # with own_thread: each replica's talker thread runs in a process of its own (`engine/talker_process.py`; the
-    # weights shared, not copied), so its host work does not compete with the engine thread's and the other
-    # replicas' for the GIL and the CUDA driver; the audio is the same. A talker process that exits kills the engine.
-    # 4x H200, N=32 steady state, one machine: 47.7 (threads) -> 58.5 spoken turns/s, first PCM -34 ms
-    # (bench/results/gpu-h200x4-talker-process-2026-11-27/); off until measured served
-    own_process: bool = False
-    # ... and those steps may end this share of the thinker's expected step after it (delaying its next launch)
-    thinker_delay: float = 0.5
+    # who steps the talker (`engine/talker_driver.py`): "inline" = the engine thread, once per engine step, beside
+    # the thinker's step; "process" = each talker replica in a process of its own at its own pace (the weights
+    # shared, not copied; `engine/talker_process.py`), for talker replicas on GPUs apart from the thinker's (the same
+    # audio; docs/benchmarks.md). A talker process that exits kills the engine
+    driver: str = "inline"
+    # driver "process": talker steps queued back to back per launch (new jobs start and stop decisions are taken once
+    # per launch; a stream that ends early keeps nothing of the steps after its end: the audio is the same)
+    steps_per_launch: int = 1
+    # driver "process": the next launch is queued on the GPU before the last one's outputs are read (stop decisions,
+    # VAE chunks, PCM), so the talker's GPU does not wait for that host work (the VAE runs on a stream of its own:
+    # engine/talker_sync.py). A stream is stepped once more after its last step (the audio is the same); a job's
+    # next segment starts one launch later
+    pipeline: bool = False
 
     def __post_init__(self):
         if self.max_streams < 1:
@@ -194,23 +177,13 @@ class TalkerRunnerConfig:
             raise ValueError("engine.talker.prefill_buckets must be positive prompt lengths")
         if self.voice_head_cache < 0:
             raise ValueError("engine.talker.voice_head_cache must be >= 0")
-        if self.steps_while_thinking < 0:
-            raise ValueError("engine.talker.steps_while_thinking must be >= 0")
-        if self.own_thread and self.steps_while_thinking:
-            raise ValueError("engine.talker.own_thread and steps_while_thinking exclude each other (a talker on its "
-                             "own thread is never held to the thinker's step)")
-        if not 1 <= self.thread_steps <= 8:
-            raise ValueError(f"engine.talker.thread_steps must be in [1, 8], got {self.thread_steps!r}")
-        if self.thread_pipeline and not self.own_thread:
-            raise ValueError("engine.talker.thread_pipeline needs engine.talker.own_thread")
-        if self.own_process and not self.own_thread:
-            raise ValueError("engine.talker.own_process needs engine.talker.own_thread (the talker's loop is what "
-                             "runs in the process)")
-        if self.thread_steps > 1 and not self.own_thread:
-            raise ValueError("engine.talker.thread_steps > 1 needs engine.talker.own_thread (the engine-step talker "
-                             "queues 1 + steps_while_thinking steps)")
-        if not 0.0 <= self.thinker_delay <= 4.0:
-            raise ValueError("engine.talker.thinker_delay must be a share of the thinker's step in [0, 4]")
+        if self.driver not in TALKER_DRIVERS:
+            raise ValueError(f"engine.talker.driver must be one of {TALKER_DRIVERS}, got {self.driver!r}")
+        if not 1 <= self.steps_per_launch <= 8:
+            raise ValueError(f"engine.talker.steps_per_launch must be in [1, 8], got {self.steps_per_launch!r}")
+        if (self.steps_per_launch > 1 or self.pipeline) and self.driver != "process":
+            raise ValueError("engine.talker.steps_per_launch > 1 and engine.talker.pipeline need "
+                             "engine.talker.driver: process (the inline talker steps once per engine step)")
         if not 0 <= self.min_text_tokens < self.max_prompt_len // 2:
             raise ValueError("engine.talker.min_text_tokens must be in [0, max_prompt_len // 2)")
 

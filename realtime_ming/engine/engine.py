@@ -1,15 +1,20 @@
 """The engine: one thread that steps thinker → segmenter → talker → VAE for every active turn.
 
-Each step collects the thinker's step in flight and queues its next one, routes the text, then starts the
-talker's step (its own CUDA stream, beside the thinker's) and waits for it (`_step`): text routed to the
-talker in one step is spoken from that same step.
+Each step collects the thinker's step in flight and queues its next one, routes the text (`engine/turn_routing.py`),
+then starts the talker's step (its own CUDA stream, beside the thinker's) and waits for it (`_step`): text routed to
+the talker in one step is spoken from that same step. The talker is a driver (`engine/talker_driver.py`): stepped
+inline by the engine thread, or in a process of its own per replica (`engine.talker.driver`).
+
+The engine composes objects that own their state: the turn table and the delivery of each turn's events
+(`engine/turn_table.py`), admission (`engine/admission.py`), speculation (`engine/speculation.py`) and routing,
+each given the table; what is left here is the inbox, the thread and supervision.
 
 Callers (the session layer, the SDK) submit `TurnRequest`s from any thread; commands (`engine/commands.py`)
 enter through a thread-safe inbox and are applied at step boundaries, so a cancel never interrupts a
 kernel. A submitted request is prepared at once by the input processor's worker threads (chat template,
 tokens, media preprocessing: `engine/input_processor.py`); the engine thread admits it to the thinker
 when both its Submit and its preparation are done (`engine/admission.py`). Each turn's events go to its
-`sink`, called on the engine thread (the sink must be cheap and thread-safe, e.g.
+`sink`, called on the engine thread or a talker's reader thread (the sink must be cheap and thread-safe, e.g.
 `loop.call_soon_threadsafe(queue.put_nowait, event)`).
 Speculative turns run normally but their events are held until `confirm`; `discard` drops them. While
 unconfirmed, a turn pauses once it holds its first audio lookahead, and its held events are released coalesced
@@ -29,54 +34,31 @@ import logging
 import queue
 import sys
 import threading
-import time
 from concurrent.futures import Future
 from typing import Callable
 
 from .admission import Admission
-from .api import (
-    AudioChunk,
-    EngineHealth,
-    FailureCode,
-    FinishReason,
-    Stage,
-    StageMark,
-    TextDelta,
-    TurnCancelled,
-    TurnDone,
-    TurnEvent,
-    TurnFailed,
-    TurnJudgement,
-    TurnRequest,
-    TurnTask,
-)
+from .api import EngineHealth, FailureCode, TurnCancelled, TurnRequest, TurnTask
 from .commands import (Cancel, Capture, CloseConversation, Command, Confirm, Discard, EngineStats, InputsReady, Sink,
                        Stats, Stop, Submit, Wake)
 from .config import EngineConfig
 from .models import ModelBundle
 from .prompt_meter import PromptMeter
+from .rejection import reject
 from .speculation import Speculation
-from .turn_state import TurnState as _Turn
-from .warmup import warm_up
-from .supervision import (
-    FaultLog,
-    WorkerWatch,
-    dead_workers,
-    fault_injection_enabled,
-)
-from .step_overlap import StepOverlap, overlap_steps
-from .talker_loop import Idle, TalkerLoop
+from .supervision import FaultLog, WorkerWatch, dead_workers, fault_injection_enabled
 from .talker_pool import make_talker
-from .talker_process import TalkerProcess, warn_shared_gpus
-from .talker_runner import TalkerRunner
 from .thinker_runner import ThinkerRunner
+from .turn_routing import Router, now_ms
+from .turn_table import TurnTable
+from .warmup import warm_up
 
 __all__ = ["Engine", "EngineStats"]
 
 log = logging.getLogger(__name__)
 
 
-class Engine(Admission, Speculation):
+class Engine:
     """Owns the models and the engine thread. Create with `Engine.create(cfg)`; thread-safe API."""
 
     def __init__(self, cfg: EngineConfig, bundle: ModelBundle):
@@ -84,38 +66,27 @@ class Engine(Admission, Speculation):
         self.cfg = cfg
         self.bundle = bundle
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self._turns: dict[str, _Turn] = {}
-        self._parked: dict[str, _Turn] = {}  # speculative turns that ended before confirm/discard
-        self._forks: list[_Turn] = []  # prepared side requests waiting for their source's prefill (`fork_ready`)
         self._thinker = ThinkerRunner(bundle, cfg, wake=lambda: self._put(Wake()))  # an admission's encoders finished
-        self._talker_notices: queue.SimpleQueue = queue.SimpleQueue()  # from a talker on its own thread
         self._stopping = False
         self._in_flight = None  # the thinker step queued at the end of the last engine step, collected by the next
-        self._overlap = StepOverlap(overlap_steps(cfg) if bundle.has_talker else 0, cfg.talker.thinker_delay)
-        # `_dead` (None while serving) is set once, under `_lock`, which also orders every delivery to a sink, so
-        # no command is queued after the engine died and a turn's terminal event is always its last
-        self._lock = threading.RLock()
+        # `_dead` (None while serving) is set once, under the table's lock, which also orders every delivery to a sink,
+        # so no command is queued after the engine died and a turn's terminal event is always its last
         self._dead: str | None = None
-        self._faults = FaultLog(log)
-        self._fault_injection = fault_injection_enabled()
-        if self._fault_injection:
+        self._table = TurnTable(FaultLog(log), self._release)
+        fault_injection = fault_injection_enabled()
+        if fault_injection:
             log.warning("engine fault injection is ON: a turn carrying the kill marker kills the engine thread")
-        # the talker (a pool over several replicas); `engine.talker.own_thread`: each replica steps on a thread of its
-        # own (`own_process`: in a process of its own)
-        self._threaded = bundle.has_talker and cfg.talker.own_thread
-        member = None
-        if self._threaded and cfg.talker.own_process:
-            warn_shared_gpus(bundle, cfg)
-            member = lambda replica: TalkerProcess(bundle, cfg, replica, self._deliver_talker,  # noqa: E731
-                                                   self._notice, self._worker_died)
-        elif self._threaded:
-            member = lambda replica: TalkerLoop(TalkerRunner(bundle, cfg, replica),  # noqa: E731
-                                                self._deliver_talker, self._notice, self._worker_died,
-                                                steps=cfg.talker.thread_steps, pipeline=cfg.talker.thread_pipeline)
         self._switch_interval = sys.getswitchinterval()  # `engine.switch_interval_ms`: set back on close
         if cfg.switch_interval_ms is not None:
             sys.setswitchinterval(cfg.switch_interval_ms / 1e3)
-        self._talker = make_talker(bundle, cfg, member) if bundle.has_talker else None
+        # the talker (`engine.talker.driver`; a pool over several replicas): a process talker delivers its PCM from
+        # its reader thread, wakes the engine when it has notices and kills it when its process is gone
+        self._talker = make_talker(bundle, cfg, self._deliver_talker, lambda: self._put(Wake()),
+                                   self._worker_died) if bundle.has_talker else None
+        self._router = Router(self._table, self._talker)
+        self._admission = Admission(cfg, self._table, self._thinker, bundle.voices, self._talker is not None,
+                                    fault_injection)
+        self._speculation = Speculation(cfg, self._table, self._thinker, self._talker)
         self._thread = threading.Thread(target=self._main, name="realtime-ming-engine", daemon=True)
         self._thread.start()
         self._watch = WorkerWatch.start(bundle.thinker, self._worker_died)  # tensor-parallel workers, if any
@@ -159,12 +130,12 @@ class Engine(Admission, Speculation):
         self._put(Confirm(turn_id))
 
     def discard(self, turn_id: str) -> None:
-        if self._threaded:  # its thread delivers nothing more of the turn from now on
+        if self._talker is not None:  # a talker stepped elsewhere delivers nothing more of the turn from now on
             self._talker.drop(turn_id)
         self._put(Discard(turn_id))
 
     def cancel(self, turn_id: str) -> None:
-        if self._threaded:
+        if self._talker is not None:
             self._talker.drop(turn_id)
         self._put(Cancel(turn_id))
 
@@ -217,7 +188,7 @@ class Engine(Admission, Speculation):
             self._thread.join(timeout=30 if self._dead is None else 1)
         stuck = self._thread.is_alive()
         self._die("engine closed")
-        if self._threaded:
+        if self._talker is not None:
             self._talker.close()
         self._thinker.close()
         if self.cfg.switch_interval_ms is not None:
@@ -232,7 +203,7 @@ class Engine(Admission, Speculation):
 
     # ---- supervision ----------------------------------------------------------------------------
     def _put(self, cmd: Command) -> None:
-        with self._lock:
+        with self._table.lock:
             if self._dead is None:
                 self._inbox.put(cmd)
                 return
@@ -246,14 +217,12 @@ class Engine(Admission, Speculation):
 
     def _die(self, reason: str) -> None:
         """Mark the engine dead (first reason wins): fail every turn and every queued command. Any thread."""
-        with self._lock:
+        with self._table.lock:
             if self._dead is not None:
                 return
             self._dead = reason
             message = f"engine unavailable: {reason}"
-            for turn_id, turn in dict(self._turns).items():  # a copy: the engine thread may be stuck mid-step
-                self._terminal(turn_id, turn, TurnFailed(turn_id, message, FailureCode.ENGINE_UNAVAILABLE))
-            self._turns.clear()
+            self._table.fail_all(message)
         while True:  # nothing is queued after `_dead` is set: this empties the inbox for good
             try:
                 cmd = self._inbox.get_nowait()
@@ -263,45 +232,8 @@ class Engine(Admission, Speculation):
         self._inbox.put(Wake())  # an idle engine thread waits on its inbox: it sees `_dead` and ends
 
     def _reject(self, cmd: Command, code: FailureCode, message: str) -> None:
-        """Report a command that could not be applied to its caller (a terminal event, an error, a wake-up)."""
-        match cmd:
-            case Submit(request=request, sink=sink):
-                cmd.prepared.cancel()
-                turn = self._turns.get(request.turn_id)
-                if turn is not None and turn.sink is sink:
-                    self._fail(request.turn_id, message, code)
-                else:
-                    self._call_sink(sink, TurnFailed(request.turn_id, message, code))
-            case InputsReady(turn_id=turn_id):
-                turn = self._turns.get(turn_id)
-                if turn is not None and turn.prepared is cmd.prepared:
-                    self._fail(turn_id, message, code)
-            case Confirm(turn_id=turn_id) | Cancel(turn_id=turn_id) | Discard(turn_id=turn_id):
-                parked = self._parked.pop(turn_id, None)
-                if parked is not None and isinstance(cmd, Confirm):
-                    self._deliver_held(parked)
-                turn = self._turns.get(turn_id)
-                if turn is not None:  # a live turn whose command failed: it still ends, and its caller hears of it
-                    if isinstance(cmd, Discard):
-                        turn.held = []  # silent, as a discard is
-                    elif isinstance(cmd, Confirm) and turn.held is not None:
-                        self._deliver_held(turn)
-                    self._fail(turn_id, message, code)
-                    self._parked.pop(turn_id, None)
-            case Stats():
-                cmd.done.set()
-            case Capture():
-                cmd.errors.append(RuntimeError(message))
-                cmd.done.set()
-            case Stop():
-                self._stopping = True
-
-    def _call_sink(self, sink: Sink, event: TurnEvent) -> None:
-        """Deliver one event; a sink that raises is the caller's bug: logged, never the engine's death."""
-        try:
-            sink(event)
-        except Exception as exc:
-            self._faults.report("a turn's event sink", exc)
+        if reject(cmd, code, message, self._table, self._speculation):
+            self._stopping = True
 
     # ---- engine thread -----------------------------------------------------------------------
     def _main(self) -> None:
@@ -315,47 +247,38 @@ class Engine(Admission, Speculation):
             self._die(reason)
 
     def _run(self) -> None:
+        table, admission = self._table, self._admission
         while not self._stopping and self._dead is None:
             try:
                 # a step in flight is collected even when every row left is paused (its tokens are theirs)
-                busy = bool(self._turns) and (self._in_flight is not None or self._thinker.has_work()
-                                              or bool(self._forks) or (self._talker and self._talker.has_work()))
+                busy = bool(table.turns) and (self._in_flight is not None or self._thinker.has_work()
+                                              or bool(admission.forks) or (self._talker and self._talker.has_work()))
                 self._drain(block=not busy, timeout=self._idle_timeout())
                 if self._stopping or self._dead is not None:
                     break
-                if self._forks:
-                    self._admit_forks()
+                if admission.forks:
+                    admission.admit_forks()
                 self._step()
             except Exception as exc:  # a model failure fails the turns in flight, not the engine
                 dead = dead_workers(self.bundle.thinker)
                 if dead is not None:  # the step's collective failed because a rank is gone: never again
                     self._worker_died(f"{dead} (seen as {type(exc).__name__} in a step)")
                     break
-                self._faults.report("engine step", exc)
+                table.faults.report("engine step", exc)
                 self._in_flight = None  # its rows are failed below
-                for turn_id, turn in list(self._turns.items()):
-                    self._fail(turn_id, f"engine error: {type(exc).__name__}: {exc}", FailureCode.ENGINE_ERROR)
+                for turn_id, turn in list(table.turns.items()):
+                    table.fail(turn_id, f"engine error: {type(exc).__name__}: {exc}", FailureCode.ENGINE_ERROR)
                     # the step may have stopped between a cache write and its bookkeeping: reprefill next time
-                    self._guarded("invalidating a failed turn's cache", self._thinker.close_conversation,
+                    table.guarded("invalidating a failed turn's cache", self._thinker.close_conversation,
                                   turn.request.conversation_id)
-        self._parked.clear()
-
-    def _guarded(self, place: str, fn: Callable, *args) -> None:
-        try:
-            fn(*args)
-        except Exception as exc:
-            self._faults.report(place, exc)
+        table.parked.clear()
 
     def _idle_timeout(self) -> float | None:
-        deadlines = [t.segmenter.deadline_ms() for t in self._turns.values() if t.segmenter is not None]
+        deadlines = [t.segmenter.deadline_ms() for t in self._table.turns.values() if t.segmenter is not None]
         deadlines = [d for d in deadlines if d is not None]
         if not deadlines:
             return None
-        return max(0.0, (min(deadlines) - self._now_ms()) / 1000.0)
-
-    @staticmethod
-    def _now_ms() -> float:
-        return time.monotonic() * 1000.0
+        return max(0.0, (min(deadlines) - now_ms()) / 1000.0)
 
     def _drain(self, block: bool, timeout: float | None) -> None:
         try:
@@ -370,7 +293,7 @@ class Engine(Admission, Speculation):
                     self._apply(cmd)
                 except Exception as exc:  # one command's failure is reported to its caller alone
                     name = type(cmd).__name__
-                    self._faults.report(f"engine command {name}", exc)
+                    self._table.faults.report(f"engine command {name}", exc)
                     admitting = isinstance(cmd, (Submit, InputsReady))
                     code = FailureCode.ADMISSION_FAILED if admitting else FailureCode.ENGINE_ERROR
                     self._reject(cmd, code, f"{name} failed: {type(exc).__name__}: {exc}")
@@ -382,31 +305,32 @@ class Engine(Admission, Speculation):
                 return
 
     def _apply(self, cmd: Command) -> None:
+        table = self._table
         match cmd:
             case Submit(request=request, sink=sink):
-                self._admit(request, sink, cmd.prepared)
+                self._admission.admit(request, sink, cmd.prepared, now_ms())
             case InputsReady(turn_id=turn_id):
-                turn = self._turns.get(turn_id)
+                turn = table.turns.get(turn_id)
                 if turn is not None and turn.prepared is cmd.prepared:  # else cancelled, or admitted already
-                    self._admit_prepared(turn)
+                    self._admission.admit_prepared(turn)
             case Confirm(turn_id=turn_id):
-                self._confirm(turn_id)
+                self._speculation.confirm(turn_id)
             case Discard(turn_id=turn_id):
-                self._discard(turn_id)
+                self._speculation.discard(turn_id)
             case Cancel(turn_id=turn_id):
-                self._parked.pop(turn_id, None)
-                turn = self._turns.pop(turn_id, None)
+                table.parked.pop(turn_id, None)
+                turn = table.turns.pop(turn_id, None)
                 if turn is not None:  # the caller hears TurnCancelled even if freeing the rows fails
-                    self._guarded(f"releasing turn {turn_id}", self._release, turn_id)
-                    self._emit_terminal(turn, TurnCancelled(turn_id, turn.text))
+                    table.release(turn_id)
+                    table.emit_terminal(turn, TurnCancelled(turn_id, turn.text))
             case CloseConversation(conversation_id=conversation_id):
                 self._thinker.close_conversation(conversation_id)
             case Stats():
-                preparing = sum(1 for t in self._turns.values() if t.prepared is not None)
+                preparing = sum(1 for t in table.turns.values() if t.prepared is not None)
                 cmd.box.append(EngineStats(
-                    len(self._turns) + len(self._parked), self._thinker.num_rows(),
+                    len(table.turns) + len(table.parked), self._thinker.num_rows(),
                     self._talker.num_streams() if self._talker else 0, self._thinker.num_cached(),
-                    self._inbox.qsize(), preparing, *self._held_stats()))
+                    self._inbox.qsize(), preparing, *self._speculation.held_stats()))
                 cmd.done.set()
             case Capture(progress=progress):
                 try:
@@ -430,170 +354,31 @@ class Engine(Admission, Speculation):
         # step beside the thinker's (own CUDA stream), and the engine waits for the talker's step (stop decisions,
         # VAE, PCM). A segment's first talker step is thus the step that produced its text: admitting jobs before
         # collecting the thinker (the talker launched first) would hold every new segment back one whole step.
-        # A talker on GPUs of its own queues more steps while the thinker's step is still running (`StepOverlap`).
+        # A talker stepped elsewhere (`engine.talker.driver: process`) queues nothing here: the engine takes what it
+        # reported.
         if self._in_flight is None:
-            self._in_flight = self._launch()
-            self._overlap.launched(self._in_flight)
+            self._in_flight = self._admission.launch()
         launched, self._in_flight = self._in_flight, None
-        waited = self._overlap.before_collect(launched)
         outputs = self._thinker.collect(launched)
-        self._overlap.collected(launched, waited)
         if self._thinker.has_work() or self._thinker.encoding():
-            queued = self._launch()
+            queued = self._admission.launch()
             # a launch that queued nothing to collect (only polling the encoders) is not a step in flight: `_run`
             # would otherwise spin on it while an admission is encoded, starving the encoder thread of the GIL
             self._in_flight = None if queued.idle else queued
-            self._overlap.launched(self._in_flight)
-        for out in outputs:
-            turn = self._turns.get(out.turn_id)
-            if turn is None:
-                continue
-            if out.prefill_done:
-                turn.usage = (out.prompt_tokens, out.cached_tokens, 0)
-                turn.by_modality = (out.prompt, out.cached)
-                self._mark(turn, Stage.PREFILL_DONE)
-            if out.text:
-                if Stage.FIRST_TOKEN not in turn.stages:
-                    self._mark(turn, Stage.FIRST_TOKEN)
-                self._route_text(turn, turn.tool_parser.feed(out.text) if turn.tool_parser else [out.text])
-            if out.p_complete is not None:
-                self._emit(turn, TurnJudgement(out.turn_id, out.p_complete))
-            if out.finish is not None:
-                if turn.tool_parser is not None:
-                    self._route_text(turn, turn.tool_parser.finish())
-                turn.thinker_done = True
-                turn.finish = out.finish
-                turn.usage = (turn.usage[0], turn.usage[1], out.output_tokens)
-                self._mark(turn, Stage.THINKER_DONE)
-                if turn.segmenter is not None:
-                    self._route_segments(turn, turn.segmenter.finish(self._now_ms()))
-        now = self._now_ms()
-        for turn in list(self._turns.values()):
-            if turn.segmenter is not None and not turn.thinker_done:
-                self._route_segments(turn, turn.segmenter.tick(now))
-        if self._threaded:  # it steps on its own thread: take what it reported
-            self._take_notices()
-        elif self._talker is not None:
-            # a talker on GPUs of its own runs more steps while the thinker's step still runs (`StepOverlap`)
-            self._talker_step(self._overlap.talker_steps(self._in_flight))
-        self._bound_speculation()  # between steps: a paused row or stream is simply not in the next one
-        for turn_id, turn in list(self._turns.items()):
-            if turn.thinker_done and (self._talker is None or not self._talker.pending(turn_id)):
-                self._finish(turn_id, turn)
-
-    def _talker_step(self, steps: int) -> None:
-        """`steps` talker steps (every replica's, queued back to back): start queued jobs, wait, deliver the PCM."""
-        started = time.perf_counter()
-        outputs = self._talker.finish(self._talker.launch(steps))
-        for out in outputs:
-            if out.error is not None:
-                self._fail(out.turn_id, out.error, FailureCode.ENGINE_ERROR)
-        self._deliver_talker([out for out in outputs if out.error is None])
-        self._overlap.talker_stepped(time.perf_counter() - started, steps)
-
-    def _notice(self, events: list) -> None:
-        """A talker on its own thread reports turns whose talker work failed or is done: the engine thread acts."""
-        self._talker_notices.put(events)
-        self._put(Wake())
-
-    def _take_notices(self) -> None:
-        while True:
-            try:
-                events = self._talker_notices.get_nowait()
-            except queue.Empty:
-                return
-            for event in events:
-                if isinstance(event, Idle):
-                    self._talker.idle(event)
-                else:
-                    self._fail(event.turn_id, event.message, FailureCode.ENGINE_ERROR)
+        self._router.thinker_outputs(outputs)
+        self._router.tick()
+        if self._talker is not None:
+            self._talker.launch()
+            self._router.talker_outputs(self._talker.outputs())
+        self._speculation.bound()  # between steps: a paused row or stream is simply not in the next one
+        self._router.finish_done()
 
     def _deliver_talker(self, outputs: list) -> None:
-        """Talker outputs to their turns: stage marks, step counts, PCM (the engine thread, or a talker's own)."""
-        for out in outputs:
-            turn = self._turns.get(out.turn_id)
-            if turn is None:
-                continue
-            if out.first_step and Stage.FIRST_TALKER_STEP not in turn.stages:
-                self._mark(turn, Stage.FIRST_TALKER_STEP)
-            if out.pcm is not None:  # talker steps of this turn (their PCM may be held back as silence)
-                turn.talker_steps += out.steps
-            if out.pcm is not None and out.pcm.size:
-                if Stage.FIRST_PCM not in turn.stages:
-                    self._mark(turn, Stage.FIRST_PCM)
-                turn.audio_samples += int(out.pcm.size)
-                self._emit(turn, AudioChunk(turn.request.turn_id, out.pcm, segment_id=out.segment_id))
-
-    def _route_segments(self, turn: _Turn, segments) -> None:
-        for seg in segments:
-            if Stage.FIRST_SEGMENT not in turn.stages:
-                self._mark(turn, Stage.FIRST_SEGMENT)
-            self._talker.enqueue(turn.request.turn_id, seg.segment_id, seg.text, turn.request.voice,
-                                 seed=turn.request.sampling.seed, caption=turn.request.caption)
-
-    def _mark(self, turn: _Turn, stage: Stage) -> None:
-        t = time.monotonic()
-        turn.stages[stage] = t
-        self._emit(turn, StageMark(turn.request.turn_id, stage, t))
-
-    def _emit(self, turn: _Turn, event: TurnEvent) -> None:
-        with self._lock:
-            if turn.ended:
-                return
-            if turn.held is not None:
-                turn.held.append(event)
-            else:
-                self._call_sink(turn.sink, event)
-
-    def _emit_terminal(self, turn: _Turn, event: TurnEvent) -> None:
-        with self._lock:
-            if turn.ended:
-                return
-            turn.ended = True
-            if turn.held is None:  # an unconfirmed speculative turn ends silently
-                self._call_sink(turn.sink, event)
-
-    def _route_text(self, turn: _Turn, pieces: list) -> None:
-        """Spoken text to the client and the segmenter; function-call events to the client only."""
-        for piece in pieces:
-            if not isinstance(piece, str):
-                self._emit(turn, piece)
-            elif piece:
-                turn.text += piece
-                self._emit(turn, TextDelta(turn.request.turn_id, piece))
-                if turn.segmenter is not None:
-                    self._route_segments(turn, turn.segmenter.push(piece, self._now_ms()))
+        """A process talker's PCM, from its reader thread (`Router.deliver`)."""
+        self._router.deliver(outputs)
 
     def _release(self, turn_id: str) -> None:
+        """Free a turn's thinker row and talker streams (`TurnTable.release`)."""
         self._thinker.cancel(turn_id)
         if self._talker is not None:
             self._talker.forget(turn_id)
-
-    def _finish(self, turn_id: str, turn: _Turn) -> None:
-        self._mark(turn, Stage.DONE)
-        prompt, cached, output = turn.usage
-        self._end(turn_id, turn, TurnDone(turn_id, turn.text, turn.finish or FinishReason.STOP, prompt, cached,
-                                          output, turn.audio_samples, dict(turn.stages), *turn.by_modality,
-                                          talker_steps=turn.talker_steps))
-
-    def _fail(self, turn_id: str, message: str, code: FailureCode) -> None:
-        turn = self._turns.get(turn_id)
-        if turn is not None:
-            self._end(turn_id, turn, TurnFailed(turn_id, message, code))
-
-    def _end(self, turn_id: str, turn: _Turn, event: TurnEvent) -> None:
-        """Free the turn's rows and deliver its terminal event (parked while speculative)."""
-        self._turns.pop(turn_id, None)
-        self._guarded(f"releasing turn {turn_id}", self._release, turn_id)
-        self._terminal(turn_id, turn, event)
-
-    def _terminal(self, turn_id: str, turn: _Turn, event: TurnEvent) -> None:
-        with self._lock:
-            if turn.ended:
-                return
-            turn.ended = True
-            if turn.held is not None:
-                turn.held.append(event)
-                self._parked[turn_id] = turn
-            else:
-                self._call_sink(turn.sink, event)

@@ -6,7 +6,7 @@ spoke on). A turn decision can wait seconds (semantic_vad's silence fallback: 2 
 engine would meanwhile speak tens of seconds of a reply that may be thrown away (GPU time every other session
 needs) and hand them all to the session at once on confirm.
 
-The bound (`_bound_speculation`, after every engine step): an unconfirmed turn
+The bound (`Speculation.bound`, after every engine step): an unconfirmed turn
 
 * pauses its thinker row and its talker stream once it holds `engine.speculation_lookahead_ms` of audio: its first
   audio is ready, so a confirmed turn's TTFA waits for nothing, and the listener has that much to play while the
@@ -23,16 +23,16 @@ A paused thinker row keeps its KV slot, position, next token and sampler and lea
 most about lookahead_tokens text deltas, lookahead_ms / 320 ms + 2 audio chunks and a few stage marks, however
 long the decision takes; `None` for both settings restores the unbounded behaviour.
 
-The release (`_deliver_held`) coalesces the held events (`coalesce`): within each run of text, audio and stage
-marks (a tool-call event, a judgement or the terminal event ends a run) the text deltas become one delta and the
-audio chunks of each segment one chunk marked `AudioChunk.backlog`, which the session sends as one audio delta
+The release (`Speculation.deliver_held`) coalesces the held events (`coalesce`): within each run of text, audio and
+stage marks (a tool-call event, a judgement or the terminal event ends a run) the text deltas become one delta and
+the audio chunks of each segment one chunk marked `AudioChunk.backlog`, which the session sends as one audio delta
 instead of cutting it into `output_frame_ms` frames. A confirmed turn thus reaches the client as a handful of
-events, never a burst that trips the connection's outbound cap (1,024 frames), and the client still receives
-exactly the same transcript and PCM. The transcript and the audio are separate streams of one content part, so
-sending a run's transcript before its audio changes no order the protocol defines.
+events, never a burst that trips the connection's outbound cap (1,024 frames), and the client still receives exactly
+the same transcript and PCM. The transcript and the audio are separate streams of one content part, so sending a
+run's transcript before its audio changes no order the protocol defines.
 
-`Speculation` is a mixin of `Engine` (engine thread only, except `_deliver_held`'s lock): it uses the engine's
-turn table and delivery (`_turns`, `_parked`, `_thinker`, `_talker`, `_lock`, `_mark`, `_call_sink`, `_release`).
+`Speculation` is given the engine's turn table (`engine/turn_table.py`), thinker and talker; engine thread only, except
+`deliver_held` (under the table's lock).
 """
 
 from __future__ import annotations
@@ -47,7 +47,11 @@ from .api import (
     TextDelta,
     TurnEvent,
 )
-from .turn_state import TurnState as _Turn
+from .config import EngineConfig
+from .talker_driver import TalkerDriver
+from .thinker_runner import ThinkerRunner
+from .turn_state import TurnState
+from .turn_table import TurnTable
 
 __all__ = ["Speculation", "coalesce"]
 
@@ -87,66 +91,69 @@ def coalesce(events: list[TurnEvent]) -> list[TurnEvent]:
 
 
 class Speculation:
-    """The engine thread's handling of speculative turns (a mixin of `Engine`)."""
+    """The engine thread's handling of speculative turns."""
 
-    def _bound_speculation(self) -> None:
+    def __init__(self, cfg: EngineConfig, table: TurnTable, thinker: ThinkerRunner, talker: TalkerDriver | None):
+        self.cfg, self.table, self.thinker, self.talker = cfg, table, thinker, talker
+
+    def bound(self) -> None:
         """Pause the unconfirmed turns that hold what the user needs at confirmation (module docstring)."""
         lookahead_ms, lookahead_tokens = self.cfg.speculation_lookahead_ms, self.cfg.speculation_lookahead_tokens
-        for turn_id, turn in self._turns.items():
+        for turn_id, turn in self.table.turns.items():
             if turn.held is None or (turn.thinker_paused and turn.talker_paused):
                 continue
             audio = (lookahead_ms is not None and turn.audio_samples > 0
                      and turn.audio_samples * 1000.0 >= lookahead_ms * OUTPUT_SAMPLE_RATE_HZ)
-            tokens = (lookahead_tokens is not None and self._thinker.generated(turn_id) >= lookahead_tokens
+            tokens = (lookahead_tokens is not None and self.thinker.generated(turn_id) >= lookahead_tokens
                       and (turn.segmenter is None or Stage.FIRST_SEGMENT in turn.stages))
             if (audio or tokens) and not turn.thinker_paused:
                 turn.thinker_paused = True
-                self._thinker.pause(turn_id)
+                self.thinker.pause(turn_id)
             if audio and not turn.talker_paused:
                 turn.talker_paused = True
-                self._talker.pause(turn_id)
+                self.talker.pause(turn_id)
 
-    def _confirm(self, turn_id: str) -> None:
+    def confirm(self, turn_id: str) -> None:
         """Release a speculative turn's held output (coalesced) and let it run on from the next engine step."""
-        parked = self._parked.pop(turn_id, None)
+        parked = self.table.parked.pop(turn_id, None)
         if parked is not None:  # it ended while unconfirmed: everything, its terminal event included, goes now
-            self._deliver_held(parked)
+            self.deliver_held(parked)
             return
-        turn = self._turns.get(turn_id)
+        turn = self.table.turns.get(turn_id)
         if turn is None or turn.held is None:
             return
         self._resume(turn_id, turn)
-        self._deliver_held(turn)
-        self._mark(turn, Stage.CONFIRMED)
+        self.deliver_held(turn)
+        self.table.mark(turn, Stage.CONFIRMED)
 
-    def _discard(self, turn_id: str) -> None:
+    def discard(self, turn_id: str) -> None:
         """Drop a speculative turn silently and free its rows (paused or not)."""
-        self._parked.pop(turn_id, None)
-        turn = self._turns.pop(turn_id, None)
+        self.table.parked.pop(turn_id, None)
+        turn = self.table.turns.pop(turn_id, None)
         if turn is not None:
             turn.ended = True
-            self._guarded(f"releasing turn {turn_id}", self._release, turn_id)
+            self.table.release(turn_id)
 
-    def _resume(self, turn_id: str, turn: _Turn) -> None:
+    def _resume(self, turn_id: str, turn: TurnState) -> None:
         if turn.thinker_paused:
             turn.thinker_paused = False
-            self._thinker.resume(turn_id)
+            self.thinker.resume(turn_id)
         if turn.talker_paused:
             turn.talker_paused = False
-            self._talker.resume(turn_id)
+            self.talker.resume(turn_id)
 
-    def _deliver_held(self, turn: _Turn) -> None:
+    def deliver_held(self, turn: TurnState) -> None:
         """Hand a turn's held events to its sink, coalesced; from now on its events go straight to the sink."""
-        with self._lock:
+        with self.table.lock:
             held, turn.held = turn.held, None
             for event in coalesce(held or []):
-                self._call_sink(turn.sink, event)
+                self.table.call_sink(turn.sink, event)
 
-    def _held_stats(self) -> tuple[int, int]:
+    def held_stats(self) -> tuple[int, int]:
         """(events held by unconfirmed turns, parked ones included; unconfirmed turns that consume nothing now: thinker
         paused, and talker paused or done with the text it had)."""
-        live = {i: t for i, t in self._turns.items() if t.held is not None}
-        held = sum(len(t.held) for t in live.values()) + sum(len(t.held) for t in self._parked.values())
+        live = {i: t for i, t in self.table.turns.items() if t.held is not None}
+        held = sum(len(t.held) for t in live.values()) + sum(len(t.held) for t in self.table.parked.values())
         frozen = sum(1 for i, t in live.items() if t.thinker_paused and (
-            t.talker_paused or self._talker is None or not self._talker.pending(i)))
+            t.talker_paused or self.talker is None or not self.talker.pending(i)))
         return held, frozen

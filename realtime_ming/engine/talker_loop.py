@@ -1,21 +1,18 @@
-"""The talker on a thread of its own (`engine.talker.own_thread`): it steps at its own pace, not the thinker's.
+"""The talker process's loop: a talker replica stepped at its own pace, not the thinker's (`talker_process.py`).
 
-In the default engine the talker's step is part of the engine step: one talker step per thinker step, so a turn's
-talker work after its text (about as many steps again as it had tokens) is paid in thinker-sized steps, and the
-engine thread waits for the talker's GPUs while the thinker's could start the next step. `TalkerLoop` wraps the
-talker (a `TalkerRunner` or a `TalkerPool`) and runs it on its own thread: whenever a stream runs or a job waits,
-it starts jobs, steps every stream once (or `engine.talker.thread_steps` times, queued back to back) and delivers
-the PCM, then goes again; pipelined (`engine.talker.thread_pipeline`), it queues the next launch before finishing
-the one in flight, and finishes that one first when a pause, forget or capture comes.
+Stepped inline, the talker's step is part of the engine step: one talker step per thinker step, so a turn's talker
+work after its text (about as many steps again as it had tokens) is paid in thinker-sized steps. `TalkerLoop` runs a
+`TalkerRunner` on a thread of its own inside the talker process: whenever a stream runs or a job waits, it starts
+jobs, steps every stream once (or `engine.talker.steps_per_launch` times, queued back to back) and delivers the PCM,
+then goes again; pipelined (`engine.talker.pipeline`), it queues the next launch before finishing the one in
+flight, and finishes that one first when a pause, forget or capture comes.
 
-The engine thread talks to it only through thread-safe calls that never block on the talker's GPU work:
-`enqueue`, `pause`, `resume` and `forget` are queued and applied by the loop between its steps, in order;
-`pending(turn_id)` is answered from the engine thread's own count of the segments it queued and the loop's
-report of the last one it saw through (`Idle`). The loop hands each step's outputs to `deliver` on its thread
-(the engine emits PCM and stage marks from there, under its lock) and reports what only the engine thread may act on
-(a turn whose talker work failed, a turn whose talker work is done) through `notify`, which wakes the engine.
-A talker step that raises fails the turns it was running (their talker state is dropped) and the loop goes
-on; anything worse (a BaseException) kills the engine through `die`.
+The ops (`talker_driver.Enqueue`, `Pause`, `Resume`, `Forget`, and `Drop`) come through `submit` from any thread and
+are applied between the loop's steps, in order. The loop hands each step's outputs to `deliver` (less those of
+dropped turns; an empty list after ops that ran no step, so the deliverer can report the streams left) and reports
+through `notify` what only the engine thread may act on: failed turns (a `TalkerOutput` with `error`) and `Idle` (no
+talker work left for a turn after its `seq`-th enqueue). A talker step that raises fails the turns it was running
+(their talker state is dropped) and the loop goes on; anything worse (a BaseException) is reported through `die`.
 """
 
 from __future__ import annotations
@@ -25,12 +22,13 @@ import queue
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
-from .talker_runner import TalkerOutput
+from .talker_driver import Enqueue, Forget, Idle, TalkerOp, apply_op
+from .talker_runner import TalkerOutput, TalkerRunner
 
-__all__ = ["Idle", "TalkerFailed", "TalkerHandle", "TalkerLoop"]
+__all__ = ["Dropped", "Drop", "TalkerLoop", "failed"]
 
 log = logging.getLogger(__name__)
 
@@ -38,140 +36,102 @@ _MAX_DROPPED = 4096  # turns remembered as dropped until the engine forgets them
 
 
 @dataclass(frozen=True, slots=True)
-class Idle:
-    """The loop has no talker work left for `turn_id` after applying the engine's `seq`-th enqueue of it."""
+class Drop:
+    """No more output of the turn is delivered (a cancel or discard on its way to the engine thread)."""
 
     turn_id: str
-    seq: int
 
 
-@dataclass(frozen=True, slots=True)
-class TalkerFailed:
-    turn_id: str
-    message: str
+@dataclass(slots=True)
+class Capture:
+    """Capture the runner's graphs on the loop's thread; `done` is set once `errors` holds what it raised."""
+
+    progress: Callable | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+    errors: list = field(default_factory=list)
 
 
 class _Stop:
     pass
 
 
-class TalkerHandle:
-    """The engine's side of a talker stepped elsewhere (on a thread, `TalkerLoop`, or in a process,
-    `talker_process.TalkerProcess`): enqueues sent per turn and the last `Idle` report of each (engine thread), and
-    the turns whose output nobody takes any more (any thread)."""
+def failed(turn_id: str, message: str) -> TalkerOutput:
+    """A turn whose talker work failed as a whole (no segment in particular)."""
+    return TalkerOutput(turn_id, -1, None, error=message)
+
+
+class Dropped:
+    """Turns whose output nobody takes any more (any thread; bounded, oldest forgotten first)."""
 
     def __init__(self):
-        self._sent: dict[str, int] = {}  # engine thread: enqueues sent per turn
-        self._seen: dict[str, int] = {}  # engine thread: the last `Idle` seq per turn
-        self._dropped: OrderedDict[str, None] = OrderedDict()  # any thread: turns whose output nobody takes
-        self._drop_lock = threading.Lock()
+        self._turns: OrderedDict[str, None] = OrderedDict()
+        self._lock = threading.Lock()
 
-    def _count_enqueue(self, turn_id: str) -> int:
-        """The seq of `turn_id`'s next enqueue (its `Idle` reports name the last one seen through)."""
-        seq = self._sent.get(turn_id, 0) + 1
-        self._sent[turn_id] = seq
-        return seq
+    def add(self, turn_id: str) -> None:
+        with self._lock:
+            self._turns[turn_id] = None
+            while len(self._turns) > _MAX_DROPPED:
+                self._turns.popitem(last=False)
 
-    def pending(self, turn_id: str) -> bool:
-        """Whether talker work the engine queued for `turn_id` is not known to be done."""
-        return self._sent.get(turn_id, 0) != self._seen.get(turn_id, 0)
+    def discard(self, turn_id: str) -> None:
+        with self._lock:
+            self._turns.pop(turn_id, None)
 
-    def idle(self, event: Idle) -> None:
-        """Record an `Idle` report (engine thread; a report about a forgotten turn is ignored)."""
-        if event.turn_id in self._sent:
-            self._seen[event.turn_id] = max(self._seen.get(event.turn_id, 0), event.seq)
-
-    def drop(self, turn_id: str) -> None:
-        """Any thread, at once (a cancel, a discard): no more output of `turn_id` is delivered, even before the
-        engine thread applies the command and forgets the turn."""
-        with self._drop_lock:
-            self._dropped[turn_id] = None
-            while len(self._dropped) > _MAX_DROPPED:
-                self._dropped.popitem(last=False)
-
-    def _forget_counts(self, turn_id: str) -> None:
-        self._sent.pop(turn_id, None)
-        self._seen.pop(turn_id, None)
-
-    def _undrop(self, turn_id: str) -> None:
-        with self._drop_lock:
-            self._dropped.pop(turn_id, None)
-
-    def _taken(self, outputs: list) -> list:
+    def taken(self, outputs: list) -> list:
         """`outputs` less those of dropped turns."""
-        with self._drop_lock:
-            return [o for o in outputs if o.turn_id not in self._dropped]
-
-    def has_work(self) -> bool:
-        """The engine thread never steps this talker: its work keeps no engine step going."""
-        return False
+        with self._lock:
+            return [o for o in outputs if o.turn_id not in self._turns]
 
 
-class TalkerLoop(TalkerHandle):
-    """A talker stepped on its own thread. `deliver(outputs)` runs on that thread; `notify(events)` and
-    `die(reason)` tell the engine thread what it must act on."""
+class TalkerLoop:
+    """A runner stepped on its own thread. `deliver(outputs)` runs on that thread; `notify(events)` and `die(reason)`
+    tell the engine what it must act on."""
 
-    def __init__(self, talker, deliver: Callable[[list[TalkerOutput]], None],
+    def __init__(self, runner: TalkerRunner, deliver: Callable[[list[TalkerOutput]], None],
                  notify: Callable[[list], None], die: Callable[[str], None], *, steps: int = 1,
                  pipeline: bool = False):
-        super().__init__()
-        self.talker = talker
-        self.steps = max(1, int(steps))  # talker steps queued per launch (`engine.talker.thread_steps`)
-        self.pipeline = pipeline  # the next launch queued before the last one is finished (`thread_pipeline`)
+        self.runner = runner
+        self.steps = max(1, int(steps))  # talker steps queued per launch (`engine.talker.steps_per_launch`)
+        self.pipeline = pipeline  # the next launch queued before the last one is finished (`engine.talker.pipeline`)
         self._inflight = None  # pipelined: the launch queued and not yet finished (loop thread)
         self._deliver, self._notify, self._die = deliver, notify, die
         self._ops: queue.SimpleQueue = queue.SimpleQueue()
+        self._dropped = Dropped()
         self._applied: dict[str, int] = {}  # loop thread: enqueues applied per turn
-        # loop thread, running totals (`loop_stats`): seconds in launches, in finishes, waiting for work with none
+        # loop thread, running totals (`stats`): seconds in launches, in finishes, waiting for work with none
         self._counts = {"launches": 0, "launch_s": 0.0, "finish_s": 0.0, "idle_s": 0.0}
-        replica = getattr(talker, "replica", None)
-        name = "realtime-ming-talker" if replica is None else f"realtime-ming-talker-{replica.index}"
-        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self._thread = threading.Thread(target=self._main, name=f"realtime-ming-talker-{runner.replica.index}",
+                                        daemon=True)
         self._thread.start()
 
-    # ---- engine thread ---------------------------------------------------------------------------
-    def enqueue(self, turn_id: str, segment_id: int, text: str, voice, *, seed=None, caption=None) -> None:
-        seq = self._count_enqueue(turn_id)
-        self._ops.put(("enqueue", turn_id, seq, (segment_id, text, voice), {"seed": seed, "caption": caption}))
+    # ---- any thread --------------------------------------------------------------------------------
+    def submit(self, op: TalkerOp | Drop) -> None:
+        """Queue an op for the loop (a `Drop` takes effect at once: nothing to queue)."""
+        if isinstance(op, Drop):
+            self._dropped.add(op.turn_id)
+        else:
+            self._ops.put(op)
 
-    def pause(self, turn_id: str) -> None:
-        self._ops.put(("pause", turn_id))
-
-    def resume(self, turn_id: str) -> None:
-        self._ops.put(("resume", turn_id))
-
-    def forget(self, turn_id: str) -> None:
-        self._forget_counts(turn_id)
-        self._ops.put(("forget", turn_id))
-
-    @property
-    def replica(self):
-        """The replica this loop steps (a `TalkerPool` member)."""
-        return self.talker.replica
-
-    def num_streams(self) -> int:
-        return self.talker.num_streams()  # a count read across threads: a snapshot
-
-    def loop_stats(self) -> dict:
-        """Running totals since start (a snapshot; any thread): launches and the loop's seconds in them (`launch_s`:
-        starting jobs, queuing steps), in finishes (`finish_s`: waiting for the steps, stop decisions, VAE, PCM) and
-        idle (`idle_s`: no work); the talker's host seconds starting jobs (`admit_s`), jobs started, steps queued and
-        rows stepped (`rows`: streams summed over steps)."""
-        return {**self._counts, **self.talker.counts}  # the loop's and its runner's (one runner: no pool here)
+    def stats(self) -> dict:
+        """Running totals since start (a snapshot): launches and the loop's seconds in them (`launch_s`: starting jobs,
+        queuing steps), in finishes (`finish_s`: waiting for the steps, stop decisions, VAE, PCM) and idle (`idle_s`:
+        no work); the runner's host seconds starting jobs (`admit_s`), jobs started, steps queued and rows stepped
+        (`rows`: streams summed over steps)."""
+        return {**self._counts, **self.runner.counts}
 
     def capture(self, progress=None) -> None:
-        """Capture the talker's graphs on the loop's thread; waits, and raises what the capture raised."""
-        done, errors = threading.Event(), []
-        self._ops.put(("capture", progress, done, errors))
-        done.wait()
-        if errors:
-            raise errors[0]
+        """Capture the runner's graphs on the loop's thread; waits, and raises what the capture raised."""
+        op = Capture(progress)
+        self._ops.put(op)
+        op.done.wait()
+        if op.errors:
+            raise op.errors[0]
 
     def close(self, timeout: float = 10.0) -> None:
         self._ops.put(_Stop())
         self._thread.join(timeout)
 
-    # ---- loop thread -----------------------------------------------------------------------------
+    # ---- loop thread -------------------------------------------------------------------------------
     def _main(self) -> None:
         try:
             self._run()
@@ -181,7 +141,7 @@ class TalkerLoop(TalkerHandle):
 
     def _run(self) -> None:
         while True:
-            busy = self.talker.has_work() or self._inflight is not None
+            busy = self.runner.has_work() or self._inflight is not None
             t0 = time.perf_counter()
             try:
                 op = self._ops.get(block=not busy)
@@ -190,47 +150,52 @@ class TalkerLoop(TalkerHandle):
             if not busy:
                 self._counts["idle_s"] += time.perf_counter() - t0
             touched: set[str] = set()
-            events = []
+            events, applied = [], op is not None
             while op is not None:
                 if isinstance(op, _Stop):
                     return
-                if op[0] != "enqueue" and self._inflight is not None:  # only a launch may come between launch/finish
+                # only a launch may come between a launch and its finish
+                if not isinstance(op, Enqueue) and self._inflight is not None:
                     events += self._step(touched, launch=False)
                 self._apply(op, touched)
                 try:
                     op = self._ops.get_nowait()
                 except queue.Empty:
                     op = None
-            if self.talker.has_work() or self._inflight is not None:
+            if self.runner.has_work() or self._inflight is not None:
                 events += self._step(touched)
+            elif applied:  # ops without a step (a forget, a pause): `deliver` sees the streams left all the same
+                self._deliver_nothing()
             events += [Idle(t, self._applied[t]) for t in touched
-                       if t in self._applied and not self.talker.pending(t)]
+                       if t in self._applied and not self.runner.pending(t)]
             if events:
                 self._notify(events)
 
+    def _deliver_nothing(self) -> None:
+        try:
+            self._deliver([])
+        except Exception:  # nothing was delivered: no turn to fail
+            log.exception("reporting the talker's streams failed")
+
     def _apply(self, op, touched: set[str]) -> None:
-        kind = op[0]
-        if kind == "enqueue":
-            _, turn_id, seq, args, kw = op
-            self._applied[turn_id] = seq
-            self.talker.enqueue(turn_id, *args, **kw)
-            touched.add(turn_id)
-        elif kind == "pause":
-            self.talker.pause(op[1])
-        elif kind == "resume":
-            self.talker.resume(op[1])
-        elif kind == "forget":
-            self._applied.pop(op[1], None)
-            self._undrop(op[1])
-            self.talker.forget(op[1])
-        elif kind == "capture":
-            _, progress, done, errors = op
-            try:
-                self.talker.capture(progress)
-            except Exception as exc:  # reported to the capturing caller
-                errors.append(exc)
-            finally:
-                done.set()
+        match op:
+            case Enqueue(turn_id=turn_id):
+                self._applied[turn_id] = self._applied.get(turn_id, 0) + 1
+                apply_op(self.runner, op)
+                touched.add(turn_id)
+            case Forget(turn_id=turn_id):
+                self._applied.pop(turn_id, None)
+                self._dropped.discard(turn_id)
+                apply_op(self.runner, op)
+            case Capture():
+                try:
+                    self.runner.capture(op.progress)
+                except Exception as exc:  # reported to the capturing caller
+                    op.errors.append(exc)
+                finally:
+                    op.done.set()
+            case _:
+                apply_op(self.runner, op)
 
     def _step(self, touched: set[str], launch: bool = True) -> list:
         """One launch of every stream's steps and one finish, its outputs delivered (pipelined: the launch queued
@@ -239,30 +204,30 @@ class TalkerLoop(TalkerHandle):
         counts = self._counts
         try:
             t0 = time.perf_counter()
-            queued = self.talker.launch(self.steps, keep=self.pipeline) \
-                if launch and self.talker.has_work() else None
+            queued = self.runner.launch(self.steps, keep=self.pipeline) \
+                if launch and self.runner.has_work() else None
             t1 = time.perf_counter()
             counts["launches"] += queued is not None
             counts["launch_s"] += t1 - t0
             if self.pipeline:
                 queued, self._inflight = self._inflight, queued
-            outputs = [] if queued is None else self.talker.finish(queued)
+            outputs = [] if queued is None else self.runner.finish(queued)
             counts["finish_s"] += time.perf_counter() - t1
         except Exception as exc:
             self._inflight = None
             log.exception("talker step failed")
-            turns = {t for t in self._applied if self.talker.pending(t)}
+            turns = {t for t in self._applied if self.runner.pending(t)}
             for turn_id in turns:
-                self.talker.cancel(turn_id)
-            return [TalkerFailed(t, f"talker error: {type(exc).__name__}: {exc}") for t in sorted(turns)]
-        failed = [TalkerFailed(o.turn_id, o.error) for o in outputs if o.error is not None]
-        delivered = self._taken([o for o in outputs if o.error is None])
+                self.runner.cancel(turn_id)
+            return [failed(t, f"talker error: {type(exc).__name__}: {exc}") for t in sorted(turns)]
+        errors = [o for o in outputs if o.error is not None]
+        delivered = self._dropped.taken([o for o in outputs if o.error is None])
         touched.update(o.turn_id for o in outputs)
         try:
             self._deliver(delivered)
         except Exception as exc:  # the engine could not take this step's outputs: their turns fail, not the loop
             log.exception("delivering talker outputs failed")
             for turn_id in sorted({o.turn_id for o in delivered}):
-                self.talker.cancel(turn_id)
-                failed.append(TalkerFailed(turn_id, f"talker output: {type(exc).__name__}: {exc}"))
-        return failed
+                self.runner.cancel(turn_id)
+                errors.append(failed(turn_id, f"talker output: {type(exc).__name__}: {exc}"))
+        return errors

@@ -1,79 +1,51 @@
-"""The talker in a process of its own (`engine.talker.own_process`): each replica's `TalkerLoop` in a child process.
+"""The process talker driver (`engine.talker.driver: process`): each talker replica steps in a process of its own.
 
-On its own thread (`engine/talker_loop.py`) the talker still shares the engine's process: its host work (a graph
-launch per stage, stop decisions, the VAE's PCM) competes with the engine thread and the other replicas' threads
-for the GIL and for the CUDA driver's locks (4x H200, N=32: a 12-37 µs graph launch took 1.5 ms on average inside
-the engine's process). `TalkerProcess` runs the same loop in a spawned child: the child steps the replica at its
-own pace and the parent only routes messages.
+Stepped inline the talker shares the engine's thread and process: its host work (a graph launch per stage, stop
+decisions, the VAE's PCM) waits for the thinker's step and competes with the engine thread for the GIL and the CUDA
+driver's locks. `ProcessTalker` runs the replica's `TalkerLoop` (`engine/talker_loop.py`) in a spawned child
+(`engine/talker_child.py`) that steps it at its own pace; the engine's process only routes messages. Measured
+numbers: docs/benchmarks.md.
 
 * **Weights**: the child adopts the parent's tensors of its replica (CUDA IPC, or shared memory on CPU): nothing
   is loaded twice and every replica keeps the same weights (the parent keeps them alive while the child runs).
 * **Voices**: the parent resolves a turn's voice (a preset's name, a cloned voice, or the default) to its prompt
   and sends each prompt to the child once, under a key; a prompt the parent drops is dropped by the child.
-* **Messages**: engine → child over one pipe (`enqueue`, `pause`, `resume`, `forget`, `drop`, `capture`, `stats`,
-  `stop`), child → engine over another (each step's outputs with the child's stream count, `Idle` and
-  `TalkerFailed` notices, capture progress and result, the loop's running totals). A reader thread in the parent hands outputs to
-  `deliver` and notices to `notify` in the child's order (a turn's last PCM before its `Idle`).
+* **Messages** (typed, `talker_child.py`): engine → child over one pipe, child → engine over another. A reader
+  thread in the parent hands outputs to `deliver` (PCM reaches the turns without waiting for an engine step) and
+  queues the notices (`Idle`, failed turns) for the engine thread's `outputs`, in the child's order (a turn's last
+  PCM before its `Idle`), waking the engine.
+* **Pending**: `pending(turn_id)` is answered from the engine thread's count of the segments it sent and the
+  child's last `Idle` report for the turn.
 * **Lifecycle**: a child that exits (killed, out of memory, a crash) closes its pipe: the reader thread sees it at
   once and calls `die` (the engine fails every turn and reports itself dead). `close` asks the child to stop and
   kills it if it does not within the timeout.
-
-The parent-side object has `TalkerLoop`'s interface: the engine and `TalkerPool` cannot tell them apart.
 """
 
 from __future__ import annotations
 
-import gc
 import logging
+import queue
 import threading
 import weakref
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 import torch.multiprocessing as torch_mp
-from tokenizers import Tokenizer
 
-from .._exit import exit_now
-from ..model.config import CheckpointConfig
-from ..model.talker import TalkerSpecialIds, VoicePrompt
+from ..model.talker import VoicePrompt
 from .config import EngineConfig
-from .talker_loop import TalkerFailed, TalkerHandle
+from .talker_child import (AskStats, CaptureGraphs, Captured, Died, Notices, Outputs, Progress, Ready, Spec, Stats,
+                           Stop, Unvoice, Voice, Weights, backends, child_main)
+from .talker_driver import Enqueue, Forget, Idle, Pause, Resume
+from .talker_loop import Drop, Dropped, failed
 from .talker_replica import TalkerReplica, resolved_device
+from .talker_runner import TalkerOutput
 from .voice_store import CustomVoice
 
-__all__ = ["TalkerProcess", "warn_shared_gpus"]
+__all__ = ["ProcessTalker", "warn_shared_gpus"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class _Spec:
-    """What the child needs to rebuild its replica and runner (the tensors follow as the first message)."""
-
-    index: int
-    engine: EngineConfig
-    checkpoint: CheckpointConfig
-    dtype: torch.dtype
-    device: str
-    vae_device: str
-    tokenizer: Tokenizer
-    special: TalkerSpecialIds
-    log_level: int
-    backends: dict  # the parent's matmul/conv precision switches (`_backends`): the child computes as it would
-
-
-@dataclass
-class _ChildBundle:
-    """The part of `ModelBundle` a `TalkerRunner` reads (voices come with each job, already on the device)."""
-
-    cfg: CheckpointConfig
-    dtype: torch.dtype
-    talker_tokenizer: Tokenizer
-    talker_special: TalkerSpecialIds
-    voices: dict = field(default_factory=dict)
-    default_voice: str = ""
 
 
 def warn_shared_gpus(bundle, cfg: EngineConfig) -> None:
@@ -81,23 +53,26 @@ def warn_shared_gpus(bundle, cfg: EngineConfig) -> None:
     thinker = {resolved_device(d) for d in cfg.placement.thinker_devices if torch.device(d).type == "cuda"}
     shared = sorted({str(r.device) for r in bundle.talker_replicas if r.device in thinker})
     if shared:
-        log.warning("engine.talker.own_process: talker process(es) on %s, a thinker GPU: two processes share that GPU "
-                    "by time slices; on 2x H200 at N=32 no faster than the talker on the engine thread, 20 %% slower "
-                    "with one on each thinker GPU (it pays on talker GPUs of its own)", ", ".join(shared))
+        log.warning("engine.talker.driver=process: talker process(es) on %s, a thinker GPU: two processes share that "
+                    "GPU by time slices; on 2x H200 at N=32 no faster than the inline talker, 20 %% slower with one "
+                    "on each thinker GPU (it pays on talker GPUs of its own)", ", ".join(shared))
 
 
-class TalkerProcess(TalkerHandle):
-    """One talker replica stepped by a `TalkerLoop` in a child process. Engine-thread calls never wait for the
-    child (but `capture` and `close`); `drop` may come from any thread; `deliver`, `notify` and `die` are called on
-    this object's reader thread."""
+class ProcessTalker:
+    """A `TalkerDriver` over one talker replica stepped by a `TalkerLoop` in a child process. Engine-thread calls
+    never wait for the child (but `capture` and `close`); `drop` and `stats` may come from any thread; `deliver`,
+    `wake` and `die` are called on this object's reader thread."""
 
     def __init__(self, bundle, cfg: EngineConfig, replica: TalkerReplica,
-                 deliver: Callable[[list], None], notify: Callable[[list], None], die: Callable[[str], None],
+                 deliver: Callable[[list[TalkerOutput]], None], wake: Callable[[], None], die: Callable[[str], None],
                  *, start_timeout: float = 600.0):
-        super().__init__()
         self.replica = replica
         self._bundle = bundle
-        self._deliver, self._notify, self._die = deliver, notify, die
+        self._deliver, self._wake, self._die = deliver, wake, die
+        self._sent: dict[str, int] = {}  # engine thread: enqueues sent per turn
+        self._seen: dict[str, int] = {}  # engine thread: the last `Idle` seq per turn
+        self._dropped = Dropped()
+        self._notices: queue.SimpleQueue = queue.SimpleQueue()  # reader thread -> engine thread (`outputs`)
         self._send_lock = threading.RLock()
         self._voice_keys: dict[int, tuple[weakref.ref, int]] = {}  # id(prompt) -> (its weakref, key in the child)
         self._gone: deque[tuple[int, int]] = deque()  # (id, key) of prompts dropped, told to the child at the next send
@@ -110,14 +85,14 @@ class TalkerProcess(TalkerHandle):
         self._ready = threading.Event()
         self._start_error: str | None = None
         self._stats_lock = threading.Lock()
-        self._stats: tuple[threading.Event, list] | None = None  # an asked `loop_stats`: its answer's box
+        self._stats: tuple[threading.Event, list] | None = None  # an asked `stats`: its answer's box
         ctx = torch_mp.get_context("spawn")
         ops_r, ops_w = ctx.Pipe(duplex=False)
         out_r, out_w = ctx.Pipe(duplex=False)
-        spec = _Spec(replica.index, cfg, bundle.cfg, bundle.dtype, str(replica.device), str(replica.vae_device),
-                     bundle.talker_tokenizer, bundle.talker_special, logging.getLogger().getEffectiveLevel(),
-                     _backends())
-        self._proc = ctx.Process(target=_child_main, args=(spec, ops_r, out_w), daemon=True,
+        spec = Spec(replica.index, cfg, bundle.cfg, bundle.dtype, str(replica.device), str(replica.vae_device),
+                    bundle.talker_tokenizer, bundle.talker_special, logging.getLogger().getEffectiveLevel(),
+                    backends())
+        self._proc = ctx.Process(target=child_main, args=(spec, ops_r, out_w), daemon=True,
                                  name=f"realtime-ming-talker-{replica.index}")
         self._proc.start()
         ops_r.close()
@@ -127,7 +102,7 @@ class TalkerProcess(TalkerHandle):
         # until it exits, and a child ending through `exit_now` would never hand its CUDA IPC references back (the
         # parent's blocks stay allocated after `close`, "Producer process has been terminated before all shared
         # CUDA tensors released" at its exit)
-        self._send(("weights", (replica.talker.state_dict(), replica.vae.state_dict())))  # shared, not copied
+        self._send(Weights((replica.talker.state_dict(), replica.vae.state_dict())))  # shared, not copied
         self._reader = threading.Thread(target=self._read, daemon=True,
                                         name=f"realtime-ming-talker-{replica.index}-reader")
         self._reader.start()
@@ -137,48 +112,56 @@ class TalkerProcess(TalkerHandle):
                                f"{self._start_error or f'no answer in {start_timeout:.0f} s'}")
 
     # ---- engine thread ---------------------------------------------------------------------------
-    def enqueue(self, turn_id: str, segment_id: int, text: str, voice, *, seed=None, caption=None) -> None:
-        key = self._voice_key(voice or self._bundle.default_voice)
-        self._count_enqueue(turn_id)
-        self._send(("enqueue", turn_id, segment_id, text, key, seed, caption))
-
-    def drop(self, turn_id: str) -> None:
-        super().drop(turn_id)
-        self._send(("drop", turn_id))
+    def enqueue(self, op: Enqueue) -> None:
+        key = self._voice_key(op.voice or self._bundle.default_voice)
+        self._sent[op.turn_id] = self._sent.get(op.turn_id, 0) + 1
+        self._send(Enqueue(op.turn_id, op.segment_id, op.text, key, op.seed, op.caption))
 
     def pause(self, turn_id: str) -> None:
-        self._send(("pause", turn_id))
+        self._send(Pause(turn_id))
 
     def resume(self, turn_id: str) -> None:
-        self._send(("resume", turn_id))
+        self._send(Resume(turn_id))
 
     def forget(self, turn_id: str) -> None:
-        self._forget_counts(turn_id)
-        self._undrop(turn_id)
-        self._send(("forget", turn_id))
+        self._sent.pop(turn_id, None)
+        self._seen.pop(turn_id, None)
+        self._dropped.discard(turn_id)
+        self._send(Forget(turn_id))
+
+    def pending(self, turn_id: str) -> bool:
+        return self._sent.get(turn_id, 0) != self._seen.get(turn_id, 0)
+
+    def has_work(self) -> bool:
+        """The engine thread never steps this talker: its work keeps no engine step going."""
+        return False
+
+    def launch(self) -> None:
+        """Nothing to queue: the child steps at its own pace."""
+
+    def outputs(self) -> list[TalkerOutput]:
+        """The child's notices since the last call: `Idle` reports are recorded (a forgotten turn's is ignored),
+        failed turns returned."""
+        errors = []
+        while True:
+            try:
+                events = self._notices.get_nowait()
+            except queue.Empty:
+                return errors
+            for event in events:
+                if not isinstance(event, Idle):
+                    errors.append(event)
+                elif event.turn_id in self._sent:
+                    self._seen[event.turn_id] = max(self._seen.get(event.turn_id, 0), event.seq)
 
     def num_streams(self) -> int:
         return self._streams
-
-    def loop_stats(self, timeout: float = 5.0) -> dict | None:
-        """The child's `TalkerLoop.loop_stats` (any thread; waits up to `timeout`, None when no answer came)."""
-        with self._stats_lock:
-            answered, box = threading.Event(), []
-            self._stats = (answered, box)
-            self._send(("stats",))
-            answered.wait(timeout)
-            self._stats = None
-            return box[0] if box else None
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid
 
     def capture(self, progress=None) -> None:
         """The child captures its graphs; waits, and raises what the capture raised (or the child's death)."""
         self._progress, self._capture_error = progress, None
         self._captured.clear()
-        self._send(("capture",))
+        self._send(CaptureGraphs())
         while not self._captured.wait(0.5):
             if not self._proc.is_alive():
                 raise RuntimeError(f"talker process {self.replica.index} exited during capture "
@@ -187,9 +170,28 @@ class TalkerProcess(TalkerHandle):
         if self._capture_error is not None:
             raise RuntimeError(f"talker process {self.replica.index}: {self._capture_error}")
 
+    # ---- any thread ------------------------------------------------------------------------------
+    def drop(self, turn_id: str) -> None:
+        self._dropped.add(turn_id)
+        self._send(Drop(turn_id))
+
+    def stats(self, timeout: float = 5.0) -> dict | None:
+        """The child's `TalkerLoop.stats` (waits up to `timeout`, None when no answer came)."""
+        with self._stats_lock:
+            answered, box = threading.Event(), []
+            self._stats = (answered, box)
+            self._send(AskStats())
+            answered.wait(timeout)
+            self._stats = None
+            return box[0] if box else None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid
+
     def close(self, timeout: float = 10.0) -> None:
         self._closing = True
-        self._send(("stop",))
+        self._send(Stop())
         self._proc.join(timeout)
         if self._proc.is_alive():
             log.error("talker process %d did not stop in %.0f s: killed", self.replica.index, timeout)
@@ -210,13 +212,13 @@ class TalkerProcess(TalkerHandle):
                 return kept[1]
             key, self._next_key = self._next_key, self._next_key + 1
             cpu = lambda t: None if t is None else t.detach().to("cpu")  # noqa: E731
-            self._send(("voice", key, VoicePrompt(cpu(prompt.spk_embed), cpu(prompt.prompt_lat),
-                                                  cpu(prompt.prompt_emb)), prompt_text))
+            self._send(Voice(key, VoicePrompt(cpu(prompt.spk_embed), cpu(prompt.prompt_lat), cpu(prompt.prompt_emb)),
+                             prompt_text))
             gone = self._gone  # the callback (any thread, the GC) only queues the key: it must not send
             self._voice_keys[id(prompt)] = (weakref.ref(prompt, lambda _ref, k=(id(prompt), key): gone.append(k)), key)
             return key
 
-    def _send(self, op: tuple) -> None:
+    def _send(self, op) -> None:
         """Queue `op` for the child. A child that is gone takes nothing: its death reaches the engine through the
         reader thread, so a caller (a cancel on any thread, the engine thread) never fails on a broken pipe."""
         with self._send_lock:
@@ -226,47 +228,51 @@ class TalkerProcess(TalkerHandle):
                     kept = self._voice_keys.get(ident)
                     if kept is not None and kept[1] == key:
                         del self._voice_keys[ident]
-                    self._ops.send(("unvoice", key))
+                    self._ops.send(Unvoice(key))
                 self._ops.send(op)
             except (OSError, ValueError) as exc:  # broken pipe / closed handle: the child exited or was closed
-                log.debug("talker process %d: %r not sent (%s)", self.replica.index, op[0], exc)
+                log.debug("talker process %d: %s not sent (%s)", self.replica.index, type(op).__name__, exc)
 
     # ---- reader thread ---------------------------------------------------------------------------
+    def _notify(self, events: list) -> None:
+        self._notices.put(events)
+        self._wake()
+
     def _read(self) -> None:
         while True:
             try:
                 msg = self._out.recv()
             except (EOFError, OSError):
                 break
-            kind = msg[0]
-            if kind == "out":
-                _, outputs, self._streams = msg
-                outputs = self._taken(outputs)
-                if outputs:
-                    try:
-                        self._deliver(outputs)
-                    except Exception as exc:  # the engine could not take them: their turns fail, not the talker
-                        log.exception("delivering talker outputs failed")
-                        self._notify([TalkerFailed(t, f"talker output: {type(exc).__name__}: {exc}")
-                                      for t in sorted({o.turn_id for o in outputs})])
-            elif kind == "notify":
-                self._notify(msg[1])
-            elif kind == "progress":
-                if self._progress is not None:
-                    self._progress(*msg[1:])
-            elif kind == "stats":
-                asked = self._stats
-                if asked is not None:
-                    asked[1].append(msg[1])
-                    asked[0].set()
-            elif kind == "captured":
-                self._capture_error = msg[1]
-                self._captured.set()
-            elif kind == "ready":
-                self._start_error = msg[1]
-                self._ready.set()
-            elif kind == "die":
-                self._die(msg[1])
+            match msg:
+                case Outputs(outputs=outputs, streams=streams):
+                    self._streams = streams
+                    outputs = self._dropped.taken(outputs)
+                    if outputs:
+                        try:
+                            self._deliver(outputs)
+                        except Exception as exc:  # the engine could not take them: their turns fail, not the talker
+                            log.exception("delivering talker outputs failed")
+                            self._notify([failed(t, f"talker output: {type(exc).__name__}: {exc}")
+                                          for t in sorted({o.turn_id for o in outputs})])
+                case Notices(events=events):
+                    self._notify(events)
+                case Progress(args=args):
+                    if self._progress is not None:
+                        self._progress(*args)
+                case Stats(stats=stats):
+                    asked = self._stats
+                    if asked is not None:
+                        asked[1].append(stats)
+                        asked[0].set()
+                case Captured(error=error):
+                    self._capture_error = error
+                    self._captured.set()
+                case Ready(error=error):
+                    self._start_error = error
+                    self._ready.set()
+                case Died(reason=reason):
+                    self._die(reason)
         self._out.close()
         if not self._closing:
             self._proc.join(1.0)
@@ -276,101 +282,3 @@ class TalkerProcess(TalkerHandle):
                 self._start_error = reason
                 self._ready.set()
             self._die(reason)
-
-
-# ---- the child process -----------------------------------------------------------------------------------
-def _child_main(spec: _Spec, ops, out) -> None:
-    logging.basicConfig(level=spec.log_level, format=f"%(asctime)s talker-{spec.index} %(levelname)s %(name)s: "
-                                                     "%(message)s")
-    lock = threading.Lock()
-
-    def send(msg: tuple) -> None:
-        with lock:
-            out.send(msg)
-
-    try:
-        first = ops.recv()  # ("weights", (talker state, VAE state)): this frame holds the only reference
-        loop, runner = _child_loop(spec, first[1], send)
-    except BaseException as exc:  # noqa: B036 - reported to the parent, which refuses to start
-        log.exception("talker process %d could not start", spec.index)
-        send(("ready", f"{type(exc).__name__}: {exc}"))
-        return
-    del first
-    send(("ready", None))
-    voices: dict[int, CustomVoice] = {}
-    device = torch.device(spec.device)
-    move = lambda t: None if t is None else t.to(device)  # noqa: E731
-    try:
-        while True:
-            try:
-                op = ops.recv()
-            except (EOFError, OSError):  # the parent is gone
-                break
-            kind = op[0]
-            if kind == "enqueue":
-                _, turn_id, segment_id, text, key, seed, caption = op
-                loop.enqueue(turn_id, segment_id, text, voices[key], seed=seed, caption=caption)
-            elif kind == "voice":
-                _, key, prompt, prompt_text = op
-                prompt = VoicePrompt(move(prompt.spk_embed), move(prompt.prompt_lat), move(prompt.prompt_emb))
-                voices[key] = CustomVoice(f"talker-{key}", "", "", prompt, prompt_text, 0.0, 0)
-            elif kind == "unvoice":
-                voices.pop(op[1], None)
-            elif kind in ("pause", "resume", "forget", "drop"):
-                getattr(loop, kind)(op[1])
-            elif kind == "stats":
-                send(("stats", loop.loop_stats()))
-            elif kind == "capture":
-                try:
-                    loop.capture(lambda *args: send(("progress", *args)))
-                    send(("captured", None))
-                except Exception as exc:  # reported to the capturing caller
-                    send(("captured", f"{type(exc).__name__}: {exc}"))
-            elif kind == "stop":
-                break
-    finally:
-        loop.close()
-        out.close()
-        # the adopted tensors are released before the process exits, so the parent's CUDA IPC count falls to zero
-        del loop, runner, voices
-        gc.collect()
-    exit_now(0)  # stopped cleanly: its exit code says so (finalization could still abort it, see `exit_now`)
-
-
-_BACKENDS = (("matmul", "allow_tf32"), ("matmul", "allow_fp16_reduced_precision_reduction"),
-             ("matmul", "allow_bf16_reduced_precision_reduction"), ("cudnn", "allow_tf32"))
-
-
-def _backend(kind: str):
-    return torch.backends.cuda.matmul if kind == "matmul" else torch.backends.cudnn
-
-
-def _backends() -> dict:
-    return {(kind, name): getattr(_backend(kind), name) for kind, name in _BACKENDS}
-
-
-def _child_loop(spec: _Spec, tensors: tuple, send):
-    from .models import adopt_replica
-    from .talker_loop import TalkerLoop
-    from .talker_runner import TalkerRunner
-
-    for (kind, name), value in spec.backends.items():
-        setattr(_backend(kind), name, value)
-    device = torch.device(spec.device)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    replica = adopt_replica(spec.checkpoint, spec.index, *tensors, device=device,
-                            vae_device=torch.device(spec.vae_device), dtype=spec.dtype)
-    bundle = _ChildBundle(spec.checkpoint, spec.dtype, spec.tokenizer, spec.special)
-    runner = TalkerRunner(bundle, spec.engine, replica)
-    reported = [0]
-
-    def deliver(outputs: list) -> None:
-        streams = runner.num_streams()
-        if outputs or streams != reported[0]:
-            reported[0] = streams
-            send(("out", outputs, streams))
-
-    loop = TalkerLoop(runner, deliver, lambda events: send(("notify", events)), lambda reason: send(("die", reason)),
-                      steps=spec.engine.talker.thread_steps, pipeline=spec.engine.talker.thread_pipeline)
-    return loop, runner

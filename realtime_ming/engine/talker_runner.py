@@ -1,25 +1,22 @@
-"""Talker runner: every active talker stream advances together, one AR step per engine step.
+"""Talker runner: every active talker stream of one replica advances together, one AR step per launch.
 
-A text segment from the segmenter is cut by the reference text front-end into fragments; each
-fragment is one talker stream (fresh LM cache and latent history, the voice prompt re-used,
-docs/model.md §5.9/§5.11), and a turn's fragments run one after another so its audio stays in
-order, while streams of different turns share every batched step: talker-LM decode, CFM + CFG +
-aggregator + stop head (`Talker.tail_step`) and the history update as one step (`talker_step`,
-one CUDA graph per batch bucket when graphs are on), then the streaming AudioVAE chunk
-(`VAEStepper`, graphed too) and the silence holder. Active streams occupy rows 0..n-1 of the
-static state; a finished stream's row is refilled from the last row (compaction), so each step
-runs exactly n rows. A turn's first job (a "lead") runs a second talker step over rows 0..leads-1 in the
-engine step that starts it: the streaming VAE emits each chunk only once the next one is decoded, so the
-turn's first audio leaves in that engine step instead of the next; its audio is unchanged (its own noise
-generator, batch-invariant rows), and later jobs of the turn, which the listener is not waiting for, run
-one step per engine step -- or several, queued back to back in one launch (`launch(steps)`: the engine asks for
-more while the thinker's step on other GPUs is still running, `engine/step_overlap.py`); a stream that ends at
-one of them keeps nothing of the later ones, so the audio is the same whatever the steps per launch. A talker on
-its own thread may keep a launch (`launch(keep=True)`) and queue the next before finishing it (pipelined,
-`engine/talker_loop.py`): each stream counts its queued steps, and `finish` matches a launch's rows to streams by
-identity, since rows move between (jobs started by the later launch, streams ended by the earlier finish); the
-VAE's work and state live on a CUDA stream of their own, so finishing one launch does not wait for the next
-(`engine/talker_sync.py`).
+A text segment from the segmenter is cut by the reference text front-end into fragments; each fragment is one talker
+stream (fresh LM cache and latent history, the voice prompt re-used, docs/model.md §5.9/§5.11), and a turn's
+fragments run one after another so its audio stays in order, while streams of different turns share every batched
+step: talker-LM decode, CFM + CFG + aggregator + stop head (`Talker.tail_step`) and the history update as one step
+(`talker_step`, one CUDA graph per batch bucket when graphs are on), then the streaming AudioVAE chunk (`VAEStepper`,
+graphed too) and the silence holder. Active streams occupy rows 0..n-1 of the static state; a finished stream's row
+is refilled from the last row (compaction), so each step runs exactly n rows. A turn's first job (a "lead") runs a
+second talker step over rows 0..leads-1 in the launch that starts it: the streaming VAE emits each chunk only once
+the next one is decoded, so the turn's first audio leaves in that launch instead of the next; its audio is unchanged
+(its own noise generator, batch-invariant rows). Later jobs, which the listener is not waiting for, run one step per
+launch -- or several, queued back to back (`launch(steps)`: a talker process's loop, `engine.talker.steps_per_launch`);
+a stream that ends at one of them keeps nothing of the later ones, so the audio is the same whatever the steps per
+launch. A talker process's loop may keep a launch (`launch(keep=True)`) and queue the next before finishing it
+(pipelined, `engine/talker_loop.py`): each stream counts its queued steps, and `finish` matches a launch's rows to
+streams by identity, since rows move between (jobs started by the later launch, streams ended by the earlier
+finish); the VAE's work and state live on a CUDA stream of their own, so finishing one launch does not wait for the
+next (`engine/talker_sync.py`).
 
 A turn's talker work can be paused (`pause`, an unconfirmed speculative turn that holds enough audio,
 `engine/speculation.py`): its running stream leaves the rows with a copy of its row state (LM cache, history, VAE
@@ -108,8 +105,9 @@ class _Stream:
 
 
 class TalkerRunner:
-    """Runs on the engine thread only. `replica`: which of the bundle's talker replicas it steps (default the
-    first, i.e. `bundle.talker` / `bundle.vae`); `engine.talker.max_streams` rows of its own."""
+    """Runs on one thread (the engine's, or a talker process's loop). `replica`: which of the bundle's talker
+    replicas it steps (default the first, i.e. `bundle.talker` / `bundle.vae`); `engine.talker.max_streams` rows of
+    its own."""
 
     def __init__(self, bundle: ModelBundle, cfg: EngineConfig, replica: TalkerReplica | None = None):
         replica = replica or first_replica(bundle)
@@ -157,7 +155,7 @@ class TalkerRunner:
         self._job_count: dict[str, int] = {}  # jobs queued so far per turn (noise seeds)
         self._paused: set[str] = set()  # turns whose talker work waits for `resume`
         self._parked: dict[str, tuple[_Stream, list[torch.Tensor]]] = {}  # paused turn -> its stream, row state
-        # running totals (`TalkerLoop.loop_stats`): host seconds starting jobs, jobs started, steps queued, rows stepped
+        # running totals (`TalkerLoop.stats`): host seconds starting jobs, jobs started, steps queued, rows stepped
         self.counts = {"admit_s": 0.0, "jobs": 0, "steps": 0, "rows": 0}
         tok = bundle.talker_tokenizer
         self._encode = lambda text: tok.encode(text, add_special_tokens=False).ids

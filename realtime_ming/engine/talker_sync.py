@@ -3,7 +3,7 @@ chunks and every write to its per-row state) on another.
 
 A talker step's stop decisions and its VAE chunk depend on that step alone. With one stream for both, reading a
 step's stop probabilities (a host copy) or running its VAE chunk waits for everything queued before on that
-stream — in a pipelined talker loop (`engine/talker_loop.py`, `engine.talker.thread_pipeline`) that is the next
+stream — in a pipelined talker loop (`engine/talker_loop.py`, `engine.talker.pipeline`) that is the next
 launch, queued before this one is finished, so the host sat idle for a whole step and the next launch went out
 only after it: no overlap at all. Here each queued step (`QueuedStep`) copies its stop probabilities to pinned
 host memory and records an event right after its outputs exist; the host waits for that event only, and the VAE
