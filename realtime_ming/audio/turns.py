@@ -8,6 +8,8 @@ the input stream (samples fed since construction). It never reads the wall clock
 from __future__ import annotations
 
 import enum
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,6 +28,7 @@ __all__ = [
 ]
 
 _SAMPLES_PER_MS = VAD_SAMPLE_RATE_HZ // 1000
+_PRE_ROLL_WINDOWS = 3  # windows kept before a candidate's first speech window (Silero's onset lags the sound)
 
 
 class TurnState(enum.Enum):
@@ -83,10 +86,17 @@ class TurnDetector:
     (both may come from the same `feed` call); Stopped is emitted once per turn. Not thread-safe.
     """
 
-    def __init__(self, config: TurnDetectorConfig, vad: VadBackend) -> None:
+    def __init__(self, config: TurnDetectorConfig, vad: VadBackend,
+                 command: Callable[[np.ndarray], bool] | None = None) -> None:
+        """`command`: reads a short guarded candidate's audio (16 kHz float32, from just before its speech to
+        the gap that ends it) and says whether it is a stop command said alone ("Stop.", "Wait.": then it is an
+        interruption, not a backchannel); None (or `config.barge_in_commands` off): never asked."""
         self.config = config
         self._vad = vad
+        self._command = command if config.barge_in_commands else None
         self._guard = False  # a reply is playing: only a real interruption starts a turn
+        self._recent: deque[np.ndarray] = deque(maxlen=_PRE_ROLL_WINDOWS)  # the last windows (pre-roll)
+        self._candidate: list[np.ndarray] | None = None  # a guarded candidate's windows (pre-roll first)
         self._window = np.zeros(vad.window_num_samples, dtype=np.float32)  # [window] pending input
         self._num_buffered = 0
         self._num_samples = 0  # samples fed since construction (the stream clock)
@@ -114,6 +124,8 @@ class TurnDetector:
         self._silence_start: int | None = None  # sample index where the current silence began
         self._peak_rms = 0.0  # loudest window of the turn so far
         self._quiet_since: int | None = None  # start of the run of quiet windows ending at the last one
+        self._recent.clear()
+        self._candidate = None
 
     def feed(self, pcm_f32: np.ndarray) -> list[TurnEvent]:
         """Feed float32 16 kHz mono samples [n] (any n); returns the events they complete."""
@@ -132,6 +144,8 @@ class TurnDetector:
                 end = self._num_samples
                 self._track_quiet(float(np.sqrt(np.mean(self._window**2))), end - size)
                 self._step(self._vad.speech_prob(self._window), end - size, end, events)
+                if self._command is not None:
+                    self._recent.append(self._window.copy())
         return events
 
     @property
@@ -160,10 +174,17 @@ class TurnDetector:
         else:
             self._pending_gap += size
             if self._pending_gap > cfg.barge_in_max_gap_ms * _SAMPLES_PER_MS:
-                return False
+                return self._is_command()
         enough = self._num_pending_speech >= cfg.barge_in_min_speech_ms * _SAMPLES_PER_MS
         second_word = self._pending_resumed and is_speech and self._num_pending_speech >= 2 * cfg.min_speech_ms * _SAMPLES_PER_MS
         return enough or second_word or None
+
+    def _is_command(self) -> bool:
+        """A guarded candidate ended after one short burst: is it a stop command said alone?"""
+        if self._candidate is None or self._num_pending_speech < 2 * self.config.min_speech_ms * _SAMPLES_PER_MS:
+            return False
+        assert self._command is not None
+        return bool(self._command(np.concatenate(self._candidate)))
 
     def silence_ms(self) -> int:
         """Length of the silence the current turn is in (0 outside a turn or while speech goes on)."""
@@ -217,14 +238,19 @@ class TurnDetector:
             self._num_pending_speech = 0
             self._pending_gap = 0
             self._pending_resumed = False
+            self._candidate = list(self._recent) if self._guard and self._command is not None else None
         if self._state is TurnState.PENDING:
+            if self._candidate is not None:
+                self._candidate.append(self._window.copy())
             verdict = self._pending_step(is_speech, is_silence, end - start)
+            self._candidate = self._candidate if verdict is None else None
             if verdict is False:
                 self._state = TurnState.SILENCE
                 return
             if verdict:
                 self._state = TurnState.SPEECH
-                self._silence_start = None
+                # a stop command said alone is confirmed in the gap after it: the silence began with the gap
+                self._silence_start = None if is_speech else end - self._pending_gap
                 start_ms = self._speech_start // _SAMPLES_PER_MS
                 events.append(SpeechStarted(max(0, start_ms - cfg.prefix_padding_ms), start_ms))
             return
