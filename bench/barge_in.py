@@ -286,6 +286,10 @@ def analyse_trial(trial: dict) -> tuple[list[dict], float | None]:
             last = max((b for _, b in segments), default=onset)
             row["stop_ms"] = round((last - onset) * 1000.0, 1) if row["playing"] else None
             row["detected"] = flush_at is not None
+            # the stop's two parts: when the last delta the client played arrived (the server's hold or cancel) and
+            # the audio the client still held then (at most the lead)
+            arrived = [at for at, _ in deltas[: len(segments)]]
+            row["last_delta_ms"] = round((arrived[-1] - onset) * 1000.0, 1) if arrived and row["playing"] else None
         else:
             # this clip stopped the reply if its speech_started came while it was spoken (or just after); a reply
             # that failed otherwise counts against every clip over it; once another clip stopped it, whether it

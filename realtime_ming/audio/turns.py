@@ -29,6 +29,7 @@ __all__ = [
 
 _SAMPLES_PER_MS = VAD_SAMPLE_RATE_HZ // 1000
 _PRE_ROLL_WINDOWS = 3  # windows kept before a candidate's first speech window (Silero's onset lags the sound)
+_ONSET_MIN_RMS = 10.0 ** (-50.0 / 20.0)  # a sound onset is at least this loud (-50 dBFS)
 
 
 class TurnState(enum.Enum):
@@ -126,6 +127,9 @@ class TurnDetector:
         self._quiet_since: int | None = None  # start of the run of quiet windows ending at the last one
         self._recent.clear()
         self._candidate = None
+        self._quiet_rms: float | None = None  # the level of the windows below the onset level (a moving average)
+        self._loud = False  # the last window was at or above the onset level
+        self._onset_left = 0  # samples a sound onset is still judged as a candidate (guarded, before the VAD's)
 
     def feed(self, pcm_f32: np.ndarray) -> list[TurnEvent]:
         """Feed float32 16 kHz mono samples [n] (any n); returns the events they complete."""
@@ -142,7 +146,9 @@ class TurnDetector:
             if self._num_buffered == size:
                 self._num_buffered = 0
                 end = self._num_samples
-                self._track_quiet(float(np.sqrt(np.mean(self._window**2))), end - size)
+                rms = float(np.sqrt(np.mean(self._window**2)))
+                self._track_quiet(rms, end - size)
+                self._track_onset(rms, size)
                 self._step(self._vad.speech_prob(self._window), end - size, end, events)
                 if self._command is not None:
                     self._recent.append(self._window.copy())
@@ -150,8 +156,10 @@ class TurnDetector:
 
     @property
     def judging_barge_in(self) -> bool:
-        """Guarded and a speech candidate is being judged: a reply may be about to be interrupted."""
-        return self._guard and self._state is TurnState.PENDING
+        """Guarded and a speech candidate (or a sound onset the VAD has not judged yet) is being judged: a reply
+        may be about to be interrupted."""
+        return self._guard and (self._state is TurnState.PENDING
+                                or (self._state is TurnState.SILENCE and self._onset_left > 0))
 
     def guard_barge_in(self, on: bool) -> None:
         """While on (a reply is playing), a turn starts only on a real interruption (see the config)."""
@@ -206,6 +214,20 @@ class TurnDetector:
         self._state = TurnState.SILENCE
         self._silence_start = None
         return event
+
+    def _track_onset(self, rms: float, size: int) -> None:
+        """A window that rises `barge_in_onset_db` above the quiet level before it opens `barge_in_onset_ms` of
+        candidate (guarded, outside a turn); the quiet level follows the windows below that."""
+        cfg = self.config
+        quiet = rms if self._quiet_rms is None else self._quiet_rms
+        loud = rms >= max(quiet * 10.0 ** (cfg.barge_in_onset_db / 20.0), _ONSET_MIN_RMS)
+        if loud and not self._loud and self._guard and self._state is TurnState.SILENCE:
+            self._onset_left = cfg.barge_in_onset_ms * _SAMPLES_PER_MS
+        else:
+            self._onset_left = max(0, self._onset_left - size)
+        self._loud = loud
+        if not loud:
+            self._quiet_rms = rms if self._quiet_rms is None else 0.9 * self._quiet_rms + 0.1 * rms
 
     def _track_quiet(self, rms: float, start: int) -> None:
         """Follow the run of windows `quiet_db` below the turn's loudest (outside a turn: nothing)."""
