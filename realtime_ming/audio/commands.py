@@ -1,4 +1,4 @@
-"""A spoken stop command said alone ("Stop.", "Wait.", "No.", "Hold on."): the words of a short barge-in candidate.
+"""A spoken stop command said alone ("Stop.", "Wait.", "Hold on."): the words of a short barge-in candidate.
 
 While a reply plays, the turn detector lets only speech that lasts (`barge_in_min_speech_ms`) or a second word
 interrupt it, so that "mm-hmm", "yeah" and "okay" do not. A lone "Stop." is one short burst like them: by duration,
@@ -27,14 +27,16 @@ __all__ = ["COMMANDS", "NOT_COMMANDS", "CommandSpotter", "is_stop_command", "sha
 
 log = logging.getLogger(__name__)
 
-# What a person says alone to make a speaker stop (every word is in the model's pronunciation dictionary).
-COMMANDS = ("stop", "wait", "no", "hold on", "hang on")
+# What a person says alone to make a speaker stop (every word is in the model's pronunciation dictionary). Not
+# "no": espeak-ng's "No." is read as "oh" (0 of 15 through the server's input path) while "mm-hmm" was read as "no"
+# (2 of 15): measured, it only added false stops (docs/barge_in.md).
+COMMANDS = ("stop", "wait", "hold on", "hang on")
 # Backchannels, acknowledgements and other short words a listener says while a reply goes on.
 NOT_COMMANDS = (
     "mhm", "uh-huh", "hmm", "hm", "mm", "uh", "um", "huh", "oh", "ah", "ooh", "aha", "wow",
     "yeah", "yes", "yep", "yup", "okay", "alright", "right", "sure", "true", "exactly", "totally", "really",
     "i see", "i know", "got it", "gotcha", "cool", "nice", "great", "good", "interesting", "go on", "of course",
-    "fine", "makes sense", "sounds good", "fair enough", "for sure", "so", "see", "sweet", "super", "thanks", "ha ha",
+    "fine", "makes sense", "sounds good", "fair enough", "for sure", "sweet", "super", "thanks", "ha ha",
 )
 
 # Pronunciations the dictionary lacks: "stop" with its final /p/ unreleased (common at the end of an utterance) and
