@@ -35,7 +35,7 @@ class TurnDetectorConfig:
     # windows fall: with a one-window gap 10 of 135 backchannel / noise clips (27 clips, 5 alignments) started
     # a turn through the server's input path, with 64 ms 2 of 135 (bench/barge_in.py --listener, docs/barge_in.md).
     barge_in_word_gap_ms: int = 64
-    # A lone stop command ("Stop.", "Wait.", "No.", "Hold on.") is one short burst like a backchannel: when a
+    # A lone stop command ("Stop.", "Wait.", "Hold on.") is one short burst like a backchannel: when a
     # guarded candidate of one burst ends, its words are read (`audio/commands.py`, a closed-vocabulary
     # recogniser) and a stop command interrupts the reply. False: a lone stop word is a backchannel too.
     barge_in_commands: bool = True
