@@ -287,7 +287,7 @@ def analyse_trial(trial: dict) -> tuple[list[dict], float | None]:
             row["stop_ms"] = round((last - onset) * 1000.0, 1) if row["playing"] else None
             row["detected"] = flush_at is not None
             # the stop's two parts: when the last delta the client played arrived (the server's hold or cancel) and
-            # the audio the client still held then (at most the lead)
+            # the audio the client still held then (the lead, plus any drift behind the server's clock)
             arrived = [at for at, _ in deltas[: len(segments)]]
             row["last_delta_ms"] = round((arrived[-1] - onset) * 1000.0, 1) if arrived and row["playing"] else None
         else:
