@@ -40,6 +40,7 @@ import numpy as np
 import soxr
 
 from bench.end_of_turn import espeak
+from realtime_ming.audio.commands import shared_command_spotter
 from realtime_ming.audio.config import TurnDetectorConfig
 from realtime_ming.audio.turns import SpeechStarted, TurnDetector
 from realtime_ming.audio.vad import SileroVad, create_silero_session
@@ -71,10 +72,11 @@ class Trace:
     released_ms: int | None  # the candidate was dropped: the held output goes out again
 
 
-def trace(cfg: TurnDetectorConfig, vad: SileroVad, clip16: np.ndarray) -> Trace:
-    """Feed silence, the clip, 1 s of silence in 20 ms appends with the barge-in guard on."""
+def trace(cfg: TurnDetectorConfig, vad: SileroVad, clip16: np.ndarray, command=None) -> Trace:
+    """Feed silence, the clip, 1 s of silence in 20 ms appends with the barge-in guard on (`command`: the
+    detector's stop-command reader, `audio/commands.py`)."""
     lead = 320
-    detector = TurnDetector(cfg, vad)
+    detector = TurnDetector(cfg, vad, command)
     detector.guard_barge_in(True)
     audio = np.concatenate([np.zeros(16 * lead, np.float32), clip16, np.zeros(16000, np.float32)])
     step = 16 * 20
@@ -97,11 +99,11 @@ def _p(values: list[int], q: float) -> float | None:
     return values[int(q * (len(values) - 1))] if values else None
 
 
-def measure(cfg: TurnDetectorConfig, vad: SileroVad) -> dict:
+def measure(cfg: TurnDetectorConfig, vad: SileroVad, command=None) -> dict:
     to16 = lambda x: soxr.resample(x, 24000, 16000).astype(np.float32)
-    others = [trace(cfg, vad, to16(espeak(t, v))) for t in BACKCHANNELS for v in VOICES]
-    others += [trace(cfg, vad, x) for x in noise_bursts()]
-    real = [trace(cfg, vad, to16(espeak(t, v))) for t in INTERRUPTIONS for v in VOICES]
+    others = [trace(cfg, vad, to16(espeak(t, v)), command) for t in BACKCHANNELS for v in VOICES]
+    others += [trace(cfg, vad, x, command) for x in noise_bursts()]
+    real = [trace(cfg, vad, to16(espeak(t, v)), command) for t in INTERRUPTIONS for v in VOICES]
     stops = [r.held_ms for r in real if r.started_ms is not None]
     cancels = [r.started_ms for r in real if r.started_ms is not None]
     pauses = [o.released_ms - o.held_ms for o in others if o.started_ms is None and o.held_ms is not None]
@@ -284,6 +286,10 @@ def analyse_trial(trial: dict) -> tuple[list[dict], float | None]:
             last = max((b for _, b in segments), default=onset)
             row["stop_ms"] = round((last - onset) * 1000.0, 1) if row["playing"] else None
             row["detected"] = flush_at is not None
+            # the stop's two parts: when the last delta the client played arrived (the server's hold or cancel) and
+            # the audio the client still held then (the lead, plus any drift behind the server's clock)
+            arrived = [at for at, _ in deltas[: len(segments)]]
+            row["last_delta_ms"] = round((arrived[-1] - onset) * 1000.0, 1) if arrived and row["playing"] else None
         else:
             # this clip stopped the reply if its speech_started came while it was spoken (or just after); a reply
             # that failed otherwise counts against every clip over it; once another clip stopped it, whether it
@@ -431,9 +437,10 @@ def main(argv: list[str] | None = None) -> None:
         listener_main(args)
         return
     vad = SileroVad(create_silero_session())
+    command = shared_command_spotter()
     for _ in range(args.runs):
         for min_ms in (int(x) for x in args.min_speech_ms.split(",")):
-            print(json.dumps(measure(TurnDetectorConfig(barge_in_min_speech_ms=min_ms), vad)), flush=True)
+            print(json.dumps(measure(TurnDetectorConfig(barge_in_min_speech_ms=min_ms), vad, command)), flush=True)
 
 
 if __name__ == "__main__":

@@ -313,3 +313,19 @@ def test_guarded_a_dip_inside_a_word_is_not_a_second_word():
     assert not [e for e in _guarded_scripted(dip) if isinstance(e, SpeechStarted)]
     words = [1.0] * 15 + [0.0] * 8 + [1.0] * 15 + [0.0] * 40  # the same with an 80 ms gap: two words
     assert [e for e in _guarded_scripted(words) if isinstance(e, SpeechStarted)]
+
+
+def test_guarded_a_sound_onset_is_judged_before_the_vad_calls_it_speech():
+    """While a reply plays, a window 12 dB above the quiet before it (a fricative, a soft onset) is judged as a
+    candidate (the reply is held) for `barge_in_onset_ms` though the VAD says silence; a sustained sound opens one
+    such window, not one per window; unguarded, nothing is judged."""
+    for guard in (True, False):
+        detector = TurnDetector(TurnDetectorConfig(barge_in_onset_ms=50), ScriptedVad([0.0] * 300))
+        detector.guard_barge_in(guard)
+        judged = []
+        for x in (_silence(500), _tone(800), _silence(500)):
+            for i in range(0, x.size, 160):
+                detector.feed(x[i: i + 160])
+                judged.append(detector.judging_barge_in)
+        expected = [False] * 50 + [True] * 5 + [False] * 125 if guard else [False] * 180
+        assert judged == expected

@@ -51,15 +51,16 @@ def _received_after_ms(trial: dict, t: float) -> float:
                if f["type"] == "response.output_audio.delta" and f["response_id"] == trial["response_id"] and at > t)
 
 
+@pytest.mark.parametrize("text", ["No, I meant the other one.", "Stop."])
 @pytest.mark.parametrize("stub", [GENERATED, GENERATING], ids=["generated", "generating"])
-async def test_a_real_interruption_stops_what_the_listener_hears(stub):
-    """"No, I meant the other one." 1.2 s into playback: speech_started, the response is cancelled
-    (turn_detected), and the audio the client received after the onset is bounded by the lead plus the
-    detector's first windows (unpaced, a fully generated reply would have put all of it at the client)."""
+async def test_a_real_interruption_stops_what_the_listener_hears(stub, text):
+    """An interruption 1.2 s into playback, a sentence or a stop word said alone (one short burst, like a
+    backchannel, read as a command when it ends): speech_started, the response is cancelled (turn_detected), and
+    the audio the client received after the onset is bounded by the lead plus the detector's first windows
+    (unpaced, a fully generated reply would have put all of it at the client)."""
     async with stub_served(**stub) as srv:
         url = f"ws://127.0.0.1:{srv.port}/v1/realtime"
-        trial = _validated(await listener_trial(url, [(_clip("interruption", "No, I meant the other one."), 1.2)],
-                                                4096, {}))
+        trial = _validated(await listener_trial(url, [(_clip("interruption", text), 1.2)], 4096, {}))
         (row,), _ = analyse_trial(trial)
         assert row["playing"] and row["detected"], row
         done = _response_done(trial)

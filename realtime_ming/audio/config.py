@@ -35,6 +35,17 @@ class TurnDetectorConfig:
     # windows fall: with a one-window gap 10 of 135 backchannel / noise clips (27 clips, 5 alignments) started
     # a turn through the server's input path, with 64 ms 2 of 135 (bench/barge_in.py --listener, docs/barge_in.md).
     barge_in_word_gap_ms: int = 64
+    # A lone stop command ("Stop.", "Wait.", "Hold on.") is one short burst like a backchannel: when a
+    # guarded candidate of one burst ends, its words are read (`audio/commands.py`, a closed-vocabulary
+    # recogniser) and a stop command interrupts the reply. False: a lone stop word is a backchannel too.
+    barge_in_commands: bool = True
+    # While guarded, a sound onset (a window `barge_in_onset_db` above the quiet level before it, and above
+    # -50 dBFS) is judged as a candidate for up to `barge_in_onset_ms` before the VAD calls it speech, so the
+    # reply is held from the first window of a fricative or soft onset: Silero's first speech window of "Stop."
+    # comes with the vowel, up to ~150 ms after the "s". A hold shorter than the client's lead is not heard.
+    # 0 disables.
+    barge_in_onset_ms: int = 96
+    barge_in_onset_db: float = 12.0
     # Silero's probability decays for ~30-100 ms after speech ends. When it confirms silence, the silence
     # is dated back over the run of windows just before it that are this many dB below the turn's loudest
     # window (at most max_backdate_ms): the silence window then counts from where the sound stopped.
@@ -50,7 +61,8 @@ class TurnDetectorConfig:
         if self.quiet_db < 0:
             raise ValueError(f"quiet_db: must be >= 0, got {self.quiet_db}")
         for name in ("prefix_padding_ms", "speculative_pause_ms", "min_speech_ms", "max_backdate_ms",
-                     "barge_in_min_speech_ms", "barge_in_max_gap_ms", "barge_in_word_gap_ms"):
+                     "barge_in_min_speech_ms", "barge_in_max_gap_ms", "barge_in_word_gap_ms", "barge_in_onset_ms",
+                     "barge_in_onset_db"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
         if self.silence_duration_ms <= 0:

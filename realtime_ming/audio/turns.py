@@ -8,6 +8,8 @@ the input stream (samples fed since construction). It never reads the wall clock
 from __future__ import annotations
 
 import enum
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,6 +28,8 @@ __all__ = [
 ]
 
 _SAMPLES_PER_MS = VAD_SAMPLE_RATE_HZ // 1000
+_PRE_ROLL_WINDOWS = 3  # windows kept before a candidate's first speech window (Silero's onset lags the sound)
+_ONSET_MIN_RMS = 10.0 ** (-50.0 / 20.0)  # a sound onset is at least this loud (-50 dBFS)
 
 
 class TurnState(enum.Enum):
@@ -83,10 +87,17 @@ class TurnDetector:
     (both may come from the same `feed` call); Stopped is emitted once per turn. Not thread-safe.
     """
 
-    def __init__(self, config: TurnDetectorConfig, vad: VadBackend) -> None:
+    def __init__(self, config: TurnDetectorConfig, vad: VadBackend,
+                 command: Callable[[np.ndarray], bool] | None = None) -> None:
+        """`command`: reads a short guarded candidate's audio (16 kHz float32, from just before its speech to
+        the gap that ends it) and says whether it is a stop command said alone ("Stop.", "Wait.": then it is an
+        interruption, not a backchannel); None (or `config.barge_in_commands` off): never asked."""
         self.config = config
         self._vad = vad
+        self._command = command if config.barge_in_commands else None
         self._guard = False  # a reply is playing: only a real interruption starts a turn
+        self._recent: deque[np.ndarray] = deque(maxlen=_PRE_ROLL_WINDOWS)  # the last windows (pre-roll)
+        self._candidate: list[np.ndarray] | None = None  # a guarded candidate's windows (pre-roll first)
         self._window = np.zeros(vad.window_num_samples, dtype=np.float32)  # [window] pending input
         self._num_buffered = 0
         self._num_samples = 0  # samples fed since construction (the stream clock)
@@ -114,6 +125,11 @@ class TurnDetector:
         self._silence_start: int | None = None  # sample index where the current silence began
         self._peak_rms = 0.0  # loudest window of the turn so far
         self._quiet_since: int | None = None  # start of the run of quiet windows ending at the last one
+        self._recent.clear()
+        self._candidate = None
+        self._quiet_rms: float | None = None  # the level of the windows below the onset level (a moving average)
+        self._loud = False  # the last window was at or above the onset level
+        self._onset_left = 0  # samples a sound onset is still judged as a candidate (guarded, before the VAD's)
 
     def feed(self, pcm_f32: np.ndarray) -> list[TurnEvent]:
         """Feed float32 16 kHz mono samples [n] (any n); returns the events they complete."""
@@ -130,14 +146,20 @@ class TurnDetector:
             if self._num_buffered == size:
                 self._num_buffered = 0
                 end = self._num_samples
-                self._track_quiet(float(np.sqrt(np.mean(self._window**2))), end - size)
+                rms = float(np.sqrt(np.mean(self._window**2)))
+                self._track_quiet(rms, end - size)
+                self._track_onset(rms, size)
                 self._step(self._vad.speech_prob(self._window), end - size, end, events)
+                if self._command is not None:
+                    self._recent.append(self._window.copy())
         return events
 
     @property
     def judging_barge_in(self) -> bool:
-        """Guarded and a speech candidate is being judged: a reply may be about to be interrupted."""
-        return self._guard and self._state is TurnState.PENDING
+        """Guarded and a speech candidate (or a sound onset the VAD has not judged yet) is being judged: a reply
+        may be about to be interrupted."""
+        return self._guard and (self._state is TurnState.PENDING
+                                or (self._state is TurnState.SILENCE and self._onset_left > 0))
 
     def guard_barge_in(self, on: bool) -> None:
         """While on (a reply is playing), a turn starts only on a real interruption (see the config)."""
@@ -160,10 +182,17 @@ class TurnDetector:
         else:
             self._pending_gap += size
             if self._pending_gap > cfg.barge_in_max_gap_ms * _SAMPLES_PER_MS:
-                return False
+                return self._is_command()
         enough = self._num_pending_speech >= cfg.barge_in_min_speech_ms * _SAMPLES_PER_MS
         second_word = self._pending_resumed and is_speech and self._num_pending_speech >= 2 * cfg.min_speech_ms * _SAMPLES_PER_MS
         return enough or second_word or None
+
+    def _is_command(self) -> bool:
+        """A guarded candidate ended after one short burst: is it a stop command said alone?"""
+        if self._candidate is None or self._num_pending_speech < 2 * self.config.min_speech_ms * _SAMPLES_PER_MS:
+            return False
+        assert self._command is not None
+        return bool(self._command(np.concatenate(self._candidate)))
 
     def silence_ms(self) -> int:
         """Length of the silence the current turn is in (0 outside a turn or while speech goes on)."""
@@ -185,6 +214,20 @@ class TurnDetector:
         self._state = TurnState.SILENCE
         self._silence_start = None
         return event
+
+    def _track_onset(self, rms: float, size: int) -> None:
+        """A window that rises `barge_in_onset_db` above the quiet level before it opens `barge_in_onset_ms` of
+        candidate (guarded, outside a turn); the quiet level follows the windows below that."""
+        cfg = self.config
+        quiet = rms if self._quiet_rms is None else self._quiet_rms
+        loud = rms >= max(quiet * 10.0 ** (cfg.barge_in_onset_db / 20.0), _ONSET_MIN_RMS)
+        if loud and not self._loud and self._guard and self._state is TurnState.SILENCE:
+            self._onset_left = cfg.barge_in_onset_ms * _SAMPLES_PER_MS
+        else:
+            self._onset_left = max(0, self._onset_left - size)
+        self._loud = loud
+        if not loud:
+            self._quiet_rms = rms if self._quiet_rms is None else 0.9 * self._quiet_rms + 0.1 * rms
 
     def _track_quiet(self, rms: float, start: int) -> None:
         """Follow the run of windows `quiet_db` below the turn's loudest (outside a turn: nothing)."""
@@ -217,14 +260,19 @@ class TurnDetector:
             self._num_pending_speech = 0
             self._pending_gap = 0
             self._pending_resumed = False
+            self._candidate = list(self._recent) if self._guard and self._command is not None else None
         if self._state is TurnState.PENDING:
+            if self._candidate is not None:
+                self._candidate.append(self._window.copy())
             verdict = self._pending_step(is_speech, is_silence, end - start)
+            self._candidate = self._candidate if verdict is None else None
             if verdict is False:
                 self._state = TurnState.SILENCE
                 return
             if verdict:
                 self._state = TurnState.SPEECH
-                self._silence_start = None
+                # a stop command said alone is confirmed in the gap after it: the silence began with the gap
+                self._silence_start = None if is_speech else end - self._pending_gap
                 start_ms = self._speech_start // _SAMPLES_PER_MS
                 events.append(SpeechStarted(max(0, start_ms - cfg.prefix_padding_ms), start_ms))
             return

@@ -41,6 +41,7 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.frames import CloseCode
 from websockets.http11 import Request, Response
 
+from ..audio.commands import shared_command_spotter
 from ..audio.end_of_turn import shared_smart_turn
 from ..audio.vad import VadBackend, VadKind, create_silero_session, create_vad
 from ..engine.api import engine_health, engine_prompt_meter
@@ -235,11 +236,13 @@ class RealtimeServer:
         log.info("listening on %s (HTTP on the same port)", self.url)
 
     async def prepare(self) -> None:
-        """Load what sessions share (the Silero VAD session, semantic_vad's model) off the loop; `start`
-        calls it, a transport that serves `serve_session` itself (server/asgi.py) calls it once."""
+        """Load what sessions share (the Silero VAD session, semantic_vad's model, the stop-command reader) off the
+        loop; `start` calls it, a transport that serves `serve_session` itself (server/asgi.py) calls it once."""
         if self.cfg.session.vad.backend == VadKind.SILERO.value and self._silero is None:
             self._silero = await asyncio.to_thread(create_silero_session)
         await asyncio.to_thread(shared_smart_turn)  # semantic_vad's model, loaded off the loop (~1-2 s)
+        if self.cfg.session.vad.detector.barge_in_commands:
+            await asyncio.to_thread(shared_command_spotter)  # the stop-command reader (~0.2-1 s)
 
     @property
     def draining(self) -> bool:

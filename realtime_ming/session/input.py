@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ..audio.commands import is_stop_command
 from ..audio.denoise import Denoiser, suppression_level
 from ..audio.end_of_turn import (
     EAGERNESS_POLICY,
@@ -196,7 +197,7 @@ class InputTurns:
             silence_duration_ms=silence_ms,
             speculative_pause_ms=min(base.speculative_pause_ms, silence_ms - 1),
         )
-        self._detector = TurnDetector(cfg, self._make_vad(self._vad.backend))
+        self._detector = TurnDetector(cfg, self._make_vad(self._vad.backend), is_stop_command)
         self._origin = self._buffer.end_sample
 
     def set_noise_reduction(self, setting: NoiseReduction | None) -> None:

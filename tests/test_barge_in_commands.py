@@ -1,0 +1,125 @@
+"""A stop command said alone over a playing reply: the guarded TurnDetector's command reader (a forced hook, and
+the real closed-vocabulary reader on espeak-ng speech through Silero)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import soxr
+
+from bench.end_of_turn import espeak
+from realtime_ming.audio.commands import CommandSpotter, trim
+from realtime_ming.audio.config import TurnDetectorConfig
+from realtime_ming.audio.turns import SpeechPaused, SpeechStarted, SpeechStopped, TurnDetector
+from realtime_ming.audio.vad import SileroVad, create_silero_session
+
+SR = 16000
+
+
+class ScriptedVad:
+    """One scripted probability per 10 ms window."""
+
+    window_num_samples = 160
+
+    def __init__(self, probs: list[float]) -> None:
+        self._probs, self._index = probs, 0
+
+    def speech_prob(self, window: np.ndarray) -> float:
+        self._index += 1
+        return self._probs[self._index - 1]
+
+    def reset(self) -> None:
+        self._index = 0
+
+
+class Reader:
+    """A forced command reader: records what it was asked, answers `answer`."""
+
+    def __init__(self, answer: bool) -> None:
+        self.answer = answer
+        self.asked: list[np.ndarray] = []
+
+    def __call__(self, audio: np.ndarray) -> bool:
+        self.asked.append(audio)
+        return self.answer
+
+
+BURST = [0.0] * 50 + [1.0] * 30 + [0.0] * 100  # 500 ms silence, one 300 ms word, 1 s silence
+
+
+def _feed(probs: list[float], reader: Reader | None, guard: bool = True, **config) -> list:
+    detector = TurnDetector(TurnDetectorConfig(**config), ScriptedVad(probs), reader)
+    detector.guard_barge_in(guard)
+    audio = np.arange(160 * len(probs), dtype=np.float32) / 1e6  # sample k holds k / 1e6: where a piece came from
+    return detector.feed(audio)
+
+
+def test_a_short_burst_read_as_a_command_is_an_interruption():
+    """Guarded, one 300 ms burst: the reader is asked once when the gap after it passes barge_in_max_gap_ms, with the
+    burst's audio (and a little before it); "command" starts the turn at the burst, its silence from the gap."""
+    reader = Reader(True)
+    events = _feed(BURST, reader)
+    assert len(reader.asked) == 1
+    asked = np.rint(reader.asked[0] * 1e6).astype(int)
+    assert asked[0] < 500 * 16 <= 800 * 16 <= asked[-1]  # from before the burst to after it
+    assert asked[-1] >= (800 + 300) * 16 - 1  # the whole gap that ended it
+    assert events[0] == SpeechStarted(audio_start_ms=200, speech_start_ms=500)
+    assert SpeechPaused(at_ms=800) in events
+    assert events[-1] == SpeechStopped(audio_end_ms=800 + 500, speech_end_ms=800)
+
+
+def test_a_short_burst_read_as_anything_else_stays_a_backchannel():
+    reader = Reader(False)
+    assert _feed(BURST, reader) == []
+    assert len(reader.asked) == 1
+
+
+@pytest.mark.parametrize(("probs", "guard", "config"), [
+    (BURST, False, {}),  # no reply playing: an ordinary turn, nothing to read
+    (BURST, True, {"barge_in_commands": False}),  # switched off
+    ([0.0] * 50 + [1.0] * 10 + [0.0] * 100, True, {}),  # 100 ms: a click or a cough, not a word
+    ([0.0] * 50 + [1.0] * 80 + [0.0] * 100, True, {}),  # 800 ms: long speech interrupts without a reading
+    ([0.0] * 50 + [1.0] * 20 + [0.0] * 10 + [1.0] * 20 + [0.0] * 100, True, {}),  # a second word interrupts
+])
+def test_the_reader_is_asked_only_about_a_lone_short_burst_over_a_reply(probs, guard, config):
+    reader = Reader(True)
+    _feed(probs, reader, guard, **config)
+    assert reader.asked == []
+
+
+@pytest.fixture(scope="module")
+def spotter() -> CommandSpotter:
+    return CommandSpotter()
+
+
+def _speech16(text: str, voice: str) -> np.ndarray:
+    return soxr.resample(espeak(text, voice), 24000, SR).astype(np.float32)
+
+
+@pytest.mark.parametrize("voice", ["en-us", "en-us+m3"])
+@pytest.mark.parametrize(("text", "command"), [("Stop.", True), ("Wait.", True), ("mm-hmm", False), ("yeah", False),
+                                               ("okay", False), ("right", False), ("uh-huh", False)])
+def test_a_lone_stop_word_over_a_reply_interrupts_and_a_backchannel_does_not(text, command, voice, spotter):
+    """espeak-ng speech through Silero and the guarded detector with the real reader, after 320 ms of silence in
+    20 ms appends (the server's input path): "Stop." / "Wait." start a turn, backchannels do not."""
+    vad = SileroVad(create_silero_session())
+    detector = TurnDetector(TurnDetectorConfig(), vad, spotter)
+    detector.guard_barge_in(True)
+    audio = np.concatenate([np.zeros(320 * 16, np.float32), _speech16(text, voice), np.zeros(SR, np.float32)])
+    events = [e for i in range(0, audio.size, 320) for e in detector.feed(audio[i: i + 320])]
+    assert any(isinstance(e, SpeechStarted) for e in events) is command, (text, voice, events)
+
+
+@pytest.mark.parametrize(("text", "heard"), [("Wait.", "wait"), ("yes", "yes"), ("right", "right")])
+def test_the_reader_reads_the_words(text, heard, spotter):
+    """The grammar's reading, with long silence around the word (cut off by `trim`)."""
+    x = np.concatenate([np.zeros(SR, np.float32), _speech16(text, "en-us"), np.zeros(SR, np.float32)])
+    assert spotter.heard(x) == heard
+
+
+def test_trim_keeps_the_sound_and_a_margin():
+    x = np.zeros(SR, np.float32)
+    x[8000:9600] = 0.1
+    cut = trim(x, margin_ms=100)
+    assert cut.size == 1600 + 2 * 1600 and np.count_nonzero(cut) == 1600
+    assert trim(np.zeros(100, np.float32)).size == 100  # shorter than one frame: as it is
