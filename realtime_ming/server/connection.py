@@ -92,14 +92,16 @@ class LiveSessions:
     def discard(self, ender: _Ender) -> None:
         self._enders.discard(ender)
 
-    async def end_all(self, code: CloseCode, reason: str, timeout_s: float) -> None:
+    async def end_all(self, code: CloseCode, reason: str, timeout_s: float) -> int:
         """Every session: `response.done` for each running response, then its close with `code` queued after
-        them (waits at most `timeout_s` for the sessions to have done so)."""
+        them (waits at most `timeout_s` for the sessions to have done so); how many had not when it gave up."""
         tasks = [asyncio.ensure_future(end(code, reason)) for end in list(self._enders)]
-        if tasks:
-            _, late = await asyncio.wait(tasks, timeout=timeout_s)
-            for task in late:
-                task.cancel()
+        if not tasks:
+            return 0
+        _, late = await asyncio.wait(tasks, timeout=timeout_s)
+        for task in late:
+            task.cancel()
+        return len(late)
 
 
 @dataclass(frozen=True, slots=True)
@@ -424,9 +426,16 @@ async def serve_connection(ws: Transport, ctx: ConnectionContext, info: Handshak
     started = time.monotonic()
     logger.info("session %s opened (%s, origin=%s)", session.config.id, info.dialect.value, info.origin)
 
+    session_task: asyncio.Task | None = None
+
     async def end(close_code: CloseCode, close_reason: str) -> None:  # the server's drain deadline
         try:
-            await runner.end_responses()
+            if session_task is None:  # not started: it takes the request when it starts
+                await runner.end_responses()
+            elif not session_task.done():  # a session ending already (its reader saw the client go) never answers
+                ending = asyncio.ensure_future(runner.end_responses())
+                await asyncio.wait((ending, session_task), return_when=asyncio.FIRST_COMPLETED)
+                ending.cancel()
         finally:
             outbound.put(Close(close_code, close_reason))  # after the response.done frames
 
@@ -435,7 +444,7 @@ async def serve_connection(ws: Transport, ctx: ConnectionContext, info: Handshak
     try:
         async with asyncio.TaskGroup() as tg:
             tg.create_task(_read(ws, runner, outbound, ctx, info, watch, media))
-            tg.create_task(runner.run())
+            session_task = tg.create_task(runner.run())
             tg.create_task(_write(ws, outbound, ctx.limits))
             if media is not None:
                 tg.create_task(media.run(runner, emit, watch.touch))
