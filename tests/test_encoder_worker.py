@@ -5,10 +5,14 @@ a cancel or an encoder failure while encoding ends that turn alone and frees its
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
 import threading
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
 
 from conftest import fixture_tokenizers
 from realtime_ming.engine import Engine
@@ -25,6 +29,7 @@ from realtime_ming.engine.api import (
     TurnRequest,
 )
 from realtime_ming.engine.config import EngineConfig, ThinkerRunnerConfig
+from realtime_ming.engine.encoder_worker import _CPU_ENCODER_NICENESS, EncoderWorker
 from realtime_ming.engine.models import ModelBundle
 
 pytestmark = pytest.mark.timeout(120)
@@ -253,3 +258,20 @@ def test_the_engine_thread_idles_while_the_only_admission_is_encoded(fixture_roo
     finally:
         engine.close()
     assert idle_launches <= 3, f"{idle_launches} empty thinker launches in 0.5 s while an admission was encoded"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread niceness is Linux's")
+def test_cpu_encoders_run_nicer_than_the_engine_thread():
+    """Issue 43, finding 9: on a CPU host the worker (and the intra-op threads it starts) runs at a lower CPU
+    priority than the threads that step the engine, so a big image's vision encoder takes what they leave."""
+    base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    worker = EncoderWorker(SimpleNamespace(devices={"encoder": "cpu"}), vision=lambda *a: None,
+                           out_device=torch.device("cpu"))
+    try:
+        ran = threading.Event()
+        worker.submit((), (), 0).add_done_callback(lambda _f: ran.set())  # an empty tail, on the worker thread
+        assert ran.wait(30)
+        assert os.getpriority(os.PRIO_PROCESS, worker._thread.native_id) == min(base + _CPU_ENCODER_NICENESS, 19)
+        assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == base  # the caller keeps its own
+    finally:
+        worker.close()

@@ -5,6 +5,8 @@ keeps what it had, and measuring megabytes of tools encodes only about a context
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from session_support import Harness, last_error
 
@@ -12,7 +14,7 @@ from realtime_ming.engine.config import TalkerRunnerConfig
 from realtime_ming.engine.prompt_budget import ContextLengthExceeded
 from realtime_ming.engine.prompt_meter import PromptMeter
 from realtime_ming.model.tiny_tokenizer import build_tiny_talker_tokenizer, tiny_thinker_tokenizer
-from realtime_ming.protocol.limits import MAX_SCHEMA_JSON_BYTES, MAX_TEXT_CHARS, MAX_TOOLS
+from realtime_ming.protocol.limits import MAX_SCHEMA_JSON_BYTES, MAX_TEXT_CHARS, MAX_TOOLS, MAX_TOOLS_JSON_BYTES
 from realtime_ming.session import SessionSettings, SubmitTurn
 
 MAX_SEQ_LEN = 4096
@@ -58,18 +60,26 @@ def _refused(h: Harness, since: int, code: str, param: str, event_id: str) -> di
     return error
 
 
-def test_megabytes_of_tools_are_refused_at_update_after_a_bounded_measure():
-    """128 tools at every size limit (~9 MB): instructions_exceed_context at session.tools, the session keeps its
-    tools, and measuring encoded about a context's worth of text, not megabytes."""
+def test_tools_past_the_context_are_refused_at_update_after_a_bounded_measure():
+    """12 tools at every per-tool limit (~0.9 MB, under the tools' 1 MiB size limit, far past the context):
+    instructions_exceed_context at session.tools, the session keeps its tools, and measuring encoded about a
+    context's worth of text, not the whole; 128 of them (~9 MB) are over the size limit itself and refused
+    before anything is measured (tools_too_large, issue 43)."""
     h, meter = _harness()
-    tools = [_big_tool(i) for i in range(MAX_TOOLS)]
-    assert len(str(tools)) > 8 * 2**20 and len(str(_big_tool(0)["parameters"])) < MAX_SCHEMA_JSON_BYTES
+    tools = [_big_tool(i) for i in range(12)]
+    assert 512 * 1024 < len(json.dumps(tools)) < MAX_TOOLS_JSON_BYTES
+    assert len(str(_big_tool(0)["parameters"])) < MAX_SCHEMA_JSON_BYTES
     since = len(h.frames)
     h.send(type="session.update", event_id="u1", session={"type": "realtime", "tools": tools})
     error = _refused(h, since, "instructions_exceed_context", "session.tools", "u1")
     assert "4096-token context" in error["message"]
     assert meter.encoded_chars < 4 * MAX_SEQ_LEN + 16384  # a context's worth and at most one more piece
     assert h.session.config.tools == ()
+    encoded, since = meter.encoded_chars, len(h.frames)
+    h.send(type="session.update", event_id="u2", session={
+        "type": "realtime", "tools": [_big_tool(i) for i in range(MAX_TOOLS)]})
+    _refused(h, since, "tools_too_large", "session.tools", "u2")
+    assert meter.encoded_chars == encoded and h.session.config.tools == ()
     h.send(type="conversation.item.create", item={"type": "message", "role": "user",
                                                   "content": [{"type": "input_text", "text": "hi"}]})
     h.send(type="response.create")

@@ -267,6 +267,8 @@ FROZEN_CODES = {
     "unsupported_event": ErrorType.INVALID_REQUEST,
     "binary_frame_unsupported": ErrorType.INVALID_REQUEST,
     "frame_too_large": ErrorType.INVALID_REQUEST,
+    "event_frame_too_large": ErrorType.INVALID_REQUEST,
+    "tools_too_large": ErrorType.INVALID_REQUEST,
     "event_too_large": ErrorType.SERVER,
     "unsupported_session_type": ErrorType.INVALID_REQUEST,
     "unsupported_audio_format": ErrorType.INVALID_REQUEST,
@@ -390,3 +392,44 @@ def test_error_with_event_id_copies() -> None:
         "e9",
     )
     assert original.event_id is None
+
+
+def test_error_survives_pickling() -> None:
+    """A frame parsed in the frame parser's process sends its error back pickled: every field comes back."""
+    import pickle
+
+    error = ProtocolError(ErrorCode.INVALID_EVENT, param="type", detail="x").with_event_id("e1")
+    back = pickle.loads(pickle.dumps(error))
+    assert (back.code, back.param, back.message, back.event_id, str(back)) == (
+        error.code, error.param, error.message, error.event_id, str(error))
+
+
+def _tools(count: int, description: str) -> list[dict[str, Any]]:
+    return [{"type": "function", "name": f"t{i}", "description": description} for i in range(count)]
+
+
+@pytest.mark.parametrize("dialect", [GA, BETA])
+def test_large_frames_bounded_by_event_type_and_tools_size(dialect: Dialect) -> None:
+    """Issue 43 finding 2: with a control-frame cap, a larger event that carries no media is refused
+    (`event_frame_too_large` at `type`, the client's event_id echoed) before any value is checked; tools over
+    1 MiB of JSON in all get `tools_too_large` at their param, in a frame of any size; media events are not capped."""
+    update = json.dumps({"type": "session.update", "event_id": "u1", "session": {"instructions": "x" * 5000}})
+    error = parse(update, dialect, control_max_bytes=4096)
+    assert isinstance(error, ProtocolError)
+    assert (error.code, error.param, error.event_id) == (ErrorCode.EVENT_FRAME_TOO_LARGE, "type", "u1")
+    assert "'session.update' frame of" in error.message
+    untyped = parse(json.dumps({"type": ["\ud800"], "x": "y" * 5000}), dialect, control_max_bytes=4096)
+    assert isinstance(untyped, ProtocolError) and "untyped frame" in untyped.message
+    append = json.dumps({"type": "input_audio_buffer.append", "audio": "AAAA" * 2000})
+    assert not isinstance(parse(append, dialect, control_max_bytes=4096), ProtocolError)
+    big = _tools(128, "d" * 8192)  # each tool within its limits; over 1 MiB together
+    for frame, param in [
+        (json.dumps({"type": "response.create", "response": {"tools": big}}), "response.tools"),
+        (json.dumps({"type": "session.update", "session": {"tools": big}}), "session.tools"),
+        # under 1 MiB of characters, over 1 MiB of UTF-8: the decoder's own check
+        (json.dumps({"type": "session.update", "session": {"tools": _tools(64, "é" * 8192)}}, ensure_ascii=False),
+         "session.tools"),
+    ]:
+        error = parse(frame, dialect)
+        assert isinstance(error, ProtocolError)
+        assert (error.code, error.param) == (ErrorCode.TOOLS_TOO_LARGE, param)

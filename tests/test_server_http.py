@@ -301,6 +301,31 @@ async def test_bad_frames_each_get_one_error_and_the_session_continues(engine, w
         await client.ws.close()
 
 
+async def test_large_frames_bounded_by_event_type(engine, web_dir):
+    """Issue 43 finding 2: an event that carries no media is capped far below the frame limit, tools in all at
+    1 MiB of JSON, both refused with their code and param before the frame is checked; a large media frame
+    (parsed in the frame parser's own process) is served as any other."""
+    async with RealtimeServer(_config(web_dir, "server.limits.max_control_frame_bytes=4096"), engine) as srv:
+        client = await _open(srv)
+        await client.send(type="session.update", session={"type": "realtime", "instructions": "x" * 5000},
+                          event_id="big1")
+        error = await client.expect_error("event_frame_too_large")
+        assert (error["param"], error["event_id"]) == ("type", "big1")
+        assert "'session.update'" in error["message"] and "4096" in error["message"]
+        tool = {"type": "function", "name": "t", "description": "d" * 8192}
+        await client.send(type="response.create", response={"tools": [dict(tool, name=f"t{i}") for i in range(128)]})
+        error = await client.expect_error("tools_too_large", timeout=60)  # the parser process starts first
+        assert error["param"] == "response.tools"
+        await _still_serving(client)
+        audio = pcm16_b64(tone(1.5))  # 96 kB of base64: over the inline size, parsed in the other process
+        await client.send(type="session.update", session={"type": "realtime", "audio": {"input": {"turn_detection": None}}})
+        await client.recv_until("session.updated")
+        await client.send(type="input_audio_buffer.append", audio=audio)
+        await client.send(type="input_audio_buffer.commit")
+        await client.recv_until("input_audio_buffer.committed")
+        await client.ws.close()
+
+
 async def test_manual_turn_through_the_socket(server, engine):
     """append → commit → response.create yields a completed response with audio deltas, in order."""
     client = await _open(server)

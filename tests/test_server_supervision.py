@@ -204,6 +204,34 @@ async def test_drain_deadline_ends_every_running_response_before_the_close():
     engine.close()
 
 
+async def test_shutdown_as_a_session_ends_waits_for_nothing_that_never_answers(monkeypatch, caplog):
+    """Issue 43: a session whose reader has just ended (its client went away) while the server shuts down: the
+    shutdown's request to end its responses must not wait on a session task that will never run again (it
+    waited out the whole shutdown timeout and logged the session as left open, as seen at the end of bench.fuzz)."""
+    from realtime_ming.server import connection
+
+    engine = StubEngine()
+    async with RealtimeServer(_config(), engine) as srv:
+        read, late = connection._read, []
+
+        async def read_then_shutdown(*args, **kwargs):  # the shutdown arrives as the reader ends
+            try:
+                await read(*args, **kwargs)
+            finally:
+                late.append(asyncio.ensure_future(srv._live.end_all(CloseCode.GOING_AWAY, "shutdown", 60.0)))
+
+        monkeypatch.setattr(connection, "_read", read_then_shutdown)
+        client = await _open(srv.port)
+        await client.ws.close()
+        while not late:
+            await asyncio.sleep(0.01)
+        assert await late[0] == 0  # every session ended in time (the one gone among them)
+        with caplog.at_level("WARNING"):
+            await srv.close()
+        assert not [r for r in caplog.records if "still open" in r.getMessage()]
+    engine.close()
+
+
 # ---- the CLI process ------------------------------------------------------------------------------
 
 

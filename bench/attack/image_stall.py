@@ -88,12 +88,14 @@ async def image_stall(url: str, *, side: int = 2048, sessions: int = 2, max_gap_
     lost = [repr(r) for r in results if isinstance(r, BaseException)]
     before = [g for g, at in gaps if at < sent_at]
     during = [g for g, at in gaps if sent_at <= at <= finished_at + 0.5]
+    worst = max(((g, at) for g, at in gaps if sent_at <= at <= finished_at + 0.5), default=(0.0, sent_at))
     report = {"side": side, "image_bytes": len(image) * 3 // 4, "sessions": sessions,
               "image_item": added["type"] if added["type"] != "error" else added["error"]["code"],
               "image_response": done["response"]["status"], "image_s": round(finished_at - sent_at, 2),
               "gap_before_max_s": round(max(before, default=0.0), 3),
               "gap_during_max_s": round(max(during, default=0.0), 3),
               "gap_during_p99_s": round(float(np.percentile(during, 99)) if during else 0.0, 3),
+              "gap_during_max_ends_s": round(worst[1] - sent_at, 2),  # when the longest gap ended, after the send
               "events_during": len(during), **stats, "sessions_lost": len(lost), "lost": lost[:3]}
     report["ok"] = (added["type"] == "conversation.item.added" and not lost and bool(during)
                     and report["gap_during_max_s"] <= max_gap_s and stats["failed"] == 0)

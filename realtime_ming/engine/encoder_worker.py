@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import queue
+import sys
 import threading
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -92,6 +94,25 @@ class _Job:
     future: Future
 
 
+# On a CPU host the encoders' threads run this much nicer than the engine thread (Linux: niceness is per thread,
+# and the threads that torch's intra-op pool starts from this one inherit it). A big image's vision encoder (a
+# 2048 x 2048 image: ~17 K patches, seconds of CPU) then takes what the engine thread's steps leave rather than
+# half of every core: the other sessions' decode steps keep their pace, the image's turn waits longer instead
+# (issue 43, finding 9). No effect without contention; CUDA encoders (launches only) are left as they are.
+_CPU_ENCODER_NICENESS = 10
+
+
+def _yield_cpu_to_the_engine() -> None:
+    """Lower the calling thread's CPU priority by `_CPU_ENCODER_NICENESS` (Linux only; elsewhere a no-op)."""
+    if not sys.platform.startswith("linux"):
+        return  # PRIO_PROCESS with a thread id is per thread only on Linux
+    tid = threading.get_native_id()
+    try:
+        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + _CPU_ENCODER_NICENESS)
+    except OSError as exc:  # a sandbox that refuses it: the encoders share the CPU evenly, as before
+        log.warning("encoder worker: could not lower its CPU priority: %s", exc)
+
+
 class EncoderWorker:
     """One thread encoding admitted turns' tails in submission order (`submit` -> a Future of `Encoded`).
     `on_done` is called (on the worker thread) after each job's future is resolved: the engine's wake-up."""
@@ -118,6 +139,8 @@ class EncoderWorker:
         self._jobs.put(None)
 
     def _run(self) -> None:
+        if torch.device(self.bundle.devices["encoder"]).type == "cpu":
+            _yield_cpu_to_the_engine()
         while True:
             job = self._jobs.get()
             if job is None:

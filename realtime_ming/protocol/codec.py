@@ -24,7 +24,15 @@ from realtime_ming.protocol.errors import MAX_QUOTE_CHARS, ErrorCode, ProtocolEr
 from realtime_ming.protocol.events import CLIENT_EVENTS, SERVER_EVENTS, ClientEvent, ServerEvent
 from realtime_ming.protocol.ids import IdPrefix, new_id
 from realtime_ming.protocol.known_keys import check_known_keys
-from realtime_ming.protocol.limits import MAX_ID_CHARS, check_json, load_json, text_problem
+from realtime_ming.protocol.limits import (
+    MAX_ID_CHARS,
+    MAX_TOOLS_JSON_BYTES,
+    MEDIA_EVENT_TYPES,
+    check_json,
+    check_tools_size,
+    load_json,
+    text_problem,
+)
 from realtime_ming.protocol.wire import JsonValue
 
 __all__ = ["event_to_wire", "parse", "serialise"]
@@ -63,11 +71,36 @@ def _check_event_id(event_id: object) -> None:
         )
 
 
-def parse(frame: str | bytes, dialect: Dialect) -> ClientEvent | ProtocolError:
+_TOOLS_HOLDER = {"session.update": "session", "response.create": "response"}  # where an event's tools are
+
+
+def _check_sizes(obj: Mapping[str, Any], num_chars: int, control_max_bytes: int | None) -> None:
+    """The size bounds a large frame is refused by right after decoding, before any value of it is checked or
+    decoded (the costly part): an event that carries no media (any type but `MEDIA_EVENT_TYPES`) over
+    `control_max_bytes` (`event_frame_too_large`), tools over `MAX_TOOLS_JSON_BYTES` (`tools_too_large`,
+    as the tools' decoder says it for a smaller frame)."""
+    event_type = obj.get("type")
+    if not isinstance(event_type, str):
+        event_type = None  # an untyped event is refused as such (after the checks, which name the value)
+    if control_max_bytes is not None and num_chars > control_max_bytes and event_type not in MEDIA_EVENT_TYPES:
+        shown = "untyped" if event_type is None or text_problem(event_type) else f"'{clip(event_type, MAX_QUOTE_CHARS)}'"
+        raise ProtocolError(ErrorCode.EVENT_FRAME_TOO_LARGE, param="type", event_type=shown, num_bytes=num_chars,
+                            max_bytes=control_max_bytes, media_types=", ".join(sorted(MEDIA_EVENT_TYPES)))
+    key = _TOOLS_HOLDER.get(event_type or "")
+    holder = obj.get(key) if key is not None and num_chars > MAX_TOOLS_JSON_BYTES else None
+    tools = holder.get("tools") if isinstance(holder, dict) else None
+    if isinstance(tools, list):
+        check_tools_size(tools, f"{key}.tools")
+
+
+def parse(frame: str | bytes, dialect: Dialect, *, control_max_bytes: int | None = None) -> ClientEvent | ProtocolError:
     """Decode one WebSocket message into a typed client event, or the error to send back.
 
     Every value of the frame is checked first (`limits.check_json`: nesting, numbers, text), so
     no decoder below ever sees a lone surrogate, a control character or a non-finite number.
+    Size bounds come before that (`_check_sizes`): with `control_max_bytes`, a larger frame whose event carries
+    no media (not one of `limits.MEDIA_EVENT_TYPES`) is refused with `event_frame_too_large` (param `type`), and
+    tools over `MAX_TOOLS_JSON_BYTES` with `tools_too_large`.
     """
     if not isinstance(frame, str):
         return ProtocolError(ErrorCode.BINARY_FRAME_UNSUPPORTED)
@@ -77,6 +110,8 @@ def parse(frame: str | bytes, dialect: Dialect) -> ClientEvent | ProtocolError:
         return error
     event_id = _echoable_event_id(obj) if isinstance(obj, dict) else None
     try:
+        if isinstance(obj, dict):
+            _check_sizes(obj, len(frame), control_max_bytes)
         check_json(obj)
         if not isinstance(obj, dict):
             raise ProtocolError(ErrorCode.INVALID_EVENT, detail="the frame must be a JSON object")

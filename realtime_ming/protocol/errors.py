@@ -72,6 +72,12 @@ class ErrorCode(StrEnum):
         _INVALID,
         "The frame of {num_bytes} bytes exceeds the limit of {max_bytes} bytes.",
     )
+    EVENT_FRAME_TOO_LARGE = (
+        "event_frame_too_large",
+        _INVALID,
+        "The {event_type} frame of {num_bytes} bytes exceeds the limit of {max_bytes} bytes for an event that carries"
+        " no media (only {media_types} may take up to the frame limit).",
+    )
     EVENT_TOO_LARGE = (
         "event_too_large",
         _SERVER,
@@ -100,6 +106,12 @@ class ErrorCode(StrEnum):
         "object_above_max_properties",
         _INVALID,
         "'{param}' has too many keys: {length}, the limit is {max_length}.",
+    )
+    TOOLS_TOO_LARGE = (
+        "tools_too_large",
+        _INVALID,
+        "'{param}' is over the limit of {max_bytes} bytes of JSON for all tools together (the first tools alone"
+        " take {num_bytes}).",
     )
     JSON_VALUE_TOO_LARGE = (
         "json_value_too_large",
@@ -475,5 +487,16 @@ class ProtocolError(Exception):
         )
         return clone
 
+    def __reduce__(self):
+        """Pickled as its fields (a frame parsed in another process sends its error back)."""
+        return _rebuild_error, (self.code, self.message, self.param, self.event_id)
+
     def __repr__(self) -> str:
         return f"ProtocolError({self.code.value!r}, param={self.param!r}, event_id={self.event_id!r})"
+
+
+def _rebuild_error(code: ErrorCode, message: str, param: str | None, event_id: str | None) -> ProtocolError:
+    error = ProtocolError.__new__(ProtocolError)
+    Exception.__init__(error, message)
+    error.code, error.message, error.param, error.event_id = code, message, param, event_id
+    return error

@@ -28,6 +28,7 @@ __all__ = [
     "MAX_INPUT_ITEMS",
     "MAX_INTEGER_DIGITS",
     "MAX_JSON_DEPTH",
+    "MEDIA_EVENT_TYPES",
     "MAX_METADATA_KEY_CHARS",
     "MAX_METADATA_PAIRS",
     "MAX_METADATA_VALUE_CHARS",
@@ -35,8 +36,10 @@ __all__ = [
     "MAX_SCHEMA_JSON_BYTES",
     "MAX_TEXT_CHARS",
     "MAX_TOOLS",
+    "MAX_TOOLS_JSON_BYTES",
     "MAX_VIDEO_FRAMES",
     "check_json",
+    "check_tools_size",
     "load_json",
     "text_problem",
 ]
@@ -55,6 +58,12 @@ MAX_METADATA_PAIRS: Final = 16
 MAX_METADATA_KEY_CHARS: Final = 64
 MAX_METADATA_VALUE_CHARS: Final = 512
 MAX_SCHEMA_JSON_BYTES: Final = 65_536  # one tool's `parameters`
+# a `tools` array in all (compact UTF-8 JSON): past it no context the server serves could hold the tools (about 300 K
+# tokens), and megabytes of small JSON values cost a decoder tenths of a second (128 tools at the per-tool limits: 9 MB)
+MAX_TOOLS_JSON_BYTES: Final = 1_048_576
+# the client events that may carry media (base64 audio, image data URLs, video): only these may take a frame up to
+# `server.limits.max_frame_bytes`; every other event has the far smaller control-frame cap (`codec.parse`)
+MEDIA_EVENT_TYPES: Final = frozenset({"input_audio_buffer.append", "conversation.item.create", "response.create"})
 MAX_ECHO_JSON_BYTES: Final = 16_384  # free-form objects that are only echoed (`tracing`, `prompt`)
 
 # UTF-8 bytes of the refused C0 controls (tab, newline and carriage return are text). Any other
@@ -181,3 +190,16 @@ def load_json(frame: str) -> Any:
 def check_json(value: Any) -> None:
     """Check every value of a decoded frame (see the module doc); raises `ProtocolError`."""
     _walk(value)
+
+
+def check_tools_size(tools: list, param: str) -> None:
+    """Refuse a `tools` array over `MAX_TOOLS_JSON_BYTES` (`tools_too_large`). Works on a decoded but not yet
+    checked array too (an odd number counts as `null`): measured tool by tool, and only until it is over, so the
+    work is bounded by the limit, not by the size of the array."""
+    num_bytes = 2 + max(len(tools) - 1, 0)  # the brackets and commas
+    for tool in tools:
+        text = json.dumps(tool, ensure_ascii=False, separators=(",", ":"), default=lambda _o: None)
+        num_bytes += len(text.encode("utf-8", "surrogatepass"))
+        if num_bytes > MAX_TOOLS_JSON_BYTES:
+            raise ProtocolError(ErrorCode.TOOLS_TOO_LARGE, param=param, num_bytes=num_bytes,
+                                max_bytes=MAX_TOOLS_JSON_BYTES)

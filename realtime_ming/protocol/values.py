@@ -22,6 +22,7 @@ from realtime_ming.protocol.limits import (
     MAX_NAME_CHARS,
     MAX_SCHEMA_JSON_BYTES,
     MAX_TOOLS,
+    check_tools_size,
 )
 from realtime_ming.protocol.wire import (
     Codec,
@@ -245,6 +246,7 @@ Tool: TypeAlias = FunctionTool | McpTool
 
 def _decode_tools(value: Any, param: str, dialect: Dialect) -> tuple[Tool, ...]:
     items = expect_list(value, param, MAX_TOOLS)
+    check_tools_size(items, param)  # before any tool is decoded
     tools = tuple(_decode_tool(item, join(param, i), dialect) for i, item in enumerate(items))
     names = [(tool.name, "name") if isinstance(tool, FunctionTool) else (tool.server_label, "server_label")
              for tool in tools]

@@ -1,6 +1,7 @@
 """One `/v1/realtime` connection: reader, session and writer tasks in one TaskGroup, over any `Transport`.
 
-The reader parses frames into client events (oversize frames become `frame_too_large` errors),
+The reader parses frames into client events (oversize frames become `frame_too_large` errors, large ones are parsed
+in another process: `frame_parser`),
 the session task runs the `SessionRunner`, the writer sends serialised events with a send
 timeout. A clean end (client gone, idle timeout, slow client) is raised by the task that saw it
 as `SessionEnded`; the handler then closes with that code and frees the engine turn.
@@ -34,7 +35,6 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -61,6 +61,7 @@ from ..session.content import MediaLimits
 from ..session.failures import log_failure
 from ..session.mcp_limits import McpLimits
 from .config import LimitsConfig
+from .frame_parser import shared_parser
 from .handshake import HandshakeInfo
 from .metrics import ServerMetrics
 from .outbound import ECHOES, Close, Outbound, SessionEnded
@@ -71,11 +72,6 @@ __all__ = ["ConnectionContext", "InitialConfigError", "LiveSessions", "MediaPath
 
 log = logging.getLogger(__name__)
 
-# Frames above this many characters are parsed on a worker thread: checking every value of a frame of megabytes
-# of small JSON values (128 tools at every size limit: ~9 MB) takes a third of a second of Python, which on the
-# event loop would stall every session's events and /health (the GIL is still shared, but in slices).
-_PARSE_OFF_LOOP_CHARS = 256 * 1024
-_PARSERS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="frame-parse")
 
 
 _Ender = Callable[[CloseCode, str], Awaitable[None]]
@@ -96,14 +92,16 @@ class LiveSessions:
     def discard(self, ender: _Ender) -> None:
         self._enders.discard(ender)
 
-    async def end_all(self, code: CloseCode, reason: str, timeout_s: float) -> None:
+    async def end_all(self, code: CloseCode, reason: str, timeout_s: float) -> int:
         """Every session: `response.done` for each running response, then its close with `code` queued after
-        them (waits at most `timeout_s` for the sessions to have done so)."""
+        them (waits at most `timeout_s` for the sessions to have done so); how many had not when it gave up."""
         tasks = [asyncio.ensure_future(end(code, reason)) for end in list(self._enders)]
-        if tasks:
-            _, late = await asyncio.wait(tasks, timeout=timeout_s)
-            for task in late:
-                task.cancel()
+        if not tasks:
+            return 0
+        _, late = await asyncio.wait(tasks, timeout=timeout_s)
+        for task in late:
+            task.cancel()
+        return len(late)
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,6 +291,8 @@ async def _read(ws: Transport, runner: SessionRunner, outbound: Outbound, ctx: C
 async def _read_frames(ws: Transport, runner: SessionRunner, outbound: Outbound, ctx: ConnectionContext,
                        info: HandshakeInfo, watch: _IdleWatch, media: MediaPath | None) -> None:
     limits = ctx.limits
+    # large frames are parsed in another process
+    parser = shared_parser(min(limits.max_control_frame_bytes, limits.max_frame_bytes))
     while True:
         watch.receiving()
         try:
@@ -313,10 +313,7 @@ async def _read_frames(ws: Transport, runner: SessionRunner, outbound: Outbound,
             event = ProtocolError(ErrorCode.FRAME_TOO_LARGE, num_bytes=len(message), max_bytes=limits.max_frame_bytes)
         else:
             try:
-                if len(message) > _PARSE_OFF_LOOP_CHARS:
-                    event = await asyncio.get_running_loop().run_in_executor(_PARSERS, parse, message, info.dialect)
-                else:
-                    event = parse(message, info.dialect)
+                event = await parser.parse(message, info.dialect)
             except Exception as exc:  # parse answers every frame; a bug in it costs one error event
                 log_failure(log, runner.session.config.id, "frame", None, exc)
                 event = ProtocolError(ErrorCode.SERVER_ERROR)
@@ -429,9 +426,16 @@ async def serve_connection(ws: Transport, ctx: ConnectionContext, info: Handshak
     started = time.monotonic()
     logger.info("session %s opened (%s, origin=%s)", session.config.id, info.dialect.value, info.origin)
 
+    session_task: asyncio.Task | None = None
+
     async def end(close_code: CloseCode, close_reason: str) -> None:  # the server's drain deadline
         try:
-            await runner.end_responses()
+            if session_task is None:  # not started: it takes the request when it starts
+                await runner.end_responses()
+            elif not session_task.done():  # a session ending already (its reader saw the client go) never answers
+                ending = asyncio.ensure_future(runner.end_responses())
+                await asyncio.wait((ending, session_task), return_when=asyncio.FIRST_COMPLETED)
+                ending.cancel()
         finally:
             outbound.put(Close(close_code, close_reason))  # after the response.done frames
 
@@ -440,7 +444,7 @@ async def serve_connection(ws: Transport, ctx: ConnectionContext, info: Handshak
     try:
         async with asyncio.TaskGroup() as tg:
             tg.create_task(_read(ws, runner, outbound, ctx, info, watch, media))
-            tg.create_task(runner.run())
+            session_task = tg.create_task(runner.run())
             tg.create_task(_write(ws, outbound, ctx.limits))
             if media is not None:
                 tg.create_task(media.run(runner, emit, watch.touch))
