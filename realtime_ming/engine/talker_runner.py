@@ -114,6 +114,7 @@ class TalkerRunner:
         self.bundle = bundle
         self.replica = replica
         self.cfg = cfg.talker
+        self.steps_per_word = bundle.hooks.steps_per_word  # > 0: a fixed talker length (benchmarks)
         self.talker = replica.talker
         self.vae = replica.vae
         tcfg = bundle.cfg.talker
@@ -329,8 +330,8 @@ class TalkerRunner:
                                       device=self.device, dtype=self.dtype)[0]
         with self._gpu.vae():
             self.vae_state.reset(upload([r], torch.int64, self.vae_device))
-        if self.cfg.steps_per_word > 0:  # benchmarks: fixed length, stop head ignored
-            max_steps = max(1, len(job.text.split()) * self.cfg.steps_per_word)
+        if self.steps_per_word > 0:  # benchmarks: fixed length, stop head ignored
+            max_steps = max(1, len(job.text.split()) * self.steps_per_word)
         else:
             max_steps = duration_step_cap(len(job.text), _SECONDS_PER_STEP)
         max_steps = min(max_steps, self.cfg.max_prompt_len - t - 1)
@@ -338,7 +339,7 @@ class TalkerRunner:
         generator = torch.Generator(device=self.device).manual_seed(job.seed)
         # a lead's second step must be one the stop head cannot end (step 0 of at least two)
         lead = (self.cfg.first_chunk_catch_up and job.first and max_steps >= 2
-                and (self.cfg.steps_per_word > 0 or self.cfg.min_new_token >= 0))
+                and (self.steps_per_word > 0 or self.cfg.min_new_token >= 0))
         self.streams.append(_Stream(job, t, max_steps, silence=silence, generator=generator, lead=lead))
         leads = sum(s.lead for s in self.streams[:-1])  # the leads occupy rows 0..leads-1 (one graph batch)
         if lead and leads < r:
@@ -426,7 +427,7 @@ class TalkerRunner:
                 s.pos += 1
             s.fresh = False
             ends = s.step + 1 >= s.max_steps
-            if self.cfg.steps_per_word <= 0:
+            if self.steps_per_word <= 0:
                 ends = ends or should_stop(s.step, p_stop[j], self.cfg.min_new_token)
             if ends:
                 ended.add(id(s))
