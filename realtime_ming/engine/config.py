@@ -23,9 +23,9 @@ class PlacementConfig:
     both read back as), anything else is an error.
     """
 
-    thinker_devices: tuple[str, ...] = ("cpu",)
+    thinker_devices: tuple[str, ...] = ("cpu",)  # the thinker, tensor-parallel over these (e.g. [cuda:0, cuda:1])
     talker_device: str | None = None  # None: cpu, or talker_devices[0]
-    encoder_device: str = "cpu"
+    encoder_device: str = "cpu"  # the audio and vision encoders
     vae_device: str | None = None  # None: cpu, or talker_devices[0]
     talker_devices: tuple[str, ...] = ()  # () = the one replica of talker_device / vae_device
 
@@ -151,9 +151,9 @@ class TalkerRunnerConfig:
     max_streams: int = 16  # talker streams stepped together
     max_prompt_len: int = 512  # talker LM prompt + generated steps per fragment (the tiny model: >= 1024)
     min_new_token: int = 10  # stop rule (docs/model.md §5.9; sglang-omni uses 3)
-    cfg_strength: float = 2.0
-    sigma: float = 0.25
-    temperature: float = 0.0
+    cfg_strength: float = 2.0  # the talker's flow-matching sampler: classifier-free guidance strength
+    sigma: float = 0.25  # ... its SDE noise scale
+    temperature: float = 0.0  # ... its noise temperature (0 = deterministic given the seed)
     # CUDA-graph batch sizes of the talker and VAE steps; None = `graph_buckets(max_streams)`
     buckets: tuple[int, ...] | None = None
     # CUDA-graph prompt lengths of a new stream; one of max_prompt_len // 2 (the longest prompt a job prefills)
@@ -219,7 +219,7 @@ class TalkerRunnerConfig:
 class EngineConfig:
     """Everything the engine needs. `model_path=None` serves the embedded tiny random-weight model."""
 
-    model_path: str | None = None
+    model_path: str | None = None  # checkpoint folder; None = the embedded tiny random-weight model
     tokenizer_path: str | None = None  # thinker tokenizer.json (file or folder) when the checkpoint lacks one
     talker_tokenizer_path: str | None = None  # talker tokenizer.json when talker/llm/ lacks one
     weights: str = "checkpoint"  # "checkpoint" | "dummy" (seeded random weights, any preset)
@@ -230,8 +230,8 @@ class EngineConfig:
     # host memory), run by the FP8 Triton kernels (model/kernels/moe_fp8.py); router, shared expert, attention and
     # every other model stay in `dtype`. Fidelity: docs/fidelity.md
     expert_dtype: str = "model"
-    seed: int = 0
-    default_voice: str | None = None
+    seed: int = 0  # dummy weights' seed
+    default_voice: str | None = None  # the voice of sessions that name none; None = the first preset
     enforce_eager: bool = False  # CUDA graphs off (debugging; a CPU device always runs eager)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     thinker: ThinkerRunnerConfig = field(default_factory=ThinkerRunnerConfig)
