@@ -83,14 +83,9 @@ def serve_config(args: argparse.Namespace):
 
 def serve_hooks(args: argparse.Namespace):
     """The `EngineHooks` of parsed `serve --hook` arguments (None without any); ValueError names a bad one."""
-    if not args.hooks:
-        return None
-    from .engine.hooks import EngineHooks, parse_hook
+    from .engine.hooks import parse_hooks
 
-    hooks = EngineHooks()
-    for item in args.hooks:
-        hooks = parse_hook(hooks, item)
-    return hooks
+    return parse_hooks(args.hooks)
 
 
 def _fail(message: object) -> int:

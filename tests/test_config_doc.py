@@ -43,6 +43,12 @@ def test_every_engine_key_is_documented_and_in_the_reference():
     assert all(f"`{k.path}`" in text for k in engine)
 
 
+def test_engine_knob_count_does_not_grow():
+    """Issue 48: at most 45 `engine.*` knobs once the talker drivers are one setting; this count may only fall."""
+    engine = [k for section, _, own in keys() if section.startswith("engine") for k in own]
+    assert len(engine) <= 50, [k.path for k in engine]
+
+
 def test_device_defaults_fill_only_fields_left_null():
     cpu, cuda = EngineConfig(), EngineConfig(placement=PlacementConfig(thinker_devices=("cuda:0", "cuda:1")))
     for cfg, row in ((cpu, DEVICE_DEFAULTS["cpu"]), (cuda, DEVICE_DEFAULTS["cuda"])):

@@ -31,7 +31,7 @@ from realtime_ming.engine.hooks import EngineHooks
 from realtime_ming.engine.models import ModelBundle
 from realtime_ming.engine.talker_runner import TalkerRunner, stream_seed
 from realtime_ming.model.multimodal import AudioInput, ImageInput
-from realtime_ming.model.talker import build_talker_prompt, duration_step_cap, generate
+from realtime_ming.model.talker import DEFAULT_MIN_NEW_TOKEN, build_talker_prompt, duration_step_cap, generate
 from realtime_ming.model.talker_text import talker_job_texts
 from realtime_ming.model.tokenizer import ChatMessage
 from engine_support import (
@@ -213,7 +213,7 @@ def test_fixture_streamed_pcm_equals_offline_talker_vae(fixture_root, bundle):
     assert runner.num_streams() == 0
     for turn_id, (text, seed) in texts.items():
         streamed = np.concatenate(pcm[turn_id])
-        offline = _offline_speech(bundle, text, seed, cfg.talker.max_prompt_len, cfg.talker.min_new_token)
+        offline = _offline_speech(bundle, text, seed, cfg.talker.max_prompt_len, DEFAULT_MIN_NEW_TOKEN)
         assert streamed.shape == offline.shape
         np.testing.assert_allclose(streamed, offline, rtol=0, atol=1e-4)
 

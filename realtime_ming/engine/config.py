@@ -107,10 +107,6 @@ class ThinkerRunnerConfig:
     # None: 512 on CUDA, 0 on CPU
     mixed_step_tokens: int | None = None
     kv_buckets: tuple[int, ...] | None = None  # CUDA-graph attention lengths; None = 512, 1024, ... max_seq_len
-    # CUDA-graph widths of a one-row prefill chunk (capped at prefill_chunk_tokens); () = prefill always eager
-    prefill_buckets: tuple[int, ...] = (32, 64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
-    # CUDA-graph clip lengths of the audio encoder, in mel frames (100 per second); longer clips run eager
-    audio_buckets: tuple[int, ...] = (160, 320, 640, 1280, 3000)
     # the thinker's judgement of whether the user finished their turn (`TurnTask.JUDGE_TURN`, semantic_vad):
     # "auto" = on only for real checkpoint weights (the tiny / dummy default would judge noise), "on", "off"
     # (YAML's bare on / off read as true / false are taken too)
@@ -150,15 +146,8 @@ class ThinkerRunnerConfig:
 class TalkerRunnerConfig:
     max_streams: int = 16  # talker streams stepped together
     max_prompt_len: int = 512  # talker LM prompt + generated steps per fragment (the tiny model: >= 1024)
-    min_new_token: int = 10  # stop rule (docs/model.md §5.9; sglang-omni uses 3)
-    cfg_strength: float = 2.0  # the talker's flow-matching sampler: classifier-free guidance strength
-    sigma: float = 0.25  # ... its SDE noise scale
-    temperature: float = 0.0  # ... its noise temperature (0 = deterministic given the seed)
     # CUDA-graph batch sizes of the talker and VAE steps; None = `graph_buckets(max_streams)`
     buckets: tuple[int, ...] | None = None
-    # CUDA-graph prompt lengths of a new stream; one of max_prompt_len // 2 (the longest prompt a job prefills)
-    # is added when the largest is shorter
-    prefill_buckets: tuple[int, ...] = (32, 64, 96, 128, 192, 256)
     # a cloned voice's prompt (transcript + audio patches) may take max_prompt_len // 2 − this many talker
     # tokens, so every job keeps room for this much reply text (fewer, longer jobs per segment)
     min_text_tokens: int = 32
@@ -188,8 +177,6 @@ class TalkerRunnerConfig:
             object.__setattr__(self, "buckets", graph_buckets(self.max_streams))
         elif not self.buckets or min(self.buckets) < 1:
             raise ValueError("engine.talker.buckets must be positive batch sizes")
-        if not self.prefill_buckets or min(self.prefill_buckets) < 1:
-            raise ValueError("engine.talker.prefill_buckets must be positive prompt lengths")
         if self.voice_head_cache < 0:
             raise ValueError("engine.talker.voice_head_cache must be >= 0")
         if self.driver not in TALKER_DRIVERS:
@@ -240,7 +227,6 @@ class EngineConfig:
     # mark (first segment ~34 ms after the first text instead of ~70), on CPU the reference policy (the golden
     # fixtures). A segmenter section replaces it whole: its unset fields take SegmenterConfig's defaults
     segmenter: SegmenterConfig | None = None
-    max_queued_turns: int = 64  # submitted but not yet admitted; beyond -> TurnFailed("engine busy")
     # bounded speculation (`engine/speculation.py`): an unconfirmed speculative turn pauses (thinker row and talker
     # stream kept, not stepped) once it holds this much audio ...
     speculation_lookahead_ms: float | None = 1000.0

@@ -13,7 +13,7 @@ import dataclasses
 import typing
 from dataclasses import dataclass
 
-__all__ = ["EngineHooks", "NO_HOOKS", "parse_hook"]
+__all__ = ["EngineHooks", "NO_HOOKS", "parse_hook", "parse_hooks"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +51,14 @@ class EngineHooks:
 
 
 NO_HOOKS = EngineHooks()
+
+
+def parse_hooks(items: typing.Iterable[str]) -> EngineHooks | None:
+    """The hooks of `--hook NAME=VALUE` arguments (None without any); ValueError names a bad one."""
+    hooks = None
+    for item in items:
+        hooks = parse_hook(hooks or EngineHooks(), item)
+    return hooks
 
 
 def parse_hook(hooks: EngineHooks, item: str) -> EngineHooks:

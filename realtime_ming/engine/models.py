@@ -33,7 +33,7 @@ from ..model.tiny_tokenizer import TINY_VOCAB_SIZE, tiny_talker_special_ids, tin
 from ..model.tokenizer import ThinkerTokenizer, check_talker_tokenizer, resolve_tokenizer
 from ..model.vae import AudioVAE
 from ..model.vision import VisionProjector, VisionTransformer
-from .audio_graphs import AudioEncoderGraphs
+from .audio_graphs import CLIP_BUCKETS, AudioEncoderGraphs
 from .config import EngineConfig
 from .hooks import NO_HOOKS, EngineHooks
 from .talker_replica import TalkerReplica
@@ -207,7 +207,7 @@ class ModelBundle:
                      thinker_tok, talker_tok, special, is_tiny_default=tiny, devices=devices,
                      talker_replicas=replicas, hooks=hooks)
         bundle.audio_graphs = AudioEncoderGraphs(audio_encoder, audio_projector, ming.audio_config,
-                                                 cfg.thinker.audio_buckets, dtype=dtype, device=devices["encoder"],
+                                                 CLIP_BUCKETS, dtype=dtype, device=devices["encoder"],
                                                  out_device=devices["thinker"], enforce_eager=cfg.enforce_eager)
         if any(torch.device(d).type == "cuda" for d in devices.values()):
             if not triton_available():

@@ -47,6 +47,8 @@ __all__ = ["ThinkerRunner", "ThinkerOutput"]
 
 log = logging.getLogger(__name__)
 
+# CUDA-graph widths of a one-row prefill chunk (those up to prefill_chunk_tokens are captured)
+PREFILL_WIDTHS = (32, 64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
 SLOW_ADMISSION_MS = 40.0  # admissions slower than this are logged with their parts
 
 
@@ -130,7 +132,7 @@ class ThinkerRunner:
         # turn judgements (JUDGE_TURN): the answers' token ids, from this checkpoint's tokenizer; None = off
         self.judge_answers = answer_ids(self.tok) if turn_judgement_on(cfg) else None
         buckets = (self.cfg.decode_buckets, self.cfg.kv_buckets or default_kv_buckets(self.cfg.max_seq_len))
-        widths = tuple(w for w in self.cfg.prefill_buckets if w <= self.cfg.prefill_chunk_tokens)
+        widths = tuple(w for w in PREFILL_WIDTHS if w <= self.cfg.prefill_chunk_tokens)
         graphs = not cfg.enforce_eager and self.device.type == "cuda"
         # several prompts arriving together prefill as one graphed chunk: rows x width <= prefill_chunk_tokens
         shape = dict(rows=tuple(r for r in self.cfg.decode_buckets if r <= self.cfg.max_batch),
