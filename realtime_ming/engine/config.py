@@ -122,9 +122,6 @@ class ThinkerRunnerConfig:
         if self.mixed_step_tokens and self.mixed_step_tokens <= self.max_batch:
             raise ValueError(f"engine.thinker.mixed_step_tokens must be 0 (off) or above max_batch "
                              f"({self.max_batch}), got {self.mixed_step_tokens}")
-        if self.mixed_step_tokens is not None and self.mixed_step_tokens < 0:
-            raise ValueError(f"engine.thinker.mixed_step_tokens must be 0 (off) or above max_batch, "
-                             f"got {self.mixed_step_tokens}")
         if not 0.0 <= self.prefill_step_ms <= 60_000.0:  # NaN fails too
             raise ValueError(f"engine.thinker.prefill_step_ms must be in [0, 60000] ms, got {self.prefill_step_ms!r}")
         if not 0.0 <= self.auto_truncation_ratio <= 1.0:  # NaN fails too
@@ -223,9 +220,9 @@ class EngineConfig:
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     thinker: ThinkerRunnerConfig = field(default_factory=ThinkerRunnerConfig)
     talker: TalkerRunnerConfig = field(default_factory=TalkerRunnerConfig)
-    # None: the device's (`DEVICE_DEFAULTS`): on CUDA the latency policy held up to 60 ms for a clause or sentence
-    # mark (first segment ~34 ms after the first text instead of ~70), on CPU the reference policy (the golden
-    # fixtures). A segmenter section replaces it whole: its unset fields take SegmenterConfig's defaults
+    # None: the device's (`DEVICE_DEFAULTS`): on CUDA the latency policy, its first segment held up to 60 ms for a
+    # clause or sentence mark; on CPU the reference policy (the golden fixtures). A segmenter section replaces it
+    # whole: its unset fields take SegmenterConfig's defaults (policy "reference")
     segmenter: SegmenterConfig | None = None
     # bounded speculation (`engine/speculation.py`): an unconfirmed speculative turn pauses (thinker row and talker
     # stream kept, not stepped) once it holds this much audio ...
