@@ -63,6 +63,17 @@ def test_device_defaults_fill_only_fields_left_null():
     assert (explicit.dtype, explicit.encoder_worker) == ("float32", True)  # a value set always wins
 
 
+def test_a_partial_segmenter_section_keeps_the_device_default():
+    """A config's segmenter keys change only themselves: on a GPU config the latency policy and its mark wait stay."""
+    gpu = ROOT / "configs" / "ming-flash-omni-2.0.yaml"
+    seg = load_config(gpu, ["engine.segmenter.max_tokens=30"]).engine.segmenter
+    assert (seg.policy, seg.first_mark_wait_ms, seg.max_tokens) == ("latency", 60.0, 30)
+    seg = load_config(gpu, ["engine.segmenter.policy=reference"]).engine.segmenter
+    assert (seg.policy, seg.first_mark_wait_ms) == ("reference", 0.0)
+    seg = load_config(None, ["engine.segmenter.max_tokens=30"]).engine.segmenter  # CPU: the reference policy
+    assert (seg.policy, seg.first_mark_wait_ms, seg.max_tokens) == ("reference", 0.0, 30)
+
+
 @pytest.mark.parametrize("path", GPU_CONFIGS, ids=lambda p: p.name)
 def test_gpu_configs_set_only_what_differs_from_the_cuda_defaults(path, tmp_path):
     """Every engine key a shipped GPU config names changes its effective config: placement, capacities and the

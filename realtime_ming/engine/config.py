@@ -58,6 +58,12 @@ class PlacementConfig:
         return tuple((d, d) for d in self.talker_devices)
 
 
+def _cuda(thinker_devices) -> bool:
+    """Whether a thinker placed on `thinker_devices` (a list, or one name) runs on CUDA."""
+    first = thinker_devices if isinstance(thinker_devices, str) else next(iter(thinker_devices), "")
+    return str(first).startswith("cuda")
+
+
 def graph_buckets(capacity: int) -> tuple[int, ...]:
     """CUDA-graph batch sizes up to `capacity` rows: 1, 2, 4, 8, 16, then 24, 32, 48, 64, 96, ... (a batch pads to
     the next one, at most 50 % more rows), and `capacity` itself."""
@@ -221,8 +227,8 @@ class EngineConfig:
     thinker: ThinkerRunnerConfig = field(default_factory=ThinkerRunnerConfig)
     talker: TalkerRunnerConfig = field(default_factory=TalkerRunnerConfig)
     # None: the device's (`DEVICE_DEFAULTS`): on CUDA the latency policy, its first segment held up to 60 ms for a
-    # clause or sentence mark; on CPU the reference policy (the golden fixtures). A segmenter section replaces it
-    # whole: its unset fields take SegmenterConfig's defaults (policy "reference")
+    # clause or sentence mark; on CPU the reference policy (the golden fixtures). In a config file the keys a
+    # segmenter section leaves out keep the device's (`file_sections`)
     segmenter: SegmenterConfig | None = None
     # bounded speculation (`engine/speculation.py`): an unconfirmed speculative turn pauses (thinker row and talker
     # stream kept, not stepped) once it holds this much audio ...
@@ -256,10 +262,24 @@ class EngineConfig:
         if self.weights == "checkpoint" and self.preset is not None and self.model_path is not None:
             raise ValueError("engine.preset applies only to weights='dummy' or the embedded default")
 
+    @staticmethod
+    def file_sections(data: dict) -> dict:
+        """A config file's engine section, its segmenter section completed by the device default: `policy` and,
+        for that same policy, `first_mark_wait_ms` keep the device's when left out (the config loader calls it)."""
+        section = data.get("segmenter")
+        if not isinstance(section, dict):
+            return data
+        devices = (data.get("placement") or {}).get("thinker_devices") or PlacementConfig().thinker_devices
+        base = DEVICE_DEFAULTS["cuda" if _cuda(devices) else "cpu"]["segmenter"]
+        section = {"policy": base.policy, **section}
+        if section["policy"] == base.policy and "first_mark_wait_ms" not in section:
+            section["first_mark_wait_ms"] = base.first_mark_wait_ms
+        return {**data, "segmenter": section}
+
     @property
     def on_cuda(self) -> bool:
         """Whether the thinker runs on CUDA devices (which `DEVICE_DEFAULTS` row fills the fields left None)."""
-        return self.placement.thinker_devices[0].startswith("cuda")
+        return _cuda(self.placement.thinker_devices)
 
     def _fill_device_defaults(self) -> None:
         defaults = DEVICE_DEFAULTS["cuda" if self.on_cuda else "cpu"]

@@ -398,6 +398,9 @@ def _build(cls: type, data: Any, where: str) -> Any:
         hint = (f" ({', '.join(hooks)}: a test / benchmark hook, not a config key: `realtime-ming serve --hook "
                 f"{hooks[0]}=VALUE`)" if hooks and where.startswith("engine") else "")
         raise ConfigError("unknown config key(s): " + ", ".join(_join(where, k) for k in unknown) + hint)
+    complete = getattr(cls, "file_sections", None)  # a dataclass may complete its sections (EngineConfig)
+    if complete is not None:
+        data = complete(data)
     kwargs = {k: _convert(hints[k], v, _join(where, k)) for k, v in data.items()}
     try:
         return cls(**kwargs)
