@@ -142,9 +142,9 @@ def _device_defaults() -> str:
             "| key | CUDA | CPU |", "|---|---|---|"]
     for key in DEVICE_DEFAULTS["cuda"]:
         cuda, cpu = DEVICE_DEFAULTS["cuda"][key], DEVICE_DEFAULTS["cpu"][key]
-        if dataclasses.is_dataclass(cuda):
+        if dataclasses.is_dataclass(cuda):  # the segmenter: its policy and what differs from that policy's defaults
             cuda, cpu = ({f.name: getattr(v, f.name) for f in dataclasses.fields(v)
-                          if getattr(v, f.name) != getattr(type(v)(), f.name) or f.name == "policy"}
+                          if f.name == "policy" or getattr(v, f.name) != getattr(type(v)(policy=v.policy), f.name)}
                          for v in (cuda, cpu))
         rows.append(f"| `engine.{key}` | `{_cell(_yaml(cuda))}` | `{_cell(_yaml(cpu))}` |")
     return "\n".join(rows) + "\n"
