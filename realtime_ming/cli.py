@@ -103,6 +103,8 @@ def _run_serve(args: argparse.Namespace) -> int:
     try:
         cfg = serve_config(args)
         hooks = serve_hooks(args)
+        if hooks is not None:
+            hooks.check(cfg.engine)
     except (ConfigError, ValueError) as exc:
         return _fail(f"config error: {exc}")
     try:

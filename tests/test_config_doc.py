@@ -134,3 +134,12 @@ def test_serve_hook_flag_builds_engine_hooks():
             parse_hook(EngineHooks(), bad)
     with pytest.raises(ValueError, match="forced_turn_judgement"):
         parse_hook(EngineHooks(), "forced_turn_judgement=2")
+
+
+@pytest.mark.parametrize(("hook", "message"), [("nope=1", "NAME one of"), ("tp_shadow=2", "tp_shadow needs dummy weights")])
+def test_serve_refuses_a_bad_hook_before_loading(hook, message, capsys, tmp_path):
+    from realtime_ming.cli import main
+
+    assert main(["serve", "--model-path", str(tmp_path), "--hook", hook]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("realtime-ming: config error:") and message in err
