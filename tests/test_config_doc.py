@@ -143,3 +143,16 @@ def test_serve_refuses_a_bad_hook_before_loading(hook, message, capsys, tmp_path
     assert main(["serve", "--model-path", str(tmp_path), "--hook", hook]) == 2
     err = capsys.readouterr().err
     assert err.startswith("realtime-ming: config error:") and message in err
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_loads(path):
+    """Each file in configs/ loads as what it is: a cluster config (with the server config its replicas load) or
+    a `realtime-ming serve` config."""
+    from realtime_ming.cluster.config import load_cluster_config, load_replica_config
+
+    if path.name.startswith("cluster-"):
+        cluster = load_cluster_config(path)
+        assert load_replica_config(ROOT / cluster.server_config, cluster.overrides).server.frontend_processes == 1
+    else:
+        load_config(path)
