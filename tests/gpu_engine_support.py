@@ -11,6 +11,7 @@ import numpy as np
 from realtime_ming.engine import Engine
 from realtime_ming.engine.api import Content, Message, SamplingParams, TurnDone, TurnRequest
 from realtime_ming.engine.config import EngineConfig, PlacementConfig, TalkerRunnerConfig, ThinkerRunnerConfig
+from realtime_ming.engine.segmenter import SegmenterConfig
 from conftest import fixture_tokenizers
 
 
@@ -42,10 +43,12 @@ def generate(fixture_root, devices=("cuda:0",), *, eager: bool, dtype: str = "fl
     """A text turn and an audio turn (24 tokens each, greedy) on an engine over the fixture checkpoint."""
     device = talker or devices[0]
     with_audio = talker is not None
+    # the CPU reference's settings where the CUDA defaults differ (`DEVICE_DEFAULTS`): one engine path compared
     cfg = EngineConfig(model_path=str(fixture_root), tokenizer_path=fixture_tokenizers(fixture_root)[0],
                        talker_tokenizer_path=fixture_tokenizers(fixture_root)[1], dtype=dtype, enforce_eager=eager,
-                       expert_dtype=expert_dtype,
-                       thinker=ThinkerRunnerConfig(max_slots=4, max_seq_len=1024, kv_buckets=(256, 1024)),
+                       expert_dtype=expert_dtype, encoder_worker=True, segmenter=SegmenterConfig(),
+                       thinker=ThinkerRunnerConfig(max_slots=4, max_seq_len=1024, kv_buckets=(256, 1024),
+                                                   prefill_chunk_tokens=256, mixed_step_tokens=0),
                        placement=PlacementConfig(thinker_devices=devices, talker_device=device, encoder_device=device,
                                                  vae_device=device),
                        talker=TalkerRunnerConfig(driver=driver))
