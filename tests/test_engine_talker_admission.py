@@ -166,12 +166,13 @@ def test_a_turns_first_job_speaks_in_the_step_that_starts_it_with_unchanged_audi
 
 @pytest.mark.slow
 def test_first_chunk_catch_up_off_speaks_one_step_later_with_the_same_audio(tiny_bundle):
-    """engine.talker.first_chunk_catch_up=false: one talker step per engine step from the start, so the first
-    engine step gives no audio (the VAE holds the chunk); the audio itself is the same."""
+    """The first-chunk catch-up off (`TalkerRunner.catch_up`): one talker step per engine step from the start, so
+    the first engine step gives no audio (the VAE holds the chunk); the audio itself is the same."""
     audio, first = {}, {}
     for on in (True, False):
-        cfg = EngineConfig(talker=TalkerRunnerConfig(max_streams=2, silence_holder=False, first_chunk_catch_up=on))
+        cfg = EngineConfig(talker=TalkerRunnerConfig(max_streams=2, silence_holder=False))
         runner = TalkerRunner(tiny_bundle.with_hooks(EngineHooks(steps_per_word=2)), cfg)
+        runner.catch_up = on
         pcm, outs = _speak(runner, {0: [("b", "The sea is calm.", 11)]})
         audio[on], first[on] = pcm["b"], outs["b"][:2]
     assert first[False] == [(0, 0, 1), (1, first[True][0][1], 1)] and first[True][0][2] == 2, first

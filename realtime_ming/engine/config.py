@@ -112,7 +112,6 @@ class ThinkerRunnerConfig:
     # twice. 0 = off (two forwards). A chunk beside decode rows is then packed into what the rows leave.
     # None: 512 on CUDA, 0 on CPU
     mixed_step_tokens: int | None = None
-    kv_buckets: tuple[int, ...] | None = None  # CUDA-graph attention lengths; None = 512, 1024, ... max_seq_len
     # the thinker's judgement of whether the user finished their turn (`TurnTask.JUDGE_TURN`, semantic_vad):
     # "auto" = on only for real checkpoint weights (the tiny / dummy default would judge noise), "on", "off"
     # (YAML's bare on / off read as true / false are taken too)
@@ -156,9 +155,6 @@ class TalkerRunnerConfig:
     min_text_tokens: int = 32
     voice_head_cache: int = 32  # voices whose prompt head (system … transcript K/V) is kept; 0 = off
     silence_holder: bool = True  # the reference's trailing-silence holder on each stream (§6.4)
-    # a turn's first job runs two talker steps in the engine step that starts it (the VAE holds each chunk until
-    # the next one): the same audio, its first chunk one engine step sooner, for one small extra talker + VAE pass
-    first_chunk_catch_up: bool = True
     # who steps the talker (`engine/talker_driver.py`): "inline" = the engine thread, once per engine step, beside
     # the thinker's step; "process" = each talker replica in a process of its own at its own pace (the weights
     # shared, not copied; `engine/talker_process.py`), for talker replicas on GPUs apart from the thinker's (the same

@@ -115,6 +115,9 @@ class TalkerRunner:
         self.replica = replica
         self.cfg = cfg.talker
         self.steps_per_word = bundle.hooks.steps_per_word  # > 0: a fixed talker length (benchmarks)
+        # a turn's first job runs two talker steps in the step that starts it (the VAE holds each chunk until the
+        # next one): the same audio, its first chunk one step sooner, for one small extra talker + VAE pass
+        self.catch_up = True
         self.talker = replica.talker
         self.vae = replica.vae
         tcfg = bundle.cfg.talker
@@ -338,7 +341,7 @@ class TalkerRunner:
         silence = SilenceHolder(self.vae.cfg.sample_rate) if self.cfg.silence_holder else None
         generator = torch.Generator(device=self.device).manual_seed(job.seed)
         # a lead's second step must be one the stop head cannot end (step 0 of at least two)
-        lead = self.cfg.first_chunk_catch_up and job.first and max_steps >= 2
+        lead = self.catch_up and job.first and max_steps >= 2
         self.streams.append(_Stream(job, t, max_steps, silence=silence, generator=generator, lead=lead))
         leads = sum(s.lead for s in self.streams[:-1])  # the leads occupy rows 0..leads-1 (one graph batch)
         if lead and leads < r:

@@ -131,7 +131,7 @@ class ThinkerRunner:
         self._forced_judgement = hooks.forced_turn_judgement
         # turn judgements (JUDGE_TURN): the answers' token ids, from this checkpoint's tokenizer; None = off
         self.judge_answers = answer_ids(self.tok) if turn_judgement_on(cfg) else None
-        buckets = (self.cfg.decode_buckets, self.cfg.kv_buckets or default_kv_buckets(self.cfg.max_seq_len))
+        buckets = (self.cfg.decode_buckets, default_kv_buckets(self.cfg.max_seq_len))  # 512, 1024, ... max_seq_len
         widths = tuple(w for w in PREFILL_WIDTHS if w <= self.cfg.prefill_chunk_tokens)
         graphs = not cfg.enforce_eager and self.device.type == "cuda"
         # several prompts arriving together prefill as one graphed chunk: rows x width <= prefill_chunk_tokens
