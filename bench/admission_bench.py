@@ -29,6 +29,7 @@ from realtime_ming.engine import Engine
 from realtime_ming.engine.api import (Content, Message, SamplingParams, TextDelta, TurnCancelled, TurnDone, TurnFailed,
                                       TurnRequest)
 from realtime_ming.engine.config import EngineConfig, ThinkerRunnerConfig
+from realtime_ming.engine.hooks import EngineHooks
 
 
 def _turn(engine: Engine, turn_id: str, conversation: str, history: list) -> TurnDone:
@@ -48,8 +49,8 @@ def _turn(engine: Engine, turn_id: str, conversation: str, history: list) -> Tur
 
 
 def _burst(n: int, repeat: int) -> None:
-    engine = Engine.create(EngineConfig(thinker=ThinkerRunnerConfig(forced_reply="Fine.", max_slots=n + 4)),
-                           warmup=False)
+    engine = Engine.create(EngineConfig(thinker=ThinkerRunnerConfig(max_slots=n + 4)), warmup=False,
+                           hooks=EngineHooks(forced_reply="Fine."))
     audio = (0.1 * np.random.default_rng(0).standard_normal(32000)).astype(np.float32)
     gaps, firsts = [], []
     try:
@@ -104,7 +105,8 @@ def main() -> None:
     if args.burst:
         _burst(args.burst, args.repeat)
         return
-    engine = Engine.create(EngineConfig(thinker=ThinkerRunnerConfig(forced_reply="Fine.", max_slots=4)), warmup=False)
+    engine = Engine.create(EngineConfig(thinker=ThinkerRunnerConfig(max_slots=4)), warmup=False,
+                           hooks=EngineHooks(forced_reply="Fine."))
     runner = engine._thinker
     admit_ms: list[float] = []
     real = runner.admit

@@ -29,7 +29,8 @@ from websockets.asyncio.client import connect
 
 from realtime_ming.audio.resample import resample_torchaudio_compatible
 from realtime_ming.engine import Engine
-from realtime_ming.engine.config import EngineConfig, ThinkerRunnerConfig
+from realtime_ming.engine.config import EngineConfig
+from realtime_ming.engine.hooks import EngineHooks
 from realtime_ming.server import RealtimeServer, load_config
 
 WIRE_HZ = 24000
@@ -120,7 +121,7 @@ async def _run(port: int, audio: np.ndarray, transcription: bool) -> dict:
 async def _main(args) -> dict:
     speech = _espeak(UTTERANCE)
     audio = np.concatenate([np.zeros(WIRE_HZ // 4, np.float32), speech, np.zeros(int(WIRE_HZ * 1.5), np.float32)])
-    engine = Engine.create(EngineConfig(thinker=ThinkerRunnerConfig(forced_reply=REPLY, forced_transcript=UTTERANCE)))
+    engine = Engine.create(EngineConfig(), hooks=EngineHooks(forced_reply=REPLY, forced_transcript=UTTERANCE))
     runs = []
     try:
         async with RealtimeServer(load_config(None, ["server.port=0"]), engine) as server:

@@ -380,7 +380,7 @@ async def run_listener(args) -> dict:
 def _serve(args: str, forced_reply: str) -> tuple[subprocess.Popen, str]:
     """`realtime-ming serve ARGS` on a free port (no ARGS: the embedded tiny model), forced to tell a story."""
     proc = subprocess.Popen([sys.executable, "-m", "realtime_ming.cli", "serve", *shlex.split(args), "--port", "0",
-                             "--set", f"engine.thinker.forced_reply={forced_reply}"],
+                             "--hook", f"forced_reply={forced_reply}"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
     for line in proc.stdout:

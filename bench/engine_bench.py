@@ -57,6 +57,7 @@ from realtime_ming.engine.config import (
     TalkerRunnerConfig,
     ThinkerRunnerConfig,
 )
+from realtime_ming.engine.hooks import EngineHooks
 from realtime_ming.engine.talker_process import ProcessTalker
 
 from bench.loop_stats import LOOP_HEADER, loop_members, loop_rates, loop_row, loop_totals
@@ -268,8 +269,8 @@ def markdown(meta: dict, summary: dict) -> str:
     ec = meta["engine_config"]
     model = ("embedded tiny random-weight Ming" if ec.get("preset") in (None, "tiny") and not ec.get("model_path")
              else f"{ec.get('preset') or ec.get('model_path')} ({ec.get('weights')} {ec.get('dtype')} weights"
-                  + (f", thinker as one rank of TP={ec['bench_tp_shadow']} with collectives skipped"
-                     if ec.get("bench_tp_shadow", 1) > 1 else "") + ")")
+                  + (f", thinker as one rank of TP={meta['tp_shadow']} with collectives skipped"
+                     if meta.get("tp_shadow", 1) > 1 else "") + ")")
     spread = meta.get("length_spread", 0.0)
     tokens = (f"{meta['max_tokens']}" if not spread else
               f"{meta['max_tokens']} x [{1 - spread:.2f}, {1 + spread:.2f}] (seeded per turn)")
@@ -326,22 +327,26 @@ def write_results(out: Path, stem: str, meta: dict, summary: dict, samples: list
     print(md)
     print(f"wrote {out}/{stem}.json and {stem}.md")
 
-def bench_engine_config(config: str | None, overrides: list[str], levels: list[int], steps_per_word: int) -> EngineConfig:
+def bench_hooks(steps_per_word: int, tp_shadow: int = 1) -> EngineHooks:
+    """The hooks of a benchmark: the scripted reply, fixed-length talker turns (`steps_per_word`), and with
+    `tp_shadow` > 1 the thinker as one rank of TP=tp_shadow alone on its GPU."""
+    return EngineHooks(forced_reply=REPLY, steps_per_word=steps_per_word, tp_shadow=tp_shadow)
+
+
+def bench_engine_config(config: str | None, overrides: list[str], levels: list[int]) -> EngineConfig:
     """The engine config of a benchmark: `config`'s engine section (with `overrides`), else the tiny CPU model
     (with `overrides`, e.g. engine.placement.talker_devices=[cpu,cpu]); either way slots and talker streams (per
-    talker replica) for the largest level, the scripted reply, fixed-length talker turns."""
+    talker replica) for the largest level (the scripted reply and talker length are `bench_hooks`)."""
     if config or overrides:
         from realtime_ming.server import load_config
 
         # the tiny model's own default: 1024-token slots, unless an override says otherwise
         base = load_config(config, overrides if config else ["engine.thinker.max_seq_len=1024", *overrides]).engine
         return dataclasses.replace(
-            base, thinker=dataclasses.replace(base.thinker, max_slots=max(*levels, base.thinker.max_slots),
-                                              forced_reply=REPLY),
-            talker=dataclasses.replace(base.talker, max_streams=max(*levels, base.talker.max_streams),
-                                       steps_per_word=steps_per_word))
-    return EngineConfig(thinker=ThinkerRunnerConfig(max_slots=max(levels), max_seq_len=1024, forced_reply=REPLY),
-                        talker=TalkerRunnerConfig(max_streams=max(levels), steps_per_word=steps_per_word))
+            base, thinker=dataclasses.replace(base.thinker, max_slots=max(*levels, base.thinker.max_slots)),
+            talker=dataclasses.replace(base.talker, max_streams=max(*levels, base.talker.max_streams)))
+    return EngineConfig(thinker=ThinkerRunnerConfig(max_slots=max(levels), max_seq_len=1024),
+                        talker=TalkerRunnerConfig(max_streams=max(levels)))
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -350,6 +355,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--steps-per-word", type=int, default=2)
+    ap.add_argument("--tp-shadow", type=int, default=1, help="N > 1: the thinker as rank 0 of TP=N alone on its "
+                    "GPU, collectives skipped (dummy weights): a TP=N deployment's per-GPU cost on one GPU")
     ap.add_argument("--waves", type=int, default=1, help="1: each level is one burst of N turns; W > 1: a closed "
                     "loop keeping N turns in flight until N x W have run (steady-state throughput)")
     ap.add_argument("--length-spread", type=float, default=0.0, help="each turn's tokens uniform in max_tokens x "
@@ -374,10 +381,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--modes takes spoken and/or text")
     date = datetime.date.today().isoformat()
     out = Path(args.out) if args.out else REPO / "bench" / "out" / f"engine-{date}"
-    cfg = bench_engine_config(args.config, args.set, levels, args.steps_per_word)
+    cfg = bench_engine_config(args.config, args.set, levels)
     load_at_start = os.getloadavg()
     t = time.monotonic()
-    engine = Engine.create(cfg)  # includes one warm-up turn
+    engine = Engine.create(cfg, hooks=bench_hooks(args.steps_per_word, args.tp_shadow))  # includes a warm-up turn
     print(f"engine ready in {time.monotonic() - t:.1f} s", flush=True)
     talker_devices = engine.info().get("talker_devices", [])
     clock = instrument(engine)
@@ -403,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
                                  else f"{_cpu_model()} ({os.cpu_count()} CPUs visible)"), "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(), "python": platform.python_version(), "commit": _commit(),
         "command": "python -m bench.engine_bench " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "max_tokens": args.max_tokens, "steps_per_word": args.steps_per_word, "rounds": args.rounds, "waves": args.waves,
+        "max_tokens": args.max_tokens, "steps_per_word": args.steps_per_word, "tp_shadow": args.tp_shadow, "rounds": args.rounds, "waves": args.waves,
         "length_spread": args.length_spread, "stagger_ms": args.stagger_ms,
         "levels": levels, "modes": modes, "engine_config": dataclasses.asdict(cfg), "loadavg": load_at_start,
         "talker_devices": talker_devices,

@@ -36,6 +36,7 @@ from realtime_ming.engine.api import (  # noqa: E402
     TurnFailed,
     TurnRequest,
 )
+from realtime_ming.engine.hooks import EngineHooks  # noqa: E402
 from realtime_ming.engine.input_processor import _to_16k  # noqa: E402
 from realtime_ming.server import load_config  # noqa: E402
 
@@ -130,11 +131,11 @@ def main() -> None:
     ap.add_argument("--turns-dir", default=".turns")
     ap.add_argument("--set", action="append", default=[], help="extra config overrides a.b=c")
     args = ap.parse_args()
-    overrides = ["engine.preset=ming-flash-omni-2.0", "engine.weights=dummy", f"engine.thinker.forced_reply={REPLY}",
-                 "engine.segmenter.policy=latency", *args.set]
+    overrides = ["engine.preset=ming-flash-omni-2.0", "engine.weights=dummy", "engine.segmenter.policy=latency",
+                 *args.set]
     cfg = load_config(args.config, overrides).engine
     t = time.time()
-    engine = Engine.create(cfg)
+    engine = Engine.create(cfg, hooks=EngineHooks(forced_reply=REPLY))
     report = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "command": " ".join(sys.argv),
               "startup_s": round(time.time() - t, 1), "clips": []}
     clips = sorted(Path(args.turns_dir).glob("*.wav"), key=lambda p: sf.info(str(p)).duration)

@@ -15,7 +15,7 @@ export REALTIME_MING_ESPEAK_CACHE=${REALTIME_MING_ESPEAK_CACHE:-$PWD/.espeak}
 story=$(python3 -c 'from bench.barge_in import STORY; print(STORY)')
 python3 -c 'import sys; from realtime_ming.cli import main; sys.exit(main(sys.argv[1:]))' serve --config "$config" \
   --port 8765 --set "engine.preset=${PRESET:-ming-flash-omni-2.0}" --set engine.weights=dummy \
-  --set "engine.thinker.forced_reply=$story" --set "engine.talker.steps_per_word=${STEPS_PER_WORD:-1}" \
+  --hook "forced_reply=$story" --hook "steps_per_word=${STEPS_PER_WORD:-1}" \
   > "$out/server.log" 2>&1 &
 server=$!
 trap 'kill $server 2>/dev/null || true' EXIT

@@ -21,7 +21,9 @@ serve_extra=(); bench_extra=()
 # input transcription on: COMPARE_SESSION='{"audio": {"input": {"transcription": {}}}}'; FORCED_TRANSCRIPT:
 # what transcription turns say (once, then stop) instead of the dummy weights' random tokens
 [ -z "${COMPARE_SESSION:-}" ] || bench_extra+=(--compare-session "$COMPARE_SESSION" --rounds 2)
-[ -z "${FORCED_TRANSCRIPT:-}" ] || serve_extra+=(--set "engine.thinker.forced_transcript=$FORCED_TRANSCRIPT")
+[ -z "${FORCED_TRANSCRIPT:-}" ] || serve_extra+=(--hook "forced_transcript=$FORCED_TRANSCRIPT")
+# TP_SHADOW=N: the thinker as rank 0 of TP=N alone on its GPU, collectives skipped (bench/configs/shadow-tp2-1gpu.yaml)
+[ -z "${TP_SHADOW:-}" ] || serve_extra+=(--hook "tp_shadow=$TP_SHADOW")
 # SERVE_SET: more server overrides, space-separated key=value (e.g. "engine.placement.talker_device=cuda:2")
 for kv in ${SERVE_SET:-}; do serve_extra+=(--set "$kv"); done
 # FRONTENDS=N: the WebSockets in N front-end processes, the engine alone in the main one (server.frontend_processes)
@@ -32,7 +34,7 @@ echo "mode: policy=$policy vad_silence_ms=$vad_ms max_output_tokens=$max_tokens 
 reply="Sure. The weather today looks sunny, with a light breeze from the west and a high of twenty degrees. "
 python3 -c 'import sys; from realtime_ming.cli import main; sys.exit(main(sys.argv[1:]))' serve --config "$config" \
   --port 8765 --set "engine.preset=${PRESET:-ming-flash-omni-2.0}" --set engine.weights=dummy \
-  --set "engine.thinker.forced_reply=$reply" "${serve_extra[@]}" \
+  --hook "forced_reply=$reply" "${serve_extra[@]}" \
   > "$out/server.log" 2>&1 &
 server=$!
 trap 'kill $server 2>/dev/null || true' EXIT

@@ -9,17 +9,17 @@ OUT=${1:-bench/out/ray-direct}
 DATA_PATH=${2:-direct}
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"
-FR="engine.thinker.forced_reply=Sure. The weather today looks sunny, with a light breeze from the west and a high of twenty degrees. "
+FR="forced_reply=Sure. The weather today looks sunny, with a light breeze from the west and a high of twenty degrees. "
 CLUSTER_CFG=$(mktemp --suffix=.yaml)
 sed "s/^data_path: .*/data_path: $DATA_PATH/" configs/cluster-tiny-cpu.yaml > "$CLUSTER_CFG"
 
 # plain server (same tiny config and overrides as the replica)
 $PY -m realtime_ming.cli serve --config configs/tiny-cpu.yaml --port 18701 --set server.limits.max_sessions=4 \
-  --set "$FR" > "$OUT/plain.log" 2>&1 &
+  --hook "$FR" > "$OUT/plain.log" 2>&1 &
 PLAIN=$!
 # cluster: ONE replica (same engine count), 2 CPUs (= 2 torch threads, like the plain server)
 $PY -m realtime_ming.cli serve-cluster --cluster-config "$CLUSTER_CFG" --replicas 1 --num-cpus 2 --port 18700 \
-  --set "$FR" > "$OUT/cluster.log" 2>&1 &
+  --hook "$FR" > "$OUT/cluster.log" 2>&1 &
 CLUSTER=$!
 trap 'kill -INT $CLUSTER 2>/dev/null; kill -TERM $PLAIN 2>/dev/null; wait $CLUSTER $PLAIN 2>/dev/null; rm -f "$CLUSTER_CFG"' EXIT
 

@@ -118,13 +118,14 @@ async def _serve(args: argparse.Namespace) -> None:
     import torch
 
     from realtime_ming.engine import Engine
-    from realtime_ming.engine.config import EngineConfig, ThinkerRunnerConfig
+    from realtime_ming.engine.config import EngineConfig
+    from realtime_ming.engine.hooks import EngineHooks
     from realtime_ming.server import RealtimeServer, load_config
 
     torch.set_num_threads(1)
     if args.switch_interval_ms is not None:
         sys.setswitchinterval(args.switch_interval_ms / 1e3)
-    engine = Engine.create(EngineConfig(thinker=ThinkerRunnerConfig(forced_reply=args.forced_reply)))
+    engine = Engine.create(EngineConfig(), hooks=EngineHooks(forced_reply=args.forced_reply))
     overrides = ["server.port=0", f"server.limits.max_sessions={max(args.max_sessions, 1)}", *args.override]
     lags: list[float] = []
     probe = _Probe(args.probe_ops)

@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.engine_bench import bench_engine_config
+from bench.engine_bench import bench_engine_config, bench_hooks
 from realtime_ming.engine import Engine, speculation
 from realtime_ming.engine.api import (
     AudioChunk,
@@ -115,9 +115,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     frame_ms = SessionSettings().output_frame_ms
-    base = bench_engine_config(None, [], [1], args.steps_per_word)
+    base = bench_engine_config(None, [], [1])
     base = dataclasses.replace(base, thinker=dataclasses.replace(base.thinker, max_seq_len=max(1024, args.max_tokens + 64)))
-    bundle = ModelBundle.load(base)
+    bundle = ModelBundle.load(base, hooks=bench_hooks(args.steps_per_word))
     coalesce, results = speculation.coalesce, {}
     for mode, overrides in MODES.items():
         engine = Engine(dataclasses.replace(base, **overrides), bundle)

@@ -31,7 +31,7 @@ if str(REPO) not in sys.path:
 
 import torch
 
-from bench.engine_bench import StepClock, _commit, _cpu_model, bench_engine_config, run_level, write_results
+from bench.engine_bench import StepClock, _commit, _cpu_model, bench_engine_config, bench_hooks, run_level, write_results
 from realtime_ming.engine import Engine
 from realtime_ming.engine.api import Stage
 
@@ -176,8 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     levels = [int(v) for v in args.levels.split(",")]
     date = datetime.date.today().isoformat()
     out = Path(args.out) if args.out else REPO / "bench" / "results" / f"cpu-talker-admission-{date}"
-    cfg = bench_engine_config(args.config, args.set, levels, args.steps_per_word)
-    engine = Engine.create(cfg)
+    cfg = bench_engine_config(args.config, args.set, levels)
+    engine = Engine.create(cfg, hooks=bench_hooks(args.steps_per_word))
     if engine._talker is None:
         raise SystemExit("this engine has no talker")
     probe, clock = AdmissionProbe(engine), StepClock()

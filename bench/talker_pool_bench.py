@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from realtime_ming.engine.config import EngineConfig, PlacementConfig, TalkerRunnerConfig
+from realtime_ming.engine.hooks import EngineHooks
 from realtime_ming.engine.models import ModelBundle, _build, _replicate
 from realtime_ming.engine.talker_driver import Enqueue
 from realtime_ming.engine.talker_pool import make_talker
@@ -205,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         segments = []
     if not segments or min(segments) < 1:
         ap.error(f"--segments: positive word counts separated by commas, got {args.segments!r}")
-    bundle = talker_bundle(args.preset, devices)
+    bundle = talker_bundle(args.preset, devices).with_hooks(EngineHooks(steps_per_word=args.steps_per_word))
     per_replica = -(-args.streams // len(devices))
     buckets = tuple(b for b in (1, 2, 4, 8, 16, 24, 32, 48, 64) if b < per_replica) + (per_replica,)
     results = []
@@ -215,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
                 ap.error(f"--members: inline or process, got {member!r}")
             process = member == "process"
             cfg = EngineConfig(enforce_eager=False, talker=TalkerRunnerConfig(
-                max_streams=per_replica, buckets=buckets, steps_per_word=args.steps_per_word, driver=member,
+                max_streams=per_replica, buckets=buckets, driver=member,
                 steps_per_launch=args.steps_per_launch if process else 1, pipeline=process and args.pipeline))
             rounds = []
             for k in range(args.rounds):

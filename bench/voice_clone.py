@@ -140,7 +140,7 @@ async def _serve_and_bench(args, clip: Path) -> dict:
     from realtime_ming.server.app import load_engine
 
     cfg = _config(args)
-    engine = await asyncio.to_thread(load_engine, cfg)
+    engine = await asyncio.to_thread(load_engine, cfg, _hooks(args))
     try:
         preset = _prepare(engine.bundle, args, clip)
         sizes = _prompt_sizes(engine.bundle, preset, clip, args.transcript)
@@ -155,10 +155,13 @@ async def _serve_and_bench(args, clip: Path) -> dict:
 def _config(args):
     from realtime_ming.server.config import load_serve_config
 
-    overrides = ["server.port=0", *args.set]
-    if not any(s.startswith("engine.thinker.forced_reply=") for s in args.set) and args.forced_reply:
-        overrides.append(f"engine.thinker.forced_reply={args.forced_reply}")
-    return load_serve_config(args.config, overrides)
+    return load_serve_config(args.config, ["server.port=0", *args.set])
+
+
+def _hooks(args):
+    from realtime_ming.engine.hooks import EngineHooks
+
+    return EngineHooks(forced_reply=args.forced_reply or None)
 
 
 def _talker_profile(args, clip: Path) -> dict:
@@ -302,7 +305,7 @@ def main(argv: list[str] | None = None) -> None:
                    help="clip: the preset gets the clip as its voice prompt (like with like); as-is: as loaded")
     p.add_argument("--prompt", default="Tell me something about the sea.")
     p.add_argument("--forced-reply", default=_REPLY,
-                   help="in-process: engine.thinker.forced_reply (speakable text from dummy weights); '' = off")
+                   help="in-process: the forced_reply hook (speakable text from dummy weights); '' = off")
     p.add_argument("--max-tokens", type=int, default=48)
     p.add_argument("--runs", type=int, default=8, help="rounds (each: one turn per voice)")
     p.add_argument("--talker-profile", action="store_true", help="time the talker's per-segment work instead")

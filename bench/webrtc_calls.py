@@ -10,7 +10,7 @@ the media path's cost alone, as the playout still holds the rest of each reply),
 listener hears of the cut). Writes `result.json` and `summary.md` to `--out`.
 
     realtime-ming serve --port 8000 --set session.max_output_tokens=4096 \\
-        --set engine.thinker.forced_reply="$(python3 -c 'print("It is sunny in Paris today. " * 40)')" &
+        --hook forced_reply="$(python3 -c 'print("It is sunny in Paris today. " * 40)')" &
     python3 -m bench.webrtc_calls --url http://127.0.0.1:8000 --calls 1,4 --server-pid $! --out OUT
 """
 

@@ -2,7 +2,8 @@
 
 The embedded tiny model has random weights, so its own words are byte noise that the talker
 cannot speak. When an example serves it itself, the thinker is told to emit a fixed demo reply
-(`engine.thinker.forced_reply`; every model stage still runs) so that there is audio to save.
+(the `forced_reply` hook, `realtime_ming/engine/hooks.py`; every model stage still runs) so that there is
+audio to save.
 """
 
 from __future__ import annotations
@@ -18,18 +19,18 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
-from realtime_ming.engine.config import EngineConfig, ThinkerRunnerConfig
+from realtime_ming.engine.hooks import EngineHooks
 from realtime_ming.sdk import RealtimeClient
 
 __all__ = ["TINY_DEMO_REPLY", "add_connection_args", "add_question_args", "ask_about", "demo_tone", "serve_if_needed",
-           "tiny_engine_config"]
+           "tiny_demo_hooks"]
 
 TINY_DEMO_REPLY = "Hello! This is the tiny demo model speaking. It has random weights."
 
 
-def tiny_engine_config() -> EngineConfig:
-    """The embedded tiny CPU model, answering with `TINY_DEMO_REPLY`."""
-    return EngineConfig(thinker=ThinkerRunnerConfig(forced_reply=TINY_DEMO_REPLY))
+def tiny_demo_hooks() -> EngineHooks:
+    """The embedded tiny CPU model's demo hooks: it answers with `TINY_DEMO_REPLY`."""
+    return EngineHooks(forced_reply=TINY_DEMO_REPLY)
 
 
 def add_connection_args(parser: argparse.ArgumentParser) -> None:
@@ -72,10 +73,11 @@ async def serve_if_needed(url: str | None) -> AsyncIterator[str]:
         yield url
         return
     from realtime_ming.engine import Engine
+    from realtime_ming.engine.config import EngineConfig
     from realtime_ming.server import RealtimeServer, load_config
 
     print("no --url: serving the embedded tiny random-weight model in-process", file=sys.stderr)
-    engine = await asyncio.to_thread(Engine.create, tiny_engine_config())
+    engine = await asyncio.to_thread(lambda: Engine.create(EngineConfig(), hooks=tiny_demo_hooks()))
     try:
         async with RealtimeServer(load_config(None, ["server.port=0"]), engine) as server:
             yield f"ws://127.0.0.1:{server.port}/v1/realtime"

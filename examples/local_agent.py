@@ -14,15 +14,16 @@ import asyncio
 import sys
 from pathlib import Path
 
-from _common import demo_tone, tiny_engine_config
+from _common import demo_tone, tiny_demo_hooks
 
 from realtime_ming.engine.config import EngineConfig
 from realtime_ming.sdk import LocalAgent
 
 
 async def main(args: argparse.Namespace) -> int:
-    config = tiny_engine_config() if args.model_path is None else EngineConfig(model_path=args.model_path)
-    async with LocalAgent.load(config) as agent:
+    tiny = args.model_path is None
+    config = EngineConfig() if tiny else EngineConfig(model_path=args.model_path)
+    async with LocalAgent.load(config, hooks=tiny_demo_hooks() if tiny else None) as agent:
         print(f"session {agent.session.id} on {agent.session.model}, voice {agent.session.voice}")
         await agent.update_session(turn_detection=None, max_output_tokens=args.max_output_tokens,
                                    instructions="You are a concise assistant.")

@@ -17,7 +17,7 @@ from importlib import metadata
 
 from ._exit import exit_now
 
-__all__ = ["build_parser", "main", "serve_config"]
+__all__ = ["build_parser", "main", "serve_config", "serve_hooks"]
 
 # `--flag` -> dotted config key it overrides.
 _SERVE_SHORTHANDS = (
@@ -49,6 +49,15 @@ def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="override one config key, e.g. --set session.vad.backend=webrtc (repeatable)",
     )
     parser.add_argument(
+        "--hook",
+        dest="hooks",
+        metavar="NAME=VALUE",
+        action="append",
+        default=[],
+        help="tests and benchmarks only: an engine hook (engine/hooks.py), e.g. --hook forced_reply='Sure.' "
+             "(the models still compute; a hook replaces their result); not a config key (repeatable)",
+    )
+    parser.add_argument(
         "--print-config",
         action="store_true",
         help="print the full effective config (YAML, API keys redacted) once the start-up checks pass, and exit",
@@ -72,6 +81,13 @@ def serve_config(args: argparse.Namespace):
     return load_serve_config(args.config, overrides + list(args.overrides))
 
 
+def serve_hooks(args: argparse.Namespace):
+    """The `EngineHooks` of parsed `serve --hook` arguments (None without any); ValueError names a bad one."""
+    from .engine.hooks import parse_hooks
+
+    return parse_hooks(args.hooks)
+
+
 def _fail(message: object) -> int:
     """Print `message` as the one stderr line of a failed start; the exit status is 2."""
     from .server.startup import fail_start
@@ -86,7 +102,10 @@ def _run_serve(args: argparse.Namespace) -> int:
 
     try:
         cfg = serve_config(args)
-    except ConfigError as exc:
+        hooks = serve_hooks(args)
+        if hooks is not None:
+            hooks.check(cfg.engine)
+    except (ConfigError, ValueError) as exc:
         return _fail(f"config error: {exc}")
     try:
         checked = prepare(cfg)  # before torch is imported: a bad start fails in a moment
@@ -96,11 +115,11 @@ def _run_serve(args: argparse.Namespace) -> int:
         if cfg.server.frontend_processes > 1:  # the WebSockets in their own processes, the engine in this one
             from .server.frontends import run_frontends
 
-            code = run_frontends(cfg)
+            code = run_frontends(cfg, hooks)
         else:
             from .server.app import run_server
 
-            code = run_server(cfg)
+            code = run_server(cfg, hooks=hooks)
     except StartupError as exc:
         return _fail(exc)
     exit_now(code)  # once shut down: finalization could abort a clean exit (see `exit_now`)

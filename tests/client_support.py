@@ -22,9 +22,10 @@ def forced_tool_engine():
     """The tiny engine playing FORCED (a tool call, then the answer) and transcribing HEARD."""
     from realtime_ming.engine import Engine
     from realtime_ming.engine.config import EngineConfig, ThinkerRunnerConfig
+    from realtime_ming.engine.hooks import EngineHooks
 
-    return Engine.create(EngineConfig(thinker=ThinkerRunnerConfig(max_seq_len=2048, forced_reply=FORCED,
-                                                                  forced_transcript=HEARD)))
+    return Engine.create(EngineConfig(thinker=ThinkerRunnerConfig(max_seq_len=2048)),
+                         hooks=EngineHooks(forced_reply=FORCED, forced_transcript=HEARD))
 
 
 @contextlib.asynccontextmanager

@@ -85,21 +85,28 @@ def fixture_tokenizers(root: Path) -> tuple[str, str]:
     return _TOKENIZERS[root]
 
 
-def tiny_engine(**thinker):
-    """The embedded tiny engine (CPU); `thinker` sets ThinkerRunnerConfig fields (forced_reply, max_seq_len, ...)."""
+def tiny_engine(**settings):
+    """The embedded tiny engine (CPU); `settings` are EngineHooks fields (forced_reply, forced_transcript, ...)
+    and ThinkerRunnerConfig fields (max_seq_len, ...)."""
+    import dataclasses
+
     from realtime_ming.engine import Engine
     from realtime_ming.engine.config import EngineConfig, ThinkerRunnerConfig
+    from realtime_ming.engine.hooks import EngineHooks
 
-    return Engine.create(EngineConfig(thinker=ThinkerRunnerConfig(**thinker)))
+    names = {f.name for f in dataclasses.fields(EngineHooks)}
+    hooks = EngineHooks(**{k: v for k, v in settings.items() if k in names})
+    thinker = ThinkerRunnerConfig(**{k: v for k, v in settings.items() if k not in names})
+    return Engine.create(EngineConfig(thinker=thinker), hooks=hooks)
 
 
-def tiny_engine_fixture(**thinker):
-    """A module-scoped `engine` fixture, `tiny_engine(**thinker)` closed after the module: a module that
-    needs other thinker settings than the default writes `engine = tiny_engine_fixture(...)`."""
+def tiny_engine_fixture(**settings):
+    """A module-scoped `engine` fixture, `tiny_engine(**settings)` closed after the module: a module that
+    needs other hooks or thinker settings than the default writes `engine = tiny_engine_fixture(...)`."""
 
     @pytest.fixture(scope="module")
     def engine():
-        eng = tiny_engine(**thinker)
+        eng = tiny_engine(**settings)
         yield eng
         eng.close()
 

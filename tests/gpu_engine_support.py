@@ -5,12 +5,14 @@ Nothing here is a test."""
 from __future__ import annotations
 
 import threading
+from unittest import mock
 
 import numpy as np
 
 from realtime_ming.engine import Engine
 from realtime_ming.engine.api import Content, Message, SamplingParams, TurnDone, TurnRequest
 from realtime_ming.engine.config import EngineConfig, PlacementConfig, TalkerRunnerConfig, ThinkerRunnerConfig
+from realtime_ming.engine.segmenter import SegmenterConfig
 from conftest import fixture_tokenizers
 
 
@@ -37,19 +39,27 @@ def turns(engine: Engine, tag: str, with_audio: bool = False) -> list[TurnDone]:
     return out
 
 
+def _kv_256():
+    """The decode step's attention graphed at 256 and 1024 tokens (the default for 1024 is 512, 1024)."""
+    return mock.patch("realtime_ming.engine.thinker_runner.default_kv_buckets", lambda max_seq_len: (256, 1024))
+
+
 def generate(fixture_root, devices=("cuda:0",), *, eager: bool, dtype: str = "float32", talker: str | None = None,
              driver: str = "inline", expert_dtype: str = "model") -> list[TurnDone]:
     """A text turn and an audio turn (24 tokens each, greedy) on an engine over the fixture checkpoint."""
     device = talker or devices[0]
     with_audio = talker is not None
+    # the CPU reference's settings where the CUDA defaults differ (`DEVICE_DEFAULTS`): one engine path compared
     cfg = EngineConfig(model_path=str(fixture_root), tokenizer_path=fixture_tokenizers(fixture_root)[0],
                        talker_tokenizer_path=fixture_tokenizers(fixture_root)[1], dtype=dtype, enforce_eager=eager,
-                       expert_dtype=expert_dtype,
-                       thinker=ThinkerRunnerConfig(max_slots=4, max_seq_len=1024, kv_buckets=(256, 1024)),
+                       expert_dtype=expert_dtype, encoder_worker=True, segmenter=SegmenterConfig(),
+                       thinker=ThinkerRunnerConfig(max_slots=4, max_seq_len=1024,
+                                                   prefill_chunk_tokens=256, mixed_step_tokens=0),
                        placement=PlacementConfig(thinker_devices=devices, talker_device=device, encoder_device=device,
                                                  vae_device=device),
                        talker=TalkerRunnerConfig(driver=driver))
-    engine = Engine.create(cfg, warmup=False)
+    with _kv_256():
+        engine = Engine.create(cfg, warmup=False)
     try:
         if not eager:
             assert engine._thinker.decoder.graphed

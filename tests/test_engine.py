@@ -5,7 +5,6 @@ failing turn leaves its neighbours alone."""
 from __future__ import annotations
 
 import dataclasses
-import threading
 
 import numpy as np
 import pytest
@@ -20,7 +19,6 @@ from realtime_ming.engine.api import (
     FinishReason,
     Message,
     SamplingParams,
-    Stage,
     StageMark,
     TextDelta,
     TurnCancelled,
@@ -29,10 +27,11 @@ from realtime_ming.engine.api import (
     TurnRequest,
 )
 from realtime_ming.engine.config import TalkerRunnerConfig
+from realtime_ming.engine.hooks import EngineHooks
 from realtime_ming.engine.models import ModelBundle
 from realtime_ming.engine.talker_runner import TalkerRunner, stream_seed
 from realtime_ming.model.multimodal import AudioInput, ImageInput
-from realtime_ming.model.talker import build_talker_prompt, duration_step_cap, generate
+from realtime_ming.model.talker import DEFAULT_MIN_NEW_TOKEN, build_talker_prompt, duration_step_cap, generate
 from realtime_ming.model.talker_text import talker_job_texts
 from realtime_ming.model.tokenizer import ChatMessage
 from engine_support import (
@@ -53,8 +52,8 @@ def make_engine(fixture_root, bundle):
     """Engines over the module's bundle (a fresh thread and fresh caches each); closed after the test."""
     engines = []
 
-    def make(engine: dict | None = None, **thinker) -> Engine:
-        engines.append(Engine(_config(fixture_root, engine, **thinker), bundle))
+    def make(engine: dict | None = None, hooks: EngineHooks | None = None, **thinker) -> Engine:
+        engines.append(Engine(_config(fixture_root, engine, **thinker), bundle if hooks is None else bundle.with_hooks(hooks)))
         return engines[-1]
 
     yield make
@@ -118,7 +117,7 @@ def test_engine_second_turn_prefills_only_new_tokens(make_engine, bundle):
     """Turn 2 of a conversation reuses turn 1's cached prompt + reply; it prefills only the tokens after them."""
     reply = "Sure, here is a short answer."
     reply_ids = bundle.tokenizer.encode(reply)
-    engine = make_engine(forced_reply=reply)
+    engine = make_engine(hooks=EngineHooks(forced_reply=reply))
     first = _run(engine, _request("t1", PROMPT_A, conversation="c", max_tokens=len(reply_ids), with_audio=False))
     history = (Message("user", (Content.of_text(PROMPT_A),)), Message("assistant", (Content.of_text(reply),)))
     second = _run(engine, _request("t2", PROMPT_B, conversation="c", history=history, with_audio=False))
@@ -214,7 +213,7 @@ def test_fixture_streamed_pcm_equals_offline_talker_vae(fixture_root, bundle):
     assert runner.num_streams() == 0
     for turn_id, (text, seed) in texts.items():
         streamed = np.concatenate(pcm[turn_id])
-        offline = _offline_speech(bundle, text, seed, cfg.talker.max_prompt_len, cfg.talker.min_new_token)
+        offline = _offline_speech(bundle, text, seed, cfg.talker.max_prompt_len, DEFAULT_MIN_NEW_TOKEN)
         assert streamed.shape == offline.shape
         np.testing.assert_allclose(streamed, offline, rtol=0, atol=1e-4)
 
@@ -237,28 +236,6 @@ def test_engine_two_sessions_concurrently_equal_each_alone(make_engine):
             [e.text for e in solo.outputs() if isinstance(e, TextDelta)]
         assert _done_fields(pair.events[-1])[:5] == _done_fields(solo.events[-1])[:5]
         assert pair.pcm().shape == solo.pcm().shape
-        np.testing.assert_allclose(pair.pcm(), solo.pcm(), rtol=0, atol=1e-4)
-
-
-def test_engine_prefill_held_back_while_another_turn_decodes_speaks_the_same(make_engine):
-    """`prefill_wait_ms`: a turn arriving while another decodes waits for company (up to the wait) before its
-    prefill; both turns still give their solo text and PCM, and the held one does start within the wait."""
-    engine = make_engine(prefill_wait_ms=200.0, prefill_chunk_tokens=4096)  # a prompt alone never fills a chunk
-    alone = [_run(engine, _request("a-solo", PROMPT_A, max_tokens=24)), _run(engine, _request("b-solo", PROMPT_B))]
-    decoding = threading.Event()
-    first = Recorder(on_event=lambda e: decoding.set() if isinstance(e, TextDelta) else None)
-    engine.submit(_request("a-pair", PROMPT_A, max_tokens=24), first)
-    assert decoding.wait(60)
-    second = Recorder()
-    engine.submit(_request("b-pair", PROMPT_B), second)
-    for rec in (first, second):
-        rec.wait()
-    marks = {e.stage: e.t for e in second.events if isinstance(e, StageMark)}
-    assert marks[Stage.PREFILL_DONE] - marks[Stage.SUBMITTED] >= 0.2 or \
-        Stage.THINKER_DONE in {e.stage for e in first.events if isinstance(e, StageMark)
-                               and e.t <= marks[Stage.PREFILL_DONE]}  # held until the wait or the first's end
-    for solo, pair in zip(alone, (first, second)):
-        assert pair.text() == solo.text() and pair.events[-1].audio_samples > 0
         np.testing.assert_allclose(pair.pcm(), solo.pcm(), rtol=0, atol=1e-4)
 
 
@@ -470,7 +447,7 @@ def test_engine_usage_splits_the_prompt_by_modality(make_engine, bundle, kind):
     """TurnDone splits the prompt into text / audio / image tokens: the media share is exactly the number of
     patch placeholder ids in the tokenised prompt; a follow-up turn of the same conversation reports the
     reused prefix (media included) as cached, split the same way."""
-    engine = make_engine(forced_reply="Fine.")
+    engine = make_engine(hooks=EngineHooks(forced_reply="Fine."))
     content, items = _media_turn(bundle, kind)
     first = _run(engine, TurnRequest("u1", "conv", (Message("user", content),),
                                      sampling=SamplingParams(max_tokens=4, ignore_eos=True), with_audio=False))
@@ -492,7 +469,7 @@ def test_engine_usage_splits_the_prompt_by_modality(make_engine, bundle, kind):
 
 def test_engine_counts_talker_steps_of_a_spoken_turn(make_engine):
     """A spoken turn reports the talker steps it ran (its output audio tokens); each produced audio."""
-    engine = make_engine(forced_reply="Hello there, friend.")
+    engine = make_engine(hooks=EngineHooks(forced_reply="Hello there, friend."))
     rec = _run(engine, _request("s", PROMPT_A, max_tokens=6, with_audio=True))
     done = rec.events[-1]
     assert isinstance(done, TurnDone) and done.audio_samples > 0

@@ -194,8 +194,10 @@ def test_media_cache_is_by_content_and_bounded():
 def engine():
     from realtime_ming.engine import Engine
     from realtime_ming.engine.config import EngineConfig, ThinkerRunnerConfig
+    from realtime_ming.engine.hooks import EngineHooks
 
-    eng = Engine.create(EngineConfig(thinker=ThinkerRunnerConfig(forced_reply="Fine.", max_slots=4)), warmup=False)
+    eng = Engine.create(EngineConfig(thinker=ThinkerRunnerConfig(max_slots=4)), warmup=False,
+                        hooks=EngineHooks(forced_reply="Fine."))
     yield eng
     eng.close()
 
@@ -237,53 +239,3 @@ def test_history_image_is_preprocessed_once_and_never_on_the_engine_thread(engin
         assert len(threads) == 1 and inputs.cache.hits >= 1  # from the content cache, not preprocessed again
     finally:
         engine.bundle.vision_input = real
-
-
-def test_scheduler_holds_the_prefill_queue_while_rows_decode_until_a_chunk_fills_or_the_oldest_waited():
-    now = [100.0]
-    sched = Scheduler(max_batch=3, prefill_chunk_tokens=24, prefill_wait_ms=40.0, clock=lambda: now[0])
-    assert not sched.prefill_due(decoding=True)  # nothing queued
-    sched.add(_row("r1"))  # 10 tokens
-    assert sched.prefill_due(decoding=False)  # nothing decodes beside it: waiting saves nothing
-    assert not sched.prefill_due(decoding=True)
-    now[0] += 0.039
-    assert not sched.prefill_due(decoding=True)
-    now[0] += 0.001  # the oldest waited 40 ms
-    assert sched.prefill_due(decoding=True)
-    assert [r.request.turn_id for r in sched.prefilled(sched.prefill_batch())] == ["r1"]
-    now[0] = 200.0
-    sched.add(_row("r2"))  # 20 queued tokens, 0 ms
-    assert not sched.prefill_due(decoding=True)
-    sched.add(_row("r3", tail=4))
-    sched.add(_row("r4", tail=1))  # three queued prompts: as many rows as a chunk takes (15 tokens)
-    assert sched.prefill_due(decoding=True)
-    chosen = sched.prefill_batch()
-    assert [r.request.turn_id for r, _, _ in chosen] == ["r2", "r3"]  # packing is unchanged by the wait
-    sched.prefilled(chosen)
-    assert list(sched.prefill_queue) == ["r4"] and not sched.prefill_due(decoding=True)  # r4 is new (0 ms)
-    sched.add(_row("long", tail=40))  # longer than a chunk alone
-    assert sched.prefill_due(decoding=True)
-    sched.prefilled([(sched.rows["r4"], 0, 1)])
-    sched.prefilled([(sched.rows["long"], 0, 10)])  # partly prefilled: its next chunk never waits
-    sched.add(_row("r5", tail=1))
-    assert sched.prefill_due(decoding=True)
-
-
-def test_scheduler_prefill_wait_counts_rows_and_zero_never_holds():
-    now = [0.0]
-    sched = Scheduler(max_batch=2, prefill_chunk_tokens=1000, prefill_wait_ms=50.0, clock=lambda: now[0])
-    sched.add(_row("a", tail=3))
-    assert not sched.prefill_due(decoding=True)
-    sched.add(_row("b", tail=3))  # as many queued prompts as a chunk takes rows
-    assert sched.prefill_due(decoding=True)
-    plain = Scheduler(max_batch=2, prefill_chunk_tokens=1000)
-    plain.add(_row("c", tail=3))
-    assert plain.prefill_due(decoding=True)
-
-
-@pytest.mark.parametrize("wait", [-1.0, float("nan"), 1e9])
-def test_prefill_wait_ms_out_of_range_is_refused(wait):
-    from realtime_ming.engine.config import ThinkerRunnerConfig
-
-    with pytest.raises(ValueError, match="prefill_wait_ms"):
-        ThinkerRunnerConfig(prefill_wait_ms=wait)

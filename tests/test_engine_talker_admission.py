@@ -27,6 +27,7 @@ from realtime_ming.engine.api import (
     TurnRequest,
 )
 from realtime_ming.engine.config import EngineConfig, TalkerRunnerConfig, ThinkerRunnerConfig
+from realtime_ming.engine.hooks import EngineHooks
 from realtime_ming.engine.segmenter import SegmenterConfig
 from realtime_ming.engine.talker_runner import TalkerRunner
 from realtime_ming.model.talker_text import talker_job_texts
@@ -39,11 +40,11 @@ REPLY = "Hello there, my friend. The sea is calm today, and the sky is clear and
 @pytest.fixture
 def engine(tiny_bundle):
     # the first segment leaves at the first clause mark, never on the clock: segments do not depend on timing
-    cfg = EngineConfig(thinker=ThinkerRunnerConfig(max_slots=4, max_seq_len=512, forced_reply=REPLY),
-                       talker=TalkerRunnerConfig(max_streams=4, steps_per_word=1),
+    cfg = EngineConfig(thinker=ThinkerRunnerConfig(max_slots=4, max_seq_len=512),
+                       talker=TalkerRunnerConfig(max_streams=4),
                        segmenter=SegmenterConfig(policy="latency", first_max_wait_ms=60_000.0,
                                                  first_mark_wait_ms=60_000.0))
-    eng = Engine(cfg, tiny_bundle)
+    eng = Engine(cfg, tiny_bundle.with_hooks(EngineHooks(forced_reply=REPLY, steps_per_word=1)))
     yield eng
     eng.close()
 
@@ -143,8 +144,8 @@ def test_a_turns_first_job_speaks_in_the_step_that_starts_it_with_unchanged_audi
     """A turn's first talker job runs two talker steps in its first engine step (the VAE holds each chunk until the
     next one: one step would give no audio), so its first PCM leaves in that step; later jobs run one step per
     engine step. Turns joining beside running streams (their rows swapped to the front) speak exactly as alone."""
-    cfg = EngineConfig(talker=TalkerRunnerConfig(max_streams=4, silence_holder=False, steps_per_word=2))
-    runner = TalkerRunner(tiny_bundle, cfg)
+    cfg = EngineConfig(talker=TalkerRunnerConfig(max_streams=4, silence_holder=False))
+    runner = TalkerRunner(tiny_bundle.with_hooks(EngineHooks(steps_per_word=2)), cfg)
     texts = {"a": ("Hello there, how are you? Fine, thanks.", 7), "b": ("The sea is calm.", 11), "c": ("Ok then.", 3)}
     assert len(talker_job_texts(texts["a"][0])) >= 2  # a second job of "a" runs while "b" and "c" join
     alone = {t: _speak(runner, {0: [(t, text, seed)]})[0][t] for t, (text, seed) in texts.items()}
@@ -165,13 +166,14 @@ def test_a_turns_first_job_speaks_in_the_step_that_starts_it_with_unchanged_audi
 
 @pytest.mark.slow
 def test_first_chunk_catch_up_off_speaks_one_step_later_with_the_same_audio(tiny_bundle):
-    """engine.talker.first_chunk_catch_up=false: one talker step per engine step from the start, so the first
-    engine step gives no audio (the VAE holds the chunk); the audio itself is the same."""
+    """The first-chunk catch-up off (`TalkerRunner.catch_up`): one talker step per engine step from the start, so
+    the first engine step gives no audio (the VAE holds the chunk); the audio itself is the same."""
     audio, first = {}, {}
     for on in (True, False):
-        cfg = EngineConfig(talker=TalkerRunnerConfig(max_streams=2, silence_holder=False, steps_per_word=2,
-                                                     first_chunk_catch_up=on))
-        pcm, outs = _speak(TalkerRunner(tiny_bundle, cfg), {0: [("b", "The sea is calm.", 11)]})
+        cfg = EngineConfig(talker=TalkerRunnerConfig(max_streams=2, silence_holder=False))
+        runner = TalkerRunner(tiny_bundle.with_hooks(EngineHooks(steps_per_word=2)), cfg)
+        runner.catch_up = on
+        pcm, outs = _speak(runner, {0: [("b", "The sea is calm.", 11)]})
         audio[on], first[on] = pcm["b"], outs["b"][:2]
     assert first[False] == [(0, 0, 1), (1, first[True][0][1], 1)] and first[True][0][2] == 2, first
     np.testing.assert_allclose(audio[False], audio[True], rtol=0, atol=1e-5)
@@ -183,8 +185,8 @@ def test_several_talker_steps_per_launch_speak_the_same_audio(tiny_bundle, steps
     """`launch(steps)` queues that many steps of every stream back to back (the engine asks for more while the
     thinker's step runs on other GPUs): each turn's audio is what one step per launch gives, streams that end at
     an earlier step of a launch keep nothing of the later ones, and turns joining mid-way are unaffected."""
-    cfg = EngineConfig(talker=TalkerRunnerConfig(max_streams=4, steps_per_word=steps_per_word))
-    runner = TalkerRunner(tiny_bundle, cfg)
+    cfg = EngineConfig(talker=TalkerRunnerConfig(max_streams=4))
+    runner = TalkerRunner(tiny_bundle.with_hooks(EngineHooks(steps_per_word=steps_per_word)), cfg)
     plan = {0: [("a", "Hello there, how are you? Fine, thanks.", 7)],
             1: [("b", "The sea is calm.", 11), ("c", "Ok then.", 3)], 4: [("d", "Good night.", 5)]}
     one, outs_one = _speak(runner, plan, steps=1)

@@ -354,19 +354,3 @@ def test_the_talker_loops_report_their_time_and_work(fixture_root, bundle, engin
     assert stats["launches"] >= stats["steps"] // 2
     assert all(stats[k] > 0 for k in ("launch_s", "finish_s", "idle_s", "admit_s"))
     assert totals[0] == totals[1]
-
-
-def test_switch_interval_is_set_while_the_engine_runs_and_set_back_on_close(fixture_root, bundle):
-    import sys
-
-    before = sys.getswitchinterval()
-    engine = Engine(dataclasses.replace(_config(fixture_root), switch_interval_ms=0.5), bundle)
-    try:
-        assert sys.getswitchinterval() == pytest.approx(0.0005)
-        assert isinstance(_run(engine, _request("si", PROMPT_B, seed=1)).events[-1], TurnDone)
-    finally:
-        engine.close()
-    assert sys.getswitchinterval() == before
-    for bad in (0.0, float("nan"), 1000.0):
-        with pytest.raises(ValueError, match="switch_interval_ms"):
-            dataclasses.replace(_config(fixture_root), switch_interval_ms=bad)

@@ -9,6 +9,8 @@ import pytest
 from realtime_ming.engine import Engine
 from realtime_ming.engine.api import Content, Message, SamplingParams, TurnDone, TurnRequest
 from realtime_ming.engine.config import EngineConfig, PlacementConfig, ThinkerRunnerConfig
+from realtime_ming.engine.hooks import EngineHooks
+from realtime_ming.engine.models import ModelBundle
 from conftest import fixture_tokenizers
 
 
@@ -48,10 +50,10 @@ def test_engine_tp2_fixture_greedy_equals_tp1(fixture_root):
     assert two.text == one.text
 
 
-def test_bench_tp_shadow_builds_rank0_shards_and_serves(tmp_path):
-    """bench_tp_shadow=2 (benchmarks): one process, rank-0 shard shapes, no collectives; a turn completes."""
-    cfg = EngineConfig(bench_tp_shadow=2, thinker=ThinkerRunnerConfig(max_slots=2, max_seq_len=256))
-    engine = Engine.create(cfg, warmup=False)
+def test_tp_shadow_hook_builds_rank0_shards_and_serves(tmp_path):
+    """The tp_shadow=2 hook (benchmarks): one process, rank-0 shard shapes, no collectives; a turn completes."""
+    cfg = EngineConfig(thinker=ThinkerRunnerConfig(max_slots=2, max_seq_len=256))
+    engine = Engine.create(cfg, warmup=False, hooks=EngineHooks(tp_shadow=2))
     try:
         thinker = engine.bundle.thinker
         full = engine.bundle.cfg.thinker
@@ -67,9 +69,9 @@ def test_bench_tp_shadow_builds_rank0_shards_and_serves(tmp_path):
         engine.close()
 
 
-def test_bench_tp_shadow_refuses_a_real_checkpoint(fixture_root):
-    with pytest.raises(ValueError, match="bench_tp_shadow"):
-        EngineConfig(model_path=str(fixture_root), bench_tp_shadow=2)
+def test_tp_shadow_hook_refuses_a_real_checkpoint(fixture_root):
+    with pytest.raises(ValueError, match="tp_shadow"):
+        ModelBundle.load(EngineConfig(model_path=str(fixture_root)), hooks=EngineHooks(tp_shadow=2))
 
 
 @pytest.mark.slow

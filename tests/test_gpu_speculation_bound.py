@@ -10,11 +10,8 @@ import torch
 from speculation_support import STORY, _request, _run, confirm_paused_turns
 
 from realtime_ming.engine import Engine
-from realtime_ming.engine.config import (
-    EngineConfig,
-    PlacementConfig,
-    ThinkerRunnerConfig,
-)
+from realtime_ming.engine.config import EngineConfig, PlacementConfig, ThinkerRunnerConfig
+from realtime_ming.engine.hooks import EngineHooks
 from realtime_ming.engine.segmenter import SegmenterConfig
 
 pytestmark = [pytest.mark.timeout(600),
@@ -25,12 +22,12 @@ pytestmark = [pytest.mark.timeout(600),
 def gpu_engine():
     tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    cfg = EngineConfig(enforce_eager=False, speculation_lookahead_ms=300.0,
+    cfg = EngineConfig(enforce_eager=False, speculation_lookahead_ms=300.0, dtype="float32", encoder_worker=True,
+                       thinker=ThinkerRunnerConfig(prefill_chunk_tokens=256, mixed_step_tokens=0),
                        placement=PlacementConfig(thinker_devices=("cuda:0",), talker_device="cuda:0",
                                                  vae_device="cuda:0", encoder_device="cuda:0"),
-                       thinker=ThinkerRunnerConfig(forced_reply=STORY),
                        segmenter=SegmenterConfig(first_max_wait_ms=60_000.0))
-    engine = Engine.create(cfg)
+    engine = Engine.create(cfg, hooks=EngineHooks(forced_reply=STORY))
     yield engine
     engine.close()
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from realtime_ming.engine.config import EngineConfig, PlacementConfig, TalkerRunnerConfig
+from realtime_ming.engine.hooks import EngineHooks
 from realtime_ming.engine.talker_driver import Enqueue
 from realtime_ming.engine.talker_inline import InlineTalker
 from realtime_ming.engine.talker_pool import TalkerPool, make_talker
@@ -35,13 +36,13 @@ def gpu_bundle():
 
     tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    yield ModelBundle.load(EngineConfig(dtype="float32", placement=TWO))
+    yield ModelBundle.load(EngineConfig(dtype="float32", placement=TWO), hooks=EngineHooks(steps_per_word=2))
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
 
 
-def _cfg(max_streams: int = 8, steps_per_word: int = 2) -> EngineConfig:
+def _cfg(max_streams: int = 8) -> EngineConfig:
     return EngineConfig(enforce_eager=False, talker=TalkerRunnerConfig(
-        max_streams=max_streams, buckets=(1, 2, 4, 8, 16), steps_per_word=steps_per_word, silence_holder=False))
+        max_streams=max_streams, buckets=(1, 2, 4, 8, 16), silence_holder=False))
 
 
 def _pool(bundle, cfg: EngineConfig, deliver=lambda outputs: None, wake=lambda: None, die=lambda reason: None):
@@ -191,8 +192,8 @@ def _step_ms(talker, turns: int, steps: int = 12) -> float:
 
 
 def test_two_replicas_step_side_by_side(gpu_bundle):
-    big = _full_size(gpu_bundle)
-    cfg = _cfg(max_streams=16, steps_per_word=8)
+    big = _full_size(gpu_bundle).with_hooks(EngineHooks(steps_per_word=8))
+    cfg = _cfg(max_streams=16)
     single = InlineTalker(TalkerRunner(big, cfg))
     single.capture()
     pool = _pool(big, cfg)

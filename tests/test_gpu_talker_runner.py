@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from realtime_ming.engine.config import EngineConfig, PlacementConfig, TalkerRunnerConfig
+from realtime_ming.engine.hooks import EngineHooks
 from realtime_ming.engine.talker_step import talker_step
 from realtime_ming.model.cfm import CFMParams, sway
 from realtime_ming.model.config import load_checkpoint_config
@@ -118,8 +119,9 @@ def gpu_bundle():
 def _runner(bundle, graphs: bool, buckets=(1, 2, 4, 8, 16)):
     from realtime_ming.engine.talker_runner import TalkerRunner
 
-    talker = TalkerRunnerConfig(max_streams=8, buckets=buckets, steps_per_word=STEPS_PER_WORD, silence_holder=False)
-    runner = TalkerRunner(bundle, EngineConfig(enforce_eager=not graphs, talker=talker))
+    talker = TalkerRunnerConfig(max_streams=8, buckets=buckets, silence_holder=False)
+    runner = TalkerRunner(bundle.with_hooks(EngineHooks(steps_per_word=STEPS_PER_WORD)),
+                          EngineConfig(enforce_eager=not graphs, talker=talker))
     runner.capture()
     assert runner.stepper.graphed == graphs
     return runner

@@ -5,6 +5,7 @@ tokens of one that does not while turns arrive beside decoding ones (CUDA only).
 from __future__ import annotations
 
 import threading
+from unittest import mock
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ import torch
 from realtime_ming.engine import Engine
 from realtime_ming.engine.api import Content, Message, SamplingParams, TextDelta, TurnDone, TurnRequest
 from realtime_ming.engine.config import EngineConfig, PlacementConfig, ThinkerRunnerConfig
+from realtime_ming.engine.segmenter import SegmenterConfig
 from realtime_ming.engine.thinker_mixed import ThinkerMixer
 from realtime_ming.model.kernels import TRITON
 from realtime_ming.model.thinker import load_thinker
@@ -39,11 +41,13 @@ def test_graphed_mixer_equals_decode_and_prefill_apart(fixture_root):
 def _engine(fixture_root, mixed: int) -> Engine:
     cfg = EngineConfig(model_path=str(fixture_root), tokenizer_path=fixture_tokenizers(fixture_root)[0],
                        talker_tokenizer_path=fixture_tokenizers(fixture_root)[1], dtype="float32", enforce_eager=False,
-                       thinker=ThinkerRunnerConfig(max_slots=6, max_seq_len=1024, kv_buckets=(256, 1024),
-                                                   mixed_step_tokens=mixed),
+                       encoder_worker=True, segmenter=SegmenterConfig(),  # as before the CUDA defaults
+                       thinker=ThinkerRunnerConfig(max_slots=6, max_seq_len=1024,
+                                                   prefill_chunk_tokens=256, mixed_step_tokens=mixed),
                        placement=PlacementConfig(thinker_devices=("cuda:0",), talker_device="cuda:0",
                                                  encoder_device="cuda:0", vae_device="cuda:0"))
-    return Engine.create(cfg, warmup=False)
+    with mock.patch("realtime_ming.engine.thinker_runner.default_kv_buckets", lambda max_seq_len: (256, 1024)):
+        return Engine.create(cfg, warmup=False)  # attention graphed at 256 and 1024, as before
 
 
 def _staggered(engine: Engine) -> list[TurnDone]:

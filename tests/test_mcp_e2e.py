@@ -26,8 +26,10 @@ FORCED = CALL + "<|role_end|>" + ANSWER + "<|role_end|>"
 def forced_engine():
     from realtime_ming.engine import Engine
     from realtime_ming.engine.config import EngineConfig, ThinkerRunnerConfig
+    from realtime_ming.engine.hooks import EngineHooks
 
-    eng = Engine.create(EngineConfig(thinker=ThinkerRunnerConfig(max_seq_len=2048, forced_reply=FORCED)))
+    eng = Engine.create(EngineConfig(thinker=ThinkerRunnerConfig(max_seq_len=2048)),
+                        hooks=EngineHooks(forced_reply=FORCED))
     yield eng
     eng.close()
 

@@ -28,8 +28,9 @@ EXAMPLES = REPO / "examples"
 def engine():
     """The tiny engine answering with a fixed reply (the examples' own demo setting)."""
     from realtime_ming.engine import Engine
-    from realtime_ming.engine.config import EngineConfig, ThinkerRunnerConfig
-    eng = Engine.create(EngineConfig(thinker=ThinkerRunnerConfig(forced_reply="Hello there, this is a test.")))
+    from realtime_ming.engine.config import EngineConfig
+    from realtime_ming.engine.hooks import EngineHooks
+    eng = Engine.create(EngineConfig(), hooks=EngineHooks(forced_reply="Hello there, this is a test."))
     yield eng
     eng.close()
 

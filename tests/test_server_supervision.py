@@ -279,7 +279,7 @@ def test_cli_sigterm_lets_the_reply_finish_then_exits_zero():
             await asyncio.wait_for(client.ws.recv(), seconds(10))
         return response, closed.value.rcvd.code
 
-    with served_cli("--set", f"engine.thinker.forced_reply={_FORCED_STORY}") as server:
+    with served_cli("--hook", f"forced_reply={_FORCED_STORY}") as server:
         response, code = asyncio.run(scenario(server))
         assert response["status"] == "incomplete", response  # generated to its end, not cut off
         assert response["status_details"]["reason"] == "max_output_tokens"

@@ -12,7 +12,8 @@ from engine_support import Recorder
 
 from realtime_ming.engine import Engine
 from realtime_ming.engine.api import OUTPUT_SAMPLE_RATE_HZ, AudioChunk, Stage, StageMark, TextDelta, TurnRequest
-from realtime_ming.engine.config import EngineConfig, ThinkerRunnerConfig
+from realtime_ming.engine.config import EngineConfig
+from realtime_ming.engine.hooks import EngineHooks
 from realtime_ming.engine.segmenter import SegmenterConfig
 from realtime_ming.engine.speculation import coalesce
 from speculation_support import STORY, _assert_same_output, _request, _run, _wait_stats, confirm_paused_turns
@@ -25,8 +26,9 @@ def make(tiny_bundle):
     """Engines over the module's tiny bundle; the first segment never waits for the clock (audio is timing-free)."""
     engines = []
 
-    def make(**cfg) -> Engine:
-        engines.append(Engine(EngineConfig(segmenter=SegmenterConfig(first_max_wait_ms=60_000.0), **cfg), tiny_bundle))
+    def make(hooks: EngineHooks | None = None, **cfg) -> Engine:
+        bundle = tiny_bundle if hooks is None else tiny_bundle.with_hooks(hooks)
+        engines.append(Engine(EngineConfig(segmenter=SegmenterConfig(first_max_wait_ms=60_000.0), **cfg), bundle))
         return engines[-1]
 
     yield make
@@ -76,9 +78,9 @@ def test_held_events_stay_bounded_however_long_the_confirm_waits(make):
     """Confirm delayed by 2 s: unbounded, the held turn keeps generating (its held events grow); bounded, it holds
     what it held at its pause: its text up to its first segment (the thinker runs until the talker has text) or the
     token lookahead, the audio lookahead's chunks and its stage marks."""
-    words = ThinkerRunnerConfig(forced_reply=STORY)  # real words: the first segment comes after a few of them
-    bounded = make(thinker=words)
-    unbounded = make(thinker=words, speculation_lookahead_ms=None, speculation_lookahead_tokens=None)
+    words = EngineHooks(forced_reply=STORY)  # real words: the first segment comes after a few of them
+    bounded = make(hooks=words)
+    unbounded = make(hooks=words, speculation_lookahead_ms=None, speculation_lookahead_tokens=None)
     before_segment = _deltas_before_first_segment(bounded, _request("ref", max_tokens=400))
     counts, span = {}, None
     for name, engine in (("bounded", bounded), ("unbounded", unbounded)):

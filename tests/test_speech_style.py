@@ -174,6 +174,7 @@ def test_runner_puts_the_caption_into_every_job_prompt(monkeypatch, fixture_root
     from engine_support import _config
 
     from realtime_ming.engine import talker_runner as tr
+    from realtime_ming.engine.hooks import EngineHooks
     from realtime_ming.engine.models import ModelBundle
 
     calls = []
@@ -185,8 +186,8 @@ def test_runner_puts_the_caption_into_every_job_prompt(monkeypatch, fixture_root
 
     monkeypatch.setattr(tr, "build_talker_prompt", recording)
     cfg = _config(fixture_root)
-    bundle = ModelBundle.load(cfg)
-    talker_cfg = dataclasses.replace(cfg.talker, steps_per_word=1, max_prompt_len=1024)  # the tiny tokenizer is verbose
+    bundle = ModelBundle.load(cfg, hooks=EngineHooks(steps_per_word=1))
+    talker_cfg = dataclasses.replace(cfg.talker, max_prompt_len=1024)  # the tiny tokenizer is verbose
     runner = tr.TalkerRunner(bundle, dataclasses.replace(cfg, talker=talker_cfg))
     runner.enqueue("t", 0, "气温25℃，下午3:30出发。", None, seed=1, caption=HAPPY)
     while runner.has_work():

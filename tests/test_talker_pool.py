@@ -18,6 +18,7 @@ import torch
 from realtime_ming.engine import Engine
 from realtime_ming.engine.api import AudioChunk, Content, Message, SamplingParams, TurnDone, TurnFailed, TurnRequest
 from realtime_ming.engine.config import EngineConfig, PlacementConfig, TalkerRunnerConfig, ThinkerRunnerConfig
+from realtime_ming.engine.hooks import EngineHooks
 from realtime_ming.engine.models import ModelBundle
 from realtime_ming.engine.segmenter import SegmenterConfig
 from realtime_ming.engine.talker_driver import Enqueue
@@ -39,13 +40,13 @@ TURNS = {"a": ("One two three four five.", 1, 0), "b": ("Four five.", 2, 0), "c"
 
 
 def _cfg(**talker) -> EngineConfig:
-    return EngineConfig(placement=TWO, talker=TalkerRunnerConfig(**(dict(max_streams=4, steps_per_word=1,
-                                                                          silence_holder=False) | talker)))
+    return EngineConfig(placement=TWO, talker=TalkerRunnerConfig(**(dict(max_streams=4, silence_holder=False)
+                                                                    | talker)))
 
 
 @pytest.fixture(scope="module")
 def pool_bundle() -> ModelBundle:
-    return ModelBundle.load(EngineConfig(placement=TWO))
+    return ModelBundle.load(EngineConfig(placement=TWO), hooks=EngineHooks(steps_per_word=1))
 
 
 def _inline(bundle: ModelBundle, cfg: EngineConfig) -> InlineTalker:
@@ -244,10 +245,10 @@ def _engine_pcm(bundle: ModelBundle, placement: PlacementConfig, n: int, driver:
                 seen: dict | None = None) -> tuple[dict, dict]:
     """Every turn's PCM from an engine on `bundle` and its info(); `seen` collects each replica's enqueued turns."""
     cfg = EngineConfig(placement=placement,
-                       thinker=ThinkerRunnerConfig(max_slots=4, max_seq_len=256, forced_reply="Hello there, friend."),
-                       talker=TalkerRunnerConfig(max_streams=2, steps_per_word=1, driver=driver),
+                       thinker=ThinkerRunnerConfig(max_slots=4, max_seq_len=256),
+                       talker=TalkerRunnerConfig(max_streams=2, driver=driver),
                        segmenter=SegmenterConfig(first_max_wait_ms=60_000.0))
-    engine = Engine(cfg, bundle)
+    engine = Engine(cfg, bundle.with_hooks(EngineHooks(forced_reply="Hello there, friend.", steps_per_word=1)))
     if seen is not None:
         for member in engine._talker.members:
             enqueue = member.enqueue

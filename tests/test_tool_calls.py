@@ -25,6 +25,7 @@ from realtime_ming.engine.api import (
     TurnRequest,
 )
 from realtime_ming.engine.config import EngineConfig, ThinkerRunnerConfig
+from realtime_ming.engine.hooks import EngineHooks
 from realtime_ming.engine.tool_calls import ToolCallParser
 from realtime_ming.model.tiny_tokenizer import tiny_thinker_tokenizer
 from realtime_ming.model.tokenizer import ChatMessage
@@ -157,7 +158,8 @@ def _turn(engine, turn_id, history, *, tools=(WEATHER,), prefix="", max_tokens=8
 @pytest.fixture(scope="module")
 def forced_engine():
     reply = "Let me check. " + CALL + "<|role_end|>It is sunny in Paris.<|role_end|>"
-    engine = Engine.create(EngineConfig(thinker=ThinkerRunnerConfig(forced_reply=reply, max_seq_len=1024)))
+    engine = Engine.create(EngineConfig(thinker=ThinkerRunnerConfig(max_seq_len=1024)),
+                           hooks=EngineHooks(forced_reply=reply))
     yield engine
     engine.close()
 

@@ -324,16 +324,17 @@ async def test_sdk_surfaces_transcripts_and_failures(engine, speech):
 
 
 def test_forced_transcript_is_said_once_by_transcription_turns_only():
-    """`engine.thinker.forced_transcript` replaces only TRANSCRIBE rows' tokens (then the turn stops), and
+    """The `forced_transcript` hook replaces only TRANSCRIBE rows' tokens (then the turn stops), and
     `forced_reply` only replies', the two running side by side."""
     import threading
 
     from realtime_ming.engine import Engine
     from realtime_ming.engine.api import Content, Message, SamplingParams, TurnRequest
-    from realtime_ming.engine.config import EngineConfig, ThinkerRunnerConfig
+    from realtime_ming.engine.config import EngineConfig
+    from realtime_ming.engine.hooks import EngineHooks
 
     said, reply = "what time is it now", "Sure thing."
-    eng = Engine.create(EngineConfig(thinker=ThinkerRunnerConfig(forced_reply=reply, forced_transcript=said)))
+    eng = Engine.create(EngineConfig(), hooks=EngineHooks(forced_reply=reply, forced_transcript=said))
     try:
         audio = Content.of_audio(np.zeros(16000, np.float32), 16000)
         texts: dict[str, list[str]] = {"asr": [], "reply": []}

@@ -31,6 +31,7 @@ from realtime_ming.engine.api import (
     engine_supports,
 )
 from realtime_ming.engine.config import EngineConfig, ThinkerRunnerConfig
+from realtime_ming.engine.hooks import EngineHooks
 from realtime_ming.engine.turn_judgement import (
     ANSWER_COMPLETE,
     ANSWER_INCOMPLETE,
@@ -149,7 +150,8 @@ def test_judgement_of_spoken_turn_forks_the_audio_and_equals_a_full_prefill(judg
 
 
 def test_forced_judgement_answers_the_forced_value():
-    engine = Engine.create(EngineConfig(thinker=ThinkerRunnerConfig(turn_judgement="on", forced_turn_judgement=0.125)))
+    engine = Engine.create(EngineConfig(thinker=ThinkerRunnerConfig(turn_judgement="on")),
+                           hooks=EngineHooks(forced_turn_judgement=0.125))
     try:
         reply, judge = _pair((Message("user", (Content.of_text("What time is it?"),)),), "forced")
         assert _judgement(_run(engine, reply, judge)[judge.turn_id]) == 0.125
@@ -179,7 +181,7 @@ def test_auto_is_on_for_checkpoint_weights_only():
     with pytest.raises(ValueError, match="turn_judgement"):
         ThinkerRunnerConfig(turn_judgement="sometimes")
     with pytest.raises(ValueError, match="forced_turn_judgement"):
-        ThinkerRunnerConfig(forced_turn_judgement=1.5)
+        EngineHooks(forced_turn_judgement=1.5)
 
 
 def test_scheduler_queues_judgements_behind_replies_and_before_transcriptions():

@@ -2,7 +2,7 @@
 
 Smart Turn (prosody) calls "I'd like to book a table for" complete at a 700 ms pause, so semantic_vad high splits
 the sentence when prosody decides alone (today's behaviour, kept with the judgement off). With the judgement on
-and forced to "not finished" (`engine.thinker.forced_turn_judgement`, a test knob: the tiny model's own judgement is
+and forced to "not finished" (the `forced_turn_judgement` hook, for tests: the tiny model's own judgement is
 noise) the same utterance gets exactly one response, after its end (the silence fallback ends it); forced
 "finished", a complete question still ends at the first decision point. Audio is streamed in real time (20 ms
 appends), as a client does: the judgement runs on the engine while the pause goes on.
@@ -23,6 +23,7 @@ from bench.end_of_turn import espeak
 from realtime_ming.audio import end_of_turn
 from realtime_ming.engine import Engine
 from realtime_ming.engine.config import EngineConfig, ThinkerRunnerConfig
+from realtime_ming.engine.hooks import EngineHooks
 from realtime_ming.protocol import Dialect
 from realtime_ming.server import RealtimeServer, load_config
 
@@ -42,8 +43,8 @@ def patient_words(monkeypatch):
 
 @asynccontextmanager
 async def judged_server(forced: float):
-    engine = Engine.create(EngineConfig(thinker=ThinkerRunnerConfig(turn_judgement="on",
-                                                                    forced_turn_judgement=forced)))
+    engine = Engine.create(EngineConfig(thinker=ThinkerRunnerConfig(turn_judgement="on")),
+                           hooks=EngineHooks(forced_turn_judgement=forced))
     try:
         async with RealtimeServer(load_config(None, ["server.port=0"]), engine) as srv:
             yield srv

@@ -48,9 +48,10 @@ def engine():
     """The tiny engine with a fixed reply (its random-weight text cannot be spoken; every stage still
     runs, the video prefill included), so that a spoken answer has audio."""
     from realtime_ming.engine import Engine
-    from realtime_ming.engine.config import EngineConfig, ThinkerRunnerConfig
+    from realtime_ming.engine.config import EngineConfig
+    from realtime_ming.engine.hooks import EngineHooks
 
-    eng = Engine.create(EngineConfig(thinker=ThinkerRunnerConfig(forced_reply="I see a square moving.")))
+    eng = Engine.create(EngineConfig(), hooks=EngineHooks(forced_reply="I see a square moving."))
     yield eng
     eng.close()
 

@@ -112,8 +112,8 @@ def test_installed_wheel_serves_the_demo_and_benchmarks_itself(wheel, tmp_path):
 
     realtime_ming = [str(bindir / "realtime-ming")]
     # The tiny model's random weights rarely say anything speakable: the thinker speaks these words instead.
-    forced = "engine.thinker.forced_reply=Sure. The weather today looks sunny. "
-    with served_cli("--host", "127.0.0.1", "--set", forced, program=realtime_ming, env=env, cwd=elsewhere,
+    forced = "forced_reply=Sure. The weather today looks sunny. "
+    with served_cli("--host", "127.0.0.1", "--hook", forced, program=realtime_ming, env=env, cwd=elsewhere,
                     start_timeout=240) as server:
         assert server.url == f"ws://127.0.0.1:{server.port}/v1/realtime"
         assert "browser demo not found" not in server.startup

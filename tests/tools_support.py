@@ -24,8 +24,9 @@ async def server(forced_engine):
         yield srv
 
 
-def _engine(**thinker):
+def _engine(**hooks):
     from realtime_ming.engine import Engine
     from realtime_ming.engine.config import EngineConfig, ThinkerRunnerConfig
+    from realtime_ming.engine.hooks import EngineHooks
 
-    return Engine.create(EngineConfig(thinker=ThinkerRunnerConfig(max_seq_len=2048, **thinker)))
+    return Engine.create(EngineConfig(thinker=ThinkerRunnerConfig(max_seq_len=2048)), hooks=EngineHooks(**hooks))

@@ -75,8 +75,7 @@ def smart_turn_features(audio: np.ndarray) -> np.ndarray:
 
     The same numbers as `mel.log_mel_spectrogram` with the 80-bin filterbank (tests hold them to it), in
     single-threaded numpy: decisions run on several threads at once, and torch's intra-op pool spun up for
-    each of them costs up to 10x the ~9 ms CPU of the FFT itself on a busy 2-core host (measured:
-    bench/results/cpu-eot-2026-11-26)."""
+    each of them costs up to 10x the ~9 ms CPU of the FFT itself on a busy 2-core host."""
     x = np.asarray(audio, dtype=np.float32).reshape(-1)[-SMART_TURN_WINDOW_SAMPLES:]
     if x.size < SMART_TURN_WINDOW_SAMPLES:
         x = np.pad(x, (SMART_TURN_WINDOW_SAMPLES - x.size, 0))
@@ -246,7 +245,7 @@ class EndOfTurnPolicy:
 # The words' threshold follows the same order: "high" ends unless the thinker leans towards "not finished".
 # Prosody alone decides at 200 ms (measured best of 120 / 160 / 200 for it: an earlier call hears less silence and
 # splits more); with the words judged, the words guard the mid-sentence pauses and "high" decides at 120 ms (the
-# speculative pause, where the judgement is asked), "medium"/"auto" at 160 ms (bench/results/cpu-turn-override-*).
+# speculative pause, where the judgement is asked), "medium"/"auto" at 160 ms (docs/turn_detection.md).
 EAGERNESS_POLICY: dict[str, EndOfTurnPolicy] = {
     "low": EndOfTurnPolicy(threshold=0.5, decide_after_ms=800, fallback_ms=8000, words_threshold=0.6,
                            words_override=0.95),

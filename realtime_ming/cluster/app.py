@@ -18,6 +18,7 @@ import sys
 import threading
 from typing import Any
 
+from ..engine.hooks import EngineHooks
 from .config import (
     REPLICA_DEPLOYMENT,
     ClusterConfig,
@@ -65,14 +66,14 @@ def deployment_options(cluster: ClusterConfig) -> dict[str, Any]:
     return options
 
 
-def _replica_app(cluster: ClusterConfig):
+def _replica_app(cluster: ClusterConfig, hooks: EngineHooks | None = None):
     from ray import serve
 
     from .replica import RealtimeReplica
 
     cls = serve.deployment(**deployment_options(cluster))(serve.ingress()(RealtimeReplica))
     return cls.bind(cluster.server_config, list(cluster.overrides), cluster.app_name, cluster.report_interval_s,
-                    direct_options(cluster))
+                    direct_options(cluster), hooks=hooks)
 
 
 def direct_options(cluster: ClusterConfig) -> dict[str, Any] | None:
@@ -93,10 +94,11 @@ def _front_app(cluster: ClusterConfig):
     return cls.bind(cluster.app_name, REPLICA_DEPLOYMENT, cluster.report_interval_s, cluster.replica_stale_s, web_dir)
 
 
-def build_apps(cluster: ClusterConfig) -> dict[str, tuple[Any, str]]:
-    """Serve application name -> (bound application, route prefix)."""
+def build_apps(cluster: ClusterConfig, hooks: EngineHooks | None = None) -> dict[str, tuple[Any, str]]:
+    """Serve application name -> (bound application, route prefix); `hooks`: every replica engine's test and
+    benchmark hooks (`serve-cluster --hook`)."""
     return {
-        cluster.app_name: (_replica_app(cluster), REALTIME_ROUTE),
+        cluster.app_name: (_replica_app(cluster, hooks), REALTIME_ROUTE),
         f"{cluster.app_name}-front": (_front_app(cluster), "/"),
     }
 
@@ -129,7 +131,7 @@ def proxy_env(cluster: ClusterConfig) -> dict[str, str]:
     return env
 
 
-def start_serve(cluster: ClusterConfig, address: str | None = None) -> None:
+def start_serve(cluster: ClusterConfig, address: str | None = None, hooks: EngineHooks | None = None) -> None:
     """Connect to (or start) Ray, start Serve's proxy with the realtime middleware, deploy both applications."""
     import ray
     from ray import serve
@@ -140,15 +142,15 @@ def start_serve(cluster: ClusterConfig, address: str | None = None) -> None:
     serve.start(http_options={"host": cluster.host, "port": cluster.port})
     # both applications at once: the front starts while the replicas load their engines
     serve.run_many([serve.RunTarget(target=app, name=name, route_prefix=prefix)
-                    for name, (app, prefix) in build_apps(cluster).items()])
+                    for name, (app, prefix) in build_apps(cluster, hooks).items()])
 
 
-def run_cluster(cluster: ClusterConfig, address: str | None = None) -> int:
+def run_cluster(cluster: ClusterConfig, address: str | None = None, hooks: EngineHooks | None = None) -> int:
     """CLI: deploy, print the URL, serve until SIGINT/SIGTERM, then `serve.shutdown()` (replicas drain)."""
     import ray
     from ray import serve
 
-    start_serve(cluster, address)
+    start_serve(cluster, address, hooks)
     print(f"realtime-ming: cluster serving on ws://{cluster.host}:{cluster.port}/v1/realtime "
           f"(health: http://{cluster.host}:{cluster.port}/health)", file=sys.stderr, flush=True)
     stop = threading.Event()

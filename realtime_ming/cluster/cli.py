@@ -18,6 +18,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE", help="the `realtime-ming serve` config every replica loads")
     parser.add_argument("--set", dest="overrides", metavar="KEY=VALUE", action="append", default=[],
                         help="override one server config key on every replica (repeatable)")
+    parser.add_argument("--hook", dest="hooks", metavar="NAME=VALUE", action="append", default=[],
+                        help="tests and benchmarks only: an engine hook on every replica, as `serve --hook`")
     parser.add_argument("--replicas", type=int, help="fixed number of replicas (ignored with autoscaling)")
     parser.add_argument("--num-gpus", type=float, help="GPUs per replica (Ray ray_actor_options.num_gpus)")
     parser.add_argument("--num-cpus", type=float, help="CPUs per replica")
@@ -28,6 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..engine.hooks import parse_hooks
     from ..server.startup import fail_start as _fail
 
     try:
@@ -42,7 +45,8 @@ def run(args: argparse.Namespace) -> int:
         if args.overrides:
             changes["overrides"] = (*cluster.overrides, *args.overrides)
         cluster = dataclasses.replace(cluster, **changes)
-    except ClusterConfigError as exc:
+        hooks = parse_hooks(args.hooks)
+    except (ClusterConfigError, ValueError) as exc:
         return _fail(f"cluster config error: {exc}")
     from ..server.config import ConfigError
     from ..server.startup import StartupError, prepare
@@ -56,4 +60,4 @@ def run(args: argparse.Namespace) -> int:
         return _fail(exc)
     from .app import run_cluster
 
-    return run_cluster(cluster, address=args.address)
+    return run_cluster(cluster, address=args.address, hooks=hooks)

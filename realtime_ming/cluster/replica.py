@@ -42,6 +42,7 @@ from typing import Any
 
 from websockets.frames import CloseCode
 
+from ..engine.hooks import EngineHooks
 from .lease import REPLICA_HEADER
 
 __all__ = ["REPLICA_HEADER", "RealtimeReplica", "replica_capacity"]
@@ -71,7 +72,8 @@ class RealtimeReplica:
     """The replica deployment's class (wrapped by `serve.ingress()` / `serve.deployment` in cluster/app.py)."""
 
     async def __init__(self, server_config: str | None, overrides: list[str], app_name: str,
-                     report_interval_s: float, direct: dict[str, Any] | None = None) -> None:
+                     report_interval_s: float, direct: dict[str, Any] | None = None,
+                     hooks: EngineHooks | None = None) -> None:
         from ray import serve
 
         from ..server.app import RealtimeServer, load_engine
@@ -89,7 +91,7 @@ class RealtimeReplica:
         self.replica_id = context.replica_id.unique_id
         self.actor_name = context.replica_id.to_full_id_str()
         self.direct = DirectPort(**direct) if direct is not None else None
-        self.engine = await asyncio.to_thread(load_engine, cfg)
+        self.engine = await asyncio.to_thread(load_engine, cfg, hooks)
         self.server = RealtimeServer(cfg, self.engine, sock=self.direct and self.direct.sock,
                                      admit=self.direct and self.direct.gate.process_request)
         self.asgi = RealtimeAsgiApp(self.server, accept_headers=[(REPLICA_HEADER, self.replica_id)])

@@ -25,6 +25,8 @@ from .thinker_runner import ThinkerRunner
 from .turn_state import TurnState
 from .turn_table import TurnTable
 
+MAX_QUEUED_TURNS = 64  # turns submitted beyond a full decode batch (max_batch); more: TurnFailed("engine busy")
+
 __all__ = ["Admission"]
 
 # admission errors that are answers, not bugs: every slot busy; the conversation does not fit, even truncated as
@@ -49,7 +51,7 @@ class Admission:
         refusal = None
         if request.turn_id in table.turns or request.turn_id in table.parked:
             refusal = FailureCode.ADMISSION_FAILED, "duplicate turn id"
-        elif len(table.turns) >= self.cfg.max_queued_turns + self.cfg.thinker.max_batch:
+        elif len(table.turns) >= MAX_QUEUED_TURNS + self.cfg.thinker.max_batch:
             refusal = FailureCode.ENGINE_BUSY, "engine busy: too many active turns"
         elif request.task is TurnTask.JUDGE_TURN and self.thinker.judge_answers is None:
             refusal = FailureCode.TASK_UNAVAILABLE, ("turn judgement is off on this engine "

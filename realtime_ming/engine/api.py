@@ -165,8 +165,8 @@ class SamplingParams:
 
 class TurnTask(enum.Enum):
     """What a turn is for. `TRANSCRIBE` is a side request (the user's speech as text, never spoken):
-    its prefill queues behind every reply's, and `engine.thinker.forced_transcript` (not
-    `forced_reply`) replaces its sampled tokens in tests and benchmarks.
+    its prefill queues behind every reply's, and the `forced_transcript` hook (not
+    `forced_reply`; `engine/hooks.py`) replaces its sampled tokens in tests and benchmarks.
 
     `JUDGE_TURN` is a side request too (never spoken, nothing sampled): its prompt asks whether the user has
     finished their turn (`engine/turn_judgement.py`), and the turn answers with one `TurnJudgement` (the
@@ -321,7 +321,7 @@ class TurnDone:
 @dataclass(frozen=True, slots=True)
 class TurnJudgement:
     """A `JUDGE_TURN` turn's answer: the thinker's probability that the user's turn is complete (softmax of
-    the "Yes" and "No" answers' next-token logits; `engine.thinker.forced_turn_judgement` in tests and
+    the "Yes" and "No" answers' next-token logits; the `forced_turn_judgement` hook in tests and
     benchmarks). Emitted once, right before the turn's `TurnDone`."""
 
     turn_id: str

@@ -19,7 +19,9 @@ from ..model.audio_encoder import AudioProjector, WhisperEncoder, audio_token_le
 from ..model.config import AudioEncoderConfig
 from .graphs import BucketedGraph, GraphInput, upload
 
-__all__ = ["AudioEncoderGraphs"]
+__all__ = ["CLIP_BUCKETS", "AudioEncoderGraphs"]
+
+CLIP_BUCKETS = (160, 320, 640, 1280, 3000)  # CUDA-graph clip lengths, mel frames (100 per second); longer: eager
 
 
 class AudioEncoderGraphs:

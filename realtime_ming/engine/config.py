@@ -23,9 +23,9 @@ class PlacementConfig:
     both read back as), anything else is an error.
     """
 
-    thinker_devices: tuple[str, ...] = ("cpu",)
+    thinker_devices: tuple[str, ...] = ("cpu",)  # the thinker, tensor-parallel over these (e.g. [cuda:0, cuda:1])
     talker_device: str | None = None  # None: cpu, or talker_devices[0]
-    encoder_device: str = "cpu"
+    encoder_device: str = "cpu"  # the audio and vision encoders
     vae_device: str | None = None  # None: cpu, or talker_devices[0]
     talker_devices: tuple[str, ...] = ()  # () = the one replica of talker_device / vae_device
 
@@ -58,6 +58,33 @@ class PlacementConfig:
         return tuple((d, d) for d in self.talker_devices)
 
 
+def _cuda(thinker_devices) -> bool:
+    """Whether a thinker placed on `thinker_devices` (a list, or one name) runs on CUDA."""
+    first = thinker_devices if isinstance(thinker_devices, str) else next(iter(thinker_devices), "")
+    return str(first).startswith("cuda")
+
+
+def graph_buckets(capacity: int) -> tuple[int, ...]:
+    """CUDA-graph batch sizes up to `capacity` rows: 1, 2, 4, 8, 16, then 24, 32, 48, 64, 96, ... (a batch pads to
+    the next one, at most 50 % more rows), and `capacity` itself."""
+    ladder, size = [1, 2, 4, 8, 16], 16
+    while size < capacity:
+        ladder += [size * 3 // 2, size * 2]
+        size *= 2
+    return tuple(sorted({b for b in ladder if b < capacity} | {capacity}))
+
+
+# The defaults that differ by the thinker's device (`engine.placement.thinker_devices`), filled into fields left
+# as None (null) when an `EngineConfig` is built: "cuda" = what the shipped GPU configs serve, "cpu" = the embedded
+# tiny model and CI (the golden fixtures' segmenter). A value set in the config always wins.
+DEVICE_DEFAULTS: dict[str, dict[str, object]] = {
+    "cuda": {"dtype": "bfloat16", "encoder_worker": False, "thinker.prefill_chunk_tokens": 2048,
+             "thinker.mixed_step_tokens": 512, "segmenter": SegmenterConfig(policy="latency", first_mark_wait_ms=60.0)},
+    "cpu": {"dtype": "float32", "encoder_worker": True, "thinker.prefill_chunk_tokens": 256,
+            "thinker.mixed_step_tokens": 0, "segmenter": SegmenterConfig()},
+}
+
+
 ALL_REDUCE = ("nccl", "one_shot")  # engine.thinker.all_reduce
 TURN_JUDGEMENT = ("auto", "on", "off")  # engine.thinker.turn_judgement
 TALKER_DRIVERS = ("inline", "process")  # engine.talker.driver
@@ -71,50 +98,31 @@ class ThinkerRunnerConfig:
     # (`prompt_budget`), so the turns after a cut reuse the cached prefix until the limit is crossed again;
     # 1.0 = drop the fewest messages (then every turn on a full context re-prefills it)
     auto_truncation_ratio: float = 0.75
-    max_batch: int = 16  # decode rows per step
+    max_batch: int = 16  # decode rows per step (CUDA graphs: `graph_buckets(max_batch)`)
     # chunked prefill: at most this many (padded) prompt tokens per step. Every chunk reads each MoE layer's
-    # experts once (~3 GB per layer per GPU at the full shapes at TP=2), so on GPUs a large budget lets the
-    # prompts of many turns share one read (configs/ use 2048)
-    prefill_chunk_tokens: int = 256
+    # experts once, so on GPUs a large budget lets the prompts of many turns share one read.
+    # None: 2048 on CUDA, 256 on CPU
+    prefill_chunk_tokens: int | None = None
     # a chunk (which every decoding row's next token and every prompt behind it waits for) is cut to what the host
     # time of the recent chunks says fits in this many ms (`engine/prefill_pace.py`): binds where the host computes
     # the chunk (CPU), not where it only launches it (CUDA). 0 = always prefill_chunk_tokens
     prefill_step_ms: float = 250.0
-    # hold the prefill queue back while rows decode, until the queued prompts fill a chunk or the oldest waited
-    # this long (ms): several prompts share one read of the experts instead of one chunk per step. 0 = never hold
-    prefill_wait_ms: float = 0.0
     # mixed step: a step that decodes rows AND prefills runs both in one forward of at most this many tokens
     # (the decode rows + the chunk, packed; `engine/thinker_mixed.py`), so the MoE experts are read once, not
-    # twice. 0 = off (two forwards). A chunk beside decode rows is then packed into what the rows leave
-    mixed_step_tokens: int = 0
-    decode_buckets: tuple[int, ...] = (1, 2, 4, 8, 16)  # CUDA-graph batch buckets of the decode step
-    kv_buckets: tuple[int, ...] | None = None  # CUDA-graph attention lengths; None = 512, 1024, ... max_seq_len
-    # CUDA-graph widths of a one-row prefill chunk (capped at prefill_chunk_tokens); () = prefill always eager
-    prefill_buckets: tuple[int, ...] = (32, 64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
-    # CUDA-graph clip lengths of the audio encoder, in mel frames (100 per second); longer clips run eager
-    audio_buckets: tuple[int, ...] = (160, 320, 640, 1280, 3000)
-    # benchmarks with dummy weights: emit this text's tokens (cycled) instead of the sampled ones, so
-    # segmenter and talker see real words; every model computation still runs. None = off.
-    # `<|role_end|>` splits it into per-turn replies (turn k of a conversation plays reply k mod n) and
-    # `<tool_call>…</tool_call>` are the real special tokens, so a forced call is parsed like the model's.
-    forced_reply: str | None = None
-    # transcription turns (`TurnTask.TRANSCRIBE`) emit this text's tokens once, then end (stop); every model
-    # computation still runs. None = the model's own transcript
-    forced_transcript: str | None = None
+    # twice. 0 = off (two forwards). A chunk beside decode rows is then packed into what the rows leave.
+    # None: 512 on CUDA, 0 on CPU
+    mixed_step_tokens: int | None = None
     # the thinker's judgement of whether the user finished their turn (`TurnTask.JUDGE_TURN`, semantic_vad):
     # "auto" = on only for real checkpoint weights (the tiny / dummy default would judge noise), "on", "off"
     # (YAML's bare on / off read as true / false are taken too)
     turn_judgement: str | bool = "auto"
-    # tests and benchmarks only: every JUDGE_TURN answers this P(complete) in [0, 1] instead of the computed one
-    # (its prefill still runs). None = the model's own judgement
-    forced_turn_judgement: float | None = None
     # tensor parallelism: "nccl" = every all-reduce over NCCL; "one_shot" = all-reduces up to 1 MiB (decode)
     # through symmetric memory in one kernel (model/kernels/all_reduce.py), larger ones over NCCL
     all_reduce: str = "nccl"
 
     def __post_init__(self):
         for name in ("max_slots", "max_seq_len", "max_batch", "prefill_chunk_tokens"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"engine.thinker.{name} must be >= 1")
         if self.mixed_step_tokens and self.mixed_step_tokens <= self.max_batch:
             raise ValueError(f"engine.thinker.mixed_step_tokens must be 0 (off) or above max_batch "
@@ -123,39 +131,30 @@ class ThinkerRunnerConfig:
             raise ValueError(f"engine.thinker.prefill_step_ms must be in [0, 60000] ms, got {self.prefill_step_ms!r}")
         if not 0.0 <= self.auto_truncation_ratio <= 1.0:  # NaN fails too
             raise ValueError(f"engine.thinker.auto_truncation_ratio must be in [0, 1], got {self.auto_truncation_ratio!r}")
-        if not 0.0 <= self.prefill_wait_ms <= 10_000.0:  # NaN fails too
-            raise ValueError(f"engine.thinker.prefill_wait_ms must be in [0, 10000] ms, got {self.prefill_wait_ms!r}")
         if isinstance(self.turn_judgement, bool):
             object.__setattr__(self, "turn_judgement", "on" if self.turn_judgement else "off")
         if self.turn_judgement not in TURN_JUDGEMENT:
             raise ValueError(f"engine.thinker.turn_judgement must be one of {TURN_JUDGEMENT}, got {self.turn_judgement!r}")
-        if self.forced_turn_judgement is not None and not 0.0 <= self.forced_turn_judgement <= 1.0:
-            raise ValueError("engine.thinker.forced_turn_judgement must be a probability in [0, 1]")
         if self.all_reduce not in ALL_REDUCE:
             raise ValueError(f"engine.thinker.all_reduce must be one of {ALL_REDUCE}, got {self.all_reduce!r}")
+
+    @property
+    def decode_buckets(self) -> tuple[int, ...]:
+        """CUDA-graph batch sizes of the decode step (above the largest a step runs eager)."""
+        return graph_buckets(self.max_batch)
 
 
 @dataclass(frozen=True, slots=True)
 class TalkerRunnerConfig:
     max_streams: int = 16  # talker streams stepped together
     max_prompt_len: int = 512  # talker LM prompt + generated steps per fragment (the tiny model: >= 1024)
-    min_new_token: int = 10  # stop rule (docs/model.md §5.9; sglang-omni uses 3)
-    cfg_strength: float = 2.0
-    sigma: float = 0.25
-    temperature: float = 0.0
-    buckets: tuple[int, ...] = (1, 2, 4, 8, 16)
-    # CUDA-graph prompt lengths of a new stream; one of max_prompt_len // 2 (the longest prompt a job prefills)
-    # is added when the largest is shorter
-    prefill_buckets: tuple[int, ...] = (32, 64, 96, 128, 192, 256)
+    # CUDA-graph batch sizes of the talker and VAE steps; None = `graph_buckets(max_streams)`
+    buckets: tuple[int, ...] | None = None
     # a cloned voice's prompt (transcript + audio patches) may take max_prompt_len // 2 − this many talker
     # tokens, so every job keeps room for this much reply text (fewer, longer jobs per segment)
     min_text_tokens: int = 32
     voice_head_cache: int = 32  # voices whose prompt head (system … transcript K/V) is kept; 0 = off
-    steps_per_word: int = 0  # >0: benchmarks fix the talker length (ignore the stop head)
     silence_holder: bool = True  # the reference's trailing-silence holder on each stream (§6.4)
-    # a turn's first job runs two talker steps in the engine step that starts it (the VAE holds each chunk until
-    # the next one): the same audio, its first chunk one engine step sooner, for one small extra talker + VAE pass
-    first_chunk_catch_up: bool = True
     # who steps the talker (`engine/talker_driver.py`): "inline" = the engine thread, once per engine step, beside
     # the thinker's step; "process" = each talker replica in a process of its own at its own pace (the weights
     # shared, not copied; `engine/talker_process.py`), for talker replicas on GPUs apart from the thinker's (the same
@@ -173,8 +172,10 @@ class TalkerRunnerConfig:
     def __post_init__(self):
         if self.max_streams < 1:
             raise ValueError("engine.talker.max_streams must be >= 1")
-        if not self.prefill_buckets or min(self.prefill_buckets) < 1:
-            raise ValueError("engine.talker.prefill_buckets must be positive prompt lengths")
+        if self.buckets is None:
+            object.__setattr__(self, "buckets", graph_buckets(self.max_streams))
+        elif not self.buckets or min(self.buckets) < 1:
+            raise ValueError("engine.talker.buckets must be positive batch sizes")
         if self.voice_head_cache < 0:
             raise ValueError("engine.talker.voice_head_cache must be >= 0")
         if self.driver not in TALKER_DRIVERS:
@@ -204,25 +205,27 @@ class TalkerRunnerConfig:
 class EngineConfig:
     """Everything the engine needs. `model_path=None` serves the embedded tiny random-weight model."""
 
-    model_path: str | None = None
+    model_path: str | None = None  # checkpoint folder; None = the embedded tiny random-weight model
     tokenizer_path: str | None = None  # thinker tokenizer.json (file or folder) when the checkpoint lacks one
     talker_tokenizer_path: str | None = None  # talker tokenizer.json when talker/llm/ lacks one
     weights: str = "checkpoint"  # "checkpoint" | "dummy" (seeded random weights, any preset)
     preset: str | None = None  # with weights="dummy": "tiny" | "ming-flash-omni-2.0"
-    dtype: str = "float32"
+    dtype: str | None = None  # "float32" | "bfloat16" | "float16"; None: bfloat16 on CUDA, float32 on CPU
     # the thinker's routed experts (99.9 B of the root's 104 B parameters): "model" = in `dtype`; "fp8" = e4m3 with
     # one fp32 scale per output channel, quantised from the checkpoint while it loads (never the whole bf16 model in
     # host memory), run by the FP8 Triton kernels (model/kernels/moe_fp8.py); router, shared expert, attention and
     # every other model stay in `dtype`. Fidelity: docs/fidelity.md
     expert_dtype: str = "model"
-    seed: int = 0
-    default_voice: str | None = None
-    enforce_eager: bool = True  # CUDA graphs off (CPU always eager)
+    seed: int = 0  # dummy weights' seed
+    default_voice: str | None = None  # the voice of sessions that name none; None = the first preset
+    enforce_eager: bool = False  # CUDA graphs off (debugging; a CPU device always runs eager)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     thinker: ThinkerRunnerConfig = field(default_factory=ThinkerRunnerConfig)
     talker: TalkerRunnerConfig = field(default_factory=TalkerRunnerConfig)
-    segmenter: SegmenterConfig = field(default_factory=SegmenterConfig)
-    max_queued_turns: int = 64  # submitted but not yet admitted; beyond -> TurnFailed("engine busy")
+    # None: the device's (`DEVICE_DEFAULTS`): on CUDA the latency policy, its first segment held up to 60 ms for a
+    # clause or sentence mark; on CPU the reference policy (the golden fixtures). In a config file the keys a
+    # segmenter section leaves out keep the device's (`file_sections`)
+    segmenter: SegmenterConfig | None = None
     # bounded speculation (`engine/speculation.py`): an unconfirmed speculative turn pauses (thinker row and talker
     # stream kept, not stepped) once it holds this much audio ...
     speculation_lookahead_ms: float | None = 1000.0
@@ -232,45 +235,57 @@ class EngineConfig:
     input_workers: int = 2  # threads preparing requests (chat template, tokens, media) off the engine thread
     media_cache_mb: int = 512  # preprocessed media kept by content (history images are not preprocessed again)
     # admission's audio/vision encoders on their own thread and CUDA stream (running turns keep decoding while a
-    # burst is encoded); false: on the engine thread. One worker serialises a burst: at 64 spoken sessions on one
-    # H200 its queue reached ~6 s (bench/results/gpu-h200-shadow-2026-11-26/)
-    encoder_worker: bool = True
-    # benchmarks only: build the thinker as one rank of a TP=N group alone on its one device, every
-    # collective skipped (dummy weights; output meaningless): the per-GPU cost of a TP=N deployment
-    # measured where N GPUs are not at hand. 1 = off.
-    bench_tp_shadow: int = 1
-    # the serving process's Python thread switch interval (sys.setswitchinterval, ms) while the engine runs; None
-    # leaves Python's (5 ms). The engine, talker and input threads share one interpreter lock: a thread back from a
-    # GPU wait may wait up to this long for it while another runs Python. Process-wide: set back on close. 0.5 ms
-    # changed nothing measurable in the 4x H200 engine benchmark at N=32 (the talker thread holds the lock ~12 % of
-    # its step; py-spy) and, served with own_thread at 64 sessions, worsened TTFA_server p90 456 -> 715 ms
-    # (bench/results/gpu-h200x4-talker-streams-2026-11-27/)
-    switch_interval_ms: float | None = None
+    # burst is encoded); false: on the engine thread. One worker serialises a burst, so under many sessions its
+    # queue grows (docs/benchmarks.md). None: false on CUDA, true on CPU
+    encoder_worker: bool | None = None
 
     def __post_init__(self):
+        self._fill_device_defaults()
         if self.weights not in ("checkpoint", "dummy"):
             raise ValueError("engine.weights must be 'checkpoint' or 'dummy'")
         if self.input_workers < 1:
             raise ValueError("engine.input_workers must be >= 1")
         if self.media_cache_mb < 0:
             raise ValueError("engine.media_cache_mb must be >= 0")
-        if self.switch_interval_ms is not None and not 0.05 <= self.switch_interval_ms <= 100.0:  # NaN fails too
-            raise ValueError(f"engine.switch_interval_ms must be in [0.05, 100] ms or null, got {self.switch_interval_ms!r}")
         if self.speculation_lookahead_ms is not None and not 0 <= self.speculation_lookahead_ms <= 60_000:
             raise ValueError("engine.speculation_lookahead_ms must be in [0, 60000] (or null: unbounded)")
         if self.speculation_lookahead_tokens is not None and self.speculation_lookahead_tokens < 1:
             raise ValueError("engine.speculation_lookahead_tokens must be >= 1 (or null: unbounded)")
-        if self.bench_tp_shadow < 1:
-            raise ValueError("engine.bench_tp_shadow must be >= 1")
-        if self.bench_tp_shadow > 1 and (self.weights != "dummy" and self.model_path is not None
-                                         or self.placement.tp_size > 1):
-            raise ValueError("engine.bench_tp_shadow needs dummy weights (or a preset) and one thinker device")
         if self.dtype not in _DTYPES:
             raise ValueError(f"engine.dtype must be one of {_DTYPES}")
         if self.expert_dtype not in EXPERT_DTYPES:
             raise ValueError(f"engine.expert_dtype must be one of {EXPERT_DTYPES}, got {self.expert_dtype!r}")
         if self.weights == "checkpoint" and self.preset is not None and self.model_path is not None:
             raise ValueError("engine.preset applies only to weights='dummy' or the embedded default")
+
+    @staticmethod
+    def file_sections(data: dict) -> dict:
+        """A config file's engine section, its segmenter section completed by the device default: `policy` and,
+        for that same policy, `first_mark_wait_ms` keep the device's when left out (the config loader calls it)."""
+        section = data.get("segmenter")
+        if not isinstance(section, dict):
+            return data
+        devices = (data.get("placement") or {}).get("thinker_devices") or PlacementConfig().thinker_devices
+        base = DEVICE_DEFAULTS["cuda" if _cuda(devices) else "cpu"]["segmenter"]
+        section = {"policy": base.policy, **section}
+        if section["policy"] == base.policy and "first_mark_wait_ms" not in section:
+            section["first_mark_wait_ms"] = base.first_mark_wait_ms
+        return {**data, "segmenter": section}
+
+    @property
+    def on_cuda(self) -> bool:
+        """Whether the thinker runs on CUDA devices (which `DEVICE_DEFAULTS` row fills the fields left None)."""
+        return _cuda(self.placement.thinker_devices)
+
+    def _fill_device_defaults(self) -> None:
+        defaults = DEVICE_DEFAULTS["cuda" if self.on_cuda else "cpu"]
+        thinker = {k: defaults[f"thinker.{k}"] for k in ("prefill_chunk_tokens", "mixed_step_tokens")
+                   if getattr(self.thinker, k) is None}
+        if thinker:
+            object.__setattr__(self, "thinker", replace(self.thinker, **thinker))
+        for key in ("dtype", "encoder_worker", "segmenter"):
+            if getattr(self, key) is None:
+                object.__setattr__(self, key, defaults[key])
 
     def fitted_to_tiny(self) -> "EngineConfig":
         """This config for the embedded tiny model: its byte-level talker tokenizer spends one token per UTF-8 byte,

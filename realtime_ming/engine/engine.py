@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import logging
 import queue
-import sys
 import threading
 from concurrent.futures import Future
 from typing import Callable
@@ -42,6 +41,7 @@ from .api import EngineHealth, FailureCode, TurnCancelled, TurnRequest, TurnTask
 from .commands import (Cancel, Capture, CloseConversation, Command, Confirm, Discard, EngineStats, InputsReady, Sink,
                        Stats, Stop, Submit, Wake)
 from .config import EngineConfig
+from .hooks import EngineHooks
 from .models import ModelBundle
 from .prompt_meter import PromptMeter
 from .rejection import reject
@@ -76,9 +76,6 @@ class Engine:
         fault_injection = fault_injection_enabled()
         if fault_injection:
             log.warning("engine fault injection is ON: a turn carrying the kill marker kills the engine thread")
-        self._switch_interval = sys.getswitchinterval()  # `engine.switch_interval_ms`: set back on close
-        if cfg.switch_interval_ms is not None:
-            sys.setswitchinterval(cfg.switch_interval_ms / 1e3)
         # the talker (`engine.talker.driver`; a pool over several replicas): a process talker delivers its PCM from
         # its reader thread, wakes the engine when it has notices and kills it when its process is gone
         self._talker = make_talker(bundle, cfg, self._deliver_talker, lambda: self._put(Wake()),
@@ -93,9 +90,10 @@ class Engine:
 
     @classmethod
     def create(cls, cfg: EngineConfig, progress: Callable[[str, int, int], None] | None = None,
-               warmup: bool = True) -> "Engine":
-        """Load the models (blocking; run off the event loop), start the engine thread, warm it up."""
-        engine = cls(cfg, ModelBundle.load(cfg, progress=progress))
+               warmup: bool = True, hooks: EngineHooks | None = None) -> "Engine":
+        """Load the models (blocking; run off the event loop), start the engine thread, warm it up. `hooks`:
+        test and benchmark substitutions (`engine/hooks.py`), never from a served config."""
+        engine = cls(cfg, ModelBundle.load(cfg, progress=progress, hooks=hooks))
         engine.capture(progress)
         if warmup:
             engine.warmup()
@@ -191,8 +189,6 @@ class Engine:
         if self._talker is not None:
             self._talker.close()
         self._thinker.close()
-        if self.cfg.switch_interval_ms is not None:
-            sys.setswitchinterval(self._switch_interval)
         if stuck:
             log.error("engine thread did not stop; tensor-parallel workers are killed, the thread is left behind")
             abort = getattr(self.bundle.thinker, "abort", None)

@@ -7,7 +7,7 @@ the remaining choices all agree the token is forced; where they differ the model
 masked to the tokens the choices still allow (`allowed_tokens`, applied before sampling), so what it writes
 is always one of them (a `required` tool call names an offered function).
 
-`engine.thinker.forced_reply` (tests, demos and benchmarks with random weights) replaces every sampled token:
+The `forced_reply` hook (`engine/hooks.py`: tests, demos and benchmarks with random weights) replaces every sampled token:
 it is split after each `<|role_end|>` into segments, and a turn plays the segment picked by the number of
 assistant messages in its history (so a forced tool call can be followed by a forced answer); a segment
 without the end token is cycled. With a forced prefix (choices) too, a segment that contains it (one of them)

@@ -8,6 +8,7 @@ CAMPPlus speaker vector when `talker/campplus.onnx` is present).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,8 +33,9 @@ from ..model.tiny_tokenizer import TINY_VOCAB_SIZE, tiny_talker_special_ids, tin
 from ..model.tokenizer import ThinkerTokenizer, check_talker_tokenizer, resolve_tokenizer
 from ..model.vae import AudioVAE
 from ..model.vision import VisionProjector, VisionTransformer
-from .audio_graphs import AudioEncoderGraphs
+from .audio_graphs import CLIP_BUCKETS, AudioEncoderGraphs
 from .config import EngineConfig
+from .hooks import NO_HOOKS, EngineHooks
 from .talker_replica import TalkerReplica
 from .voice_prompt import VoiceEncoder
 
@@ -115,12 +117,16 @@ class ModelBundle:
     voice_encoder: VoiceEncoder | None = None  # registers voices (presets at load, clones at run time)
     # the talker + VAE per `engine.placement.talker_replicas` entry; the first is `talker` / `vae` themselves
     talker_replicas: list[TalkerReplica] = field(default_factory=list)
+    hooks: EngineHooks = NO_HOOKS  # test and benchmark substitutions (`engine/hooks.py`)
 
     has_talker = True
 
     # ---- loading ---------------------------------------------------------------------------
     @classmethod
-    def load(cls, cfg: EngineConfig, progress: Progress | None = None) -> "ModelBundle":
+    def load(cls, cfg: EngineConfig, progress: Progress | None = None,
+             hooks: EngineHooks | None = None) -> "ModelBundle":
+        hooks = hooks or NO_HOOKS
+        hooks.check(cfg)
         dtype = _DTYPES[cfg.dtype]
         place = cfg.placement
         devices = {"thinker": place.thinker_devices[0], "talker": place.talker_device,
@@ -136,7 +142,7 @@ class ModelBundle:
         elif cfg.model_path is None:
             # real shapes, random weights: stand-in BPE tokenizers placed on the real special ids
             ck = preset_config(cfg.preset)
-            thinker_tok, talker_tok = standin_tokenizers(ck, [cfg.thinker.forced_reply or "", cfg.thinker.forced_transcript or ""])
+            thinker_tok, talker_tok = standin_tokenizers(ck, [hooks.forced_reply or "", hooks.forced_transcript or ""])
             name = f"{cfg.preset}-dummy"
             dummy = True
         else:
@@ -167,10 +173,10 @@ class ModelBundle:
                                cfg.thinker.max_slots, cfg.thinker.max_seq_len, kernels=kernels,
                                all_reduce=cfg.thinker.all_reduce, expert_dtype=cfg.expert_dtype)
         else:
-            shadow = cfg.bench_tp_shadow
+            shadow = hooks.tp_shadow
             tp = TPGroup(0, shadow, shadow=True) if shadow > 1 else TPGroup()
             if shadow > 1:
-                log.warning("bench_tp_shadow=%d: the thinker is rank 0 of TP=%d alone on %s, collectives skipped "
+                log.warning("tp_shadow=%d: the thinker is rank 0 of TP=%d alone on %s, collectives skipped "
                             "(benchmark of per-GPU cost; its output is meaningless)", shadow, shadow, devices["thinker"])
             thinker = _build(Thinker, ming.llm_config, tp, weights=root_w, prefix="model.",
                              device=devices["thinker"], what="thinker", kernels=kernels,
@@ -199,9 +205,9 @@ class ModelBundle:
                 ("audio_patch", "<audioPatch>"))})
         bundle = cls(name, ck, dtype, thinker, audio_encoder, audio_projector, vision, vision_projector, talker, vae,
                      thinker_tok, talker_tok, special, is_tiny_default=tiny, devices=devices,
-                     talker_replicas=replicas)
+                     talker_replicas=replicas, hooks=hooks)
         bundle.audio_graphs = AudioEncoderGraphs(audio_encoder, audio_projector, ming.audio_config,
-                                                 cfg.thinker.audio_buckets, dtype=dtype, device=devices["encoder"],
+                                                 CLIP_BUCKETS, dtype=dtype, device=devices["encoder"],
                                                  out_device=devices["thinker"], enforce_eager=cfg.enforce_eager)
         if any(torch.device(d).type == "cuda" for d in devices.values()):
             if not triton_available():
@@ -213,6 +219,10 @@ class ModelBundle:
         if tiny:
             log.warning(TINY_NOTICE)
         return bundle
+
+    def with_hooks(self, hooks: EngineHooks) -> "ModelBundle":
+        """This bundle (the same models) with other test / benchmark hooks: for tests that reuse one bundle."""
+        return dataclasses.replace(self, hooks=hooks)
 
     def _register_voices(self, progress: Progress | None, voice_prompt_budget: int) -> None:
         campplus = None

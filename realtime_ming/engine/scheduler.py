@@ -13,10 +13,7 @@ a short prompt waits at most one chunk of a long one (a 2048 x 2048 image is ~4,
 256: seconds on a CPU) instead of all of it, and other sessions' first tokens keep coming.
 
 A prefill chunk reads every MoE expert once more than the decode step beside it (~15 ms more at the full shapes
-on a GPU), whatever its size. With `prefill_wait_ms` > 0 the queue is held back while rows decode until the
-queued prompts fill a chunk or the oldest has waited that long (`prefill_due`): under a steady stream of turns
-several prompts then share one chunk instead of each step carrying one. A queue with no decode beside it, or a
-prompt already partly prefilled, never waits.
+on a GPU), whatever its size: every step with a queued prompt runs one chunk, packing what is queued.
 
 A row can be paused (`pause`: an unconfirmed speculative turn that holds enough output, `engine/speculation.py`):
 it keeps its slot, its position and its next token but leaves the decode batch until `resume`; its prefill, if
@@ -27,7 +24,6 @@ Engine thread only.
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
@@ -64,18 +60,14 @@ class Row:
     emitted: int = 0  # characters of `text` already handed out (stop-string hold-back)
     forced: Forced | None = None  # tokens this row must emit (forced prefix / forced reply)
     judgement: torch.Tensor | None = None  # a JUDGE_TURN row's P(complete) (device scalar), once prefilled
-    queued_at: float = 0.0  # when it joined the prefill queue (`Scheduler.clock`, seconds)
 
 
 class Scheduler:
     """Admission queue, prefill packing and the decode batch of the thinker's rows."""
 
-    def __init__(self, max_batch: int, prefill_chunk_tokens: int, prefill_wait_ms: float = 0.0,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(self, max_batch: int, prefill_chunk_tokens: int):
         self.max_batch = max_batch
         self.prefill_chunk_tokens = prefill_chunk_tokens
-        self.prefill_wait_ms = prefill_wait_ms
-        self.clock = clock
         self.rows: dict[str, Row] = {}
         self.prefill_queue: deque[str] = deque()
         self.paused: set[str] = set()  # rows out of the decode batch until resumed
@@ -94,7 +86,6 @@ class Scheduler:
     def add(self, row: Row) -> None:
         """Admit a row: it waits for its prefill (replies before side requests not yet started; a turn judgement,
         which a turn-end decision waits for, before a transcription not yet started)."""
-        row.queued_at = self.clock()
         self.rows[row.request.turn_id] = row
         self._enqueue(row)
 
@@ -130,21 +121,6 @@ class Scheduler:
     def decoding(self) -> list[Row]:
         """The rows generating and not paused: each runs one decode step now."""
         return [r for t, r in self.rows.items() if r.next_token is not None and t not in self.paused]
-
-    def prefill_due(self, decoding: bool) -> bool:
-        """Whether this step runs a prefill chunk: the queue is not empty and (no wait is set, nothing decodes
-        beside it, a prompt is partly prefilled, the queued tails fill a chunk's tokens or rows, or the oldest
-        queued prompt has waited `prefill_wait_ms`)."""
-        if not self.prefill_queue:
-            return False
-        if self.prefill_wait_ms <= 0 or not decoding:
-            return True
-        rows = [self.rows[t] for t in self.prefill_queue]
-        if any(r.offset for r in rows) or len(rows) >= self.max_batch:
-            return True
-        if sum(len(r.tail_ids) - r.offset for r in rows) >= self.prefill_chunk_tokens:
-            return True
-        return (self.clock() - min(r.queued_at for r in rows)) * 1000.0 >= self.prefill_wait_ms
 
     def prefill_batch(self, fits: Callable[[int, int], bool] | None = None,
                       budget: int | None = None) -> list[tuple[Row, int, int]]:

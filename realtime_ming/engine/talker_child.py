@@ -21,6 +21,7 @@ from .._exit import exit_now
 from ..model.config import CheckpointConfig
 from ..model.talker import TalkerSpecialIds, VoicePrompt
 from .config import EngineConfig
+from .hooks import NO_HOOKS, EngineHooks
 from .talker_driver import Enqueue, Forget, Pause, Resume
 from .talker_loop import Drop, TalkerLoop
 from .voice_store import CustomVoice
@@ -118,6 +119,7 @@ class Spec:
     special: TalkerSpecialIds
     log_level: int
     backends: dict = field(default_factory=dict)  # the parent's matmul precision switches (`backends`)
+    hooks: EngineHooks = NO_HOOKS  # the parent bundle's test / benchmark hooks
 
 
 @dataclass
@@ -130,6 +132,7 @@ class _ChildBundle:
     talker_special: TalkerSpecialIds
     voices: dict = field(default_factory=dict)
     default_voice: str = ""
+    hooks: EngineHooks = NO_HOOKS
 
 
 def child_main(spec: Spec, ops, out) -> None:
@@ -213,7 +216,7 @@ def _child_loop(spec: Spec, tensors: tuple, send):
         torch.cuda.set_device(device)
     replica = adopt_replica(spec.checkpoint, spec.index, *tensors, device=device,
                             vae_device=torch.device(spec.vae_device), dtype=spec.dtype)
-    bundle = _ChildBundle(spec.checkpoint, spec.dtype, spec.tokenizer, spec.special)
+    bundle = _ChildBundle(spec.checkpoint, spec.dtype, spec.tokenizer, spec.special, hooks=spec.hooks)
     runner = TalkerRunner(bundle, spec.engine, replica)
     reported = [0]
 

@@ -91,7 +91,7 @@ class ProcessTalker:
         out_r, out_w = ctx.Pipe(duplex=False)
         spec = Spec(replica.index, cfg, bundle.cfg, bundle.dtype, str(replica.device), str(replica.vae_device),
                     bundle.talker_tokenizer, bundle.talker_special, logging.getLogger().getEffectiveLevel(),
-                    backends())
+                    backends(), bundle.hooks)
         self._proc = ctx.Process(target=child_main, args=(spec, ops_r, out_w), daemon=True,
                                  name=f"realtime-ming-talker-{replica.index}")
         self._proc.start()

@@ -43,7 +43,7 @@ from .config import EngineConfig
 from .graphs import upload
 from .models import ModelBundle
 from .talker_replica import TalkerReplica, first_replica
-from .talker_step import Progress, TalkerPrefiller, TalkerStepper, VoiceHeadCache, prefill_buckets
+from .talker_step import PROMPT_BUCKETS, Progress, TalkerPrefiller, TalkerStepper, VoiceHeadCache, prefill_buckets
 from .talker_sync import QueuedStep, TalkerStreams
 from .vae_step import VAEStepper
 from .voice_store import CustomVoice
@@ -114,6 +114,10 @@ class TalkerRunner:
         self.bundle = bundle
         self.replica = replica
         self.cfg = cfg.talker
+        self.steps_per_word = bundle.hooks.steps_per_word  # > 0: a fixed talker length (benchmarks)
+        # a turn's first job runs two talker steps in the step that starts it (the VAE holds each chunk until the
+        # next one): the same audio, its first chunk one step sooner, for one small extra talker + VAE pass
+        self.catch_up = True
         self.talker = replica.talker
         self.vae = replica.vae
         tcfg = bundle.cfg.talker
@@ -129,7 +133,7 @@ class TalkerRunner:
         self.next_embed = torch.zeros(rows, 1, hid, device=self.device, dtype=self.dtype)  # aggregator output
         self.vae_state = VAEStreamState.allocate(self.vae, rows, chunk_latents=self.patch)
         self.t_grid = sway_time_grid(self.steps, self.dtype, self.device)
-        self.sde_args = CFMParams(self.cfg.cfg_strength, self.cfg.sigma, self.cfg.temperature).tensor(self.device, self.dtype)
+        self.sde_args = CFMParams().tensor(self.device, self.dtype)  # the reference's CFG strength, sigma, temperature
         self.stepper = TalkerStepper(self.talker, self.cache, self.t_grid, self.sde_args, self.cfg.buckets,
                                      dtype=self.dtype, device=self.device, enforce_eager=cfg.enforce_eager)
         self.vae_step = VAEStepper(self.vae, self.vae_state, self.cfg.buckets, device=self.vae_device,
@@ -137,7 +141,7 @@ class TalkerRunner:
         # every prompt `_start` prefills fits a graph: a job's prompt is cut to `prompt_limit` tokens
         self.prompt_limit = self.cfg.max_prompt_len // 2
         self.prefiller = TalkerPrefiller(self.talker, self.cfg.max_prompt_len,
-                                         prefill_buckets(self.cfg.prefill_buckets, self.cfg.max_prompt_len,
+                                         prefill_buckets(PROMPT_BUCKETS, self.cfg.max_prompt_len,
                                                          self.prompt_limit),
                                          dtype=self.dtype, device=self.device, enforce_eager=cfg.enforce_eager)
         self.heads = VoiceHeadCache(self.cfg.voice_head_cache)  # each voice's prompt head, prefilled once
@@ -329,16 +333,15 @@ class TalkerRunner:
                                       device=self.device, dtype=self.dtype)[0]
         with self._gpu.vae():
             self.vae_state.reset(upload([r], torch.int64, self.vae_device))
-        if self.cfg.steps_per_word > 0:  # benchmarks: fixed length, stop head ignored
-            max_steps = max(1, len(job.text.split()) * self.cfg.steps_per_word)
+        if self.steps_per_word > 0:  # benchmarks: fixed length, stop head ignored
+            max_steps = max(1, len(job.text.split()) * self.steps_per_word)
         else:
             max_steps = duration_step_cap(len(job.text), _SECONDS_PER_STEP)
         max_steps = min(max_steps, self.cfg.max_prompt_len - t - 1)
         silence = SilenceHolder(self.vae.cfg.sample_rate) if self.cfg.silence_holder else None
         generator = torch.Generator(device=self.device).manual_seed(job.seed)
         # a lead's second step must be one the stop head cannot end (step 0 of at least two)
-        lead = (self.cfg.first_chunk_catch_up and job.first and max_steps >= 2
-                and (self.cfg.steps_per_word > 0 or self.cfg.min_new_token >= 0))
+        lead = self.catch_up and job.first and max_steps >= 2
         self.streams.append(_Stream(job, t, max_steps, silence=silence, generator=generator, lead=lead))
         leads = sum(s.lead for s in self.streams[:-1])  # the leads occupy rows 0..leads-1 (one graph batch)
         if lead and leads < r:
@@ -426,8 +429,8 @@ class TalkerRunner:
                 s.pos += 1
             s.fresh = False
             ends = s.step + 1 >= s.max_steps
-            if self.cfg.steps_per_word <= 0:
-                ends = ends or should_stop(s.step, p_stop[j], self.cfg.min_new_token)
+            if self.steps_per_word <= 0:
+                ends = ends or should_stop(s.step, p_stop[j])  # the model's stop rule (min_new_token 10)
             if ends:
                 ended.add(id(s))
             s.step += 1

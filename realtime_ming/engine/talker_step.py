@@ -23,7 +23,8 @@ from ..model.qwen2 import KVCache
 from ..model.talker import Talker, VoicePrompt, history_update
 from .graphs import BucketedGraph, GraphInput, pick_bucket
 
-__all__ = ["PromptHead", "TalkerPrefiller", "TalkerStepper", "VoiceHeadCache", "prefill_buckets", "talker_step"]
+__all__ = ["PROMPT_BUCKETS", "PromptHead", "TalkerPrefiller", "TalkerStepper", "VoiceHeadCache", "prefill_buckets",
+           "talker_step"]
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +123,9 @@ class TalkerStepper:
         self.capture()
         with torch.cuda.device(self.device):
             return self.graph.step(next_embed=next_embed, pos=pos, fresh=fresh, h=h, his=his, y0=y0, sde_rnd=sde_rnd)
+
+
+PROMPT_BUCKETS = (32, 64, 96, 128, 192, 256)  # CUDA-graph prompt lengths of a new stream (`prefill_buckets`)
 
 
 def prefill_buckets(buckets: Sequence[int], capacity: int, longest_prompt: int) -> tuple[int, ...]:

@@ -47,6 +47,8 @@ __all__ = ["ThinkerRunner", "ThinkerOutput"]
 
 log = logging.getLogger(__name__)
 
+# CUDA-graph widths of a one-row prefill chunk (those up to prefill_chunk_tokens are captured)
+PREFILL_WIDTHS = (32, 64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
 SLOW_ADMISSION_MS = 40.0  # admissions slower than this are logged with their parts
 
 
@@ -106,7 +108,7 @@ class ThinkerRunner:
         self.cache = ThinkerKVCache.allocate(bundle.cfg.thinker, self.cfg.max_slots, self.cfg.max_seq_len,
                                              device=self.device, dtype=bundle.dtype, tp=self.model.tp)
         self.slots = KVSlotManager(self.cfg.max_slots, self._copy_kv)
-        self.scheduler = Scheduler(self.cfg.max_batch, self.cfg.prefill_chunk_tokens, self.cfg.prefill_wait_ms)
+        self.scheduler = Scheduler(self.cfg.max_batch, self.cfg.prefill_chunk_tokens)
         self.pace = PrefillPace(self.cfg.prefill_step_ms, self.cfg.prefill_chunk_tokens)
         talker_tok = getattr(bundle, "talker_tokenizer", None)
         self.meter = PromptMeter(self.tok, None if talker_tok is None else
@@ -121,14 +123,16 @@ class ThinkerRunner:
         self._pending: dict[str, _Pending] = {}  # turn id -> admission whose encoders run, in admission order
         # forced reply: `<|role_end|>`-separated segments (tool markers as their special tokens); a turn plays
         # the segment picked by how many assistant messages its history has, cycled when it has no end token
-        self._forced = forced_segments(self.tok, self.cfg.forced_reply) if self.cfg.forced_reply else None
+        hooks = bundle.hooks
+        self._forced = forced_segments(self.tok, hooks.forced_reply) if hooks.forced_reply else None
         # forced transcript (transcription side requests): said once, then the turn ends
-        self._forced_transcript = (Forced(tuple(self.tok.encode(self.cfg.forced_transcript)) + (self.tok.eos_id,), False)
-                                   if self.cfg.forced_transcript else None)
+        self._forced_transcript = (Forced(tuple(self.tok.encode(hooks.forced_transcript)) + (self.tok.eos_id,), False)
+                                   if hooks.forced_transcript else None)
+        self._forced_judgement = hooks.forced_turn_judgement
         # turn judgements (JUDGE_TURN): the answers' token ids, from this checkpoint's tokenizer; None = off
         self.judge_answers = answer_ids(self.tok) if turn_judgement_on(cfg) else None
-        buckets = (self.cfg.decode_buckets, self.cfg.kv_buckets or default_kv_buckets(self.cfg.max_seq_len))
-        widths = tuple(w for w in self.cfg.prefill_buckets if w <= self.cfg.prefill_chunk_tokens)
+        buckets = (self.cfg.decode_buckets, default_kv_buckets(self.cfg.max_seq_len))  # 512, 1024, ... max_seq_len
+        widths = tuple(w for w in PREFILL_WIDTHS if w <= self.cfg.prefill_chunk_tokens)
         graphs = not cfg.enforce_eager and self.device.type == "cuda"
         # several prompts arriving together prefill as one graphed chunk: rows x width <= prefill_chunk_tokens
         shape = dict(rows=tuple(r for r in self.cfg.decode_buckets if r <= self.cfg.max_batch),
@@ -305,7 +309,7 @@ class ThinkerRunner:
         the host, without waiting for any of it: the engine steps the talker meanwhile, then `collect`s."""
         decoding = self.scheduler.decoding()
         done, sampled = [], []
-        chunk = self.scheduler.prefill_due(bool(decoding))
+        chunk = bool(self.scheduler.prefill_queue)
         with torch.no_grad():
             if chunk and decoding and self.mixer is not None and len(decoding) < min(self.mixer.picks,
                                                                                      self.mixer.max_tokens):
@@ -440,7 +444,7 @@ class ThinkerRunner:
         ends at its prefill with its answer (its sampled token is not used)."""
         if row.request.task is TurnTask.JUDGE_TURN:
             self.scheduler.remove(row.request.turn_id)
-            forced = self.cfg.forced_turn_judgement
+            forced = self._forced_judgement
             p = float(row.judgement) if forced is None else forced
             return ThinkerOutput(row.request.turn_id, finish=FinishReason.STOP, p_complete=p)
         delta, finish = self.outputs.accept(row, token)

@@ -12,8 +12,8 @@ the turn is complete), read from the checkpoint's own tokenizer (`answer_ids`; n
 
 `engine.thinker.turn_judgement`: "auto" (default) is on only for real checkpoint weights (`model_path` with
 `weights: checkpoint`); the embedded tiny model and dummy weights judge noise, so they run on prosody and the
-silence fallback alone unless a test or benchmark turns it on. `forced_turn_judgement` (tests and benchmarks
-only) replaces the computed probability; the prefill still runs.
+silence fallback alone unless a test or benchmark turns it on. The `forced_turn_judgement` hook (tests, benchmarks:
+`engine/hooks.py`) replaces the computed probability; the prefill still runs.
 """
 
 from __future__ import annotations

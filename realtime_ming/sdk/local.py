@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from functools import partial
 from typing import Any
 
 from websockets.frames import CloseCode
@@ -18,6 +19,7 @@ from websockets.frames import CloseCode
 from ..audio.vad import VadBackend, VadKind, create_silero_session, create_vad
 from ..engine.api import EngineHandle, engine_prompt_meter
 from ..engine.config import EngineConfig
+from ..engine.hooks import EngineHooks
 from ..protocol.codec import parse
 from ..protocol.dialect import Dialect, server_type_to_wire
 from ..protocol.errors import ErrorCode, ProtocolError
@@ -99,14 +101,16 @@ class LocalAgent(RealtimeAgent):
         settings: SessionSettings | None = None,
         beta: bool = False,
         options: AgentOptions | None = None,
+        hooks: EngineHooks | None = None,
     ) -> Opening[LocalAgent]:
         """Create an engine from `engine_config` (default: the embedded tiny CPU model) off the event
-        loop and open a session on it; `close()` also stops that engine."""
+        loop and open a session on it; `close()` also stops that engine. `hooks`: test and demo substitutions
+        (`engine/hooks.py`, e.g. a fixed reply for the tiny model's random weights)."""
 
         async def open_with_engine() -> LocalAgent:
             from ..engine import Engine
 
-            engine = await asyncio.to_thread(Engine.create, engine_config or EngineConfig())
+            engine = await asyncio.to_thread(partial(Engine.create, engine_config or EngineConfig(), hooks=hooks))
             agent = cls(engine, settings=settings or SessionSettings(), dialect=Dialect.BETA if beta else Dialect.GA,
                         model=None, options=options or AgentOptions(), owns_engine=True)
             try:

@@ -45,6 +45,7 @@ from ..audio.commands import shared_command_spotter
 from ..audio.end_of_turn import shared_smart_turn
 from ..audio.vad import VadBackend, VadKind, create_silero_session, create_vad
 from ..engine.api import engine_health, engine_prompt_meter
+from ..engine.hooks import EngineHooks
 from ..protocol.session import DEFAULT_MODEL, DEFAULT_VOICE
 from .call_routes import CallRoutes
 from .client_secrets import ClientSecrets, Grant, SecretStore, authorize
@@ -524,11 +525,13 @@ def _serve_here(cfg: ServerConfig, engine: ServingEngine, sock: socket.socket) -
 
 
 def run_server(cfg: ServerConfig,
-               serve: Callable[[ServerConfig, ServingEngine, socket.socket], int] = _serve_here) -> int:
+               serve: Callable[[ServerConfig, ServingEngine, socket.socket], int] = _serve_here,
+               hooks: EngineHooks | None = None) -> int:
     """CLI entry: check, bind, load, serve until a signal, shut down. Returns the exit code.
 
     `serve(cfg, engine, sock)` serves the loaded engine on the bound socket until the end (default: in this
-    process; `frontends.run_frontends` passes its front-end processes').
+    process; `frontends.run_frontends` passes its front-end processes'). `hooks`: the engine's test and
+    benchmark substitutions (`serve --hook`; `engine/hooks.py`).
     Raises StartupError (one line) for a config this machine cannot serve, a port it cannot bind,
     or a model that fails to load for a known reason — all before the port accepts a connection.
     """
@@ -541,7 +544,7 @@ def run_server(cfg: ServerConfig,
         if cfg.engine.model_path is None and cfg.engine.weights == "checkpoint":
             print(f"realtime-ming: {TINY_MODEL_NOTICE}", file=sys.stderr, flush=True)
         try:
-            engine = load_engine(cfg)
+            engine = load_engine(cfg, hooks)
         except Exception as exc:
             message = load_failure(exc)
             if message is None:

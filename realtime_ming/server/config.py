@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from ..engine.config import EngineConfig
+from ..engine.hooks import EngineHooks
 from ..session.config import SessionSettings
 
 __all__ = [
@@ -382,6 +383,9 @@ def _set_dotted(data: dict, keys: list[str], value: Any) -> None:
     node[keys[-1]] = value
 
 
+_HOOKS = {f.name for f in dataclasses.fields(EngineHooks)}
+
+
 def _build(cls: type, data: Any, where: str) -> Any:
     """Construct dataclass `cls` from mapping `data`; `where` is the dotted prefix for messages."""
     if not isinstance(data, dict):
@@ -390,7 +394,13 @@ def _build(cls: type, data: Any, where: str) -> Any:
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - names)
     if unknown:
-        raise ConfigError("unknown config key(s): " + ", ".join(_join(where, k) for k in unknown))
+        hooks = [k for k in unknown if k in _HOOKS]
+        hint = (f" ({', '.join(hooks)}: a test / benchmark hook, not a config key: `realtime-ming serve --hook "
+                f"{hooks[0]}=VALUE`)" if hooks and where.startswith("engine") else "")
+        raise ConfigError("unknown config key(s): " + ", ".join(_join(where, k) for k in unknown) + hint)
+    complete = getattr(cls, "file_sections", None)  # a dataclass may complete its sections (EngineConfig)
+    if complete is not None:
+        data = complete(data)
     kwargs = {k: _convert(hints[k], v, _join(where, k)) for k, v in data.items()}
     try:
         return cls(**kwargs)

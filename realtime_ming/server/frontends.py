@@ -43,6 +43,7 @@ import tempfile
 import time
 from multiprocessing.connection import Connection
 
+from ..engine.hooks import EngineHooks
 from .app import EXIT_ENGINE_DIED, ServingEngine, run_server
 from .config import ServerConfig
 from .engine_host import EngineHost
@@ -60,9 +61,9 @@ _RESTART_WINDOW_S = 60.0
 _POLL_S = 0.1
 
 
-def run_frontends(cfg: ServerConfig) -> int:
+def run_frontends(cfg: ServerConfig, hooks: EngineHooks | None = None) -> int:
     """CLI entry for `server.frontend_processes` >= 2: `app.run_server` with the front ends serving."""
-    return run_server(cfg, serve=serve_frontends)
+    return run_server(cfg, serve=serve_frontends, hooks=hooks)
 
 
 def serve_frontends(cfg: ServerConfig, engine: ServingEngine, sock: socket.socket) -> int:

@@ -1,8 +1,8 @@
 """Connection hand-off for `server.frontend_processes` >= 2: the engine process accepts, the least-loaded front end serves.
 
 When N processes all wait in accept() on one listening socket, the kernel wakes whichever is first and
-its event loop accepts every queued connection: a burst of 64 sessions measured 37 / 19 / 1 / 7 over
-4 front ends (bench/results/cpu-frontend-balance-2026-11-26), and a front end past ~30-45 real-time
+its event loop accepts every queued connection: a burst of 64 sessions lands unevenly (37 / 19 / 1 / 7 over
+4 front ends, docs/benchmarks.md), and a front end past ~30-45 real-time
 sessions saturates its GIL. So the front ends do not accept at all:
 
 - `Dispatcher` (the engine process, on its supervising thread): accepts on the listening socket and hands

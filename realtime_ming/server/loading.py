@@ -10,6 +10,7 @@ import time
 from typing import Any, Protocol
 
 from ..engine.api import EngineHandle
+from ..engine.hooks import EngineHooks
 from .config import ServerConfig
 
 __all__ = ["ServingEngine", "load_engine"]
@@ -66,15 +67,16 @@ class _LoadProgress:
             self._bar.close()
 
 
-def load_engine(cfg: ServerConfig) -> ServingEngine:
-    """Load the model with a progress display (blocking; call off the event loop)."""
+def load_engine(cfg: ServerConfig, hooks: EngineHooks | None = None) -> ServingEngine:
+    """Load the model with a progress display (blocking; call off the event loop). `hooks`: test and
+    benchmark substitutions (`serve --hook`), never from the config."""
     from ..engine import Engine
 
     progress = _LoadProgress()
     started = time.monotonic()
     completed = False
     try:
-        engine = Engine.create(cfg.engine, progress=progress)
+        engine = Engine.create(cfg.engine, progress=progress, hooks=hooks)
         completed = True
     finally:
         progress.finish(completed)
