@@ -34,13 +34,11 @@ def whole_fast_tier(config: pytest.Config) -> bool:
     """True when this run is the plain `pytest` of the README: the fast tier, every file, nothing narrowed."""
     if os.environ.get("REALTIME_MING_CHECK_MODULES") == "1":
         return True
-    option = config.option
     addopts = config.getini("addopts")
     default_markers = addopts[addopts.index("-m") + 1] if "-m" in addopts else ""
-    return (config.args_source == pytest.Config.ArgsSource.TESTPATHS and option.markexpr == default_markers
-            and not option.keyword and not getattr(option, "deselect", None) and not option.exitfirst
-            and not getattr(option, "lf", False) and not getattr(option, "failedfirst", False)
-            and not option.ignore and not getattr(option, "ignore_glob", None))
+    narrowing = ("keyword", "deselect", "maxfail", "lf", "failedfirst", "ignore", "ignore_glob")
+    return (config.args_source == pytest.Config.ArgsSource.TESTPATHS and config.option.markexpr == default_markers
+            and not any(getattr(config.option, name, None) for name in narrowing))
 
 
 def report_missing(session: pytest.Session, imported: set[str]) -> None:
@@ -50,7 +48,7 @@ def report_missing(session: pytest.Session, imported: set[str]) -> None:
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
-        reporter.ensure_newline()
+        reporter.write_line("")
         reporter.write_sep("=", f"fast tier: {len(missing)} realtime_ming module(s) imported by no test", red=True)
         for name in missing:
             reporter.write_line(f"  {name}")
