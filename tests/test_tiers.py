@@ -7,7 +7,7 @@ import ast
 from pathlib import Path
 
 import pytest
-from tier_support import package_modules
+from tier_support import FULL_TIER_ONLY, package_modules
 
 TESTS = Path(__file__).resolve().parent
 
@@ -46,3 +46,4 @@ def test_module_check_lists_the_package():
     modules = package_modules()
     assert {"realtime_ming", "realtime_ming.engine", "realtime_ming.engine.api", "realtime_ming.cli"} <= modules
     assert not any(name.endswith("__main__") for name in modules)
+    assert FULL_TIER_ONLY <= modules, FULL_TIER_ONLY - modules  # a gap that no longer exists is removed from the list

@@ -13,6 +13,16 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "realtime_ming"
 KEY = "realtime_ming_modules"
+# Modules that only full-tier tests (or server processes the fast tier starts) import: each is a known gap of the
+# fast tier, named here so that a new one fails the run. Remove a name once a fast test imports the module.
+FULL_TIER_ONLY = {
+    "realtime_ming.cluster.registry",  # Ray Serve replicas (tests/test_cluster.py, marker ray)
+    "realtime_ming.rtc.call",  # WebRTC calls: aiortc clients (slow) and chromium (browser)
+    "realtime_ming.rtc.media",
+    "realtime_ming.server.frontend_process",  # front-end processes: imported in the served process only
+    "realtime_ming.server.frontends",
+    "realtime_ming.session.mcp_client",  # a real MCP server over HTTP (slow)
+}
 
 
 def package_modules() -> set[str]:
@@ -43,7 +53,7 @@ def whole_fast_tier(config: pytest.Config) -> bool:
 
 def report_missing(session: pytest.Session, imported: set[str]) -> None:
     """Fail the session (listing them) when a package module was imported by no test of the run."""
-    missing = sorted(package_modules() - imported)
+    missing = sorted(package_modules() - imported - FULL_TIER_ONLY)
     if not missing or session.exitstatus not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
