@@ -7,7 +7,17 @@ import os
 from pathlib import Path
 
 import pytest
-import torch
+
+# Under pytest-xdist (.ci/run runs `-n 2`) the workers share the machine's cores: each worker, and each server
+# subprocess it starts (they inherit the variable), gets its share of torch threads, not all of them each.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _WORKERS)))
+
+import torch  # noqa: E402  (after OMP_NUM_THREADS: torch reads it once, when first imported)
+
+if _WORKERS > 1:
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 def _interpreter_works() -> bool:
@@ -149,3 +159,24 @@ async def server(engine):
 
     async with RealtimeServer(load_config(None, ["server.port=0"]), engine) as srv:
         yield srv
+
+
+# The fast tier covers every module (tests/tier_support.py): each xdist worker reports the package modules it
+# imported, and the run (controller or single process) checks their union after a whole fast-tier run.
+_WORKER_MODULES: set[str] = set()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    from tier_support import KEY
+
+    _WORKER_MODULES.update(getattr(node, "workeroutput", {}).get(KEY, ()))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    from tier_support import KEY, imported_modules, report_missing, whole_fast_tier
+
+    if hasattr(session.config, "workeroutput"):  # an xdist worker: the controller checks
+        session.config.workeroutput[KEY] = sorted(imported_modules())
+    elif whole_fast_tier(session.config):
+        report_missing(session, imported_modules() | _WORKER_MODULES)

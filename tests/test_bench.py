@@ -75,6 +75,7 @@ def _failures(results) -> list[str]:
             for lv in results["levels"] for s in lv["samples"] if not s["ok"]]
 
 
+@pytest.mark.slow  # the full tier: the sweep's levels end to end
 async def test_bench_sweep_writes_results_and_every_turn_succeeds(server, engine, tmp_path, turns_cache):
     """c=1,2 sweep: results.json, summary.md and 3 PNGs written; all 6 turns ok; client TTFA_server ≈ server's."""
     url = f"ws://127.0.0.1:{server.port}/v1/realtime"

@@ -65,7 +65,8 @@ def _speak(engine: Engine, tag: str, voice: str | None = None) -> list[Recorder]
 
 
 @pytest.mark.parametrize("steps_per_launch,pipeline", [
-    (1, False), (2, True), pytest.param(3, False, marks=pytest.mark.slow), pytest.param(1, True, marks=pytest.mark.slow)])
+    (1, False), pytest.param(2, True, marks=pytest.mark.slow), pytest.param(3, False, marks=pytest.mark.slow),
+    pytest.param(1, True, marks=pytest.mark.slow)])
 def test_talker_process_speaks_what_the_stepped_talker_speaks(fixture_root, bundle, engines, steps_per_launch,
                                                               pipeline):
     """Three turns at once (greedy and sampled): the same text, usage, talker steps and audio per segment from the

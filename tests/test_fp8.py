@@ -220,6 +220,7 @@ def test_expert_dtype_setting_is_checked(fixture_root):
 # The random-weight tiny model's logits are flat (smallest greedy margin 0.074), so even bf16 stays below 99 %.
 
 
+@pytest.mark.slow  # the full tier: 128 greedy tokens on two thinkers (~15 s CPU)
 def test_fp8_thinker_tracks_the_fp32_thinker_on_the_text_case(fixture_root):
     """The FP8-expert thinker against the fp32 reference on thinker_text and 128 greedy tokens after it: the
     prompt's logits agree with the fixture's within the measured FP8 error, and the reference's greedy tokens

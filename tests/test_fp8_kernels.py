@@ -41,7 +41,8 @@ def _routed_reference(x, ids, weights, q_gu, s_gu, q_d, s_d):
     return moe.experts_gathered(x, ids, weights, fp8.Fp8Stack(q_gu, s_gu, x.dtype), fp8.Fp8Stack(q_d, s_d, x.dtype))
 
 
-@pytest.mark.parametrize("dtype,tokens", [(torch.float32, 1), (torch.float32, 5), (torch.bfloat16, 3)])
+@pytest.mark.parametrize("dtype,tokens", [(torch.float32, 1), pytest.param(torch.float32, 5, marks=pytest.mark.slow),
+                                          pytest.param(torch.bfloat16, 3, marks=pytest.mark.slow)])
 def test_fp8_moe_decode_matches_reference(dtype, tokens):
     """Routed fp8 experts (scaled per output row) + the model-dtype shared expert, rounded where SparseMoeBlock
     rounds, against the reference over the dequantised experts."""
@@ -110,6 +111,7 @@ def test_fp8_fused_experts_weight_only_matches_reference(dtype):
     assert _rel(got, _routed_reference(x, ids, weights, q_gu, s_gu, q_d, s_d)) < _tol(dtype)
 
 
+@pytest.mark.slow  # the full tier: a whole FP8 block in the interpreter (~12 s CPU)
 def test_fp8_block_decodes_like_its_reference_path():
     """A tiny MoE layer with fp8 experts: a decode batch through the kernels (router + fp8 experts) equals the
     same block's PyTorch path (dequantised experts), and the fp8 block stays within the weight error of the

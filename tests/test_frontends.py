@@ -371,6 +371,7 @@ def _assert_front_ends_never_loaded_torch(server_pid: int) -> None:
     assert "libtorch" in open(f"/proc/{server_pid}/maps").read()  # the check can tell
 
 
+@pytest.mark.slow  # the full tier: a served process with two front-end processes
 def test_two_front_ends_share_the_port_the_limit_and_a_drain():
     """Sessions on both front ends answer spoken and text turns; max_sessions is the server's; SIGTERM exits 0."""
 

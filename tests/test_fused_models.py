@@ -31,6 +31,7 @@ def on_kernels():
     return TRITON.on_cpu()
 
 
+@pytest.mark.slow  # the full tier: a whole decode in the interpreter (~30 s CPU); the logits test keeps the wiring in the fast tier
 def test_thinker_greedy_decode_through_kernels(fixture_root, load_case, on_kernels):
     """Prefill + cached one-token decode (decode attention, router and MoE decode kernels) = fixture tokens."""
     tensors, _ = load_case("thinker_text")
@@ -47,6 +48,7 @@ def test_thinker_logits_through_kernels(fixture_root, load_case, on_kernels):
     torch.testing.assert_close(logits, tensors["logits"], atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.slow  # the full tier: three talker steps in the interpreter (~25 s CPU)
 def test_talker_loop_through_kernels(fixture_root, load_case, on_kernels):
     """The talker AR loop (LM prefill and cached decode, CFM/DiT, aggregator) reproduces the recorded
     tensors of its first three steps (the interpreter runs ~5 s per step)."""

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from bench import mixed_step_bench
+
+pytestmark = pytest.mark.slow  # a bench script end to end: the full tier
 
 
 def test_mixed_step_bench_smoke_on_cpu(fixture_root, tmp_path):

@@ -105,6 +105,7 @@ def _request(turn: int, history, policy: Truncation, max_tokens: int = 8) -> Tur
                        sampling=SamplingParams(max_tokens=max_tokens), with_audio=False, truncation=policy)
 
 
+@pytest.mark.slow  # the full tier: a many-turn conversation
 def test_long_conversation_keeps_answering_with_auto(engine):
     """60 text turns well past a 256-token context: every turn completes and its prompt fits the budget."""
     history, prompts, cached = [], [], []

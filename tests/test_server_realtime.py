@@ -205,6 +205,7 @@ async def test_disconnect_mid_response_frees_the_engine_slot(server, engine):
     assert (stats.turns, stats.thinker_rows, stats.talker_streams) == (0, 0, 0)
 
 
+@pytest.mark.slow  # the full tier: the CLI in a server process
 def test_cli_serve_starts_reports_and_stops():
     """`realtime-ming serve --port 0` prints the tiny-model notice and its URL, answers /health, exits 0 on SIGINT."""
     from realtime_ming.server import TINY_MODEL_NOTICE

@@ -238,6 +238,7 @@ async def test_shutdown_as_a_session_ends_waits_for_nothing_that_never_answers(m
 _FORCED_STORY = "Once upon a time a small robot learned to sing, and every evening it sang to the sea. "
 
 
+@pytest.mark.slow  # the full tier: the CLI in a server process
 def test_cli_exits_nonzero_when_the_engine_dies():
     """With the documented fault injection on, a turn carrying the kill marker kills the engine: another
     session's reply in progress ends failed/engine_unavailable and the process exits 70 within seconds."""

@@ -82,6 +82,7 @@ async def test_plain_client_and_untrusting_client_fail(tls_server):
             pass
 
 
+@pytest.mark.slow  # the full tier: the CLI in a server process
 def test_cli_prints_wss_url(pki):
     """`serve --ssl-certfile/--ssl-keyfile` announces wss:// and answers https /health, then stops on SIGINT."""
     client_ctx, certfile, keyfile = pki
