@@ -23,9 +23,8 @@ from websockets.asyncio.client import connect
 from bench.fuzz import capture_logs, run_fuzz
 from bench.fuzz_frames import CLASSES, leaves, set_leaf, templates
 from realtime_ming.protocol import Dialect
-from realtime_ming.protocol.client_events import ConversationItemDelete
 from realtime_ming.server import RealtimeServer, load_config
-from realtime_ming.session import session as session_module
+from realtime_ming.session.items import ItemEvents
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -163,7 +162,7 @@ async def test_handler_failure_is_one_log_line_and_one_error(stub_server, caplog
     def broken(self, event, now):
         raise KeyError("boom\nsecond line")
 
-    monkeypatch.setitem(session_module._HANDLERS, ConversationItemDelete, broken)
+    monkeypatch.setattr(ItemEvents, "on_delete", broken)  # a session opened from now on dispatches to it
     client = await _open(server.port, Dialect.GA)
     with caplog.at_level(logging.INFO):
         await client.send(type="conversation.item.delete", item_id="x", event_id="evt_bug")
