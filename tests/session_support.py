@@ -110,6 +110,10 @@ class Harness:
         """Feed one engine event at session time `now`."""
         return self._take(self.session.handle_engine_event(event, now))
 
+    def apply(self, actions: list) -> list:
+        """Actions the session returned outside a handler (e.g. the runner's drain deadline), taken as the runner does."""
+        return self._take(actions)
+
     def tick(self, now: float) -> list:
         """The session's output timer at `now` (what `SessionRunner` calls at `output_deadline`)."""
         return self._take(self.session.on_output_timer(now))

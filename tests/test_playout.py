@@ -234,3 +234,26 @@ def test_a_client_truncate_stops_the_clock():
     since = len(c.h.frames)
     c.speak(np.concatenate([tone(0.3, MODEL_HZ), silence(0.6, MODEL_HZ)]))
     assert "input_audio_buffer.speech_started" in c.types(since)
+
+
+def test_the_drain_deadline_sends_a_finished_paced_reply_whole_and_cancels_a_running_one():
+    """The server's drain deadline (`SessionRunner.end_responses`: `Playout.release`, then `shutdown.end_responses`):
+    a paced reply whose engine turn has finished sends the rest of its audio at once and completes; a reply still
+    generating ends cancelled (server_shutting_down) with what it had."""
+    from realtime_ming.session.shutdown import end_responses
+
+    c = Clocked(150)
+    c.respond(3.0)
+    assert _sent_ms(c.h.frames) < 3000.0 - 1.0  # paced: most of it still waits
+    session = c.h.session
+    c.h.apply(session.playout.release(c.now) + end_responses(session.responses, c.now))
+    c._heard()
+    done = c.h.last("response.done")["response"]
+    assert done["status"] == "completed" and abs(c.listener.received_ms - 3000.0) < 5.0
+
+    since = len(c.h.frames)
+    c.respond(3.0, done=False)
+    c.h.apply(session.playout.release(c.now) + end_responses(session.responses, c.now))
+    done = c.h.last("response.done")["response"]
+    assert done["status"] == "cancelled" and done["status_details"]["error"]["code"] == "server_shutting_down"
+    assert _sent_ms(c.h.frames[since:]) > 2900.0  # what it had generated went out first

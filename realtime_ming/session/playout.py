@@ -131,6 +131,16 @@ class Playout:
             actions += self._apply(response, event, now)
         return actions + self.announce(now)
 
+    def release(self, now: float) -> list[Action]:
+        """The server's drain deadline: everything the active response has waiting goes out now, unpaced and unheld
+        (the client buffers it; the connection is about to close), so a reply the engine finished completes."""
+        actions: list[Action] = []
+        response = self._responses.active
+        for waiting in self._gate.take_all():
+            if response is not None and waiting.turn_id == response.id:
+                actions += self._apply(response, waiting, now)
+        return actions + self.announce(now)
+
     def sync(self, now: float) -> list[Action]:
         """After the input moved or time passed: start or end the hold, send what is due, tell the client what
         its playout does."""

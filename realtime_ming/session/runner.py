@@ -259,6 +259,7 @@ class SessionRunner:
                 self._watch_words()
             elif isinstance(item, _ShutDown):
                 try:
+                    await self._dispatch(self.session.playout.release(now), None)  # a finished reply completes
                     await self._dispatch(end_responses(self.session.responses, now), None)
                 finally:
                     if not item.done.done():

@@ -4,7 +4,9 @@
 drain_timeout_s` passed, or a second signal): each running response, of the default conversation or out of band,
 has its engine turn cancelled and ends `cancelled` with the error `server_shutting_down` in its `status_details`
 (OpenAI's `reason` values name only a VAD turn or the client's cancel), its pending `.done` events first, as any
-cancelled response does. The connection then closes (1001) after these events.
+cancelled response does. Before that the session's paced output is released (`Playout.release`): a reply whose
+engine turn has finished sends the rest of its audio at once and completes. The connection then closes (1001)
+after these events.
 """
 
 from __future__ import annotations
