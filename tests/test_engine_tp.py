@@ -154,8 +154,9 @@ def test_one_shot_all_reduce_on_cpu_ranks_fails_cleanly(fixture_root):
     from realtime_ming.model.config import load_checkpoint_config
 
     ck = load_checkpoint_config(fixture_root)
-    before = set(multiprocessing.active_children())  # another test file's processes in this worker are not ours
     with pytest.raises(ValueError, match="all_reduce=one_shot needs CUDA"):
         tp_module.start_tp(ck, ("cpu", "cpu"), str(fixture_root), torch.float32, 0, 2, 64, all_reduce="one_shot")
     assert not dist.is_initialized()
-    assert not [p for p in multiprocessing.active_children() if p.is_alive() and p not in before]
+    # its rank workers (named tp-rank-N); other processes of this pytest process (another file's servers, their
+    # frame-parser children) come and go on their own schedule and are not start_tp's
+    assert not [p for p in multiprocessing.active_children() if p.is_alive() and p.name.startswith("tp-rank-")]
