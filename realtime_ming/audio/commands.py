@@ -72,7 +72,7 @@ class CommandSpotter:
         model = os.path.join(get_model_path(), "en-us")
         words = {w for phrase in commands + others for w in phrase.split()}
         self._decoder = Decoder(hmm=os.path.join(model, "en-us"), dict=os.path.join(model, "cmudict-en-us.dict"),
-                                loglevel="FATAL", bestpath=False)
+                                lm=None, loglevel="FATAL", bestpath=False)  # a grammar search: no n-gram model
         missing = sorted(w for w in words if self._decoder.lookup_word(w) is None)
         if missing:
             raise ValueError(f"not in the pronunciation dictionary: {missing}")
