@@ -48,9 +48,15 @@ from realtime_ming.model.kernels import moe_fp8  # noqa: E402
 from realtime_ming.model.kernels.moe_experts import fused_experts  # noqa: E402
 from realtime_ming.model.kernels.swiglu import silu_mul  # noqa: E402
 
-# the sweep: gate|up (BLOCK_N rows, BLOCK_K, warps), then down (BLOCK_D rows, BLOCK_K, warps)
-GU_TILES = [(n, k, w) for n in (2, 4, 8) for k in (512, 1024) for w in (2, 4)] + [(4, 256, 2), (2, 256, 1)]
-DN_TILES = [(d, k, w) for d in (2, 4, 8) for k in (512, 1024) for w in (1, 2, 4)] + [(2, 256, 1)]
+# the sweep: gate|up (BLOCK_N rows, BLOCK_K, warps, pipeline stages), then down (BLOCK_D rows, BLOCK_K, warps,
+# stages). Compiled for sm_90 offline (ptxas -v): gate|up (4, 512, 2) holds 128 registers a thread, 117 with 3
+# stages, (4, 512, 4) 76; down (4, 512, 2) 151, 128 with 3 stages, (4, 256, 2) 90: few programs an SM, so few
+# bytes in flight; the stages (async copies ahead) and narrower tiles are what the sweep tries.
+GU_TILES = [(n, k, w, st) for n, k, w in ((2, 256, 1), (2, 256, 2), (2, 512, 2), (4, 256, 2), (4, 512, 2), (4, 512, 4),
+                                          (8, 256, 4), (8, 512, 4), (4, 1024, 4)) for st in (1, 3)] + \
+    [(4, 512, 2, 2), (4, 512, 2, 4)]
+DN_TILES = [(d, k, w, st) for d, k, w in ((2, 256, 1), (2, 512, 1), (4, 256, 2), (4, 512, 2), (8, 256, 4), (4, 1024, 4),
+                                          (2, 1024, 1)) for st in (1, 3)] + [(4, 512, 2, 2), (4, 256, 2, 4)]
 TUNE_MAX_ROWS = 8  # the GEMVs are swept up to here (at 16 rows the a8 path wins by 1.5x)
 
 
@@ -114,14 +120,15 @@ class Layer:
 
 
 def _tiles(gu, dn) -> dict:
-    return {"gu_n": gu[0], "gu_k": gu[1], "gu_warps": gu[2], "dn_d": dn[0], "dn_k": dn[1], "dn_warps": dn[2]}
+    return {"gu_n": gu[0], "gu_k": gu[1], "gu_warps": gu[2], "gu_stages": gu[3], "dn_d": dn[0], "dn_k": dn[1],
+            "dn_warps": dn[2], "dn_stages": dn[3]}
 
 
 def tune_gemv(layer: Layer, timer: Timer, log) -> tuple[dict, float]:
     """Coordinate sweep of the GEMVs' tiles at this row count: gate|up with down fixed, then down -> (tiles, µs)."""
     base = moe_fp8.decode_plan().tiles(layer.n)
-    best_gu = (base["gu_n"], base["gu_k"], base["gu_warps"])
-    best_dn = (base["dn_d"], base["dn_k"], base["dn_warps"])
+    best_gu = (base["gu_n"], base["gu_k"], base["gu_warps"], base.get("gu_stages", 1))
+    best_dn = (base["dn_d"], base["dn_k"], base["dn_warps"], base.get("dn_stages", 1))
     best_us = timer(layer.gemv(_tiles(best_gu, best_dn)), calls=20)
     for which, cands in (("gu", GU_TILES), ("dn", DN_TILES)):
         for cand in cands:
@@ -199,6 +206,11 @@ def markdown(res: dict) -> str:
     tuned = {n: r["gemv_tuned_tiles"] for n, r in res["rows"].items() if "gemv_tuned_tiles" in r}
     if tuned:
         lines += ["", "GEMV tiles the sweep picked: `" + json.dumps(tuned) + "`"]
+    plan = res["picked"]["plan"]
+    lines += ["", "As model/kernels/moe_fp8.py's table (`_GEMV_TILES`, `DECODE_PLAN`):", "", "```python"]
+    lines += ["_GEMV_TILES = ("] + [f"    ({n}, {t})," for n, t in plan["gemv_tiles"]] + [")"]
+    lines += [f"DECODE_PLAN = DecodePlan(paths={tuple(tuple(p) for p in plan['paths'])}, "
+              f"grouped={plan['grouped']})", "```"]
     return "\n".join(lines) + "\n"
 
 
@@ -224,7 +236,7 @@ def main(argv=None) -> None:
         ex = Experts(args.tp, cfg=cfg, device="cpu", dtype=torch.float32)
         kernels, timer = Kernels(triton=True, cpu_interpreter=True), Timer(False, 1)
         global GU_TILES, DN_TILES  # noqa: PLW0603 - one candidate each: the sweep's plumbing, not its breadth
-        GU_TILES, DN_TILES = [(4, 64, 1)], [(4, 64, 1)]
+        GU_TILES, DN_TILES = [(4, 64, 1, 3)], [(4, 64, 1, 3)]
     else:
         ex = Experts(args.tp)
         kernels, timer = Kernels(triton=True, moe_experts=True), Timer(True, 50)

@@ -57,6 +57,18 @@ def test_fp8_moe_decode_matches_reference(dtype, tokens):
     assert _rel(got, want) < _tol(dtype)
 
 
+def test_fp8_moe_decode_pipelined_loads_change_nothing():
+    """The GEMVs with their loads software-pipelined (gu_/dn_stages, tl.range num_stages) give the unpipelined
+    result: the same products (bit for bit in the interpreter; the compiled loop may sum in another order)."""
+    x, ids, weights, q_gu, s_gu, q_d, s_d = _experts(torch.float32, 2, seed=50)
+    sg, su, sd = _randn(INTER, D, seed=51), _randn(INTER, D, seed=52), _randn(D, INTER, seed=53)
+    args = (x, ids, weights, q_gu, q_d, sg, su, sd, s_gu, s_d)
+    want = moe_fp8.moe_decode(*args, kernels=ON, tune={"gu_n": 8, "gu_k": 32, "dn_d": 16, "dn_k": 16})
+    got = moe_fp8.moe_decode(*args, kernels=ON, tune={"gu_n": 8, "gu_k": 32, "dn_d": 16, "dn_k": 16, "gu_stages": 3,
+                                                      "dn_stages": 2})
+    assert torch.equal(got, want) if DEVICE == "cpu" else _rel(got, want) < 1e-6
+
+
 def test_fp8_moe_decode_skips_padding_tokens():
     """`live` False: the padding token reads nothing (its NaN input and its own experts' NaN weights stay out) and
     gets 0; the live tokens' outputs are the unmasked call's, bit for bit."""

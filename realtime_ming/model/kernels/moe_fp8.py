@@ -51,9 +51,10 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 # ---- which path serves a decode batch ---------------------------------------------------------------------
 
-# The GEMVs' tiles per row count (keys: the largest row count an entry serves). bench/fp8_kernel_bench.py --tune
-# sweeps them at the real shapes; until that sweep has run these are the bf16 GEMVs' tiles (moe_decode.moe_tiles),
-# what the first H200 measurement ran (1 row: 52 us a layer, TP=1).
+# The GEMVs' tiles per row count (keys: the largest row count an entry serves; gu_/dn_stages, default 1: the loads
+# software-pipelined that many stages). bench/fp8_decode_bench.py --tune sweeps them at the real shapes; until that
+# sweep has run these are the bf16 GEMVs' tiles (moe_decode.moe_tiles), what the first H200 measurement ran (1 row:
+# 52 us a layer, TP=1; compiled for sm_90 that tile holds 128 registers a thread, 4 KB of weights in flight a program).
 _GEMV_TILES = (
     (1, {"gu_n": 4, "gu_k": 512, "gu_warps": 2, "dn_d": 4, "dn_k": 512, "dn_warps": 2}),
     (2, {"gu_n": 4, "gu_k": 256, "gu_warps": 4, "dn_d": 2, "dn_k": 512, "dn_warps": 1}),
@@ -107,12 +108,13 @@ if triton is not None:
     _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
     @triton.jit
-    def _rows_dot(x_row, g_rows, u_rows, nok, D, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        """(x . g_n, x . u_n) in fp32 for the BLOCK_N weight rows at g_rows / u_rows ([BLOCK_N, 1] pointers)."""
+    def _rows_dot(x_row, g_rows, u_rows, nok, D, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr):
+        """(x . g_n, x . u_n) in fp32 for the BLOCK_N weight rows at g_rows / u_rows ([BLOCK_N, 1] pointers). STAGES > 1
+        software-pipelines the loads (async copies STAGES - 1 chunks ahead: more bytes in flight per program)."""
         k = tl.arange(0, BLOCK_K)
         acc_g = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
         acc_u = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
-        for k0 in range(0, D, BLOCK_K):
+        for k0 in tl.range(0, D, BLOCK_K, num_stages=STAGES):
             kk = k0 + k
             kok = kk < D
             x = tl.load(x_row + kk, mask=kok, other=0.0).to(tl.float32)[None, :]
@@ -122,11 +124,11 @@ if triton is not None:
         return tl.sum(acc_g, axis=1), tl.sum(acc_u, axis=1)
 
     @triton.jit
-    def _row_dot(a_row, w_rows, nok, reads, I, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr):
-        """a . w_n in fp32 over the first `reads` columns for the BLOCK_D weight rows at w_rows."""
+    def _row_dot(a_row, w_rows, nok, reads, I, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr):
+        """a . w_n in fp32 over the first `reads` columns for the BLOCK_D weight rows at w_rows (STAGES: `_rows_dot`)."""
         k = tl.arange(0, BLOCK_K)
         acc = tl.zeros((BLOCK_D, BLOCK_K), tl.float32)
-        for k0 in range(0, reads, BLOCK_K):
+        for k0 in tl.range(0, reads, BLOCK_K, num_stages=STAGES):
             kk = k0 + k
             kok = kk < I
             a = tl.load(a_row + kk, mask=kok, other=0.0).to(tl.float32)
@@ -136,7 +138,7 @@ if triton is not None:
     @triton.jit
     def _decode_gate_up_kernel(x_ptr, ids_ptr, w_ptr, ws_ptr, sg_ptr, su_ptr, act_ptr, live_ptr, D, I, stride_x,
                                stride_we, stride_wn, stride_se, stride_s, TOPK: tl.constexpr, BLOCK_N: tl.constexpr,
-                               BLOCK_K: tl.constexpr, HAS_LIVE: tl.constexpr):
+                               BLOCK_K: tl.constexpr, HAS_LIVE: tl.constexpr, STAGES: tl.constexpr):
         """act[pair, n] = round(silu(round(x.g_n))) * round(x.u_n) for pair = (token, slot); slot TOPK = the shared
         expert (model dtype), the others fp8 rows times their scale. A padding token (live 0) is skipped."""
         pair = tl.program_id(0).to(tl.int64)
@@ -150,12 +152,12 @@ if triton is not None:
         x_row = x_ptr + tok * stride_x
         if slot == TOPK:
             rows = n[:, None].to(tl.int64) * stride_s
-            g, u = _rows_dot(x_row, sg_ptr + rows, su_ptr + rows, nok, D, BLOCK_N, BLOCK_K)
+            g, u = _rows_dot(x_row, sg_ptr + rows, su_ptr + rows, nok, D, BLOCK_N, BLOCK_K, STAGES)
         else:
             e = tl.load(ids_ptr + tok * TOPK + slot).to(tl.int64)
             base = w_ptr + e * stride_we
             g, u = _rows_dot(x_row, base + n[:, None].to(tl.int64) * stride_wn,
-                             base + (I + n[:, None]).to(tl.int64) * stride_wn, nok, D, BLOCK_N, BLOCK_K)
+                             base + (I + n[:, None]).to(tl.int64) * stride_wn, nok, D, BLOCK_N, BLOCK_K, STAGES)
             g = g * tl.load(ws_ptr + e * stride_se + n, mask=nok, other=0.0)
             u = u * tl.load(ws_ptr + e * stride_se + I + n, mask=nok, other=0.0)
         ty = act_ptr.dtype.element_ty
@@ -167,7 +169,7 @@ if triton is not None:
     @triton.jit
     def _decode_down_kernel(act_ptr, ids_ptr, wts_ptr, w_ptr, ws_ptr, sd_ptr, out_ptr, live_ptr, D, I, stride_we,
                             stride_wn, stride_se, stride_s, stride_o, TOPK: tl.constexpr, BLOCK_D: tl.constexpr,
-                            BLOCK_K: tl.constexpr, HAS_LIVE: tl.constexpr):
+                            BLOCK_K: tl.constexpr, HAS_LIVE: tl.constexpr, STAGES: tl.constexpr):
         """out[token, n] = round(round(sum_k w_k round(s_e[n] act_k . Wd_e[n])) + round(act_s . Wd_shared[n])); 0 for
         a token with live[token] == 0 (nothing read)."""
         tok = tl.program_id(0).to(tl.int64)
@@ -182,14 +184,14 @@ if triton is not None:
         for slot in tl.static_range(TOPK):
             e = tl.load(ids_ptr + tok * TOPK + slot).to(tl.int64)
             y = _row_dot(act_ptr + (tok * (TOPK + 1) + slot) * I, w_ptr + e * stride_we + rows * stride_wn, nok, reads,
-                         I, BLOCK_D, BLOCK_K)
+                         I, BLOCK_D, BLOCK_K, STAGES)
             ws = tl.load(ws_ptr + e * stride_se + n, mask=nok, other=0.0)
             if HAS_LIVE:  # a padding token's output is 0 whatever its experts' scales hold
                 ws = tl.where(reads > 0, ws, 0.0)
             y = y * ws
             routed += y.to(ty).to(tl.float32) * tl.load(wts_ptr + tok * TOPK + slot)
         shared = _row_dot(act_ptr + (tok * (TOPK + 1) + TOPK) * I, sd_ptr + rows * stride_s, nok, reads, I, BLOCK_D,
-                          BLOCK_K)
+                          BLOCK_K, STAGES)
         out = routed.to(ty).to(tl.float32) + shared.to(ty).to(tl.float32)
         tl.store(out_ptr + tok * stride_o + n, out.to(ty), mask=nok)
 
@@ -333,13 +335,13 @@ def moe_decode(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w_gate
     _decode_gate_up_kernel[(n * (k + 1), triton.cdiv(inter, t["gu_n"]))](
         x, ids, w_gate_up, gate_up_scale, shared_gate, shared_up, act, live, d, inter, x.stride(0),
         w_gate_up.stride(0), w_gate_up.stride(1), gate_up_scale.stride(0), shared_gate.stride(0), TOPK=k,
-        BLOCK_N=t["gu_n"], BLOCK_K=t["gu_k"], HAS_LIVE=has_live, num_warps=t["gu_warps"])
+        BLOCK_N=t["gu_n"], BLOCK_K=t["gu_k"], HAS_LIVE=has_live, STAGES=t.get("gu_stages", 1), num_warps=t["gu_warps"])
     out = torch.empty(n, d, device=x.device, dtype=x.dtype)
     _decode_down_kernel[(n, triton.cdiv(d, t["dn_d"]))](
         act, ids, weights.float().contiguous(), w_down, down_scale, shared_down, out, live, d, inter,
         w_down.stride(0), w_down.stride(1), down_scale.stride(0), shared_down.stride(0), out.stride(0), TOPK=k,
         BLOCK_D=t["dn_d"], BLOCK_K=min(t["dn_k"], triton.next_power_of_2(inter)), HAS_LIVE=has_live,
-        num_warps=t["dn_warps"])
+        STAGES=t.get("dn_stages", 1), num_warps=t["dn_warps"])
     return out
 
 
