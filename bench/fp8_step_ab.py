@@ -80,6 +80,11 @@ def run_plans(args, plans: list[str], profile: list[int], log) -> dict:
                 row["profile"][batch] = step_profile.kernel_profile(lambda: one.step(tok=tok, pos=pos, slots=slots))
                 log(f"{spec} profile B={batch}: " + step_profile.markdown(row["profile"][batch])[0])
                 one.release()
+                if device.type == "cuda" and not row["profile"][batch]["launches_per_step"]:
+                    # no kernel recorded inside the graph replays (a profiler without graph-kernel tracing): the
+                    # same step eager, where every launch is recorded (its wall time includes the host's launches)
+                    row["profile"][f"{batch} eager"] = step_profile.kernel_profile(lambda: bench.step(tok, pos, slots))
+                    log(f"{spec} profile B={batch} eager: " + step_profile.markdown(row["profile"][f"{batch} eager"])[0])
             if device.type == "cuda":
                 torch.cuda.empty_cache()
         bench.floor()
