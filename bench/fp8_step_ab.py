@@ -42,7 +42,14 @@ def _greedy(run, batch: int, args, device) -> list[int]:
     return tp_bench._generate(run, first, pos0, slots, 8)[0].tolist()
 
 
-def run_plans(args, plans: list[str], profile: list[int], log) -> dict:
+def _save(out: Path, res: dict) -> None:
+    """Write what is measured so far (a run cut off by its time limit keeps its plans' numbers)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "fp8_step_ab.json").write_text(json.dumps(res, indent=1, default=str))
+    (out / "fp8_step_ab.md").write_text(markdown(res))
+
+
+def run_plans(args, plans: list[str], profile: list[int], log, res: dict) -> dict:
     device = torch.device(args.device)
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
     cfg = tp_bench._thinker_config(args)
@@ -50,7 +57,7 @@ def run_plans(args, plans: list[str], profile: list[int], log) -> dict:
     thinker = tp_bench._build_shard(cfg, args, TPGroup(), device, dtype)
     cache = ThinkerKVCache.allocate(cfg, max(args.batches), args.kv_len, device=device, dtype=dtype)
     tp_bench._sync(device)
-    res: dict = {"build_s": round(time.perf_counter() - t, 1), "plans": {}}
+    res.update(build_s=round(time.perf_counter() - t, 1), plans={}, floor={})
     log(f"built in {res['build_s']} s")
     report = tp_bench.Report(Path(args.out), {}, enabled=False)
     bench = tp_bench.Bench(thinker, cache, args, device, dtype, report)
@@ -88,8 +95,10 @@ def run_plans(args, plans: list[str], profile: list[int], log) -> dict:
                     log(f"{spec} profile B={batch} eager: " + step_profile.markdown(row["profile"][f"{batch} eager"])[0])
             if device.type == "cuda":
                 torch.cuda.empty_cache()
+            _save(Path(args.out), res)
         bench.floor()
     res["floor"] = report.data.get("floor", {})
+    _save(Path(args.out), res)
     return res
 
 
@@ -144,12 +153,8 @@ def main(argv=None) -> None:
         print(f"[{time.time() - t0:6.1f} s] {text}", flush=True)
 
     res = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu (dry run)",
-           "date": datetime.date.today().isoformat(), "torch": torch.__version__, "command": " ".join(sys.argv),
-           **run_plans(args, plans, profile, log)}
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "fp8_step_ab.json").write_text(json.dumps(res, indent=1, default=str))
-    (out / "fp8_step_ab.md").write_text(markdown(res))
+           "date": datetime.date.today().isoformat(), "torch": torch.__version__, "command": " ".join(sys.argv)}
+    run_plans(args, plans, profile, log, res)
     print(markdown(res))
 
 
