@@ -33,8 +33,8 @@ from .moe_experts import align_pairs, rows_per_block
 from .selection import Kernels
 from .triton_import import tl, triton
 
-__all__ = ["FP8", "FP8_MAX", "DECODE_PLAN", "DecodePlan", "decode_plan", "fused_experts", "moe_decode",
-           "quantize_rows", "quantize_rows_fused"]
+__all__ = ["FP8", "FP8_MAX", "DECODE_PLAN", "DecodePlan", "amax_scale", "decode_plan", "fused_experts",
+           "moe_decode", "quantize_rows", "quantize_rows_fused"]
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite e4m3fn value
@@ -45,8 +45,15 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [..., K] -> (q [..., K] float8_e4m3fn, scale [...] fp32), x ≈ q · scale: each row's amax maps to 448
     (e4m3's largest finite value), values round to nearest even. Computed in fp32 on x's device."""
     x32 = x.float()
-    scale = x32.abs().amax(-1).clamp(min=_TINY) / FP8_MAX
+    scale = amax_scale(x32.abs().amax(-1))
     return (x32 / scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
+
+
+def amax_scale(amax: torch.Tensor) -> torch.Tensor:
+    """fp32 amax -> the scale max(amax, 1e-12) / 448, correctly rounded on every device: a tensor divisor, because
+    PyTorch's CUDA division by a Python scalar multiplies by its rounded reciprocal (an ulp off at times)."""
+    amax = amax.clamp(min=_TINY)
+    return amax / torch.full_like(amax, FP8_MAX)
 
 
 # ---- which path serves a decode batch ---------------------------------------------------------------------
@@ -273,14 +280,16 @@ if triton is not None:
         """v (fp32, |v| <= 448) rounded to the nearest e4m3 value, ties to even, still in fp32: the e4m3 step at
         v's binade (2^(e-3), subnormals 2^-9) times the RNE-rounded quotient (fp32 adds round to nearest even).
         Converting the result to e4m3 is exact, so no conversion's rounding mode matters (the CPU interpreter's
-        fp32 -> fp8 cast mis-rounds a mantissa carry)."""
-        a = tl.abs(v)
-        e = ((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+        fp32 -> fp8 cast mis-rounds a mantissa carry). The sign is v's sign bit, put back with bit operations: -0.0
+        and a tiny negative that rounds to zero give -0 as PyTorch does (compiled, `-r` is 0 - r: +0)."""
+        bits = v.to(tl.int32, bitcast=True)
+        a = (bits & 0x7FFFFFFF).to(tl.float32, bitcast=True)
+        e = ((bits >> 23) & 0xFF) - 127
         e = tl.maximum(e, -6) - 3
         step = ((e + 127) << 23).to(tl.float32, bitcast=True)
         inv = ((127 - e) << 23).to(tl.float32, bitcast=True)  # 1 / step, exactly (powers of two)
-        r = ((a * inv + 8388608.0) - 8388608.0) * step
-        return tl.where(v < 0, -r, r)
+        r = ((a * inv + 8388608.0) - 8388608.0) * step  # >= +0
+        return (r.to(tl.int32, bitcast=True) | (bits & -2147483648)).to(tl.float32, bitcast=True)
 
     @triton.jit(do_not_specialize=['m'])
     def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, m, K, stride_x, stride_q, BLOCK: tl.constexpr):
@@ -290,7 +299,7 @@ if triton is not None:
         offs = tl.arange(0, BLOCK)
         ok = offs < K
         x = tl.load(x_ptr + row * stride_x + offs, mask=ok, other=0.0).to(tl.float32)
-        scale = tl.div_rn(tl.maximum(tl.max(tl.abs(x), axis=0), 1e-12), 448.0)  # _TINY, FP8_MAX
+        scale = tl.div_rn(tl.maximum(tl.max(tl.abs(x), axis=0), 1e-12), 448.0)  # amax_scale: _TINY, FP8_MAX
         q = _round_e4m3(tl.minimum(tl.maximum(tl.div_rn(x, scale), -448.0), 448.0))
         tl.store(q_ptr + row * stride_q + offs, q.to(q_ptr.dtype.element_ty), mask=ok)
         tl.store(s_ptr + row, scale)
