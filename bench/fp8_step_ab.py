@@ -1,7 +1,6 @@
 """The whole thinker's graphed decode step on one GPU with FP8 experts, A/B of decode plans in one process.
 
-    python -m bench.fp8_step_ab --out DIR --plans base,shipped,DIR/fp8_plan.json,DIR/fp8_plan.json+router1 \
-        [--batches 1,16,64] [--profile 1]
+    python -m bench.fp8_step_ab --out DIR --plans base,shipped,DIR/fp8_plan.json [--batches 1,16,64] [--profile 1]
     python -m bench.fp8_step_ab --out DIR --plans base,shipped --dry-run      # CPU, tiny preset: plumbing only
 
 tp_bench.py's method (its builder, step, timing and bytes floor: `tp_bench.py --tp 1 --expert-dtype fp8
@@ -115,11 +114,6 @@ def markdown(res: dict) -> str:
                          f"{'—' if floor is None else f'{floor:.2f}'} |")
     lines += ["", "Row 0's first 8 greedy tokens at B=1 per plan: "
               + "; ".join(f"{Path(s).name} {r.get('greedy_b1')}" for s, r in res["plans"].items())]
-    for spec, row in res["plans"].items():  # the one-launch router must select exactly what the two launches do
-        plain = res["plans"].get(spec.removesuffix("+router1")) if spec.endswith("+router1") else None
-        if plain is not None:
-            same = plain.get("greedy_b1") == row.get("greedy_b1")
-            lines.append(f"{Path(spec).name}: the same tokens as without +router1: {'yes' if same else 'NO'}")
     for spec, row in res["plans"].items():
         for b, prof in row["profile"].items():
             lines += ["", f"### {Path(spec).name}, B={b}: the graphed step under the profiler", ""]

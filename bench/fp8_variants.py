@@ -3,8 +3,7 @@
 A plan is named by SPEC: `base` (before the per-row-count plan: the FP8 GEMVs for every decode batch up to 16 rows,
 the bf16 GEMVs' tiles, the a8 activations quantised by PyTorch's ops), `shipped` (the plan in
 model/kernels/moe_fp8.py), or the path of a JSON plan (`bench/fp8_decode_bench.py` writes the one its measurements
-pick: DIR/fp8_plan.json); `+router1` after any of them also runs the decode router in one launch
-(`moe_decode.ROUTER_ONE_LAUNCH`). Benchmarks only: the engine has no setting for either.
+pick: DIR/fp8_plan.json). Benchmarks only: the engine has no setting for it.
 """
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from realtime_ming.model.kernels import moe_decode, moe_fp8
+from realtime_ming.model.kernels import moe_fp8
 from realtime_ming.model.kernels.moe_decode import MAX_DECODE_TOKENS
 
 __all__ = ["BASE", "SHIPPED", "apply", "from_json", "load", "to_json"]
@@ -35,17 +34,8 @@ def from_json(data: dict) -> moe_fp8.DecodePlan:
                               grouped=dict(data.get("grouped") or {}))
 
 
-def _split(spec: str) -> tuple[str, bool]:
-    """SPEC -> (the plan's name or file, whether the router runs in one launch)."""
-    name, plus, flag = spec.rpartition("+")
-    if plus and flag == "router1":
-        return name, True
-    return spec, False
-
-
 def load(spec: str) -> moe_fp8.DecodePlan:
-    """The plan SPEC names (see the module docstring; a `+router1` suffix does not change the plan)."""
-    spec = _split(spec)[0]
+    """The plan SPEC names (see the module docstring)."""
     if spec == "base":
         return BASE
     if spec == "shipped":
@@ -57,8 +47,6 @@ def load(spec: str) -> moe_fp8.DecodePlan:
 
 
 def apply(spec: str) -> moe_fp8.DecodePlan:
-    """Put the plan SPEC names (and its router setting) in force for this process, before graphs are captured;
-    returns the plan."""
+    """Put the plan SPEC names in force for this process (before graphs are captured); returns it."""
     moe_fp8.DECODE_PLAN = load(spec)
-    moe_decode.ROUTER_ONE_LAUNCH = _split(spec)[1]
     return moe_fp8.DECODE_PLAN

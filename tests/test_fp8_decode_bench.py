@@ -1,6 +1,6 @@
 """The FP8 decode A/B kit on CPU (bench/fp8_decode_gpu.sh's parts): the profiler trace summary against hand-counted
-kernels, the decode plans the benchmarks swap (names, `+router1`, JSON round trip, refusals), the plan picked from
-per-layer times, and (full tier) the whole kit's dry run: Triton's interpreter, tiny shapes, every step's table."""
+kernels, the decode plans the benchmarks swap (names, JSON round trip, refusals), the plan picked from per-layer
+times, and (full tier) the whole kit's dry run: Triton's interpreter, tiny shapes, every step writing its table."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bench import fp8_decode_bench, fp8_variants, step_profile
-from realtime_ming.model.kernels import moe_decode, moe_fp8
+from realtime_ming.model.kernels import moe_fp8
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -72,15 +72,11 @@ def test_plans_by_name_and_json(tmp_path):
             fp8_variants.load(str(path))
     with pytest.raises(ValueError, match="not base, shipped"):
         fp8_variants.load("nope")
-    assert fp8_variants.load("shipped+router1") is moe_fp8.DECODE_PLAN
     before = moe_fp8.DECODE_PLAN
     try:
-        assert fp8_variants.apply("base+router1") is moe_fp8.DECODE_PLAN is fp8_variants.BASE
-        assert moe_decode.ROUTER_ONE_LAUNCH
-        fp8_variants.apply("shipped")
-        assert moe_fp8.DECODE_PLAN is before and not moe_decode.ROUTER_ONE_LAUNCH
+        assert fp8_variants.apply("base") is moe_fp8.DECODE_PLAN is fp8_variants.BASE
     finally:
-        moe_fp8.DECODE_PLAN, moe_decode.ROUTER_ONE_LAUNCH = before, False
+        moe_fp8.DECODE_PLAN = before
 
 
 def test_picked_plan_takes_the_faster_path_per_row_count():
@@ -127,9 +123,9 @@ def test_fp8_decode_gpu_script_dry_run_writes_every_table(tmp_path):
     summary = (tmp_path / "summary.md").read_text()
     assert "tests rc=0" in proc.stdout and "fp8_decode_bench rc=0" in proc.stdout and "fp8_step_ab rc=0" in proc.stdout
     assert "Plan picked:" in summary and "_GEMV_TILES = (" in summary
-    fp8_variants.from_json(json.loads((tmp_path / "kernels" / "fp8_plan.json").read_text()))
+    picked = json.loads((tmp_path / "kernels" / "fp8_plan.json").read_text())
+    fp8_variants.from_json(picked)
     ab = json.loads((tmp_path / "step" / "fp8_step_ab.json").read_text())
-    picked = str(tmp_path / "kernels" / "fp8_plan.json")
-    assert list(ab["plans"]) == ["base", "shipped", picked, picked + "+router1"]
+    assert list(ab["plans"]) == ["base", "shipped", str(tmp_path / "kernels" / "fp8_plan.json")]
     assert all(set(r["decode"]) == {"1", "2"} for r in ab["plans"].values())
-    assert "| base | 1 | gemv |" in summary and "fp8_plan.json+router1: the same tokens as without +router1: yes" in summary
+    assert "| base | 1 | gemv |" in summary

@@ -88,22 +88,6 @@ def test_route_matches_select_experts(experts, groups, topk_group, top_k):
     _assert_same_selection(got_ids, got_w, ref_ids, ref_w)
 
 
-@pytest.mark.parametrize("experts,groups,topk_group,top_k,n",
-                         [(16, 4, 2, 4, 1), (16, 4, 2, 4, 5), pytest.param(256, 8, 4, 8, 16, marks=pytest.mark.slow)])
-def test_one_launch_router_equals_the_two_launch_router(experts, groups, topk_group, top_k, n, monkeypatch):
-    """`ROUTER_ONE_LAUNCH`: the selection run by each token's last logits program gives the two-launch router's ids
-    and weights exactly, and leaves the arrival counters at zero for the next call (twice in a row)."""
-    x = _randn(n, 256, dtype=torch.bfloat16, seed=3)
-    w = _randn(experts, 256, dtype=torch.bfloat16, seed=4, scale=256 ** -0.5)
-    bias = _randn(experts, seed=5, scale=0.05).to(torch.bfloat16)
-    want = md.route(x, w, bias, top_k, groups, topk_group, 2.5, kernels=ON)
-    monkeypatch.setattr(md, "ROUTER_ONE_LAUNCH", True)
-    for _ in range(2):
-        got = md.route(x, w, bias, top_k, groups, topk_group, 2.5, kernels=ON)
-        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-        assert not md._counters(x.device).any()
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("n", [1, 17, 70])
 @pytest.mark.parametrize("per_token_bias", [False, True])

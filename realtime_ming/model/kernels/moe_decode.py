@@ -7,8 +7,7 @@ launches, not the ~0.3 GB of weights a layer reads, set the step time. With `nor
 layer eleven launches:
 
 * `route`: fp32 router logits (bf16 weights upcast on load, as the reference's fp32 linear) and the
-  group-limited sigmoid top-k with bias, renormalisation and scaling (`moe.select_experts`); two launches,
-  or one with `ROUTER_ONE_LAUNCH` (each token's last logits program selects; benchmarks A/B it);
+  group-limited sigmoid top-k with bias, renormalisation and scaling (`moe.select_experts`);
 * `moe_decode`: every (token, expert) pair and the shared expert as one GEMV launch for gate|up with
   SwiGLU, one for down with the routing weights, the fp32 sum over experts and the shared expert
   added in the model dtype (`SparseMoeBlock.forward`'s rounding).
@@ -52,21 +51,21 @@ if triton is not None:
             acc += w * x[None, :]
         tl.store(part_ptr + (split * N + tok) * E + e, tl.sum(acc, axis=1), mask=ok)
 
-    @triton.jit
-    def _select_token(tok, part_ptr, bias_ptr, ids_ptr, weights_ptr, N, scale, bias_stride, E: tl.constexpr,
-                      GROUPS: tl.constexpr, TOPK_GROUP: tl.constexpr, TOPK: tl.constexpr, KP: tl.constexpr,
-                      SPLITS: tl.constexpr):
-        """`moe.select_experts` for token `tok` (after summing the split-K logits): sigmoid, +bias, top-2-sum
+    @triton.jit(do_not_specialize=['N'])
+    def _router_select_kernel(part_ptr, bias_ptr, ids_ptr, weights_ptr, N, scale, bias_stride,
+                              E: tl.constexpr, GROUPS: tl.constexpr, TOPK_GROUP: tl.constexpr, TOPK: tl.constexpr,
+                              KP: tl.constexpr, SPLITS: tl.constexpr):
+        """`moe.select_experts` for one token (after summing the split-K logits): sigmoid, +bias, top-2-sum
         group scores, the top groups, then top-k among their experts (first index on ties). The token's bias
-        row starts at bias_ptr + tok * bias_stride (0: one bias for all). The logits are read past L1 (.cg):
-        in the one-launch router other programs wrote them during this kernel."""
+        row starts at bias_ptr + tok * bias_stride (0: one bias for all)."""
+        tok = tl.program_id(0).to(tl.int64)
         per: tl.constexpr = E // GROUPS
         grp = tl.arange(0, GROUPS)
         col = tl.arange(0, per)
         idx = grp[:, None] * per + col[None, :]  # [G, per] expert index
         logits = tl.zeros((GROUPS, per), tl.float32)
         for split in tl.static_range(SPLITS):
-            logits += tl.load(part_ptr + (split * N + tok) * E + idx, cache_modifier=".cg")
+            logits += tl.load(part_ptr + (split * N + tok) * E + idx)
         scores = tl.sigmoid(logits)
         biased = scores + tl.load(bias_ptr + tok * bias_stride + idx).to(tl.float32)
         first = tl.max(biased, axis=1)
@@ -96,59 +95,8 @@ if triton is not None:
         tl.store(ids_ptr + tok * TOPK + kk, ids, mask=kk < TOPK)
         tl.store(weights_ptr + tok * TOPK + kk, wts * scale, mask=kk < TOPK)
 
-    @triton.jit(do_not_specialize=['N'])
-    def _router_select_kernel(part_ptr, bias_ptr, ids_ptr, weights_ptr, N, scale, bias_stride,
-                              E: tl.constexpr, GROUPS: tl.constexpr, TOPK_GROUP: tl.constexpr, TOPK: tl.constexpr,
-                              KP: tl.constexpr, SPLITS: tl.constexpr):
-        """`_select_token` for token program_id(0)."""
-        _select_token(tl.program_id(0).to(tl.int64), part_ptr, bias_ptr, ids_ptr, weights_ptr, N, scale, bias_stride,
-                      E, GROUPS, TOPK_GROUP, TOPK, KP, SPLITS)
-
-    @triton.jit(do_not_specialize=['N'])
-    def _router_fused_kernel(x_ptr, w_ptr, part_ptr, count_ptr, bias_ptr, ids_ptr, weights_ptr, N, D, scale, stride_x,
-                             stride_w, E: tl.constexpr, GROUPS: tl.constexpr, TOPK_GROUP: tl.constexpr,
-                             TOPK: tl.constexpr, KP: tl.constexpr, SPLITS: tl.constexpr, BLOCK_E: tl.constexpr,
-                             BLOCK_K: tl.constexpr):
-        """The router in one launch: `_router_logits_kernel`'s split-K partials, then the token's last program to
-        finish (a per-token arrival counter, atomically counted with release / acquire at GPU scope, reset by that
-        program for the next call) runs `_select_token` over them: no second launch."""
-        tok = tl.program_id(0).to(tl.int64)
-        e = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
-        split = tl.program_id(2)
-        ok = e < E
-        chunk = tl.cdiv(D, SPLITS)
-        k = tl.arange(0, BLOCK_K)
-        acc = tl.zeros((BLOCK_E, BLOCK_K), tl.float32)
-        for k0 in range(split * chunk, tl.minimum(D, (split + 1) * chunk), BLOCK_K):
-            kk = k0 + k
-            kok = kk < tl.minimum(D, (split + 1) * chunk)
-            x = tl.load(x_ptr + tok * stride_x + kk, mask=kok, other=0.0).to(tl.float32)
-            w = tl.load(w_ptr + e[:, None].to(tl.int64) * stride_w + kk[None, :], mask=ok[:, None] & kok[None, :],
-                        other=0.0).to(tl.float32)
-            acc += w * x[None, :]
-        tl.store(part_ptr + (split * N + tok) * E + e, tl.sum(acc, axis=1), mask=ok)
-        tl.debug_barrier()  # every thread's partials stored before the arrival is counted (release below)
-        arrived = tl.atomic_add(count_ptr + tok, 1, sem="acq_rel", scope="gpu")
-        if arrived == tl.num_programs(1) * SPLITS - 1:
-            tl.store(count_ptr + tok, 0)
-            _select_token(tok, part_ptr, bias_ptr, ids_ptr, weights_ptr, N, scale, 0, E, GROUPS, TOPK_GROUP, TOPK, KP,
-                          SPLITS)
-
 
 _ROUTER_SPLITS = 16  # split-K of the router logits: a decode batch of one still spreads over >= 128 programs
-# The router of a decode batch in one launch (`_router_fused_kernel`) instead of two (logits, then selection). Off
-# until measured (bench/fp8_step_ab.py A/Bs it: plan spec `...+router1`); benchmarks set it, the engine has no setting.
-ROUTER_ONE_LAUNCH = False
-_COUNTERS: dict = {}  # device -> the one-launch router's per-token arrival counters (int32 zeros, reset by the kernel)
-
-
-def _counters(device: torch.device) -> torch.Tensor:
-    """The device's arrival counters: allocated zeroed once (outside any graph capture's pool), kept at zero by the
-    kernel. One per device serves every layer: decode steps run their routers one after another on one stream."""
-    counters = _COUNTERS.get(device)
-    if counters is None:
-        counters = _COUNTERS[device] = torch.zeros(MAX_DECODE_TOKENS, device=device, dtype=torch.int32)
-    return counters
 
 
 def _groups_apply(e: int, n_group: int) -> bool:
@@ -167,19 +115,12 @@ def route(x: torch.Tensor, weight: torch.Tensor, expert_bias: torch.Tensor, top_
             or weight.stride(-1) != 1):
         return None
     splits, block_e = _ROUTER_SPLITS, 32
-    block_k = min(256, triton.next_power_of_2(triton.cdiv(d, splits)))
     part = torch.empty(splits, n, e, device=x.device, dtype=torch.float32)
+    _router_logits_kernel[(n, triton.cdiv(e, block_e), splits)](
+        x, weight, part, n, d, e, x.stride(0), weight.stride(0), SPLITS=splits, BLOCK_E=block_e,
+        BLOCK_K=min(256, triton.next_power_of_2(triton.cdiv(d, splits))), num_warps=4)
     ids = torch.empty(n, top_k, device=x.device, dtype=torch.int64)
     weights = torch.empty(n, top_k, device=x.device, dtype=torch.float32)
-    if ROUTER_ONE_LAUNCH:
-        _router_fused_kernel[(n, triton.cdiv(e, block_e), splits)](
-            x, weight, part, _counters(x.device), expert_bias, ids, weights, n, d, scale, x.stride(0), weight.stride(0),
-            E=e, GROUPS=n_group, TOPK_GROUP=topk_group, TOPK=top_k, KP=triton.next_power_of_2(top_k), SPLITS=splits,
-            BLOCK_E=block_e, BLOCK_K=block_k, num_warps=4)
-        return ids, weights
-    _router_logits_kernel[(n, triton.cdiv(e, block_e), splits)](
-        x, weight, part, n, d, e, x.stride(0), weight.stride(0), SPLITS=splits, BLOCK_E=block_e, BLOCK_K=block_k,
-        num_warps=4)
     _router_select_kernel[(n,)](part, expert_bias, ids, weights, n, scale, 0, E=e, GROUPS=n_group,
                                 TOPK_GROUP=topk_group, TOPK=top_k, KP=triton.next_power_of_2(top_k), SPLITS=splits,
                                 num_warps=4)

@@ -59,14 +59,13 @@ def amax_scale(amax: torch.Tensor) -> torch.Tensor:
 # ---- which path serves a decode batch ---------------------------------------------------------------------
 
 # The GEMVs' tiles per row count (keys: the largest row count an entry serves; gu_/dn_stages, default 1: the loads
-# software-pipelined that many stages). bench/fp8_decode_bench.py --tune sweeps them at the real shapes; until that
-# sweep has run these are the bf16 GEMVs' tiles (moe_decode.moe_tiles), what the first H200 measurement ran (1 row:
-# 52 us a layer, TP=1; compiled for sm_90 that tile holds 128 registers a thread, 4 KB of weights in flight a program).
+# software-pipelined that many stages), as bench/fp8_decode_bench.py --tune's sweep picked them at the real shapes on
+# one H200 (bench/results/gpu-h200-fp8-decode-2026-11-29: 1 row 40.5 us a layer, 51.8 with the bf16 GEMVs' tiles).
 _GEMV_TILES = (
-    (1, {"gu_n": 4, "gu_k": 512, "gu_warps": 2, "dn_d": 4, "dn_k": 512, "dn_warps": 2}),
-    (2, {"gu_n": 4, "gu_k": 256, "gu_warps": 4, "dn_d": 2, "dn_k": 512, "dn_warps": 1}),
-    (4, {"gu_n": 2, "gu_k": 256, "gu_warps": 2, "dn_d": 2, "dn_k": 512, "dn_warps": 1}),
-    (8, {"gu_n": 2, "gu_k": 256, "gu_warps": 1, "dn_d": 2, "dn_k": 512, "dn_warps": 1}),
+    (1, {"gu_n": 2, "gu_k": 256, "gu_warps": 2, "gu_stages": 3, "dn_d": 4, "dn_k": 512, "dn_warps": 2, "dn_stages": 3}),
+    (2, {"gu_n": 4, "gu_k": 256, "gu_warps": 2, "gu_stages": 3, "dn_d": 4, "dn_k": 512, "dn_warps": 2, "dn_stages": 3}),
+    (4, {"gu_n": 4, "gu_k": 512, "gu_warps": 2, "gu_stages": 4, "dn_d": 4, "dn_k": 512, "dn_warps": 2, "dn_stages": 3}),
+    (8, {"gu_n": 4, "gu_k": 512, "gu_warps": 2, "gu_stages": 4, "dn_d": 4, "dn_k": 512, "dn_warps": 2, "dn_stages": 3}),
     (MAX_DECODE_TOKENS, {"gu_n": 2, "gu_k": 256, "gu_warps": 1, "dn_d": 2, "dn_k": 256, "dn_warps": 1}),
 )
 
@@ -97,11 +96,10 @@ class DecodePlan:
         return dict(self.grouped) if rows <= MAX_DECODE_TOKENS else {}
 
 
-# Measured on one H200 (TP=1, real shapes, bench/results/gpu-h200-fp8-2026-11-28): per MoE layer, routed + shared
-# experts, 1 row: GEMV 52 us, tensor-core (a8) 122 us + the shared expert; 16 rows: GEMV 570 us, a8 379 us + the
-# shared expert. 2-8 rows: not measured yet (bench/fp8_kernel_bench.py --tokens 1,2,4,8,16 prints the table to
-# put here); the GEMVs' cost grows with the pairs (~3.8 us each), the grouped path's with the experts read.
-DECODE_PLAN = DecodePlan(paths=((8, "gemv"), (MAX_DECODE_TOKENS, "grouped")))
+# Measured on one H200 (TP=1, real shapes, bench/results/gpu-h200-fp8-decode-2026-11-29), us a MoE layer, routed +
+# shared experts, tuned GEMVs vs the tensor-core (a8) path: 1 row 40.5 vs 115, 2: 69 vs 135, 4: 122 vs 177,
+# 8: 225 vs 257, 16: 580 (untuned) vs 357.
+DECODE_PLAN = DecodePlan(paths=((1, "gemv"), (2, "gemv"), (4, "gemv"), (8, "gemv"), (MAX_DECODE_TOKENS, "grouped")))
 
 
 def decode_plan() -> DecodePlan:
