@@ -51,13 +51,13 @@ def _rel(a, b) -> float:
 class Experts:
     """One rank's routed + shared experts at the real shapes: bf16, their fp8 quantisation, and the router."""
 
-    def __init__(self, tp: int, seed: int = 0):
-        c = preset_config("ming-flash-omni-2.0").thinker
-        self.c, self.d, self.inter = c, c.hidden_size, c.moe_intermediate_size // tp
-        g = torch.Generator(DEV).manual_seed(seed)
+    def __init__(self, tp: int, seed: int = 0, cfg=None, device: str = DEV, dtype: torch.dtype = BF16):
+        c = cfg or preset_config("ming-flash-omni-2.0").thinker
+        self.c, self.d, self.inter, self.device = c, c.hidden_size, c.moe_intermediate_size // tp, device
+        g = torch.Generator(device).manual_seed(seed)
 
         def w(*shape):
-            return (torch.randn(*shape, device=DEV, generator=g) * shape[-1] ** -0.5).to(BF16)
+            return (torch.randn(*shape, device=device, generator=g) * shape[-1] ** -0.5).to(dtype)
 
         e = c.num_experts
         self.w_gu, self.w_dn = w(e, 2 * self.inter, self.d), w(e, self.d, self.inter)
@@ -65,12 +65,12 @@ class Experts:
         self.q_dn, self.s_dn = self._quantize(self.w_dn)
         self.sg, self.su, self.sd = w(self.inter, self.d), w(self.inter, self.d), w(self.d, self.inter)
         self.gate = w(e, self.d)
-        self.bias = (0.05 * torch.randn(e, device=DEV, generator=g)).to(BF16)
+        self.bias = (0.05 * torch.randn(e, device=device, generator=g)).to(dtype)
 
     @staticmethod
     def _quantize(stack):
         q = torch.empty_like(stack, dtype=fp8.FP8)
-        s = torch.empty(stack.shape[:2], device=DEV)
+        s = torch.empty(stack.shape[:2], device=stack.device)
         for i in range(stack.shape[0]):
             q[i], s[i] = fp8.quantize(stack[i])
         return q, s

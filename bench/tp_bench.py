@@ -8,6 +8,8 @@ random unit-norm embeddings through the audio router). Every rank builds its sha
 the same steps in lockstep and rank 0 reports: (a) prefill of a 40-token prompt + 25 audio tokens
 (1 s) -> first token; (b) decode tok/s per stream per batch bucket, eager and CUDA-graphed (embed ->
 stack -> lm_head -> argmax); (c) aggregate tok/s; plus collectives alone and the weight-bytes floor.
+`--stages ...,profile` adds each bucket's graphed step under torch.profiler (bench/step_profile.py: kernels,
+launches, GPU idle time); `--fp8-plan` picks the FP8 decode plan (bench/fp8_variants.py) for A/B runs.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ import torch.multiprocessing as mp
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import fp8_variants
+import step_profile
 from gpu_timing import measure_ceilings, param_bytes
 
 from realtime_ming._exit import exit_now
@@ -54,7 +58,7 @@ __all__ = ["main"]
 
 ANCHOR_TOK_S = 138.0  # sglang-omni thinker decode, TP=4 on H100 (issue 8)
 TARGET_TOK_S = 300.0  # issue 4: per stream at c=1 on the full model
-STAGES = ("prefill", "greedy", "decode", "collectives", "floor")
+STAGES = ("prefill", "greedy", "decode", "collectives", "floor", "profile")  # profile: only when asked
 ROW_STRIDE = 29  # decode row i starts at prompt length + i·stride: every row at a different length
 
 
@@ -315,6 +319,21 @@ class Bench:
             self.report.save()
         del graph
 
+    def profile(self) -> None:
+        """Each bucket's graphed step under torch.profiler: kernels, launches and GPU idle time per step."""
+        out = {}
+        self.report.put("profile", out)
+        for batch in self.args.batches:
+            graph = BucketedGraph(self.step, _decode_specs(batch), (batch,), device=self.device)
+            graph.capture()
+            slots = torch.arange(batch, device=self.device)
+            pos = (self.args.prompt_tokens + self.args.audio_tokens + ROW_STRIDE * slots)[:, None]
+            tok = torch.randint(0, 1000, (batch, 1), device=self.device)
+            out[batch] = step_profile.kernel_profile(lambda: graph.step(tok=tok, pos=pos, slots=slots))
+            self.report.log(f"profile B={batch}: " + step_profile.markdown(out[batch])[0])
+            self.report.save()
+            del graph
+
     def collectives(self) -> None:
         """Collectives of one decode step alone, graphed per bucket like the step (the TP overhead)."""
         d = self.thinker.cfg.hidden_size
@@ -426,6 +445,8 @@ def markdown(data: dict) -> str:
         lines += ["", "## Memory per rank (GiB)", ""]
         lines += _table(["rank", "weights + cache allocated", "peak allocated"],
                         [[m["rank"], m["allocated_GiB"], m["peak_GiB"]] for m in data["memory"]])
+    for b, prof in (data.get("profile") or {}).items():
+        lines += ["", f"## Graphed step B={b} under the profiler", ""] + step_profile.markdown(prof)
     if data.get("notes"):
         lines += ["", "## Notes", ""] + [f"- {n}" for n in data["notes"]]
     return "\n".join(lines) + "\n"
@@ -461,7 +482,7 @@ def _bench_rank(rank: int, args, device: torch.device) -> None:
     cfg = _thinker_config(args)
     meta = {"date": datetime.date.today().isoformat(), "command": " ".join([Path(sys.executable).name] + sys.argv),
             "tp": args.tp, "gpu_count": args.tp if device.type == "cuda" else 0, "backend": dist.get_backend(),
-            "preset": args.preset, "expert_dtype": args.expert_dtype, "weights": args.checkpoint or f"dummy (loader.init_dummy, seed {args.seed})",
+            "preset": args.preset, "expert_dtype": args.expert_dtype, "fp8_plan": args.fp8_plan, "weights": args.checkpoint or f"dummy (loader.init_dummy, seed {args.seed})",
             "dtype": args.dtype, "all_reduce": args.all_reduce, "moe_experts": args.moe, "cuda_graphs": args.graphs,
             "kv_len": args.kv_len,
             "built": "thinker only (vision/audio encoders and talker not built)",
@@ -470,6 +491,7 @@ def _bench_rank(rank: int, args, device: torch.device) -> None:
     lock = Lockstep(report, args.budget_s)
     if args.moe != "triton":
         moe.GATHER_MAX_ROWS = 10 ** 9  # the sync-free gather path, so the step can be captured
+    fp8_variants.apply(args.fp8_plan)
     report.log(f"building thinker shard {rank}/{args.tp} ({cfg.num_hidden_layers} layers, {cfg.num_experts} experts)")
     t = time.perf_counter()
     thinker = _build_shard(cfg, args, tp, device, dtype)
@@ -480,7 +502,7 @@ def _bench_rank(rank: int, args, device: torch.device) -> None:
     report.log(f"built in {report.data['meta']['build_s']} s: {report.data['meta']['params_per_rank_B']} B params")
     bench = Bench(thinker, cache, args, device, dtype, report)
     stages = {"prefill": bench.prefill, "greedy": bench.greedy, "decode": lambda: bench.decode(lock),
-              "collectives": bench.collectives, "floor": bench.floor}
+              "collectives": bench.collectives, "floor": bench.floor, "profile": bench.profile}
     with torch.no_grad():
         for name, run in stages.items():
             if name not in args.stages or not lock.go(name):
@@ -520,6 +542,8 @@ def _parse(argv=None):
                     help="expert kernel: fused Triton (default where available) or the PyTorch gather path")
     ap.add_argument("--expert-dtype", choices=("model", "fp8"), default="model",
                     help="the routed experts in the model dtype or FP8 (engine.expert_dtype)")
+    ap.add_argument("--fp8-plan", default="shipped", help="FP8 decode plan: base, shipped or a JSON file "
+                                                          "(bench/fp8_variants.py; A/B runs)")
     ap.add_argument("--all-reduce", choices=("nccl", "one_shot"), default="nccl",
                     help="small all-reduces over NCCL or the symmetric-memory one-shot kernel (engine.thinker.all_reduce)")
     ap.add_argument("--no-graphs", dest="graphs", action="store_false", help="eager only")
@@ -531,7 +555,7 @@ def _parse(argv=None):
     ap.add_argument("--eager-steps", type=int, default=8, help="eager decode steps per timed run")
     ap.add_argument("--reps", type=int, default=3, help="timed runs per measurement (median)")
     ap.add_argument("--check-tokens", type=int, default=8, help="greedy tokens recorded for the parity check")
-    ap.add_argument("--stages", default=",".join(STAGES))
+    ap.add_argument("--stages", default=",".join(STAGES[:-1]), help=f"of {','.join(STAGES)}")
     ap.add_argument("--budget-s", type=float, default=300.0, help="skip stages that start after this many seconds")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--port", type=int, default=int(os.environ.get("MASTER_PORT", "0")),
@@ -542,6 +566,10 @@ def _parse(argv=None):
     unknown = set(args.stages) - set(STAGES)
     if unknown:
         ap.error(f"unknown stages {sorted(unknown)}; known: {', '.join(STAGES)}")
+    try:
+        fp8_variants.load(args.fp8_plan)
+    except (ValueError, KeyError, TypeError) as exc:
+        ap.error(str(exc))
     if args.tp is None:
         args.tp = max(1, torch.cuda.device_count()) if args.device == "cuda" else 1
     args.dtype = args.dtype or ("bf16" if args.device == "cuda" else "fp32")

@@ -10,7 +10,7 @@ import torch
 from gpu_engine_support import generate
 
 from realtime_ming.engine.thinker_decode import ThinkerDecoder
-from realtime_ming.model.kernels import TRITON
+from realtime_ming.model.kernels import TRITON, moe_fp8
 from realtime_ming.model.thinker import ThinkerKVCache, load_thinker
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
@@ -35,6 +35,27 @@ def test_fp8_graphed_decoder_equals_eager(fixture_root, dtype):
         args = ([int(t) for t in rng.integers(0, 500, batch)], [int(p) for p in rng.integers(340, 400, batch)],
                 [0] * batch, slots)
         torch.testing.assert_close(graphed.step(*args).clone(), eager.step(*args), rtol=1e-4, atol=1e-4)
+
+
+def test_fp8_graphed_decoder_equals_eager_on_the_tensor_core_path(fixture_root):
+    """Batches 9..16 in the 16-row bucket, which the decode plan sends to the FP8 tensor-core experts (a8): the
+    graphed step's logits equal the eager step's."""
+    thinker = load_thinker(fixture_root, device="cuda", dtype=torch.bfloat16, kernels=TRITON, expert_dtype="fp8")
+    assert moe_fp8.decode_plan().path(16) == "grouped"
+    caches = [ThinkerKVCache.allocate(thinker.cfg, 16, 512, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+    for c in caches:
+        c.k.normal_(generator=torch.Generator("cuda").manual_seed(0))
+        c.v.normal_(generator=torch.Generator("cuda").manual_seed(1))
+    graphed = ThinkerDecoder(thinker, caches[0], (16,), (512,), device="cuda")
+    eager = ThinkerDecoder(thinker, caches[1], (16,), (512,), device="cuda", enforce_eager=True)
+    graphed.capture()
+    rng = np.random.default_rng(1)
+    for batch in (9, 16):
+        slots = [int(s) for s in rng.permutation(16)[:batch]]
+        args = ([int(t) for t in rng.integers(0, 500, batch)], [int(p) for p in rng.integers(340, 400, batch)],
+                [0] * batch, slots)
+        want = eager.step(*args).clone()
+        torch.testing.assert_close(graphed.step(*args).clone(), want, rtol=1e-4, atol=1e-4)
 
 
 def test_fp8_graphed_engine_generates_the_eager_engines_tokens(fixture_root):

@@ -21,7 +21,7 @@ from typing import Callable
 
 import torch
 
-from .kernels.moe_fp8 import FP8, FP8_MAX, quantize_rows
+from .kernels.moe_fp8 import FP8, FP8_MAX, amax_scale, quantize_rows
 
 __all__ = [
     "EXPERT_DTYPES",
@@ -40,7 +40,6 @@ __all__ = [
 BLOCK = 128  # block layout's tile side (DeepSeek-V3's)
 EXPERT_DTYPES = ("model", "fp8")  # engine.expert_dtype: the routed experts in the model dtype, or e4m3
 EXPERT_LAYOUT = "channel"  # the experts' scale layout (see the module docstring)
-_TINY = 1e-12  # an all-zero block's amax: its scale stays finite, its values 0
 
 
 def quantize(w: torch.Tensor, layout: str = EXPERT_LAYOUT, block: int = BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,7 +58,7 @@ def quantize(w: torch.Tensor, layout: str = EXPERT_LAYOUT, block: int = BLOCK) -
     rows, cols = -(-out // block), -(-inp // block)
     padded = torch.nn.functional.pad(w32.abs(), (0, cols * block - inp, 0, rows * block - out))
     amax = padded.view(*w32.shape[:-2], rows, block, cols, block).amax(dim=(-3, -1))
-    scale = amax.clamp(min=_TINY) / FP8_MAX
+    scale = amax_scale(amax)
     q = (w32 / _expand_blocks(scale, out, inp, block)).clamp(-FP8_MAX, FP8_MAX).to(FP8)
     return q, scale
 

@@ -285,9 +285,10 @@ class SparseMoeBlock(nn.Module):
         if decoded is not None:  # routed + shared experts in two launches
             args = (flat, ids, weights, self.experts_gate_up, self.experts_down, shared.gate_proj.weight,
                     shared.up_proj.weight, shared.down_proj.weight)
-            if self.fp8:
-                out = moe_fp8.moe_decode(*args, self.experts_gate_up_scale, self.experts_down_scale,
-                                         kernels=self.kernels, live=live)
+            if self.fp8:  # the GEMVs where the plan picks them for this row count, else the tensor-core path
+                if moe_fp8.decode_plan().path(b * t) == "gemv":
+                    out = moe_fp8.moe_decode(*args, self.experts_gate_up_scale, self.experts_down_scale,
+                                             kernels=self.kernels, live=live)
             else:
                 out = decode_kernels.moe_decode(*args, kernels=self.kernels, live=live)
         if out is None:
@@ -303,7 +304,7 @@ class SparseMoeBlock(nn.Module):
         if self.kernels.experts_apply(x):
             if self.fp8:
                 return moe_fp8.fused_experts(x, ids, weights, w_gate_up, w_down, self.experts_gate_up_scale,
-                                             self.experts_down_scale)
+                                             self.experts_down_scale, **moe_fp8.decode_plan().grouped_tiles(len(x)))
             return fused_experts(x, ids, weights, w_gate_up, w_down)
         if self.fp8:
             w_gate_up = fp8.Fp8Stack(w_gate_up, self.experts_gate_up_scale, x.dtype)

@@ -8,9 +8,14 @@ Same structure and rounding points as the model-dtype kernels:
   activations stay in the model dtype. The shared expert stays in the model dtype.
 * `fused_experts` (as `moe_experts.fused_experts`, any token count): pairs sorted into blocks of one expert.
   With `a8` (the default) the activations are quantised per row to e4m3 (`quantize_rows`: x per token before
-  gate|up, the SwiGLU output per pair before down) and the tiles multiply on the FP8 tensor cores
-  (tl.dot fp8 x fp8 -> fp32), both scales applied to the result; `a8=False` widens the weight tiles to the
-  activations' dtype in registers instead (model-dtype tensor cores, no activation rounding).
+  gate|up, the SwiGLU output per pair before down; one launch each, `quantize_rows_fused`) and the tiles
+  multiply on the FP8 tensor cores (tl.dot fp8 x fp8 -> fp32), both scales applied to the result; `a8=False`
+  widens the weight tiles to the activations' dtype in registers instead (model-dtype tensor cores, no
+  activation rounding).
+
+Which of the two serves a decode batch of n rows is `DECODE_PLAN`'s choice (`decode_plan`), a table from the
+per-layer times `bench/fp8_kernel_bench.py` measures: the GEMVs re-read an expert for every (token, expert) pair
+and win at one row, the tensor-core path reads each used expert once per block and wins at 16.
 
 `quantize_rows` is the activation quantisation, and model/fp8.py's per-output-channel weight quantisation
 (one row = one output channel). The references are moe.py's PyTorch paths over the dequantised experts;
@@ -21,12 +26,15 @@ from __future__ import annotations
 
 import torch
 
-from .moe_decode import decode_fits, moe_tiles
+from dataclasses import dataclass, field
+
+from .moe_decode import MAX_DECODE_TOKENS, decode_fits
 from .moe_experts import align_pairs, rows_per_block
 from .selection import Kernels
 from .triton_import import tl, triton
 
-__all__ = ["FP8", "FP8_MAX", "fused_experts", "moe_decode", "quantize_rows"]
+__all__ = ["FP8", "FP8_MAX", "DECODE_PLAN", "DecodePlan", "amax_scale", "decode_plan", "fused_experts",
+           "moe_decode", "quantize_rows", "quantize_rows_fused"]
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite e4m3fn value
@@ -37,8 +45,66 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [..., K] -> (q [..., K] float8_e4m3fn, scale [...] fp32), x ≈ q · scale: each row's amax maps to 448
     (e4m3's largest finite value), values round to nearest even. Computed in fp32 on x's device."""
     x32 = x.float()
-    scale = x32.abs().amax(-1).clamp(min=_TINY) / FP8_MAX
+    scale = amax_scale(x32.abs().amax(-1))
     return (x32 / scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
+
+
+def amax_scale(amax: torch.Tensor) -> torch.Tensor:
+    """fp32 amax -> the scale max(amax, 1e-12) / 448, correctly rounded on every device: a tensor divisor, because
+    PyTorch's CUDA division by a Python scalar multiplies by its rounded reciprocal (an ulp off at times)."""
+    amax = amax.clamp(min=_TINY)
+    return amax / torch.full_like(amax, FP8_MAX)
+
+
+# ---- which path serves a decode batch ---------------------------------------------------------------------
+
+# The GEMVs' tiles per row count (keys: the largest row count an entry serves; gu_/dn_stages, default 1: the loads
+# software-pipelined that many stages), as bench/fp8_decode_bench.py --tune's sweep picked them at the real shapes on
+# one H200 (bench/results/gpu-h200-fp8-decode-2026-11-29: 1 row 40.5 us a layer, 51.8 with the bf16 GEMVs' tiles).
+_GEMV_TILES = (
+    (1, {"gu_n": 2, "gu_k": 256, "gu_warps": 2, "gu_stages": 3, "dn_d": 4, "dn_k": 512, "dn_warps": 2, "dn_stages": 3}),
+    (2, {"gu_n": 4, "gu_k": 256, "gu_warps": 2, "gu_stages": 3, "dn_d": 4, "dn_k": 512, "dn_warps": 2, "dn_stages": 3}),
+    (4, {"gu_n": 4, "gu_k": 512, "gu_warps": 2, "gu_stages": 4, "dn_d": 4, "dn_k": 512, "dn_warps": 2, "dn_stages": 3}),
+    (8, {"gu_n": 4, "gu_k": 512, "gu_warps": 2, "gu_stages": 4, "dn_d": 4, "dn_k": 512, "dn_warps": 2, "dn_stages": 3}),
+    (MAX_DECODE_TOKENS, {"gu_n": 2, "gu_k": 256, "gu_warps": 1, "dn_d": 2, "dn_k": 256, "dn_warps": 1}),
+)
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    """Which FP8 expert path serves a decode batch, by row count: `paths` ((max rows, "gemv" | "grouped"), ...)
+    ascending (a batch takes the first entry whose bound it fits; above the last, or above MAX_DECODE_TOKENS,
+    "grouped"), `gemv_tiles` the same way; `fused_quantize`: the a8 activations quantised in one launch each
+    (`quantize_rows_fused`) instead of PyTorch's ~6. Benchmarks A/B plans by replacing `DECODE_PLAN`."""
+
+    paths: tuple[tuple[int, str], ...]
+    gemv_tiles: tuple[tuple[int, dict], ...] = _GEMV_TILES
+    fused_quantize: bool = True
+    grouped: dict = field(default_factory=dict)  # fused_experts tile overrides for decode batches (block_n, ...)
+
+    def path(self, rows: int) -> str:
+        if rows > MAX_DECODE_TOKENS:
+            return "grouped"
+        return next((p for bound, p in self.paths if rows <= bound), "grouped")
+
+    def tiles(self, rows: int) -> dict:
+        """The GEMVs' tiles for a batch of `rows`."""
+        return dict(next((t for bound, t in self.gemv_tiles if rows <= bound), self.gemv_tiles[-1][1]))
+
+    def grouped_tiles(self, rows: int) -> dict:
+        """`fused_experts` tile overrides for a batch of `rows` (decode batches only; prefill takes its defaults)."""
+        return dict(self.grouped) if rows <= MAX_DECODE_TOKENS else {}
+
+
+# Measured on one H200 (TP=1, real shapes, bench/results/gpu-h200-fp8-decode-2026-11-29), us a MoE layer, routed +
+# shared experts, tuned GEMVs vs the tensor-core (a8) path: 1 row 40.5 vs 115, 2: 69 vs 135, 4: 122 vs 177,
+# 8: 225 vs 257, 16: 580 (untuned) vs 357.
+DECODE_PLAN = DecodePlan(paths=((1, "gemv"), (2, "gemv"), (4, "gemv"), (8, "gemv"), (MAX_DECODE_TOKENS, "grouped")))
+
+
+def decode_plan() -> DecodePlan:
+    """The plan in force (module-level, so benchmarks can swap it before graphs are captured)."""
+    return DECODE_PLAN
 
 
 if triton is not None:
@@ -47,12 +113,13 @@ if triton is not None:
     _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
     @triton.jit
-    def _rows_dot(x_row, g_rows, u_rows, nok, D, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        """(x . g_n, x . u_n) in fp32 for the BLOCK_N weight rows at g_rows / u_rows ([BLOCK_N, 1] pointers)."""
+    def _rows_dot(x_row, g_rows, u_rows, nok, D, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr):
+        """(x . g_n, x . u_n) in fp32 for the BLOCK_N weight rows at g_rows / u_rows ([BLOCK_N, 1] pointers). STAGES > 1
+        software-pipelines the loads (async copies STAGES - 1 chunks ahead: more bytes in flight per program)."""
         k = tl.arange(0, BLOCK_K)
         acc_g = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
         acc_u = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
-        for k0 in range(0, D, BLOCK_K):
+        for k0 in tl.range(0, D, BLOCK_K, num_stages=STAGES):
             kk = k0 + k
             kok = kk < D
             x = tl.load(x_row + kk, mask=kok, other=0.0).to(tl.float32)[None, :]
@@ -62,11 +129,11 @@ if triton is not None:
         return tl.sum(acc_g, axis=1), tl.sum(acc_u, axis=1)
 
     @triton.jit
-    def _row_dot(a_row, w_rows, nok, reads, I, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr):
-        """a . w_n in fp32 over the first `reads` columns for the BLOCK_D weight rows at w_rows."""
+    def _row_dot(a_row, w_rows, nok, reads, I, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr):
+        """a . w_n in fp32 over the first `reads` columns for the BLOCK_D weight rows at w_rows (STAGES: `_rows_dot`)."""
         k = tl.arange(0, BLOCK_K)
         acc = tl.zeros((BLOCK_D, BLOCK_K), tl.float32)
-        for k0 in range(0, reads, BLOCK_K):
+        for k0 in tl.range(0, reads, BLOCK_K, num_stages=STAGES):
             kk = k0 + k
             kok = kk < I
             a = tl.load(a_row + kk, mask=kok, other=0.0).to(tl.float32)
@@ -76,7 +143,7 @@ if triton is not None:
     @triton.jit
     def _decode_gate_up_kernel(x_ptr, ids_ptr, w_ptr, ws_ptr, sg_ptr, su_ptr, act_ptr, live_ptr, D, I, stride_x,
                                stride_we, stride_wn, stride_se, stride_s, TOPK: tl.constexpr, BLOCK_N: tl.constexpr,
-                               BLOCK_K: tl.constexpr, HAS_LIVE: tl.constexpr):
+                               BLOCK_K: tl.constexpr, HAS_LIVE: tl.constexpr, STAGES: tl.constexpr):
         """act[pair, n] = round(silu(round(x.g_n))) * round(x.u_n) for pair = (token, slot); slot TOPK = the shared
         expert (model dtype), the others fp8 rows times their scale. A padding token (live 0) is skipped."""
         pair = tl.program_id(0).to(tl.int64)
@@ -90,12 +157,12 @@ if triton is not None:
         x_row = x_ptr + tok * stride_x
         if slot == TOPK:
             rows = n[:, None].to(tl.int64) * stride_s
-            g, u = _rows_dot(x_row, sg_ptr + rows, su_ptr + rows, nok, D, BLOCK_N, BLOCK_K)
+            g, u = _rows_dot(x_row, sg_ptr + rows, su_ptr + rows, nok, D, BLOCK_N, BLOCK_K, STAGES)
         else:
             e = tl.load(ids_ptr + tok * TOPK + slot).to(tl.int64)
             base = w_ptr + e * stride_we
             g, u = _rows_dot(x_row, base + n[:, None].to(tl.int64) * stride_wn,
-                             base + (I + n[:, None]).to(tl.int64) * stride_wn, nok, D, BLOCK_N, BLOCK_K)
+                             base + (I + n[:, None]).to(tl.int64) * stride_wn, nok, D, BLOCK_N, BLOCK_K, STAGES)
             g = g * tl.load(ws_ptr + e * stride_se + n, mask=nok, other=0.0)
             u = u * tl.load(ws_ptr + e * stride_se + I + n, mask=nok, other=0.0)
         ty = act_ptr.dtype.element_ty
@@ -107,7 +174,7 @@ if triton is not None:
     @triton.jit
     def _decode_down_kernel(act_ptr, ids_ptr, wts_ptr, w_ptr, ws_ptr, sd_ptr, out_ptr, live_ptr, D, I, stride_we,
                             stride_wn, stride_se, stride_s, stride_o, TOPK: tl.constexpr, BLOCK_D: tl.constexpr,
-                            BLOCK_K: tl.constexpr, HAS_LIVE: tl.constexpr):
+                            BLOCK_K: tl.constexpr, HAS_LIVE: tl.constexpr, STAGES: tl.constexpr):
         """out[token, n] = round(round(sum_k w_k round(s_e[n] act_k . Wd_e[n])) + round(act_s . Wd_shared[n])); 0 for
         a token with live[token] == 0 (nothing read)."""
         tok = tl.program_id(0).to(tl.int64)
@@ -122,14 +189,14 @@ if triton is not None:
         for slot in tl.static_range(TOPK):
             e = tl.load(ids_ptr + tok * TOPK + slot).to(tl.int64)
             y = _row_dot(act_ptr + (tok * (TOPK + 1) + slot) * I, w_ptr + e * stride_we + rows * stride_wn, nok, reads,
-                         I, BLOCK_D, BLOCK_K)
+                         I, BLOCK_D, BLOCK_K, STAGES)
             ws = tl.load(ws_ptr + e * stride_se + n, mask=nok, other=0.0)
             if HAS_LIVE:  # a padding token's output is 0 whatever its experts' scales hold
                 ws = tl.where(reads > 0, ws, 0.0)
             y = y * ws
             routed += y.to(ty).to(tl.float32) * tl.load(wts_ptr + tok * TOPK + slot)
         shared = _row_dot(act_ptr + (tok * (TOPK + 1) + TOPK) * I, sd_ptr + rows * stride_s, nok, reads, I, BLOCK_D,
-                          BLOCK_K)
+                          BLOCK_K, STAGES)
         out = routed.to(ty).to(tl.float32) + shared.to(ty).to(tl.float32)
         tl.store(out_ptr + tok * stride_o + n, out.to(ty), mask=nok)
 
@@ -206,19 +273,67 @@ if triton is not None:
         tl.store(y_ptr + safe[:, None].to(tl.int64) * stride_ym + offs_n[None, :], y, mask=valid[:, None] & n_ok[None, :])
 
 
+    @triton.jit
+    def _round_e4m3(v):
+        """v (fp32, |v| <= 448) rounded to the nearest e4m3 value, ties to even, still in fp32: the e4m3 step at
+        v's binade (2^(e-3), subnormals 2^-9) times the RNE-rounded quotient (fp32 adds round to nearest even).
+        Converting the result to e4m3 is exact, so no conversion's rounding mode matters (the CPU interpreter's
+        fp32 -> fp8 cast mis-rounds a mantissa carry). The sign is v's sign bit, put back with bit operations: -0.0
+        and a tiny negative that rounds to zero give -0 as PyTorch does (compiled, `-r` is 0 - r: +0)."""
+        bits = v.to(tl.int32, bitcast=True)
+        a = (bits & 0x7FFFFFFF).to(tl.float32, bitcast=True)
+        e = ((bits >> 23) & 0xFF) - 127
+        e = tl.maximum(e, -6) - 3
+        step = ((e + 127) << 23).to(tl.float32, bitcast=True)
+        inv = ((127 - e) << 23).to(tl.float32, bitcast=True)  # 1 / step, exactly (powers of two)
+        r = ((a * inv + 8388608.0) - 8388608.0) * step  # >= +0
+        return (r.to(tl.int32, bitcast=True) | (bits & -2147483648)).to(tl.float32, bitcast=True)
+
+    @triton.jit(do_not_specialize=['m'])
+    def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, m, K, stride_x, stride_q, BLOCK: tl.constexpr):
+        """`quantize_rows` of one row: amax, the scale amax / 448, q = x / scale (IEEE division, round to nearest
+        even), so the codes equal PyTorch's bit for bit."""
+        row = tl.program_id(0).to(tl.int64)
+        offs = tl.arange(0, BLOCK)
+        ok = offs < K
+        x = tl.load(x_ptr + row * stride_x + offs, mask=ok, other=0.0).to(tl.float32)
+        scale = tl.div_rn(tl.maximum(tl.max(tl.abs(x), axis=0), 1e-12), 448.0)  # amax_scale: _TINY, FP8_MAX
+        q = _round_e4m3(tl.minimum(tl.maximum(tl.div_rn(x, scale), -448.0), 448.0))
+        tl.store(q_ptr + row * stride_q + offs, q.to(q_ptr.dtype.element_ty), mask=ok)
+        tl.store(s_ptr + row, scale)
+
+
+_QUANTIZE_MAX_K = 8192  # one program holds a row
+
+
+def quantize_rows_fused(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`quantize_rows` of x [M, K] in one launch (PyTorch's is ~6), equal to it bit for bit; falls back to it
+    where the kernel does not fit (Triton missing, K above 8192, not two-dimensional, unit stride missing)."""
+    if triton is None or x.dim() != 2 or x.shape[1] > _QUANTIZE_MAX_K or x.stride(-1) != 1 or not x.numel():
+        return quantize_rows(x)
+    m, k = x.shape
+    q = torch.empty(m, k, device=x.device, dtype=FP8)
+    scale = torch.empty(m, device=x.device, dtype=torch.float32)
+    block = triton.next_power_of_2(k)
+    _quantize_rows_kernel[(m,)](x, q, scale, m, k, x.stride(0), q.stride(0), BLOCK=block,
+                                num_warps=min(8, max(1, block // 512)))
+    return q, scale
+
+
 def moe_decode(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w_gate_up: torch.Tensor,
                w_down: torch.Tensor, shared_gate: torch.Tensor, shared_up: torch.Tensor, shared_down: torch.Tensor,
                gate_up_scale: torch.Tensor, down_scale: torch.Tensor, *, kernels: Kernels, tune: dict | None = None,
                live: torch.Tensor | None = None) -> torch.Tensor | None:
     """`moe_decode.moe_decode` over fp8 routed experts: w_gate_up [E, 2I, D] / w_down [E, D, I] float8_e4m3fn with
     scales gate_up_scale [E, 2I] / down_scale [E, D] fp32; the shared expert in x's dtype. x [N, D] -> [N, D] in
-    x's dtype, or None when the kernels do not apply."""
+    x's dtype, or None when the kernels do not apply. Runs the GEMVs whatever `decode_plan().path(N)` says (the
+    caller asks the plan first); their tiles are the plan's for N rows, `tune` overrides them (benchmarks)."""
     if not decode_fits(x, w_gate_up, w_down, shared_gate, shared_up, shared_down, kernels):
         return None
     n, d = x.shape
     k = ids.shape[1]
     inter = w_down.shape[2]
-    t = {**moe_tiles(n, k, inter, d), **(tune or {})}  # tune: benchmarks
+    t = {**decode_plan().tiles(n), **(tune or {})}  # tune: benchmarks
     act = torch.empty(n * (k + 1), inter, device=x.device, dtype=x.dtype)
     has_live = live is not None
     live = live.contiguous() if has_live else x  # an unread pointer when every token is live
@@ -227,23 +342,25 @@ def moe_decode(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w_gate
     _decode_gate_up_kernel[(n * (k + 1), triton.cdiv(inter, t["gu_n"]))](
         x, ids, w_gate_up, gate_up_scale, shared_gate, shared_up, act, live, d, inter, x.stride(0),
         w_gate_up.stride(0), w_gate_up.stride(1), gate_up_scale.stride(0), shared_gate.stride(0), TOPK=k,
-        BLOCK_N=t["gu_n"], BLOCK_K=t["gu_k"], HAS_LIVE=has_live, num_warps=t["gu_warps"])
+        BLOCK_N=t["gu_n"], BLOCK_K=t["gu_k"], HAS_LIVE=has_live, STAGES=t.get("gu_stages", 1), num_warps=t["gu_warps"])
     out = torch.empty(n, d, device=x.device, dtype=x.dtype)
     _decode_down_kernel[(n, triton.cdiv(d, t["dn_d"]))](
         act, ids, weights.float().contiguous(), w_down, down_scale, shared_down, out, live, d, inter,
         w_down.stride(0), w_down.stride(1), down_scale.stride(0), shared_down.stride(0), out.stride(0), TOPK=k,
         BLOCK_D=t["dn_d"], BLOCK_K=min(t["dn_k"], triton.next_power_of_2(inter)), HAS_LIVE=has_live,
-        num_warps=t["dn_warps"])
+        STAGES=t.get("dn_stages", 1), num_warps=t["dn_warps"])
     return out
 
 
 def fused_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w_gate_up: torch.Tensor,
                   w_down: torch.Tensor, gate_up_scale: torch.Tensor, down_scale: torch.Tensor, *, a8: bool = True,
-                  block_n: int = 64, block_k: int = 128, num_warps: int = 4, num_stages: int = 3) -> torch.Tensor:
+                  block_n: int = 64, block_k: int = 128, num_warps: int = 4, num_stages: int = 3,
+                  fused_quantize: bool | None = None) -> torch.Tensor:
     """`moe_experts.fused_experts` over fp8 experts (scales as `moe_decode`): x [N, D] -> [N, D] fp32.
 
     a8: activations quantised per row to e4m3 and fp8 x fp8 tensor-core dots (else fp8 weights widened to x's
-    dtype in registers)."""
+    dtype in registers). fused_quantize (None: the plan's `fused_quantize`): that quantisation in one launch per
+    tensor (`quantize_rows_fused`, the same codes) instead of PyTorch's ops."""
     if triton is None:
         raise RuntimeError("moe_fp8.fused_experts needs Triton")
     if w_gate_up.stride(-1) != 1 or w_down.stride(-1) != 1:
@@ -255,7 +372,10 @@ def fused_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w_g
     pairs = n * k
     block_m = rows_per_block(pairs, e)
     rows, blocks = align_pairs(ids, e, block_m)
-    xq, xs = quantize_rows(x) if a8 else (x, x)  # x: an unread scale pointer
+    if fused_quantize is None:
+        fused_quantize = decode_plan().fused_quantize
+    quantize = quantize_rows_fused if fused_quantize else quantize_rows
+    xq, xs = quantize(x) if a8 else (x, x)  # x: an unread scale pointer
     prec = "ieee" if not a8 and x.dtype == torch.float32 else None  # fp32 stays exact (no TF32)
     gate_up_scale, down_scale = gate_up_scale.contiguous(), down_scale.contiguous()
     act = torch.empty(pairs, inter, device=x.device, dtype=x.dtype)
@@ -263,7 +383,7 @@ def fused_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w_g
     _gate_up_kernel[(blocks.numel(), triton.cdiv(inter, block_n))](
         xq, xs, w_gate_up, gate_up_scale, rows, blocks, act, pairs, e, k, d, inter, xq.stride(0), w_gate_up.stride(0),
         w_gate_up.stride(1), gate_up_scale.stride(0), act.stride(0), BLOCK_K=block_k, **tiles)
-    aq, as_ = quantize_rows(act) if a8 else (act, act)
+    aq, as_ = quantize(act) if a8 else (act, act)
     y = torch.empty(pairs, d, device=x.device, dtype=torch.float32)
     _down_kernel[(blocks.numel(), triton.cdiv(d, block_n))](
         aq, as_, w_down, down_scale, rows, blocks, weights.reshape(-1).float().contiguous(), y, pairs, e, d, inter,

@@ -1,0 +1,52 @@
+"""The FP8 decode plans the benchmarks A/B (`moe_fp8.DECODE_PLAN`, swapped before a model's graphs are captured).
+
+A plan is named by SPEC: `base` (before the per-row-count plan: the FP8 GEMVs for every decode batch up to 16 rows,
+the bf16 GEMVs' tiles, the a8 activations quantised by PyTorch's ops), `shipped` (the plan in
+model/kernels/moe_fp8.py), or the path of a JSON plan (`bench/fp8_decode_bench.py` writes the one its measurements
+pick: DIR/fp8_plan.json). Benchmarks only: the engine has no setting for it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from realtime_ming.model.kernels import moe_fp8
+from realtime_ming.model.kernels.moe_decode import MAX_DECODE_TOKENS
+
+__all__ = ["BASE", "SHIPPED", "apply", "from_json", "load", "to_json"]
+
+SHIPPED = moe_fp8.DECODE_PLAN
+BASE = moe_fp8.DecodePlan(paths=((MAX_DECODE_TOKENS, "gemv"),), fused_quantize=False)
+
+
+def to_json(plan: moe_fp8.DecodePlan) -> dict:
+    return {"paths": [list(p) for p in plan.paths], "gemv_tiles": [[n, dict(t)] for n, t in plan.gemv_tiles],
+            "fused_quantize": plan.fused_quantize, "grouped": dict(plan.grouped)}
+
+
+def from_json(data: dict) -> moe_fp8.DecodePlan:
+    paths = tuple((int(n), str(p)) for n, p in data["paths"])
+    if any(p not in ("gemv", "grouped") for _, p in paths) or list(paths) != sorted(paths, key=lambda e: e[0]):
+        raise ValueError(f"plan paths must ascend by rows and name gemv or grouped: {data['paths']}")
+    tiles = tuple((int(n), dict(t)) for n, t in data.get("gemv_tiles") or to_json(SHIPPED)["gemv_tiles"])
+    return moe_fp8.DecodePlan(paths=paths, gemv_tiles=tiles, fused_quantize=bool(data.get("fused_quantize", True)),
+                              grouped=dict(data.get("grouped") or {}))
+
+
+def load(spec: str) -> moe_fp8.DecodePlan:
+    """The plan SPEC names (see the module docstring)."""
+    if spec == "base":
+        return BASE
+    if spec == "shipped":
+        return SHIPPED
+    path = Path(spec)
+    if not path.is_file():
+        raise ValueError(f"FP8 plan {spec!r}: not base, shipped or a JSON file")
+    return from_json(json.loads(path.read_text()))
+
+
+def apply(spec: str) -> moe_fp8.DecodePlan:
+    """Put the plan SPEC names in force for this process (before graphs are captured); returns it."""
+    moe_fp8.DECODE_PLAN = load(spec)
+    return moe_fp8.DECODE_PLAN
