@@ -253,8 +253,31 @@ async def listener_trial(url: str, plan: list[tuple[Clip, float]], reply_tokens:
             "response_id": first["response_id"], "retrieved": retrieved}
 
 
-def analyse_trial(trial: dict) -> tuple[list[dict], float | None]:
-    """Per clip: its state at onset and what the listener heard; and when generation ended (None: it never did)."""
+def drift(deltas: list[tuple[float, int]], sends: dict | None) -> dict | None:
+    """How far behind the server's playback clock the client plays at the end of `deltas` (arrival, samples), and
+    which side put it there (ms): `server`, the deltas written to the socket later than the session counted them as
+    sent (a client reading on time still underruns); `client`, the rest, read later than written. `sends`: the
+    response's `bench.send_trace` records ({"clock": [(t, ms)], "wrote": [t]}); None without them."""
+    if not sends or len(sends["wrote"]) < len(deltas) or not deltas:
+        return None
+    clock_end = float("-inf")  # the server's clock over the audio of `deltas`
+    need = sum(n for _, n in deltas) / WIRE_HZ * 1000.0
+    counted = 0.0
+    for t, ms in sends["clock"]:
+        if counted >= need - 1e-6:
+            break
+        clock_end = max(clock_end, t) + ms / 1000.0
+        counted += ms
+    wrote_end = client_end = float("-inf")
+    for (at, n), wrote in zip(deltas, sends["wrote"]):
+        wrote_end = max(wrote_end, wrote) + n / WIRE_HZ
+        client_end = max(client_end, at) + n / WIRE_HZ
+    return {"server": round((wrote_end - clock_end) * 1000.0, 1), "client": round((client_end - wrote_end) * 1000.0, 1)}
+
+
+def analyse_trial(trial: dict, sends: dict | None = None) -> tuple[list[dict], float | None]:
+    """Per clip: its state at onset and what the listener heard; and when generation ended (None: it never did).
+    `sends`: the server's send trace by response id (`read_sends`), for each interruption's drift."""
     frames, rid = trial["frames"], trial["response_id"]
     deltas = [(t, len(base64.b64decode(f["delta"])) // 2) for t, f in frames
               if f["type"] == "response.output_audio.delta" and f["response_id"] == rid]
@@ -290,6 +313,8 @@ def analyse_trial(trial: dict) -> tuple[list[dict], float | None]:
             # the audio the client still held then (the lead, plus any drift behind the server's clock)
             arrived = [at for at, _ in deltas[: len(segments)]]
             row["last_delta_ms"] = round((arrived[-1] - onset) * 1000.0, 1) if arrived and row["playing"] else None
+            if sends is not None and row["playing"]:
+                row["drift_ms"] = drift(deltas[: len(segments)], sends.get(rid))
         else:
             # this clip stopped the reply if its speech_started came while it was spoken (or just after); a reply
             # that failed otherwise counts against every clip over it; once another clip stopped it, whether it
@@ -300,6 +325,19 @@ def analyse_trial(trial: dict) -> tuple[list[dict], float | None]:
             row["pause_ms"] = round(max(gaps, default=0.0) * 1000.0, 1)
         rows.append(row)
     return rows, None if gen_end is None else gen_end - trial["first_at"]
+
+
+def read_sends(path: str) -> dict:
+    """`bench.send_trace`'s records by response id: {"clock": [(t, ms)], "wrote": [t]}."""
+    out: dict = {}
+    for line in Path(path).read_text().splitlines():
+        record = json.loads(line)
+        mine = out.setdefault(record["rid"], {"clock": [], "wrote": []})
+        if "clock" in record:
+            mine["clock"].append((record["clock"], record["ms"]))
+        else:
+            mine["wrote"].append(record["wrote"])
+    return out
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -349,6 +387,8 @@ def _plans(args, real: list[Clip], others: list[Clip], gen_after_first: float,
 
 async def run_listener(args) -> dict:
     real, others = listener_clips()
+    if args.only:
+        real, others = ([c for c in clips if re.search(args.only, c.name)] for clips in (real, others))
     session = {} if args.lead_ms is None else {"output_lead_ms": None if args.lead_ms == "null" else int(args.lead_ms)}
     warm = await listener_trial(args.url, [], args.reply_tokens, session)  # how long generation and playback take
     _, gen = analyse_trial(warm)
@@ -358,28 +398,31 @@ async def run_listener(args) -> dict:
     queue = asyncio.Queue()
     for plan in _plans(args, real, others, gen_after_first, audio_s):
         queue.put_nowait(plan)
-    rows: list[dict] = []
+    trials: list[dict] = []
     failures: list[str] = []
 
     async def worker() -> None:
         while not queue.empty():
             plan, tokens = queue.get_nowait()
             try:
-                got, _ = analyse_trial(await listener_trial(args.url, plan, tokens, session))
-                rows.extend(got)
+                trials.append(await listener_trial(args.url, plan, tokens, session))
             except Exception as exc:  # one failed trial is reported, the run goes on
                 failures.append(f"{[c.name for c, _ in plan]}: {exc!r}")
 
     await asyncio.gather(*(worker() for _ in range(args.concurrency)))
+    sends = read_sends(args.trace_sends) if args.trace_sends else None
+    rows = [row for trial in trials for row in analyse_trial(trial, sends)[0]]
     return {"url": args.url, "concurrency": args.concurrency, "session": session,
             "generation_after_first_delta_s": round(gen_after_first, 3), "reply_audio_s": round(audio_s, 2),
             "summary": summarise(rows),
             "failures": failures, "clips": rows}
 
 
-def _serve(args: str, forced_reply: str) -> tuple[subprocess.Popen, str]:
-    """`realtime-ming serve ARGS` on a free port (no ARGS: the embedded tiny model), forced to tell a story."""
-    proc = subprocess.Popen([sys.executable, "-m", "realtime_ming.cli", "serve", *shlex.split(args), "--port", "0",
+def _serve(args: str, forced_reply: str, trace: str | None = None) -> tuple[subprocess.Popen, str]:
+    """`realtime-ming serve ARGS` on a free port (no ARGS: the embedded tiny model), forced to tell a story; `trace`:
+    its audio deltas' send times go there (`bench.send_trace`)."""
+    entry = ["-m", "realtime_ming.cli"] if trace is None else ["-m", "bench.send_trace", trace]
+    proc = subprocess.Popen([sys.executable, *entry, "serve", *shlex.split(args), "--port", "0",
                              "--hook", f"forced_reply={forced_reply}"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
@@ -394,7 +437,9 @@ def _serve(args: str, forced_reply: str) -> tuple[subprocess.Popen, str]:
 def listener_main(args) -> None:
     proc = None
     if args.serve is not None:
-        proc, args.url = _serve(args.serve, STORY)
+        if args.trace_sends:
+            Path(args.trace_sends).write_text("")
+        proc, args.url = _serve(args.serve, STORY, args.trace_sends)
     try:
         result = asyncio.run(run_listener(args))
     finally:
@@ -429,7 +474,13 @@ def main(argv: list[str] | None = None) -> None:
     listen.add_argument("--spacing-ms", type=float, default=2500.0, help="between them")
     listen.add_argument("--lead-ms", help="the session's realtime_ming.output_lead_ms (an integer or 'null'); default: the server's")
     listen.add_argument("--out", help="write every clip's row here (JSON)")
+    listen.add_argument("--only", metavar="REGEX", help="only the clips whose name matches (e.g. 'okay|Wait')")
+    listen.add_argument("--trace-sends", metavar="FILE", help="with --serve/--serve-tiny: the server logs when each "
+                        "audio delta was counted as sent and written (bench.send_trace); each interruption's row then "
+                        "splits the client's drift behind the server's clock into the server's and the client's part")
     args = parser.parse_args(argv)
+    if args.trace_sends and args.serve is None:
+        parser.error("--trace-sends needs --serve or --serve-tiny")
     if args.listener:
         if not args.url and args.serve is None:
             parser.error("--listener needs --url, --serve or --serve-tiny")

@@ -30,11 +30,13 @@ class TurnDetectorConfig:
     # espeak-ng (bench/barge_in.py): backchannels ("mm-hmm", "yeah", "okay") are one burst of 288-640 ms.
     barge_in_min_speech_ms: int = 700
     barge_in_max_gap_ms: int = 300
-    # The gap that makes the speech after it a second word: at least this much below the speech threshold. One
-    # 32 ms Silero window dips inside a two-syllable backchannel ("o-kay", "uh-huh") depending on where the
-    # windows fall: with a one-window gap 10 of 135 backchannel / noise clips (27 clips, 5 alignments) started
-    # a turn through the server's input path, with 64 ms 2 of 135 (bench/barge_in.py --listener, docs/barge_in.md).
-    barge_in_word_gap_ms: int = 64
+    # The gap that makes the speech after it a second word: at least this much below the speech threshold. A
+    # two-syllable backchannel ("o-kay", "uh-huh") dips for one or two 32 ms Silero windows depending on where the
+    # windows fall, the pause after a comma ("Wait, stop.", "Sorry, ...") lasts three or more. Through the server's
+    # input path (the bench's 27 backchannel / noise clips at 8 alignments): a one-window gap let 10 of 135 start a
+    # turn (5 alignments), 64 ms 5 of 216, 96 ms none, every longer interruption still interrupting
+    # (bench/barge_in_commands.py, docs/barge_in.md).
+    barge_in_word_gap_ms: int = 96
     # A lone stop command ("Stop.", "Wait.", "Hold on.") is one short burst like a backchannel: when a
     # guarded candidate of one burst ends, its words are read (`audio/commands.py`, a closed-vocabulary
     # recogniser) and a stop command interrupts the reply. False: a lone stop word is a backchannel too.
