@@ -7,7 +7,8 @@ but written later) or the receive side (written on time, read late). Monotonic c
 machine. One JSON line per event:
 
 * `{"clock": T, "rid": ID, "ms": MS}`: `PlaybackClock.sent` — the session counted MS of audio as sent at T;
-* `{"wrote": T0, "done": T1, "rid": ID}`: the writer began / finished `send` of a `response.output_audio.delta`.
+* `{"wrote": T0, "done": T1, "rid": ID}`: the writer began / finished `send` of a `response.output_audio.delta`;
+* `{"hold": T, "rid": ID}`: the output hold of response ID began (a guarded speech candidate; T when it was decided).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import time
 
 from realtime_ming import cli
 from realtime_ming.server import connection
-from realtime_ming.session import playback
+from realtime_ming.session import barge_in, playback
 
 _RID = re.compile(r'"response_id"\s*:\s*"([^"]+)"')
 
@@ -42,6 +43,17 @@ def install(path: str) -> None:
         clock_sent(self, ms, now)
 
     playback.PlaybackClock.sent = sent
+
+    gate_sync = barge_in.OutputGate.sync
+
+    def sync(self, candidate: bool, turn_id: str | None, now: float) -> bool:
+        holding = self.turn_id
+        ended = gate_sync(self, candidate, turn_id, now)
+        if self.turn_id is not None and self.turn_id != holding:
+            log({"hold": time.monotonic(), "rid": self.turn_id})
+        return ended
+
+    barge_in.OutputGate.sync = sync
 
     class Traced:
         """The writer's transport, timing each delta's send."""
