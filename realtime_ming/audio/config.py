@@ -45,8 +45,10 @@ class TurnDetectorConfig:
     # -50 dBFS) is judged as a candidate for up to `barge_in_onset_ms` before the VAD calls it speech, so the
     # reply is held from the first window of a fricative or soft onset: Silero's first speech window of "Stop."
     # comes with the vowel, up to ~150 ms after the "s". A hold shorter than the client's lead is not heard.
-    # 0 disables.
-    barge_in_onset_ms: int = 96
+    # With 96 ms the hold of "Stop." let go for up to 40 ms before Silero's first speech window at 53 of 96 clips
+    # (12 voices x 8 alignments, the server's input path), and the reply's output caught up meanwhile: the listener
+    # heard up to ~120 ms more (bench/barge_in.py --listener); with 128 ms never. 0 disables.
+    barge_in_onset_ms: int = 128
     barge_in_onset_db: float = 12.0
     # Silero's probability decays for ~30-100 ms after speech ends. When it confirms silence, the silence
     # is dated back over the run of windows just before it that are this many dB below the turn's loudest
