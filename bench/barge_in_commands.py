@@ -3,7 +3,7 @@ with other `barge_in_word_gap_ms`.
 
 `python3 -m bench.barge_in_commands [--voices all] [--alignments 8] [--word-gap-ms 64,96]`: every clip (espeak-ng,
 each voice) goes through the server's input path — 24 kHz PCM16 in 20 ms appends, the session's streaming resampler
-to 16 kHz, the guarded detector — after 320 ms of silence plus k × 20 ms for each of `--alignments` values of k (a
+to 16 kHz, the guarded detector — after `--silence-ms` (320) of silence plus k × 20 ms for each of `--alignments` values of k (a
 clip starts at a 20 ms frame; Silero's windows are 32 ms, so 8 alignments cover every phase of the clip against
 them), and is counted as an interruption (SpeechStarted) or not. Clip sets: lone stop commands ("Stop.", "Wait.",
 "No.", "Hold on."), the barge-in bench's longer interruptions, its backchannels and noise bursts, other short words in
@@ -80,7 +80,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--voices", default="bench", help="'bench' (the barge-in bench's 3), 'all' (+9 more) or a list")
     parser.add_argument("--wpm", type=int, default=170, help="espeak-ng speaking rate")
-    parser.add_argument("--alignments", type=int, default=8, help="onsets 320 + k x 20 ms, k < this")
+    parser.add_argument("--alignments", type=int, default=8, help="onsets SILENCE + k x 20 ms, k < this")
+    parser.add_argument("--silence-ms", default="320", help="the silence before each clip (comma-separated: each one "
+                        "x every alignment; Silero's state after a longer silence differs)")
     parser.add_argument("--word-gap-ms", default=str(TurnDetectorConfig().barge_in_word_gap_ms),
                         help="barge_in_word_gap_ms values to compare (comma-separated)")
     parser.add_argument("--readers", default="none,pocketsphinx", help="none and/or pocketsphinx")
@@ -101,16 +103,18 @@ def main(argv: list[str] | None = None) -> None:
             for name, items in clips.items():
                 stopped: Counter = Counter()
                 for label, x in items:
-                    for k in range(args.alignments):
-                        vad.key = (label, k)
-                        stopped[label] += served(x, 320 + 20 * k, cfg, vad, readers[reader_name])
+                    for silence in (int(ms) for ms in args.silence_ms.split(",")):
+                        for k in range(args.alignments):
+                            vad.key = (label, silence, k)
+                            stopped[label] += served(x, silence + 20 * k, cfg, vad, readers[reader_name])
                 if name in ("lone_commands", "interruptions"):
-                    wrong = {label: args.alignments - stopped[label] for label, _ in items
-                             if stopped[label] < args.alignments}
+                    per_clip = args.alignments * len(args.silence_ms.split(","))
+                    wrong = {label: per_clip - stopped[label] for label, _ in items if stopped[label] < per_clip}
                 else:
                     wrong = {label: n for label, n in stopped.items() if n}
                 print(json.dumps({"word_gap_ms": gap, "reader": reader_name, "set": name,
-                                  "trials": len(items) * args.alignments, "stopped": sum(stopped.values()),
+                                  "trials": len(items) * args.alignments * len(args.silence_ms.split(",")),
+                                  "stopped": sum(stopped.values()),
                                   "wrong_way": wrong}), flush=True)
 
 
