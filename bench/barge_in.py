@@ -27,6 +27,7 @@ import argparse
 import asyncio
 import base64
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -40,6 +41,7 @@ import numpy as np
 import soxr
 
 from bench.end_of_turn import espeak
+from bench.listener_drift import drift, read_sends
 from realtime_ming.audio.commands import shared_command_spotter
 from realtime_ming.audio.config import TurnDetectorConfig
 from realtime_ming.audio.turns import SpeechStarted, TurnDetector
@@ -168,6 +170,7 @@ class Mic:
         self.t0 = time.monotonic()
         self._k = 0
         self._queue: list[tuple[float, Clip, asyncio.Future]] = []
+        self.sent_at: dict[float, float] = {}  # a clip's onset -> when its first frame went out (due at onset + 20 ms)
         self._task = asyncio.create_task(self._run())
 
     def say(self, clip: Clip, at: float) -> asyncio.Future:
@@ -181,9 +184,10 @@ class Mic:
         pcm, pos = None, 0
         while True:
             start = self.t0 + self._k * FRAME_S
+            onset = None
             if pcm is None and self._queue and start >= self._queue[0][0]:
                 _, clip, done = self._queue.pop(0)
-                pcm, pos = clip.pcm, 0
+                pcm, pos, onset = clip.pcm, 0, start
                 done.set_result(start)
             frame = np.zeros(n, np.float32)
             if pcm is not None:
@@ -196,6 +200,8 @@ class Mic:
             pcm16 = np.clip(np.rint(frame * 32767), -32768, 32767).astype("<i2")
             await self.ws.send(json.dumps({"type": "input_audio_buffer.append",
                                            "audio": base64.b64encode(pcm16.tobytes()).decode()}))
+            if onset is not None:
+                self.sent_at[onset] = time.monotonic()
             self._k += 1
 
     def close(self) -> None:
@@ -249,12 +255,14 @@ async def listener_trial(url: str, plan: list[tuple[Clip, float]], reply_tokens:
             retrieved = (await _recv_until(ws, frames, "conversation.item.retrieved", 30))["item"]
         finally:
             mic.close()
-    return {"plan": plan, "onsets": onsets, "frames": frames, "created_at": created_at, "first_at": first_at,
+    return {"plan": plan, "onsets": onsets, "mic_sent": [mic.sent_at.get(t) for t in onsets],
+            "frames": frames, "created_at": created_at, "first_at": first_at,
             "response_id": first["response_id"], "retrieved": retrieved}
 
 
-def analyse_trial(trial: dict) -> tuple[list[dict], float | None]:
-    """Per clip: its state at onset and what the listener heard; and when generation ended (None: it never did)."""
+def analyse_trial(trial: dict, sends: dict | None = None) -> tuple[list[dict], float | None]:
+    """Per clip: its state at onset and what the listener heard; and when generation ended (None: it never did).
+    `sends`: the server's send trace by response id (`read_sends`), for each interruption's drift."""
     frames, rid = trial["frames"], trial["response_id"]
     deltas = [(t, len(base64.b64decode(f["delta"])) // 2) for t, f in frames
               if f["type"] == "response.output_audio.delta" and f["response_id"] == rid]
@@ -277,7 +285,7 @@ def analyse_trial(trial: dict) -> tuple[list[dict], float | None]:
         done["status"] == "incomplete" and (done.get("status_details") or {}).get("reason") == "max_output_tokens")
     complete = finished and flush_at is None and audio is not None and base64.b64decode(audio) == received
     rows = []
-    for (clip, _), onset in zip(trial["plan"], trial["onsets"]):
+    for (clip, _), onset, mic_sent in zip(trial["plan"], trial["onsets"], trial.get("mic_sent") or [None] * len(trial["onsets"])):
         row = {"clip": clip.name, "kind": clip.kind, "onset_s": round(onset - trial["first_at"], 3),
                "state": "generating" if gen_end is None or gen_end > onset else "generated",
                "playing": any(a <= onset < b for a, b in segments)}
@@ -290,6 +298,12 @@ def analyse_trial(trial: dict) -> tuple[list[dict], float | None]:
             # the audio the client still held then (the lead, plus any drift behind the server's clock)
             arrived = [at for at, _ in deltas[: len(segments)]]
             row["last_delta_ms"] = round((arrived[-1] - onset) * 1000.0, 1) if arrived and row["playing"] else None
+            # the microphone's own lateness: its clip's first frame is due to go out at onset + 20 ms
+            row["mic_late_ms"] = None if mic_sent is None else round((mic_sent - onset - FRAME_S) * 1000.0, 1)
+            if sends is not None and row["playing"]:
+                row["drift_ms"] = drift(deltas[: len(segments)], sends.get(rid))
+                holds = [t for t in (sends.get(rid) or {}).get("holds", []) if t >= onset]
+                row["hold_ms"] = round((holds[0] - onset) * 1000.0, 1) if holds else None
         else:
             # this clip stopped the reply if its speech_started came while it was spoken (or just after); a reply
             # that failed otherwise counts against every clip over it; once another clip stopped it, whether it
@@ -313,6 +327,7 @@ def summarise(rows: list[dict], pause_bound_ms: float = 800.0) -> dict:
         mine = [r for r in rows if r["state"] == state]
         real = [r for r in mine if r["kind"] == "interruption"]
         stops = [r["stop_ms"] for r in real if r["stop_ms"] is not None and r["detected"]]
+        heard = [r for r in real if r["stop_ms"] is not None and r["detected"] and r["last_delta_ms"] is not None]
         other = [r for r in mine if r["kind"] == "other" and r["playing"]]
         idle = sum(r["kind"] == "other" and not r["playing"] for r in mine)
         pauses = [r["pause_ms"] for r in other if not r["stopped"]]
@@ -320,6 +335,14 @@ def summarise(rows: list[dict], pause_bound_ms: float = 800.0) -> dict:
             "interruptions": len(real), "not_playing_at_onset": sum(r["stop_ms"] is None for r in real),
             "missed": sum(not r["detected"] for r in real),
             "stop_ms_p50": _pct(stops, 0.5), "stop_ms_max": _pct(stops, 1.0),
+            # the stop's parts: the last played delta's arrival after the onset, the audio the client held then
+            "last_delta_ms_max": _pct([r["last_delta_ms"] for r in heard], 1.0),
+            "held_ms_p50": _pct([r["stop_ms"] - r["last_delta_ms"] for r in heard], 0.5),
+            "held_ms_max": _pct([r["stop_ms"] - r["last_delta_ms"] for r in heard], 1.0),
+            "drift_ms_max": {side: _pct([r["drift_ms"][side] for r in heard if r.get("drift_ms")], 1.0)
+                             for side in ("server", "client")},
+            "mic_late_ms_max": _pct([r["mic_late_ms"] for r in real if r.get("mic_late_ms") is not None], 1.0),
+            "hold_ms_max": _pct([r["hold_ms"] for r in heard if r.get("hold_ms") is not None], 1.0),
             "others": len(other), "others_not_playing_at_onset": idle, "others_stopped_reply": sum(r["stopped"] for r in other),
             "others_incomplete": sum(r["complete"] is False for r in other),
             "others_pause_over_bound": sum(p > pause_bound_ms for p in pauses),
@@ -349,6 +372,8 @@ def _plans(args, real: list[Clip], others: list[Clip], gen_after_first: float,
 
 async def run_listener(args) -> dict:
     real, others = listener_clips()
+    if args.only:
+        real, others = ([c for c in clips if re.search(args.only, c.name)] for clips in (real, others))
     session = {} if args.lead_ms is None else {"output_lead_ms": None if args.lead_ms == "null" else int(args.lead_ms)}
     warm = await listener_trial(args.url, [], args.reply_tokens, session)  # how long generation and playback take
     _, gen = analyse_trial(warm)
@@ -358,28 +383,31 @@ async def run_listener(args) -> dict:
     queue = asyncio.Queue()
     for plan in _plans(args, real, others, gen_after_first, audio_s):
         queue.put_nowait(plan)
-    rows: list[dict] = []
+    trials: list[dict] = []
     failures: list[str] = []
 
     async def worker() -> None:
         while not queue.empty():
             plan, tokens = queue.get_nowait()
             try:
-                got, _ = analyse_trial(await listener_trial(args.url, plan, tokens, session))
-                rows.extend(got)
+                trials.append(await listener_trial(args.url, plan, tokens, session))
             except Exception as exc:  # one failed trial is reported, the run goes on
                 failures.append(f"{[c.name for c, _ in plan]}: {exc!r}")
 
     await asyncio.gather(*(worker() for _ in range(args.concurrency)))
+    sends = read_sends(args.trace_sends) if args.trace_sends else None
+    rows = [row for trial in trials for row in analyse_trial(trial, sends)[0]]
     return {"url": args.url, "concurrency": args.concurrency, "session": session,
             "generation_after_first_delta_s": round(gen_after_first, 3), "reply_audio_s": round(audio_s, 2),
             "summary": summarise(rows),
             "failures": failures, "clips": rows}
 
 
-def _serve(args: str, forced_reply: str) -> tuple[subprocess.Popen, str]:
-    """`realtime-ming serve ARGS` on a free port (no ARGS: the embedded tiny model), forced to tell a story."""
-    proc = subprocess.Popen([sys.executable, "-m", "realtime_ming.cli", "serve", *shlex.split(args), "--port", "0",
+def _serve(args: str, forced_reply: str, trace: str | None = None) -> tuple[subprocess.Popen, str]:
+    """`realtime-ming serve ARGS` on a free port (no ARGS: the embedded tiny model), forced to tell a story; `trace`:
+    its audio deltas' send times go there (`bench.send_trace`)."""
+    entry = ["-m", "realtime_ming.cli"] if trace is None else ["-m", "bench.send_trace", trace]
+    proc = subprocess.Popen([sys.executable, *entry, "serve", *shlex.split(args), "--port", "0",
                              "--hook", f"forced_reply={forced_reply}"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
@@ -391,12 +419,30 @@ def _serve(args: str, forced_reply: str) -> tuple[subprocess.Popen, str]:
     raise RuntimeError(f"the tiny server exited ({proc.wait()})")
 
 
+def _client_priority(nice: int) -> int | None:
+    """Run this process (the client: microphone, receipt times, playback model) at niceness `nice`; returns the
+    niceness it got (None: not permitted, it runs as it was). With the server on the same few loaded cores, a client
+    at the server's priority is starved by the server under test and other jobs: its microphone frames go out late
+    and its receipt times are taken late, so it measures its own lateness as the server's. A client on its own device
+    has neither; the server keeps the priority it was started with (the child is started before this)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
+    except (PermissionError, OSError) as exc:
+        print(f"the client runs at its niceness ({os.getpriority(os.PRIO_PROCESS, 0)}): {exc}", file=sys.stderr)
+        return None
+    return os.getpriority(os.PRIO_PROCESS, 0)
+
+
 def listener_main(args) -> None:
     proc = None
     if args.serve is not None:
-        proc, args.url = _serve(args.serve, STORY)
+        if args.trace_sends:
+            Path(args.trace_sends).write_text("")
+        proc, args.url = _serve(args.serve, STORY, args.trace_sends)
+    client_nice = _client_priority(args.client_nice) if args.client_nice is not None else None
     try:
         result = asyncio.run(run_listener(args))
+        result["client_nice"] = client_nice
     finally:
         if proc is not None:
             proc.terminate()
@@ -429,7 +475,17 @@ def main(argv: list[str] | None = None) -> None:
     listen.add_argument("--spacing-ms", type=float, default=2500.0, help="between them")
     listen.add_argument("--lead-ms", help="the session's realtime_ming.output_lead_ms (an integer or 'null'); default: the server's")
     listen.add_argument("--out", help="write every clip's row here (JSON)")
+    listen.add_argument("--only", metavar="REGEX", help="only the clips whose name matches (e.g. 'okay|Wait')")
+    listen.add_argument("--trace-sends", metavar="FILE", help="with --serve/--serve-tiny: the server logs when each "
+                        "audio delta was counted as sent and written (bench.send_trace); each interruption's row then "
+                        "splits the client's drift behind the server's clock into the server's and the client's part")
+    listen.add_argument("--client-nice", type=int, default=None, help="this client's niceness (default: -10 with "
+                        "--serve/--serve-tiny, the server started before at its own; as it is with --url)")
     args = parser.parse_args(argv)
+    if args.client_nice is None and args.serve is not None:
+        args.client_nice = -10
+    if args.trace_sends and args.serve is None:
+        parser.error("--trace-sends needs --serve or --serve-tiny")
     if args.listener:
         if not args.url and args.serve is None:
             parser.error("--listener needs --url, --serve or --serve-tiny")

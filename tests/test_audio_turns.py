@@ -308,10 +308,12 @@ def _guarded_scripted(probs: list[float]) -> list:
 
 def test_guarded_a_dip_inside_a_word_is_not_a_second_word():
     """While a reply plays, speech that resumes after a gap is a second word (a real interruption) only when the
-    gap lasts `barge_in_word_gap_ms` (64 ms): a 30 ms dip inside "o-kay" keeps it a backchannel."""
-    dip = [1.0] * 15 + [0.0] * 3 + [1.0] * 15 + [0.0] * 40  # 150 ms, a 30 ms dip, 150 ms: one word
-    assert not [e for e in _guarded_scripted(dip) if isinstance(e, SpeechStarted)]
-    words = [1.0] * 15 + [0.0] * 8 + [1.0] * 15 + [0.0] * 40  # the same with an 80 ms gap: two words
+    gap lasts `barge_in_word_gap_ms` (96 ms): a dip of two 32 ms Silero windows inside "o-kay" keeps it a
+    backchannel, the pause after a comma ("Wait, stop.") is longer."""
+    for dip_ms in (30, 70, 90):  # 150 ms, a dip, 150 ms: one word
+        dip = [1.0] * 15 + [0.0] * (dip_ms // 10) + [1.0] * 15 + [0.0] * 40
+        assert not [e for e in _guarded_scripted(dip) if isinstance(e, SpeechStarted)], dip_ms
+    words = [1.0] * 15 + [0.0] * 10 + [1.0] * 15 + [0.0] * 40  # the same with a 100 ms gap: two words
     assert [e for e in _guarded_scripted(words) if isinstance(e, SpeechStarted)]
 
 

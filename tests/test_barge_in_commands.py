@@ -123,3 +123,19 @@ def test_trim_keeps_the_sound_and_a_margin():
     cut = trim(x, margin_ms=100)
     assert cut.size == 1600 + 2 * 1600 and np.count_nonzero(cut) == 1600
     assert trim(np.zeros(100, np.float32)).size == 100  # shorter than one frame: as it is
+
+
+@pytest.mark.parametrize(("text", "voice", "interrupts"), [
+    ("okay", "en-us", False), ("okay", "en-gb+f3", False), ("uh-huh", "en-us+m3", False),
+    ("Wait, stop.", "en-us", True), ("Wait, stop.", "en-us+m3", True),
+])
+def test_a_dip_inside_a_backchannel_is_not_a_second_word_at_any_alignment(text, voice, interrupts, spotter):
+    """Through the server's input path (24 kHz PCM16 in 20 ms appends, the session's resampler, Silero, the guarded
+    detector with the real reader), the clip starting at each of the 8 phases a 20 ms frame can have against Silero's
+    32 ms windows: the dip inside "o-kay" / "uh-huh" (one or two windows at some phases: a second word with a 64 ms
+    word gap) never interrupts; "Wait, stop." (a comma's pause, three or more windows) always does."""
+    from bench.barge_in_commands import served
+
+    vad, clip = SileroVad(create_silero_session()), espeak(text, voice)
+    verdicts = [served(clip, 320 + 20 * k, TurnDetectorConfig(), vad, spotter) for k in range(8)]
+    assert verdicts == [interrupts] * 8, verdicts

@@ -208,3 +208,19 @@ def test_command_line_redacts_api_keys(monkeypatch):
     monkeypatch.setattr("sys.argv", ["/r/bench/__main__.py", "--url", "ws://h", "--api-key", "k1",
                                      "--compare-api-key=k2"])
     assert _command_line() == "realtime-ming bench --url ws://h --api-key '<redacted>' '--compare-api-key=<redacted>'"
+
+
+def test_listener_drift_splits_the_server_side_from_the_client_side():
+    """`bench.barge_in.drift`: four 100 ms deltas the session counted as sent at 0, 0.1, 0.2, 0.3 s (its clock ends
+    at 0.4 s). Written 50 ms after the clock said, after the client had played the one before: the client plays
+    50 ms behind the clock and the server's send side put it there; written on time, read 50 ms late: the client's."""
+    from bench.barge_in import WIRE_HZ
+    from bench.listener_drift import drift
+
+    n = WIRE_HZ // 10
+    clock = [(0.1 * i, 100.0) for i in range(4)]
+    on_time = [0.1 * i for i in range(4)]
+    late_third = [0.0, 0.1, 0.25, 0.3]
+    assert drift([(t, n) for t in late_third], {"clock": clock, "wrote": late_third}) == {"server": 50.0, "client": 0.0}
+    assert drift([(t, n) for t in late_third], {"clock": clock, "wrote": on_time}) == {"server": 0.0, "client": 50.0}
+    assert drift([(t, n) for t in on_time], {"clock": clock, "wrote": on_time[:2]}) is None  # a trace cut short

@@ -51,7 +51,7 @@ def _received_after_ms(trial: dict, t: float) -> float:
                if f["type"] == "response.output_audio.delta" and f["response_id"] == trial["response_id"] and at > t)
 
 
-@pytest.mark.parametrize("text", ["No, I meant the other one.", "Stop."])
+@pytest.mark.parametrize("text", ["No, I meant the other one.", "Stop.", "Wait, stop."])
 @pytest.mark.parametrize("stub", [GENERATED, GENERATING], ids=["generated", "generating"])
 async def test_a_real_interruption_stops_what_the_listener_hears(stub, text):
     """An interruption 1.2 s into playback, a sentence or a stop word said alone (one short burst, like a
@@ -80,6 +80,27 @@ async def test_a_backchannel_does_not_stop_the_reply_and_nothing_is_lost(stub):
         assert row["playing"] and not row["stopped"] and row["complete"], row
         assert _response_done(trial)["status"] == "completed"
         assert row["pause_ms"] < seconds(1500.0), row
+
+
+@pytest.mark.parametrize(("text", "voice"), [("okay", "en-us"), ("uh-huh", "en-us+m3")])
+async def test_a_two_syllable_backchannel_never_stops_the_reply(text, voice):
+    """"okay" / "uh-huh" 8 times over one playing reply, each 101 mic frames (2.02 s) after the one before: the
+    server's stream clock counts 20 ms frames, Silero's windows 32 ms, so the 8 clips start at the 8 phases a frame can
+    have against the windows, among them those where the word dips for two windows between its syllables (a second
+    word with a 64 ms word gap: "uh-huh" [en-us+m3] cancelled the reply). No speech_started, the response completes,
+    the item's audio is what the client received."""
+    long_reply = {**GENERATED, "words": ("word ",) * 220}  # 22 s of audio
+    async with stub_served(**long_reply) as srv:
+        url = f"ws://127.0.0.1:{srv.port}/v1/realtime"
+        okay = _clip("other", text, voice)
+        trial = _validated(await listener_trial(url, [(okay, 1.2 + 2.02 * i) for i in range(8)], 4096, {}))
+        frames_per_onset = sorted(round((at - trial["onsets"][0]) / 0.02) % 8 for at in trial["onsets"])
+        assert frames_per_onset == list(range(8)), frames_per_onset
+        rows, _ = analyse_trial(trial)
+        assert all(row["playing"] and not row["stopped"] for row in rows), rows
+        assert not any(f["type"] == "input_audio_buffer.speech_started" for _, f in trial["frames"])
+        assert _response_done(trial)["status"] == "completed"
+        assert rows[-1]["complete"], rows[-1]
 
 
 async def test_the_client_never_holds_more_than_the_lead():

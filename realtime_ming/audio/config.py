@@ -30,11 +30,13 @@ class TurnDetectorConfig:
     # espeak-ng (bench/barge_in.py): backchannels ("mm-hmm", "yeah", "okay") are one burst of 288-640 ms.
     barge_in_min_speech_ms: int = 700
     barge_in_max_gap_ms: int = 300
-    # The gap that makes the speech after it a second word: at least this much below the speech threshold. One
-    # 32 ms Silero window dips inside a two-syllable backchannel ("o-kay", "uh-huh") depending on where the
-    # windows fall: with a one-window gap 10 of 135 backchannel / noise clips (27 clips, 5 alignments) started
-    # a turn through the server's input path, with 64 ms 2 of 135 (bench/barge_in.py --listener, docs/barge_in.md).
-    barge_in_word_gap_ms: int = 64
+    # The gap that makes the speech after it a second word: at least this much below the speech threshold. A
+    # two-syllable backchannel ("o-kay", "uh-huh") dips for one or two 32 ms Silero windows depending on where the
+    # windows fall, the pause after a comma ("Wait, stop.", "Sorry, ...") lasts three or more. Through the server's
+    # input path (the bench's 27 backchannel / noise clips at 8 alignments): a one-window gap let 10 of 135 start a
+    # turn (5 alignments), 64 ms 5 of 216, 96 ms none, every longer interruption still interrupting
+    # (bench/barge_in_commands.py, docs/barge_in.md).
+    barge_in_word_gap_ms: int = 96
     # A lone stop command ("Stop.", "Wait.", "Hold on.") is one short burst like a backchannel: when a
     # guarded candidate of one burst ends, its words are read (`audio/commands.py`, a closed-vocabulary
     # recogniser) and a stop command interrupts the reply. False: a lone stop word is a backchannel too.
@@ -43,8 +45,10 @@ class TurnDetectorConfig:
     # -50 dBFS) is judged as a candidate for up to `barge_in_onset_ms` before the VAD calls it speech, so the
     # reply is held from the first window of a fricative or soft onset: Silero's first speech window of "Stop."
     # comes with the vowel, up to ~150 ms after the "s". A hold shorter than the client's lead is not heard.
-    # 0 disables.
-    barge_in_onset_ms: int = 96
+    # With 96 ms the hold of "Stop." let go for up to 40 ms before Silero's first speech window at 53 of 96 clips
+    # (12 voices x 8 alignments, the server's input path), and the reply's output caught up meanwhile: the listener
+    # heard up to ~120 ms more (bench/barge_in.py --listener); with 128 ms never. 0 disables.
+    barge_in_onset_ms: int = 128
     barge_in_onset_db: float = 12.0
     # Silero's probability decays for ~30-100 ms after speech ends. When it confirms silence, the silence
     # is dated back over the run of windows just before it that are this many dB below the turn's loudest
