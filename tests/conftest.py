@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-# Under pytest-xdist (.ci/run runs `-n 2`) the workers share the machine's cores: each worker, and each server
+# Under pytest-xdist (a plain `pytest` runs `-n auto`, .ci/run's variant step `-n 2`) the workers share the machine's cores: each worker, and each server
 # subprocess it starts (they inherit the variable), gets its share of torch threads, not all of them each.
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _WORKERS > 1:
