@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-# Under pytest-xdist (a plain `pytest` runs `-n auto`, .ci/run's variant step `-n 2`) the workers share the machine's cores: each worker, and each server
-# subprocess it starts (they inherit the variable), gets its share of torch threads, not all of them each.
+# Under pytest-xdist (a plain `pytest` runs `-n auto`, .ci/run's variant step `-n 2`) the workers share the
+# machine's cores: each worker, and each server subprocess it starts (they inherit the variable), gets its share
+# of torch threads, not all of them each.
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _WORKERS > 1:
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _WORKERS)))
