@@ -25,6 +25,7 @@ from websockets.frames import CloseCode
 
 from ..audio import pcm
 from ..protocol import client_events as ce
+from ..protocol.audio_input import InputTranscription, NoiseReduction, TurnDetection
 from ..protocol.dialect import Dialect
 from ..protocol.errors import ProtocolError
 from ..protocol.events import ClientEvent, ServerEvent
@@ -42,15 +43,7 @@ from ..protocol.items import (
     VideoFrame,
 )
 from ..protocol.server_events import Error, SessionCreated, SessionUpdated
-from ..protocol.session import (
-    InputTranscription,
-    NoiseReduction,
-    SessionConfig,
-    SessionPatch,
-    SessionType,
-    TurnDetection,
-    parse_session_update,
-)
+from ..protocol.session import SessionConfig, SessionPatch, SessionType, parse_session_update
 from ..protocol.values import (
     AudioEncoding,
     AudioFormat,

@@ -82,6 +82,7 @@ from ..engine.api import (
     TurnRequest,
     TurnTask,
 )
+from ..protocol.audio_input import InputTranscription
 from ..protocol.errors import ErrorCode, ProtocolError
 from ..protocol.ids import IdPrefix, new_id
 from ..protocol.items import InputAudio, MessageItem
@@ -91,7 +92,7 @@ from ..protocol.server_events import (
     ConversationItemInputAudioTranscriptionDelta,
     ConversationItemInputAudioTranscriptionFailed,
 )
-from ..protocol.session import InputTranscription, SessionConfig, SessionType
+from ..protocol.session import SessionConfig, SessionType
 from .actions import Action, CancelTurn, CloseConversation, Send, SubmitTurn
 from .conversation import Conversation, StoredItem
 from .response import ActiveResponse
