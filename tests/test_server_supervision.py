@@ -243,7 +243,7 @@ def test_cli_exits_nonzero_when_the_engine_dies():
     """With the documented fault injection on, a turn carrying the kill marker kills the engine: another
     session's reply in progress ends failed/engine_unavailable and the process exits 70 within seconds."""
     from realtime_ming.engine.supervision import FAULT_INJECTION_ENV, KILL_ENGINE_MARKER
-    from realtime_ming.server.app import EXIT_ENGINE_DIED
+    from realtime_ming.server.run import EXIT_ENGINE_DIED
 
     async def scenario(port: int) -> dict:
         talking, killer = await _open(port), await _open(port)
