@@ -293,7 +293,7 @@ def test_every_engine_failure_cause_has_its_own_response_code():
     """Each FailureCode maps to a distinct error code of the published list; only invalid_prompt (the client's
     own content) carries the engine's detail, with the client-error type."""
     from realtime_ming.engine.api import FailureCode, TurnFailed
-    from realtime_ming.protocol.errors import ErrorCode
+    from realtime_ming.protocol.error_codes import ErrorCode
     from realtime_ming.session.response import failure_error
 
     results = {cause: failure_error("resp_1", TurnFailed("resp_1", "prompt of 900 tokens is too long", cause))

@@ -30,12 +30,8 @@ from realtime_ming.protocol.audio_input import (
     TurnDetection,
 )
 from realtime_ming.protocol.dialect import Dialect
-from realtime_ming.protocol.errors import (
-    MAX_QUOTE_CHARS,
-    ErrorCode,
-    ProtocolError,
-    clip,
-)
+from realtime_ming.protocol.error_codes import ErrorCode
+from realtime_ming.protocol.errors import MAX_QUOTE_CHARS, ProtocolError, clip
 from realtime_ming.protocol.ids import IdPrefix, new_id
 from realtime_ming.protocol.known_keys import check_known_keys
 from realtime_ming.protocol.limits import (

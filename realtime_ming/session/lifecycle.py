@@ -34,7 +34,8 @@ from ..engine.api import (
 from ..protocol import client_events as ce
 from ..protocol.audio_input import ServerVad
 from ..protocol.dialect import Dialect
-from ..protocol.errors import ErrorCode, ErrorType, ProtocolError
+from ..protocol.error_codes import ErrorCode, ErrorType
+from ..protocol.errors import ProtocolError
 from ..protocol.ids import IdPrefix, new_id
 from ..protocol.items import FunctionCallItem, ItemReference
 from ..protocol.responses import ErrorDetail, ResponseStatus, StatusReason

@@ -24,7 +24,8 @@ from ..engine.api import PromptMeter, TurnEvent
 from ..protocol import client_events as ce
 from ..protocol.audio_input import ServerVad
 from ..protocol.dialect import Dialect
-from ..protocol.errors import ErrorCode, ProtocolError
+from ..protocol.error_codes import ErrorCode
+from ..protocol.errors import ProtocolError
 from ..protocol.events import ClientEvent
 from ..protocol.ids import IdPrefix, new_id
 from ..protocol.mcp import McpCallError, McpToolInfo

@@ -83,7 +83,8 @@ from ..engine.api import (
     TurnTask,
 )
 from ..protocol.audio_input import InputTranscription
-from ..protocol.errors import ErrorCode, ProtocolError
+from ..protocol.error_codes import ErrorCode
+from ..protocol.errors import ProtocolError
 from ..protocol.ids import IdPrefix, new_id
 from ..protocol.items import InputAudio, MessageItem
 from ..protocol.responses import ErrorDetail, TranscriptionTokenUsage
