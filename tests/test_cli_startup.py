@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from server_support import StubEngine, http_request, served_cli
+from served_cli_support import served_cli
+from server_support import StubEngine, http_request
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 

@@ -14,7 +14,8 @@ import time
 
 import numpy as np
 import pytest
-from server_support import WsClient, http_request, served_cli
+from served_cli_support import served_cli
+from server_support import WsClient, http_request
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 from websockets.frames import CloseCode

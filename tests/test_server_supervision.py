@@ -15,15 +15,8 @@ import time
 
 import pytest
 from conftest import fresh_engine_fixture
-from server_support import (
-    ServedCli,
-    StubEngine,
-    WsClient,
-    cli_env,
-    http_request,
-    seconds,
-    served_cli,
-)
+from served_cli_support import ServedCli, cli_env, served_cli
+from server_support import StubEngine, WsClient, http_request, seconds
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 from websockets.frames import CloseCode
