@@ -13,26 +13,9 @@ from realtime_ming.protocol.dialect import Dialect
 from realtime_ming.protocol.error_codes import ErrorCode
 from realtime_ming.protocol.errors import MAX_QUOTE_CHARS, ProtocolError, clip
 from realtime_ming.protocol.limits import MAX_DESCRIPTION_CHARS, MAX_METADATA_VALUE_CHARS
-from realtime_ming.protocol.wire import (
-    BOOL,
-    ID,
-    Codec,
-    JsonValue,
-    WireField,
-    decode_fields,
-    encode_attributes,
-    enum_codec,
-    expect_int,
-    expect_list,
-    expect_object,
-    expect_str,
-    expect_text,
-    invalid_value,
-    join,
-    nullable,
-    number_codec,
-    text_codec,
-)
+from realtime_ming.protocol.wire import (BOOL, ID, Codec, JsonValue, WireField, decode_fields, encode_attributes,
+                                         enum_codec, expect_int, expect_list, expect_object, expect_str, expect_text,
+                                         invalid_value, join, nullable, number_codec, text_codec)
 
 __all__ = [
     "DEFAULT_NOISE_REDUCTION_STRENGTH",
