@@ -21,6 +21,7 @@ __all__ = ["audio_format", "image_data_url", "modalities", "video_part"]
 
 
 def modalities(value: str | Modality | Sequence[str | Modality]) -> tuple[Modality, ...]:
+    """`"audio"` or `"text"` (or a sequence of them) -> `Modality` values."""
     names = (value,) if isinstance(value, str) else tuple(value)
     return tuple(Modality(name) for name in names)
 
