@@ -38,7 +38,7 @@ from realtime_ming.audio import end_of_turn
 from realtime_ming.audio.end_of_turn import SmartTurn, smart_turn_features
 from realtime_ming.audio.turns import SpeechPaused
 from realtime_ming.audio.vad import VadKind, create_silero_session, create_vad
-from realtime_ming.protocol.session import Eagerness, SemanticVad, ServerVad
+from realtime_ming.protocol.audio_input import Eagerness, SemanticVad, ServerVad
 from realtime_ming.protocol.values import AudioFormat
 from realtime_ming.session.config import VadSettings
 from realtime_ming.session.input import InputTurns, SpeechEnded

@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fp8_variants  # noqa: E402
 import step_profile  # noqa: E402
 import tp_bench  # noqa: E402
+from tp_report import Report  # noqa: E402
 
 from realtime_ming.engine.graphs import BucketedGraph  # noqa: E402
 from realtime_ming.model.layers import TPGroup  # noqa: E402
@@ -58,7 +59,7 @@ def run_plans(args, plans: list[str], profile: list[int], log, res: dict) -> dic
     tp_bench._sync(device)
     res.update(build_s=round(time.perf_counter() - t, 1), plans={}, floor={})
     log(f"built in {res['build_s']} s")
-    report = tp_bench.Report(Path(args.out), {}, enabled=False)
+    report = Report(Path(args.out), {}, enabled=False)
     bench = tp_bench.Bench(thinker, cache, args, device, dtype, report)
     with torch.no_grad():
         for spec in plans:

@@ -27,11 +27,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_timing import Results, cuda_ms, measure_ceilings, param_bytes
+from gpu_thinker import BF16, KV_CAP, ThinkerStages
+from gpu_timing import Results, cuda_ms, measure_ceilings
 
 from realtime_ming.engine.graphs import BucketedGraph, GraphInput
-from realtime_ming.model import moe
-from realtime_ming.model.kernels import Kernels, available, select_kernels
+from realtime_ming.model.kernels import Kernels, available
 from realtime_ming.model.audio_encoder import AudioProjector, WhisperEncoder
 from realtime_ming.model.cfm import CFMParams, sway_time_grid
 from realtime_ming.model.layers import TPGroup
@@ -39,19 +39,14 @@ from realtime_ming.model.loader import init_dummy
 from realtime_ming.model.presets import preset_config
 from realtime_ming.model.qwen2 import KVCache
 from realtime_ming.model.talker import Talker
-from realtime_ming.model.thinker import Thinker, ThinkerKVCache
 from realtime_ming.model.vae import AudioVAE
 from realtime_ming.model.vae_stream import VAEStreamState, decode_chunk
 from realtime_ming.model.vision import VisionProjector, VisionTransformer
 
-BF16 = torch.bfloat16
-THINKER_BUCKETS = (1, 2, 4, 8, 16)
 TALKER_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 STEP_AUDIO_S = 0.32  # one talker step = 4 VAE latents × 80 ms = one VAE chunk
 REPLY_STEPS = 19  # a ~6 s spoken reply: 19 talker steps × 0.32 s = 6.08 s of audio
 THROUGHPUT_LEVELS = (1, 2, 4, 8, 16)  # concurrency levels of the talker serving-rate table
-PROMPT_TOKENS, AUDIO_TOKENS = 40, 27  # ~40-token prompt + 1 s audio (25 audio tokens + 2 markers)
-KV_CAP = 512
 DEV = "cuda"  # --dry-cpu: "cpu" with the tiny preset (plumbing check, eager only)
 
 
@@ -119,6 +114,12 @@ class Bench:
         self.talker_buckets = tuple(sorted(args.talker_buckets))
         # the thinker as rank 0 of TP=N alone on this GPU, collectives skipped: one rank's compute
         self.tp = TPGroup(0, args.tp_shadow, shadow=True) if args.tp_shadow > 1 else TPGroup()
+        self.dev = DEV
+        self.thinker_stages = ThinkerStages(self)
+
+    def build(self, cls, *args, **kwargs):
+        """`build` (dummy weights on this run's device), for the stages kept in other files."""
+        return build(cls, *args, **kwargs)
 
     def over_budget(self, stage: str) -> bool:
         spent = time.time() - self.t0
@@ -130,7 +131,7 @@ class Bench:
 
     # ---- ceilings ----------------------------------------------------------------------------
 
-    def _bandwidth(self) -> float:
+    def bandwidth(self) -> float:
         """Copy bandwidth in B/s for the byte floors (measured by the ceilings stage, or now when it was not run)."""
         if self.bw is None:
             self.ceilings()
@@ -142,150 +143,13 @@ class Bench:
         self.res.stage("ceilings", c)
         print(c, flush=True)
 
-    # ---- thinker -----------------------------------------------------------------------------
-
-    def thinker_inputs(self, thinker, b: int, t: int = 1, pos0: int = 200):
-        d = thinker.cfg.hidden_size
-        ids = torch.randint(0, thinker.cfg.vocab_size, (b, t), device=DEV)
-        cpos = (pos0 + torch.arange(t, device=DEV)).expand(b, t).contiguous()
-        return {"x": thinker.embed(ids).reshape(b, t, d), "pos3": cpos[None].expand(3, b, t).contiguous(),
-                "cpos": cpos, "slots": torch.arange(b, device=DEV)}
-
-    def layer_fn(self, thinker, cache, layers: range, routing: list | None = None):
-        """A thinker step restricted to `layers` (Thinker.forward's `layers`), no lm_head."""
-        def step(x, pos3, cpos, slots):
-            return thinker(x, pos3, cache=cache, slots=slots, cache_positions=cpos, kv_len=KV_CAP, routing=routing,
-                           layers=layers)
-        return step
-
-    def stack_fn(self, thinker, cache):
-        def step(x, pos3, cpos, slots):
-            h = thinker(x, pos3, cache=cache, slots=slots, cache_positions=cpos, kv_len=KV_CAP)
-            return thinker.logits(h[:, -1])
-        return step
-
-    def thinker_specs(self, d: int) -> dict:
-        top = max(THINKER_BUCKETS)
-        return {"x": GraphInput((top, 1, d), BF16), "pos3": GraphInput((3, top, 1), torch.int64, batch_dim=1),
-                "cpos": GraphInput((top, 1), torch.int64, pad=-1), "slots": GraphInput((top,), torch.int64)}
-
-    def floor_bytes(self, thinker, layers: range, inputs, lm_head: bool) -> int:
-        """Fewest bytes a decode step must read: dense weights once, each used expert once, the KV read."""
-        routing: list = []
-        with torch.no_grad():  # rerun the layers eagerly to see which experts each layer picks
-            self.layer_fn(thinker, self.cache, layers, routing)(**inputs)
-        b = inputs["x"].shape[0]
-        cfg = thinker.cfg
-        local_inter = thinker.model.layers[cfg.first_k_dense_replace].mlp.experts_down.shape[-1]  # this rank's I
-        per_expert = 3 * cfg.hidden_size * local_inter * 2
-        skip = ("experts_gate_up", "experts_down", "image_gate", "audio_gate")
-        total = sum(param_bytes(thinker.model.layers[i], skip=skip) for i in layers)
-        total += sum(int(r.expert_ids.unique().numel()) * per_expert for r in routing)
-        total += len(layers) * b * self.tp.divide(cfg.num_key_value_heads, 'kv heads') * cfg.resolved_head_dim * KV_CAP * 2 * 2
-        if lm_head:
-            total += param_bytes(thinker.lm_head) + param_bytes(thinker.model.norm)
-        return total
-
-    def decode_variants(self, thinker, fn, label: str) -> dict:
-        """Per bucket: eager torch, graphed torch (gather forced), eager Triton, graphed Triton (ms)."""
-        d = thinker.cfg.hidden_size
-        out = {b: {} for b in THINKER_BUCKETS}
-        # with the fused kernels on, decode batches take kernels.moe_decode's path whatever the experts'
-        # selection says: only the Triton variants are distinct
-        variants = ("eager_triton", "graph_triton") if self.kernels.on_device(DEV) else (
-            "eager_torch", "graph_torch_gather", "eager_triton", "graph_triton")
-        for variant in variants:
-            if self.over_budget(f"{label}/{variant}"):
-                break
-            triton_on = variant.endswith("triton")
-            self.set_experts(thinker, triton_on)
-            moe.GATHER_MAX_ROWS = 10 ** 9 if variant == "graph_torch_gather" else 16
-            graph = None
-            if variant.startswith("graph"):
-                # own pool per variant: a pool must not outlive the graphs that were captured into it
-                graph = BucketedGraph(fn, self.thinker_specs(d), THINKER_BUCKETS, device=DEV)
-                t = time.time()
-                graph.capture()
-                out.setdefault("capture_s", {})[variant] = round(time.time() - t, 2)
-            for b in THINKER_BUCKETS:
-                inp = self.thinker_inputs(thinker, b)
-                call = partial(graph.step, **inp) if graph else partial(fn, **inp)
-                with torch.no_grad():
-                    out[b][variant] = cuda_ms(call, reps=self.args.reps)["median_ms"]
-                print(f"  {label} {variant} B={b}: {out[b][variant]:.3f} ms", flush=True)
-            del graph
-            torch.cuda.empty_cache()
-        self.set_experts(thinker, False)
-        moe.GATHER_MAX_ROWS = 16
-        return out
-
-    def set_experts(self, model, on: bool) -> None:
-        """Select the Triton MoE experts (or moe.py's PyTorch paths) for `model` (no effect without Triton)."""
-        select_kernels(model, dataclasses.replace(self.kernels, moe_experts=on))
+    # ---- thinker (bench/gpu_thinker.py) ----------------------------------------------------------
 
     def thinker(self):
-        n = self.args.thinker_layers
-        tcfg = dataclasses.replace(self.cfg.thinker, num_hidden_layers=n)
-        thinker = build(Thinker, tcfg, self.tp, kernels=self.kernels)
-        self.cache = ThinkerKVCache.allocate(tcfg, max(THINKER_BUCKETS), KV_CAP, device=DEV, dtype=BF16, tp=self.tp)
-        self.thinker_model = thinker
-        full_layers = self.cfg.thinker.num_hidden_layers
-        # one MoE decoder layer (layer 1: attention + routed/shared experts)
-        one = self.decode_variants(thinker, self.layer_fn(thinker, self.cache, range(1, 2)), "moe_layer")
-        rows = []
-        for b in THINKER_BUCKETS:
-            fb = self.floor_bytes(thinker, range(1, 2), self.thinker_inputs(thinker, b), lm_head=False)
-            one[b]["floor_ms"] = fb / self._bandwidth() * 1e3
-            one[b]["floor_MB"] = fb / 1e6
-            rows.append([b] + [one[b].get(k) for k in ("eager_torch", "graph_torch_gather", "eager_triton",
-                                                       "graph_triton", "floor_ms")])
-        self.res.stage("thinker_moe_layer_decode", one)
-        self.res.table("Thinker: one MoE decoder layer, decode step (ms)",
-                       ["B", "eager torch", "graph torch-gather", "eager triton", "graph triton", "floor"], rows)
-        self.times["moe_layer"] = one
-        # the N-layer stack with lm_head, extrapolated to the full depth
-        stack = self.decode_variants(thinker, self.stack_fn(thinker, self.cache), f"stack{n}")
-        rows = []
-        for b in THINKER_BUCKETS:
-            fb = self.floor_bytes(thinker, range(n), self.thinker_inputs(thinker, b), lm_head=True)
-            stack[b]["floor_ms"] = fb / self._bandwidth() * 1e3
-            extra = full_layers - n
-            full = {k: stack[b][k] + extra * one[b][k] for k in stack[b] if k in one[b] and k != "floor_MB"}
-            stack[b]["full32_est"] = full
-            tps = 1e3 / full["graph_triton"] if "graph_triton" in full else None
-            rows.append([b, stack[b].get("eager_torch"), stack[b].get("graph_triton"), stack[b]["floor_ms"],
-                         full.get("eager_torch"), full.get("graph_triton"), full.get("floor_ms"), tps])
-        self.res.stage("thinker_stack_decode", stack)
-        self.res.table(f"Thinker decode step: {n}-layer stack + lm_head measured, 32 layers extrapolated "
-                       f"(+{full_layers - n} × one MoE layer); "
-                       + (f"one rank of TP={self.tp.size}, collectives skipped (ms)" if self.tp.shadow
-                          else "single-GPU equivalent (ms)"),
-                       ["B", f"eager torch ({n}L)", f"graph triton ({n}L)", f"floor ({n}L)", "eager torch (32L est)",
-                        "graph triton (32L est)", "floor (32L est)", "tok/s per stream (graph triton)"], rows)
-        self.times["stack"] = stack
+        self.thinker_stages.decode()
 
     def thinker_prefill(self):
-        thinker, n = self.thinker_model, self.args.thinker_layers
-        t = PROMPT_TOKENS + AUDIO_TOKENS
-        out = {}
-        for b in (1, 16):
-            inp = self.thinker_inputs(thinker, b, t=t, pos0=0)
-            for variant in ("torch", "triton"):
-                self.set_experts(thinker, variant == "triton")
-                with torch.no_grad():
-                    one = cuda_ms(partial(self.layer_fn(thinker, self.cache, range(1, 2)), **inp), reps=5)["median_ms"]
-                    stack = cuda_ms(partial(self.stack_fn(thinker, self.cache), **inp), reps=5)["median_ms"]
-                out[f"B{b}_{variant}"] = {"one_moe_layer_ms": one, f"stack{n}_ms": stack,
-                                          "full32_est_ms": stack + (self.cfg.thinker.num_hidden_layers - n) * one}
-                print(f"  prefill B={b} T={t} {variant}: {out[f'B{b}_{variant}']}", flush=True)
-        self.set_experts(thinker, False)
-        self.res.stage("thinker_prefill", out)
-        self.res.table(f"Thinker prefill, {t} tokens per stream ({PROMPT_TOKENS} prompt + 1 s audio) (ms)",
-                       ["case", "one MoE layer", f"{n}-layer stack", "32 layers est"],
-                       [[k, v["one_moe_layer_ms"], v[f"stack{n}_ms"], v["full32_est_ms"]] for k, v in out.items()])
-        self.times["prefill"] = out
-        del self.thinker_model, self.cache
-        torch.cuda.empty_cache()
+        self.thinker_stages.prefill()
 
     # ---- talker ------------------------------------------------------------------------------
 

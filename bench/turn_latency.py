@@ -21,7 +21,7 @@ import numpy as np
 
 from realtime_ming.audio.turns import SpeechStopped
 from realtime_ming.audio.vad import VadKind, create_silero_session, create_vad
-from realtime_ming.protocol.session import Eagerness, SemanticVad, ServerVad
+from realtime_ming.protocol.audio_input import Eagerness, SemanticVad, ServerVad
 from realtime_ming.protocol.values import AudioFormat
 from realtime_ming.session.config import VadSettings
 from realtime_ming.session.input import InputTurns, SpeechEnded

@@ -137,7 +137,7 @@ def _prepare(bundle, args, clip: Path) -> str:
 
 async def _serve_and_bench(args, clip: Path) -> dict:
     from realtime_ming.server import RealtimeServer
-    from realtime_ming.server.app import load_engine
+    from realtime_ming.server.loading import load_engine
 
     cfg = _config(args)
     engine = await asyncio.to_thread(load_engine, cfg, _hooks(args))

@@ -117,7 +117,7 @@ def _run_serve(args: argparse.Namespace) -> int:
 
             code = run_frontends(cfg, hooks)
         else:
-            from .server.app import run_server
+            from .server.run import run_server
 
             code = run_server(cfg, hooks=hooks)
     except StartupError as exc:

@@ -8,8 +8,24 @@ from pathlib import Path
 
 import pytest
 
-# Under pytest-xdist (.ci/run runs `-n 2`) the workers share the machine's cores: each worker, and each server
-# subprocess it starts (they inherit the variable), gets its share of torch threads, not all of them each.
+MAX_AUTO_WORKERS = 8
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` (pyproject's addopts): xdist's count (a worker per core), at most MAX_AUTO_WORKERS, so that a
+    many-core host does not start dozens of workers that each build their engines and servers;
+    PYTEST_XDIST_AUTO_NUM_WORKERS still sets the number."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None  # xdist's own hook reads it
+    from xdist.plugin import pytest_xdist_auto_num_workers as per_core
+
+    return min(per_core(config), MAX_AUTO_WORKERS)
+
+
+# Under pytest-xdist (a plain `pytest` runs `-n auto`, .ci/run's variant step `-n 2`) the workers share the
+# machine's cores: each worker, and each server subprocess it starts (they inherit the variable), gets its share
+# of torch threads, not all of them each.
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _WORKERS > 1:
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _WORKERS)))

@@ -226,9 +226,10 @@ def test_engine_bench_spread_lengths_and_staggered_starts(tmp_path):
 
 
 def test_engine_bench_trace_summary_busy_per_gpu():
-    """The profile's GPU occupancy: the union of kernel intervals over the span, per device/stream, and per GPU
-    apart when the trace has several (overlapping kernels of two streams count once)."""
-    from bench import engine_bench
+    """The profile's GPU occupancy (engine_bench --profile, bench/torch_trace.py): the union of kernel intervals over
+    the span, per device/stream, and per GPU apart when the trace has several (overlapping kernels of two streams
+    count once)."""
+    from bench.torch_trace import trace_summary
 
     def kernel(pid, tid, ts, dur):
         return {"ph": "X", "cat": "kernel", "pid": pid, "tid": tid, "ts": ts, "dur": dur, "name": "k"}
@@ -236,7 +237,7 @@ def test_engine_bench_trace_summary_busy_per_gpu():
     trace = {"traceEvents": [kernel(0, 7, 0, 100), kernel(0, 9, 50, 100),  # GPU 0: 0-150 of 0-200
                              kernel(1, 7, 150, 50),  # GPU 1: 150-200
                              {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": 0, "dur": 5}]}
-    text = "\n".join(engine_bench.trace_summary(trace))
+    text = "\n".join(trace_summary(trace))
     assert "some kernel running 100% of the time" in text
     assert "| 0/7 | 0 | 50% |" in text and "| 1/7 | 0 | 25% |" in text
     assert "| 0 | 75% | 2 |" in text and "| 1 | 25% | 1 |" in text

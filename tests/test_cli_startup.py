@@ -21,13 +21,15 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from server_support import StubEngine, http_request, served_cli
+from served_cli_support import served_cli
+from server_support import StubEngine, http_request
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
 from realtime_ming.model.loader import LoadError, read_weight_map
 from realtime_ming.server import RealtimeServer, load_config
 from realtime_ming.server.config import TINY_MAX_OUTPUT_TOKENS, config_to_dict, load_serve_config
+from realtime_ming.server import run
 from realtime_ming.server.config_report import summary
 from realtime_ming.server.startup import StartupError, check_config, is_loopback, load_failure
 
@@ -197,6 +199,57 @@ def test_load_failures_map_to_one_line():
     assert message == "cannot load the model: checkpoint does not match thinker: missing: a missing: b"
     assert "out of GPU memory" in load_failure(torch.OutOfMemoryError("CUDA out of memory"))
     assert load_failure(ZeroDivisionError()) is None
+
+
+def _port_is_free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def test_run_server_serves_the_loaded_engine_on_the_bound_port_then_closes_it(monkeypatch):
+    """`run_server` binds before it loads, hands `serve` the listening socket and the engine, returns `serve`'s exit
+    code and closes the engine after it."""
+    engine, seen, closes = StubEngine(), {}, []
+    close = engine.close
+    monkeypatch.setattr(engine, "close", lambda: (closes.append(True), close()))
+    monkeypatch.setattr(run, "load_engine", lambda cfg, hooks: engine)
+
+    def serve(cfg, served, sock):
+        seen.update(engine=served, port=sock.getsockname()[1], closed=bool(closes))
+        sock.close()
+        return 3
+
+    assert run.run_server(load_config(None, ["server.port=0"]), serve=serve) == 3
+    assert seen["engine"] is engine and seen["port"] > 0 and not seen["closed"]
+    assert closes == [True]
+
+
+def test_run_server_turns_a_load_failure_into_one_line_and_frees_the_port(monkeypatch):
+    """A load failure of a known kind is a `StartupError` of one line, raised after the port is closed again; an
+    unknown exception stays itself (a bug, with its traceback)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    cfg = load_config(None, [f"server.port={port}"])
+
+    def failing(error):
+        def load(cfg, hooks):
+            assert not _port_is_free(port)  # bound before the load
+            raise error
+        return load
+
+    monkeypatch.setattr(run, "load_engine", failing(LoadError("checkpoint does not match thinker")))
+    with pytest.raises(StartupError, match="^cannot load the model: checkpoint does not match thinker$"):
+        run.run_server(cfg, serve=lambda *_: 0)
+    assert _port_is_free(port)
+    monkeypatch.setattr(run, "load_engine", failing(ZeroDivisionError()))
+    with pytest.raises(ZeroDivisionError):
+        run.run_server(cfg, serve=lambda *_: 0)
+    assert _port_is_free(port)
 
 
 async def test_public_host_needs_keys_or_opt_in(caplog):

@@ -24,7 +24,7 @@ from realtime_ming.audio.end_of_turn import (
     smart_turn_features,
 )
 from realtime_ming.audio.mel import log_mel_spectrogram, slaney_mel_filterbank
-from realtime_ming.protocol.session import Eagerness, SemanticVad
+from realtime_ming.protocol.audio_input import Eagerness, SemanticVad
 from realtime_ming.protocol.values import AudioFormat
 from realtime_ming.session.config import VadSettings
 from realtime_ming.session.input import InputTurns, SpeechEnded

@@ -30,16 +30,10 @@ from realtime_ming.protocol import (
     Usage,
     serialise,
 )
+from realtime_ming.protocol.audio_input import InputTranscription, NoiseReduction, NoiseReductionType, ServerVad
 from realtime_ming.protocol.decode import decode_server_event
 from realtime_ming.protocol.dialect import server_type_to_wire
-from realtime_ming.protocol.session import (
-    DEFAULT_MODEL,
-    InputTranscription,
-    NoiseReduction,
-    NoiseReductionType,
-    ServerVad,
-    SessionConfig,
-)
+from realtime_ming.protocol.session import DEFAULT_MODEL, SessionConfig
 from realtime_ming.protocol.mcp import (
     McpApprovalRequestItem,
     McpApprovalResponseItem,

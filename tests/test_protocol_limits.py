@@ -10,7 +10,8 @@ import pytest
 
 from realtime_ming.protocol import Dialect
 from realtime_ming.protocol.codec import parse, serialise
-from realtime_ming.protocol.errors import MAX_ECHO_CHARS, ErrorCode, ProtocolError
+from realtime_ming.protocol.error_codes import ErrorCode
+from realtime_ming.protocol.errors import MAX_ECHO_CHARS, ProtocolError
 from realtime_ming.protocol.limits import (
     MAX_DESCRIPTION_CHARS,
     MAX_ID_CHARS,

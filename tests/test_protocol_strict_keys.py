@@ -8,7 +8,8 @@ import pytest
 from client_keys_support import ASSET, generate
 
 from realtime_ming.protocol import Dialect, ErrorCode, ProtocolError, SessionConfig, parse
-from realtime_ming.protocol.session import NoiseReduction, NoiseReductionType, apply_update
+from realtime_ming.protocol.session import apply_update
+from realtime_ming.protocol.audio_input import NoiseReduction, NoiseReductionType
 
 GA, BETA = Dialect.GA, Dialect.BETA
 _MESSAGE = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}

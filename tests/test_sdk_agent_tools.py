@@ -12,6 +12,7 @@ import pytest
 from server_support import espeak, seconds, silence
 from tools_support import ANSWER, forced_engine, server  # noqa: F401 - fixtures: the forced-reply engine and its server
 
+from realtime_ming.protocol.audio_input import InputTranscription, ServerVad
 from realtime_ming.protocol.items import FunctionCallItem
 from realtime_ming.protocol.server_events import (
     ConversationItemInputAudioTranscriptionCompleted,
@@ -20,7 +21,7 @@ from realtime_ming.protocol.server_events import (
     ResponseDone,
     SessionUpdated,
 )
-from realtime_ming.protocol.session import InputTranscription, ServerVad, SessionType
+from realtime_ming.protocol.session import SessionType
 from realtime_ming.sdk import RealtimeClient
 
 pytestmark = pytest.mark.timeout(240)

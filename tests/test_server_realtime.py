@@ -15,6 +15,7 @@ import json
 import numpy as np
 import pytest
 from openai import AsyncOpenAI
+from served_cli_support import served_cli
 from server_support import (
     WsClient,
     assert_cancelled_by_speech,
@@ -24,7 +25,6 @@ from server_support import (
     music_like_noise,
     pcm16_b64,
     seconds,
-    served_cli,
     silence,
     validate_frame,
     white_noise,

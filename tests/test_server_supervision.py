@@ -15,15 +15,8 @@ import time
 
 import pytest
 from conftest import fresh_engine_fixture
-from server_support import (
-    ServedCli,
-    StubEngine,
-    WsClient,
-    cli_env,
-    http_request,
-    seconds,
-    served_cli,
-)
+from served_cli_support import ServedCli, cli_env, served_cli
+from server_support import StubEngine, WsClient, http_request, seconds
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 from websockets.frames import CloseCode
@@ -243,7 +236,7 @@ def test_cli_exits_nonzero_when_the_engine_dies():
     """With the documented fault injection on, a turn carrying the kill marker kills the engine: another
     session's reply in progress ends failed/engine_unavailable and the process exits 70 within seconds."""
     from realtime_ming.engine.supervision import FAULT_INJECTION_ENV, KILL_ENGINE_MARKER
-    from realtime_ming.server.app import EXIT_ENGINE_DIED
+    from realtime_ming.server.run import EXIT_ENGINE_DIED
 
     async def scenario(port: int) -> dict:
         talking, killer = await _open(port), await _open(port)
@@ -293,7 +286,7 @@ def test_every_engine_failure_cause_has_its_own_response_code():
     """Each FailureCode maps to a distinct error code of the published list; only invalid_prompt (the client's
     own content) carries the engine's detail, with the client-error type."""
     from realtime_ming.engine.api import FailureCode, TurnFailed
-    from realtime_ming.protocol.errors import ErrorCode
+    from realtime_ming.protocol.error_codes import ErrorCode
     from realtime_ming.session.response import failure_error
 
     results = {cause: failure_error("resp_1", TurnFailed("resp_1", "prompt of 900 tokens is too long", cause))

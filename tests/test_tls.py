@@ -13,7 +13,8 @@ import json
 import ssl
 
 import pytest
-from server_support import seconds, served_cli, stub_served, validate_frame
+from served_cli_support import served_cli
+from server_support import seconds, stub_served, validate_frame
 from websockets.asyncio.client import connect
 
 from realtime_ming.protocol import Dialect

@@ -292,11 +292,11 @@ async def test_sdk_surfaces_transcripts_and_failures(engine, speech):
         ConversationItemInputAudioTranscriptionCompleted,
         InputAudioBufferCommitted,
     )
+    from realtime_ming.protocol.audio_input import InputTranscription
     from realtime_ming.protocol.responses import ErrorDetail
     from realtime_ming.protocol.server_events import (
         ConversationItemInputAudioTranscriptionFailed,
     )
-    from realtime_ming.protocol.session import InputTranscription
     from realtime_ming.sdk import LocalAgent, TranscriptionFailed
 
     async with LocalAgent.start(engine, beta=True) as agent:

@@ -30,7 +30,7 @@ from realtime_ming.engine.api import (
 from realtime_ming.engine.config import EngineConfig, PlacementConfig, ThinkerRunnerConfig
 from realtime_ming.engine.kv_slots import KVSlotManager
 from realtime_ming.model.multimodal import MediaKind
-from realtime_ming.protocol.session import InputTranscription
+from realtime_ming.protocol.audio_input import InputTranscription
 from realtime_ming.session.transcription import asr_followup, asr_instruction
 
 pytestmark = pytest.mark.timeout(300)

@@ -18,7 +18,7 @@ from server_support import EnergyVad, silence, tone
 
 from realtime_ming.audio.end_of_turn import EAGERNESS_POLICY
 from realtime_ming.audio.turns import SpeechPaused
-from realtime_ming.protocol.session import Eagerness, SemanticVad, ServerVad
+from realtime_ming.protocol.audio_input import Eagerness, SemanticVad, ServerVad
 from realtime_ming.protocol.values import AudioFormat
 from realtime_ming.session.config import VadSettings
 from realtime_ming.session.input import InputTurns, SpeechEnded

@@ -23,7 +23,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from server_support import seconds, served_cli
+from served_cli_support import served_cli
+from server_support import seconds
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

@@ -31,7 +31,8 @@ from websockets.frames import EXTERNAL_CLOSE_CODES, CloseCode
 from websockets.protocol import State
 
 from ..protocol.codec import serialise
-from ..protocol.errors import ErrorCode, ProtocolError
+from ..protocol.error_codes import ErrorCode
+from ..protocol.errors import ProtocolError
 from ..protocol.server_events import Error
 from ..server.asgi import asgi_request, refuse_upgrade
 from ..server.handshake import inspect_handshake

@@ -76,9 +76,10 @@ class RealtimeReplica:
                      hooks: EngineHooks | None = None) -> None:
         from ray import serve
 
-        from ..server.app import RealtimeServer, load_engine
+        from ..server.app import RealtimeServer
         from ..server.asgi import RealtimeAsgiApp
         from ..server.config import TlsConfig
+        from ..server.loading import load_engine
         from ..server.startup import prepare
         from .config import load_replica_config
         from .direct import DirectPort

@@ -34,15 +34,15 @@ import numpy as np
 import torch
 
 from ..model.cfm import CFMParams, sway_time_grid
-from ..model.qwen2 import KVCache
 from ..model.talker import build_talker_prompt, duration_step_cap, initial_history, should_stop
 from ..model.number_zh import talker_tn
 from ..model.talker_text import talker_job_texts
-from ..model.vae_stream import SilenceHolder, VAEStreamState
+from ..model.vae_stream import SilenceHolder
 from .config import EngineConfig
 from .graphs import upload
 from .models import ModelBundle
 from .talker_replica import TalkerReplica, first_replica
+from .talker_rows import RowState, TalkerRows
 from .talker_step import PROMPT_BUCKETS, Progress, TalkerPrefiller, TalkerStepper, VoiceHeadCache, prefill_buckets
 from .talker_sync import QueuedStep, TalkerStreams
 from .vae_step import VAEStepper
@@ -124,14 +124,15 @@ class TalkerRunner:
         self.device = replica.device
         self.vae_device = replica.vae_device
         self.dtype = bundle.dtype
-        rows, hid, lat = self.cfg.max_streams, self.talker.hidden_size, self.talker.latent_dim
         self.patch = tcfg.patch_size
         self.steps = tcfg.steps
-        self.cache = KVCache.allocate(tcfg.llm, rows, self.cfg.max_prompt_len, self.device, self.dtype)
-        self.his = torch.zeros(rows, tcfg.history_patch_size, lat, device=self.device, dtype=self.dtype)  # [B, 32, C]
-        self.h = torch.zeros(rows, 1, hid, device=self.device, dtype=self.dtype)  # LM hidden for the next tail step
-        self.next_embed = torch.zeros(rows, 1, hid, device=self.device, dtype=self.dtype)  # aggregator output
-        self.vae_state = VAEStreamState.allocate(self.vae, rows, chunk_latents=self.patch)
+        # the talker's and the VAE's work goes to CUDA streams of their own, so it runs beside the thinker's and
+        # a step's VAE chunk beside the next talker step (`engine/talker_sync.py`)
+        self._gpu = TalkerStreams(self.device, self.vae_device)
+        self.rows = TalkerRows(self.talker, self.vae, tcfg, self.cfg.max_streams, self.cfg.max_prompt_len, self._gpu,
+                               device=self.device, vae_device=self.vae_device, dtype=self.dtype)
+        self.cache, self.his, self.h = self.rows.cache, self.rows.his, self.rows.h
+        self.next_embed, self.vae_state = self.rows.next_embed, self.rows.vae_state
         self.t_grid = sway_time_grid(self.steps, self.dtype, self.device)
         self.sde_args = CFMParams().tensor(self.device, self.dtype)  # the reference's CFG strength, sigma, temperature
         self.stepper = TalkerStepper(self.talker, self.cache, self.t_grid, self.sde_args, self.cfg.buckets,
@@ -146,9 +147,6 @@ class TalkerRunner:
                                          dtype=self.dtype, device=self.device, enforce_eager=cfg.enforce_eager)
         self.heads = VoiceHeadCache(self.cfg.voice_head_cache)  # each voice's prompt head, prefilled once
         self.seed = cfg.seed
-        # the talker's and the VAE's work goes to CUDA streams of their own, so it runs beside the thinker's and
-        # a step's VAE chunk beside the next talker step (`engine/talker_sync.py`)
-        self._gpu = TalkerStreams(self.device, self.vae_device)
         cuda = {d for d in (self.device, self.vae_device) if d.type == "cuda"}
         for prompt, _ in bundle.voices.values():  # the presets on this replica's device now, not at a first job
             replica.voices(prompt)
@@ -158,7 +156,7 @@ class TalkerRunner:
         self.queues: dict[str, deque[_Job]] = {}
         self._job_count: dict[str, int] = {}  # jobs queued so far per turn (noise seeds)
         self._paused: set[str] = set()  # turns whose talker work waits for `resume`
-        self._parked: dict[str, tuple[_Stream, list[torch.Tensor]]] = {}  # paused turn -> its stream, row state
+        self._parked: dict[str, tuple[_Stream, RowState]] = {}  # paused turn -> its stream, row state
         # running totals (`TalkerLoop.stats`): host seconds starting jobs, jobs started, steps queued, rows stepped
         self.counts = {"admit_s": 0.0, "jobs": 0, "steps": 0, "rows": 0}
         tok = bundle.talker_tokenizer
@@ -208,7 +206,7 @@ class TalkerRunner:
         i = next((i for i, s in enumerate(self.streams) if s.job.turn_id == turn_id), None)
         if i is not None:
             with self._gpu.talker():
-                self._parked[turn_id] = (self.streams[i], self._copy_row(i))
+                self._parked[turn_id] = (self.streams[i], self.rows.copy(i))
                 self._remove([i], reset=True)
 
     def resume(self, turn_id: str) -> None:
@@ -296,7 +294,7 @@ class TalkerRunner:
             if len(self.streams) >= self.cfg.max_streams:
                 return
             stream, state = self._parked.pop(turn_id)
-            self._put_row(len(self.streams), state)
+            self.rows.put(len(self.streams), state)
             self.streams.append(stream)
 
     def _start(self, job: _Job, queue: deque) -> None:
@@ -331,8 +329,7 @@ class TalkerRunner:
             self._keep_head(voice, prompt_text, prompt, row)
         self.his[r] = initial_history(voice.prompt_lat, self.his.shape[1], self.his.shape[2],
                                       device=self.device, dtype=self.dtype)[0]
-        with self._gpu.vae():
-            self.vae_state.reset(upload([r], torch.int64, self.vae_device))
+        self.rows.reset_vae([r])
         if self.steps_per_word > 0:  # benchmarks: fixed length, stop head ignored
             max_steps = max(1, len(job.text.split()) * self.steps_per_word)
         else:
@@ -468,46 +465,14 @@ class TalkerRunner:
         for i in sorted(indices, reverse=True):
             last = len(self.streams) - 1
             if reset:
-                with self._gpu.vae():
-                    self.vae_state.reset(upload([i], torch.int64, self.vae_device))
+                self.rows.reset_vae([i])
             if i != last:
-                self._move_row(last, i)
+                self.rows.move(last, i)
                 self.streams[i] = self.streams[last]
             self.streams.pop()
-            with self._gpu.vae():
-                self.vae_state.reset(upload([last], torch.int64, self.vae_device))
-
-    def _talker_rows(self, row: int) -> list[torch.Tensor]:
-        """Views of the talker's per-stream state at `row` (LM cache, history, h, aggregator output)."""
-        c = self.cache
-        return [c.k[:, row], c.v[:, row], c.slot_pos[row]] + [t[row] for t in (self.his, self.h, self.next_embed)]
-
-    def _vae_rows(self, row: int) -> list[torch.Tensor]:
-        """Views of the VAE's per-stream state at `row` (written on the VAE's stream only)."""
-        st = self.vae_state
-        return [st.cache.k[:, row], st.cache.v[:, row], st.cache.slot_pos[row]] + [
-            t[row] for t in (st.held, st.left_ctx, st.has_held, st.frame_pos, st.audio_buf, st.env_buf)]
-
-    def _copy_row(self, row: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """A copy of every per-stream state tensor at `row`: (the talker's, the VAE's)."""
-        talker = [t.clone() for t in self._talker_rows(row)]
-        with self._gpu.vae():
-            return talker, [t.clone() for t in self._vae_rows(row)]
-
-    def _put_row(self, row: int, state: tuple[list[torch.Tensor], list[torch.Tensor]]) -> None:
-        """Write `state` (`_copy_row`, or another row's views) into `row`, each part on its own stream."""
-        for d, s in zip(self._talker_rows(row), state[0]):
-            d.copy_(s)
-        with self._gpu.vae():
-            for d, s in zip(self._vae_rows(row), state[1]):
-                d.copy_(s)
-
-    def _move_row(self, src: int, dst: int) -> None:
-        self._put_row(dst, (self._talker_rows(src), self._vae_rows(src)))
+            self.rows.reset_vae([last])
 
     def _swap_rows(self, a: int, b: int) -> None:
         """Exchange two streams' rows (state and bookkeeping)."""
-        kept = self._copy_row(a)
-        self._move_row(b, a)
-        self._put_row(b, kept)
+        self.rows.swap(a, b)
         self.streams[a], self.streams[b] = self.streams[b], self.streams[a]

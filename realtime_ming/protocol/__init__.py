@@ -2,9 +2,18 @@
 
 No I/O, no asyncio, no session state. Entry points: `parse`, `serialise`, `apply_update`,
 `session_to_wire`; event classes live in `client_events` / `server_events`, value types in
-`items`, `responses`, `values`, `session`; error codes in `errors.ErrorCode`.
+`items`, `responses`, `values`, `session`, `audio_input`; error codes in `error_codes.ErrorCode`.
 """
 
+from realtime_ming.protocol.audio_input import (
+    Eagerness,
+    InputTranscription,
+    NoiseReduction,
+    NoiseReductionType,
+    SemanticVad,
+    ServerVad,
+    TurnDetection,
+)
 from realtime_ming.protocol.client_events import (
     ConversationItemCreate,
     ConversationItemDelete,
@@ -29,7 +38,8 @@ from realtime_ming.protocol.dialect import (
     TIMINGS_EVENT_TYPE,
     Dialect,
 )
-from realtime_ming.protocol.errors import ErrorCode, ErrorType, ProtocolError
+from realtime_ming.protocol.error_codes import ErrorCode, ErrorType
+from realtime_ming.protocol.errors import ProtocolError
 from realtime_ming.protocol.events import CLIENT_EVENTS, SERVER_EVENTS, ClientEvent, ServerEvent
 from realtime_ming.protocol.ids import IdPrefix, new_id
 from realtime_ming.protocol.items import (
@@ -101,15 +111,8 @@ from realtime_ming.protocol.server_events import (
     SessionUpdated,
 )
 from realtime_ming.protocol.session import (
-    Eagerness,
-    InputTranscription,
-    NoiseReduction,
-    NoiseReductionType,
-    SemanticVad,
-    ServerVad,
     SessionConfig,
     SessionPatch,
-    TurnDetection,
     apply_patch,
     apply_update,
     parse_session_update,

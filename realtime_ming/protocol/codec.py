@@ -20,7 +20,8 @@ from realtime_ming.protocol.dialect import (
     Dialect,
     server_type_to_wire,
 )
-from realtime_ming.protocol.errors import MAX_QUOTE_CHARS, ErrorCode, ProtocolError, clip
+from realtime_ming.protocol.error_codes import ErrorCode
+from realtime_ming.protocol.errors import MAX_QUOTE_CHARS, ProtocolError, clip
 from realtime_ming.protocol.events import CLIENT_EVENTS, SERVER_EVENTS, ClientEvent, ServerEvent
 from realtime_ming.protocol.ids import IdPrefix, new_id
 from realtime_ming.protocol.known_keys import check_known_keys

@@ -15,12 +15,8 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from realtime_ming.protocol.dialect import Dialect, server_type_to_wire
-from realtime_ming.protocol.errors import (
-    MAX_QUOTE_CHARS,
-    ErrorCode,
-    ProtocolError,
-    clip,
-)
+from realtime_ming.protocol.error_codes import ErrorCode
+from realtime_ming.protocol.errors import MAX_QUOTE_CHARS, ProtocolError, clip
 from realtime_ming.protocol.events import SERVER_EVENTS, ServerEvent
 from realtime_ming.protocol.wire import expect_object, expect_str
 

@@ -12,7 +12,8 @@ from enum import StrEnum
 from typing import Any, ClassVar, Final, TypeAlias, cast
 
 from realtime_ming.protocol.dialect import Dialect, content_type_from_wire, content_type_to_wire
-from realtime_ming.protocol.errors import ErrorCode, ProtocolError
+from realtime_ming.protocol.error_codes import ErrorCode
+from realtime_ming.protocol.errors import ProtocolError
 from realtime_ming.protocol.mcp import (
     McpApprovalRequestItem,
     McpApprovalResponseItem,

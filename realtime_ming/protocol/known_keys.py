@@ -19,7 +19,8 @@ from importlib import resources
 from typing import Any, Final
 
 from realtime_ming.protocol.dialect import Dialect
-from realtime_ming.protocol.errors import MAX_QUOTE_CHARS, ErrorCode, ProtocolError, clip
+from realtime_ming.protocol.error_codes import ErrorCode
+from realtime_ming.protocol.errors import MAX_QUOTE_CHARS, ProtocolError, clip
 from realtime_ming.protocol.wire import join
 
 __all__ = ["check_known_keys", "event_key_tree", "merge_key_trees"]

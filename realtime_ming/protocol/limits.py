@@ -18,7 +18,8 @@ import json
 import math
 from typing import Any, Final
 
-from realtime_ming.protocol.errors import ErrorCode, ProtocolError
+from realtime_ming.protocol.error_codes import ErrorCode
+from realtime_ming.protocol.errors import ProtocolError
 
 __all__ = [
     "MAX_CONTENT_PARTS",

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final, Literal
 
 from realtime_ming.protocol.dialect import Dialect
-from realtime_ming.protocol.errors import ErrorCode, ProtocolError
+from realtime_ming.protocol.error_codes import ErrorCode
+from realtime_ming.protocol.errors import ProtocolError
 from realtime_ming.protocol.limits import (
     MAX_DESCRIPTION_CHARS,
     MAX_ID_CHARS,

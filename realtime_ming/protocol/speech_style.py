@@ -22,7 +22,8 @@ from dataclasses import dataclass, fields
 from typing import Any, Final
 
 from realtime_ming.protocol.dialect import Dialect
-from realtime_ming.protocol.errors import MAX_QUOTE_CHARS, ErrorCode, ProtocolError, clip
+from realtime_ming.protocol.error_codes import ErrorCode
+from realtime_ming.protocol.errors import MAX_QUOTE_CHARS, ProtocolError, clip
 from realtime_ming.protocol.wire import Codec, JsonValue, expect_object, join
 
 __all__ = ["MAX_STYLE_CHARS", "SPEECH_STYLE", "SpeechStyle", "caption_labels", "rate_label"]

@@ -11,7 +11,8 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from realtime_ming.protocol.dialect import Dialect
-from realtime_ming.protocol.errors import ErrorCode, ProtocolError
+from realtime_ming.protocol.error_codes import ErrorCode
+from realtime_ming.protocol.errors import ProtocolError
 from realtime_ming.protocol.limits import MAX_ECHO_JSON_BYTES
 from realtime_ming.protocol.wire import ID, expect_bool, expect_bounded_json, expect_choice, expect_object, expect_str, join
 

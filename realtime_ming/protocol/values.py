@@ -12,7 +12,8 @@ from enum import StrEnum
 from typing import Any, Final, Literal, TypeAlias
 
 from realtime_ming.protocol.dialect import Dialect
-from realtime_ming.protocol.errors import MAX_QUOTE_CHARS, ErrorCode, ProtocolError, clip
+from realtime_ming.protocol.error_codes import ErrorCode
+from realtime_ming.protocol.errors import MAX_QUOTE_CHARS, ProtocolError, clip
 from realtime_ming.protocol.mcp import McpTool, decode_mcp_tool
 from realtime_ming.protocol.limits import (
     MAX_DESCRIPTION_CHARS,

@@ -19,12 +19,8 @@ from enum import StrEnum
 from typing import Any, Final, Generic, TypeAlias, TypeVar
 
 from realtime_ming.protocol.dialect import Dialect, content_type_from_wire
-from realtime_ming.protocol.errors import (
-    MAX_QUOTE_CHARS,
-    ErrorCode,
-    ProtocolError,
-    clip,
-)
+from realtime_ming.protocol.error_codes import ErrorCode
+from realtime_ming.protocol.errors import MAX_QUOTE_CHARS, ProtocolError, clip
 from realtime_ming.protocol.limits import MAX_ID_CHARS, MAX_TEXT_CHARS
 
 __all__ = [

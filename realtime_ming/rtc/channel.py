@@ -26,7 +26,8 @@ from aiortc import RTCDataChannel, RTCPeerConnection
 
 from ..protocol.codec import serialise
 from ..protocol.dialect import Dialect
-from ..protocol.errors import ErrorCode, ProtocolError
+from ..protocol.error_codes import ErrorCode
+from ..protocol.errors import ProtocolError
 from ..protocol.server_events import Error
 from ..server.transport import TransportClosed
 

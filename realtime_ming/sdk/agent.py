@@ -9,22 +9,18 @@ the producer waits (socket reading or the session task pauses), nothing is dropp
 from __future__ import annotations
 
 import abc
-
 import asyncio
-import base64
-import io
-import mimetypes
 import os
 import time
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final, Generic, Self, TypeVar
 
-import numpy as np
 from websockets.frames import CloseCode
 
 from ..audio import pcm
 from ..protocol import client_events as ce
+from ..protocol.audio_input import InputTranscription, NoiseReduction, TurnDetection
 from ..protocol.dialect import Dialect
 from ..protocol.errors import ProtocolError
 from ..protocol.events import ClientEvent, ServerEvent
@@ -34,25 +30,14 @@ from ..protocol.items import (
     ImageDetail,
     InputImage,
     InputText,
-    InputVideo,
     ItemReference,
     MessageItem,
     OutputText,
     Role,
-    VideoFrame,
 )
 from ..protocol.server_events import Error, SessionCreated, SessionUpdated
-from ..protocol.session import (
-    InputTranscription,
-    NoiseReduction,
-    SessionConfig,
-    SessionPatch,
-    SessionType,
-    TurnDetection,
-    parse_session_update,
-)
+from ..protocol.session import SessionConfig, SessionPatch, SessionType, parse_session_update
 from ..protocol.values import (
-    AudioEncoding,
     AudioFormat,
     FunctionTool,
     MaxOutputTokens,
@@ -60,6 +45,7 @@ from ..protocol.values import (
     ToolChoice,
 )
 from ..session.audio_io import wire_format
+from . import content
 from .audio import AudioInput, encode_input_audio
 from .errors import ConnectionClosed, RealtimeError, ServerError
 from .transcripts import Transcripts
@@ -119,58 +105,6 @@ class Opening(Generic[AgentT]):
     async def __aexit__(self, *exc_info: object) -> None:
         if self._agent is not None:
             await self._agent.close()
-
-
-def _modalities(value: str | Modality | Sequence[str | Modality]) -> tuple[Modality, ...]:
-    names = (value,) if isinstance(value, str) else tuple(value)
-    return tuple(Modality(name) for name in names)
-
-
-def _audio_format(value: AudioFormat | int) -> AudioFormat:
-    """An `AudioFormat`, or an int meaning PCM16 at that rate (16000, 24000 or 44100)."""
-    return value if isinstance(value, AudioFormat) else AudioFormat(AudioEncoding.PCM, int(value))
-
-
-def _image_data_url(image: Any) -> str:
-    """Path, encoded image bytes, an [H, W, 3] uint8 array or a PIL image → `data:image/...;base64,`."""
-    from PIL import Image
-
-    if isinstance(image, str | os.PathLike):
-        with open(image, "rb") as handle:
-            image = handle.read()
-    if isinstance(image, bytes | bytearray | memoryview):
-        data = bytes(image)
-        with Image.open(io.BytesIO(data)) as probe:
-            kind = (probe.format or "png").lower()
-    else:
-        picture = Image.fromarray(np.asarray(image, dtype=np.uint8)) if isinstance(image, np.ndarray) else image
-        buffer = io.BytesIO()
-        picture.save(buffer, format="PNG")
-        data, kind = buffer.getvalue(), "png"
-    return f"data:image/{kind};base64,{base64.b64encode(data).decode('ascii')}"
-
-
-def _video_part(video: Any, fps: float | None, timestamps_s: Sequence[float] | None, mime_type: str | None) -> InputVideo:
-    """A clip → `input_video`: a file path or encoded bytes become a `data:video/...` URL; a sequence of
-    frames (anything `add_image` takes) becomes timed image frames (`timestamps_s`, or `k / fps`)."""
-    if isinstance(video, str | os.PathLike | bytes | bytearray | memoryview):
-        if timestamps_s is not None or fps is not None:
-            raise ValueError("fps / timestamps_s apply to a sequence of frames, not to a video file")
-        if isinstance(video, str | os.PathLike):
-            mime_type = mime_type or mimetypes.guess_type(os.fspath(video))[0]
-            with open(video, "rb") as handle:
-                video = handle.read()
-        mime_type = mime_type or "video/mp4"
-        if not mime_type.startswith("video/"):
-            raise ValueError(f"not a video type: {mime_type!r}")
-        return InputVideo(video_url=f"data:{mime_type};base64,{base64.b64encode(bytes(video)).decode('ascii')}")
-    frames = list(video)
-    if (timestamps_s is None) == (fps is None):
-        raise ValueError("give exactly one of fps and timestamps_s for a sequence of frames")
-    stamps = [float(t) for t in timestamps_s] if timestamps_s is not None else [k / fps for k in range(len(frames))]
-    if len(stamps) != len(frames):
-        raise ValueError(f"{len(frames)} frames but {len(stamps)} timestamps")
-    return InputVideo(frames=tuple(VideoFrame(_image_data_url(f), t) for f, t in zip(frames, stamps)))
 
 
 class RealtimeAgent(abc.ABC):
@@ -341,9 +275,9 @@ class RealtimeAgent(abc.ABC):
             "transcription": transcription, "noise_reduction": noise_reduction, "tool_choice": tool_choice,
             "max_output_tokens": max_output_tokens, "temperature": temperature, "timing_events": timing_events,
             "output_modalities": output_modalities if isinstance(output_modalities, _Unset)
-            else _modalities(output_modalities),
-            "input_format": input_format if isinstance(input_format, _Unset) else _audio_format(input_format),
-            "output_format": output_format if isinstance(output_format, _Unset) else _audio_format(output_format),
+            else content.modalities(output_modalities),
+            "input_format": input_format if isinstance(input_format, _Unset) else content.audio_format(input_format),
+            "output_format": output_format if isinstance(output_format, _Unset) else content.audio_format(output_format),
             "tools": tools if isinstance(tools, _Unset) else tuple(tools),
             "session_type": session_type if isinstance(session_type, _Unset) else SessionType(session_type),
             "output_lead_ms": output_lead_ms, "output_audio_buffer": output_audio_buffer,
@@ -426,9 +360,9 @@ class RealtimeAgent(abc.ABC):
         params = ce.ResponseParams(
             conversation=ce.ConversationMode.NONE if out_of_band else ce.ConversationMode.AUTO,
             instructions=instructions,
-            output_modalities=None if output_modalities is None else _modalities(output_modalities),
+            output_modalities=None if output_modalities is None else content.modalities(output_modalities),
             voice=voice,
-            output_format=None if output_format is None else _audio_format(output_format),
+            output_format=None if output_format is None else content.audio_format(output_format),
             max_output_tokens=max_output_tokens,
             temperature=temperature,
             metadata=metadata,
@@ -498,7 +432,7 @@ class RealtimeAgent(abc.ABC):
     ) -> str:
         """Add a user message with an image (path, encoded bytes, [H, W, 3] uint8 array or PIL
         image) and optional text; returns the item id. GA dialect only (beta has no images)."""
-        url = await asyncio.to_thread(_image_data_url, image)
+        url = await asyncio.to_thread(content.image_data_url, image)
         parts: list[Any] = [InputImage(url, None if detail is None else ImageDetail(detail))]
         if text is not None:
             parts.append(InputText(text))
@@ -522,7 +456,7 @@ class RealtimeAgent(abc.ABC):
         sequence of frames (paths, encoded images, [H, W, 3] uint8 arrays, PIL images) shown at
         `timestamps_s` or at a constant `fps`. The server samples it at the model's 2 frames per second.
         """
-        part = await asyncio.to_thread(_video_part, video, fps, timestamps_s, mime_type)
+        part = await asyncio.to_thread(content.video_part, video, fps, timestamps_s, mime_type)
         parts: list[Any] = [part] + ([InputText(text)] if text is not None else [])
         return await self.add_item(MessageItem(role=Role.USER, content=tuple(parts)), previous_item_id=previous_item_id)
 

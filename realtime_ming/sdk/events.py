@@ -12,7 +12,8 @@ from typing import Any
 
 from ..protocol.decode import decode_server_event
 from ..protocol.dialect import Dialect
-from ..protocol.errors import ErrorCode, ProtocolError
+from ..protocol.error_codes import ErrorCode
+from ..protocol.errors import ProtocolError
 from ..protocol.events import ServerEvent
 from .errors import ProtocolViolation
 

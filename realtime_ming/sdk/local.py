@@ -22,7 +22,8 @@ from ..engine.config import EngineConfig
 from ..engine.hooks import EngineHooks
 from ..protocol.codec import parse
 from ..protocol.dialect import Dialect, server_type_to_wire
-from ..protocol.errors import ErrorCode, ProtocolError
+from ..protocol.error_codes import ErrorCode
+from ..protocol.errors import ProtocolError
 from ..protocol.events import ClientEvent, ServerEvent
 from ..protocol.server_events import Error
 from ..protocol.session import DEFAULT_MODEL, DEFAULT_VOICE

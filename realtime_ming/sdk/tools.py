@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..protocol import client_events as ce
-from ..protocol.errors import ErrorCode
+from ..protocol.error_codes import ErrorCode
 from ..protocol.events import ServerEvent
 from ..protocol.ids import IdPrefix, new_id
 from ..protocol.items import FunctionCallItem, FunctionCallOutputItem, ItemStatus

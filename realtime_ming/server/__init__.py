@@ -4,11 +4,11 @@ from .._lazy import lazy_exports
 
 # lazy (PEP 562): importing a light submodule (server.config, server.startup) must not load torch and every model module
 _WHERE = {
-    "TINY_MODEL_NOTICE": ".app",
+    "TINY_MODEL_NOTICE": ".run",
     "RealtimeServer": ".app",
     "ServingEngine": ".loading",
     "load_engine": ".loading",
-    "run_server": ".app",
+    "run_server": ".run",
     "AuthConfig": ".config",
     "ConfigError": ".config",
     "LimitsConfig": ".config",

@@ -1,17 +1,10 @@
 """The realtime-ming server: one port, WebSocket `/v1/realtime` plus plain HTTP, on uvloop.
 
-`RealtimeServer(cfg, engine)` serves an already-loaded engine (tests, embedding);
-`run_server(cfg)` is the CLI path: check the config against this machine and bind the port
-(`startup`), log a short summary of the config (the whole of it at DEBUG: `config_report`), load the
-engine with a progress display, serve until SIGINT/SIGTERM. With `server.tls` the one port serves
-`wss://` and `https://`.
-
-On SIGINT/SIGTERM the server drains (refuses new sessions with 1013 and new responses, lets
-responses in progress finish within `server.limits.drain_timeout_s`, then ends those still running with a
-`response.done` (`cancelled`, error `server_shutting_down`) and closes sessions with 1001 after it; a second
-signal skips the wait), stops the engine and exits 0. If the engine dies (its thread, or a
-tensor-parallel worker), the open responses end `failed` with `engine_unavailable`, sessions
-close with 1011 and the process exits with `EXIT_ENGINE_DIED` (70) so a supervisor restarts it.
+`RealtimeServer(cfg, engine)` serves an already-loaded engine (tests, embedding, each front-end process);
+`run.run_server(cfg)` is the CLI path around it (bind, load, serve until a signal, exit codes). With `server.tls`
+the one port serves `wss://` and `https://`. The server drains (`begin_drain`: new sessions get 1013, new responses
+are refused, responses in progress finish) and closes its sessions (`close`, `end_sessions`); an engine death
+fails the open responses with `engine_unavailable` (`wait_engine_failure`).
 
 WebRTC calls (`POST /v1/realtime/calls`, server/call_routes.py) and ephemeral keys (`POST
 /v1/realtime/client_secrets`, server/secret_routes.py) share the port; a call is one more session, admitted,
@@ -29,9 +22,7 @@ import dataclasses
 import http
 import logging
 import os
-import signal
 import socket
-import sys
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -45,12 +36,10 @@ from ..audio.commands import shared_command_spotter
 from ..audio.end_of_turn import shared_smart_turn
 from ..audio.vad import VadBackend, VadKind, create_silero_session, create_vad
 from ..engine.api import engine_health, engine_prompt_meter
-from ..engine.hooks import EngineHooks
 from ..protocol.session import DEFAULT_MODEL, DEFAULT_VOICE
 from .call_routes import CallRoutes
 from .client_secrets import ClientSecrets, Grant, SecretStore, authorize
 from .config import ServerConfig, resolve_api_keys
-from .config_report import config_yaml, summary
 from .connection import ConnectionContext, LiveSessions, MediaPath, preview_session, serve_connection
 from .handoff import Adopter, HandoffLoop
 from .handshake import (
@@ -62,35 +51,21 @@ from .handshake import (
 from .http import HttpRoutes, default_web_roots, request_path, text_response
 from .http_body import BodyConnection, body_connection_factory
 from .lifecycle import TurnTracker
-from .loading import ServingEngine, load_engine
+from .loading import ServingEngine
 from .metrics import ServerMetrics
 from .remote_engine import SessionTickets
 from .secret_routes import SecretRoutes
-from .startup import (
-    StartupError,
-    check_exposure,
-    load_failure,
-    open_listener,
-    prepare,
-    ssl_context,
-)
+from .startup import check_exposure, open_listener, ssl_context
 from .transport import Transport, WebsocketsTransport
 from .voice_routes import VoiceRoutes
 
-__all__ = ["EXIT_ENGINE_DIED", "FRONTEND_HEADER", "TINY_MODEL_NOTICE", "RealtimeServer", "ServingEngine", "load_engine", "run_server",
-           "serve_until_signal"]
+__all__ = ["FRONTEND_HEADER", "RealtimeServer"]
 
 log = logging.getLogger(__name__)
 
 FRONTEND_HEADER = "x-realtime-ming-frontend"  # with server.frontend_processes >= 2: the answering process's index
-EXIT_ENGINE_DIED = 70  # EX_SOFTWARE: the engine died while serving; a supervisor should restart the process
 _ENGINE_POLL_S = 0.1  # how often the serving loop looks at the engine's health (a field read, no engine call)
 _FLUSH_S = 0.2  # after the last turn ended: time for sessions to hand their final events to the sockets
-
-TINY_MODEL_NOTICE = (
-    "No model path given: serving the embedded tiny model with random weights. Its output is "
-    "random-weight noise, not meaningful speech or text. Pass --model-path to serve Ming-flash-omni-2.0."
-)
 
 
 class _AccessLog(logging.LoggerAdapter):
@@ -462,101 +437,3 @@ def _default_voice(cfg: ServerConfig, voices: tuple[str, ...]) -> str:
     if not voices or DEFAULT_VOICE in voices:
         return DEFAULT_VOICE
     return voices[0]
-
-
-async def _first(*aws) -> asyncio.Future:
-    """Wait until the first of `aws` finishes; cancel the others; return the finished one."""
-    tasks = [asyncio.ensure_future(a) for a in aws]
-    try:
-        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            task.cancel()
-    return next(t for t in tasks if t in done)
-
-
-async def serve_until_signal(cfg: ServerConfig, engine: ServingEngine, sock: socket.socket | None = None, *,
-                             ready: Callable[[RealtimeServer], None] | None = None, **server_args: Any) -> int:
-    """Serve until a signal (drain, exit 0) or the engine's death (exit `EXIT_ENGINE_DIED`). Once listening,
-    print the serving line (or call `ready(server)`: a front-end process tells its parent)."""
-    signals: asyncio.Queue[signal.Signals] = asyncio.Queue()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, signals.put_nowait, sig)
-    async with RealtimeServer(cfg, engine, sock=sock, **server_args) as server:
-        if ready is None:
-            print(f"realtime-ming: serving {server.model_id} on {server.url}", file=sys.stderr, flush=True)
-        else:
-            ready(server)
-        dead = server.wait_engine_failure()
-        first = await _first(signals.get(), dead)
-        if isinstance(first.result(), signal.Signals):
-            drain_s = cfg.server.limits.drain_timeout_s
-            log.info("%s: draining (responses in progress get up to %.0f s; a second signal stops at once)",
-                     first.result().name, drain_s)
-            server.begin_drain()
-            first = await _first(server.wait_responses_done(drain_s), signals.get(), server.wait_engine_failure())
-            outcome = first.result()
-            if isinstance(outcome, signal.Signals):
-                log.warning("%s again: closing the sessions now", outcome.name)
-            elif outcome is False:
-                log.warning("drain: responses still in progress after %.0f s; closing anyway", drain_s)
-        reason = server.engine_failure()
-        if reason is not None:
-            log.critical("engine dead (%s): open responses failed with engine_unavailable; exiting with code %d",
-                         reason, EXIT_ENGINE_DIED)
-            print(f"realtime-ming: engine dead ({reason}); exiting with code {EXIT_ENGINE_DIED}", file=sys.stderr,
-                  flush=True)
-            server.begin_drain()
-            await server.wait_responses_done(1.0)  # the engine already failed them: let response.done go out
-            await server.close(CloseCode.INTERNAL_ERROR, "model engine unavailable")
-            return EXIT_ENGINE_DIED
-        log.info("shutting down")
-        await server.close()
-    return 0
-
-
-def _serve_here(cfg: ServerConfig, engine: ServingEngine, sock: socket.socket) -> int:
-    """Serve the WebSockets in this process, on uvloop (`server.frontend_processes` = 1)."""
-    import uvloop
-
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(serve_until_signal(cfg, engine, sock))
-
-
-def run_server(cfg: ServerConfig,
-               serve: Callable[[ServerConfig, ServingEngine, socket.socket], int] = _serve_here,
-               hooks: EngineHooks | None = None) -> int:
-    """CLI entry: check, bind, load, serve until a signal, shut down. Returns the exit code.
-
-    `serve(cfg, engine, sock)` serves the loaded engine on the bound socket until the end (default: in this
-    process; `frontends.run_frontends` passes its front-end processes'). `hooks`: the engine's test and
-    benchmark substitutions (`serve --hook`; `engine/hooks.py`).
-    Raises StartupError (one line) for a config this machine cannot serve, a port it cannot bind,
-    or a model that fails to load for a known reason — all before the port accepts a connection.
-    """
-    cfg = prepare(cfg)
-    sock = open_listener(cfg.server.host, cfg.server.port)
-    try:
-        log.info("realtime-ming serve\n%s", summary(cfg, sock.getsockname()[1]))
-        if log.isEnabledFor(logging.DEBUG):  # the whole config only on request (or `serve --print-config`)
-            log.debug("effective config:\n%s", config_yaml(cfg))
-        if cfg.engine.model_path is None and cfg.engine.weights == "checkpoint":
-            print(f"realtime-ming: {TINY_MODEL_NOTICE}", file=sys.stderr, flush=True)
-        try:
-            engine = load_engine(cfg, hooks)
-        except Exception as exc:
-            message = load_failure(exc)
-            if message is None:
-                raise
-            raise StartupError(message) from exc
-    except BaseException:
-        sock.close()
-        raise
-    try:
-        code = serve(cfg, engine, sock)
-    finally:
-        engine.close()
-    log.info("engine closed; exit code %d", code)
-    return code
-

@@ -44,7 +44,8 @@ from ..audio.vad import VadBackend
 from ..engine.api import EngineHandle, PromptMeter
 from ..protocol.codec import event_to_wire, parse, serialise
 from ..protocol.dialect import Dialect
-from ..protocol.errors import ErrorCode, ProtocolError
+from ..protocol.error_codes import ErrorCode
+from ..protocol.errors import ProtocolError
 from ..protocol.events import ClientEvent, ServerEvent
 from ..protocol.server_events import Error, OutputAudioBufferCleared, SessionCreated
 from ..session import (

@@ -24,7 +24,8 @@ from concurrent.futures.process import BrokenProcessPool
 
 from ..protocol.codec import parse
 from ..protocol.dialect import Dialect
-from ..protocol.errors import ErrorCode, ProtocolError
+from ..protocol.error_codes import ErrorCode
+from ..protocol.errors import ProtocolError
 from ..protocol.events import ClientEvent
 
 __all__ = ["INLINE_CHARS", "FrameParser", "shared_parser"]

@@ -15,7 +15,7 @@ import socket
 from multiprocessing.connection import Connection
 
 from .._exit import exit_now
-from .app import serve_until_signal
+from .run import serve_until_signal
 from .config import ServerConfig
 from .handoff import HandoffLoop
 from .remote_engine import RemoteEngine

@@ -4,7 +4,7 @@ One process serving both caps a GPU server at the CPU of one interpreter: every 
 costs its process ~22-37 ms of GIL per second (frame parsing, JSON, the session runner, VAD), so ~30-45
 sessions saturate it and the engine thread, under the same GIL, starves. `run_frontends(cfg)` (the CLI's
 `realtime-ming serve` with the field set) checks, binds and loads exactly as one process does
-(`app.run_server`), then:
+(`run.run_server`), then:
 
 - hosts the engine for the front ends (`engine_host.EngineHost`, a unix socket with a random auth key);
 - starts N front ends (multiprocessing "spawn", server/frontend_process.py), each the same `RealtimeServer`
@@ -44,7 +44,8 @@ import time
 from multiprocessing.connection import Connection
 
 from ..engine.hooks import EngineHooks
-from .app import EXIT_ENGINE_DIED, ServingEngine, run_server
+from .loading import ServingEngine
+from .run import EXIT_ENGINE_DIED, run_server
 from .config import ServerConfig
 from .engine_host import EngineHost
 from .frontend_process import frontend_main
@@ -62,7 +63,7 @@ _POLL_S = 0.1
 
 
 def run_frontends(cfg: ServerConfig, hooks: EngineHooks | None = None) -> int:
-    """CLI entry for `server.frontend_processes` >= 2: `app.run_server` with the front ends serving."""
+    """CLI entry for `server.frontend_processes` >= 2: `run.run_server` with the front ends serving."""
     return run_server(cfg, serve=serve_frontends, hooks=hooks)
 
 

@@ -10,7 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..engine.api import TurnRequest
-from ..protocol.errors import ErrorCode, ProtocolError
+from ..protocol.error_codes import ErrorCode
+from ..protocol.errors import ProtocolError
 from ..protocol.events import ServerEvent
 from ..protocol.mcp import McpTool
 from ..protocol.responses import ResponseStatus

@@ -34,7 +34,8 @@ from ..engine.api import (
     video_grid_indices,
 )
 from ..protocol import client_events as ce
-from ..protocol.errors import ErrorCode, ProtocolError
+from ..protocol.error_codes import ErrorCode
+from ..protocol.errors import ProtocolError
 from ..protocol.items import (
     ContentPart,
     ImageDetail,

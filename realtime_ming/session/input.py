@@ -42,8 +42,8 @@ from ..audio.turns import (
     TurnState,
 )
 from ..audio.vad import VadBackend
+from ..protocol.audio_input import NoiseReduction, NoiseReductionType, ServerVad, TurnDetection
 from ..protocol.ids import IdPrefix, new_id
-from ..protocol.session import NoiseReduction, NoiseReductionType, ServerVad, TurnDetection
 from ..protocol.values import AudioFormat
 from .audio_io import MODEL_SAMPLE_RATE_HZ, InputAudioBuffer, InputDecoder
 from .config import VadSettings

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..protocol import client_events as ce
-from ..protocol.errors import ErrorCode
+from ..protocol.error_codes import ErrorCode
 from ..protocol.mcp import McpApprovalResponseItem
 from ..protocol.responses import StatusReason
 from ..protocol.server_events import (

@@ -32,13 +32,15 @@ from ..engine.api import (
     TurnRequest,
 )
 from ..protocol import client_events as ce
+from ..protocol.audio_input import ServerVad
 from ..protocol.dialect import Dialect
-from ..protocol.errors import ErrorCode, ErrorType, ProtocolError
+from ..protocol.error_codes import ErrorCode, ErrorType
+from ..protocol.errors import ProtocolError
 from ..protocol.ids import IdPrefix, new_id
 from ..protocol.items import FunctionCallItem, ItemReference
 from ..protocol.responses import ErrorDetail, ResponseStatus, StatusReason
 from ..protocol.server_events import ConversationItemDeleted
-from ..protocol.session import ServerVad, SessionConfig
+from ..protocol.session import SessionConfig
 from ..protocol.values import ToolChoiceMode
 from .actions import Action, CancelTurn, Send, SubmitTurn, error_reply
 from .barge_in import OutputGate

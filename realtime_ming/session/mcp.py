@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Collection
 from urllib.parse import urlsplit
 
-from ..protocol.errors import ErrorCode, ProtocolError
+from ..protocol.error_codes import ErrorCode
+from ..protocol.errors import ProtocolError
 from ..protocol.mcp import McpTool
 from ..protocol.values import FunctionTool, Tool
 

@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 from ..engine.api import AudioChunk, FinishReason, StageMark, TurnCancelled, TurnDone, TurnEvent, TurnFailed
 from ..protocol import client_events as ce
-from ..protocol.errors import ErrorCode
+from ..protocol.error_codes import ErrorCode
 from ..protocol.responses import StatusReason
 from ..protocol.server_events import (
     ConversationItemTruncated,

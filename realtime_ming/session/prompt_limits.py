@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from ..engine.api import PromptMeter, TalkerCaption
 from ..protocol import client_events as ce
 from ..protocol.dialect import Dialect
-from ..protocol.errors import ErrorCode, ProtocolError
+from ..protocol.error_codes import ErrorCode
+from ..protocol.errors import ProtocolError
 from ..protocol.session import SessionConfig, SessionType, apply_patch
 from ..protocol.speech_style import caption_labels
 from ..protocol.values import FunctionTool, ToolChoice

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..engine.api import FailureCode, Stage, TurnFailed
-from ..protocol.errors import ErrorCode
+from ..protocol.error_codes import ErrorCode
 from ..protocol.events import ServerEvent
 from ..protocol.items import ItemStatus, OutputAudio, OutputText
 from ..protocol.responses import (

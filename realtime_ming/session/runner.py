@@ -20,7 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ..engine.api import EngineHandle, TurnEvent, TurnTask, engine_supports
 from ..protocol.client_events import InputAudioBufferAppend
-from ..protocol.errors import ErrorCode, ProtocolError
+from ..protocol.error_codes import ErrorCode
+from ..protocol.errors import ProtocolError
 from ..protocol.events import ClientEvent, ServerEvent
 from ..protocol.server_events import Error, InputAudioBufferSpeechStopped
 from ..protocol.mcp import McpCallError

@@ -22,13 +22,15 @@ from ..audio.pcm import AudioFormatError
 from ..audio.vad import VadBackend
 from ..engine.api import PromptMeter, TurnEvent
 from ..protocol import client_events as ce
+from ..protocol.audio_input import ServerVad
 from ..protocol.dialect import Dialect
-from ..protocol.errors import ErrorCode, ProtocolError
+from ..protocol.error_codes import ErrorCode
+from ..protocol.errors import ProtocolError
 from ..protocol.events import ClientEvent
 from ..protocol.ids import IdPrefix, new_id
 from ..protocol.mcp import McpCallError, McpToolInfo
 from ..protocol.server_events import Error, InputAudioBufferCleared, SessionCreated, SessionUpdated
-from ..protocol.session import ServerVad, SessionConfig, SessionType
+from ..protocol.session import SessionConfig, SessionType
 from . import mcp_flow
 from .actions import Action, CloseConversation, Send, error_reply
 from .barge_in import OutputGate, max_hold_s

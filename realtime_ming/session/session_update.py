@@ -11,7 +11,8 @@ from dataclasses import dataclass, replace
 
 from ..audio.denoise import DenoiserUnavailable
 from ..protocol import client_events as ce
-from ..protocol.errors import ErrorCode, ProtocolError
+from ..protocol.error_codes import ErrorCode
+from ..protocol.errors import ProtocolError
 from ..protocol.session import SessionConfig, apply_patch
 from .input import InputTurns
 from .mcp import check_mcp_tools

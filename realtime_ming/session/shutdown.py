@@ -11,7 +11,7 @@ after these events.
 
 from __future__ import annotations
 
-from ..protocol.errors import ErrorCode
+from ..protocol.error_codes import ErrorCode
 from ..protocol.responses import ErrorDetail, ResponseStatus
 from .actions import Action, CancelTurn
 from .lifecycle import Responses

@@ -23,7 +23,8 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from ..engine.api import ToolCallArguments, ToolCallEnd, ToolCallStart
-from ..protocol.errors import ErrorCode, ProtocolError
+from ..protocol.error_codes import ErrorCode
+from ..protocol.errors import ProtocolError
 from ..protocol.events import ServerEvent
 from ..protocol.ids import IdPrefix, new_id
 from ..protocol.items import FunctionCallItem, ItemStatus

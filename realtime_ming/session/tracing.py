@@ -14,7 +14,8 @@ import logging
 from collections.abc import Mapping
 
 from ..protocol.dialect import Dialect
-from ..protocol.errors import ErrorCode, ProtocolError
+from ..protocol.error_codes import ErrorCode
+from ..protocol.errors import ProtocolError
 from ..protocol.responses import ResponseStatus, Usage
 from ..protocol.session import SessionConfig
 

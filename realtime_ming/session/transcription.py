@@ -82,7 +82,9 @@ from ..engine.api import (
     TurnRequest,
     TurnTask,
 )
-from ..protocol.errors import ErrorCode, ProtocolError
+from ..protocol.audio_input import InputTranscription
+from ..protocol.error_codes import ErrorCode
+from ..protocol.errors import ProtocolError
 from ..protocol.ids import IdPrefix, new_id
 from ..protocol.items import InputAudio, MessageItem
 from ..protocol.responses import ErrorDetail, TranscriptionTokenUsage
@@ -91,7 +93,7 @@ from ..protocol.server_events import (
     ConversationItemInputAudioTranscriptionDelta,
     ConversationItemInputAudioTranscriptionFailed,
 )
-from ..protocol.session import InputTranscription, SessionConfig, SessionType
+from ..protocol.session import SessionConfig, SessionType
 from .actions import Action, CancelTurn, CloseConversation, Send, SubmitTurn
 from .conversation import Conversation, StoredItem
 from .response import ActiveResponse

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..audio.turns import SpeechPaused, SpeechResumed
 from ..engine.api import Content, Message, TurnEvent
+from ..protocol.audio_input import SemanticVad, ServerVad
 from ..protocol.ids import IdPrefix, new_id
 from ..protocol.items import InputAudio, ItemStatus, MessageItem, Role
 from ..protocol.responses import StatusReason
@@ -27,7 +28,7 @@ from ..protocol.server_events import (
     InputAudioBufferSpeechStopped,
     InputAudioBufferTimeoutTriggered,
 )
-from ..protocol.session import SemanticVad, ServerVad, SessionConfig, SessionType
+from ..protocol.session import SessionConfig, SessionType
 from .actions import Action, ConfirmTurn, DiscardTurn, Send, SubmitTurn
 from .audio_io import MODEL_SAMPLE_RATE_HZ
 from .conversation import Conversation, StoredItem

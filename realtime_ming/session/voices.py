@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterator, Sequence
 
 from ..engine.api import CUSTOM_VOICE_PREFIX, CustomVoice
-from ..protocol.errors import ErrorCode, ProtocolError
+from ..protocol.error_codes import ErrorCode
+from ..protocol.errors import ProtocolError
 
 __all__ = ["OPENAI_VOICE_ALIASES", "SessionVoices"]
 
