@@ -35,3 +35,22 @@ async def test_control_frame_over_the_cap_never_reaches_the_child():
     finally:
         parser.close()
     assert not parser.running
+
+
+async def test_a_dead_child_costs_one_frame():
+    """The child killed: the frame it was to parse gets `server_error`, the next large frame a new child and its
+    event; a bug in parse (in the child) fails only that frame."""
+    parser = FrameParser(control_max_bytes=4096, inline_chars=1024)
+    append = json.dumps({"type": "input_audio_buffer.append", "audio": "AAAA" * 2000})
+    try:
+        parser.start()
+        assert parser.running
+        process = parser._child.process  # noqa: SLF001 -- the test kills the child
+        process.kill()
+        process.join(10)
+        error = await parser.parse(append, Dialect.GA)
+        assert isinstance(error, ProtocolError) and error.code is ErrorCode.SERVER_ERROR
+        event = await parser.parse(append, Dialect.GA)
+        assert isinstance(event, InputAudioBufferAppend) and parser.running
+    finally:
+        parser.close()
