@@ -6,9 +6,9 @@ every per-tool limit, ~9 MB, take ~0.1 s; a frame of millions of small values se
 still stalls every session's events and /health, while in another process it costs this one only the copy of
 the text there and of the event back. The text goes as raw UTF-8 bytes over a pipe (written in pieces by a
 thread of the parser's own, which lets go of the GIL for each), not pickled: pickling a 9 MB string held the GIL
-~20 ms at once, a stall of every session per large frame. What comes back is small or cheap to rebuild: an error, or an event of a
-type that carries media (a few large strings), since every other event type is refused in the child right after
-decoding when its frame is over `server.limits.max_control_frame_bytes` (`codec.parse`).
+~20 ms at once, a stall of every session per large frame. What comes back is small or cheap to rebuild: an
+error, or an event of a type that carries media (a few large strings), since every other event type is refused
+in the child right after decoding when its frame is over `server.limits.max_control_frame_bytes` (`codec.parse`).
 
 A frame over the control cap that opens with the `type` of an event carrying no media (`{"type":"session.update",`
 as every client library writes it) is refused right here from its first characters
@@ -17,8 +17,9 @@ answer, at no cost to either process (issue 43: these refusals were half of what
 
 One child per server process (each front end its own, `spawn`: the engine's threads are never forked), started by
 `start` off the event loop when the server starts (starting it takes the starting thread ~0.1 s of the GIL, which
-on the first large frame stalled every session for that long); a child that dies is replaced at the next large
-frame, and the frame it was parsing gets `server_error`, which ends nothing but that frame.
+on the first large frame stalled every session for that long); a child that dies is replaced, on the parser's
+thread, at the next large frame, and the frame it was parsing gets `server_error`, which ends nothing but that
+frame. The child ends when the pipe closes: `close`, or this process's exit or death.
 """
 
 from __future__ import annotations
