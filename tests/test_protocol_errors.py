@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from realtime_ming.protocol import Dialect, ErrorCode, ErrorType, ProtocolError, parse
+from realtime_ming.protocol.codec import refuse_by_leading_type
 
 PNG = "data:image/png;base64,iVBORw0KGgo="
 TOOL_WIRE = {"type": "function", "name": "lookup", "description": "", "parameters": {"type": "object"}}
@@ -433,3 +434,34 @@ def test_large_frames_bounded_by_event_type_and_tools_size(dialect: Dialect) -> 
         error = parse(frame, dialect)
         assert isinstance(error, ProtocolError)
         assert (error.code, error.param) == (ErrorCode.TOOLS_TOO_LARGE, param)
+
+
+@pytest.mark.parametrize(("frame", "event_id"), [
+    ('{"type":"session.update","session":{"instructions":"%s"}}', None),
+    ('{"type": "session.update", "event_id": "u2", "session": {"instructions": "%s"}}', "u2"),
+    ('  {\n "event_id" : "u3" ,\t"type" : "session.update" , "session": {"instructions": "%s"}}', "u3"),
+    ('{"type":"no.such.event","x":"%s"}', None),
+    ('{"type":"conversation.item.delete","event_id":"u4","item_id":"%s"}', "u4"),
+])
+def test_leading_type_refusal_is_what_parse_answers(frame: str, event_id: str | None) -> None:
+    """Issue 43: a frame over the control cap that opens with the type of an event carrying no media is refused
+    from its first characters with exactly the error (code, param, message, echoed event_id) that decoding the
+    whole frame gives, so the server need not decode it."""
+    frame = frame % ("x" * 5000)
+    early = refuse_by_leading_type(frame, 4096)
+    full = parse(frame, GA, control_max_bytes=4096)
+    assert isinstance(early, ProtocolError) and isinstance(full, ProtocolError)
+    assert (early.code, early.param, early.message) == (full.code, full.param, full.message)
+    assert early.code is ErrorCode.EVENT_FRAME_TOO_LARGE and early.event_id == full.event_id == event_id
+
+
+@pytest.mark.parametrize("frame", [
+    '{"type":"input_audio_buffer.append","audio":"%s"}',  # may carry media: decoded, not refused by its size
+    '{"type":"response.create","response":{"instructions":"%s"}}',
+    '{"session":{"instructions":"%s"},"type":"session.update"}',  # the type not leading: decoding decides
+    '{"type":"sess\\u0069on.update","x":"%s"}',  # an escaped type: decoding decides
+    '\u00a0{"type":"session.update","x":"%s"}',  # not JSON whitespace: decoding decides (invalid_json)
+])
+def test_leading_type_refusal_leaves_the_rest_to_parse(frame: str) -> None:
+    assert refuse_by_leading_type(frame % ("A" * 5000), 4096) is None
+    assert refuse_by_leading_type('{"type":"session.update","x":"%s"}' % ("A" * 4000), 4096) is None  # within the cap

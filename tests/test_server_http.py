@@ -21,6 +21,7 @@ from websockets.frames import CloseCode
 
 from realtime_ming.protocol import Dialect
 from realtime_ming.server import RealtimeServer, load_config
+from realtime_ming.server.frame_parser import limits_parser
 
 
 @pytest.fixture
@@ -306,6 +307,7 @@ async def test_large_frames_bounded_by_event_type(engine, web_dir):
     1 MiB of JSON, both refused with their code and param before the frame is checked; a large media frame
     (parsed in the frame parser's own process) is served as any other."""
     async with RealtimeServer(_config(web_dir, "server.limits.max_control_frame_bytes=4096"), engine) as srv:
+        assert limits_parser(srv.cfg.server.limits).running  # started with the server, not by the first large frame
         client = await _open(srv)
         await client.send(type="session.update", session={"type": "realtime", "instructions": "x" * 5000},
                           event_id="big1")
@@ -314,7 +316,7 @@ async def test_large_frames_bounded_by_event_type(engine, web_dir):
         assert "'session.update'" in error["message"] and "4096" in error["message"]
         tool = {"type": "function", "name": "t", "description": "d" * 8192}
         await client.send(type="response.create", response={"tools": [dict(tool, name=f"t{i}") for i in range(128)]})
-        error = await client.expect_error("tools_too_large", timeout=60)  # the parser process starts first
+        error = await client.expect_error("tools_too_large", timeout=60)
         assert error["param"] == "response.tools"
         await _still_serving(client)
         audio = pcm16_b64(tone(1.5))  # 96 kB of base64: over the inline size, parsed in the other process

@@ -9,6 +9,7 @@ connection must never receive (a programming error, not a client error).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -36,7 +37,7 @@ from realtime_ming.protocol.limits import (
 )
 from realtime_ming.protocol.wire import JsonValue
 
-__all__ = ["event_to_wire", "parse", "serialise"]
+__all__ = ["event_to_wire", "parse", "refuse_by_leading_type", "serialise"]
 
 
 def _decode(obj: Mapping[str, Any], dialect: Dialect, event_id: str | None) -> ClientEvent:
@@ -84,14 +85,44 @@ def _check_sizes(obj: Mapping[str, Any], num_chars: int, control_max_bytes: int 
     if not isinstance(event_type, str):
         event_type = None  # an untyped event is refused as such (after the checks, which name the value)
     if control_max_bytes is not None and num_chars > control_max_bytes and event_type not in MEDIA_EVENT_TYPES:
-        shown = "untyped" if event_type is None or text_problem(event_type) else f"'{clip(event_type, MAX_QUOTE_CHARS)}'"
-        raise ProtocolError(ErrorCode.EVENT_FRAME_TOO_LARGE, param="type", event_type=shown, num_bytes=num_chars,
-                            max_bytes=control_max_bytes, media_types=", ".join(sorted(MEDIA_EVENT_TYPES)))
+        raise _frame_too_large(event_type, num_chars, control_max_bytes)
     key = _TOOLS_HOLDER.get(event_type or "")
     holder = obj.get(key) if key is not None and num_chars > MAX_TOOLS_JSON_BYTES else None
     tools = holder.get("tools") if isinstance(holder, dict) else None
     if isinstance(tools, list):
         check_tools_size(tools, f"{key}.tools")
+
+
+def _frame_too_large(event_type: str | None, num_bytes: int, control_max_bytes: int) -> ProtocolError:
+    shown = "untyped" if event_type is None or text_problem(event_type) else f"'{clip(event_type, MAX_QUOTE_CHARS)}'"
+    return ProtocolError(ErrorCode.EVENT_FRAME_TOO_LARGE, param="type", event_type=shown, num_bytes=num_bytes,
+                         max_bytes=control_max_bytes, media_types=", ".join(sorted(MEDIA_EVENT_TYPES)))
+
+
+# A frame that opens with its `type` (what every client library writes), optionally with its `event_id` just before
+# or after it: `{"type":"session.update","event_id":"e1",...`. Only unescaped strings; anything else does not match.
+_WS = r"[ \t\r\n]*"  # JSON's whitespace
+_LEADING_TYPE = re.compile(rf'{_WS}\{{{_WS}(?:"event_id"{_WS}:{_WS}"(?P<id1>[^"\\]*)"{_WS},{_WS})?"type"{_WS}:{_WS}'
+                           rf'"(?P<type>[^"\\]*)"{_WS}(?:,{_WS}"event_id"{_WS}:{_WS}"(?P<id2>[^"\\]*)"{_WS})?[,}}]')
+_LEADING_CHARS = 4 * MAX_ID_CHARS + 256  # how much of the frame's start `_LEADING_TYPE` may look at
+
+
+def refuse_by_leading_type(frame: str, control_max_bytes: int) -> ProtocolError | None:
+    """`event_frame_too_large` for a frame over `control_max_bytes` whose leading `type` is an event that carries
+    no media, read from the frame's first characters without decoding the rest (what `parse` answers after
+    decoding it, at no cost: a session.update with megabytes of tools is refused in microseconds). None when the
+    frame is within the cap, does not open with its type (then `parse` decides), or its type may carry media.
+    A later duplicate `type` key is not looked for: a frame that names two types is refused by its first."""
+    if len(frame) <= control_max_bytes:
+        return None
+    match = _LEADING_TYPE.match(frame[:_LEADING_CHARS])
+    if match is None or match["type"] in MEDIA_EVENT_TYPES:
+        return None
+    event_id = match["id1"] if match["id1"] is not None else match["id2"]
+    error = _frame_too_large(match["type"], len(frame), control_max_bytes)
+    if event_id is not None and len(event_id) <= MAX_ID_CHARS and text_problem(event_id) is None:
+        error = error.with_event_id(event_id)
+    return error
 
 
 def parse(frame: str | bytes, dialect: Dialect, *, control_max_bytes: int | None = None) -> ClientEvent | ProtocolError:

@@ -41,6 +41,7 @@ from .call_routes import CallRoutes
 from .client_secrets import ClientSecrets, Grant, SecretStore, authorize
 from .config import ServerConfig, resolve_api_keys
 from .connection import ConnectionContext, LiveSessions, MediaPath, preview_session, serve_connection
+from .frame_parser import limits_parser
 from .handoff import Adopter, HandoffLoop
 from .handshake import (
     HandshakeInfo,
@@ -212,8 +213,10 @@ class RealtimeServer:
         log.info("listening on %s (HTTP on the same port)", self.url)
 
     async def prepare(self) -> None:
-        """Load what sessions share (the Silero VAD session, semantic_vad's model, the stop-command reader) off the
-        loop; `start` calls it, a transport that serves `serve_session` itself (server/asgi.py) calls it once."""
+        """Load what sessions share (the Silero VAD session, semantic_vad's model, the stop-command reader, the
+        frame-parser process) off the loop; `start` calls it, a transport that serves `serve_session` itself
+        (server/asgi.py) calls it once."""
+        await asyncio.to_thread(limits_parser(self.cfg.server.limits).start)
         if self.cfg.session.vad.backend == VadKind.SILERO.value and self._silero is None:
             self._silero = await asyncio.to_thread(create_silero_session)
         await asyncio.to_thread(shared_smart_turn)  # semantic_vad's model, loaded off the loop (~1-2 s)

@@ -62,7 +62,7 @@ from ..session.content import MediaLimits
 from ..session.failures import log_failure
 from ..session.mcp_limits import McpLimits
 from .config import LimitsConfig
-from .frame_parser import shared_parser
+from .frame_parser import limits_parser
 from .handshake import HandshakeInfo
 from .metrics import ServerMetrics
 from .outbound import ECHOES, Close, Outbound, SessionEnded
@@ -293,7 +293,7 @@ async def _read_frames(ws: Transport, runner: SessionRunner, outbound: Outbound,
                        info: HandshakeInfo, watch: _IdleWatch, media: MediaPath | None) -> None:
     limits = ctx.limits
     # large frames are parsed in another process
-    parser = shared_parser(min(limits.max_control_frame_bytes, limits.max_frame_bytes))
+    parser = limits_parser(limits)
     while True:
         watch.receiving()
         try:
