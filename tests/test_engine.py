@@ -256,12 +256,12 @@ def test_engine_batched_prefill_of_mixed_prompts_equals_each_alone(make_engine, 
     runner = engine._thinker
     original = runner.scheduler.prefill_batch
 
-    def spy(fits=None, budget=None):
+    def spy(fits=None, budget=None, fresh_only=False):
         # prepared and encoded off the engine thread, the four arrive at different steps: hold the prefill
         # until all are queued, so they meet in one padded batch (as a burst does when the steps are slower)
         if widths == [] and len(runner.scheduler.prefill_queue) < len(requests):
             return []
-        chosen = original(fits, budget)
+        chosen = original(fits, budget, fresh_only)
         widths.append([end - start for _, start, end in chosen])
         return chosen
 
