@@ -400,7 +400,8 @@ def test_thinker_step_in_flight_skips_rows_cancelled_meanwhile(fixture_root, bun
     conversation's next turn continues from its cached prefix (the in-flight token's K/V included)."""
     from realtime_ming.engine.thinker_runner import ThinkerRunner
 
-    runner = ThinkerRunner(bundle, _config(fixture_root))
+    # the pace off: no prompt is held between chunks by the host's time, so both rows still generate here
+    runner = ThinkerRunner(bundle, _config(fixture_root, prefill_step_ms=0.0))
     for turn_id, text in (("a", PROMPT_A), ("b", PROMPT_B)):
         runner.admit(_request(turn_id, text))
     while runner.scheduler.prefill_queue:  # both prompts prefilled, both rows generating
