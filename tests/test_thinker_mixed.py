@@ -65,8 +65,8 @@ def test_engine_mixing_decode_and_prefill_speaks_as_without(make_engine):
     runner, steps = mixing._thinker, []
     original = runner.scheduler.prefill_packed
 
-    def spy(budget, rows):
-        chosen = original(budget, rows)
+    def spy(budget, rows, fresh_only=False):
+        chosen = original(budget, rows, fresh_only)
         steps.append([end - start for _, start, end in chosen])
         return chosen
 

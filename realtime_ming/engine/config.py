@@ -105,7 +105,9 @@ class ThinkerRunnerConfig:
     prefill_chunk_tokens: int | None = None
     # a chunk (which every decoding row's next token and every prompt behind it waits for) is cut to what the host
     # time of the recent chunks says fits in this many ms (`engine/prefill_pace.py`): binds where the host computes
-    # the chunk (CPU), not where it only launches it (CUDA). 0 = always prefill_chunk_tokens
+    # the chunk (CPU), not where it only launches it (CUDA); beside decoding rows a long prompt's next chunk waits
+    # until the host time since its last chunk equals that chunk's (the streams keep half the host). 0 = always
+    # prefill_chunk_tokens, never held
     prefill_step_ms: float = 250.0
     # mixed step: a step that decodes rows AND prefills runs both in one forward of at most this many tokens
     # (the decode rows + the chunk, packed; `engine/thinker_mixed.py`), so the MoE experts are read once, not

@@ -10,7 +10,9 @@ chunk, for a judgement) it adds.
 Long prompts share the prefill with the prompts queued behind them: a prompt that took a chunk and is not
 complete goes back in the queue behind the prompts of its class waiting there (round robin, one chunk each), so
 a short prompt waits at most one chunk of a long one (a 2048 x 2048 image is ~4,000 prompt tokens, 16 chunks of
-256: seconds on a CPU) instead of all of it, and other sessions' first tokens keep coming.
+256: seconds on a CPU) instead of all of it, and other sessions' first tokens keep coming. Beside decoding rows a
+prompt that has had a chunk may be held for a step (`prefill_pace.PrefillPace.holds`: a long prompt takes at most
+half the host's time while others stream); prompts not started yet still prefill then (`fresh_only`).
 
 A prefill chunk reads every MoE expert once more than the decode step beside it (~15 ms more at the full shapes
 on a GPU), whatever its size: every step with a queued prompt runs one chunk, packing what is queued.
@@ -122,16 +124,24 @@ class Scheduler:
         """The rows generating and not paused: each runs one decode step now."""
         return [r for t, r in self.rows.items() if r.next_token is not None and t not in self.paused]
 
+    def waiting(self, fresh_only: bool = False) -> bool:
+        """Whether a prompt waits for a chunk (`fresh_only`: a prompt that has had none yet)."""
+        return any(not fresh_only or self.rows[t].offset == 0 for t in self.prefill_queue)
+
+    def _queued(self, fresh_only: bool) -> list[Row]:
+        rows = (self.rows[t] for t in self.prefill_queue)
+        return [r for r in rows if r.offset == 0] if fresh_only else list(rows)
+
     def prefill_batch(self, fits: Callable[[int, int], bool] | None = None,
-                      budget: int | None = None) -> list[tuple[Row, int, int]]:
+                      budget: int | None = None, fresh_only: bool = False) -> list[tuple[Row, int, int]]:
         """(row, start, end) chunks for this step: queue order, padded width x rows <= `budget` (default
         prefill_chunk_tokens; `prefill_pace.PrefillPace` cuts it beside decoding rows), and
         never grown from a shape a prefill graph serves (`fits(width, rows)`) into one none does (14 rows of 35
         tokens would pad to 16 x 64, past the budget: eager, ~2,500 launches; 8 rows now and 6 next step are
-        two graph replays)."""
+        two graph replays). `fresh_only`: only prompts that have had no chunk yet (a long one is held,
+        `PrefillPace.holds`)."""
         budget, width, chosen = budget or self.prefill_chunk_tokens, 0, []
-        for turn_id in self.prefill_queue:
-            row = self.rows[turn_id]
+        for row in self._queued(fresh_only):
             take = min(len(row.tail_ids) - row.offset, budget)
             wider, rows = max(width, take), len(chosen) + 1
             if chosen and (wider * rows > budget or rows > self.max_batch
@@ -141,14 +151,14 @@ class Scheduler:
             width = wider
         return chosen
 
-    def prefill_packed(self, budget: int, max_rows: int) -> list[tuple[Row, int, int]]:
+    def prefill_packed(self, budget: int, max_rows: int, fresh_only: bool = False) -> list[tuple[Row, int, int]]:
         """(row, start, end) chunks packed token after token (no padding: a mixed step, `thinker_mixed`): queue
-        order, at most `budget` tokens and `max_rows` rows in all; [] when neither allows one token."""
+        order, at most `budget` tokens and `max_rows` rows in all; [] when neither allows one token.
+        `fresh_only` as in `prefill_batch`."""
         chosen = []
-        for turn_id in self.prefill_queue:
+        for row in self._queued(fresh_only):
             if budget <= 0 or len(chosen) >= max_rows:
                 break
-            row = self.rows[turn_id]
             take = min(len(row.tail_ids) - row.offset, budget)
             chosen.append((row, row.offset, row.offset + take))
             budget -= take

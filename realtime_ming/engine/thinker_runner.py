@@ -309,14 +309,17 @@ class ThinkerRunner:
         the host, without waiting for any of it: the engine steps the talker meanwhile, then `collect`s."""
         decoding = self.scheduler.decoding()
         done, sampled = [], []
-        chunk = bool(self.scheduler.prefill_queue)
+        # beside decoding rows a long prompt part-way is held while the host time since its last chunk is below
+        # that chunk's (`PrefillPace.holds`): the rows decode alone meanwhile; a new prompt still prefills
+        fresh_only = bool(decoding) and self.pace.holds()
+        chunk = self.scheduler.waiting(fresh_only)
         with torch.no_grad():
             if chunk and decoding and self.mixer is not None and len(decoding) < min(self.mixer.picks,
                                                                                      self.mixer.max_tokens):
-                done, ids = self._mixed(decoding)
+                done, ids = self._mixed(decoding, fresh_only)
                 return self._ship(done, decoding, ids, True)
             if chunk:
-                done, tokens = self._prefill()
+                done, tokens = self._prefill(fresh_only)
                 if done:
                     sampled.append(tokens)
             if decoding:
@@ -352,14 +355,15 @@ class ThinkerRunner:
             outputs.append(self._accept(row, token))
         return outputs
 
-    def _prefill(self) -> tuple[list[Row], torch.Tensor | None]:
+    def _prefill(self, fresh_only: bool = False) -> tuple[list[Row], torch.Tensor | None]:
         """Run the scheduler's chunks as one padded batch (padding: cache position -1, written to the sink), cut
-        to the pace's budget. -> the rows whose prompt is now complete and their sampled first ids (device)."""
+        to the pace's budget (`fresh_only`: of prompts not started yet). -> the rows whose prompt is now complete
+        and their sampled first ids (device)."""
         chosen = self.scheduler.prefill_batch(self.prefiller.fits if self.prefiller is not None else None,
-                                              self.pace.budget())
+                                              self.pace.budget(), fresh_only)
         if not chosen:  # a scheduler may hold the queue back this step
             return [], None
-        started = time.perf_counter()
+        started = self.pace.clock()
         width = max(end - start for _, start, end in chosen)
         b, dev = len(chosen), self.device
         first = chosen[0][0].prefill
@@ -387,7 +391,7 @@ class ThinkerRunner:
             needed = max(len(r.slot.ids) + e - s for r, s, e in chosen)  # the slot holds its tokens before `s`
             hidden = self.model(embeds, rotary, cache=self.cache, slots=slots, cache_positions=cache_pos,
                                 kv_len=eager_kv_len(needed, self.cfg.max_seq_len), **masks)
-        self.pace.observe(width * b, time.perf_counter() - started)  # host time: the launches on a GPU
+        self.pace.observe(width * b, self.pace.clock() - started)  # host time: the launches on a GPU
         done = self.scheduler.prefilled(chosen)
         if not done:
             return [], None
@@ -405,11 +409,12 @@ class ThinkerRunner:
                 pair = logits[i, list(self.judge_answers)].float()
                 row.judgement = torch.softmax(pair, dim=-1)[0]
 
-    def _mixed(self, decoding: list[Row]) -> tuple[list[Row], torch.Tensor]:
+    def _mixed(self, decoding: list[Row], fresh_only: bool = False) -> tuple[list[Row], torch.Tensor]:
         """One forward for the decode rows and a chunk packed into the tokens they leave (`thinker_mixed`) ->
         the rows whose prompt completed, and the sampled ids of those rows then of `decoding` (device)."""
         mixer = self.mixer
-        chosen = self.scheduler.prefill_packed(mixer.max_tokens - len(decoding), mixer.picks - len(decoding))
+        chosen = self.scheduler.prefill_packed(mixer.max_tokens - len(decoding), mixer.picks - len(decoding),
+                                               fresh_only)
         needed, ints, embeds, last = pack_mixed(decoding, chosen, device=self.device, dtype=self.bundle.dtype,
                                                 hidden=self.model.cfg.hidden_size)
         done = self.scheduler.prefilled(chosen)
