@@ -27,12 +27,7 @@ import argparse
 import asyncio
 import base64
 import json
-import os
 import re
-import shlex
-import subprocess
-import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +37,7 @@ import soxr
 
 from bench.end_of_turn import espeak
 from bench.listener_drift import drift, read_sends
+from bench.listener_serve import client_priority, serve_story
 from realtime_ming.audio.commands import shared_command_spotter
 from realtime_ming.audio.config import TurnDetectorConfig
 from realtime_ming.audio.turns import SpeechStarted, TurnDetector
@@ -403,43 +399,13 @@ async def run_listener(args) -> dict:
             "failures": failures, "clips": rows}
 
 
-def _serve(args: str, forced_reply: str, trace: str | None = None) -> tuple[subprocess.Popen, str]:
-    """`realtime-ming serve ARGS` on a free port (no ARGS: the embedded tiny model), forced to tell a story; `trace`:
-    its audio deltas' send times go there (`bench.send_trace`)."""
-    entry = ["-m", "realtime_ming.cli"] if trace is None else ["-m", "bench.send_trace", trace]
-    proc = subprocess.Popen([sys.executable, *entry, "serve", *shlex.split(args), "--port", "0",
-                             "--hook", f"forced_reply={forced_reply}"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        found = re.search(r" on (wss?://\S+/v1/realtime)\s*$", line)
-        if found:
-            threading.Thread(target=proc.stdout.read, daemon=True).start()  # keep its pipe drained
-            return proc, found.group(1)
-    raise RuntimeError(f"the tiny server exited ({proc.wait()})")
-
-
-def _client_priority(nice: int) -> int | None:
-    """Run this process (the client: microphone, receipt times, playback model) at niceness `nice`; returns the
-    niceness it got (None: not permitted, it runs as it was). With the server on the same few loaded cores, a client
-    at the server's priority is starved by the server under test and other jobs: its microphone frames go out late
-    and its receipt times are taken late, so it measures its own lateness as the server's. A client on its own device
-    has neither; the server keeps the priority it was started with (the child is started before this)."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, 0, nice)
-    except (PermissionError, OSError) as exc:
-        print(f"the client runs at its niceness ({os.getpriority(os.PRIO_PROCESS, 0)}): {exc}", file=sys.stderr)
-        return None
-    return os.getpriority(os.PRIO_PROCESS, 0)
-
-
 def listener_main(args) -> None:
     proc = None
     if args.serve is not None:
         if args.trace_sends:
             Path(args.trace_sends).write_text("")
-        proc, args.url = _serve(args.serve, STORY, args.trace_sends)
-    client_nice = _client_priority(args.client_nice) if args.client_nice is not None else None
+        proc, args.url = serve_story(args.serve, STORY, args.trace_sends)
+    client_nice = client_priority(args.client_nice) if args.client_nice is not None else None
     try:
         result = asyncio.run(run_listener(args))
         result["client_nice"] = client_nice
