@@ -126,7 +126,7 @@ class Scheduler:
 
     def waiting(self, fresh_only: bool = False) -> bool:
         """Whether a prompt waits for a chunk (`fresh_only`: a prompt that has had none yet)."""
-        return any(not fresh_only or self.rows[t].offset == 0 for t in self.prefill_queue)
+        return bool(self._queued(fresh_only))
 
     def _queued(self, fresh_only: bool) -> list[Row]:
         rows = (self.rows[t] for t in self.prefill_queue)

@@ -139,5 +139,6 @@ class ThinkerDecoder:
                 kv_len = eager_kv_len(positions[rows[0]] + 1, self.cache.capacity)
                 parts.append(self._fn(kv_len)(tok[at], pos[at], delta[at], packed[3][at]))
             order = torch.tensor([i for rows in groups for i in rows], device=self.device)
-            return torch.empty_like(torch.cat(parts)).index_copy_(0, order, torch.cat(parts))
+            grouped = torch.cat(parts)
+            return torch.empty_like(grouped).index_copy_(0, order, grouped)
         return self._graphs[kv].step(tok=tok, pos=pos, delta=delta, slots=packed[3])
