@@ -24,13 +24,15 @@ serve_extra=(); bench_extra=()
 [ -z "${FORCED_TRANSCRIPT:-}" ] || serve_extra+=(--hook "forced_transcript=$FORCED_TRANSCRIPT")
 # TP_SHADOW=N: the thinker as rank 0 of TP=N alone on its GPU, collectives skipped (bench/configs/shadow-tp2-1gpu.yaml)
 [ -z "${TP_SHADOW:-}" ] || serve_extra+=(--hook "tp_shadow=$TP_SHADOW")
+# HOOKS: bench/test hooks, space-separated name=value (e.g. "steps_per_word=1": short words from the random talker)
+for kv in ${HOOKS:-}; do serve_extra+=(--hook "$kv"); done
 # SERVE_SET: more server overrides, space-separated key=value (e.g. "engine.placement.talker_device=cuda:2")
 for kv in ${SERVE_SET:-}; do serve_extra+=(--set "$kv"); done
 # FRONTENDS=N: the WebSockets in N front-end processes, the engine alone in the main one (server.frontend_processes)
 [ -z "${FRONTENDS:-}" ] || serve_extra+=(--set "server.frontend_processes=$FRONTENDS")
 echo "mode: policy=$policy vad_silence_ms=$vad_ms max_output_tokens=$max_tokens forced_reply=yes weights=dummy" \
   "frontend_processes=${FRONTENDS:-config}" \
-  "compare_session=${COMPARE_SESSION:-none} forced_transcript=${FORCED_TRANSCRIPT:-none} serve_set=${SERVE_SET:-none}" | tee "$out/mode.txt"
+  "compare_session=${COMPARE_SESSION:-none} forced_transcript=${FORCED_TRANSCRIPT:-none} serve_set=${SERVE_SET:-none} hooks=${HOOKS:-none}" | tee "$out/mode.txt"
 reply="Sure. The weather today looks sunny, with a light breeze from the west and a high of twenty degrees. "
 python3 -c 'import sys; from realtime_ming.cli import main; sys.exit(main(sys.argv[1:]))' serve --config "$config" \
   --port 8765 --set "engine.preset=${PRESET:-ming-flash-omni-2.0}" --set engine.weights=dummy \
