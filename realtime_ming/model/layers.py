@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .kernels.dense_gemv import linear
 from .kernels.norm import add_rms_norm, rms_norm
 from .kernels.selection import REFERENCE, Kernels
 
@@ -172,11 +173,13 @@ def rope_inv_freq(dim: int, theta: float, device=None) -> torch.Tensor:
 
 class ColumnParallelLinear(nn.Module):
     """Linear whose output features are split across ranks; `splits` shards fused parts separately
-    (an entry (size, heads) is split by heads, replicated when there are fewer heads than ranks)."""
+    (an entry (size, heads) is split by heads, replicated when there are fewer heads than ranks).
+    `kernels`: a decode batch's projection may run the step plan's Triton GEMV (`dense_gemv.linear`)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False, tp: TPGroup = SINGLE,
-                 splits: tuple[int | tuple[int, int], ...] | None = None):
+                 splits: tuple[int | tuple[int, int], ...] | None = None, *, kernels: Kernels = REFERENCE):
         super().__init__()
+        self.kernels = kernels
         parts = splits or (out_features,)
         if sum(p[0] if isinstance(p, tuple) else p for p in parts) != out_features:
             raise ValueError("splits must sum to out_features")
@@ -186,19 +189,20 @@ class ColumnParallelLinear(nn.Module):
         self.bias = mark_tp(nn.Parameter(torch.empty(local)), 0, splits) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias, kernels=self.kernels)
 
 
 class RowParallelLinear(nn.Module):
     """Linear whose input features are split across ranks; the partial outputs are all-reduced.
 
     `reduce=False` leaves the partial sum for a caller that fuses several reductions into one
-    (routed + shared experts share one all-reduce, issue 4).
+    (routed + shared experts share one all-reduce, issue 4). `kernels`: as ColumnParallelLinear's.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False, tp: TPGroup = SINGLE,
-                 reduce: bool = True):
+                 reduce: bool = True, *, kernels: Kernels = REFERENCE):
         super().__init__()
+        self.kernels = kernels
         self.tp = tp
         self.reduce = reduce
         self.weight = mark_tp(nn.Parameter(torch.empty(out_features, tp.divide(in_features, "input features"))), 1)
@@ -206,7 +210,7 @@ class RowParallelLinear(nn.Module):
         self.bias = mark_tp(nn.Parameter(torch.empty(out_features)), None) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight)
+        y = linear(x, self.weight, kernels=self.kernels)
         if self.reduce:
             y = self.tp.all_reduce(y)
         if self.bias is not None:
@@ -235,12 +239,14 @@ class VocabParallelEmbedding(nn.Module):
 
 
 class ParallelLMHead(nn.Module):
-    """Output projection split by vocabulary; logits gathered so every rank sees the full row."""
+    """Output projection split by vocabulary; logits gathered so every rank sees the full row.
+    `kernels`: as ColumnParallelLinear's."""
 
-    def __init__(self, dim: int, vocab_size: int, tp: TPGroup = SINGLE):
+    def __init__(self, dim: int, vocab_size: int, tp: TPGroup = SINGLE, *, kernels: Kernels = REFERENCE):
         super().__init__()
+        self.kernels = kernels
         self.tp = tp
         self.weight = mark_tp(nn.Parameter(torch.empty(tp.divide(vocab_size, "vocab_size"), dim)), 0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.tp.all_gather_last(F.linear(x, self.weight))
+        return self.tp.all_gather_last(linear(x, self.weight, kernels=self.kernels))

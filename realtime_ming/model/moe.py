@@ -21,6 +21,7 @@ from . import fp8
 from .config import ThinkerConfig
 from .kernels import moe_decode as decode_kernels
 from .kernels import moe_fp8
+from .kernels.dense_gemv import linear
 from .kernels.moe_experts import fused_experts
 from .kernels.selection import REFERENCE, Kernels
 from .kernels.swiglu import silu_mul
@@ -59,12 +60,13 @@ class DenseMLP(nn.Module):
                  kernels: Kernels = REFERENCE):
         super().__init__()
         self.kernels = kernels
-        self.gate_proj = ColumnParallelLinear(hidden, intermediate, tp=tp)
-        self.up_proj = ColumnParallelLinear(hidden, intermediate, tp=tp)
-        self.down_proj = RowParallelLinear(intermediate, hidden, tp=tp, reduce=reduce)
+        self.gate_proj = ColumnParallelLinear(hidden, intermediate, tp=tp, kernels=kernels)
+        self.up_proj = ColumnParallelLinear(hidden, intermediate, tp=tp, kernels=kernels)
+        self.down_proj = RowParallelLinear(intermediate, hidden, tp=tp, reduce=reduce, kernels=kernels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = F.linear(x, concat_params(self, "_gate_up", (self.gate_proj.weight, self.up_proj.weight)))
+        gate_up = linear(x, concat_params(self, "_gate_up", (self.gate_proj.weight, self.up_proj.weight)),
+                         kernels=self.kernels)
         return self.down_proj(silu_mul(gate_up, kernels=self.kernels))
 
 

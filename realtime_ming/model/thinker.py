@@ -82,10 +82,11 @@ class ThinkerAttention(nn.Module):
         self.num_kv = tp.heads(cfg.num_key_value_heads, "num_key_value_heads")
         q, kv = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
         self.query_key_value = ColumnParallelLinear(cfg.hidden_size, q + 2 * kv, bias=cfg.use_qkv_bias, tp=tp,
-                                                    splits=(q, (kv, cfg.num_key_value_heads), (kv, cfg.num_key_value_heads)))
+                                                    splits=(q, (kv, cfg.num_key_value_heads), (kv, cfg.num_key_value_heads)),
+                                                    kernels=kernels)
         self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, kernels=kernels)
         self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, kernels=kernels)
-        self.dense = RowParallelLinear(q, cfg.hidden_size, bias=cfg.use_bias, tp=tp)
+        self.dense = RowParallelLinear(q, cfg.hidden_size, bias=cfg.use_bias, tp=tp, kernels=kernels)
 
     def forward(self, x, cos, sin, mask, kv=None, slots=None, write_idx=None, kv_len=None, lengths=None):
         """`lengths` (with a cache, the fused kernels on) = cache indices each query sees, read in place:
@@ -161,7 +162,7 @@ class Thinker(nn.Module):
         super().__init__()
         self.cfg, self.tp, self.kernels, self.expert_dtype = cfg, tp, kernels, expert_dtype
         self.model = ThinkerModel(cfg, tp, kernels=kernels, expert_dtype=expert_dtype)
-        self.lm_head = ParallelLMHead(cfg.hidden_size, cfg.vocab_size, tp)
+        self.lm_head = ParallelLMHead(cfg.hidden_size, cfg.vocab_size, tp, kernels=kernels)
         attn = self.model.layers[0].attention  # this rank's attention shapes suit the prefill kernel
         self._prefill_kernel = prefill_attention_supported(attn.num_heads, attn.num_kv, attn.head_dim)
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from .selection import Kernels
+from .step_plan import step_plan
 from .triton_import import tl, triton
 
 __all__ = ["MAX_DECODE_TOKENS", "decode_fits", "moe_decode", "moe_tiles", "route", "select"]
@@ -96,7 +97,8 @@ if triton is not None:
         tl.store(weights_ptr + tok * TOPK + kk, wts * scale, mask=kk < TOPK)
 
 
-_ROUTER_SPLITS = 16  # split-K of the router logits: a decode batch of one still spreads over >= 128 programs
+# the router logits' split-K and experts a program (default 16 x 32: a decode batch of one still spreads over >= 128
+# programs) and the selection's warps: `step_plan.STEP_PLAN`
 
 
 def _groups_apply(e: int, n_group: int) -> bool:
@@ -114,7 +116,8 @@ def route(x: torch.Tensor, weight: torch.Tensor, expert_bias: torch.Tensor, top_
     if (not kernels.applies(x) or n > MAX_DECODE_TOKENS or not _groups_apply(e, n_group) or x.stride(-1) != 1
             or weight.stride(-1) != 1):
         return None
-    splits, block_e = _ROUTER_SPLITS, 32
+    plan = step_plan()
+    splits, block_e = plan.router_splits, plan.router_block_e
     part = torch.empty(splits, n, e, device=x.device, dtype=torch.float32)
     _router_logits_kernel[(n, triton.cdiv(e, block_e), splits)](
         x, weight, part, n, d, e, x.stride(0), weight.stride(0), SPLITS=splits, BLOCK_E=block_e,
@@ -123,7 +126,7 @@ def route(x: torch.Tensor, weight: torch.Tensor, expert_bias: torch.Tensor, top_
     weights = torch.empty(n, top_k, device=x.device, dtype=torch.float32)
     _router_select_kernel[(n,)](part, expert_bias, ids, weights, n, scale, 0, E=e, GROUPS=n_group,
                                 TOPK_GROUP=topk_group, TOPK=top_k, KP=triton.next_power_of_2(top_k), SPLITS=splits,
-                                num_warps=4)
+                                num_warps=plan.select_warps)
     return ids, weights
 
 

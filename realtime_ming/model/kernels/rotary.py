@@ -2,7 +2,8 @@
 into heads, optionally RMS-normalises q and k per head, rotates them and writes K/V into a slot cache.
 
 A reference rotary embedding is eight to twelve kernels, the per-head layout and cache write more;
-here one program per token does it all. The kernel rounds where the reference rounds (after the
+here one program per token does it all (in a decode step, `step_plan.STEP_PLAN.rotary_heads` heads a program:
+more programs, each shorter, the same bits). The kernel rounds where the reference rounds (after the
 norm, after each rotary product for `RotaryStyle.NEOX_ROUND_EACH`, once for `INTERLEAVED_FP32`).
 The token count is `do_not_specialize` (no recompile when a length is 1 or a multiple of 16).
 """
@@ -13,6 +14,7 @@ import torch
 
 from .norm import rms_norm_reference
 from .selection import Kernels
+from .step_plan import step_plan
 from .triton_import import tl, triton
 
 __all__ = ["RotaryStyle", "apply_interleaved_rotary", "apply_rotary", "head_rotary", "head_rotary_reference",
@@ -56,13 +58,14 @@ if triton is not None:
                             HD: tl.constexpr, RD: tl.constexpr, BLOCK: tl.constexpr, HEADS: tl.constexpr,
                             INTERLEAVED: tl.constexpr, ROUND_EACH: tl.constexpr, QK_NORM: tl.constexpr,
                             HAS_ROWS: tl.constexpr, HAS_IDX: tl.constexpr):
-        """One token: norm (optional) and rotate the first RD dims of its H query and KV key heads, copy
-        its KV value heads. Rows j < H of the [HEADS, BLOCK] tile are query heads, H <= j < H + KV keys."""
+        """One token's HEADS heads from head HEADS * program_id(1) on: norm (optional) and rotate the first RD dims
+        of query and key heads, copy the value heads of its key heads. Head j < H is a query head, H <= j < H + KV
+        a key head (the rows of the [HEADS, BLOCK] tile)."""
         tok = tl.program_id(0).to(tl.int64)
         b = tok // T
         t = tok % T
         ty = q_ptr.dtype.element_ty
-        j = tl.arange(0, HEADS)[:, None]
+        j = tl.program_id(1) * HEADS + tl.arange(0, HEADS)[:, None]
         d = tl.arange(0, BLOCK)[None, :]
         is_q = j < H
         live = (j < H + KV) & (d < HD)
@@ -166,12 +169,15 @@ def head_rotary(qkv: torch.Tensor, heads: int, kv_heads: int, head_dim: int, cos
         v_out = torch.empty_like(k_out)
     norm = q_norm is not None
     interleaved, round_each = style
-    _head_rotary_kernel[(b * t,)](
+    per = triton.next_power_of_2(heads + kv_heads)
+    if step_plan().rotary_heads and t == 1:  # a decode step: the token's heads over several programs
+        per = min(per, step_plan().rotary_heads)
+    _head_rotary_kernel[(b * t, triton.cdiv(heads + kv_heads, per))](
         qkv, cos, sin, q_norm if norm else qkv, k_norm if norm else qkv, q, k_out, v_out,
         rows if rows is not None else qkv, index if index is not None else qkv,
         t, heads, kv_heads, eps, qkv.stride(1), stride_cb, stride_ct,
         q.stride(0), q.stride(1), q.stride(2), k_out.stride(0), k_out.stride(1), k_out.stride(2),
-        HD=head_dim, RD=rd, BLOCK=triton.next_power_of_2(head_dim), HEADS=triton.next_power_of_2(heads + kv_heads),
+        HD=head_dim, RD=rd, BLOCK=triton.next_power_of_2(head_dim), HEADS=per,
         INTERLEAVED=bool(interleaved), ROUND_EACH=bool(round_each), QK_NORM=norm, HAS_ROWS=rows is not None,
         HAS_IDX=index is not None, num_warps=4)
     return (q, k_out, v_out) if returned else (q, None, None)
