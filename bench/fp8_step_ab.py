@@ -1,6 +1,7 @@
 """The whole thinker's graphed decode step on one GPU with FP8 experts, A/B of decode plans in one process.
 
     python -m bench.fp8_step_ab --out DIR --plans base,shipped,DIR/fp8_plan.json [--batches 1,16,64] [--profile 1]
+    python -m bench.fp8_step_ab --out DIR --plans shipped,shipped+step=DIR/step_plan.json   # + a step plan
     python -m bench.fp8_step_ab --out DIR --plans base,shipped --dry-run      # CPU, tiny preset: plumbing only
 
 tp_bench.py's method (its builder, step, timing and bytes floor: `tp_bench.py --tp 1 --expert-dtype fp8
@@ -30,6 +31,7 @@ import tp_bench  # noqa: E402
 from tp_report import Report  # noqa: E402
 
 from realtime_ming.engine.graphs import BucketedGraph  # noqa: E402
+from realtime_ming.model.kernels import step_plan  # noqa: E402
 from realtime_ming.model.layers import TPGroup  # noqa: E402
 from realtime_ming.model.thinker import ThinkerKVCache  # noqa: E402
 
@@ -64,7 +66,8 @@ def run_plans(args, plans: list[str], profile: list[int], log, res: dict) -> dic
     with torch.no_grad():
         for spec in plans:
             plan = fp8_variants.apply(spec)
-            row: dict = {"plan": fp8_variants.to_json(plan), "decode": {}, "profile": {}}
+            row: dict = {"plan": fp8_variants.to_json(plan), "step_plan": step_plan.to_json(step_plan.step_plan()),
+                         "decode": {}, "profile": {}}
             res["plans"][spec] = row
             graph = BucketedGraph(bench.step, tp_bench._decode_specs(max(args.batches)), args.batches, device=device,
                                   enforce_eager=not args.graphs)
@@ -102,6 +105,11 @@ def run_plans(args, plans: list[str], profile: list[int], log, res: dict) -> dic
     return res
 
 
+def _name(spec: str) -> str:
+    """A plan's short name: its files' names (`fp8_plan.json+step=step_plan.json`)."""
+    return "+step=".join(Path(p).name for p in spec.split("+step="))
+
+
 def markdown(res: dict) -> str:
     base = next(iter(res["plans"].values()), {}).get("decode", {})
     lines = ["| plan | B | path | graph ms | tok/s per stream | tok/s aggregate | vs first plan | bytes floor ms |",
@@ -110,14 +118,14 @@ def markdown(res: dict) -> str:
         for b, d in row["decode"].items():
             floor = (res["floor"].get(b) or res["floor"].get(str(b)) or {}).get("floor_ms")
             ref = (base.get(b) or {}).get("graph_ms")
-            lines.append(f"| {Path(spec).name} | {b} | {d['paths']} | {d['graph_ms']:.3f} | {d['tok_s_per_stream']:.1f} | "
+            lines.append(f"| {_name(spec)} | {b} | {d['paths']} | {d['graph_ms']:.3f} | {d['tok_s_per_stream']:.1f} | "
                          f"{d['tok_s_aggregate']:.0f} | {ref / d['graph_ms']:.2f}x | "
                          f"{'—' if floor is None else f'{floor:.2f}'} |")
     lines += ["", "Row 0's first 8 greedy tokens at B=1 per plan: "
-              + "; ".join(f"{Path(s).name} {r.get('greedy_b1')}" for s, r in res["plans"].items())]
+              + "; ".join(f"{_name(s)} {r.get('greedy_b1')}" for s, r in res["plans"].items())]
     for spec, row in res["plans"].items():
         for b, prof in row["profile"].items():
-            lines += ["", f"### {Path(spec).name}, B={b}: the graphed step under the profiler", ""]
+            lines += ["", f"### {_name(spec)}, B={b}: the graphed step under the profiler", ""]
             lines += step_profile.markdown(prof)
     return "\n".join(lines) + "\n"
 

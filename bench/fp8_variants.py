@@ -3,7 +3,9 @@
 A plan is named by SPEC: `base` (before the per-row-count plan: the FP8 GEMVs for every decode batch up to 16 rows,
 the bf16 GEMVs' tiles, the a8 activations quantised by PyTorch's ops), `shipped` (the plan in
 model/kernels/moe_fp8.py), or the path of a JSON plan (`bench/fp8_decode_bench.py` writes the one its measurements
-pick: DIR/fp8_plan.json). Benchmarks only: the engine has no setting for it.
+pick: DIR/fp8_plan.json). `SPEC+step=PATH` also puts a step plan in force (model/kernels/step_plan.py: the dense
+GEMV's tiles, the rotary's and router's launch shapes; bench/decode_step_bench.py writes the one it picks); without
+it the shipped step plan. Benchmarks only: the engine has no setting for either.
 """
 
 from __future__ import annotations
@@ -11,12 +13,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from realtime_ming.model.kernels import moe_fp8
+from realtime_ming.model.kernels import moe_fp8, step_plan
 from realtime_ming.model.kernels.moe_decode import MAX_DECODE_TOKENS
 
-__all__ = ["BASE", "SHIPPED", "apply", "from_json", "load", "to_json"]
+__all__ = ["BASE", "SHIPPED", "apply", "from_json", "load", "load_step", "to_json"]
 
 SHIPPED = moe_fp8.DECODE_PLAN
+SHIPPED_STEP = step_plan.STEP_PLAN
 BASE = moe_fp8.DecodePlan(paths=((MAX_DECODE_TOKENS, "gemv"),), fused_quantize=False)
 
 
@@ -34,8 +37,20 @@ def from_json(data: dict) -> moe_fp8.DecodePlan:
                               grouped=dict(data.get("grouped") or {}))
 
 
+def load_step(spec: str) -> step_plan.StepPlan:
+    """The step plan SPEC names: its `+step=PATH` JSON file, else the shipped one."""
+    if "+step=" not in spec:
+        return SHIPPED_STEP
+    path = Path(spec.split("+step=", 1)[1])
+    if not path.is_file():
+        raise ValueError(f"step plan {str(path)!r}: not a JSON file")
+    return step_plan.from_json(json.loads(path.read_text()))
+
+
 def load(spec: str) -> moe_fp8.DecodePlan:
-    """The plan SPEC names (see the module docstring)."""
+    """The FP8 plan SPEC names (see the module docstring; its `+step=` part checked too)."""
+    load_step(spec)
+    spec = spec.split("+step=", 1)[0]
     if spec == "base":
         return BASE
     if spec == "shipped":
@@ -47,6 +62,8 @@ def load(spec: str) -> moe_fp8.DecodePlan:
 
 
 def apply(spec: str) -> moe_fp8.DecodePlan:
-    """Put the plan SPEC names in force for this process (before graphs are captured); returns it."""
+    """Put the plans SPEC names (FP8 and step) in force for this process (before graphs are captured); returns the
+    FP8 plan."""
     moe_fp8.DECODE_PLAN = load(spec)
+    step_plan.STEP_PLAN = load_step(spec)
     return moe_fp8.DECODE_PLAN

@@ -27,6 +27,7 @@ CATEGORIES = (
     ("moe grouped", r"_gate_up_kernel|_down_kernel"),
     ("a8 quantize", r"_quantize_rows_kernel"),
     ("router", r"_router_"),
+    ("dense gemv (triton)", r"_gemv_kernel"),
     ("attention", r"_attn_|attention|flash|fmha"),
     ("rotary + kv write", r"_head_rotary|rotary"),
     ("rms norm", r"_rms_norm"),

@@ -10,16 +10,28 @@ import torch
 from gpu_engine_support import generate
 
 from realtime_ming.engine.thinker_decode import ThinkerDecoder
-from realtime_ming.model.kernels import TRITON, moe_fp8
+from realtime_ming.model.kernels import TRITON, moe_fp8, step_plan
+from realtime_ming.model.kernels.step_plan import StepPlan
 from realtime_ming.model.thinker import ThinkerKVCache, load_thinker
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
 pytestmark = [cuda, pytest.mark.timeout(300)]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fp8_graphed_decoder_equals_eager(fixture_root, dtype):
-    """Every batch 1..5 (buckets 1, 2, 4, 8): the CUDA-graphed FP8 decode step's logits equal the eager step's."""
+# every knob of the step plan on: the dense GEMV (register tiles to 2 rows, the tensor-core dot to 8), the rotary's
+# heads over programs, other router shapes (bench/decode_step_bench.py measures which of them pay)
+EVERY_KNOB = StepPlan(gemv=((2, {"*": {"n": 4, "k": 512, "warps": 2, "stages": 3}}),
+                            (8, {"*": {"n": 32, "k": 128, "warps": 4, "stages": 3, "dot": True}})),
+                      rotary_heads=4, router_splits=8, router_block_e=16, select_warps=1)
+
+
+@pytest.mark.parametrize("dtype,plan", [(torch.float32, None), (torch.bfloat16, None),
+                                        (torch.bfloat16, EVERY_KNOB)], ids=["fp32", "bf16", "bf16-every-knob"])
+def test_fp8_graphed_decoder_equals_eager(fixture_root, dtype, plan, monkeypatch):
+    """Every batch 1..5 (buckets 1, 2, 4, 8): the CUDA-graphed FP8 decode step's logits equal the eager step's
+    (also with every knob of the step plan on)."""
+    if plan is not None:
+        monkeypatch.setattr(step_plan, "STEP_PLAN", plan)
     thinker = load_thinker(fixture_root, device="cuda", dtype=dtype, kernels=TRITON, expert_dtype="fp8")
     caches = [ThinkerKVCache.allocate(thinker.cfg, 8, 512, device="cuda", dtype=dtype) for _ in range(2)]
     for c in caches:
