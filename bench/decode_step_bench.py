@@ -11,9 +11,12 @@ cuBLAS per projection and row count, the rotary's heads a program, the router's 
   would be served from it). A tile whose output is off F.linear's by more than bf16 rounding is reported, not picked.
 * rotary: `head_rotary` of a decode step (q/k norm, partial rotary, cache write) per batch and heads a program.
 * router: `moe_decode.route` per batch and (split-K, experts a program, selection warps).
+* moe down: one MoE layer's FP8 GEMVs (moe_fp8.moe_decode, routed + shared, bench/fp8_decode_bench.py's layer) per
+  row count with the shipped tiles against the down GEMV reading a token's experts in one tile (`dn_all` tiles).
 Writes DIR/decode_step_bench.{json,md} and the picked plans: DIR/step_plan.json (everything),
-DIR/step_plan_gemv.json (only the GEMV tiles), DIR/step_plan_launch.json (only the rotary and router shapes), for
-`python -m bench.fp8_step_ab --plans shipped,shipped+step=DIR/step_plan.json,...`.
+DIR/step_plan_gemv.json (only the GEMV tiles), DIR/step_plan_launch.json (only the rotary and router shapes),
+DIR/fp8_plan.json (the shipped FP8 plan with the down tiles picked), for `python -m bench.fp8_step_ab --plans
+shipped,shipped+step=DIR/step_plan.json,DIR/fp8_plan.json+step=DIR/step_plan.json,...`.
 """
 
 from __future__ import annotations
@@ -35,10 +38,13 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fp8_decode_bench import Timer  # noqa: E402
+import fp8_variants  # noqa: E402
+from fp8_decode_bench import Layer, Timer  # noqa: E402
+from fp8_kernel_bench import Experts  # noqa: E402
 
 from realtime_ming.model.kernels import Kernels, dense_gemv, step_plan  # noqa: E402
 from realtime_ming.model.kernels import moe_decode as md  # noqa: E402
+from realtime_ming.model.kernels import moe_fp8  # noqa: E402
 from realtime_ming.model.kernels.rotary import RotaryStyle, head_rotary  # noqa: E402
 from realtime_ming.model.kernels.step_plan import StepPlan  # noqa: E402
 
@@ -49,6 +55,9 @@ DOT_TILES = [(16, 256, 4, 3), (32, 128, 4, 3), (32, 256, 4, 4), (64, 128, 4, 3)]
 ROTARY_HEADS = [0, 1, 2, 4, 8, 16]
 ROUTER_SHAPES = [(16, 32, 4), (16, 32, 1), (16, 32, 2), (32, 32, 1), (32, 16, 1), (8, 32, 1), (64, 16, 1)]
 BATCHES = [1, 16, 64]  # the rotary's batches (the step A/B's); the router's: those up to md.MAX_DECODE_TOKENS
+# the down GEMV with a token's experts in one tile: (rows a program, K chunk, warps, stages), <= 64 accumulators a thread
+DOWN_ALL_TILES = [(4, 128, 2, 3), (4, 128, 4, 3), (2, 256, 2, 3), (8, 128, 4, 3), (4, 256, 4, 3), (2, 128, 1, 3),
+                  (8, 64, 2, 4), (16, 64, 4, 3), (4, 64, 1, 4)]
 PICK_MARGIN = 0.97  # a GEMV tile replaces cuBLAS only when at least 3 % faster
 ROTATE_BYTES = 256 << 20
 
@@ -165,6 +174,44 @@ def bench_router(cfg, device, dtype, timer, kernels, log) -> dict:
     return out
 
 
+def bench_moe_down(cfg, rows_list, device, timer, kernels, log) -> dict:
+    """Per row count: the shipped GEMV tiles, then the same gate|up with each `dn_all` down tile (µs, rel err)."""
+    ex = Experts(1, cfg=cfg, device=str(device), dtype=torch.bfloat16 if device.type == "cuda" else torch.float32)
+    out = {}
+    for rows in rows_list:
+        layer = Layer(ex, rows, kernels, seed=rows)
+        shipped = moe_fp8.decode_plan().tiles(rows)
+        row = {}
+        for name, tune in [("shipped", shipped)] + [
+                (f"all {t}", {**shipped, "dn_all": 1, "dn_d": t[0], "dn_k": t[1], "dn_warps": t[2], "dn_stages": t[3]})
+                for t in DOWN_ALL_TILES]:
+            fn = layer.gemv(tune)
+            try:
+                err = float((fn().float() - layer.truth).norm() / layer.truth.norm())
+                row[name] = {"us": round(timer(fn), 2), "rel_err": round(err, 5), "tiles": tune}
+            except Exception as exc:  # noqa: BLE001 - a tile that does not compile is reported and skipped
+                log(f"  moe rows={rows} {name}: {type(exc).__name__}: {str(exc)[:120]}")
+        out[rows] = row
+        best = min(row.items(), key=lambda kv: kv[1]["us"])
+        log(f"moe down rows={rows}: shipped {row['shipped']['us']} us, best {best[0]} {best[1]['us']} us")
+    return out
+
+
+def pick_fp8_plan(moe: dict) -> dict:
+    """The shipped FP8 plan with, per row count measured, the fastest down tile where it beats the shipped one by
+    PICK_MARGIN at the shipped tiles' error (+1e-3)."""
+    plan = fp8_variants.to_json(moe_fp8.decode_plan())
+    for rows, row in moe.items():
+        base = row["shipped"]
+        ok = [v for v in row.values() if v["rel_err"] <= base["rel_err"] + 1e-3]
+        best = min(ok, key=lambda v: v["us"])
+        bound = next(b for b, _ in plan["gemv_tiles"] + [[10 ** 9, None]] if b >= int(rows))  # the entry rows take
+        if best["us"] < PICK_MARGIN * base["us"]:
+            plan["gemv_tiles"] = [[b, best["tiles"] if b == bound else t] for b, t in plan["gemv_tiles"]]
+    fp8_variants.from_json(plan)
+    return plan
+
+
 def _pick_min(table: dict) -> object:
     """The choice with the least summed time relative to the first choice, over the batches."""
     firsts = {b: next(iter(v.values())) for b, v in table.items()}
@@ -195,7 +242,17 @@ def markdown(res: dict) -> str:
         lines.append(f"| {shape} | " + " | ".join(
             f"{v[shape]['us']:.2f}{'' if v[shape]['same_experts'] else ' (other experts!)'}"
             for v in res["router"].values()) + " |")
+    lines += ["", "| MoE layer's FP8 GEMVs, rows | shipped µs | best `dn_all` µs | its tile | rel err shipped / best |",
+              "|---|---|---|---|---|"]
+    for rows, row in res.get("moe_down", {}).items():
+        cands = [(v["us"], k) for k, v in row.items() if k != "shipped"]
+        us, key = min(cands) if cands else (float("nan"), "—")
+        best_err = row[key]["rel_err"] if key in row else float("nan")
+        lines.append(f"| {rows} | {row['shipped']['us']:.1f} | {us:.1f} | `{key}` | "
+                     f"{row['shipped']['rel_err']:.4f} / {best_err:.4f} |")
     lines += ["", "Step plan picked: `" + json.dumps(res["plan"]) + "`"]
+    if "fp8_plan" in res:
+        lines += ["", "FP8 plan picked (gemv_tiles): `" + json.dumps(res["fp8_plan"]["gemv_tiles"]) + "`"]
     return "\n".join(lines) + "\n"
 
 
@@ -215,6 +272,7 @@ def main(argv=None) -> None:
         device, kernels, timer = torch.device("cpu"), Kernels(triton=True, cpu_interpreter=True), Timer(False, 1)
         global REG_TILES, DOT_TILES, ROUTER_SHAPES, ROTARY_HEADS, BATCHES  # noqa: PLW0603 - the plumbing, not the breadth
         REG_TILES, DOT_TILES, ROUTER_SHAPES = REG_TILES[:1], DOT_TILES[:1], ROUTER_SHAPES[:2]
+        DOWN_ALL_TILES[:] = [(4, 16, 1, 2)]
         ROTARY_HEADS, BATCHES = [0, 2], [1, 2]
     else:
         from realtime_ming.model.presets import preset_config
@@ -234,6 +292,8 @@ def main(argv=None) -> None:
         res["gemv"] = bench_gemv(cfg, rows_list, device, dtype, timer, kernels, log)
         res["rotary"] = bench_rotary(cfg, device, dtype, timer, kernels, log)
         res["router"] = bench_router(cfg, device, dtype, timer, kernels, log)
+        res["moe_down"] = bench_moe_down(cfg, [r for r in rows_list if moe_fp8.decode_plan().path(r) == "gemv"],
+                                         device, timer, kernels, log)
     step_plan.STEP_PLAN = shipped
     splits, block_e, warps = (int(v) for v in _pick_min(res["router"]).replace("x", " ").replace("w", "").split())
     gemv = pick_gemv(res["gemv"], rows_list)
@@ -242,10 +302,12 @@ def main(argv=None) -> None:
     plans = {"step_plan": StepPlan(gemv=gemv, **launch), "step_plan_gemv": StepPlan(gemv=gemv),
              "step_plan_launch": StepPlan(**launch)}
     res["plan"] = step_plan.to_json(plans["step_plan"])
+    res["fp8_plan"] = pick_fp8_plan(res["moe_down"])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for name, plan in plans.items():
         (out / f"{name}.json").write_text(json.dumps(step_plan.to_json(plan), indent=1))
+    (out / "fp8_plan.json").write_text(json.dumps(res["fp8_plan"], indent=1))
     (out / "decode_step_bench.json").write_text(json.dumps(res, indent=1, default=str))
     (out / "decode_step_bench.md").write_text(markdown(res))
     print(markdown(res))

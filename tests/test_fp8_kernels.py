@@ -69,6 +69,27 @@ def test_fp8_moe_decode_pipelined_loads_change_nothing():
     assert torch.equal(got, want) if DEVICE == "cpu" else _rel(got, want) < 1e-6
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fp8_moe_decode_down_with_the_experts_in_one_tile(dtype):
+    """dn_all (the down GEMV reads a token's experts in one tile): the one-expert-at-a-time kernel's output up to the
+    order of the fp32 sum over experts, with 3 experts a token (padded to 4 in the tile) and a padding token (0)."""
+    x, _, _, q_gu, s_gu, q_d, s_d = _experts(dtype, 3, seed=60)
+    sg, su = _randn(INTER, D, dtype=dtype, seed=61), _randn(INTER, D, dtype=dtype, seed=62)
+    sd = _randn(D, INTER, dtype=dtype, seed=63)
+    ids = torch.tensor([[0, 5, 7], [1, 2, 3], [6, 4, 0]], device=DEVICE)
+    weights = _randn(3, 3, seed=64).abs() + 0.1
+    live = torch.tensor([True, False, True], device=DEVICE)
+    tiles = {"gu_n": 8, "gu_k": 32, "dn_d": 8, "dn_k": 16, "dn_stages": 2}
+    args = (x, ids, weights, q_gu, q_d, sg, su, sd, s_gu, s_d)
+    want = moe_fp8.moe_decode(*args, kernels=ON, tune=tiles, live=live)
+    got = moe_fp8.moe_decode(*args, kernels=ON, tune={**tiles, "dn_all": 1}, live=live)
+    assert torch.equal(got[1], torch.zeros_like(got[1])) and got[0].abs().sum() > 0
+    if dtype == torch.float32:
+        assert _rel(got, want) < 1e-6
+    else:  # a one-ulp difference in the fp32 sum may flip the bf16 rounding of an element
+        assert _rel(got, want) < 1e-2 and (got != want).float().mean() < 0.05
+
+
 def test_fp8_moe_decode_skips_padding_tokens():
     """`live` False: the padding token reads nothing (its NaN input and its own experts' NaN weights stay out) and
     gets 0; the live tokens' outputs are the unmasked call's, bit for bit."""

@@ -59,7 +59,7 @@ def amax_scale(amax: torch.Tensor) -> torch.Tensor:
 # ---- which path serves a decode batch ---------------------------------------------------------------------
 
 # The GEMVs' tiles per row count (keys: the largest row count an entry serves; gu_/dn_stages, default 1: the loads
-# software-pipelined that many stages), as bench/fp8_decode_bench.py --tune's sweep picked them at the real shapes on
+# software-pipelined that many stages; dn_all: the down GEMV reads a token's experts in one tile), as bench/fp8_decode_bench.py --tune's sweep picked them at the real shapes on
 # one H200 (bench/results/gpu-h200-fp8-decode-2026-11-29: 1 row 40.5 us a layer, 51.8 with the bf16 GEMVs' tiles).
 _GEMV_TILES = (
     (1, {"gu_n": 2, "gu_k": 256, "gu_warps": 2, "gu_stages": 3, "dn_d": 4, "dn_k": 512, "dn_warps": 2, "dn_stages": 3}),
@@ -197,6 +197,45 @@ if triton is not None:
             routed += y.to(ty).to(tl.float32) * tl.load(wts_ptr + tok * TOPK + slot)
         shared = _row_dot(act_ptr + (tok * (TOPK + 1) + TOPK) * I, sd_ptr + rows * stride_s, nok, reads, I, BLOCK_D,
                           BLOCK_K, STAGES)
+        out = routed.to(ty).to(tl.float32) + shared.to(ty).to(tl.float32)
+        tl.store(out_ptr + tok * stride_o + n, out.to(ty), mask=nok)
+
+    @triton.jit
+    def _decode_down_all_kernel(act_ptr, ids_ptr, wts_ptr, w_ptr, ws_ptr, sd_ptr, out_ptr, live_ptr, D, I, stride_we,
+                                stride_wn, stride_se, stride_s, stride_o, TOPK: tl.constexpr, TOPK_P: tl.constexpr,
+                                BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, HAS_LIVE: tl.constexpr,
+                                STAGES: tl.constexpr):
+        """`_decode_down_kernel` with the token's TOPK experts read together: one [TOPK_P, BLOCK_D, BLOCK_K] tile a K
+        step (TOPK times the bytes in flight of one expert's, one pipelined loop instead of TOPK short ones); each
+        expert's dot rounded where the one-expert kernel rounds, the weighted fp32 sum over experts in a tree."""
+        tok = tl.program_id(0).to(tl.int64)
+        n = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+        nok = n < D
+        reads = I  # the act columns read: none for a padding token (its output: 0)
+        if HAS_LIVE:
+            reads = tl.where(tl.load(live_ptr + tok) != 0, I, 0)
+        ty = out_ptr.dtype.element_ty
+        slot = tl.arange(0, TOPK_P)
+        sok = slot < TOPK
+        e = tl.load(ids_ptr + tok * TOPK + slot, mask=sok, other=0).to(tl.int64)
+        w_rows = w_ptr + e[:, None, None] * stride_we + n[None, :, None].to(tl.int64) * stride_wn
+        a_rows = act_ptr + (tok * (TOPK + 1) + slot[:, None]) * I
+        wm = sok[:, None, None] & nok[None, :, None]
+        k = tl.arange(0, BLOCK_K)
+        acc = tl.zeros((TOPK_P, BLOCK_D, BLOCK_K), tl.float32)
+        for k0 in tl.range(0, reads, BLOCK_K, num_stages=STAGES):
+            kk = k0 + k
+            kok = kk < I
+            a = tl.load(a_rows + kk[None, :], mask=sok[:, None] & kok[None, :], other=0.0).to(tl.float32)
+            w = tl.load(w_rows + kk[None, None, :], mask=wm & kok[None, None, :], other=0.0).to(tl.float32)
+            acc += w * a[:, None, :]
+        ws = tl.load(ws_ptr + e[:, None] * stride_se + n[None, :], mask=sok[:, None] & nok[None, :], other=0.0)
+        if HAS_LIVE:  # a padding token's output is 0 whatever its experts' scales hold
+            ws = tl.where(reads > 0, ws, 0.0)
+        y = (tl.sum(acc, axis=2) * ws).to(ty).to(tl.float32)
+        routed = tl.sum(y * tl.load(wts_ptr + tok * TOPK + slot, mask=sok, other=0.0)[:, None], axis=0)
+        shared = _row_dot(act_ptr + (tok * (TOPK + 1) + TOPK) * I, sd_ptr + n[:, None].to(tl.int64) * stride_s, nok,
+                          reads, I, BLOCK_D, BLOCK_K, STAGES)
         out = routed.to(ty).to(tl.float32) + shared.to(ty).to(tl.float32)
         tl.store(out_ptr + tok * stride_o + n, out.to(ty), mask=nok)
 
@@ -344,11 +383,14 @@ def moe_decode(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w_gate
         w_gate_up.stride(0), w_gate_up.stride(1), gate_up_scale.stride(0), shared_gate.stride(0), TOPK=k,
         BLOCK_N=t["gu_n"], BLOCK_K=t["gu_k"], HAS_LIVE=has_live, STAGES=t.get("gu_stages", 1), num_warps=t["gu_warps"])
     out = torch.empty(n, d, device=x.device, dtype=x.dtype)
-    _decode_down_kernel[(n, triton.cdiv(d, t["dn_d"]))](
+    together = bool(t.get("dn_all"))  # the token's experts in one tile (`_decode_down_all_kernel`)
+    down = _decode_down_all_kernel if together else _decode_down_kernel
+    extra = {"TOPK_P": triton.next_power_of_2(k)} if together else {}
+    down[(n, triton.cdiv(d, t["dn_d"]))](
         act, ids, weights.float().contiguous(), w_down, down_scale, shared_down, out, live, d, inter,
         w_down.stride(0), w_down.stride(1), down_scale.stride(0), shared_down.stride(0), out.stride(0), TOPK=k,
         BLOCK_D=t["dn_d"], BLOCK_K=min(t["dn_k"], triton.next_power_of_2(inter)), HAS_LIVE=has_live,
-        STAGES=t.get("dn_stages", 1), num_warps=t["dn_warps"])
+        STAGES=t.get("dn_stages", 1), num_warps=t["dn_warps"], **extra)
     return out
 
 
