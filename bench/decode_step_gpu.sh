@@ -17,13 +17,8 @@
 # step's plans, default shipped + the four picked combinations), PROFILE (profiled buckets, default 1). Writes OUT_DIR/summary.md
 # and prints it at the end.
 set -uo pipefail
-out=${1:?out dir}
-mkdir -p "$out"
-export PYTHONUNBUFFERED=1
-steps=" ${STEPS:-tests kernels step} "
-dry=${DRY_RUN:-0}
-summary="$out/summary.md"
-: > "$summary"
+source "$(dirname "$0")/gpu_kit.sh"
+kit_begin "${1:?out dir}"
 if [[ $dry == 1 ]]; then
   export TRITON_INTERPRET=1
   kern_args=(--dry-run --rows "${ROWS:-1,3}")
@@ -37,35 +32,25 @@ else
   nvidia-smi > "$out/nvidia_smi.txt" 2>&1 || true
   echo "# decode step kernels on $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) ($(git rev-parse --short HEAD 2>/dev/null))" >> "$summary"
 fi
-t0=$SECONDS
 if [[ $steps == *" tests "* ]]; then
-  timeout -s ABRT "${TEST_TIMEOUT_S:-120}" python3 -X faulthandler -m pytest -q -rA -p no:cacheprovider -o addopts="" \
-    "${test_sel[@]}" tests/test_step_plan_kernels.py tests/test_fp8_kernels.py tests/test_gpu_fp8.py > "$out/tests.log" 2>&1
-  echo "tests rc=$? ($((SECONDS - t0)) s)"; tail -3 "$out/tests.log"
-  { echo "## tests (tests/test_step_plan_kernels.py tests/test_fp8_kernels.py tests/test_gpu_fp8.py)"; tail -1 "$out/tests.log";
-    grep -E "^(FAILED|ERROR)" "$out/tests.log"; } >> "$summary"
+  kit_tests "${TEST_TIMEOUT_S:-120}" "${test_sel[@]}" tests/test_step_plan_kernels.py tests/test_fp8_kernels.py \
+    tests/test_gpu_fp8.py
 fi
 if [[ $steps == *" kernels "* ]]; then
-  timeout "${KERNELS_TIMEOUT_S:-120}" python3 -m bench.decode_step_bench --out "$out/kernels" "${kern_args[@]}" \
-    > "$out/kernels.log" 2>&1
-  echo "decode_step_bench rc=$? ($((SECONDS - t0)) s)"; tail -3 "$out/kernels.log"
-  { echo "## kernels outside the experts: cuBLAS vs the GEMV, rotary, router (µs graphed)";
-    cat "$out/kernels/decode_step_bench.md" 2>/dev/null || tail -8 "$out/kernels.log"; } >> "$summary"
+  kit_step decode_step_bench "$out/kernels.log" "${KERNELS_TIMEOUT_S:-120}" \
+    "kernels outside the experts: cuBLAS vs the GEMV, rotary, router, the FP8 down GEMV (µs graphed)" \
+    "$out/kernels/decode_step_bench.md" python3 -m bench.decode_step_bench --out "$out/kernels" "${kern_args[@]}"
 fi
 if [[ $steps == *" step "* ]]; then
   plans=${PLANS:-shipped}
   k=$out/kernels
-  if [[ -z ${PLANS:-} && -f $k/step_plan.json ]]; then
+  if [[ -z ${PLANS:-} && -f $k/step_plan.json ]]; then  # the most telling first: a run cut short keeps them
     [[ -f $k/fp8_plan.json ]] && plans="$plans,$k/fp8_plan.json+step=$k/step_plan.json"
     plans="$plans,shipped+step=$k/step_plan.json"
     [[ -f $k/fp8_plan.json ]] && plans="$plans,$k/fp8_plan.json"
     plans="$plans,shipped+step=$k/step_plan_gemv.json"
   fi
-  timeout "${STEP_TIMEOUT_S:-150}" python3 -m bench.fp8_step_ab --out "$out/step" --plans "$plans" "${step_args[@]}" \
-    --profile "${PROFILE:-1}" > "$out/step.log" 2>&1
-  echo "fp8_step_ab rc=$? ($((SECONDS - t0)) s)"; tail -3 "$out/step.log"
-  { echo "## whole thinker, one GPU, FP8 experts: graphed decode step per plan (tp_bench.py's method)";
-    cat "$out/step/fp8_step_ab.md" 2>/dev/null || grep -E "ms a step|Error|error" "$out/step.log" | tail -20; } >> "$summary"
+  kit_step_ab "$plans" "${STEP_TIMEOUT_S:-150}"
 fi
 echo "total $((SECONDS - t0)) s" >> "$summary"
 echo "===== $summary"

@@ -15,13 +15,8 @@
 # plans, default "base,shipped" + the picked plan when the kernels step wrote one), PROFILE (the step's profiled
 # buckets, default 1). Writes OUT_DIR/summary.md and prints it (the compact table) at the end.
 set -uo pipefail
-out=${1:?out dir}
-mkdir -p "$out"
-export PYTHONUNBUFFERED=1
-steps=" ${STEPS:-tests kernels step} "
-dry=${DRY_RUN:-0}
-summary="$out/summary.md"
-: > "$summary"
+source "$(dirname "$0")/gpu_kit.sh"
+kit_begin "${1:?out dir}"
 if [[ $dry == 1 ]]; then
   export TRITON_INTERPRET=1
   kern_args=(--dry-run --tokens "${TOKENS:-1,17}" --tune)
@@ -35,29 +30,18 @@ else
   nvidia-smi > "$out/nvidia_smi.txt" 2>&1 || true
   echo "# FP8 decode plan on $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) ($(git rev-parse --short HEAD 2>/dev/null))" >> "$summary"
 fi
-t0=$SECONDS
 if [[ $steps == *" tests "* ]]; then
-  timeout -s ABRT "${TEST_TIMEOUT_S:-120}" python3 -X faulthandler -m pytest -q -rA -p no:cacheprovider -o addopts="" \
-    "${test_sel[@]}" tests/test_fp8_kernels.py tests/test_gpu_fp8.py > "$out/tests.log" 2>&1
-  echo "tests rc=$? ($((SECONDS - t0)) s)"; tail -3 "$out/tests.log"
-  { echo "## tests (tests/test_fp8_kernels.py tests/test_gpu_fp8.py)"; tail -1 "$out/tests.log";
-    grep -E "^(FAILED|ERROR)" "$out/tests.log"; } >> "$summary"
+  kit_tests "${TEST_TIMEOUT_S:-120}" "${test_sel[@]}" tests/test_fp8_kernels.py tests/test_gpu_fp8.py
 fi
 if [[ $steps == *" kernels "* ]]; then
-  timeout "${KERNELS_TIMEOUT_S:-180}" python3 -m bench.fp8_decode_bench --out "$out/kernels" "${kern_args[@]}" \
-    > "$out/kernels.log" 2>&1
-  echo "fp8_decode_bench rc=$? ($((SECONDS - t0)) s)"; tail -3 "$out/kernels.log"
-  { echo "## one MoE layer per decode row count (routed + shared experts, us graphed (rel err vs fp32))";
-    cat "$out/kernels/fp8_decode_bench.md" 2>/dev/null || tail -5 "$out/kernels.log"; } >> "$summary"
+  kit_step fp8_decode_bench "$out/kernels.log" "${KERNELS_TIMEOUT_S:-180}" \
+    "one MoE layer per decode row count (routed + shared experts, us graphed (rel err vs fp32))" \
+    "$out/kernels/fp8_decode_bench.md" python3 -m bench.fp8_decode_bench --out "$out/kernels" "${kern_args[@]}"
 fi
 if [[ $steps == *" step "* ]]; then
   plans=${PLANS:-base,shipped}
   if [[ -z ${PLANS:-} && -f $out/kernels/fp8_plan.json ]]; then plans="$plans,$out/kernels/fp8_plan.json"; fi
-  timeout "${STEP_TIMEOUT_S:-220}" python3 -m bench.fp8_step_ab --out "$out/step" --plans "$plans" "${step_args[@]}" \
-    --profile "${PROFILE:-1}" > "$out/step.log" 2>&1
-  echo "fp8_step_ab rc=$? ($((SECONDS - t0)) s)"; tail -3 "$out/step.log"
-  { echo "## whole thinker, one GPU, FP8 experts: graphed decode step per plan (tp_bench.py's method)";
-    cat "$out/step/fp8_step_ab.md" 2>/dev/null || grep -E "ms a step|Error|error" "$out/step.log" | tail -20; } >> "$summary"
+  kit_step_ab "$plans" "${STEP_TIMEOUT_S:-220}"
 fi
 echo "total $((SECONDS - t0)) s" >> "$summary"
 echo "===== $summary"

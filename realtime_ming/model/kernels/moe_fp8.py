@@ -172,17 +172,23 @@ if triton is not None:
         tl.store(act_ptr + pair * I + n, a.to(ty), mask=nok)
 
     @triton.jit
+    def _down_program(live_ptr, D, I, BLOCK_D: tl.constexpr, HAS_LIVE: tl.constexpr):
+        """A down GEMV program's token, its BLOCK_D output rows (and which exist), and the act columns it reads:
+        none for a padding token (live 0: its output is 0)."""
+        tok = tl.program_id(0).to(tl.int64)
+        n = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+        reads = I
+        if HAS_LIVE:
+            reads = tl.where(tl.load(live_ptr + tok) != 0, I, 0)
+        return tok, n, n < D, reads
+
+    @triton.jit
     def _decode_down_kernel(act_ptr, ids_ptr, wts_ptr, w_ptr, ws_ptr, sd_ptr, out_ptr, live_ptr, D, I, stride_we,
                             stride_wn, stride_se, stride_s, stride_o, TOPK: tl.constexpr, BLOCK_D: tl.constexpr,
                             BLOCK_K: tl.constexpr, HAS_LIVE: tl.constexpr, STAGES: tl.constexpr):
         """out[token, n] = round(round(sum_k w_k round(s_e[n] act_k . Wd_e[n])) + round(act_s . Wd_shared[n])); 0 for
         a token with live[token] == 0 (nothing read)."""
-        tok = tl.program_id(0).to(tl.int64)
-        n = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-        nok = n < D
-        reads = I  # the act columns read: none for a padding token (its output: 0)
-        if HAS_LIVE:
-            reads = tl.where(tl.load(live_ptr + tok) != 0, I, 0)
+        tok, n, nok, reads = _down_program(live_ptr, D, I, BLOCK_D, HAS_LIVE)
         ty = out_ptr.dtype.element_ty
         rows = n[:, None].to(tl.int64)
         routed = tl.zeros((BLOCK_D,), tl.float32)
@@ -208,12 +214,7 @@ if triton is not None:
         """`_decode_down_kernel` with the token's TOPK experts read together: one [TOPK_P, BLOCK_D, BLOCK_K] tile a K
         step (TOPK times the bytes in flight of one expert's, one pipelined loop instead of TOPK short ones); each
         expert's dot rounded where the one-expert kernel rounds, the weighted fp32 sum over experts in a tree."""
-        tok = tl.program_id(0).to(tl.int64)
-        n = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-        nok = n < D
-        reads = I  # the act columns read: none for a padding token (its output: 0)
-        if HAS_LIVE:
-            reads = tl.where(tl.load(live_ptr + tok) != 0, I, 0)
+        tok, n, nok, reads = _down_program(live_ptr, D, I, BLOCK_D, HAS_LIVE)
         ty = out_ptr.dtype.element_ty
         slot = tl.arange(0, TOPK_P)
         sok = slot < TOPK
