@@ -225,23 +225,24 @@ def _pick_min(table: dict) -> object:
 
 def markdown(res: dict) -> str:
     lines = ["| projection | rows | cuBLAS µs | best GEMV µs | tile | picked |", "|---|---|---|---|---|---|"]
-    for name, r in res["gemv"].items():
+    for name, r in res.get("gemv", {}).items():
         t = r["times"]
         cands = [(v["us"], k) for k, v in t.items() if k != "cublas"]
         us, key = min(cands) if cands else (float("nan"), "—")
         picked = dict(res["plan"]["gemv"]).get(r["rows"], {}).get(f"{r['n']}x{r['k']}")
         lines.append(f"| {name.rsplit(' rows=', 1)[0]} | {r['rows']} | {t['cublas']['us']:.1f} | {us:.1f} | `{key}` | "
                      f"{'GEMV' if picked else 'cuBLAS'} |")
-    lines += ["", "| rotary, heads a program | " + " | ".join(f"B={b}" for b in res["rotary"]) + " |",
-              "|---|" + "---|" * len(res["rotary"])]
-    for heads in ROTARY_HEADS:
-        lines.append(f"| {heads or 'all'} | " + " | ".join(f"{v[heads]:.2f}" for v in res["rotary"].values()) + " |")
+    rotary, router = res.get("rotary", {}), res.get("router", {})
+    lines += ["", "| rotary, heads a program | " + " | ".join(f"B={b}" for b in rotary) + " |",
+              "|---|" + "---|" * len(rotary)]
+    for heads in ROTARY_HEADS if rotary else ():
+        lines.append(f"| {heads or 'all'} | " + " | ".join(f"{v[heads]:.2f}" for v in rotary.values()) + " |")
     lines += ["", "| router (split-K x experts a program, selection warps) | " + " | ".join(
-        f"B={b}" for b in res["router"]) + " |", "|---|" + "---|" * len(res["router"])]
-    for shape in next(iter(res["router"].values())):
+        f"B={b}" for b in router) + " |", "|---|" + "---|" * len(router)]
+    for shape in next(iter(router.values()), {}):
         lines.append(f"| {shape} | " + " | ".join(
             f"{v[shape]['us']:.2f}{'' if v[shape]['same_experts'] else ' (other experts!)'}"
-            for v in res["router"].values()) + " |")
+            for v in router.values()) + " |")
     lines += ["", "| MoE layer's FP8 GEMVs, rows | shipped µs | best `dn_all` µs | its tile | rel err shipped / best |",
               "|---|---|---|---|---|"]
     for rows, row in res.get("moe_down", {}).items():
@@ -288,29 +289,39 @@ def main(argv=None) -> None:
     res = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu (dry run)",
            "date": datetime.date.today().isoformat(), "torch": torch.__version__, "command": " ".join(sys.argv)}
     shipped = step_plan.STEP_PLAN
-    with torch.no_grad():
-        res["gemv"] = bench_gemv(cfg, rows_list, device, dtype, timer, kernels, log)
-        res["rotary"] = bench_rotary(cfg, device, dtype, timer, kernels, log)
-        res["router"] = bench_router(cfg, device, dtype, timer, kernels, log)
-        res["moe_down"] = bench_moe_down(cfg, [r for r in rows_list if moe_fp8.decode_plan().path(r) == "gemv"],
-                                         device, timer, kernels, log)
-    step_plan.STEP_PLAN = shipped
-    splits, block_e, warps = (int(v) for v in _pick_min(res["router"]).replace("x", " ").replace("w", "").split())
-    gemv = pick_gemv(res["gemv"], rows_list)
-    launch = dict(rotary_heads=int(_pick_min(res["rotary"])), router_splits=splits, router_block_e=block_e,
-                  select_warps=warps)
+    out = Path(args.out)
+    sections = (("gemv", lambda: bench_gemv(cfg, rows_list, device, dtype, timer, kernels, log)),
+                ("rotary", lambda: bench_rotary(cfg, device, dtype, timer, kernels, log)),
+                ("router", lambda: bench_router(cfg, device, dtype, timer, kernels, log)),
+                ("moe_down", lambda: bench_moe_down(cfg, [r for r in rows_list if moe_fp8.decode_plan().path(r) == "gemv"],
+                                                    device, timer, kernels, log)))
+    for name, run in sections:  # the plans rewritten after each section: a run cut off keeps what it measured
+        with torch.no_grad():
+            res[name] = run()
+        step_plan.STEP_PLAN = shipped
+        save(res, rows_list, out)
+    print(markdown(res))
+
+
+def save(res: dict, rows_list, out: Path) -> None:
+    """The plans picked from the sections measured so far (the shipped choices for the others) and the tables."""
+    default = StepPlan()
+    launch = dict(rotary_heads=int(_pick_min(res["rotary"])) if res.get("rotary") else default.rotary_heads)
+    if res.get("router"):
+        splits, block_e, warps = (int(v) for v in _pick_min(res["router"]).replace("x", " ").replace("w", "").split())
+        launch.update(router_splits=splits, router_block_e=block_e, select_warps=warps)
+    gemv = pick_gemv(res["gemv"], rows_list) if res.get("gemv") else ()
     plans = {"step_plan": StepPlan(gemv=gemv, **launch), "step_plan_gemv": StepPlan(gemv=gemv),
              "step_plan_launch": StepPlan(**launch)}
     res["plan"] = step_plan.to_json(plans["step_plan"])
-    res["fp8_plan"] = pick_fp8_plan(res["moe_down"])
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for name, plan in plans.items():
         (out / f"{name}.json").write_text(json.dumps(step_plan.to_json(plan), indent=1))
-    (out / "fp8_plan.json").write_text(json.dumps(res["fp8_plan"], indent=1))
+    if res.get("moe_down"):
+        res["fp8_plan"] = pick_fp8_plan(res["moe_down"])
+        (out / "fp8_plan.json").write_text(json.dumps(res["fp8_plan"], indent=1))
     (out / "decode_step_bench.json").write_text(json.dumps(res, indent=1, default=str))
     (out / "decode_step_bench.md").write_text(markdown(res))
-    print(markdown(res))
 
 
 if __name__ == "__main__":
