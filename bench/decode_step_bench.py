@@ -251,9 +251,15 @@ def markdown(res: dict) -> str:
         best_err = row[key]["rel_err"] if key in row else float("nan")
         lines.append(f"| {rows} | {row['shipped']['us']:.1f} | {us:.1f} | `{key}` | "
                      f"{row['shipped']['rel_err']:.4f} / {best_err:.4f} |")
-    lines += ["", "Step plan picked: `" + json.dumps(res["plan"]) + "`"]
+    plan = res["plan"]
+    gemv = ",\n".join(f"    ({b}, {t})" for b, t in plan["gemv"])
+    lines += ["", "Step plan picked, as model/kernels/step_plan.py's `STEP_PLAN`:", "", "```python",
+              f"STEP_PLAN = StepPlan(gemv=(\n{gemv},\n), rotary_heads={plan['rotary_heads']}, "
+              f"router_splits={plan['router_splits']}, router_block_e={plan['router_block_e']}, "
+              f"select_warps={plan['select_warps']})", "```"]
     if "fp8_plan" in res:
-        lines += ["", "FP8 plan picked (gemv_tiles): `" + json.dumps(res["fp8_plan"]["gemv_tiles"]) + "`"]
+        lines += ["", "FP8 plan picked, as model/kernels/moe_fp8.py's `_GEMV_TILES`:", "", "```python",
+                  "_GEMV_TILES = ("] + [f"    ({n}, {t})," for n, t in res["fp8_plan"]["gemv_tiles"]] + [")", "```"]
     return "\n".join(lines) + "\n"
 
 

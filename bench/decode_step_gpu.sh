@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One H200 (nvidia-h200), ONE device call of ~4-5 min (<= 6.7 with every step at its time limit): the decode step's kernels outside the experts (issue 45).
+# One H200 (nvidia-h200), ONE device call of ~4-5 min (<= 6.7 min with every step at its time limit): the decode
+# step's kernels outside the experts, and the FP8 down GEMV (issue 45).
 #   tests    tests/test_step_plan_kernels.py (every tier: the dense GEMV against F.linear's math, the plan's
 #            choice, the rotary split and router shapes = the shipped ones, a tiny thinker step with every knob on),
 #            tests/test_fp8_kernels.py (incl. the down GEMV with a token's experts in one tile), tests/test_gpu_fp8.py

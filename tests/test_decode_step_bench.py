@@ -89,7 +89,8 @@ def test_decode_step_gpu_script_dry_run_writes_every_table(tmp_path):
     out = proc.stdout
     assert "tests rc=0" in out and "decode_step_bench rc=0" in out and "fp8_step_ab rc=0" in out
     summary = (tmp_path / "summary.md").read_text()
-    assert "Step plan picked:" in summary and "| rotary, heads a program |" in summary
+    assert "STEP_PLAN = StepPlan(gemv=(" in summary and "| rotary, heads a program |" in summary
+    assert "_GEMV_TILES = (" in summary
     k = tmp_path / "kernels"
     for name in ("step_plan", "step_plan_gemv", "step_plan_launch"):
         step_plan.from_json(json.loads((k / f"{name}.json").read_text()))
