@@ -19,13 +19,17 @@ WIRE_HZ = 24000
 
 
 def forced_tool_engine():
-    """The tiny engine playing FORCED (a tool call, then the answer) and transcribing HEARD."""
+    """The tiny engine playing FORCED (a tool call, then the answer) and transcribing HEARD, with the engine's
+    default context (4,096 tokens). A client's own messages are part of the prompt: pipecat's first response
+    of its own sends its whole local context packed into one user message, 895 to 1,000+ tokens (tiny
+    tokenizer) as its timers decide what that context holds by then; a 2,048-token context leaves 932 tokens
+    for it (minus the reply's 512 and the 604-token system turn of the tool), so the turn failed
+    `context_length_exceeded` whenever the host was slow enough for the user's transcript to be in it."""
     from realtime_ming.engine import Engine
-    from realtime_ming.engine.config import EngineConfig, ThinkerRunnerConfig
+    from realtime_ming.engine.config import EngineConfig
     from realtime_ming.engine.hooks import EngineHooks
 
-    return Engine.create(EngineConfig(thinker=ThinkerRunnerConfig(max_seq_len=2048)),
-                         hooks=EngineHooks(forced_reply=FORCED, forced_transcript=HEARD))
+    return Engine.create(EngineConfig(), hooks=EngineHooks(forced_reply=FORCED, forced_transcript=HEARD))
 
 
 @contextlib.asynccontextmanager
