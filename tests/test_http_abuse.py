@@ -2,14 +2,16 @@
 requests each get a specific 4xx (never a 5xx) and leave no traceback or error in the log; the
 browser's subprotocol API key is never echoed; repeated credentials are refused with 401.
 
-A few requests cannot be parsed as HTTP at all (non-ASCII request line, a request body,
-TLS bytes on the plain port): websockets' parser closes those connections without a response,
-which is asserted as such. The engine is `server_support.StubEngine` (no model output here).
+A few requests cannot be parsed as HTTP at all (non-ASCII request line, a control character in a
+header, TLS bytes on the plain port): websockets' parser would close those connections without a
+response; they get 400 `invalid_request` first (server/http_body.py). The engine is
+`server_support.StubEngine` (no model output here).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 
 import pytest
@@ -58,8 +60,8 @@ async def _exchange(port: int, raw: bytes) -> tuple[int | None, dict[str, str], 
         writer.close()
 
 
-# name -> (raw request, expected status; None = closed without a response by websockets' parser)
-_ABUSE: dict[str, tuple[bytes, int | None]] = {
+# name -> (raw request, expected status)
+_ABUSE: dict[str, tuple[bytes, int]] = {
     "encoded slashes": (_request(b"/%2fetc%2fpasswd"), 404),
     "encoded slash in a name": (_request(b"/js%2f..%2f..%2fsecret"), 404),
     "300-character file name": (_request(b"/" + b"a" * 300), 404),
@@ -103,13 +105,18 @@ _ABUSE: dict[str, tuple[bytes, int | None]] = {
         b"Sec-WebSocket-Protocol: realtime, openai-insecure-api-key.a, openai-insecure-api-key.b\r\n")), 401),
     "9 KB header line": (_request(b"/", headers=b"X-Big: " + b"x" * 9000 + b"\r\n"), 431),
     "200 headers": (_request(b"/", headers=b"".join(b"X-%d: y\r\n" % i for i in range(200))), 431),
-    "non-ASCII request line": (_request("/é".encode()), None),
+    "non-ASCII request line": (_request("/é".encode()), 400),
+    "control character in a header": (_request(b"/health", headers=b"X-A: \x01\r\n"), 400),
+    "control character in a body's header": (
+        _request(b"/v1/realtime/voices", b"POST", b"Content-Type: \x01\r\nContent-Length: 5\r\n") + b"hello", 400),
+    "header line without a colon": (_request(b"/", headers=b"no colon here\r\n"), 400),
     # request bodies are read off the stream (server/http_body.py, for POST /v1/realtime/voices): answered
     "request body": (_request(b"/", b"POST", b"Content-Length: 5\r\n") + b"hello", 405),
     "chunked body": (_request(b"/", b"POST", b"Transfer-Encoding: chunked\r\n") + b"0\r\n\r\n", 405),
     "TLS ClientHello on the plain port": (
-        b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(64) + b"\r\n\r\n", None),
-    "no spaces in the request line": (b"GARBAGE\r\n\r\n", None),
+        b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(64) + b"\r\n\r\n", 400),
+    "no spaces in the request line": (b"GARBAGE\r\n\r\n", 400),
+    "unknown HTTP version": (_request(b"/", protocol=b"HTTP/2.0"), 400),
 }
 
 # Served normally: the abuse table above must not have made the server refuse these.
@@ -137,7 +144,7 @@ def _quiet_log(caplog) -> None:
 
 @pytest.mark.parametrize("keyed", [False, True], ids=["open", "keyed"])
 async def test_abusive_requests_get_4xx_and_log_no_traceback(engine, caplog, keyed):
-    """Every request of the table gets its 4xx (or a parser-level close), never >= 500; the log stays quiet."""
+    """Every request of the table gets its 4xx, never >= 500 nor a close without an answer; the log stays quiet."""
     caplog.set_level(logging.INFO)
     overrides = ["server.port=0", "session.vad.enabled=false"]
     if keyed:
@@ -158,7 +165,33 @@ async def test_abusive_requests_get_4xx_and_log_no_traceback(engine, caplog, key
             expected[name] = 401
         expected["two Origin headers"] = 403
     assert got == expected
-    assert all(status is None or 400 <= status < 500 for status in got.values())
+    assert all(status is not None and 400 <= status < 500 for status in got.values())
+    _quiet_log(caplog)
+
+
+@pytest.mark.parametrize("name", ["control character in a header", "control character in a body's header",
+                                  "non-ASCII request line", "no spaces in the request line"])
+async def test_unparsable_request_gets_a_json_error_and_the_connection_ends(engine, caplog, name):
+    """A head websockets' parser refuses is answered 400 with the OpenAI-style error body (`invalid_request`,
+    the parser's reason) and `Connection: close`, then the connection ends; the server keeps serving."""
+    caplog.set_level(logging.INFO)
+    async with RealtimeServer(load_config(None, ["server.port=0", "session.vad.enabled=false"]), engine) as srv:
+        reader, writer = await asyncio.open_connection("127.0.0.1", srv.port)
+        try:
+            writer.write(_ABUSE[name][0])
+            async with asyncio.timeout(seconds(5)):
+                data = await reader.read()  # to EOF: the server ends the connection after its answer
+        finally:
+            writer.close()
+        head, _, body = data.partition(b"\r\n\r\n")
+        status_line, *lines = head.decode("latin-1").split("\r\n")
+        headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines)}
+        assert status_line.startswith("HTTP/1.1 400 ") and headers["connection"] == "close"
+        assert headers["content-type"] == "application/json" and int(headers["content-length"]) == len(body)
+        error = json.loads(body)["error"]
+        assert error["type"] == "invalid_request_error" and error["code"] == "invalid_request"
+        assert error["message"].startswith("Malformed HTTP request: ") and error["param"] is None
+        assert (await _exchange(srv.port, _NORMAL["GET /health?x=1"][0]))[0] == 200
     _quiet_log(caplog)
 
 

@@ -98,7 +98,8 @@ async def _all(url: str, pid: int, keys: list[str], scale: float) -> dict:
         "flood": lambda: flood(url, audio_s=n(120), api_key=key),
         "barge-in": lambda: barge_ins(url, total=n(200), sessions=4, api_key=key),
         "soak": lambda: soak(url, sessions=n(200), concurrency=4, pid=pid, api_key=key),
-        "long-session": lambda: long_session(url, turns=n(40), truncation="auto", max_output_tokens=16, api_key=key),
+        # ~95 tokens a turn: 100 turns pass the tiny model's 4,096-token context and several `auto` cuts (40 never did)
+        "long-session": lambda: long_session(url, turns=n(100), truncation="auto", max_output_tokens=16, api_key=key),
         "tools": lambda: tools_attack(url, attacks=n(5), turns=n(10), tools=128, max_ratio=2.0, pid=pid, api_key=key),
         "voices": lambda: _voices(url, keys, hold=6, victim_voices=3, per_key=n(16)),
         "http-bodies": lambda: http_bodies(url, api_key=key, fuzz=n(2000)),

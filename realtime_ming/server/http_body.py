@@ -11,6 +11,8 @@ of another method reaches it as GET, and the route reads the real one from `http
 (the route answers 413); `Transfer-Encoding` (chunked) is not supported (411). After the head,
 every byte goes straight to websockets: the realtime upgrade pays one branch per read.
 `Expect: 100-continue` (curl, for large uploads) gets its interim response when the body fits.
+A head that websockets' parser refuses (a control character in a header, a non-ASCII request line, no
+HTTP version: it would close the connection without a word) is answered 400 `invalid_request` first.
 """
 
 from __future__ import annotations
@@ -23,6 +25,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from websockets.asyncio.server import ServerConnection
+from websockets.exceptions import SecurityError
+from websockets.http11 import Request
+from websockets.streams import StreamReader
+
+from .http import api_error
 
 __all__ = ["BodyConnection", "BodyError", "FormPart", "body_connection_factory", "form_parts"]
 
@@ -91,6 +98,14 @@ class BodyConnection(ServerConnection):
             head = b"GET " + tail
         elif sep and method.isalpha():
             self.http_method = method.decode("ascii")
+        reason = _unparsable(_without_header(_without_header(head, b"transfer-encoding"), b"content-length"))
+        if reason is not None:  # websockets would close without a response: answer first, then let it close
+            self._refuse(BodyError(400, reason))
+            response = api_error(400, "invalid_request", f"Malformed HTTP request: {reason}.")
+            response.headers["Connection"] = "close"
+            self.transport.write(response.serialize())
+            super().data_received(head)
+            return
         if _header_values(head, b"transfer-encoding"):
             self._refuse(BodyError(411, "Chunked request bodies are not supported: send Content-Length."))
             super().data_received(_without_header(head, b"transfer-encoding"))
@@ -149,6 +164,21 @@ class BodyConnection(ServerConnection):
         if not self._body_done.done():
             self._refuse(BodyError(400, "The connection closed before the request body was complete."))
         super().connection_lost(exc)
+
+
+def _unparsable(head: bytes) -> str | None:
+    """Why websockets' request parser refuses this complete head, or None when it parses (or is refused for
+    its size, which websockets answers itself: 414 / 431)."""
+    reader = StreamReader()
+    reader.feed_data(head)
+    reader.feed_eof()
+    try:
+        next(Request.parse(reader.read_line))
+    except (StopIteration, SecurityError):  # parsed; or over a size limit (RequestLineTooLong, HeaderLineTooLong...)
+        return None
+    except Exception as exc:  # noqa: BLE001 -- ValueError, UnicodeDecodeError, EOFError: all a malformed head
+        return str(exc)[:200]
+    return None  # not reached: the whole head is there, the parser never waits
 
 
 def _without_header(head: bytes, name: bytes) -> bytes:
