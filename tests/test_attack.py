@@ -108,6 +108,7 @@ async def test_registrations_past_quota_never_evict_another_keys_voices(keyed):
 async def test_odd_request_bodies_on_every_route_never_get_a_5xx(keyed):
     report = await http_bodies(_url(keyed), api_key=KEYS[0], fuzz=200)
     assert report["ok"] and report["http_5xx"] == 0 and report["health_after"] == 200, report
+    assert report["unanswered"] == 0, report  # a malformed head gets its 400 too, never a silent close
     assert report["codes"].get("invalid_text", 0) >= 10, report  # the lone surrogates, named as such
 
 

@@ -5,7 +5,8 @@ every method, with bodies a careless or hostile client sends: JSON with lone sur
 characters, wrong types, deep nesting, huge numbers in each field; multipart with charsets that produce
 surrogates (utf-7, unicode_escape), fail oddly (idna, rot13, unknown), missing boundaries and names, thousands of
 parts; byte-flipped copies of valid bodies; odd Content-Length headers. Then `fuzz` seeded random mixes of them.
-Acceptance: 0 answers >= 500 and /health still 200; a report of statuses and error codes.
+Acceptance: 0 answers >= 500, every request answered (status `None`: the server closed without a response or
+did not answer in time) and /health still 200; a report of statuses and error codes.
 """
 
 from __future__ import annotations
@@ -105,17 +106,20 @@ async def http_bodies(url: str, *, api_key: str | None = None, fuzz: int = 500, 
     host, port = health_address(url)
     statuses: collections.Counter = collections.Counter()
     codes: collections.Counter = collections.Counter()
-    server_errors = []
+    server_errors, unanswered = [], []
     cases = _cases(api_key, fuzz, seed)
     for raw in cases:
         answer: HttpAnswer = await exchange(host, port, raw, timeout_s)
         statuses[str(answer.status)] += 1
         if answer.code:
             codes[answer.code] += 1
-        if answer.status is not None and answer.status >= 500:
+        if answer.status is None:
+            unanswered.append(raw[:120].decode("latin-1"))
+        elif answer.status >= 500:
             server_errors.append((raw[:120].decode("latin-1"), answer.status, answer.body[:200].decode("latin-1")))
     health = await exchange(host, port, request("GET", "/health"))
     report = {"requests": len(cases), "statuses": dict(sorted(statuses.items())), "codes": dict(codes.most_common()),
-              "http_5xx": len(server_errors), "examples_5xx": server_errors[:5], "health_after": health.status}
-    report["ok"] = not server_errors and health.status == 200
+              "http_5xx": len(server_errors), "examples_5xx": server_errors[:5], "unanswered": len(unanswered),
+              "examples_unanswered": unanswered[:5], "health_after": health.status}
+    report["ok"] = not server_errors and not unanswered and health.status == 200
     return report
