@@ -214,7 +214,10 @@ async def test_pipecat_spoken_turn_gets_a_transcription_frame_and_a_spoken_reply
                and e["item"]["type"] == "function_call_output"]
     assert [o["call_id"] for o in outputs] == [call_done["call_id"]]
     done = [f["response"] for f in tap.frames if f["type"] == "response.done"]
-    assert [d["status"] for d in done] == ["completed", "completed"]
+    # the call, then the answer; pipecat may ask twice (once the transcript reaches its context, and after the
+    # result, held until the other is done): the later one may be cut by the pipeline's end, never fail
+    statuses = [d["status"] for d in done]
+    assert statuses[:2] == ["completed", "completed"] and set(statuses[2:]) <= {"completed", "cancelled"}, done
     assert tap.types().index("response.function_call_arguments.done") < tap.types().index("response.done")
     # pipecat's packed context went in as one user message (with the user's question once the transcript was first)
     (packed,) = [e["item"]["content"][0]["text"] for e in tap.sent if e["type"] == "conversation.item.create"
