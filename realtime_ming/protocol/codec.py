@@ -37,7 +37,7 @@ from realtime_ming.protocol.limits import (
 )
 from realtime_ming.protocol.wire import JsonValue
 
-__all__ = ["event_to_wire", "parse", "refuse_by_leading_type", "serialise"]
+__all__ = ["LEADING_CHARS", "event_to_wire", "parse", "refuse_by_leading_chars", "refuse_by_leading_type", "serialise"]
 
 
 def _decode(obj: Mapping[str, Any], dialect: Dialect, event_id: str | None) -> ClientEvent:
@@ -104,7 +104,7 @@ def _frame_too_large(event_type: str | None, num_bytes: int, control_max_bytes: 
 _WS = r"[ \t\r\n]*"  # JSON's whitespace
 _LEADING_TYPE = re.compile(rf'{_WS}\{{{_WS}(?:"event_id"{_WS}:{_WS}"(?P<id1>[^"\\]*)"{_WS},{_WS})?"type"{_WS}:{_WS}'
                            rf'"(?P<type>[^"\\]*)"{_WS}(?:,{_WS}"event_id"{_WS}:{_WS}"(?P<id2>[^"\\]*)"{_WS})?[,}}]')
-_LEADING_CHARS = 4 * MAX_ID_CHARS + 256  # how much of the frame's start `_LEADING_TYPE` may look at
+LEADING_CHARS = 4 * MAX_ID_CHARS + 256  # how much of the frame's start `_LEADING_TYPE` may look at
 
 
 def refuse_by_leading_type(frame: str, control_max_bytes: int) -> ProtocolError | None:
@@ -113,13 +113,20 @@ def refuse_by_leading_type(frame: str, control_max_bytes: int) -> ProtocolError 
     decoding it, at no cost: a session.update with megabytes of tools is refused in microseconds). None when the
     frame is within the cap, does not open with its type (then `parse` decides), or its type may carry media.
     A later duplicate `type` key is not looked for: a frame that names two types is refused by its first."""
-    if len(frame) <= control_max_bytes:
+    return refuse_by_leading_chars(frame[:LEADING_CHARS], len(frame), control_max_bytes)
+
+
+def refuse_by_leading_chars(head: str, num_chars: int, control_max_bytes: int) -> ProtocolError | None:
+    """`refuse_by_leading_type` of a frame known only by its first characters `head` (its first `LEADING_CHARS`,
+    or all of it when shorter) and its length in characters `num_chars`: a frame still arriving
+    (server/big_frames.py) is judged with the characters counted so far, and answered with its final count."""
+    if num_chars <= control_max_bytes:
         return None
-    match = _LEADING_TYPE.match(frame[:_LEADING_CHARS])
+    match = _LEADING_TYPE.match(head[:LEADING_CHARS])
     if match is None or match["type"] in MEDIA_EVENT_TYPES:
         return None
     event_id = match["id1"] if match["id1"] is not None else match["id2"]
-    error = _frame_too_large(match["type"], len(frame), control_max_bytes)
+    error = _frame_too_large(match["type"], num_chars, control_max_bytes)
     if event_id is not None and len(event_id) <= MAX_ID_CHARS and text_problem(event_id) is None:
         error = error.with_event_id(event_id)
     return error

@@ -41,7 +41,8 @@ from .call_routes import CallRoutes
 from .client_secrets import ClientSecrets, Grant, SecretStore, authorize
 from .config import ServerConfig, resolve_api_keys
 from .connection import ConnectionContext, LiveSessions, MediaPath, preview_session, serve_connection
-from .frame_parser import limits_parser
+from .big_frames import frame_connection_factory
+from .frame_parser import big_frame_limits, limits_parser
 from .handoff import Adopter, HandoffLoop
 from .handshake import (
     HandshakeInfo,
@@ -50,7 +51,7 @@ from .handshake import (
     sideband_refusal,
 )
 from .http import HttpRoutes, default_web_roots, request_path, text_response
-from .http_body import BodyConnection, body_connection_factory
+from .http_body import BodyConnection
 from .lifecycle import TurnTracker
 from .loading import ServingEngine
 from .metrics import ServerMetrics
@@ -204,7 +205,8 @@ class RealtimeServer:
             max_size=limits.max_message_bytes,
             max_queue=limits.max_inbound_frames,
             open_timeout=limits.open_timeout_s,
-            create_connection=body_connection_factory(self.cfg.server.voices.max_upload_bytes),
+            create_connection=frame_connection_factory(self.cfg.server.voices.max_upload_bytes,
+                                                       big_frame_limits(limits)),
             **extra,
         )
         if self._handoff is not None:

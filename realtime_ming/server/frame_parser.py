@@ -37,9 +37,10 @@ from ..protocol.dialect import Dialect
 from ..protocol.error_codes import ErrorCode
 from ..protocol.errors import ProtocolError
 from ..protocol.events import ClientEvent
+from .big_frames import BigFrameLimits, BigText
 from .config import LimitsConfig
 
-__all__ = ["INLINE_CHARS", "FrameParser", "limits_parser", "shared_parser"]
+__all__ = ["INLINE_CHARS", "FrameParser", "big_frame_limits", "limits_parser", "shared_parser"]
 
 log = logging.getLogger(__name__)
 
@@ -81,9 +82,13 @@ class _Child:
         self.process.start()
         theirs.close()
 
-    def parse(self, frame: str, dialect: Dialect) -> object:
+    def parse(self, frame: str | BigText, dialect: Dialect) -> object:
         self.conn.send(dialect)
-        self.conn.send_bytes(frame.encode("utf-8", "surrogatepass"))
+        if isinstance(frame, BigText):
+            assert frame.data is not None
+            self.conn.send_bytes(frame.data)  # already UTF-8: sent from its buffer as it is
+        else:
+            self.conn.send_bytes(frame.encode("utf-8", "surrogatepass"))
         return self.conn.recv()
 
     def stop(self) -> None:
@@ -116,11 +121,16 @@ class FrameParser:
             if self._child is None:
                 self._child = _Child(self.control_max_bytes)
 
-    async def parse(self, frame: str | bytes, dialect: Dialect) -> ClientEvent | ProtocolError:
-        """The client event (or the error to answer) of one frame."""
-        if len(frame) <= self.inline_chars or not isinstance(frame, str):  # a binary frame is refused at once
+    async def parse(self, frame: str | bytes | BigText, dialect: Dialect) -> ClientEvent | ProtocolError:
+        """The client event (or the error to answer) of one frame: a text frame (`str`), a binary one (refused), or
+        a large text frame received beside websockets (`big_frames.BigText`: its refusal, or its bytes to the
+        child as they are)."""
+        if isinstance(frame, BigText):
+            if frame.refused is not None:
+                return frame.refused
+        elif len(frame) <= self.inline_chars or not isinstance(frame, str):  # a binary frame is refused at once
             return parse(frame, dialect, control_max_bytes=self.control_max_bytes)
-        if (refused := refuse_by_leading_type(frame, self.control_max_bytes)) is not None:
+        elif (refused := refuse_by_leading_type(frame, self.control_max_bytes)) is not None:
             return refused
         answer = await asyncio.get_running_loop().run_in_executor(self._io, self._in_child, frame, dialect)
         if isinstance(answer, _Failed):
@@ -128,7 +138,7 @@ class FrameParser:
         assert isinstance(answer, ClientEvent | ProtocolError)
         return answer
 
-    def _in_child(self, frame: str, dialect: Dialect) -> object:
+    def _in_child(self, frame: str | BigText, dialect: Dialect) -> object:
         """(On the parser's thread.) The child's answer; a child that is not running is started first (off the
         loop: the first large frame of a parser without `start`, or after a death)."""
         self.start()
@@ -168,3 +178,11 @@ def shared_parser(control_max_bytes: int) -> FrameParser:
 def limits_parser(limits: LimitsConfig) -> FrameParser:
     """The process's parser for a server's limits (the control-frame cap, or the frame cap when it is smaller)."""
     return shared_parser(min(limits.max_control_frame_bytes, limits.max_frame_bytes))
+
+
+def big_frame_limits(limits: LimitsConfig) -> BigFrameLimits:
+    """What a server's connections receive beside websockets (server/big_frames.py): the text frames this process's
+    parser would send to its child, refused by the parser's control cap and by `max_frame_bytes`."""
+    parser = limits_parser(limits)
+    return BigFrameLimits(threshold=parser.inline_chars, control_max_bytes=parser.control_max_bytes,
+                          max_frame_bytes=limits.max_frame_bytes)

@@ -2,7 +2,7 @@
 
 websockets parses the request head only and treats whatever follows as WebSocket frames, so a
 POST body would be read as garbage frames and the connection dropped before any response.
-`BodyConnection` (passed to `serve(create_connection=...)`) takes the body off the byte stream
+`BodyConnection` (the base of the server's connection class, server/big_frames.py) takes the body off the byte stream
 before websockets sees it: it watches the bytes up to the end of the head, and when the head
 declares a body (`Content-Length`) it hands websockets the head alone and keeps the body for the
 HTTP route (`await connection.request_body()`), with the `Content-Length` header removed (websockets
@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import email.parser
 import email.policy
-import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +30,7 @@ from websockets.streams import StreamReader
 
 from .http import api_error
 
-__all__ = ["BodyConnection", "BodyError", "FormPart", "body_connection_factory", "form_parts"]
+__all__ = ["BodyConnection", "BodyError", "FormPart", "form_parts"]
 
 _HEAD_LIMIT = 64 * 1024  # past this without a blank line, websockets' own header limits answer
 
@@ -82,7 +81,7 @@ class BodyConnection(ServerConnection):
             if self._body is not None:
                 self._take_body(data)
             elif not self._discard:
-                super().data_received(data)
+                self._frames_received(data)
             return
         self._head += data
         end = self._head.find(b"\r\n\r\n")
@@ -113,7 +112,9 @@ class BodyConnection(ServerConnection):
         lengths = _header_values(head, b"content-length")
         if not lengths:
             self._finish(b"")
-            super().data_received(head + rest)
+            super().data_received(head)
+            if rest:
+                self._frames_received(rest)
             return
         if len(set(lengths)) != 1 or not lengths[0].isdigit() or len(lengths[0]) > 18:
             self._refuse(BodyError(400, "Invalid Content-Length header."))
@@ -127,6 +128,10 @@ class BodyConnection(ServerConnection):
         super().data_received(_without_header(head, b"content-length"))
         if self._body is not None:
             self._take_body(rest)
+
+    def _frames_received(self, data: bytes) -> None:
+        """The bytes after a body-less request head (the WebSocket frames of an upgrade): to websockets."""
+        super().data_received(data)
 
     def _take_body(self, data: bytes) -> None:
         assert self._body is not None
@@ -142,7 +147,7 @@ class BodyConnection(ServerConnection):
     def _pass_through(self, data: bytes) -> None:
         self._head = None
         self._finish(b"")
-        super().data_received(data)
+        super().data_received(data)  # a head over the limit: websockets refuses it, nothing after it is framed
 
     def _finish(self, body: bytes) -> None:
         self._start()
@@ -185,11 +190,6 @@ def _without_header(head: bytes, name: bytes) -> bytes:
     lines = head.split(b"\r\n")
     kept = [lines[0]] + [line for line in lines[1:] if line.partition(b":")[0].strip().lower() != name]
     return b"\r\n".join(kept)
-
-
-def body_connection_factory(max_body_bytes: int):
-    """The `create_connection` argument of `serve()`: BodyConnections with this body limit."""
-    return functools.partial(BodyConnection, max_body_bytes=max_body_bytes)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,8 @@ from typing import Protocol
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
+from .big_frames import BigText, FrameConnection
+
 __all__ = ["Transport", "TransportClosed", "WebsocketsTransport"]
 
 
@@ -21,8 +23,9 @@ class TransportClosed(Exception):
 
 
 class Transport(Protocol):
-    async def recv(self) -> str | bytes:
-        """The next message; raises TransportClosed when the connection is gone."""
+    async def recv(self) -> str | bytes | BigText:
+        """The next message (a large text frame received beside websockets: `BigText`); raises TransportClosed
+        when the connection is gone."""
         ...
 
     async def send(self, frame: str) -> None:
@@ -46,11 +49,12 @@ class WebsocketsTransport:
     def __init__(self, ws: ServerConnection) -> None:
         self.ws = ws
 
-    async def recv(self) -> str | bytes:
+    async def recv(self) -> str | bytes | BigText:
         try:
-            return await self.ws.recv()
+            message = await self.ws.recv()
         except ConnectionClosed:
             raise TransportClosed from None
+        return self.ws.claim(message) if isinstance(self.ws, FrameConnection) else message
 
     async def send(self, frame: str) -> None:
         try:
