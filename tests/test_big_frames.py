@@ -50,7 +50,7 @@ def _event(**event) -> bytes:
 SMALL = _event(type="input_audio_buffer.clear", event_id="s1")
 BIG_MEDIA = _event(type="conversation.item.create", event_id="m1", item={"type": "message", "role": "user", "content": [
     {"type": "input_text", "text": "é漢😀 " * 500}]})  # > threshold; multi-byte characters split by the reads
-BIG_UPDATE = _event(type="session.update", event_id="u1", session={"instructions": "x" * 4000})  # refused (leading type)
+BIG_UPDATE = _event(type="session.update", event_id="u1", session={"instructions": "x" * 4000})  # refused: its type
 WIDE_UPDATE = _event(type="session.update", session={"instructions": "漢" * 700})  # > threshold bytes, < cap chars
 OVER_FRAME = _event(type="conversation.item.create", item={"text": "y" * 6500})  # over max_frame_bytes
 TRAILING = _event(session={"instructions": "x" * 4000}, type="session.update")  # type not leading: kept, parsed
@@ -166,7 +166,8 @@ def test_what_websockets_refuses_still_reaches_it():
     for raw in (_frame(1, BIG_MEDIA, mask=b""), _frame(1, BIG_MEDIA, rsv=0x40)):
         seen, protocol, _ = _received([raw])
         assert protocol.close_sent.code == CloseCode.PROTOCOL_ERROR, raw[:2]
-    for payload in (b'{"a":"' + b"\xc3\x28" * 800 + b'"}', BIG_MEDIA[:BIG_MEDIA.rindex("😀".encode()) + 2]):  # bad; cut
+    cut = BIG_MEDIA[:BIG_MEDIA.rindex("😀".encode()) + 2]  # ends inside a character
+    for payload in (b'{"a":"' + b"\xc3\x28" * 800 + b'"}', cut):
         seen, protocol, tracker = _received(_split(_frame(1, payload), [333]))
         assert [kind for kind, _ in seen] == ["not utf-8"] and tracker.taken == 1
 

@@ -10,12 +10,13 @@ websockets byte for byte and untouched: control frames, binary frames, fragmente
 unmasked or otherwise malformed frames (websockets fails the connection for them as it always did), frames over
 websockets' `max_size` (1009), text frames up to `BigFrameLimits.threshold` bytes, and every frame while the
 connection is not OPEN. A text frame over the threshold (the size the frame parser sends to its child process) is
-taken instead: its payload goes into one buffer allocated for its length (`mmap`: pages appear as they are written,
-nothing is zeroed or copied again), unmasked and UTF-8 checked chunk by chunk, so each read costs the loop work in
-proportion to the read, never to the frame; and after a large read the connection lets the loop's other callbacks
-run before its next read (libuv reads a busy socket up to 32 times in a row: 8 MB, ~15 ms of this work at once). A frame is dropped as it arrives (not kept) once its characters so far
-are over `max_frame_bytes` (`frame_too_large`) or over the control-frame cap with a leading media-less `type`
-(`codec.refuse_by_leading_chars`, the frame parser's own refusal: `event_frame_too_large`, its `event_id` echoed).
+taken instead: its payload goes into one buffer allocated for its length (`mmap`: pages appear as they are
+written, nothing is zeroed or copied again), unmasked and UTF-8 checked chunk by chunk, so each read costs the loop
+work in proportion to the read, never to the frame; and after a large read the connection lets the loop's other
+callbacks run before its next read (libuv reads a busy socket up to 32 times in a row: 8 MB, ~15 ms of this work
+at once). A frame is dropped as it arrives (not kept) once its characters so far are over `max_frame_bytes`
+(`frame_too_large`) or over the control-frame cap with a leading media-less `type` (`codec.refuse_by_leading_chars`,
+the frame parser's own refusal: `event_frame_too_large`, its `event_id` echoed).
 
 When the frame is complete, websockets is handed a small masked text frame in its place: a token drawn at random
 for this frame (`secrets`, 128 bits: no client can name a frame it did not send), so websockets' queue, its flow

@@ -4,9 +4,10 @@ A frame up to `INLINE_CHARS` is parsed on the event loop (a few milliseconds at 
 in a child process: decoding and checking megabytes of JSON holds the GIL for tenths of a second (128 tools at
 every per-tool limit, ~9 MB, take ~0.1 s; a frame of millions of small values seconds), which on a worker thread
 still stalls every session's events and /health, while in another process it costs this one only the copy of
-the text there and of the event back. The text goes as raw UTF-8 bytes over a pipe (written in pieces by a
-thread of the parser's own, which lets go of the GIL for each), not pickled: pickling a 9 MB string held the GIL
-~20 ms at once, a stall of every session per large frame. What comes back is small or cheap to rebuild: an
+the text there and of the event back (a frame received beside websockets, `big_frames.BigText`, is sent from
+its buffer as it came, never decoded in this process). The text goes as raw UTF-8 bytes over a pipe (written in
+pieces by a thread of the parser's own, which lets go of the GIL for each), not pickled: pickling a 9 MB string
+held the GIL ~20 ms at once, a stall of every session per large frame. What comes back is small or cheap to rebuild: an
 error, or an event of a type that carries media (a few large strings), since every other event type is refused
 in the child right after decoding when its frame is over `server.limits.max_control_frame_bytes` (`codec.parse`).
 
@@ -15,7 +16,8 @@ as every client library writes it) is refused right here from its first characte
 (`codec.refuse_by_leading_type`), without being copied to the child nor decoded: the same error the child would
 answer, at no cost to either process (issue 43: these refusals were half of what the tools attack cost a server).
 
-One child per server process (each front end its own, `spawn`: the engine's threads are never forked), started by
+One child per server process (each front end its own, `spawn`: the engine's threads are never forked; at the lowest
+CPU priority, so that on a busy host the event loop gets the core first), started by
 `start` off the event loop when the server starts (starting it takes the starting thread ~0.1 s of the GIL, which
 on the first large frame stalled every session for that long); a child that dies is replaced, on the parser's
 thread, at the next large frame, and the frame it was parsing gets `server_error`, which ends nothing but that
@@ -27,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
+import os
 import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -48,12 +51,19 @@ log = logging.getLogger(__name__)
 # characters of base64, so ordinary appends (tens of milliseconds each) stay inline.
 INLINE_CHARS = 64 * 1024
 _STOP_TIMEOUT_S = 2.0
+# The child's CPU priority (nice): its work is one client's large frame, the event loop's every session and /health;
+# on a busy host the loop gets the core first (issue 43, tools attack: /health p99 1.44-2.30 x -> 1.49-1.52 x baseline).
+_CHILD_NICENESS = 19
 
 
 def _child_main(conn: Connection, control_max_bytes: int) -> None:
     """The child: parse each (dialect, UTF-8 frame) it is sent, answer the event or error (or the failure of a bug
     in `parse`, as text); end when the parent closes the pipe (or dies)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the server's to handle, not this helper's
+    try:
+        os.nice(_CHILD_NICENESS)
+    except OSError:  # not permitted here: the child parses at the server's priority
+        pass
     while True:
         try:
             dialect = conn.recv()
