@@ -317,3 +317,36 @@ async def test_websockets_limits_close_the_connection(payload, code):
     finally:
         await srv.close()
         engine.close()
+
+
+class _Transport:
+    def __init__(self) -> None:
+        self.reading = True
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+    def is_closing(self) -> bool:
+        return False
+
+
+async def test_a_large_read_lets_the_loop_run_before_the_next():
+    """After a read of at least the threshold the connection pauses reading until the loop's other ready callbacks
+    ran, then resumes, unless websockets paused reading itself meanwhile (its queue full): then it stays paused."""
+    conn = FrameConnection.__new__(FrameConnection)  # its reading only: no server, no handshake
+    conn.loop, conn.transport, conn._yielding = asyncio.get_running_loop(), _Transport(), False
+    conn.recv_messages = type("Queue", (), {"paused": False})()
+    conn.frames = FrameTracker(LIMITS, lambda _data: None, lambda: True, MAX_SIZE)
+    conn._frames_received(_frame(1, SMALL))  # a small read: nothing to wait for
+    assert conn.transport.reading
+    conn._frames_received(_frame(1, BIG_MEDIA))
+    assert not conn.transport.reading
+    await asyncio.sleep(0)
+    assert conn.transport.reading
+    conn._frames_received(_frame(1, BIG_MEDIA))
+    conn.recv_messages.paused = True  # websockets' flow control: it resumes reading itself
+    await asyncio.sleep(0)
+    assert not conn.transport.reading
