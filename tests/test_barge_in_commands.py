@@ -150,3 +150,36 @@ def test_a_dip_inside_a_backchannel_is_not_a_second_word_at_any_alignment(text, 
     vad, clip = SileroVad(create_silero_session()), espeak(text, voice)
     verdicts = [served(clip, 320 + 20 * k, TurnDetectorConfig(), vad, spotter).interrupted for k in range(8)]
     assert verdicts == [interrupts] * 8, verdicts
+
+
+@pytest.mark.parametrize("voice", ["en-us", "en-gb+f3", "en-us+m3"])
+def test_mm_hmm_pauses_the_reply_at_most_max_pause_at_any_alignment(voice, spotter):
+    """"mm-hmm", the longest backchannel, through the server's input path and output hold at the 8 phases (a client
+    holding a 150 ms lead): held for its length plus the 300 ms gap, the listener heard a pause of more than 800 ms at
+    some phases; with the pause bound the hold ends once its word is over and 750 ms of silence were heard (the
+    input's 20 ms appends add up to one append), and it never interrupts."""
+    from bench.barge_in_commands import served
+
+    vad, clip = SileroVad(create_silero_session()), espeak("mm-hmm", voice)
+    bounded = [served(clip, 320 + 20 * k, TurnDetectorConfig(), vad, spotter) for k in range(8)]
+    assert not any(r.interrupted for r in bounded)
+    assert max(r.pause_ms for r in bounded) <= TurnDetectorConfig().barge_in_max_pause_ms + 20, bounded
+    unbounded = [served(clip, 320 + 20 * k, TurnDetectorConfig(barge_in_max_pause_ms=60000), vad, spotter)
+                 for k in range(8)]
+    assert max(r.pause_ms for r in unbounded) > 780, unbounded
+
+
+@pytest.mark.parametrize(("text", "voice"), [
+    ("No, that's not it.", "en-us"), ("Actually, can you repeat that?", "en-us"),
+    ("Actually, can you repeat that?", "en-gb+f3"), ("Actually, can you repeat that?", "en-us+m3"),
+    ("Hold on, that's wrong.", "en-us"), ("Sorry, one more question.", "en-us+m3"),
+])
+def test_an_interruption_is_never_heard_resuming_before_it_stops(text, voice, spotter):
+    """A first word followed by a comma's pause, at the 8 phases: the hold lasts until the second word (or a stop
+    command is read at the word's end) and `speech_started` comes with the hold still on: the listener never hears
+    the reply again before it stops (the pause bound is longer than any of these pauses)."""
+    from bench.barge_in_commands import served
+
+    vad, clip = SileroVad(create_silero_session()), espeak(text, voice)
+    runs = [served(clip, 320 + 20 * k, TurnDetectorConfig(), vad, spotter) for k in range(8)]
+    assert all(r.interrupted and not r.resumed for r in runs), runs

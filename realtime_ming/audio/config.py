@@ -43,9 +43,11 @@ class TurnDetectorConfig:
     barge_in_commands: bool = True
     # The longest pause a candidate that is not (yet) an interruption makes the listener hear in a reply, once its one
     # word is over (a gap of `barge_in_word_gap_ms` after it, not a stop command): the output hold ends then, the
-    # candidate stays open until `barge_in_max_gap_ms` so a second word still interrupts (after a short resume). The
-    # hold of a backchannel lasts its length plus the gap: "mm-hmm" (576-704 ms of speech) paused the reply 801-876 ms
-    # (150 ms lead) before this bound. Counted from when the client runs out of audio (the session's playback clock).
+    # candidate stays open until `barge_in_max_gap_ms`, so a second word still interrupts (after the reply resumed for
+    # a moment). Counted from when the client runs out of reply audio (the session's playback clock). Without it a
+    # backchannel is held for its length plus the gap: "mm-hmm" (576-704 ms of speech) paused the reply 801-876 ms at
+    # a 150 ms lead. Through the server's input path (bench/barge_in_commands.py, 12 voices x 8 phases): 700 let 4 of
+    # 480 interruptions resume before their second word ("Hold on, that's wrong."), 750 none (docs/barge_in.md).
     barge_in_max_pause_ms: int = 750
     # While guarded, a sound onset (a window `barge_in_onset_db` above the quiet level before it, and above
     # -50 dBFS) is judged as a candidate for up to `barge_in_onset_ms` before the VAD calls it speech, so the
