@@ -7,7 +7,7 @@ responses (`lifecycle.Responses`) theirs:
 * `speaking` — Ming is heard now (or a reply is being generated): the barge-in guard follows it;
 * `on_engine_event` / `pump` — the default conversation's engine events through the gate;
 * `deadline` / `sync` — when the session must act without an input (a paced piece is due, a hold
-  expires, a reply has played out) and what it does then;
+  expires or has paused the listener for `barge_in_max_pause_ms`, a reply has played out) and what it does then;
 * `interrupted`, `client_stopped`, `on_clear` — the client stopped playing: at an interruption's
   `speech_started`, at its `conversation.item.truncate`, at its `output_audio_buffer.clear`.
 
@@ -158,7 +158,8 @@ class Playout:
 
     def deadline(self) -> float | None:
         """Monotonic s at which the session must be woken (`Session.on_output_timer`) although no input came: the
-        next paced piece is due, the hold expires, or a finished reply plays out (`output_audio_buffer.stopped`)."""
+        next paced piece is due, the hold expires or reaches its pause bound, or a finished reply plays out
+        (`output_audio_buffer.stopped`)."""
         times: list[float] = []
         gate = self._gate
         event, response = gate.peek(), self._responses.active
