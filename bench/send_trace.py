@@ -46,9 +46,9 @@ def install(path: str) -> None:
 
     gate_sync = barge_in.OutputGate.sync
 
-    def sync(self, candidate: bool, turn_id: str | None, now: float) -> bool:
+    def sync(self, candidate: bool, turn_id: str | None, now: float, *args, **kwargs) -> bool:
         holding = self.turn_id
-        ended = gate_sync(self, candidate, turn_id, now)
+        ended = gate_sync(self, candidate, turn_id, now, *args, **kwargs)
         if self.turn_id is not None and self.turn_id != holding:
             log({"hold": time.monotonic(), "rid": self.turn_id})
         return ended

@@ -149,6 +149,8 @@ def test_turn_detector_config_validation():
         TurnDetectorConfig(threshold=1.5)
     with pytest.raises(ValueError, match="speculative_pause_ms"):
         TurnDetectorConfig(speculative_pause_ms=500, silence_duration_ms=500)
+    with pytest.raises(ValueError, match="barge_in_max_pause_ms"):
+        TurnDetectorConfig(barge_in_max_pause_ms=-1)
 
 
 # --- real detectors on noise and speech -----------------------------------------------------

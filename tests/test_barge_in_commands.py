@@ -55,14 +55,15 @@ def _feed(probs: list[float], reader: Reader | None, guard: bool = True, **confi
 
 
 def test_a_short_burst_read_as_a_command_is_an_interruption():
-    """Guarded, one 300 ms burst: the reader is asked once when the gap after it passes barge_in_max_gap_ms, with the
-    burst's audio (and a little before it); "command" starts the turn at the burst, its silence from the gap."""
+    """Guarded, one 300 ms burst: the reader is asked once when the gap after it reaches barge_in_word_gap_ms (the
+    word is over: speech after it would be a second word), not at the candidate's end, with the burst's audio (and a
+    little before it); "command" starts the turn at the burst, its silence from the gap."""
     reader = Reader(True)
     events = _feed(BURST, reader)
     assert len(reader.asked) == 1
     asked = np.rint(reader.asked[0] * 1e6).astype(int)
     assert asked[0] < 500 * 16 <= 800 * 16 <= asked[-1]  # from before the burst to after it
-    assert asked[-1] >= (800 + 300) * 16 - 1  # the whole gap that ended it
+    assert (800 + 96) * 16 - 1 <= asked[-1] < (800 + 300) * 16  # the word gap, well before the candidate's end
     assert events[0] == SpeechStarted(audio_start_ms=200, speech_start_ms=500)
     assert SpeechPaused(at_ms=800) in events
     assert events[-1] == SpeechStopped(audio_end_ms=800 + 500, speech_end_ms=800)
@@ -79,12 +80,22 @@ def test_a_short_burst_read_as_anything_else_stays_a_backchannel():
     (BURST, True, {"barge_in_commands": False}),  # switched off
     ([0.0] * 50 + [1.0] * 10 + [0.0] * 100, True, {}),  # 100 ms: a click or a cough, not a word
     ([0.0] * 50 + [1.0] * 80 + [0.0] * 100, True, {}),  # 800 ms: long speech interrupts without a reading
-    ([0.0] * 50 + [1.0] * 20 + [0.0] * 10 + [1.0] * 20 + [0.0] * 100, True, {}),  # a second word interrupts
+    ([0.0] * 50 + [1.0] * 20 + [0.0] * 6 + [1.0] * 20 + [0.0] * 5 + [1.0] * 40 + [0.0] * 100, True, {}),  # no gap
+    # long enough to be read before the long burst interrupts
 ])
 def test_the_reader_is_asked_only_about_a_lone_short_burst_over_a_reply(probs, guard, config):
     reader = Reader(True)
     _feed(probs, reader, guard, **config)
     assert reader.asked == []
+
+
+def test_a_second_word_interrupts_whatever_the_first_was_read_as():
+    """The first word is read when the gap after it reaches the word gap (a backchannel here); speech after that gap
+    is a second word: an interruption at its first window, not read again."""
+    reader = Reader(False)
+    events = _feed([0.0] * 50 + [1.0] * 20 + [0.0] * 15 + [1.0] * 20 + [0.0] * 100, reader)
+    assert len(reader.asked) == 1
+    assert events[0] == SpeechStarted(audio_start_ms=200, speech_start_ms=500)
 
 
 @pytest.fixture(scope="module")
@@ -137,5 +148,38 @@ def test_a_dip_inside_a_backchannel_is_not_a_second_word_at_any_alignment(text, 
     from bench.barge_in_commands import served
 
     vad, clip = SileroVad(create_silero_session()), espeak(text, voice)
-    verdicts = [served(clip, 320 + 20 * k, TurnDetectorConfig(), vad, spotter) for k in range(8)]
+    verdicts = [served(clip, 320 + 20 * k, TurnDetectorConfig(), vad, spotter).interrupted for k in range(8)]
     assert verdicts == [interrupts] * 8, verdicts
+
+
+@pytest.mark.parametrize("voice", ["en-us", "en-gb+f3", "en-us+m3"])
+def test_mm_hmm_pauses_the_reply_at_most_max_pause_at_any_alignment(voice, spotter):
+    """"mm-hmm", the longest backchannel, through the server's input path and output hold at the 8 phases (a client
+    holding a 150 ms lead): held for its length plus the 300 ms gap, the listener heard a pause of more than 800 ms at
+    some phases; with the pause bound the hold ends once its word is over and 750 ms of silence were heard (the
+    input's 20 ms appends add up to one append), and it never interrupts."""
+    from bench.barge_in_commands import served
+
+    vad, clip = SileroVad(create_silero_session()), espeak("mm-hmm", voice)
+    bounded = [served(clip, 320 + 20 * k, TurnDetectorConfig(), vad, spotter) for k in range(8)]
+    assert not any(r.interrupted for r in bounded)
+    assert max(r.pause_ms for r in bounded) <= TurnDetectorConfig().barge_in_max_pause_ms + 20, bounded
+    unbounded = [served(clip, 320 + 20 * k, TurnDetectorConfig(barge_in_max_pause_ms=60000), vad, spotter)
+                 for k in range(8)]
+    assert max(r.pause_ms for r in unbounded) > 780, unbounded
+
+
+@pytest.mark.parametrize(("text", "voice"), [
+    ("No, that's not it.", "en-us"), ("Actually, can you repeat that?", "en-us"),
+    ("Actually, can you repeat that?", "en-gb+f3"), ("Actually, can you repeat that?", "en-us+m3"),
+    ("Hold on, that's wrong.", "en-us"), ("Sorry, one more question.", "en-us+m3"),
+])
+def test_an_interruption_is_never_heard_resuming_before_it_stops(text, voice, spotter):
+    """A first word followed by a comma's pause, at the 8 phases: the hold lasts until the second word (or a stop
+    command is read at the word's end) and `speech_started` comes with the hold still on: the listener never hears
+    the reply again before it stops (the pause bound is longer than any of these pauses)."""
+    from bench.barge_in_commands import served
+
+    vad, clip = SileroVad(create_silero_session()), espeak(text, voice)
+    runs = [served(clip, 320 + 20 * k, TurnDetectorConfig(), vad, spotter) for k in range(8)]
+    assert all(r.interrupted and not r.resumed for r in runs), runs

@@ -13,8 +13,9 @@ import pytest
 from server_support import b64_pcm16_samples, pcm16_b64, silence, tone
 from session_support import MODEL_HZ, PCM16K, Harness, engine_pcm
 
+from realtime_ming.audio.config import TurnDetectorConfig
 from realtime_ming.engine.api import AudioChunk, FinishReason, TextDelta, TurnDone
-from realtime_ming.session import CancelTurn, SessionSettings
+from realtime_ming.session import CancelTurn, SessionSettings, VadSettings
 
 T0 = 1000.0  # the virtual clock's origin (monotonic seconds)
 WIRE_HZ = 24000
@@ -27,9 +28,12 @@ class Listener:
         self.end_at: float | None = None  # when everything received so far has played
         self.received_ms = 0.0
         self.max_lead_ms = 0.0  # the most unplayed audio held, right after a delta
+        self.max_pause_ms = 0.0  # the longest silence inside the reply (a delta that came after the last ran out)
 
     def delta(self, samples: int, now: float) -> None:
         ms = 1000.0 * samples / WIRE_HZ
+        if self.end_at is not None:
+            self.max_pause_ms = max(self.max_pause_ms, (now - self.end_at) * 1000.0)
         self.end_at = max(self.end_at or now, now) + ms / 1000.0
         self.received_ms += ms
         self.max_lead_ms = max(self.max_lead_ms, (self.end_at - now) * 1000.0)
@@ -38,8 +42,9 @@ class Listener:
 class Clocked:
     """A harness driven on the virtual clock; every frame is fed to a `Listener` as it is sent."""
 
-    def __init__(self, lead_ms: int | None = 200, **session) -> None:
-        self.h = Harness(settings=SessionSettings(output_lead_ms=lead_ms))
+    def __init__(self, lead_ms: int | None = 200, detector: TurnDetectorConfig | None = None, **session) -> None:
+        vad = VadSettings(detector=detector or TurnDetectorConfig())
+        self.h = Harness(settings=SessionSettings(output_lead_ms=lead_ms, vad=vad))
         self.now = T0
         self.listener = Listener()
         self._seen = 0
@@ -153,6 +158,50 @@ def test_a_backchannel_after_generation_pauses_the_reply_and_it_resumes_where_it
     assert abs(c.listener.received_ms - 4000.0) < 5.0
     assert c.listener.max_lead_ms <= 201.0
     assert held_at < c.now
+
+
+@pytest.mark.parametrize("max_pause_ms", [650, 600, None])
+def test_a_long_one_word_backchannel_pauses_the_reply_at_most_max_pause(max_pause_ms):
+    """Paced (150 ms): a 600 ms burst is held for its length and the gap that ends it (300 ms), which the listener
+    would hear as a pause of ~750 ms (None: no bound). Once its word is over the hold ends when the listener has heard
+    `barge_in_max_pause_ms` of silence, although the candidate is still judged; nothing is lost."""
+    detector = TurnDetectorConfig(barge_in_max_pause_ms=60000 if max_pause_ms is None else max_pause_ms)
+    c = Clocked(150, detector)
+    turn_id = c.respond(5.0)
+    c.speak(silence(1.0, MODEL_HZ))
+    since = len(c.h.frames)
+    c.speak(np.concatenate([tone(0.6, MODEL_HZ), silence(0.25, MODEL_HZ)]))
+    assert c.h.session._input.judging_barge_in  # still a candidate (a second word would interrupt)...
+    assert c.h.session._gate.active is (max_pause_ms is None)  # ...but no longer held
+    c.speak(silence(1.0, MODEL_HZ))
+    c.run_until(c.now + 6.0)
+    assert "input_audio_buffer.speech_started" not in c.types(since) and CancelTurn(turn_id) not in c.h.commands
+    assert c.h.last("response.done")["response"]["status"] == "completed"
+    assert abs(c.listener.received_ms - 5000.0) < 5.0
+    if max_pause_ms is None:
+        assert c.listener.max_pause_ms > 700.0
+    else:
+        assert max_pause_ms - 1.0 <= c.listener.max_pause_ms <= max_pause_ms + 1.0
+
+
+def test_a_second_word_after_the_pause_bound_ended_the_hold_still_interrupts():
+    """The hold of a 600 ms burst ends at the pause bound (500 ms); a second word 250 ms after the burst (within
+    `barge_in_max_gap_ms`) is an interruption: speech_started at its first window, the response cancelled."""
+    c = Clocked(150, TurnDetectorConfig(barge_in_max_pause_ms=500))
+    turn_id = c.respond(5.0)
+    c.speak(silence(1.0, MODEL_HZ))
+    since = len(c.h.frames)
+    c.speak(tone(0.1, MODEL_HZ))
+    assert c.h.session._gate.holds(turn_id)
+    held = len(c.h.frames)
+    c.speak(np.concatenate([tone(0.5, MODEL_HZ), silence(0.25, MODEL_HZ)]))
+    assert not c.h.session._gate.active and "input_audio_buffer.speech_started" not in c.types(since)
+    assert "response.output_audio.delta" in c.types(held)  # the reply resumed
+    c.speak(tone(0.1, MODEL_HZ))
+    assert "input_audio_buffer.speech_started" in c.types(since)
+    done = c.h.last("response.done")["response"]
+    assert (done["status"], done["status_details"]["reason"]) == ("cancelled", "turn_detected")
+    assert CancelTurn(turn_id) in c.h.commands
 
 
 def test_an_interruption_after_generation_cancels_what_waits():

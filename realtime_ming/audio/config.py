@@ -41,6 +41,14 @@ class TurnDetectorConfig:
     # guarded candidate of one burst ends, its words are read (`audio/commands.py`, a closed-vocabulary
     # recogniser) and a stop command interrupts the reply. False: a lone stop word is a backchannel too.
     barge_in_commands: bool = True
+    # The longest pause a candidate that is not (yet) an interruption makes the listener hear in a reply, once its one
+    # word is over (a gap of `barge_in_word_gap_ms` after it, not a stop command): the output hold ends then, the
+    # candidate stays open until `barge_in_max_gap_ms`, so a second word still interrupts (after the reply resumed for
+    # a moment). Counted from when the client runs out of reply audio (the session's playback clock). Without it a
+    # backchannel is held for its length plus the gap: "mm-hmm" (576-704 ms of speech) paused the reply 801-876 ms at
+    # a 150 ms lead. Through the server's input path (bench/barge_in_commands.py, 12 voices x 8 phases): 700 let 4 of
+    # 480 interruptions resume before their second word ("Hold on, that's wrong."), 750 none (docs/barge_in.md).
+    barge_in_max_pause_ms: int = 750
     # While guarded, a sound onset (a window `barge_in_onset_db` above the quiet level before it, and above
     # -50 dBFS) is judged as a candidate for up to `barge_in_onset_ms` before the VAD calls it speech, so the
     # reply is held from the first window of a fricative or soft onset: Silero's first speech window of "Stop."
@@ -66,6 +74,7 @@ class TurnDetectorConfig:
             raise ValueError(f"quiet_db: must be >= 0, got {self.quiet_db}")
         for name in ("prefix_padding_ms", "speculative_pause_ms", "min_speech_ms", "max_backdate_ms",
                      "barge_in_min_speech_ms", "barge_in_max_gap_ms", "barge_in_word_gap_ms", "barge_in_onset_ms",
+                     "barge_in_max_pause_ms",
                      "barge_in_onset_db"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")

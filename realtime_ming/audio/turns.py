@@ -90,8 +90,9 @@ class TurnDetector:
     def __init__(self, config: TurnDetectorConfig, vad: VadBackend,
                  command: Callable[[np.ndarray], bool] | None = None) -> None:
         """`command`: reads a short guarded candidate's audio (16 kHz float32, from just before its speech to
-        the gap that ends it) and says whether it is a stop command said alone ("Stop.", "Wait.": then it is an
-        interruption, not a backchannel); None (or `config.barge_in_commands` off): never asked."""
+        `barge_in_word_gap_ms` into the gap after it: its one word is over) and says whether it is a stop command said
+        alone ("Stop.", "Wait.": then it is an interruption, not a backchannel); None (or `config.barge_in_commands`
+        off): never asked."""
         self.config = config
         self._vad = vad
         self._command = command if config.barge_in_commands else None
@@ -122,6 +123,7 @@ class TurnDetector:
         self._num_pending_speech = 0  # speech samples counted while PENDING
         self._pending_gap = 0  # silent samples since the last speech window while PENDING (guarded)
         self._pending_resumed = False  # guarded candidate: speech came back after a gap
+        self._word_over = False  # guarded candidate of one burst in a gap of `barge_in_word_gap_ms` (read once)
         self._silence_start: int | None = None  # sample index where the current silence began
         self._peak_rms = 0.0  # loudest window of the turn so far
         self._quiet_since: int | None = None  # start of the run of quiet windows ending at the last one
@@ -161,6 +163,14 @@ class TurnDetector:
         return self._guard and (self._state is TurnState.PENDING
                                 or (self._state is TurnState.SILENCE and self._onset_left > 0))
 
+    @property
+    def barge_in_word_over(self) -> bool:
+        """Guarded, the candidate's one burst was followed by a gap of `barge_in_word_gap_ms` and was not a stop
+        command: speech now would be a second word (an interruption at once), silence up to `barge_in_max_gap_ms`
+        drops it. The output hold is not needed for the word any more, only for a second word
+        (`session.barge_in.OutputGate`: it ends once the listener's pause reaches `barge_in_max_pause_ms`)."""
+        return self._guard and self._state is TurnState.PENDING and self._word_over
+
     def guard_barge_in(self, on: bool) -> None:
         """While on (a reply is playing), a turn starts only on a real interruption (see the config)."""
         self._guard = on
@@ -174,21 +184,27 @@ class TurnDetector:
             if is_speech:
                 self._num_pending_speech += size
             return self._num_pending_speech >= cfg.min_speech_ms * _SAMPLES_PER_MS or None
+        word_gap = max(size, cfg.barge_in_word_gap_ms * _SAMPLES_PER_MS)
         if is_speech:
             # a second word: speech after a gap of at least one window and `barge_in_word_gap_ms`
-            self._pending_resumed |= self._pending_gap >= max(size, cfg.barge_in_word_gap_ms * _SAMPLES_PER_MS)
+            self._pending_resumed |= self._pending_gap >= word_gap
             self._pending_gap = 0
             self._num_pending_speech += size
         else:
             self._pending_gap += size
             if self._pending_gap > cfg.barge_in_max_gap_ms * _SAMPLES_PER_MS:
-                return self._is_command()
+                return False
+            if self._pending_gap >= word_gap and not self._word_over and not self._pending_resumed:
+                # the one word is over: read it now (a stop command interrupts at once), not at the candidate's end
+                self._word_over = True
+                if self._is_command():
+                    return True
         enough = self._num_pending_speech >= cfg.barge_in_min_speech_ms * _SAMPLES_PER_MS
         second_word = self._pending_resumed and is_speech and self._num_pending_speech >= 2 * cfg.min_speech_ms * _SAMPLES_PER_MS
         return enough or second_word or None
 
     def _is_command(self) -> bool:
-        """A guarded candidate ended after one short burst: is it a stop command said alone?"""
+        """A guarded candidate's one short burst is over: is it a stop command said alone?"""
         if self._candidate is None or self._num_pending_speech < 2 * self.config.min_speech_ms * _SAMPLES_PER_MS:
             return False
         assert self._command is not None
@@ -260,6 +276,7 @@ class TurnDetector:
             self._num_pending_speech = 0
             self._pending_gap = 0
             self._pending_resumed = False
+            self._word_over = False
             self._candidate = list(self._recent) if self._guard and self._command is not None else None
         if self._state is TurnState.PENDING:
             if self._candidate is not None:

@@ -22,7 +22,11 @@ Every engine event of the default conversation's response waits in `OutputGate` 
 The hold never outlives its candidate: `OutputGate.sync` releases it whenever the detector is no longer
 judging one (turn started or dropped, buffer cleared or committed, detection reconfigured, the response
 gone) and once `max_hold_s` of wall-clock time have passed (`playout.Playout.deadline` wakes the session
-then, so a client that stops streaming mid-candidate cannot freeze a reply).
+then, so a client that stops streaming mid-candidate cannot freeze a reply). It also ends once the candidate's
+one word is over (`TurnDetector.barge_in_word_over`) and the listener has heard `max_pause_s` of silence (from
+when the client ran out of audio): a backchannel's hold lasts its length plus `barge_in_max_gap_ms`, and the
+longest ("mm-hmm") would pause the reply for more than 800 ms. The candidate itself stays open, so a second word
+still interrupts; the listener then hears the reply resume briefly before it stops.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import numpy as np
 from ..audio.config import TurnDetectorConfig
 from ..engine.api import TurnEvent
 
-__all__ = ["OutputGate", "WireAudio", "max_hold_s"]
+__all__ = ["OutputGate", "WireAudio", "max_hold_s", "max_pause_s"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,13 +61,23 @@ def max_hold_s(config: TurnDetectorConfig) -> float:
     return 2.0 * (config.barge_in_min_speech_ms + config.barge_in_max_gap_ms) / 1000.0
 
 
+def max_pause_s(config: TurnDetectorConfig) -> float:
+    """The longest silence a hold makes the listener hear once the candidate's one word is over."""
+    return config.barge_in_max_pause_ms / 1000.0
+
+
 class OutputGate:
     """Engine events of the default conversation's response waiting to go out (not thread-safe)."""
 
-    def __init__(self, max_hold_s: float) -> None:
+    def __init__(self, max_hold_s: float, max_pause_s: float | None = None) -> None:
+        """`max_pause_s`: a hold ends after the listener heard this much silence once the candidate's word is over
+        (`sync`); None: only when the candidate is judged or after `max_hold_s`."""
         if max_hold_s <= 0:
             raise ValueError(f"max_hold_s: must be > 0, got {max_hold_s}")
+        if max_pause_s is not None and max_pause_s < 0:
+            raise ValueError(f"max_pause_s: must be >= 0, got {max_pause_s}")
         self.max_hold_s = max_hold_s
+        self.max_pause_s = max_pause_s
         self._events: deque[Waiting] = deque()
         self.turn_id: str | None = None  # the held turn, None when not holding
         self.since: float | None = None  # monotonic time the hold began
@@ -116,16 +130,26 @@ class OutputGate:
         """Events of `turn_id` must be kept back."""
         return self.turn_id is not None and self.turn_id == turn_id
 
-    def sync(self, candidate: bool, turn_id: str | None, now: float) -> bool:
+    def pause_ends_at(self, word_over: bool, silent_since: float | None) -> float | None:
+        """When the hold ends by the pause bound: the candidate's word is over and the listener has heard no reply
+        audio since `silent_since` (None: it still plays, or the bound is off)."""
+        if self.turn_id is None or not word_over or silent_since is None or self.max_pause_s is None:
+            return None
+        return silent_since + self.max_pause_s
+
+    def sync(self, candidate: bool, turn_id: str | None, now: float, word_over: bool = False,
+             silent_since: float | None = None) -> bool:
         """Follow the detector: hold `turn_id` while `candidate` (a guarded speech candidate is being
         judged while response `turn_id` plays), else end the hold. One candidate is held at most
-        once: after `max_hold_s`, or when its response changes, it plays on until the detector decides.
+        once: after `max_hold_s`, once its word is over (`word_over`) and the listener has been without audio since
+        `silent_since` for `max_pause_s`, or when its response changes, it plays on until the detector decides.
         Returns whether a hold ended now (its events may go out)."""
         if not candidate:
             self._spent = False
         if self.turn_id is not None:
             expired = self.since is not None and now - self.since >= self.max_hold_s
-            if candidate and turn_id == self.turn_id and not expired:
+            pause_end = self.pause_ends_at(word_over, silent_since)
+            if candidate and turn_id == self.turn_id and not expired and (pause_end is None or now < pause_end):
                 return False
             self.turn_id, self.since = None, None
             return True

@@ -167,6 +167,11 @@ class InputTurns:
         """A guarded speech candidate is being judged (the reply's output is held meanwhile)."""
         return self._detector is not None and self._detector.judging_barge_in
 
+    @property
+    def barge_in_word_over(self) -> bool:
+        """That candidate's one word is over (`TurnDetector.barge_in_word_over`)."""
+        return self._detector is not None and self._detector.barge_in_word_over
+
     def configure(self, fmt: AudioFormat, turn_detection: TurnDetection) -> None:
         """Set the input format and turn detection (a new detector starts on the current clock)."""
         if self._decoder is None or self._decoder.format != fmt:

@@ -7,7 +7,7 @@ responses (`lifecycle.Responses`) theirs:
 * `speaking` — Ming is heard now (or a reply is being generated): the barge-in guard follows it;
 * `on_engine_event` / `pump` — the default conversation's engine events through the gate;
 * `deadline` / `sync` — when the session must act without an input (a paced piece is due, a hold
-  expires, a reply has played out) and what it does then;
+  expires or has paused the listener for `barge_in_max_pause_ms`, a reply has played out) and what it does then;
 * `interrupted`, `client_stopped`, `on_clear` — the client stopped playing: at an interruption's
   `speech_started`, at its `conversation.item.truncate`, at its `output_audio_buffer.clear`.
 
@@ -48,13 +48,15 @@ _EPS_S = 1e-6  # a piece due "now" is never kept back by float rounding
 
 class Playout:
     """The listener's side of one session (not thread-safe). `config` gives the session's current configuration,
-    `judging` whether its input's barge-in detector is judging a speech candidate now."""
+    `judging` whether its input's barge-in detector is judging a speech candidate now, `word_over` whether that
+    candidate's one word is over (`TurnDetector.barge_in_word_over`: the hold may end at the pause bound)."""
 
     def __init__(self, *, gate: OutputGate, playback: Playback, responses: Responses,
                  config: Callable[[], SessionConfig], conversation: Conversation, speculation: Speculation,
-                 judging: Callable[[], bool]) -> None:
+                 judging: Callable[[], bool], word_over: Callable[[], bool]) -> None:
         self._gate, self._playback, self._responses = gate, playback, responses
         self._config, self._conversation, self._speculation, self._judging = config, conversation, speculation, judging
+        self._word_over = word_over
         # the transport plays the audio out and says `output_audio_buffer.*` itself (a WebRTC call): the session
         # then never does (set by the connection)
         self.transport_playout = False
@@ -145,17 +147,27 @@ class Playout:
         """After the input moved or time passed: start or end the hold, send what is due, tell the client what
         its playout does."""
         response = self._responses.active
-        self._gate.sync(self._judging(), None if response is None else response.id, now)
+        self._gate.sync(self._judging(), None if response is None else response.id, now, self._word_over(),
+                        self._silent_since(response))
         return self.pump(now)
+
+    def _silent_since(self, response: ActiveResponse | None) -> float | None:
+        """When the listener ran out of the held response's audio (None: no audio was sent yet; it may still play)."""
+        clock = None if response is None else response.playback
+        return None if clock is None or clock.sent_ms <= 0 else clock.end_at
 
     def deadline(self) -> float | None:
         """Monotonic s at which the session must be woken (`Session.on_output_timer`) although no input came: the
-        next paced piece is due, the hold expires, or a finished reply plays out (`output_audio_buffer.stopped`)."""
+        next paced piece is due, the hold expires or reaches its pause bound, or a finished reply plays out
+        (`output_audio_buffer.stopped`)."""
         times: list[float] = []
         gate = self._gate
+        event, response = gate.peek(), self._responses.active
         if gate.since is not None:
             times.append(gate.since + gate.max_hold_s)
-        event, response = gate.peek(), self._responses.active
+            pause_end = gate.pause_ends_at(self._word_over(), self._silent_since(response))
+            if pause_end is not None:
+                times.append(pause_end)
         if event is not None and response is not None and not gate.holds(event.turn_id):
             due = self._due_at(response, event) if event.turn_id == response.id else None
             times.append(due if due is not None else 0.0)

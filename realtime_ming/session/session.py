@@ -33,7 +33,7 @@ from ..protocol.server_events import Error, InputAudioBufferCleared, SessionCrea
 from ..protocol.session import SessionConfig, SessionType
 from . import mcp_flow
 from .actions import Action, CloseConversation, Send, error_reply
-from .barge_in import OutputGate, max_hold_s
+from .barge_in import OutputGate, max_hold_s, max_pause_s
 from .config import SessionSettings
 from .content import MediaLimits
 from .conversation import Conversation
@@ -111,7 +111,7 @@ class Session:
         self._input.configure(self.config.input_format, self.config.turn_detection)
         self._speculation = Speculation()
         # the reply's output on its way to the listener: paced to the client's playback, held while a barge-in is judged
-        self._gate = OutputGate(max_hold_s(vad.detector))
+        self._gate = OutputGate(max_hold_s(vad.detector), max_pause_s(vad.detector))
         self._playback = Playback()  # what the client plays: the barge-in guard follows it (`playout`)
         self._idle = IdleTimer()  # GA turn_detection.idle_timeout_ms
         self._transcriber = Transcriber(self.conversation, self.conversation_id)
@@ -128,7 +128,8 @@ class Session:
         )
         self.playout = Playout(gate=self._gate, playback=self._playback, responses=self.responses, config=current,
                                conversation=self.conversation, speculation=self._speculation,
-                               judging=lambda: self._input.judging_barge_in)
+                               judging=lambda: self._input.judging_barge_in,
+                               word_over=lambda: self._input.barge_in_word_over)
         self._turns = TurnTaking(config=current, input_turns=self._input, speculation=self._speculation,
                                  responses=self.responses, playout=self.playout, conversation=self.conversation,
                                  transcriber=self._transcriber, judge=self._judge, idle=self._idle,
