@@ -23,7 +23,7 @@ from ..model.talker import TalkerSpecialIds, VoicePrompt
 from .config import EngineConfig
 from .hooks import NO_HOOKS, EngineHooks
 from .talker_driver import Enqueue, Forget, Pause, Resume
-from .talker_loop import Drop, TalkerLoop
+from .talker_loop import Drop, TalkerLoop, enter_device
 from .voice_store import CustomVoice
 
 __all__ = ["Spec", "child_main", "backends"]
@@ -146,6 +146,7 @@ def child_main(spec: Spec, ops, out) -> None:
             out.send(msg)
 
     try:
+        enter_device(spec.device)  # before the weights' CUDA IPC handles are opened, and for every CUDA call here
         first = ops.recv()  # `Weights`: this frame holds the only reference
         loop, runner = _child_loop(spec, first.tensors, send)
     except BaseException as exc:  # noqa: B036 - reported to the parent, which refuses to start
@@ -211,9 +212,7 @@ def _child_loop(spec: Spec, tensors: tuple, send):
 
     for (kind, name), value in spec.backends.items():
         setattr(_backend(kind), name, value)
-    device = torch.device(spec.device)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
+    device = torch.device(spec.device)  # this thread's current device already (`child_main`)
     replica = adopt_replica(spec.checkpoint, spec.index, *tensors, device=device,
                             vae_device=torch.device(spec.vae_device), dtype=spec.dtype)
     bundle = _ChildBundle(spec.checkpoint, spec.dtype, spec.tokenizer, spec.special, hooks=spec.hooks)

@@ -5,7 +5,10 @@ work after its text (about as many steps again as it had tokens) is paid in thin
 `TalkerRunner` on a thread of its own inside the talker process: whenever a stream runs or a job waits, it starts
 jobs, steps every stream once (or `engine.talker.steps_per_launch` times, queued back to back) and delivers the PCM,
 then goes again; pipelined (`engine.talker.pipeline`), it queues the next launch before finishing the one in
-flight, and finishes that one first when a pause, forget or capture comes.
+flight, and finishes that one first when a pause, forget or capture comes. The loop's thread makes the replica's
+device its current one for its whole life (`enter_device`): CUDA's current device is per host thread and a new
+thread starts on cuda:0, so a replica on another GPU would otherwise have any CUDA call the runner's device guards
+do not cover (a free, an event, a stream lookup) go to cuda:0, beside another process's thinker.
 
 The ops (`talker_driver.Enqueue`, `Pause`, `Resume`, `Forget`, and `Drop`) come through `submit` from any thread and
 are applied between the loop's steps, in order. The loop hands each step's outputs to `deliver` (less those of
@@ -25,10 +28,12 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable
 
+import torch
+
 from .talker_driver import Enqueue, Forget, Idle, TalkerOp, apply_op
 from .talker_runner import TalkerOutput, TalkerRunner
 
-__all__ = ["Dropped", "Drop", "TalkerLoop", "failed"]
+__all__ = ["Dropped", "Drop", "TalkerLoop", "enter_device", "failed"]
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +58,13 @@ class Capture:
 
 class _Stop:
     pass
+
+
+def enter_device(device: torch.device | str) -> None:
+    """Make `device` the calling thread's current CUDA device (nothing off CUDA)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
 
 
 def failed(turn_id: str, message: str) -> TalkerOutput:
@@ -120,10 +132,13 @@ class TalkerLoop:
         return {**self._counts, **self.runner.counts}
 
     def capture(self, progress=None) -> None:
-        """Capture the runner's graphs on the loop's thread; waits, and raises what the capture raised."""
+        """Capture the runner's graphs on the loop's thread; waits, and raises what the capture raised (or that the
+        thread is gone: it would never take the capture)."""
         op = Capture(progress)
         self._ops.put(op)
-        op.done.wait()
+        while not op.done.wait(0.5):
+            if not self._thread.is_alive():
+                raise RuntimeError("the talker loop's thread is gone: no capture")
         if op.errors:
             raise op.errors[0]
 
@@ -134,6 +149,7 @@ class TalkerLoop:
     # ---- loop thread -------------------------------------------------------------------------------
     def _main(self) -> None:
         try:
+            enter_device(self.runner.device)
             self._run()
         except BaseException as exc:  # noqa: B036 - the talker thread is dying: the engine cannot speak any more
             log.critical("talker thread died", exc_info=exc)

@@ -271,7 +271,9 @@ class ProcessTalker:
                 case Ready(error=error):
                     self._start_error = error
                     self._ready.set()
-                case Died(reason=reason):
+                case Died(reason=reason):  # the child's loop is gone: a capture waiting for it never ends
+                    self._capture_error = self._capture_error or reason
+                    self._captured.set()
                     self._die(reason)
         self._out.close()
         if not self._closing:
