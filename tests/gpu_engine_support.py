@@ -4,16 +4,27 @@ Nothing here is a test."""
 
 from __future__ import annotations
 
+import os
 import threading
 from unittest import mock
 
 import numpy as np
 
 from realtime_ming.engine import Engine
-from realtime_ming.engine.api import Content, Message, SamplingParams, TurnDone, TurnRequest
+from realtime_ming.engine.api import (Content, Message, SamplingParams, TurnCancelled, TurnDone, TurnFailed,
+                                     TurnRequest)
 from realtime_ming.engine.config import EngineConfig, PlacementConfig, TalkerRunnerConfig, ThinkerRunnerConfig
 from realtime_ming.engine.segmenter import SegmenterConfig
 from conftest import fixture_tokenizers
+
+_TERMINAL = (TurnDone, TurnFailed, TurnCancelled)
+
+
+def _turn_wait_s() -> float:
+    """How long a turn may take: 60 s, under the GPU suites' limits, so a turn that never ends fails the test with
+    its last events instead of running into the suite's timeout (`GPU_TURN_WAIT_S` overrides it: a hang
+    diagnostic such as bench/talker_process_gpu.sh waits longer, to dump the stacks while it hangs)."""
+    return float(os.environ.get("GPU_TURN_WAIT_S", "60"))
 
 
 def turns(engine: Engine, tag: str, with_audio: bool = False) -> list[TurnDone]:
@@ -30,11 +41,13 @@ def turns(engine: Engine, tag: str, with_audio: bool = False) -> list[TurnDone]:
 
         def sink(ev, events=events, done=done):
             events.append(ev)
-            if isinstance(ev, TurnDone):
+            if isinstance(ev, _TERMINAL):  # a failed turn ends the wait too: its error is the test's message
                 done.set()
 
         engine.submit(request, sink)
-        assert done.wait(120), events[-3:]
+        wait = _turn_wait_s()
+        assert done.wait(wait), f"turn {request.turn_id} did not end in {wait:.0f} s: {events[-3:]}"
+        assert isinstance(events[-1], TurnDone), events[-1]
         out.append(events[-1])
     return out
 
