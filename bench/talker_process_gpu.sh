@@ -29,7 +29,9 @@ pyspy=$(command -v py-spy || echo "${PYTHONPATH%%:*}/bin/py-spy")
 { echo "# $(date -u +%FT%TZ) commit $(git rev-parse --short HEAD 2>/dev/null) limit ${limit}s"
   echo "# ${tests[*]}"; nvidia-smi -L; python3 -c "import torch; print('torch', torch.__version__)"; } >> "$log" 2>&1
 
-python3 -m pytest -x -v -s -n 0 -p no:cacheprovider "${tests[@]}" >> "$log" 2>&1 &
+# INFO logs (the child takes the parent's level: its start, captures and failed steps show), native frames in errors
+TORCH_SHOW_CPP_STACKTRACES=1 python3 -m pytest -x -v -s -n 0 -p no:cacheprovider --log-cli-level=INFO "${tests[@]}" \
+  >> "$log" 2>&1 &
 pid=$!
 
 descendants() {  # every process under $1, depth first
