@@ -133,6 +133,7 @@ async def test_bench_barge_in_measures_the_stop(stub_server, tmp_path, turns_cac
     assert "## Barge-in" in paths["markdown"].read_text()
 
 
+@pytest.mark.slow  # ~20 s: two targets, two rounds
 async def test_bench_comparison_interleaves_two_targets(stub_server, tmp_path, turns_cache):
     """Manual mode, two targets, two rounds: level runs go A, B, B, A and the ratios are B's over A's."""
     url = f"ws://127.0.0.1:{stub_server.port}/v1/realtime"

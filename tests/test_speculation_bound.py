@@ -74,6 +74,7 @@ def _deltas_before_first_segment(engine: Engine, request: TurnRequest) -> int:
         i for i, e in enumerate(rec.events) if isinstance(e, StageMark) and e.stage is Stage.FIRST_SEGMENT)])
 
 
+@pytest.mark.slow  # ~11 s
 def test_held_events_stay_bounded_however_long_the_confirm_waits(make):
     """Confirm delayed by 2 s: unbounded, the held turn keeps generating (its held events grow); bounded, it holds
     what it held at its pause: its text up to its first segment (the thinker runs until the talker has text) or the

@@ -172,8 +172,10 @@ def test_moe_decode_matches_reference(dtype, tokens):
     assert _rel(got, want) < _tol(dtype)
 
 
-# bf16 runs ~35 s CPU in the interpreter: the full tier (fp32 stays in the fast tier)
-@pytest.mark.parametrize("dtype", [DTYPES[0], pytest.param(DTYPES[1], marks=pytest.mark.slow)])
+# ~30 s (fp32) and ~35 s (bf16) of CPU in the interpreter: the full tier (test_moe_decode_matches_reference and
+# test_fp8_kernels' padding test keep the kernel in the fast tier)
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_moe_decode_skips_padding_tokens(dtype):
     """`live` False (a graph bucket's padding row): the token reads nothing -- a NaN input row and NaN weights of
     the experts only it chose stay out of every output -- and gets exactly 0; the live tokens' outputs are the
