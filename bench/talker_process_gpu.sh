@@ -8,7 +8,7 @@
 # child, multiprocessing's trackers) into the same log, OUT_DIR/talker_process.log:
 #   1. nvidia-smi (which process holds which GPU, utilisation: a GPU busy at 100 % or idle);
 #   2. `py-spy dump` of each process, native frames too where py-spy can (`--native`), when py-spy is installed
-#      (it is not in bench/gpu_wheels.txt: `pip download py-spy --no-deps --only-binary=:all: -d .whl` to carry it);
+#      (bench/gpu_wheels.txt lists it: the download line there puts it in .whl);
 #   3. always: SIGABRT to all of them at once, so faulthandler (PYTHONFAULTHANDLER=1, inherited by the spawned child)
 #      prints every Python thread's stack to stderr, which is this log (pytest runs with -s: no capture).
 # A turn that does not end waits GPU_TURN_WAIT_S (tests/gpu_engine_support.py; set to 600 here, so the hang is
