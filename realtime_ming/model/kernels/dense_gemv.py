@@ -98,8 +98,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
            kernels: Kernels) -> torch.Tensor:
     """F.linear(x, weight, bias): the Triton GEMV where the step plan picks it for x's row count and the
     weight's shape (no bias, model dtype, the kernels apply), else F.linear itself."""
-    if bias is None and _applies(x, weight, kernels):
-        tile = step_plan().gemv_tile(x.numel() // x.shape[-1], weight.shape[0], weight.shape[1])
+    plan = step_plan()
+    if plan.gemv and bias is None and _applies(x, weight, kernels):  # an empty plan costs every projection one test
+        tile = plan.gemv_tile(x.numel() // x.shape[-1], weight.shape[0], weight.shape[1])
         if tile is not None:
             return gemv(x, weight, tile)
     return F.linear(x, weight, bias)

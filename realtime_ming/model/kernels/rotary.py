@@ -170,8 +170,9 @@ def head_rotary(qkv: torch.Tensor, heads: int, kv_heads: int, head_dim: int, cos
     norm = q_norm is not None
     interleaved, round_each = style
     per = triton.next_power_of_2(heads + kv_heads)
-    if step_plan().rotary_heads and t == 1:  # a decode step: the token's heads over several programs
-        per = min(per, step_plan().rotary_heads)
+    split = step_plan().rotary_heads
+    if split and t == 1:  # a decode step: the token's heads over several programs
+        per = min(per, split)
     _head_rotary_kernel[(b * t, triton.cdiv(heads + kv_heads, per))](
         qkv, cos, sin, q_norm if norm else qkv, k_norm if norm else qkv, q, k_out, v_out,
         rows if rows is not None else qkv, index if index is not None else qkv,
