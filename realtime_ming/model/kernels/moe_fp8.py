@@ -59,14 +59,15 @@ def amax_scale(amax: torch.Tensor) -> torch.Tensor:
 # ---- which path serves a decode batch ---------------------------------------------------------------------
 
 # The GEMVs' tiles per row count (keys: the largest row count an entry serves; gu_/dn_stages, default 1: the loads
-# software-pipelined that many stages; dn_all: the down GEMV reads a token's experts in one tile), as bench/fp8_decode_bench.py --tune's sweep picked them at the real shapes on
-# one H200 (bench/results/gpu-h200-fp8-decode-2026-11-29: 1 row 40.5 us a layer, 51.8 with the bf16 GEMVs' tiles).
+# software-pipelined that many stages; dn_all: the down GEMV reads a token's experts in one tile), as
+# bench/decode_step_bench.py picked them at the real shapes on one H200, compiled tests green (one MoE layer at 1 row
+# 43.7 -> 38.1 us: bench/results/gpu-h200-decode-step-2026-11-29).
 _GEMV_TILES = (
-    (1, {"gu_n": 2, "gu_k": 256, "gu_warps": 2, "gu_stages": 3, "dn_d": 4, "dn_k": 512, "dn_warps": 2, "dn_stages": 3}),
-    (2, {"gu_n": 4, "gu_k": 256, "gu_warps": 2, "gu_stages": 3, "dn_d": 4, "dn_k": 512, "dn_warps": 2, "dn_stages": 3}),
-    (4, {"gu_n": 4, "gu_k": 512, "gu_warps": 2, "gu_stages": 4, "dn_d": 4, "dn_k": 512, "dn_warps": 2, "dn_stages": 3}),
-    (8, {"gu_n": 4, "gu_k": 512, "gu_warps": 2, "gu_stages": 4, "dn_d": 4, "dn_k": 512, "dn_warps": 2, "dn_stages": 3}),
-    (MAX_DECODE_TOKENS, {"gu_n": 2, "gu_k": 256, "gu_warps": 1, "dn_d": 2, "dn_k": 256, "dn_warps": 1}),
+    (1, dict(gu_n=2, gu_k=256, gu_warps=2, gu_stages=3, dn_d=4, dn_k=128, dn_warps=2, dn_stages=3, dn_all=1)),
+    (2, dict(gu_n=4, gu_k=256, gu_warps=2, gu_stages=3, dn_d=4, dn_k=128, dn_warps=2, dn_stages=3, dn_all=1)),
+    (4, dict(gu_n=4, gu_k=512, gu_warps=2, gu_stages=4, dn_d=4, dn_k=128, dn_warps=2, dn_stages=3, dn_all=1)),
+    (8, dict(gu_n=4, gu_k=512, gu_warps=2, gu_stages=4, dn_d=4, dn_k=128, dn_warps=2, dn_stages=3, dn_all=1)),
+    (MAX_DECODE_TOKENS, dict(gu_n=2, gu_k=256, gu_warps=1, dn_d=2, dn_k=256, dn_warps=1)),
 )
 
 

@@ -57,8 +57,41 @@ class StepPlan:
         return None
 
 
-# cuBLAS and the launch shapes of before until a measurement picks others (bench/decode_step_bench.py)
-STEP_PLAN = StepPlan()
+# Picked by bench/decode_step_bench.py at the real shapes on one H200 (TP=1; other shapes keep cuBLAS), with the
+# kernels' compiled tests green: bench/results/gpu-h200-decode-step-2026-11-29.
+STEP_PLAN = StepPlan(
+    gemv=(
+        (1, {
+            "5120x4096": None,
+            "4096x4096": dict(k=512, n=4, stages=3, warps=2),
+            "18432x4096": dict(k=256, n=4, stages=3, warps=2),
+            "4096x9216": dict(k=512, n=4, stages=3, warps=2),
+            "157184x4096": dict(k=256, n=4, stages=3, warps=2),
+        }),
+        (2, {
+            "5120x4096": None,
+            "4096x4096": dict(k=512, n=4, stages=3, warps=2),
+            "18432x4096": dict(dot=True, k=128, n=32, stages=3, warps=4),
+            "4096x9216": dict(k=512, n=8, stages=3, warps=4),
+            "157184x4096": dict(dot=True, k=256, n=32, stages=4, warps=4),
+        }),
+        (4, {
+            "5120x4096": None,
+            "4096x4096": dict(dot=True, k=256, n=32, stages=4, warps=4),
+            "18432x4096": dict(dot=True, k=128, n=64, stages=3, warps=4),
+            "4096x9216": dict(dot=True, k=256, n=32, stages=4, warps=4),
+            "157184x4096": dict(dot=True, k=256, n=32, stages=4, warps=4),
+        }),
+        (8, {
+            "5120x4096": None,
+            "4096x4096": dict(dot=True, k=256, n=32, stages=4, warps=4),
+            "18432x4096": dict(dot=True, k=128, n=32, stages=3, warps=4),
+            "4096x9216": dict(dot=True, k=256, n=32, stages=4, warps=4),
+            "157184x4096": dict(dot=True, k=256, n=32, stages=4, warps=4),
+        }),
+    ),
+    rotary_heads=8, router_splits=8, router_block_e=32, select_warps=1,
+)
 
 
 def step_plan() -> StepPlan:
