@@ -28,6 +28,7 @@ import asyncio
 import base64
 import json
 import re
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -379,8 +380,13 @@ async def run_listener(args) -> dict:
     queue = asyncio.Queue()
     for plan in _plans(args, real, others, gen_after_first, audio_s):
         queue.put_nowait(plan)
+    total = queue.qsize()
     trials: list[dict] = []
     failures: list[str] = []
+    # each trial's rows as they come (a run cut short by a time limit still has them): OUT.rows.jsonl
+    partial = Path(f"{args.out}.rows.jsonl") if args.out else None
+    if partial is not None:
+        partial.write_text("")
 
     async def worker() -> None:
         while not queue.empty():
@@ -389,6 +395,11 @@ async def run_listener(args) -> dict:
                 trials.append(await listener_trial(args.url, plan, tokens, session))
             except Exception as exc:  # one failed trial is reported, the run goes on
                 failures.append(f"{[c.name for c, _ in plan]}: {exc!r}")
+                continue
+            if partial is not None and not args.trace_sends:
+                with partial.open("a") as f:
+                    f.writelines(json.dumps(row, default=str) + "\n" for row in analyse_trial(trials[-1])[0])
+            print(f"trial {len(trials) + len(failures)}/{total} done", file=sys.stderr, flush=True)
 
     await asyncio.gather(*(worker() for _ in range(args.concurrency)))
     sends = read_sends(args.trace_sends) if args.trace_sends else None
