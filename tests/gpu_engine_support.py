@@ -4,7 +4,10 @@ Nothing here is a test."""
 
 from __future__ import annotations
 
+import faulthandler
 import os
+import signal
+import sys
 import threading
 from unittest import mock
 
@@ -27,6 +30,28 @@ def _turn_wait_s() -> float:
     return float(os.environ.get("GPU_TURN_WAIT_S", "60"))
 
 
+def talker_processes(engine: Engine) -> list:
+    """The engine's process talkers (`engine.talker.driver: process`; none for the inline talker)."""
+    talker = engine._talker
+    members = getattr(talker, "members", [talker])
+    return [m for m in members if hasattr(m, "describe")]
+
+
+def stalled(engine: Engine) -> str:
+    """What a turn that does not end leaves to read: each talker child's state (pid, device, its last start-up phase),
+    and every Python thread's stack of this process and of each live talker child on stderr (faulthandler; a child
+    dumps on SIGUSR1 and goes on), so the test's own output shows where it waits."""
+    lines = []
+    for member in talker_processes(engine):
+        lines.append(f"talker process {member.replica.index}: {member.describe()}")
+        if member.pid is not None and member._proc.is_alive():
+            os.kill(member.pid, signal.SIGUSR1)
+    print("\n".join(["######## a turn did not end:", *lines, "######## this process's threads:"]), file=sys.stderr,
+          flush=True)
+    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+    return "; ".join(lines) or "no talker process"
+
+
 def turns(engine: Engine, tag: str, with_audio: bool = False) -> list[TurnDone]:
     rng = np.random.default_rng(3)
     wave = (0.1 * rng.standard_normal(16000)).astype(np.float32)
@@ -46,7 +71,9 @@ def turns(engine: Engine, tag: str, with_audio: bool = False) -> list[TurnDone]:
 
         engine.submit(request, sink)
         wait = _turn_wait_s()
-        assert done.wait(wait), f"turn {request.turn_id} did not end in {wait:.0f} s: {events[-3:]}"
+        if not done.wait(wait):
+            raise AssertionError(f"turn {request.turn_id} did not end in {wait:.0f} s: {events[-3:]}; "
+                                 f"{stalled(engine)}")
         assert isinstance(events[-1], TurnDone), events[-1]
         out.append(events[-1])
     return out

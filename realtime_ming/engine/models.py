@@ -36,7 +36,7 @@ from ..model.vision import VisionProjector, VisionTransformer
 from .audio_graphs import CLIP_BUCKETS, AudioEncoderGraphs
 from .config import EngineConfig
 from .hooks import NO_HOOKS, EngineHooks
-from .talker_replica import TalkerReplica
+from .talker_replica import TalkerReplica, resolved_device
 from .voice_prompt import VoiceEncoder
 
 __all__ = ["ModelBundle", "TINY_NOTICE", "adopt_replica", "standin_tokenizers"]
@@ -81,10 +81,23 @@ def _adopt(cls, args: tuple, state: dict, *, device, dtype, kernels: Kernels | N
     return module.eval()
 
 
+def _all_on(state: dict, device: torch.device, what: str) -> None:
+    """Refuse adopted tensors on another device than the replica's: `load_state_dict(assign=True)` would keep them
+    where they are, and a kernel launched on `device` would read another GPU's memory (a fault or a stall, not an
+    error at the line that placed them)."""
+    device = resolved_device(device)
+    wrong = sorted({f"{name} on {t.device}" for name, t in state.items() if t.device != device})
+    if wrong:
+        raise ValueError(f"the {what}'s adopted tensors must be on {device}: {len(wrong)} are not "
+                         f"({', '.join(wrong[:3])}{', ...' if len(wrong) > 3 else ''})")
+
+
 def adopt_replica(ck: CheckpointConfig, index: int, talker_state: dict, vae_state: dict, *, device: torch.device,
                   vae_device: torch.device, dtype: torch.dtype) -> TalkerReplica:
     """A talker replica built around another process's tensors (`engine/talker_process.py`: shared through CUDA
     IPC or shared memory, not copied), with the kernels `ModelBundle.load` gives the talker and the VAE."""
+    _all_on(talker_state, device, "talker")
+    _all_on(vae_state, vae_device, "VAE")
     talker = _adopt(Talker, (ck.talker,), talker_state, device=device, dtype=dtype, kernels=_KERNELS, share=True)
     vae = _adopt(AudioVAE, (ck.vae,), vae_state, device=vae_device, dtype=dtype, kernels=_KERNELS, share=True)
     if device.type == "cuda":

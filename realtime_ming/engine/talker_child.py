@@ -4,14 +4,23 @@ The child adopts the parent's tensors of its replica (`models.adopt_replica`: CU
 with the parent's matmul precision switches, and runs a `TalkerLoop` over a `TalkerRunner` of it. The messages
 are typed: parent → child `Weights` (first), the loop's ops (`talker_driver.Enqueue` with a voice key, `Pause`,
 `Resume`, `Forget`, `talker_loop.Drop`), `Voice` / `Unvoice`, `CaptureGraphs`, `AskStats`, `Stop`; child → parent
-`Ready`, `Outputs` (with the child's stream count), `Notices`, `Progress`, `Captured`, `Stats`, `Died`.
+`Ready`, `Outputs` (with the child's stream count), `Notices`, `Progress`, `Captured`, `Stats`, `Died`, `Phase`.
+
+Diagnosis (a child that stalls is otherwise a silent wait in the engine): the child logs each start-up phase once
+at INFO and reports it as a `Phase` (the parent names the last one in its errors): started, its device made current,
+the weights received, adopted on the device, the runner built, its loop thread on the device, graphs capturing and
+captured, the first op applied, the first step launched and finished, the first output sent. `kill -USR1 <pid>`
+prints every thread's Python stack of a live child to its stderr (faulthandler) and lets it go on.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import gc
 import logging
+import signal
 import threading
+import time
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -26,7 +35,7 @@ from .talker_driver import Enqueue, Forget, Pause, Resume
 from .talker_loop import Drop, TalkerLoop, enter_device
 from .voice_store import CustomVoice
 
-__all__ = ["Spec", "child_main", "backends"]
+__all__ = ["Phase", "Spec", "child_main", "backends"]
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +114,14 @@ class Died:
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class Phase:
+    """A start-up milestone the child reached, `at` seconds after it started (see the module's docstring)."""
+
+    name: str
+    at: float
+
+
 @dataclass(frozen=True)
 class Spec:
     """What the child needs to rebuild its replica and runner (the tensors follow as the first message)."""
@@ -137,18 +154,28 @@ class _ChildBundle:
 
 def child_main(spec: Spec, ops, out) -> None:
     """The spawned process's entry point: `ops` and `out` are its ends of the two pipes."""
+    started = time.monotonic()
     logging.basicConfig(level=spec.log_level, format=f"%(asctime)s talker-{spec.index} %(levelname)s %(name)s: "
                                                      "%(message)s")
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1`: the stacks, and the child goes on
     lock = threading.Lock()
 
     def send(msg) -> None:
         with lock:
             out.send(msg)
 
+    def phase(name: str) -> None:
+        log.info("talker process %d (%s): %s", spec.index, spec.device, name)
+        send(Phase(name, time.monotonic() - started))
+
     try:
+        phase("started")
         enter_device(spec.device)  # before the weights' CUDA IPC handles are opened, and for every CUDA call here
+        phase(f"{spec.device} current")
         first = ops.recv()  # `Weights`: this frame holds the only reference
-        loop, runner = _child_loop(spec, first.tensors, send)
+        phase("weights received")
+        loop, runner = _child_loop(spec, first.tensors, send, phase)
     except BaseException as exc:  # noqa: B036 - reported to the parent, which refuses to start
         log.exception("talker process %d could not start", spec.index)
         send(Ready(f"{type(exc).__name__}: {exc}"))
@@ -177,8 +204,10 @@ def child_main(spec: Spec, ops, out) -> None:
                 case AskStats():
                     send(Stats(loop.stats()))
                 case CaptureGraphs():
+                    phase("capturing graphs")
                     try:
                         loop.capture(lambda *args: send(Progress(args)))
+                        phase("graphs captured")
                         send(Captured(None))
                     except Exception as exc:  # reported to the capturing caller
                         send(Captured(f"{type(exc).__name__}: {exc}"))
@@ -206,7 +235,7 @@ def backends() -> dict:
     return {(kind, name): getattr(_backend(kind), name) for kind, name in _BACKENDS}
 
 
-def _child_loop(spec: Spec, tensors: tuple, send):
+def _child_loop(spec: Spec, tensors: tuple, send, phase):
     from .models import adopt_replica
     from .talker_runner import TalkerRunner
 
@@ -215,16 +244,21 @@ def _child_loop(spec: Spec, tensors: tuple, send):
     device = torch.device(spec.device)  # this thread's current device already (`child_main`)
     replica = adopt_replica(spec.checkpoint, spec.index, *tensors, device=device,
                             vae_device=torch.device(spec.vae_device), dtype=spec.dtype)
+    phase(f"weights adopted on {replica.name}")
     bundle = _ChildBundle(spec.checkpoint, spec.dtype, spec.tokenizer, spec.special, hooks=spec.hooks)
     runner = TalkerRunner(bundle, spec.engine, replica)
-    reported = [0]
+    phase("runner built")
+    reported, sent_any = [0], [False]
 
     def deliver(outputs: list) -> None:
         streams = runner.num_streams()
         if outputs or streams != reported[0]:
             reported[0] = streams
             send(Outputs(outputs, streams))
+            if outputs and not sent_any[0]:
+                sent_any[0] = True
+                phase("first output sent")
 
     loop = TalkerLoop(runner, deliver, lambda events: send(Notices(events)), lambda reason: send(Died(reason)),
-                      steps=spec.engine.talker.steps_per_launch, pipeline=spec.engine.talker.pipeline)
+                      steps=spec.engine.talker.steps_per_launch, pipeline=spec.engine.talker.pipeline, trace=phase)
     return loop, runner

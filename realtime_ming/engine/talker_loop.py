@@ -16,6 +16,8 @@ dropped turns; an empty list after ops that ran no step, so the deliverer can re
 through `notify` what only the engine thread may act on: failed turns (a `TalkerOutput` with `error`) and `Idle` (no
 talker work left for a turn after its `seq`-th enqueue). A talker step that raises fails the turns it was running
 (their talker state is dropped) and the loop goes on; anything worse (a BaseException) is reported through `die`.
+`trace` (optional) hears the loop's first milestones once each (its thread on its device, the first op applied, the
+first launch queued, the first finish): a talker process reports them as its start-up phases (`talker_child.py`).
 """
 
 from __future__ import annotations
@@ -101,8 +103,11 @@ class TalkerLoop:
 
     def __init__(self, runner: TalkerRunner, deliver: Callable[[list[TalkerOutput]], None],
                  notify: Callable[[list], None], die: Callable[[str], None], *, steps: int = 1,
-                 pipeline: bool = False):
+                 pipeline: bool = False, trace: Callable[[str], None] | None = None):
         self.runner = runner
+        self._trace = trace
+        # loop thread: the milestones not yet traced (each once; empty without `trace`, so a step checks nothing more)
+        self._firsts = set() if trace is None else {"first op applied", "first step launched", "first step finished"}
         self.steps = max(1, int(steps))  # talker steps queued per launch (`engine.talker.steps_per_launch`)
         self.pipeline = pipeline  # the next launch queued before the last one is finished (`engine.talker.pipeline`)
         self._inflight = None  # pipelined: the launch queued and not yet finished (loop thread)
@@ -150,6 +155,7 @@ class TalkerLoop:
     def _main(self) -> None:
         try:
             enter_device(self.runner.device)
+            self._note(f"loop thread on {self.runner.device}")
             self._run()
         except BaseException as exc:  # noqa: B036 - the talker thread is dying: the engine cannot speak any more
             log.critical("talker thread died", exc_info=exc)
@@ -174,6 +180,8 @@ class TalkerLoop:
                 if not isinstance(op, Enqueue) and self._inflight is not None:
                     events += self._step(touched, launch=False)
                 self._apply(op, touched)
+                if self._firsts and not isinstance(op, Capture):
+                    self._first("first op applied")
                 try:
                     op = self._ops.get_nowait()
                 except queue.Empty:
@@ -186,6 +194,20 @@ class TalkerLoop:
                        if t in self._applied and not self.runner.pending(t)]
             if events:
                 self._notify(events)
+
+    def _first(self, milestone: str) -> None:
+        if milestone in self._firsts:
+            self._firsts.discard(milestone)
+            self._note(milestone)
+
+    def _note(self, milestone: str) -> None:
+        """Tell `trace` (a failing trace, e.g. a closed pipe, stops nothing: the loop's own work goes on)."""
+        if self._trace is None:
+            return
+        try:
+            self._trace(milestone)
+        except Exception as exc:
+            log.debug("talker loop: tracing %r failed: %s", milestone, exc)
 
     def _deliver_nothing(self) -> None:
         try:
@@ -225,10 +247,14 @@ class TalkerLoop:
             t1 = time.perf_counter()
             counts["launches"] += queued is not None
             counts["launch_s"] += t1 - t0
+            if self._firsts and queued is not None:
+                self._first("first step launched")
             if self.pipeline:
                 queued, self._inflight = self._inflight, queued
             outputs = [] if queued is None else self.runner.finish(queued)
             counts["finish_s"] += time.perf_counter() - t1
+            if self._firsts and queued is not None:
+                self._first("first step finished")
         except Exception as exc:
             self._inflight = None
             log.exception("talker step failed")

@@ -18,7 +18,13 @@ numbers: docs/benchmarks.md.
   child's last `Idle` report for the turn.
 * **Lifecycle**: a child that exits (killed, out of memory, a crash) closes its pipe: the reader thread sees it at
   once and calls `die` (the engine fails every turn and reports itself dead). `close` asks the child to stop and
-  kills it if it does not within the timeout.
+  kills it if it does not within the timeout. Every wait on the child is bounded: its start (`start_timeout`, the
+  weights' send included: a child stuck before reading them is killed) and its graph capture (`capture_timeout`).
+* **Devices**: the child gets the devices the replica's tensors are on, with their index (never a bare `cuda`,
+  which the child would read as its own current device), and refuses tensors adopted from another device.
+* **Diagnosis**: the child reports its start-up phases (`talker_child.Phase`); `describe()` (pid, device, alive or
+  exit code, the last phase and how long ago) is part of every start and capture error and of the GPU tests' turn
+  time-outs (`kill -USR1 <pid>` prints a live child's Python stacks).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 import weakref
 from collections import deque
 from typing import Callable
@@ -35,17 +42,26 @@ import torch.multiprocessing as torch_mp
 
 from ..model.talker import VoicePrompt
 from .config import EngineConfig
-from .talker_child import (AskStats, CaptureGraphs, Captured, Died, Notices, Outputs, Progress, Ready, Spec, Stats,
-                           Stop, Unvoice, Voice, Weights, backends, child_main)
+from .talker_child import (AskStats, CaptureGraphs, Captured, Died, Notices, Outputs, Phase, Progress, Ready, Spec,
+                           Stats, Stop, Unvoice, Voice, Weights, backends, child_main)
 from .talker_driver import Enqueue, Forget, Idle, Pause, Resume
 from .talker_loop import Drop, Dropped, failed
 from .talker_replica import TalkerReplica, resolved_device
 from .talker_runner import TalkerOutput
 from .voice_store import CustomVoice
 
-__all__ = ["ProcessTalker", "warn_shared_gpus"]
+__all__ = ["ProcessTalker", "placed_on", "warn_shared_gpus"]
 
 log = logging.getLogger(__name__)
+
+
+def placed_on(module, device: torch.device | str) -> torch.device:
+    """The device `module`'s tensors are on, with its index (`device`, resolved, when it holds none): what a talker
+    process is told, since a bare `cuda` would mean the child's own current device there."""
+    for tensor in module.state_dict().values():
+        if isinstance(tensor, torch.Tensor):
+            return resolved_device(tensor.device)
+    return resolved_device(device)
 
 
 def warn_shared_gpus(bundle, cfg: EngineConfig) -> None:
@@ -65,7 +81,7 @@ class ProcessTalker:
 
     def __init__(self, bundle, cfg: EngineConfig, replica: TalkerReplica,
                  deliver: Callable[[list[TalkerOutput]], None], wake: Callable[[], None], die: Callable[[str], None],
-                 *, start_timeout: float = 600.0):
+                 *, start_timeout: float = 600.0, capture_timeout: float = 1800.0):
         self.replica = replica
         self._bundle = bundle
         self._deliver, self._wake, self._die = deliver, wake, die
@@ -86,10 +102,14 @@ class ProcessTalker:
         self._start_error: str | None = None
         self._stats_lock = threading.Lock()
         self._stats: tuple[threading.Event, list] | None = None  # an asked `stats`: its answer's box
+        self._phase: tuple[str, float, float] | None = None  # the child's last `Phase`: (name, its time, heard at)
+        self.capture_timeout = capture_timeout
+        self.device = placed_on(replica.talker, replica.device)
+        self.vae_device = placed_on(replica.vae, replica.vae_device)
         ctx = torch_mp.get_context("spawn")
         ops_r, ops_w = ctx.Pipe(duplex=False)
         out_r, out_w = ctx.Pipe(duplex=False)
-        spec = Spec(replica.index, cfg, bundle.cfg, bundle.dtype, str(replica.device), str(replica.vae_device),
+        spec = Spec(replica.index, cfg, bundle.cfg, bundle.dtype, str(self.device), str(self.vae_device),
                     bundle.talker_tokenizer, bundle.talker_special, logging.getLogger().getEffectiveLevel(),
                     backends(), bundle.hooks)
         self._proc = ctx.Process(target=child_main, args=(spec, ops_r, out_w), daemon=True,
@@ -98,18 +118,28 @@ class ProcessTalker:
         ops_r.close()
         out_w.close()
         self._ops, self._out = ops_w, out_r
-        # the weights go as the first message, not as the child's arguments: its `Process` object would hold those
-        # until it exits, and a child ending through `exit_now` would never hand its CUDA IPC references back (the
-        # parent's blocks stay allocated after `close`, "Producer process has been terminated before all shared
-        # CUDA tensors released" at its exit)
-        self._send(Weights((replica.talker.state_dict(), replica.vae.state_dict())))  # shared, not copied
         self._reader = threading.Thread(target=self._read, daemon=True,
                                         name=f"realtime-ming-talker-{replica.index}-reader")
         self._reader.start()
+        # the weights go as the first message, not as the child's arguments: its `Process` object would hold those
+        # until it exits, and a child ending through `exit_now` would never hand its CUDA IPC references back (the
+        # parent's blocks stay allocated after `close`, "Producer process has been terminated before all shared
+        # CUDA tensors released" at its exit). They are sent from a thread of their own: a message larger than the
+        # pipe's buffer waits for the child to read it, and a child stuck before its first read would otherwise
+        # hold this call past `start_timeout`.
+        sender = threading.Thread(target=self._send, args=(Weights((replica.talker.state_dict(),  # shared, not copied
+                                                                    replica.vae.state_dict())),),
+                                  daemon=True, name=f"realtime-ming-talker-{replica.index}-weights")
+        sender.start()
         if not self._ready.wait(start_timeout) or self._start_error is not None:
+            answered = self._ready.is_set()
+            if not answered:  # stuck: killed, so a weights' send it never read fails and lets go of the pipe
+                self._proc.kill()
+            sender.join(5.0)
             self.close(timeout=5.0)
             raise RuntimeError(f"talker process {replica.index} did not start: "
-                               f"{self._start_error or f'no answer in {start_timeout:.0f} s'}")
+                               f"{self._start_error if answered else f'no answer in {start_timeout:.0f} s'} "
+                               f"({self.describe()})")
 
     # ---- engine thread ---------------------------------------------------------------------------
     def enqueue(self, op: Enqueue) -> None:
@@ -162,10 +192,13 @@ class ProcessTalker:
         self._progress, self._capture_error = progress, None
         self._captured.clear()
         self._send(CaptureGraphs())
+        deadline = time.monotonic() + self.capture_timeout
         while not self._captured.wait(0.5):
             if not self._proc.is_alive():
-                raise RuntimeError(f"talker process {self.replica.index} exited during capture "
-                                   f"(exit code {self._proc.exitcode})")
+                raise RuntimeError(f"talker process {self.replica.index} exited during capture ({self.describe()})")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"talker process {self.replica.index}: no graph capture in "
+                                   f"{self.capture_timeout:.0f} s ({self.describe()})")
         self._progress = None
         if self._capture_error is not None:
             raise RuntimeError(f"talker process {self.replica.index}: {self._capture_error}")
@@ -188,6 +221,16 @@ class ProcessTalker:
     @property
     def pid(self) -> int | None:
         return self._proc.pid
+
+    def describe(self) -> str:
+        """One line for errors and hang reports: the child's pid, device, alive or exit code, its last start-up
+        phase (`talker_child.Phase`) and how long ago it was reported, its live streams."""
+        proc = self._proc
+        state = "alive" if proc.is_alive() else f"exit code {proc.exitcode}"
+        phase = self._phase
+        last = "no phase reported" if phase is None else \
+            f"last phase {phase[0]!r} at {phase[1]:.1f} s, {time.monotonic() - phase[2]:.1f} s ago"
+        return f"pid {proc.pid} on {self.device}, {state}, {last}, {self._streams} streams"
 
     def close(self, timeout: float = 10.0) -> None:
         self._closing = True
@@ -271,6 +314,9 @@ class ProcessTalker:
                 case Ready(error=error):
                     self._start_error = error
                     self._ready.set()
+                case Phase(name=name, at=at):
+                    self._phase = (name, at, time.monotonic())
+                    log.debug("talker process %d: %s (%.2f s after its start)", self.replica.index, name, at)
                 case Died(reason=reason):  # the child's loop is gone: a capture waiting for it never ends
                     self._capture_error = self._capture_error or reason
                     self._captured.set()

@@ -48,7 +48,9 @@ class QueuedStep:
         host = torch.empty(stop.shape, dtype=torch.float32, pin_memory=True)
         host.copy_(stop.float(), non_blocking=True)
         ready = torch.cuda.Event()
-        ready.record()  # after the copies above: the VAE stream may read the latents once it is reached
+        # after the copies above, on the stream that queued them (named by the outputs' device, not taken from the
+        # thread's current device): the VAE stream may read the latents once it is reached
+        ready.record(torch.cuda.current_stream(stop.device))
         return cls(gen_lat, rows, host, ready)
 
     def stop_probs(self) -> list[float]:
@@ -75,12 +77,15 @@ class TalkerStreams:
     @contextmanager
     def talker(self):
         """The talker's streams current (each of its devices), and the talker's device the current one (Triton
-        launches on the current device: a talker beside another GPU's thinker needs it)."""
+        launches, events recorded and tensors made without a device go to the current device: a talker beside
+        another GPU's thinker needs it). Making a stream current also makes its device current
+        (`torch.cuda.set_stream`), so with the VAE on another GPU the talker's device is entered last, whatever the
+        order of the streams."""
         with ExitStack() as stack:
-            if self.device.type == "cuda":
-                stack.enter_context(torch.cuda.device(self.device))
             for stream in self._talker.values():
                 stack.enter_context(torch.cuda.stream(stream))
+            if self.device.type == "cuda":
+                stack.enter_context(torch.cuda.device(self.device))
             yield
 
     @contextmanager
