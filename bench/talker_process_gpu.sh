@@ -13,9 +13,9 @@
 #     received and adopted, runner built, loop thread on its device, graphs capturing / captured, first op, first
 #     step launched / finished, first output sent), gathered into OUT_DIR/phases.txt at the end; a turn that does not
 #     end (GPU_TURN_WAIT_S, 180 s here) fails with each child's last phase and both processes' Python stacks;
-#   * if a stage is still running at its limit: nvidia-smi; SIGUSR1 to each talker child (faulthandler: its Python
-#     stacks, the child goes on); `py-spy dump --native` of every process under pytest (if py-spy is installed:
-#     bench/gpu_wheels.txt); then SIGABRT to all of them (faulthandler, PYTHONFAULTHANDLER=1: every Python thread).
+#   * if a stage is still running at its limit: nvidia-smi; `py-spy dump --native` of every process under pytest (if
+#     py-spy is installed: bench/gpu_wheels.txt); then SIGABRT to all of them (faulthandler, PYTHONFAULTHANDLER=1:
+#     every Python thread, the talker children's too, even one still importing).
 # Exit code: the first failing stage's (124 after a hang), else 0.
 set -uo pipefail
 out=${1:?out dir}; shift
@@ -49,18 +49,12 @@ stage() {  # stage NAME NODE_ID... -> the stage's exit code (124: still running 
     echo "talker_process_gpu: stage $name rc=$rc in ${waited}s"
     return "$rc"
   fi
-  local procs=("$pid" $(descendants "$pid")) p children=()
-  for p in "${procs[@]:1}"; do
-    grep -q "realtime_ming\|multiprocessing.spawn" "/proc/$p/cmdline" 2> /dev/null && children+=("$p")
-  done
+  local procs=("$pid" $(descendants "$pid")) p
   {
     echo; echo "######## HANG in stage $name: still running after ${limit}s; processes: ${procs[*]}"
     nvidia-smi
     nvidia-smi --query-compute-apps=pid,used_memory,gpu_uuid --format=csv
-    echo; echo "######## SIGUSR1 to the spawned children (${children[*]:-none}): their Python stacks, they go on"
   } >> "$log" 2>&1
-  [ ${#children[@]} -gt 0 ] && kill -USR1 "${children[@]}" 2> /dev/null
-  sleep 2
   for p in "${procs[@]}"; do
     {
       echo; echo "######## pid $p (parent $(ps -o ppid= -p "$p" | tr -d ' ')): $(tr '\0' ' ' < "/proc/$p/cmdline" 2> /dev/null)"
