@@ -15,7 +15,7 @@ from agents.realtime import RealtimeAgent, RealtimeRunner
 
 from realtime_ming.server import RealtimeServer, load_config
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.realtime, pytest.mark.slow, pytest.mark.timeout(240)]
 
 
 async def test_openai_agents_session_reports_served_model_and_is_traced(engine, caplog):

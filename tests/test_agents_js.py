@@ -24,7 +24,7 @@ from server_support import espeak, seconds
 from realtime_ming.protocol import Dialect
 from realtime_ming.server import RealtimeServer, load_config
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.realtime, pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(600)]
 
 API_KEY = "sk-agents-js-test"
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'

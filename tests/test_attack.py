@@ -26,7 +26,7 @@ from realtime_ming.session.runner import AudioPacer
 
 KEYS = [f"key{i:02d}" for i in range(5)]
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.realtime, pytest.mark.slow, pytest.mark.timeout(240)]
 
 
 

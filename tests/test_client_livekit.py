@@ -24,7 +24,7 @@ from server_support import espeak, seconds, silence
 
 pytest.importorskip("livekit.plugins.openai", reason="livekit-agents[openai] not installed")
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.realtime, pytest.mark.slow, pytest.mark.timeout(240)]
 
 engine, tap = client_support.engine, client_support.tap  # fixtures: the module's engine, a tapped server a test
 

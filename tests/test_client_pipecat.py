@@ -23,7 +23,7 @@ from server_support import espeak, seconds, silence
 pipecat = pytest.importorskip("pipecat", reason="pipecat-ai[openai] not installed")
 pytest.importorskip("pipecat.services.openai.realtime.llm", reason="pipecat-ai[openai] not installed")
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.realtime, pytest.mark.slow, pytest.mark.timeout(240)]
 
 engine, tap = client_support.engine, client_support.tap  # fixtures: the module's engine, a tapped server a test
 

@@ -22,7 +22,7 @@ from bench.barge_in import STORY, Clip, analyse_trial, listener_trial, played
 from bench.end_of_turn import espeak
 from realtime_ming.protocol import Dialect
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.realtime, pytest.mark.slow, pytest.mark.timeout(300)]
 LEAD_MS = 150  # the shipped default of realtime_ming.output_lead_ms
 WIRE_HZ = 24000
 GENERATED = {"words": ("word ",) * 120, "chunk_s": 0.1, "step_s": 0.002}  # 12 s of audio in ~0.3 s

@@ -18,7 +18,7 @@ from server_support import espeak, seconds
 
 from realtime_ming.server import RealtimeServer, load_config
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.realtime, pytest.mark.slow, pytest.mark.timeout(300)]
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"

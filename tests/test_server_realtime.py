@@ -34,7 +34,7 @@ from websockets.asyncio.client import connect
 from realtime_ming.protocol import Dialect
 from realtime_ming.server import RealtimeServer
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.realtime, pytest.mark.timeout(240)]
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from bench.end_of_turn import espeak
 from realtime_ming.protocol import Dialect
 from realtime_ming.server import RealtimeServer, load_config
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.realtime, pytest.mark.slow, pytest.mark.timeout(120)]
 
 REPLY = " ".join(["The sea is wide and deep and full of quiet light."] * 4)
 engine = tiny_engine_fixture(forced_reply=REPLY + "<|role_end|>")

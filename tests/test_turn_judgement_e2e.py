@@ -27,7 +27,7 @@ from realtime_ming.engine.hooks import EngineHooks
 from realtime_ming.protocol import Dialect
 from realtime_ming.server import RealtimeServer, load_config
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.realtime, pytest.mark.slow, pytest.mark.timeout(120)]
 WIRE_HZ = 24000
 HIGH = {"type": "semantic_vad", "eagerness": "high"}
 PAUSED = ("I'd like to book a table for <p> four people at eight.", "en-us")

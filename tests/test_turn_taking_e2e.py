@@ -25,7 +25,7 @@ from bench.end_of_turn import espeak
 from realtime_ming.protocol import Dialect
 from realtime_ming.server import RealtimeServer
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.realtime, pytest.mark.slow, pytest.mark.timeout(240)]
 WIRE_HZ = 24000
 
 

@@ -34,7 +34,7 @@ from server_support import StubEngine, espeak
 
 from realtime_ming.server import RealtimeServer, load_config
 
-pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.realtime, pytest.mark.browser, pytest.mark.timeout(300)]
 
 # the real engine on the embedded tiny default (every model computation runs), speaking FORCED_REPLY
 engine = tiny_engine_fixture(forced_reply=FORCED_REPLY)

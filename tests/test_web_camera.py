@@ -17,7 +17,7 @@ from server_support import RecordingEngine, espeak
 from realtime_ming.engine.api import ContentKind
 from realtime_ming.server import RealtimeServer, load_config
 
-pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.realtime, pytest.mark.browser, pytest.mark.timeout(300)]
 
 
 # the tiny engine speaking test_web's forced reply (its own random text is often unspeakable)

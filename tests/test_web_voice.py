@@ -21,7 +21,7 @@ from realtime_ming.engine.voice_store import CustomVoice
 from realtime_ming.model.talker_caption import TalkerCaption
 from realtime_ming.server import RealtimeServer, load_config
 
-pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.realtime, pytest.mark.browser, pytest.mark.timeout(300)]
 
 SENTENCE = "The quick brown fox jumps over the lazy dog."  # the demo's default clone sentence
 SPEED = 1.4

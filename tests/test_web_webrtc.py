@@ -20,7 +20,7 @@ from server_support import StubEngine, espeak
 from realtime_ming.protocol import Dialect
 from realtime_ming.server import RealtimeServer, load_config
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(400)]
+pytestmark = [pytest.mark.realtime, pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(400)]
 
 engine = tiny_engine_fixture(forced_reply=FORCED_REPLY)
 

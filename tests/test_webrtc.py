@@ -19,7 +19,7 @@ from rtc_support import MIC_RATE_HZ, RtcClient, mint
 from server_support import espeak, seconds, stub_served
 from websockets.asyncio.client import connect
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]  # aiortc clients on loopback: the full tier
+pytestmark = [pytest.mark.realtime, pytest.mark.slow, pytest.mark.timeout(180)]  # aiortc clients on loopback: the full tier
 
 WORD_S = 1.0  # seconds of audio per scripted word
 HEARD_PEAK = 1000  # a 20 ms frame of the stub's tone (amplitude 0.1) peaks far above this; Opus silence below
