@@ -161,6 +161,9 @@ class EncoderWorker:
         with contextlib.ExitStack() as stack, torch.no_grad():
             for stream in self._streams.values():
                 stack.enter_context(torch.cuda.stream(stream))
+            encoder = torch.device(self.bundle.devices["encoder"])
+            if encoder.type == "cuda":  # entering a stream makes its device current: the encoders' GPU last
+                stack.enter_context(torch.cuda.device(encoder))
             embeds = encode_tail(self.bundle, self._vision, job.spans, job.payloads, job.start)
             ready = None
             if self._out_device.type == "cuda":
