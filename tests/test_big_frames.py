@@ -1,11 +1,14 @@
 """Large text frames received beside websockets (server/big_frames.py, issue 43): the tracker's byte stream as
 websockets' own parser reads it, whatever the reads' boundaries and the mask's phase; its refusals against the
-frame parser's (`codec.parse`); and on a served connection the order of messages, a large media frame intact, a
-large session.update refused with its event_id, and websockets' own closes (1009, 1007) and pings."""
+frame parser's (`codec.parse`), a response.create without media among them; and on a served connection the order of
+messages, a large media frame intact, a large session.update or media-less response.create refused with its event_id
+(never reaching the parser's process), and websockets' own closes (1009, 1007) and pings."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import io
 import json
 import os
 import random
@@ -18,10 +21,12 @@ from websockets.frames import CloseCode, Frame, Opcode
 from websockets.protocol import State
 from websockets.server import ServerProtocol
 
+from realtime_ming.engine.api import ContentKind
 from realtime_ming.protocol import Dialect, ErrorCode, ProtocolError
 from realtime_ming.protocol.codec import parse
 from realtime_ming.server import RealtimeServer, load_config
 from realtime_ming.server.big_frames import BigFrameLimits, BigText, FrameConnection, FrameTracker, text_frame
+from realtime_ming.server.frame_parser import limits_parser
 
 LIMITS = BigFrameLimits(threshold=1000, control_max_bytes=1500, max_frame_bytes=6000)
 MAX_SIZE = 9000  # websockets' max_size for the unit tests
@@ -144,6 +149,49 @@ def test_refusals_match_the_frame_parser():
         assert seen == [("refused", expected.code, expected.event_id)]
     big = _received([_frame(1, BIG_UPDATE)])
     assert big[0] == [("refused", ErrorCode.EVENT_FRAME_TOO_LARGE, "u1")]
+
+
+def _create(event_id: str | None = None, *parts: dict, last_id: bool = False, **response) -> bytes:
+    """A response.create of ~2,000 characters (over `LIMITS`' control cap) with these input parts."""
+    body = {"conversation": "none", "instructions": "é漢 " * 500, **response}
+    if parts:
+        body["input"] = [{"type": "message", "role": "user", "content": list(parts)}]
+    event = {"type": "response.create", "response": body}
+    if event_id is not None:
+        event = {"response": body, "event_id": event_id} if last_id else {"event_id": event_id, "response": body}
+        event = {"type": "response.create", **event}
+    return _event(**event)
+
+
+PNG = "data:image/png;base64,iVBORw0KGgo="
+CREATES = [
+    _create("r1"),  # no media: refused as it arrives, its event_id echoed (leading or trailing, as clients write it)
+    _create("r2", last_id=True, tools=[{"type": "function", "name": "f", "description": "audio image_url"}]),
+    _create(None, {"type": "input_text", "text": "the audio"}, output_modalities=["audio"]),
+    _create("r4", {"type": "input_audio", "audio": "AAAA" * 100}),  # media: kept for the parser
+    _create("r5", {"type": "input_image", "image_url": PNG}),
+    _create("r6", {"type": "input_video", "frames": [{"image_url": PNG, "timestamp_s": 0}]}),
+    _create("r7", {"type": "input_image", "image_url": PNG}).replace(b'"image_url"', b'"image\\u005furl"'),
+]
+
+
+@pytest.mark.parametrize("sizes", [[1], [2], [3], [5, 7], [140, 141], [1 << 20]])
+def test_a_response_create_without_media_is_refused_as_it_arrives(sizes):
+    """A response.create over the control cap whose text shows no media key (however the reads cut its keys) is
+    refused as it arrives with exactly what decoding it answers (`event_frame_too_large`, its event_id); one with
+    audio, an image, a video or a key hidden by an escape is kept whole for the parser, which serves it."""
+    for payload in CREATES:
+        text = payload.decode()
+        assert LIMITS.control_max_bytes < len(text) < LIMITS.max_frame_bytes
+        seen, _, _ = _received(_split(_frame(1, payload), sizes))
+        expected = parse(text, Dialect.GA, control_max_bytes=LIMITS.control_max_bytes)
+        if isinstance(expected, ProtocolError) and expected.code is ErrorCode.EVENT_FRAME_TOO_LARGE:
+            assert seen == [("refused", expected.code, expected.event_id)], text[-60:]
+        else:
+            assert not isinstance(expected, ProtocolError), expected
+            assert seen == [("big", payload)], text[-60:]
+    refused = [_received([_frame(1, payload)])[0][0] for payload in CREATES[:3]]
+    assert refused == [("refused", ErrorCode.EVENT_FRAME_TOO_LARGE, event_id) for event_id in ("r1", "r2", None)]
 
 
 def test_a_refused_frame_is_not_kept():
@@ -314,6 +362,57 @@ async def test_websockets_limits_close_the_connection(payload, code):
             while True:
                 await client.recv(timeout=30)
         assert info.value.rcvd is not None and info.value.rcvd.code == code
+    finally:
+        await srv.close()
+        engine.close()
+
+
+def _png() -> str:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (96, 64), (40, 90, 200)).save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+async def test_a_media_less_response_create_never_reaches_the_parser(monkeypatch):
+    """Over the control cap, a response.create without media is answered `event_frame_too_large` with its event_id
+    (first or last key) without the frame parser's process seeing it; with an image, audio, or an image key written
+    with an escape, it is parsed there and served (the engine gets the image / audio), the connection open."""
+    srv, engine = await _served("server.limits.max_control_frame_bytes=100000")
+    parser = limits_parser(srv.cfg.server.limits)
+    parsed: list[int] = []
+    real = parser._in_child  # noqa: SLF001 -- the test counts what reaches the child process
+    monkeypatch.setattr(parser, "_in_child", lambda frame, dialect: parsed.append(len(frame)) or real(frame, dialect))
+    try:
+        client = await _client(srv)
+        pad = "x" * 120_000  # over the 100,000 cap; within the instructions' own limit
+
+        def create(*parts: dict) -> dict:
+            items = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "what?"}, *parts]}]
+            return {"conversation": "none", "instructions": pad, "input": items}
+
+        await client.ws.send(json.dumps({"type": "response.create", "event_id": "r1", "response": create()}))
+        await client.ws.send(json.dumps({"type": "response.create", "response": create(), "event_id": "r2"}))
+        for event_id in ("r1", "r2"):
+            error = await client.expect_error("event_frame_too_large", timeout=30)
+            assert (error["param"], error["event_id"]) == ("type", event_id)
+            assert "'response.create' frame of" in error["message"]
+        assert parsed == [] and _connection(srv).frames.taken == 2
+        image = {"type": "input_image", "image_url": _png()}
+        audio = {"type": "input_audio", "audio": pcm16_b64(tone(0.5))}
+        hidden = json.dumps({"type": "response.create", "response": create(image)}).replace(
+            '"image_url"', '"image\\u005furl"')
+        for frame, kind in [(json.dumps({"type": "response.create", "response": create(image)}), ContentKind.IMAGE),
+                            (json.dumps({"type": "response.create", "response": create(audio)}), ContentKind.AUDIO),
+                            (hidden, ContentKind.IMAGE)]:
+            await client.ws.send(frame)
+            frames = await client.recv_until("response.done", timeout=30)
+            assert [f for f in frames if f["type"] == "error"] == [] and frames[-1]["response"]["status"] == "completed"
+            request = engine.submitted[-1]
+            assert kind in {part.kind for message in request.history for part in message.content}
+        assert len(parsed) == 3 and _connection(srv).frames.taken == 5
+        await client.ws.close()
     finally:
         await srv.close()
         engine.close()

@@ -442,6 +442,8 @@ def test_large_frames_bounded_by_event_type_and_tools_size(dialect: Dialect) -> 
     ('  {\n "event_id" : "u3" ,\t"type" : "session.update" , "session": {"instructions": "%s"}}', "u3"),
     ('{"type":"no.such.event","x":"%s"}', None),
     ('{"type":"conversation.item.delete","event_id":"u4","item_id":"%s"}', "u4"),
+    ('{"type": "session.update", "session": {"instructions": "%s"}, "event_id": "u5"}', "u5"),  # the openai SDK's order
+    ('{"event_id":"u6","type":"session.update","session":{"instructions":"%s"},"event_id":"u7"}\n', "u7"),  # the last
 ])
 def test_leading_type_refusal_is_what_parse_answers(frame: str, event_id: str | None) -> None:
     """Issue 43: a frame over the control cap that opens with the type of an event carrying no media is refused
@@ -453,6 +455,34 @@ def test_leading_type_refusal_is_what_parse_answers(frame: str, event_id: str | 
     assert isinstance(early, ProtocolError) and isinstance(full, ProtocolError)
     assert (early.code, early.param, early.message) == (full.code, full.param, full.message)
     assert early.code is ErrorCode.EVENT_FRAME_TOO_LARGE and early.event_id == full.event_id == event_id
+
+
+_IMAGE = '{"type":"message","role":"user","content":[{"type":"input_image","image_url":"data:image/png;base64,AA=="}]}'
+
+
+@pytest.mark.parametrize(("frame", "refused"), [
+    ('{"type":"response.create","event_id":"r1","response":{"instructions":"%s"}}', True),  # refused undecoded
+    ('{"response":{"instructions":"%s"},"type":"response.create","event_id":"r1"}', True),  # decoded: type not leading
+    ('{"type":"response.create","event_id":"r1","response":{"instructions":"\\u0041%s"}}', True),  # decoded: escape
+    ('{"type":"response.create","event_id":"r1","response":{"instructions":"%s","input":[' + _IMAGE + ']}}', False),
+    ('{"type":"response.create","event_id":"r1","response":{"instructions":"%s","input":['
+     + _IMAGE.replace('"image_url"', '"\\u0069mage_url"') + ']}}', False),  # an escaped key: decoded, found
+    ('{"type":"conversation.item.create","event_id":"r1","item":{"type":"message","role":"user","content":['
+     '{"type":"input_text","text":"%s"}]}}', False),  # an item: bounded by its parts' own limits
+])
+def test_a_response_create_over_the_control_cap_must_carry_media(frame: str, refused: bool) -> None:
+    """Issue 43: a response.create over the control cap without audio, an image or video (tools, instructions,
+    text) is refused as a control frame is (`event_frame_too_large` at `type`, event_id echoed), told from its text
+    when it can be, else after decoding; one that carries media, written in any way JSON allows, is decoded."""
+    frame = frame % ("x" * 5000)
+    assert json.loads(frame)
+    answer = parse(frame, GA, control_max_bytes=4096)
+    if refused:
+        assert isinstance(answer, ProtocolError)
+        assert (answer.code, answer.param, answer.event_id) == (ErrorCode.EVENT_FRAME_TOO_LARGE, "type", "r1")
+        assert "'response.create' frame of" in answer.message
+    else:
+        assert not isinstance(answer, ProtocolError), answer
 
 
 @pytest.mark.parametrize("frame", [

@@ -303,9 +303,9 @@ async def test_bad_frames_each_get_one_error_and_the_session_continues(engine, w
 
 
 async def test_large_frames_bounded_by_event_type(engine, web_dir):
-    """Issue 43 finding 2: an event that carries no media is capped far below the frame limit, tools in all at
-    1 MiB of JSON, both refused with their code and param before the frame is checked; a large media frame
-    (parsed in the frame parser's own process) is served as any other."""
+    """Issue 43 finding 2: an event that carries no media is capped far below the frame limit (a response.create
+    too, unless it carries media), tools in all at 1 MiB of JSON, both refused with their code and param before the
+    frame is checked; a large media frame (parsed in the frame parser's own process) is served as any other."""
     async with RealtimeServer(_config(web_dir, "server.limits.max_control_frame_bytes=4096"), engine) as srv:
         assert limits_parser(srv.cfg.server.limits).running  # started with the server, not by the first large frame
         client = await _open(srv)
@@ -315,7 +315,13 @@ async def test_large_frames_bounded_by_event_type(engine, web_dir):
         assert (error["param"], error["event_id"]) == ("type", "big1")
         assert "'session.update'" in error["message"] and "4096" in error["message"]
         tool = {"type": "function", "name": "t", "description": "d" * 8192}
-        await client.send(type="response.create", response={"tools": [dict(tool, name=f"t{i}") for i in range(128)]})
+        tools = [dict(tool, name=f"t{i}") for i in range(128)]
+        await client.send(type="response.create", response={"tools": tools}, event_id="big2")
+        error = await client.expect_error("event_frame_too_large")
+        assert (error["param"], error["event_id"]) == ("type", "big2") and "'response.create'" in error["message"]
+        image = {"type": "message", "role": "user", "content": [
+            {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo="}]}
+        await client.send(type="response.create", response={"tools": tools, "input": [image]})  # may carry media
         error = await client.expect_error("tools_too_large", timeout=60)
         assert error["param"] == "response.tools"
         await _still_serving(client)

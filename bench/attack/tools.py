@@ -17,8 +17,9 @@ from .common import Client, HealthProbe, ProcessGauge, health_address, percentil
 
 __all__ = ["REFUSALS", "big_tools", "tools_attack"]
 
-# How the server may refuse the attack's frames (`code@param`): the session.update frame is over the control-frame cap,
-# the response.create's tools over the tools' size limit, or (a server with larger caps) the tools over the context.
+# How the server may refuse the attack's frames (`code@param`): either frame over the control-frame cap (the
+# response.create carries no media), the tools over their size limit, or (a server with larger caps) the tools over
+# the context.
 REFUSALS = frozenset({"event_frame_too_large@type", "tools_too_large@session.tools",
                       "tools_too_large@response.tools", "instructions_exceed_context@session.tools",
                       "instructions_exceed_context@response.tools"})

@@ -28,6 +28,7 @@ from realtime_ming.protocol.ids import IdPrefix, new_id
 from realtime_ming.protocol.known_keys import check_known_keys
 from realtime_ming.protocol.limits import (
     MAX_ID_CHARS,
+    CAPPED_UNLESS_MEDIA_TYPES,
     MAX_TOOLS_JSON_BYTES,
     MEDIA_EVENT_TYPES,
     check_json,
@@ -35,9 +36,11 @@ from realtime_ming.protocol.limits import (
     load_json,
     text_problem,
 )
+from realtime_ming.protocol.media_scan import carries_media, may_carry_media
 from realtime_ming.protocol.wire import JsonValue
 
-__all__ = ["LEADING_CHARS", "event_to_wire", "parse", "refuse_by_leading_chars", "refuse_by_leading_type", "serialise"]
+__all__ = ["LEADING_CHARS", "TRAILING_CHARS", "event_to_wire", "leading_type", "parse", "refuse_by_leading_chars",
+           "refuse_by_leading_type", "serialise"]
 
 
 def _decode(obj: Mapping[str, Any], dialect: Dialect, event_id: str | None) -> ClientEvent:
@@ -78,13 +81,16 @@ _TOOLS_HOLDER = {"session.update": "session", "response.create": "response"}  # 
 
 def _check_sizes(obj: Mapping[str, Any], num_chars: int, control_max_bytes: int | None) -> None:
     """The size bounds a large frame is refused by right after decoding, before any value of it is checked or
-    decoded (the costly part): an event that carries no media (any type but `MEDIA_EVENT_TYPES`) over
-    `control_max_bytes` (`event_frame_too_large`), tools over `MAX_TOOLS_JSON_BYTES` (`tools_too_large`,
-    as the tools' decoder says it for a smaller frame)."""
+    decoded (the costly part): an event that carries no media (any type but `MEDIA_EVENT_TYPES`, or one of
+    `CAPPED_UNLESS_MEDIA_TYPES` without a media string: `media_scan.carries_media`) over `control_max_bytes`
+    (`event_frame_too_large`), tools
+    over `MAX_TOOLS_JSON_BYTES` (`tools_too_large`, as the tools' decoder says it for a smaller frame)."""
     event_type = obj.get("type")
     if not isinstance(event_type, str):
         event_type = None  # an untyped event is refused as such (after the checks, which name the value)
-    if control_max_bytes is not None and num_chars > control_max_bytes and event_type not in MEDIA_EVENT_TYPES:
+    if (control_max_bytes is not None and num_chars > control_max_bytes
+            and (event_type not in MEDIA_EVENT_TYPES
+                 or (event_type in CAPPED_UNLESS_MEDIA_TYPES and not carries_media(obj)))):
         raise _frame_too_large(event_type, num_chars, control_max_bytes)
     key = _TOOLS_HOLDER.get(event_type or "")
     holder = obj.get(key) if key is not None and num_chars > MAX_TOOLS_JSON_BYTES else None
@@ -105,6 +111,16 @@ _WS = r"[ \t\r\n]*"  # JSON's whitespace
 _LEADING_TYPE = re.compile(rf'{_WS}\{{{_WS}(?:"event_id"{_WS}:{_WS}"(?P<id1>[^"\\]*)"{_WS},{_WS})?"type"{_WS}:{_WS}'
                            rf'"(?P<type>[^"\\]*)"{_WS}(?:,{_WS}"event_id"{_WS}:{_WS}"(?P<id2>[^"\\]*)"{_WS})?[,}}]')
 LEADING_CHARS = 4 * MAX_ID_CHARS + 256  # how much of the frame's start `_LEADING_TYPE` may look at
+# A frame that ends with its `event_id` (`...,"event_id":"e1"}`, as the openai SDK writes session.update): in valid
+# JSON the last `}` closes the frame's object, so a key just before it is the event's own.
+_TRAILING_EVENT_ID = re.compile(rf',{_WS}"event_id"{_WS}:{_WS}"(?P<id>[^"\\]*)"{_WS}\}}{_WS}\Z')
+TRAILING_CHARS = 4 * MAX_ID_CHARS + 256  # how much of the frame's end `_TRAILING_EVENT_ID` may look at
+
+
+def leading_type(head: str) -> str | None:
+    """The `type` a frame opens with (`_LEADING_TYPE`), read from its first characters `head`; None if it does not."""
+    match = _LEADING_TYPE.match(head[:LEADING_CHARS])
+    return None if match is None else match["type"]
 
 
 def refuse_by_leading_type(frame: str, control_max_bytes: int) -> ProtocolError | None:
@@ -113,19 +129,26 @@ def refuse_by_leading_type(frame: str, control_max_bytes: int) -> ProtocolError 
     decoding it, at no cost: a session.update with megabytes of tools is refused in microseconds). None when the
     frame is within the cap, does not open with its type (then `parse` decides), or its type may carry media.
     A later duplicate `type` key is not looked for: a frame that names two types is refused by its first."""
-    return refuse_by_leading_chars(frame[:LEADING_CHARS], len(frame), control_max_bytes)
+    return refuse_by_leading_chars(frame[:LEADING_CHARS], len(frame), control_max_bytes,
+                                   tail=frame[-TRAILING_CHARS:])
 
 
-def refuse_by_leading_chars(head: str, num_chars: int, control_max_bytes: int) -> ProtocolError | None:
+def refuse_by_leading_chars(head: str, num_chars: int, control_max_bytes: int, *, tail: str = "",
+                            media_less: bool = False) -> ProtocolError | None:
     """`refuse_by_leading_type` of a frame known only by its first characters `head` (its first `LEADING_CHARS`,
-    or all of it when shorter) and its length in characters `num_chars`: a frame still arriving
-    (server/big_frames.py) is judged with the characters counted so far, and answered with its final count."""
+    or all of it when shorter), its last ones `tail` (where an `event_id` may be) and its length in characters
+    `num_chars`: a frame still arriving (server/big_frames.py) is judged with the characters counted so far, and
+    answered with its final count. `media_less`: the frame is known to carry no media (`media_scan`), so an event
+    of `CAPPED_UNLESS_MEDIA_TYPES` is refused too. The event_id echoed is the frame's last one (as decoding has
+    it): trailing, else the leading one."""
     if num_chars <= control_max_bytes:
         return None
     match = _LEADING_TYPE.match(head[:LEADING_CHARS])
-    if match is None or match["type"] in MEDIA_EVENT_TYPES:
+    if match is None or (match["type"] in MEDIA_EVENT_TYPES
+                         and not (media_less and match["type"] in CAPPED_UNLESS_MEDIA_TYPES)):
         return None
-    event_id = match["id1"] if match["id1"] is not None else match["id2"]
+    trailing = _TRAILING_EVENT_ID.search(tail[-TRAILING_CHARS:]) if tail else None
+    event_id = trailing["id"] if trailing is not None else match["id2"] if match["id2"] is not None else match["id1"]
     error = _frame_too_large(match["type"], num_chars, control_max_bytes)
     if event_id is not None and len(event_id) <= MAX_ID_CHARS and text_problem(event_id) is None:
         error = error.with_event_id(event_id)
@@ -138,11 +161,20 @@ def parse(frame: str | bytes, dialect: Dialect, *, control_max_bytes: int | None
     Every value of the frame is checked first (`limits.check_json`: nesting, numbers, text), so
     no decoder below ever sees a lone surrogate, a control character or a non-finite number.
     Size bounds come before that (`_check_sizes`): with `control_max_bytes`, a larger frame whose event carries
-    no media (not one of `limits.MEDIA_EVENT_TYPES`) is refused with `event_frame_too_large` (param `type`), and
-    tools over `MAX_TOOLS_JSON_BYTES` with `tools_too_large`.
+    no media (not one of `limits.MEDIA_EVENT_TYPES`, or a `response.create` without a media string:
+    `limits.CAPPED_UNLESS_MEDIA_TYPES`) is refused with `event_frame_too_large` (param `type`), and tools over
+    `MAX_TOOLS_JSON_BYTES` with `tools_too_large`. A response.create that opens with its type and whose text shows
+    no media (`media_scan.may_carry_media`) is refused so before it is decoded.
     """
     if not isinstance(frame, str):
         return ProtocolError(ErrorCode.BINARY_FRAME_UNSUPPORTED)
+    if (control_max_bytes is not None and len(frame) > control_max_bytes
+            and leading_type(frame) in CAPPED_UNLESS_MEDIA_TYPES and not may_carry_media(frame)):
+        # a response.create without media over the cap: refused undecoded (what `_check_sizes` says after decoding)
+        refused = refuse_by_leading_chars(frame[:LEADING_CHARS], len(frame), control_max_bytes,
+                                          tail=frame[-TRAILING_CHARS:], media_less=True)
+        assert refused is not None
+        return refused
     try:
         obj = load_json(frame)
     except ProtocolError as error:

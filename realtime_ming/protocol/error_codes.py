@@ -65,7 +65,7 @@ class ErrorCode(StrEnum):
         "event_frame_too_large",
         _INVALID,
         "The {event_type} frame of {num_bytes} bytes exceeds the limit of {max_bytes} bytes for an event that carries"
-        " no media (only {media_types} may take up to the frame limit).",
+        " no media (only {media_types} with audio, image or video data may take up to the frame limit).",
     )
     EVENT_TOO_LARGE = (
         "event_too_large",

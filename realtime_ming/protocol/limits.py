@@ -22,6 +22,7 @@ from realtime_ming.protocol.error_codes import ErrorCode
 from realtime_ming.protocol.errors import ProtocolError
 
 __all__ = [
+    "CAPPED_UNLESS_MEDIA_TYPES",
     "MAX_CONTENT_PARTS",
     "MAX_DESCRIPTION_CHARS",
     "MAX_ECHO_JSON_BYTES",
@@ -65,6 +66,10 @@ MAX_TOOLS_JSON_BYTES: Final = 1_048_576
 # the client events that may carry media (base64 audio, image data URLs, video): only these may take a frame up to
 # `server.limits.max_frame_bytes`; every other event has the far smaller control-frame cap (`codec.parse`)
 MEDIA_EVENT_TYPES: Final = frozenset({"input_audio_buffer.append", "conversation.item.create", "response.create"})
+# the media events whose other content has no bound of its own below the frame cap (a response's tools and up to
+# `MAX_INPUT_ITEMS` input items; an item has at most `MAX_CONTENT_PARTS` parts, an append one string): a frame of
+# them over the control-frame cap must carry media (`media_scan`), else it is refused as a control frame would be
+CAPPED_UNLESS_MEDIA_TYPES: Final = frozenset({"response.create"})
 MAX_ECHO_JSON_BYTES: Final = 16_384  # free-form objects that are only echoed (`tracing`, `prompt`)
 
 # UTF-8 bytes of the refused C0 controls (tab, newline and carriage return are text). Any other

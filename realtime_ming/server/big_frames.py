@@ -16,7 +16,10 @@ work in proportion to the read, never to the frame; and after a large read the c
 callbacks run before its next read (libuv reads a busy socket up to 32 times in a row: 8 MB, ~15 ms of this work
 at once). A frame is dropped as it arrives (not kept) once its characters so far are over `max_frame_bytes`
 (`frame_too_large`) or over the control-frame cap with a leading media-less `type` (`codec.refuse_by_leading_chars`,
-the frame parser's own refusal: `event_frame_too_large`, its `event_id` echoed).
+the frame parser's own refusal: `event_frame_too_large`, its `event_id` echoed). A `response.create` over the cap
+(which may carry media, but need not: issue 43's tools attack) is scanned for media as it arrives
+(`media_scan.MediaScan`: regular expressions run by C code over each read and one match's length before it); when
+complete, one whose text shows no media is refused the same way, never decoded by the parser's process.
 
 When the frame is complete, websockets is handed a small masked text frame in its place: a token drawn at random
 for this frame (`secrets`, 128 bits: no client can name a frame it did not send), so websockets' queue, its flow
@@ -45,15 +48,18 @@ try:
 except ImportError:  # pragma: no cover -- websockets without its C extension
     from websockets.utils import apply_mask
 
-from ..protocol.codec import LEADING_CHARS, refuse_by_leading_chars
+from ..protocol.codec import LEADING_CHARS, TRAILING_CHARS, leading_type, refuse_by_leading_chars
 from ..protocol.error_codes import ErrorCode
 from ..protocol.errors import ProtocolError
+from ..protocol.limits import CAPPED_UNLESS_MEDIA_TYPES, MEDIA_EVENT_TYPES
+from ..protocol.media_scan import MediaScan
 from .http_body import BodyConnection
 
 __all__ = ["BigFrameLimits", "BigText", "FrameConnection", "FrameTracker", "frame_connection_factory", "text_frame"]
 
 _TOKEN_PREFIX = "\x00realtime-ming big frame "  # not JSON: a token that reaches the parser unclaimed is invalid_json
 _LEADING_BYTES = 4 * LEADING_CHARS + 3  # enough UTF-8 bytes for LEADING_CHARS characters
+_TRAILING_BYTES = 4 * TRAILING_CHARS + 3
 _MAX_HEADER = 14  # 2 + 8 (64-bit length) + 4 (mask key)
 _TEXT, _CONTINUATION, _BINARY = 0x1, 0x0, 0x2
 
@@ -105,7 +111,9 @@ class _Receiving:
         self.chars = 0
         self.valid = True
         self.head: str | None = None  # the leading characters, once read
+        self.tail = b""  # the last bytes so far (where an event_id may be)
         self.refusable = False  # the leading type names an event without media
+        self.scan: MediaScan | None = None  # an event that may carry media, over the control cap: does it?
 
     @property
     def remaining(self) -> int:
@@ -114,6 +122,7 @@ class _Receiving:
     def take(self, chunk: memoryview) -> None:
         plain = apply_mask(chunk, self.masks[self.got % 4])
         start, self.got = self.got, self.got + len(plain)
+        self.tail = (self.tail + plain[-_TRAILING_BYTES:])[-_TRAILING_BYTES:]
         if self.valid:
             try:
                 self.chars += len(self.decoder.decode(plain, self.got == self.length))
@@ -125,14 +134,19 @@ class _Receiving:
             self._judge()
 
     def _judge(self) -> None:
-        """Drop the payload once its fate is known: over the frame cap, or a media-less event over the control cap."""
+        """Drop the payload once its fate is known: over the frame cap, or an event of a type without media over the
+        control cap; scan a media type's frame that may be over the cap for media (`MediaScan`: O(read) work)."""
         assert self.buffer is not None
         if self.head is None and (self.got >= _LEADING_BYTES or self.got == self.length):
             self.head = self.buffer[:_LEADING_BYTES].decode("utf-8", "ignore")
-            self.refusable = refuse_by_leading_chars(self.head, self.limits.control_max_bytes + 1,
-                                                     self.limits.control_max_bytes) is not None
+            event_type = leading_type(self.head)
+            self.refusable = event_type is not None and event_type not in MEDIA_EVENT_TYPES
+            if event_type in CAPPED_UNLESS_MEDIA_TYPES and self.length > self.limits.control_max_bytes:
+                self.scan = MediaScan()  # (a frame of no more bytes than the cap has no more characters either)
         if self.chars > self.limits.max_frame_bytes or (self.refusable and self.chars > self.limits.control_max_bytes):
             self.buffer = None
+        elif self.scan is not None:
+            self.scan.feed(self.buffer, self.got)
 
     def result(self) -> BigText | None:
         """The complete frame as a message (None: not valid UTF-8)."""
@@ -142,9 +156,12 @@ class _Receiving:
         if self.chars > limits.max_frame_bytes:
             refused = ProtocolError(ErrorCode.FRAME_TOO_LARGE, num_bytes=self.chars, max_bytes=limits.max_frame_bytes)
             return BigText(None, self.chars, refused)
-        if self.head is not None and self.refusable:
-            refused = refuse_by_leading_chars(self.head, self.chars, limits.control_max_bytes)
+        media_less = self.scan is not None and not self.scan.found
+        if self.head is not None and (self.refusable or media_less):
+            refused = refuse_by_leading_chars(self.head, self.chars, limits.control_max_bytes,
+                                              tail=self.tail.decode("utf-8", "ignore"), media_less=media_less)
             if refused is not None:
+                self.buffer = None
                 return BigText(None, self.chars, refused)
         return BigText(self.buffer, self.chars, None)
 

@@ -100,9 +100,10 @@ class LimitsConfig:
     max_sessions: int = 32  # beyond -> close 1013 (try again later)
     max_frame_bytes: int = 16 * 2**20  # larger frames get a frame_too_large error (one append: <= 15 MiB)
     max_message_bytes: int = 64 * 2**20  # websockets max_size: larger frames close the connection (1009)
-    # an event that carries no media (all but input_audio_buffer.append, conversation.item.create, response.create):
-    # larger frames get event_frame_too_large, refused from their leading "type" without being decoded, else right
-    # after decoding (session.update with megabytes of tools); max_frame_bytes applies first when it is the smaller
+    # an event that carries no media (all but input_audio_buffer.append, conversation.item.create, response.create;
+    # a response.create without audio, image or video too): larger frames get event_frame_too_large, refused from
+    # their text without being decoded (a leading "type"; a response.create's media keys scanned as it arrives), else
+    # right after decoding (megabytes of tools); max_frame_bytes applies first when it is the smaller
     max_control_frame_bytes: int = 2 * 2**20
     max_inbound_frames: int = 16  # websockets max_queue, and client events waiting for the session
     max_outbound_events: int = 1024  # per-session outbound queue, frames (beyond -> close 1008)

@@ -15,6 +15,8 @@ A frame over the control cap that opens with the `type` of an event carrying no 
 as every client library writes it) is refused right here from its first characters
 (`codec.refuse_by_leading_type`), without being copied to the child nor decoded: the same error the child would
 answer, at no cost to either process (issue 43: these refusals were half of what the tools attack cost a server).
+A `response.create` over the cap without media (`media_scan`) is refused the same way: by the connection as it
+arrives (`big_frames`), else in the child (from its text when it opens with its type, else right after decoding).
 
 One child per server process (each front end its own, `spawn`: the engine's threads are never forked; at the lowest
 CPU priority, so that on a busy host the event loop gets the core first), started by
