@@ -59,7 +59,10 @@ class MediaScan:
         The work is the new bytes and one match's length before them, once `found` none."""
         if not self.found and end > self._scanned:
             start = self._scanned
-            self.found = (_ESCAPE_BYTES.search(buffer, max(0, start - _ESCAPE_SPAN + 1), end) is not None
+            escapes = max(0, start - _ESCAPE_SPAN + 1)
+            # a backslash first (memchr: most JSON has none), the escapes' expression only where there is one
+            self.found = ((buffer.find(b"\\", escapes, end) != -1
+                           and _ESCAPE_BYTES.search(buffer, escapes, end) is not None)
                           or _KEY_BYTES.search(buffer, max(0, start - _KEY_SPAN + 1), end) is not None)
             self._scanned = end
         return self.found
