@@ -123,7 +123,8 @@ class EncoderWorker:
         self._vision = vision
         self._out_device = torch.device(out_device)
         self._on_done = on_done
-        devices = {torch.device(bundle.devices["encoder"]), self._out_device}
+        self._encoder_device = torch.device(bundle.devices["encoder"])
+        devices = {self._encoder_device, self._out_device}
         # the worker's own streams, on every CUDA device it touches (the encoders', the thinker's for the copy)
         self._streams = {d: torch.cuda.Stream(d) for d in devices if d.type == "cuda"}
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
@@ -139,7 +140,7 @@ class EncoderWorker:
         self._jobs.put(None)
 
     def _run(self) -> None:
-        if torch.device(self.bundle.devices["encoder"]).type == "cpu":
+        if self._encoder_device.type == "cpu":
             _yield_cpu_to_the_engine()
         while True:
             job = self._jobs.get()
@@ -161,9 +162,8 @@ class EncoderWorker:
         with contextlib.ExitStack() as stack, torch.no_grad():
             for stream in self._streams.values():
                 stack.enter_context(torch.cuda.stream(stream))
-            encoder = torch.device(self.bundle.devices["encoder"])
-            if encoder.type == "cuda":  # entering a stream makes its device current: the encoders' GPU last
-                stack.enter_context(torch.cuda.device(encoder))
+            if self._encoder_device.type == "cuda":  # entering a stream makes its device current: the encoders' last
+                stack.enter_context(torch.cuda.device(self._encoder_device))
             embeds = encode_tail(self.bundle, self._vision, job.spans, job.payloads, job.start)
             ready = None
             if self._out_device.type == "cuda":

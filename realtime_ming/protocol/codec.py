@@ -123,14 +123,15 @@ def leading_type(head: str) -> str | None:
     return None if match is None else match["type"]
 
 
-def refuse_by_leading_type(frame: str, control_max_bytes: int) -> ProtocolError | None:
+def refuse_by_leading_type(frame: str, control_max_bytes: int, *, media_less: bool = False) -> ProtocolError | None:
     """`event_frame_too_large` for a frame over `control_max_bytes` whose leading `type` is an event that carries
     no media, read from the frame's first characters without decoding the rest (what `parse` answers after
     decoding it, at no cost: a session.update with megabytes of tools is refused in microseconds). None when the
     frame is within the cap, does not open with its type (then `parse` decides), or its type may carry media.
-    A later duplicate `type` key is not looked for: a frame that names two types is refused by its first."""
+    A later duplicate `type` key is not looked for: a frame that names two types is refused by its first.
+    `media_less`: as `refuse_by_leading_chars` has it."""
     return refuse_by_leading_chars(frame[:LEADING_CHARS], len(frame), control_max_bytes,
-                                   tail=frame[-TRAILING_CHARS:])
+                                   tail=frame[-TRAILING_CHARS:], media_less=media_less)
 
 
 def refuse_by_leading_chars(head: str, num_chars: int, control_max_bytes: int, *, tail: str = "",
@@ -171,10 +172,7 @@ def parse(frame: str | bytes, dialect: Dialect, *, control_max_bytes: int | None
     if (control_max_bytes is not None and len(frame) > control_max_bytes
             and leading_type(frame) in CAPPED_UNLESS_MEDIA_TYPES and not may_carry_media(frame)):
         # a response.create without media over the cap: refused undecoded (what `_check_sizes` says after decoding)
-        refused = refuse_by_leading_chars(frame[:LEADING_CHARS], len(frame), control_max_bytes,
-                                          tail=frame[-TRAILING_CHARS:], media_less=True)
-        assert refused is not None
-        return refused
+        return refuse_by_leading_type(frame, control_max_bytes, media_less=True)
     try:
         obj = load_json(frame)
     except ProtocolError as error:

@@ -57,37 +57,40 @@ class StepPlan:
         return None
 
 
+# the tiles the plan picked most often: tensor cores (2-8 rows) and a narrow one without (1-2 rows)
+_DOT = dict(dot=True, k=256, n=32, stages=4, warps=4)
+_NARROW = dict(k=512, n=4, stages=3, warps=2)
 # Picked by bench/decode_step_bench.py at the real shapes on one H200 (TP=1; other shapes keep cuBLAS), with the
 # kernels' compiled tests green: bench/results/gpu-h200-decode-step-2026-11-29.
 STEP_PLAN = StepPlan(
     gemv=(
         (1, {
             "5120x4096": None,
-            "4096x4096": dict(k=512, n=4, stages=3, warps=2),
+            "4096x4096": _NARROW,
             "18432x4096": dict(k=256, n=4, stages=3, warps=2),
-            "4096x9216": dict(k=512, n=4, stages=3, warps=2),
+            "4096x9216": _NARROW,
             "157184x4096": dict(k=256, n=4, stages=3, warps=2),
         }),
         (2, {
             "5120x4096": None,
-            "4096x4096": dict(k=512, n=4, stages=3, warps=2),
+            "4096x4096": _NARROW,
             "18432x4096": dict(dot=True, k=128, n=32, stages=3, warps=4),
             "4096x9216": dict(k=512, n=8, stages=3, warps=4),
-            "157184x4096": dict(dot=True, k=256, n=32, stages=4, warps=4),
+            "157184x4096": _DOT,
         }),
         (4, {
             "5120x4096": None,
-            "4096x4096": dict(dot=True, k=256, n=32, stages=4, warps=4),
+            "4096x4096": _DOT,
             "18432x4096": dict(dot=True, k=128, n=64, stages=3, warps=4),
-            "4096x9216": dict(dot=True, k=256, n=32, stages=4, warps=4),
-            "157184x4096": dict(dot=True, k=256, n=32, stages=4, warps=4),
+            "4096x9216": _DOT,
+            "157184x4096": _DOT,
         }),
         (8, {
             "5120x4096": None,
-            "4096x4096": dict(dot=True, k=256, n=32, stages=4, warps=4),
+            "4096x4096": _DOT,
             "18432x4096": dict(dot=True, k=128, n=32, stages=3, warps=4),
-            "4096x9216": dict(dot=True, k=256, n=32, stages=4, warps=4),
-            "157184x4096": dict(dot=True, k=256, n=32, stages=4, warps=4),
+            "4096x9216": _DOT,
+            "157184x4096": _DOT,
         }),
     ),
     rotary_heads=8, router_splits=8, router_block_e=32, select_warps=1,
