@@ -10,6 +10,7 @@ import asyncio
 import base64
 import io
 import json
+import mmap
 import os
 import random
 
@@ -25,7 +26,9 @@ from realtime_ming.engine.api import ContentKind
 from realtime_ming.protocol import Dialect, ErrorCode, ProtocolError
 from realtime_ming.protocol.codec import parse
 from realtime_ming.server import RealtimeServer, load_config
+from realtime_ming.server import big_frames
 from realtime_ming.server.big_frames import BigFrameLimits, BigText, FrameConnection, FrameTracker, text_frame
+from realtime_ming.server.frame_buffers import FrameBuffers
 from realtime_ming.server.frame_parser import limits_parser
 
 LIMITS = BigFrameLimits(threshold=1000, control_max_bytes=1500, max_frame_bytes=6000)
@@ -204,6 +207,24 @@ def test_a_refused_frame_is_not_kept():
     tracker.feed(data[-100:])
     message = tracker.claim(protocol.events_received()[0].data.decode())
     assert isinstance(message, BigText) and message.data is None and len(message) == len(BIG_UPDATE)
+
+
+def test_a_refused_frames_buffer_serves_the_next_large_frame(monkeypatch):
+    """A refused frame's buffer (pages already mapped) is reused by the next large frame; a smaller frame delivered
+    from a larger reused buffer is exactly its own bytes (nothing an earlier frame left beyond them); what is kept
+    stays under its bound, smallest fit first."""
+    buffers = FrameBuffers(max_bytes=3 * len(OVER_FRAME))
+    monkeypatch.setattr(big_frames, "frame_buffers", lambda: buffers)
+    pieces = [_frame(1, OVER_FRAME), _frame(1, BIG_MEDIA), _frame(1, BIG_UPDATE), _frame(1, WIDE_UPDATE)]
+    seen, _, _ = _received(pieces)
+    assert seen == [("refused", ErrorCode.FRAME_TOO_LARGE, None), ("big", BIG_MEDIA),
+                    ("refused", ErrorCode.EVENT_FRAME_TOO_LARGE, "u1"), ("big", WIDE_UPDATE)]
+    assert buffers.reused == 2  # BIG_MEDIA in OVER_FRAME's buffer, WIDE_UPDATE in BIG_UPDATE's
+    assert buffers.kept_bytes == 0  # both delivered frames kept theirs
+    for size in (5000, 3000, 4000, 9000):
+        buffers.give(mmap.mmap(-1, size))
+    assert buffers.kept_bytes <= buffers.max_bytes and len(buffers.take(3500)) == 4000
+    assert len(buffers.take(20000)) == 20000  # none fits: a new one
 
 
 def test_what_websockets_refuses_still_reaches_it():

@@ -10,8 +10,8 @@ websockets byte for byte and untouched: control frames, binary frames, fragmente
 unmasked or otherwise malformed frames (websockets fails the connection for them as it always did), frames over
 websockets' `max_size` (1009), text frames up to `BigFrameLimits.threshold` bytes, and every frame while the
 connection is not OPEN. A text frame over the threshold (the size the frame parser sends to its child process) is
-taken instead: its payload goes into one buffer allocated for its length (`mmap`: pages appear as they are
-written, nothing is zeroed or copied again), unmasked and UTF-8 checked chunk by chunk, so each read costs the loop
+taken instead: its payload goes into one buffer of its length (`mmap`: pages appear as they are written, nothing
+is copied again; a refused frame's buffer is reused by the next, `frame_buffers`), unmasked and UTF-8 checked chunk by chunk, so each read costs the loop
 work in proportion to the read, never to the frame; and after a large read the connection lets the loop's other
 callbacks run before its next read (libuv reads a busy socket up to 32 times in a row: 8 MB, ~15 ms of this work
 at once). A frame is dropped as it arrives (not kept) once its characters so far are over `max_frame_bytes`
@@ -53,6 +53,7 @@ from ..protocol.error_codes import ErrorCode
 from ..protocol.errors import ProtocolError
 from ..protocol.limits import CAPPED_UNLESS_MEDIA_TYPES, MEDIA_EVENT_TYPES
 from ..protocol.media_scan import MediaScan
+from .frame_buffers import frame_buffers
 from .http_body import BodyConnection
 
 __all__ = ["BigFrameLimits", "BigText", "FrameConnection", "FrameTracker", "frame_connection_factory", "text_frame"]
@@ -78,7 +79,7 @@ class BigText:
     """A text message received by the tracker: its UTF-8 payload (`data`, None when it was dropped) and length in
     characters (`len()`, as a `str` message's), or `refused`, the error to answer for it."""
 
-    data: mmap.mmap | None
+    data: mmap.mmap | memoryview | None
     chars: int
     refused: ProtocolError | None
 
@@ -106,7 +107,8 @@ class _Receiving:
         self.got = 0
         self.masks = [mask[k:] + mask[:k] for k in range(4)]  # the key as it lines up at each offset % 4
         self.limits = limits
-        self.buffer: mmap.mmap | None = mmap.mmap(-1, length)
+        self.buffers = frame_buffers()
+        self.buffer: mmap.mmap | None = self.buffers.take(length)  # only [:length] is ever written or read
         self.decoder = codecs.getincrementaldecoder("utf-8")()
         self.chars = 0
         self.valid = True
@@ -124,11 +126,14 @@ class _Receiving:
         start, self.got = self.got, self.got + len(plain)
         self.tail = (self.tail + plain[-_TRAILING_BYTES:])[-_TRAILING_BYTES:]
         if self.valid:
-            try:
-                self.chars += len(self.decoder.decode(plain, self.got == self.length))
-            except UnicodeDecodeError:
-                self.valid = False
-                self.buffer = None
+            if plain.isascii() and not self.decoder.getstate()[0]:  # JSON as most clients write it: no str built
+                self.chars += len(plain)
+            else:
+                try:
+                    self.chars += len(self.decoder.decode(plain, self.got == self.length))
+                except UnicodeDecodeError:
+                    self.valid = False
+                    self._drop()
         if self.buffer is not None:
             self.buffer[start:self.got] = plain
             self._judge()
@@ -144,7 +149,7 @@ class _Receiving:
             if event_type in CAPPED_UNLESS_MEDIA_TYPES and self.length > self.limits.control_max_bytes:
                 self.scan = MediaScan()  # (a frame of no more bytes than the cap has no more characters either)
         if self.chars > self.limits.max_frame_bytes or (self.refusable and self.chars > self.limits.control_max_bytes):
-            self.buffer = None
+            self._drop()
         elif self.scan is not None:
             self.scan.feed(self.buffer, self.got)
 
@@ -154,6 +159,7 @@ class _Receiving:
             return None
         limits = self.limits
         if self.chars > limits.max_frame_bytes:
+            self._drop()
             refused = ProtocolError(ErrorCode.FRAME_TOO_LARGE, num_bytes=self.chars, max_bytes=limits.max_frame_bytes)
             return BigText(None, self.chars, refused)
         media_less = self.scan is not None and not self.scan.found
@@ -161,9 +167,18 @@ class _Receiving:
             refused = refuse_by_leading_chars(self.head, self.chars, limits.control_max_bytes,
                                               tail=self.tail.decode("utf-8", "ignore"), media_less=media_less)
             if refused is not None:
-                self.buffer = None
+                self._drop()
                 return BigText(None, self.chars, refused)
-        return BigText(self.buffer, self.chars, None)
+        data = self.buffer
+        if data is not None and len(data) != self.length:  # a reused, larger buffer: its first `length` bytes
+            data = memoryview(data)[:self.length]
+        return BigText(data, self.chars, None)
+
+    def _drop(self) -> None:
+        """The frame is not kept: its buffer goes back for the next large frame (nothing else holds it)."""
+        if self.buffer is not None:
+            self.buffers.give(self.buffer)
+            self.buffer = None
 
 
 class FrameTracker:
