@@ -1,7 +1,7 @@
 """FP8 expert paths for decode batches, per row count, at the real shapes on one GPU: the measurements the decode
 plan (model/kernels/moe_fp8.py `DECODE_PLAN`) is read from, a sweep of the GEMVs' tiles, and the plan they pick.
 
-    python -m bench.fp8_decode_bench --out DIR [--tokens 1,2,4,8,16,64] [--tune] [--tp 1]
+    python -m bench.fp8_decode_bench --out DIR [--tokens 1,2,4,8,16,64] [--tune] [--tune-grouped] [--tp 1]
     python -m bench.fp8_decode_bench --out DIR --dry-run     # CPU, Triton's interpreter, tiny shapes: plumbing only
 
 One MoE layer (one rank of TP=--tp), dummy weights, routed by the real selection; per row count N the routed +
@@ -11,7 +11,9 @@ shared experts (what a decode step's MoE costs), µs graphed and relative L2 err
   sweep's best tiles (--tune: gate|up tiles first, then down's, at every N <= 8);
 * `a8`: moe_fp8.fused_experts on the FP8 tensor cores + the shared expert (cuBLAS, as SparseMoeBlock), the
   activations quantised by PyTorch's ops (`a8 torch-q`) or in one launch each (`a8`, the shipped plan), and with
-  narrower column tiles (`a8 bn=32`, `a8 bn=16`: more programs at few rows); `w8a16`: weights widened to bf16;
+  narrower column tiles (`a8 bn=32`, `a8 bn=16`: more programs at few rows); `a8 tuned`: the best of a sweep of
+  its tiles (--tune-grouped, at every N above 8: column tile and K chunk, then warps and pipeline stages);
+  `w8a16`: weights widened to bf16;
 * `bf16 gemv`, `bf16 grouped`: the model-dtype kernels, for reference.
 
 Writes DIR/fp8_decode_bench.{json,md} and DIR/fp8_plan.json: per decode row count the faster of the GEMVs and the
@@ -55,6 +57,9 @@ from realtime_ming.model.kernels.swiglu import silu_mul  # noqa: E402
 GU_TILES = [(n, k, w, st) for n, k, w in ((2, 256, 1), (2, 256, 2), (2, 512, 2), (4, 256, 2), (4, 512, 2), (4, 512, 4),
                                           (8, 256, 4), (8, 512, 4), (4, 1024, 4)) for st in (1, 3)] + \
     [(4, 512, 2, 2), (4, 512, 2, 4)]
+# the a8 path's sweep (fused_experts' block_n, block_k; then num_warps, num_stages on the best of those)
+GROUPED_NK = [(bn, bk) for bn in (32, 64, 128) for bk in (64, 128, 256)]
+GROUPED_WS = [(w, st) for w in (4, 8) for st in (2, 3, 4, 5)]
 DN_TILES = [(d, k, w, st) for d, k, w in ((2, 256, 1), (2, 512, 1), (4, 256, 2), (4, 512, 2), (8, 256, 4), (4, 1024, 4),
                                           (2, 1024, 1)) for st in (1, 3)] + [(4, 512, 2, 2), (4, 256, 2, 4)]
 TUNE_MAX_ROWS = 8  # the GEMVs are swept up to here (at 16 rows the a8 path wins by 1.5x)
@@ -143,6 +148,24 @@ def tune_gemv(layer: Layer, timer: Timer, log) -> tuple[dict, float]:
     return _tiles(best_gu, best_dn), best_us
 
 
+def tune_grouped(layer: Layer, timer: Timer, log) -> tuple[dict, float]:
+    """Coordinate sweep of the a8 path's tiles at this row count: (block_n, block_k), then (warps, stages)."""
+    best, best_us = {}, timer(layer.grouped(fused_quantize=True), calls=20)
+    for cands in ([dict(block_n=bn, block_k=bk) for bn, bk in GROUPED_NK],
+                  [dict(num_warps=w, num_stages=st) for w, st in GROUPED_WS]):
+        base = dict(best)
+        for cand in cands:
+            tiles = {**base, **cand}
+            try:
+                us = timer(layer.grouped(fused_quantize=True, **tiles), calls=20)
+            except Exception as exc:  # noqa: BLE001 - a tile that does not compile (shared memory) is skipped
+                log(f"  N={layer.n} a8 tiles {tiles}: {type(exc).__name__}: {str(exc)[:100]}")
+                continue
+            if us < best_us:
+                best, best_us = tiles, us
+    return best, best_us
+
+
 def measure(ex: Experts, n: int, args, kernels: Kernels, timer: Timer, log) -> dict:
     layer = Layer(ex, n, kernels, seed=n)
     paths = {}
@@ -163,6 +186,10 @@ def measure(ex: Experts, n: int, args, kernels: Kernels, timer: Timer, log) -> d
         tiles, _ = tune_gemv(layer, timer, log)
         row["gemv_tuned_tiles"] = tiles
         paths["gemv tuned"] = layer.gemv(tiles)
+    if args.tune_grouped and n > TUNE_MAX_ROWS:
+        tiles, _ = tune_grouped(layer, timer, log)
+        row["a8_tuned_tiles"] = tiles
+        paths["a8 tuned"] = layer.grouped(fused_quantize=True, **tiles)
     for name, fn in paths.items():
         with torch.no_grad():
             err = _rel(fn().float(), layer.truth)
@@ -180,7 +207,8 @@ def pick_plan(rows: dict) -> dict:
             continue
         r = rows[n]
         gemv_name = min((k for k in ("gemv", "gemv tuned") if k in r), key=lambda k: r[k]["us"])
-        a8_name = min((k for k in r if k.startswith("a8") and "torch" not in k), key=lambda k: r[k]["us"])
+        a8_name = min((k for k in r if k.startswith("a8") and "torch" not in k and "tuned" not in k),
+                      key=lambda k: r[k]["us"])
         path = "gemv" if r[gemv_name]["us"] <= r[a8_name]["us"] else "grouped"
         paths.append([n, path])
         tiles.append([n, r.get("gemv_tuned_tiles") if gemv_name == "gemv tuned" else shipped.tiles(n)])
@@ -206,6 +234,9 @@ def markdown(res: dict) -> str:
     tuned = {n: r["gemv_tuned_tiles"] for n, r in res["rows"].items() if "gemv_tuned_tiles" in r}
     if tuned:
         lines += ["", "GEMV tiles the sweep picked: `" + json.dumps(tuned) + "`"]
+    grouped = {n: r["a8_tuned_tiles"] for n, r in res["rows"].items() if "a8_tuned_tiles" in r}
+    if grouped:
+        lines += ["", "a8 tiles the sweep picked (fused_experts overrides): `" + json.dumps(grouped) + "`"]
     plan = res["picked"]["plan"]
     lines += ["", "As model/kernels/moe_fp8.py's table (`_GEMV_TILES`, `DECODE_PLAN`):", "", "```python"]
     lines += ["_GEMV_TILES = ("] + [f"    ({n}, {t})," for n, t in plan["gemv_tiles"]] + [")"]
@@ -220,6 +251,7 @@ def main(argv=None) -> None:
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--tokens", default="1,2,4,8,16,64")
     ap.add_argument("--tune", action="store_true", help="sweep the GEMVs' tiles at every N <= 8")
+    ap.add_argument("--tune-grouped", action="store_true", help="sweep the a8 path's tiles at every N above 8")
     ap.add_argument("--dry-run", action="store_true", help="CPU, Triton's interpreter, tiny shapes (plumbing only)")
     args = ap.parse_args(argv)
     tokens = [int(v) for v in args.tokens.split(",")]
@@ -236,7 +268,9 @@ def main(argv=None) -> None:
         ex = Experts(args.tp, cfg=cfg, device="cpu", dtype=torch.float32)
         kernels, timer = Kernels(triton=True, cpu_interpreter=True), Timer(False, 1)
         global GU_TILES, DN_TILES  # noqa: PLW0603 - one candidate each: the sweep's plumbing, not its breadth
+        global GROUPED_NK, GROUPED_WS  # noqa: PLW0603
         GU_TILES, DN_TILES = [(4, 64, 1, 3)], [(4, 64, 1, 3)]
+        GROUPED_NK, GROUPED_WS = [(32, 64)], [(4, 2)]
     else:
         ex = Experts(args.tp)
         kernels, timer = Kernels(triton=True, moe_experts=True), Timer(True, 50)
