@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from . import pdl
 from .selection import Kernels, interpreting
 from .step_plan import step_plan
 from .triton_import import tl, triton
@@ -28,12 +29,29 @@ _DOT_ROWS = 16  # tl.dot's smallest M: the rows padded to it
 
 
 if triton is not None:
+    from .pdl import release, wait
+
+    @triton.jit
+    def _gemv_acc(acc, w, x, M_PAD: tl.constexpr, DOT: tl.constexpr, UPCAST: tl.constexpr):
+        """acc plus one K chunk: x [M_PAD, BLOCK_K] times w [BLOCK_N, BLOCK_K]^T (the layouts of `_gemv_kernel`)."""
+        if DOT:
+            if UPCAST:  # Triton's CPU interpreter mis-multiplies bf16 operands: the same values in fp32
+                acc = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
+            else:
+                acc = tl.dot(x, tl.trans(w), acc)
+        elif M_PAD == 1:
+            acc += w.to(tl.float32) * x.to(tl.float32)
+        else:
+            acc += w.to(tl.float32)[None, :, :] * x.to(tl.float32)[:, None, :]
+        return acc
 
     @triton.jit(do_not_specialize=['M'])
     def _gemv_kernel(x_ptr, w_ptr, y_ptr, M, N, K, stride_x, stride_w, stride_y, M_PAD: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, DOT: tl.constexpr,
-                     UPCAST: tl.constexpr):
-        """y[m, n] = round(sum_k x[m, k] w[n, k]) for every row m < M and the BLOCK_N outputs of this program."""
+                     UPCAST: tl.constexpr, PDL: tl.constexpr):
+        """y[m, n] = round(sum_k x[m, k] w[n, k]) for every row m < M and the BLOCK_N outputs of this program.
+        PDL (pdl.py): the first K chunk of the weights is read before waiting for the kernel before."""
+        release(PDL)
         n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         m = tl.arange(0, M_PAD)
         k = tl.arange(0, BLOCK_K)
@@ -47,20 +65,17 @@ if triton is not None:
             acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
         else:
             acc = tl.zeros((M_PAD, BLOCK_N, BLOCK_K), tl.float32)
-        for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+        if PDL:  # chunk 0 (the same sum order as the loop's first step)
+            w = tl.load(w_rows + k[None, :], mask=nok[:, None] & (k < K)[None, :], other=0.0)
+            wait(PDL)
+            x = tl.load(x_rows + k[None, :], mask=mok[:, None] & (k < K)[None, :], other=0.0)
+            acc = _gemv_acc(acc, w, x, M_PAD, DOT, UPCAST)
+        for k0 in tl.range(BLOCK_K * PDL, K, BLOCK_K, num_stages=STAGES):
             kk = k0 + k
             kok = kk < K
             w = tl.load(w_rows + kk[None, :], mask=nok[:, None] & kok[None, :], other=0.0)
             x = tl.load(x_rows + kk[None, :], mask=mok[:, None] & kok[None, :], other=0.0)
-            if DOT:
-                if UPCAST:  # Triton's CPU interpreter mis-multiplies bf16 operands: the same values in fp32
-                    acc = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
-                else:
-                    acc = tl.dot(x, tl.trans(w), acc)
-            elif M_PAD == 1:
-                acc += w.to(tl.float32) * x.to(tl.float32)
-            else:
-                acc += w.to(tl.float32)[None, :, :] * x.to(tl.float32)[:, None, :]
+            acc = _gemv_acc(acc, w, x, M_PAD, DOT, UPCAST)
         if DOT:
             y = acc
         elif M_PAD == 1:
@@ -85,7 +100,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, tile: dict) -> torch.Tensor:
     y = torch.empty(m, n, device=x.device, dtype=x.dtype)
     _gemv_kernel[(triton.cdiv(n, tile["n"]),)](
         rows, weight, y, m, n, k, rows.stride(0), weight.stride(0), y.stride(0), M_PAD=m_pad, BLOCK_N=tile["n"],
-        BLOCK_K=tile["k"], STAGES=tile.get("stages", 1), DOT=dot, UPCAST=interpreting(), num_warps=tile["warps"])
+        BLOCK_K=tile["k"], STAGES=tile.get("stages", 1), DOT=dot, UPCAST=interpreting(), num_warps=tile["warps"],
+        **pdl.launch(x))
     return y.view(*x.shape[:-1], n)
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from . import pdl
 from .selection import Kernels
 from .step_plan import step_plan
 from .triton_import import tl, triton
@@ -31,11 +32,14 @@ MAX_DECODE_TOKENS = 16  # tokens per call these kernels are made for (the larges
 
 
 if triton is not None:
+    from .pdl import release, wait
 
     @triton.jit(do_not_specialize=['N'])
     def _router_logits_kernel(x_ptr, w_ptr, part_ptr, N, D, E, stride_x, stride_w,
-                              SPLITS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
-        """Split-K partial router logits: part[split, token, e] = fp32(x[token, chunk]) . fp32(W[e, chunk])."""
+                              SPLITS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+        """Split-K partial router logits: part[split, token, e] = fp32(x[token, chunk]) . fp32(W[e, chunk]). PDL
+        (pdl.py): the weights' first K chunk is read before waiting for the kernel before."""
+        release(PDL)
         tok = tl.program_id(0).to(tl.int64)
         e = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
         split = tl.program_id(2)
@@ -43,7 +47,14 @@ if triton is not None:
         chunk = tl.cdiv(D, SPLITS)
         k = tl.arange(0, BLOCK_K)
         acc = tl.zeros((BLOCK_E, BLOCK_K), tl.float32)
-        for k0 in range(split * chunk, tl.minimum(D, (split + 1) * chunk), BLOCK_K):
+        if PDL:  # the loop's first step, the same sum order
+            kk = split * chunk + k
+            kok = kk < tl.minimum(D, (split + 1) * chunk)
+            w = tl.load(w_ptr + e[:, None].to(tl.int64) * stride_w + kk[None, :], mask=ok[:, None] & kok[None, :],
+                        other=0.0).to(tl.float32)
+            wait(PDL)
+            acc += w * tl.load(x_ptr + tok * stride_x + kk, mask=kok, other=0.0).to(tl.float32)[None, :]
+        for k0 in range(split * chunk + BLOCK_K * PDL, tl.minimum(D, (split + 1) * chunk), BLOCK_K):
             kk = k0 + k
             kok = kk < tl.minimum(D, (split + 1) * chunk)
             x = tl.load(x_ptr + tok * stride_x + kk, mask=kok, other=0.0).to(tl.float32)
@@ -55,10 +66,12 @@ if triton is not None:
     @triton.jit(do_not_specialize=['N'])
     def _router_select_kernel(part_ptr, bias_ptr, ids_ptr, weights_ptr, N, scale, bias_stride,
                               E: tl.constexpr, GROUPS: tl.constexpr, TOPK_GROUP: tl.constexpr, TOPK: tl.constexpr,
-                              KP: tl.constexpr, SPLITS: tl.constexpr):
+                              KP: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr):
         """`moe.select_experts` for one token (after summing the split-K logits): sigmoid, +bias, top-2-sum
         group scores, the top groups, then top-k among their experts (first index on ties). The token's bias
-        row starts at bias_ptr + tok * bias_stride (0: one bias for all)."""
+        row starts at bias_ptr + tok * bias_stride (0: one bias for all). PDL (pdl.py): waits first."""
+        release(PDL)
+        wait(PDL)
         tok = tl.program_id(0).to(tl.int64)
         per: tl.constexpr = E // GROUPS
         grp = tl.arange(0, GROUPS)
@@ -119,14 +132,15 @@ def route(x: torch.Tensor, weight: torch.Tensor, expert_bias: torch.Tensor, top_
     plan = step_plan()
     splits, block_e = plan.router_splits, plan.router_block_e
     part = torch.empty(splits, n, e, device=x.device, dtype=torch.float32)
+    launch = pdl.launch(x)
     _router_logits_kernel[(n, triton.cdiv(e, block_e), splits)](
         x, weight, part, n, d, e, x.stride(0), weight.stride(0), SPLITS=splits, BLOCK_E=block_e,
-        BLOCK_K=min(256, triton.next_power_of_2(triton.cdiv(d, splits))), num_warps=4)
+        BLOCK_K=min(256, triton.next_power_of_2(triton.cdiv(d, splits))), num_warps=4, **launch)
     ids = torch.empty(n, top_k, device=x.device, dtype=torch.int64)
     weights = torch.empty(n, top_k, device=x.device, dtype=torch.float32)
     _router_select_kernel[(n,)](part, expert_bias, ids, weights, n, scale, 0, E=e, GROUPS=n_group,
                                 TOPK_GROUP=topk_group, TOPK=top_k, KP=triton.next_power_of_2(top_k), SPLITS=splits,
-                                num_warps=plan.select_warps)
+                                num_warps=plan.select_warps, **launch)
     return ids, weights
 
 
@@ -145,7 +159,7 @@ def select(logits: torch.Tensor, bias: torch.Tensor, top_k: int, n_group: int, t
     weights = torch.empty(n, top_k, device=logits.device, dtype=torch.float32)
     _router_select_kernel[(n,)](logits, bias, ids, weights, n, scale, e if bias.dim() == 2 else 0, E=e,
                                 GROUPS=n_group, TOPK_GROUP=topk_group, TOPK=top_k,
-                                KP=triton.next_power_of_2(top_k), SPLITS=1, num_warps=4)
+                                KP=triton.next_power_of_2(top_k), SPLITS=1, num_warps=4, PDL=False)
     return ids, weights
 
 

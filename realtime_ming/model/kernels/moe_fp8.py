@@ -28,6 +28,7 @@ import torch
 
 from dataclasses import dataclass, field
 
+from . import pdl
 from .moe_decode import MAX_DECODE_TOKENS, decode_fits
 from .moe_experts import align_pairs, rows_per_block
 from .selection import Kernels
@@ -110,17 +111,24 @@ def decode_plan() -> DecodePlan:
 
 if triton is not None:
     from .moe_experts import block_of_program
+    from .pdl import release, wait
 
     _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
     @triton.jit
-    def _rows_dot(x_row, g_rows, u_rows, nok, D, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr):
+    def _rows_dot(x_row, g_rows, u_rows, nok, D, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
+                  g0, u0, PEELED: tl.constexpr):
         """(x . g_n, x . u_n) in fp32 for the BLOCK_N weight rows at g_rows / u_rows ([BLOCK_N, 1] pointers). STAGES > 1
-        software-pipelines the loads (async copies STAGES - 1 chunks ahead: more bytes in flight per program)."""
+        software-pipelines the loads (async copies STAGES - 1 chunks ahead: more bytes in flight per program).
+        PEELED: g0 / u0 hold the rows' first K chunk, loaded before (`_decode_gate_up_kernel` with PDL)."""
         k = tl.arange(0, BLOCK_K)
         acc_g = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
         acc_u = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
-        for k0 in tl.range(0, D, BLOCK_K, num_stages=STAGES):
+        if PEELED:  # the loop's first step, the same sum order
+            x = tl.load(x_row + k, mask=k < D, other=0.0).to(tl.float32)[None, :]
+            acc_g += g0.to(tl.float32) * x
+            acc_u += u0.to(tl.float32) * x
+        for k0 in tl.range(BLOCK_K * PEELED, D, BLOCK_K, num_stages=STAGES):
             kk = k0 + k
             kok = kk < D
             x = tl.load(x_row + kk, mask=kok, other=0.0).to(tl.float32)[None, :]
@@ -130,11 +138,16 @@ if triton is not None:
         return tl.sum(acc_g, axis=1), tl.sum(acc_u, axis=1)
 
     @triton.jit
-    def _row_dot(a_row, w_rows, nok, reads, I, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr):
-        """a . w_n in fp32 over the first `reads` columns for the BLOCK_D weight rows at w_rows (STAGES: `_rows_dot`)."""
+    def _row_dot(a_row, w_rows, nok, reads, I, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
+                 w0, PEELED: tl.constexpr):
+        """a . w_n in fp32 over the first `reads` columns for the BLOCK_D weight rows at w_rows (STAGES, PEELED with
+        w0 the rows' first K chunk: `_rows_dot`)."""
         k = tl.arange(0, BLOCK_K)
         acc = tl.zeros((BLOCK_D, BLOCK_K), tl.float32)
-        for k0 in tl.range(0, reads, BLOCK_K, num_stages=STAGES):
+        if PEELED:  # the loop's first step (none where reads is 0: a zero act chunk adds +0)
+            a = tl.load(a_row + k, mask=(k < I) & (k < reads), other=0.0).to(tl.float32)
+            acc += w0.to(tl.float32) * a[None, :]
+        for k0 in tl.range(BLOCK_K * PEELED, reads, BLOCK_K, num_stages=STAGES):
             kk = k0 + k
             kok = kk < I
             a = tl.load(a_row + kk, mask=kok, other=0.0).to(tl.float32)
@@ -144,26 +157,38 @@ if triton is not None:
     @triton.jit
     def _decode_gate_up_kernel(x_ptr, ids_ptr, w_ptr, ws_ptr, sg_ptr, su_ptr, act_ptr, live_ptr, D, I, stride_x,
                                stride_we, stride_wn, stride_se, stride_s, TOPK: tl.constexpr, BLOCK_N: tl.constexpr,
-                               BLOCK_K: tl.constexpr, HAS_LIVE: tl.constexpr, STAGES: tl.constexpr):
+                               BLOCK_K: tl.constexpr, HAS_LIVE: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr):
         """act[pair, n] = round(silu(round(x.g_n))) * round(x.u_n) for pair = (token, slot); slot TOPK = the shared
-        expert (model dtype), the others fp8 rows times their scale. A padding token (live 0) is skipped."""
+        expert (model dtype), the others fp8 rows times their scale. A padding token (live 0) is skipped. PDL
+        (pdl.py): the shared expert's programs read its first K chunk before waiting for the kernel before (a
+        routed expert's programs cannot: the expert ids are that kernel's output)."""
+        release(PDL)
         pair = tl.program_id(0).to(tl.int64)
         tok = pair // (TOPK + 1)
         slot = pair % (TOPK + 1)
+        n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        nok = n < I
+        rows = n[:, None].to(tl.int64) * stride_s
+        g0 = None
+        u0 = None
+        if PDL:
+            k = tl.arange(0, BLOCK_K)
+            wm = (nok & (slot == TOPK))[:, None] & (k < D)[None, :]
+            g0 = tl.load(sg_ptr + rows + k[None, :], mask=wm, other=0.0)
+            u0 = tl.load(su_ptr + rows + k[None, :], mask=wm, other=0.0)
+        wait(PDL)
         if HAS_LIVE:
             if tl.load(live_ptr + tok) == 0:
                 return
-        n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-        nok = n < I
         x_row = x_ptr + tok * stride_x
         if slot == TOPK:
-            rows = n[:, None].to(tl.int64) * stride_s
-            g, u = _rows_dot(x_row, sg_ptr + rows, su_ptr + rows, nok, D, BLOCK_N, BLOCK_K, STAGES)
+            g, u = _rows_dot(x_row, sg_ptr + rows, su_ptr + rows, nok, D, BLOCK_N, BLOCK_K, STAGES, g0, u0, PDL)
         else:
             e = tl.load(ids_ptr + tok * TOPK + slot).to(tl.int64)
             base = w_ptr + e * stride_we
             g, u = _rows_dot(x_row, base + n[:, None].to(tl.int64) * stride_wn,
-                             base + (I + n[:, None]).to(tl.int64) * stride_wn, nok, D, BLOCK_N, BLOCK_K, STAGES)
+                             base + (I + n[:, None]).to(tl.int64) * stride_wn, nok, D, BLOCK_N, BLOCK_K, STAGES, None,
+                             None, False)
             g = g * tl.load(ws_ptr + e * stride_se + n, mask=nok, other=0.0)
             u = u * tl.load(ws_ptr + e * stride_se + I + n, mask=nok, other=0.0)
         ty = act_ptr.dtype.element_ty
@@ -173,37 +198,39 @@ if triton is not None:
         tl.store(act_ptr + pair * I + n, a.to(ty), mask=nok)
 
     @triton.jit
-    def _down_program(live_ptr, D, I, BLOCK_D: tl.constexpr, HAS_LIVE: tl.constexpr):
-        """A down GEMV program's token, its BLOCK_D output rows (and which exist), and the act columns it reads:
-        none for a padding token (live 0: its output is 0)."""
-        tok = tl.program_id(0).to(tl.int64)
-        n = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    def _down_reads(live_ptr, tok, I, HAS_LIVE: tl.constexpr):
+        """The act columns a down GEMV program reads: none for a padding token (live 0: its output is 0)."""
         reads = I
         if HAS_LIVE:
             reads = tl.where(tl.load(live_ptr + tok) != 0, I, 0)
-        return tok, n, n < D, reads
+        return reads
 
     @triton.jit
     def _decode_down_kernel(act_ptr, ids_ptr, wts_ptr, w_ptr, ws_ptr, sd_ptr, out_ptr, live_ptr, D, I, stride_we,
                             stride_wn, stride_se, stride_s, stride_o, TOPK: tl.constexpr, BLOCK_D: tl.constexpr,
-                            BLOCK_K: tl.constexpr, HAS_LIVE: tl.constexpr, STAGES: tl.constexpr):
+                            BLOCK_K: tl.constexpr, HAS_LIVE: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr):
         """out[token, n] = round(round(sum_k w_k round(s_e[n] act_k . Wd_e[n])) + round(act_s . Wd_shared[n])); 0 for
-        a token with live[token] == 0 (nothing read)."""
-        tok, n, nok, reads = _down_program(live_ptr, D, I, BLOCK_D, HAS_LIVE)
+        a token with live[token] == 0 (nothing read). PDL (pdl.py): waits first."""
+        release(PDL)
+        wait(PDL)
+        tok = tl.program_id(0).to(tl.int64)
+        n = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+        nok = n < D
+        reads = _down_reads(live_ptr, tok, I, HAS_LIVE)
         ty = out_ptr.dtype.element_ty
         rows = n[:, None].to(tl.int64)
         routed = tl.zeros((BLOCK_D,), tl.float32)
         for slot in tl.static_range(TOPK):
             e = tl.load(ids_ptr + tok * TOPK + slot).to(tl.int64)
             y = _row_dot(act_ptr + (tok * (TOPK + 1) + slot) * I, w_ptr + e * stride_we + rows * stride_wn, nok, reads,
-                         I, BLOCK_D, BLOCK_K, STAGES)
+                         I, BLOCK_D, BLOCK_K, STAGES, None, False)
             ws = tl.load(ws_ptr + e * stride_se + n, mask=nok, other=0.0)
             if HAS_LIVE:  # a padding token's output is 0 whatever its experts' scales hold
                 ws = tl.where(reads > 0, ws, 0.0)
             y = y * ws
             routed += y.to(ty).to(tl.float32) * tl.load(wts_ptr + tok * TOPK + slot)
         shared = _row_dot(act_ptr + (tok * (TOPK + 1) + TOPK) * I, sd_ptr + rows * stride_s, nok, reads, I, BLOCK_D,
-                          BLOCK_K, STAGES)
+                          BLOCK_K, STAGES, None, False)
         out = routed.to(ty).to(tl.float32) + shared.to(ty).to(tl.float32)
         tl.store(out_ptr + tok * stride_o + n, out.to(ty), mask=nok)
 
@@ -211,11 +238,25 @@ if triton is not None:
     def _decode_down_all_kernel(act_ptr, ids_ptr, wts_ptr, w_ptr, ws_ptr, sd_ptr, out_ptr, live_ptr, D, I, stride_we,
                                 stride_wn, stride_se, stride_s, stride_o, TOPK: tl.constexpr, TOPK_P: tl.constexpr,
                                 BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, HAS_LIVE: tl.constexpr,
-                                STAGES: tl.constexpr):
+                                STAGES: tl.constexpr, PDL: tl.constexpr):
         """`_decode_down_kernel` with the token's TOPK experts read together: one [TOPK_P, BLOCK_D, BLOCK_K] tile a K
         step (TOPK times the bytes in flight of one expert's, one pipelined loop instead of TOPK short ones); each
-        expert's dot rounded where the one-expert kernel rounds, the weighted fp32 sum over experts in a tree."""
-        tok, n, nok, reads = _down_program(live_ptr, D, I, BLOCK_D, HAS_LIVE)
+        expert's dot rounded where the one-expert kernel rounds, the weighted fp32 sum over experts in a tree.
+        PDL (pdl.py): the shared expert's first K chunk is read before waiting for the kernel before, and its dot
+        done first (the same bits: the two sums are independent until added)."""
+        release(PDL)
+        tok = tl.program_id(0).to(tl.int64)
+        n = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+        nok = n < D
+        k = tl.arange(0, BLOCK_K)
+        s_rows = sd_ptr + n[:, None].to(tl.int64) * stride_s
+        s_act = act_ptr + (tok * (TOPK + 1) + TOPK) * I
+        if PDL:
+            s0 = tl.load(s_rows + k[None, :], mask=nok[:, None] & (k < I)[None, :], other=0.0)
+        wait(PDL)
+        reads = _down_reads(live_ptr, tok, I, HAS_LIVE)
+        if PDL:
+            shared = _row_dot(s_act, s_rows, nok, reads, I, BLOCK_D, BLOCK_K, STAGES, s0, True)
         ty = out_ptr.dtype.element_ty
         slot = tl.arange(0, TOPK_P)
         sok = slot < TOPK
@@ -223,7 +264,6 @@ if triton is not None:
         w_rows = w_ptr + e[:, None, None] * stride_we + n[None, :, None].to(tl.int64) * stride_wn
         a_rows = act_ptr + (tok * (TOPK + 1) + slot[:, None]) * I
         wm = sok[:, None, None] & nok[None, :, None]
-        k = tl.arange(0, BLOCK_K)
         acc = tl.zeros((TOPK_P, BLOCK_D, BLOCK_K), tl.float32)
         for k0 in tl.range(0, reads, BLOCK_K, num_stages=STAGES):
             kk = k0 + k
@@ -236,8 +276,8 @@ if triton is not None:
             ws = tl.where(reads > 0, ws, 0.0)
         y = (tl.sum(acc, axis=2) * ws).to(ty).to(tl.float32)
         routed = tl.sum(y * tl.load(wts_ptr + tok * TOPK + slot, mask=sok, other=0.0)[:, None], axis=0)
-        shared = _row_dot(act_ptr + (tok * (TOPK + 1) + TOPK) * I, sd_ptr + n[:, None].to(tl.int64) * stride_s, nok,
-                          reads, I, BLOCK_D, BLOCK_K, STAGES)
+        if not PDL:
+            shared = _row_dot(s_act, s_rows, nok, reads, I, BLOCK_D, BLOCK_K, STAGES, None, False)
         out = routed.to(ty).to(tl.float32) + shared.to(ty).to(tl.float32)
         tl.store(out_ptr + tok * stride_o + n, out.to(ty), mask=nok)
 
@@ -380,10 +420,12 @@ def moe_decode(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w_gate
     live = live.contiguous() if has_live else x  # an unread pointer when every token is live
     ids = ids.contiguous()
     gate_up_scale, down_scale = gate_up_scale.contiguous(), down_scale.contiguous()
+    launch = pdl.launch(x)
     _decode_gate_up_kernel[(n * (k + 1), triton.cdiv(inter, t["gu_n"]))](
         x, ids, w_gate_up, gate_up_scale, shared_gate, shared_up, act, live, d, inter, x.stride(0),
         w_gate_up.stride(0), w_gate_up.stride(1), gate_up_scale.stride(0), shared_gate.stride(0), TOPK=k,
-        BLOCK_N=t["gu_n"], BLOCK_K=t["gu_k"], HAS_LIVE=has_live, STAGES=t.get("gu_stages", 1), num_warps=t["gu_warps"])
+        BLOCK_N=t["gu_n"], BLOCK_K=t["gu_k"], HAS_LIVE=has_live, STAGES=t.get("gu_stages", 1), num_warps=t["gu_warps"],
+        **launch)
     out = torch.empty(n, d, device=x.device, dtype=x.dtype)
     together = bool(t.get("dn_all"))  # the token's experts in one tile (`_decode_down_all_kernel`)
     down = _decode_down_all_kernel if together else _decode_down_kernel
@@ -392,7 +434,7 @@ def moe_decode(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w_gate
         act, ids, weights.float().contiguous(), w_down, down_scale, shared_down, out, live, d, inter,
         w_down.stride(0), w_down.stride(1), down_scale.stride(0), shared_down.stride(0), out.stride(0), TOPK=k,
         BLOCK_D=t["dn_d"], BLOCK_K=min(t["dn_k"], triton.next_power_of_2(inter)), HAS_LIVE=has_live,
-        STAGES=t.get("dn_stages", 1), num_warps=t["dn_warps"], **extra)
+        STAGES=t.get("dn_stages", 1), num_warps=t["dn_warps"], **extra, **launch)
     return out
 
 

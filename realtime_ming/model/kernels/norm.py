@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from . import pdl
 from .selection import Kernels
 from .triton_import import tl, triton
 
@@ -29,12 +30,15 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tor
 
 
 if triton is not None:
+    from .pdl import release, wait
 
     @triton.jit(do_not_specialize=['m'])
     def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, m, n, eps, stride_x, stride_r, stride_y, stride_s,
-                         HAS_RES: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+                         HAS_RES: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
         """y = w * round(s * rsqrt(mean(s^2) + eps)) with s = round(x + r) (or x) for ROWS rows; s stored
-        when HAS_RES."""
+        when HAS_RES. PDL (pdl.py): waits first."""
+        release(PDL)
+        wait(PDL)
         row = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)[:, None]
         offs = tl.arange(0, BLOCK)[None, :]
         ok = (row < m) & (offs < n)
@@ -68,7 +72,8 @@ def _norm_launch(x: torch.Tensor, r: torch.Tensor | None, weight: torch.Tensor, 
     m = xs.shape[0]
     _rms_norm_kernel[(triton.cdiv(m, rows),)](xs, rs, weight, y, s, m, n, eps, xs.stride(0), rs.stride(0),
                                               y.stride(0), s.stride(0), HAS_RES=r is not None, ROWS=rows,
-                                              BLOCK=block, num_warps=4 if block * rows <= 2048 else 8)
+                                              BLOCK=block, num_warps=4 if block * rows <= 2048 else 8,
+                                              **pdl.launch(xs))
     return y.view(x.shape), s.view(x.shape)
 
 

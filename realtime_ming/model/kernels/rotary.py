@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from . import pdl
 from .norm import rms_norm_reference
 from .selection import Kernels
 from .step_plan import step_plan
@@ -49,6 +50,7 @@ class RotaryStyle:
 
 
 if triton is not None:
+    from .pdl import release, wait
 
     @triton.jit(do_not_specialize=['T'])
     def _head_rotary_kernel(qkv_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, q_ptr, k_ptr, v_ptr, rows_ptr, idx_ptr,
@@ -57,10 +59,12 @@ if triton is not None:
                             sq_b, sq_h, sq_t, sk_r, sk_h, sk_s,
                             HD: tl.constexpr, RD: tl.constexpr, BLOCK: tl.constexpr, HEADS: tl.constexpr,
                             INTERLEAVED: tl.constexpr, ROUND_EACH: tl.constexpr, QK_NORM: tl.constexpr,
-                            HAS_ROWS: tl.constexpr, HAS_IDX: tl.constexpr):
+                            HAS_ROWS: tl.constexpr, HAS_IDX: tl.constexpr, PDL: tl.constexpr):
         """One token's HEADS heads from head HEADS * program_id(1) on: norm (optional) and rotate the first RD dims
         of query and key heads, copy the value heads of its key heads. Head j < H is a query head, H <= j < H + KV
-        a key head (the rows of the [HEADS, BLOCK] tile)."""
+        a key head (the rows of the [HEADS, BLOCK] tile). PDL (pdl.py): waits first."""
+        release(PDL)
+        wait(PDL)
         tok = tl.program_id(0).to(tl.int64)
         b = tok // T
         t = tok % T
@@ -180,7 +184,7 @@ def head_rotary(qkv: torch.Tensor, heads: int, kv_heads: int, head_dim: int, cos
         q.stride(0), q.stride(1), q.stride(2), k_out.stride(0), k_out.stride(1), k_out.stride(2),
         HD=head_dim, RD=rd, BLOCK=triton.next_power_of_2(head_dim), HEADS=per,
         INTERLEAVED=bool(interleaved), ROUND_EACH=bool(round_each), QK_NORM=norm, HAS_ROWS=rows is not None,
-        HAS_IDX=index is not None, num_warps=4)
+        HAS_IDX=index is not None, num_warps=4, **pdl.launch(qkv))
     return (q, k_out, v_out) if returned else (q, None, None)
 
 

@@ -16,6 +16,7 @@ import math
 
 import torch
 
+from . import pdl
 from .sdpa import attention_any_length
 from .selection import Kernels, interpreting
 from .triton_import import tl, triton
@@ -27,6 +28,7 @@ _SPLITS = 16  # sequence splits of decode attention (programs = rows x kv heads 
 
 
 if triton is not None:
+    from .pdl import release, wait
 
     @triton.jit
     def _attend_keys(q, m, l, acc, k_ptr, v_ptr, base, n, ok, visible, sk_s, d, scale,
@@ -53,10 +55,12 @@ if triton is not None:
     def _attn_split_kernel(q_ptr, k_ptr, v_ptr, slots_ptr, len_ptr, acc_ptr, ml_ptr, scale,
                            sq_b, sq_h, sk_r, sk_h, sk_s,
                            G: tl.constexpr, GP: tl.constexpr, HD: tl.constexpr, SPLITS: tl.constexpr,
-                           BLOCK_N: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr):
+                           BLOCK_N: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr):
         """Partial attention of the G query heads of kv head `kvh` over one split of the row's keys.
 
-        UPCAST: dot in fp32 (Triton's CPU interpreter mis-multiplies bf16 operands)."""
+        UPCAST: dot in fp32 (Triton's CPU interpreter mis-multiplies bf16 operands). PDL (pdl.py): waits first."""
+        release(PDL)
+        wait(PDL)
         b = tl.program_id(0)
         kvh = tl.program_id(1)
         split = tl.program_id(2)
@@ -87,8 +91,12 @@ if triton is not None:
 
     @triton.jit
     def _attn_combine_kernel(acc_ptr, ml_ptr, out_ptr, so_b, so_h,
-                             G: tl.constexpr, GP: tl.constexpr, HD: tl.constexpr, SPLITS: tl.constexpr):
-        """out[b, h] = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s over the splits of one head."""
+                             G: tl.constexpr, GP: tl.constexpr, HD: tl.constexpr, SPLITS: tl.constexpr,
+                             PDL: tl.constexpr):
+        """out[b, h] = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s over the splits of one head. PDL: waits
+        first."""
+        release(PDL)
+        wait(PDL)
         b = tl.program_id(0)
         h = tl.program_id(1)
         n_kv = tl.num_programs(1) // G
@@ -124,16 +132,17 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if not kernels.applies(q) or t != 1 or h % kv or hd & (hd - 1) or k_cache.stride(-1) != 1:
         return decode_attention_reference(q, k_cache, v_cache, slots, lengths)
     gp = max(16, triton.next_power_of_2(g))
+    launch = pdl.launch(q)
     acc = torch.empty(b * kv * _SPLITS * gp, hd, device=q.device, dtype=torch.float32)
     ml = torch.empty(b * kv * _SPLITS * gp, 2, device=q.device, dtype=torch.float32)
     _attn_split_kernel[(b, kv, _SPLITS)](q, k_cache, v_cache, slots, lengths, acc, ml, 1.0 / math.sqrt(hd),
                                          q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
                                          k_cache.stride(2), G=g, GP=gp, HD=hd, SPLITS=_SPLITS, BLOCK_N=32,
                                          PREC="ieee" if q.dtype == torch.float32 else "tf32",
-                                         UPCAST=interpreting(), num_warps=4)
+                                         UPCAST=interpreting(), num_warps=4, **launch)
     out = torch.empty(b, h, 1, hd, device=q.device, dtype=q.dtype)
     _attn_combine_kernel[(b, h)](acc, ml, out, out.stride(0), out.stride(1), G=g, GP=gp, HD=hd, SPLITS=_SPLITS,
-                                 num_warps=1)
+                                 num_warps=1, **launch)
     return out
 
 

@@ -10,6 +10,8 @@
 * `rotary_heads`: heads a program of `rotary.head_rotary` (0: every head of a token in one program).
 * `router_splits` / `router_block_e`: the router logits' split-K and experts a program; `select_warps`: the
   warps of the one-program-a-token expert selection (1: its reductions stay within a warp).
+* `pdl`: the decode step's Triton kernels launch with programmatic dependent launch (`pdl.py`: each one's weight
+  loads and launch overlap the kernel before; Hopper and later, else ignored).
 
 Every choice changes only how the work is split, never what is computed: the rotary and the selection give the
 same bits whatever the plan (the selection's renormalising sum over the top-k may differ in its last bit); the
@@ -34,6 +36,7 @@ class StepPlan:
     router_splits: int = 16
     router_block_e: int = 32
     select_warps: int = 4
+    pdl: bool = False
 
     def __post_init__(self) -> None:
         bounds = [b for b, _ in self.gemv]
@@ -47,6 +50,8 @@ class StepPlan:
             v = getattr(self, name)
             if v < (0 if name == "rotary_heads" else 1) or v & (v - 1) and name != "router_splits":
                 raise ValueError(f"{name} must be a power of two (rotary_heads may be 0), got {v}")
+        if not isinstance(self.pdl, bool):
+            raise ValueError(f"pdl must be true or false, got {self.pdl!r}")
 
     def gemv_tile(self, rows: int, n: int, k: int) -> dict | None:
         """The GEMV tile of an N x K projection at `rows` rows, or None: cuBLAS."""
@@ -105,11 +110,11 @@ def step_plan() -> StepPlan:
 def to_json(plan: StepPlan) -> dict:
     return {"gemv": [[b, dict(t)] for b, t in plan.gemv], "rotary_heads": plan.rotary_heads,
             "router_splits": plan.router_splits, "router_block_e": plan.router_block_e,
-            "select_warps": plan.select_warps}
+            "select_warps": plan.select_warps, "pdl": plan.pdl}
 
 
 def from_json(data: dict) -> StepPlan:
-    unknown = set(data) - {"gemv", "rotary_heads", "router_splits", "router_block_e", "select_warps"}
+    unknown = set(data) - {"gemv", "rotary_heads", "router_splits", "router_block_e", "select_warps", "pdl"}
     if unknown:
         raise ValueError(f"unknown step plan keys {sorted(unknown)}")
     default = StepPlan()
@@ -117,4 +122,5 @@ def from_json(data: dict) -> StepPlan:
                     rotary_heads=int(data.get("rotary_heads", default.rotary_heads)),
                     router_splits=int(data.get("router_splits", default.router_splits)),
                     router_block_e=int(data.get("router_block_e", default.router_block_e)),
-                    select_warps=int(data.get("select_warps", default.select_warps)))
+                    select_warps=int(data.get("select_warps", default.select_warps)),
+                    pdl=data.get("pdl", default.pdl))
