@@ -2,13 +2,15 @@
 
     python -m bench.fp8_step_ab --out DIR --plans base,shipped,DIR/fp8_plan.json [--batches 1,16,64] [--profile 1]
     python -m bench.fp8_step_ab --out DIR --plans shipped,shipped+step=DIR/step_plan.json   # + a step plan
+    python -m bench.fp8_step_ab --out DIR --plans shipped,shipped+pdl --rounds 3     # PDL off / on, in turn x 3
     python -m bench.fp8_step_ab --out DIR --plans base,shipped --dry-run      # CPU, tiny preset: plumbing only
 
 tp_bench.py's method (its builder, step, timing and bytes floor: `tp_bench.py --tp 1 --expert-dtype fp8
 --stages decode,floor`, dummy weights, every row its own slot at a different length), with the thinker built once
-and, per plan (bench/fp8_variants.py: base, shipped or a JSON plan), the decode plan put in force, the buckets
-captured again and timed; `--profile` buckets also run under torch.profiler (bench/step_profile.py: where the
-step's time goes). Writes DIR/fp8_step_ab.{json,md}; prints the compact table.
+and, per plan (bench/fp8_variants.py: base, shipped or a JSON plan, `+pdl`), the decode plan put in force, the
+buckets captured again and timed (`--rounds`: the plans in turn that many times, each batch's median reported);
+`--profile` buckets also run under torch.profiler (bench/step_profile.py: where the step's time goes). Writes
+DIR/fp8_step_ab.{json,md}; prints the compact table.
 """
 
 from __future__ import annotations
@@ -64,45 +66,54 @@ def run_plans(args, plans: list[str], profile: list[int], log, res: dict) -> dic
     report = Report(Path(args.out), {}, enabled=False)
     bench = tp_bench.Bench(thinker, cache, args, device, dtype, report)
     with torch.no_grad():
-        for spec in plans:
-            plan = fp8_variants.apply(spec)
-            row: dict = {"plan": fp8_variants.to_json(plan), "step_plan": step_plan.to_json(step_plan.step_plan()),
-                         "decode": {}, "profile": {}}
-            res["plans"][spec] = row
-            graph = BucketedGraph(bench.step, tp_bench._decode_specs(max(args.batches)), args.batches, device=device,
-                                  enforce_eager=not args.graphs)
-            t = time.perf_counter()
-            graph.capture()
-            row["capture_s"] = round(time.perf_counter() - t, 1)
-            for batch in args.batches:
-                ms = tp_bench._time_decode(graph.step, batch, args, device, args.steps)
-                row["decode"][batch] = {"graph_ms": ms, "tok_s_per_stream": 1e3 / ms, "tok_s_aggregate": batch * 1e3 / ms,
-                                        "paths": plan.path(batch)}
-                log(f"{spec} B={batch}: {ms:.3f} ms a step ({plan.path(batch)}), {1e3 / ms:.1f} tok/s per stream")
-            row["greedy_b1"] = _greedy(graph.step, 1, args, device)
-            graph.release()
-            for batch in profile:
-                one = BucketedGraph(bench.step, tp_bench._decode_specs(batch), (batch,), device=device,
-                                    enforce_eager=not args.graphs)
-                one.capture()
-                slots = torch.arange(batch, device=device)
-                pos = (args.prompt_tokens + args.audio_tokens + tp_bench.ROW_STRIDE * slots)[:, None]
-                tok = torch.randint(0, 1000, (batch, 1), device=device)
-                row["profile"][batch] = step_profile.kernel_profile(lambda: one.step(tok=tok, pos=pos, slots=slots))
-                log(f"{spec} profile B={batch}: " + step_profile.markdown(row["profile"][batch])[0])
-                one.release()
-                if device.type == "cuda" and not row["profile"][batch]["launches_per_step"]:
-                    # no kernel recorded inside the graph replays (a profiler without graph-kernel tracing): the
-                    # same step eager, where every launch is recorded (its wall time includes the host's launches)
-                    row["profile"][f"{batch} eager"] = step_profile.kernel_profile(lambda: bench.step(tok, pos, slots))
-                    log(f"{spec} profile B={batch} eager: " + step_profile.markdown(row["profile"][f"{batch} eager"])[0])
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-            _save(Path(args.out), res)
+        for rnd in range(args.rounds):  # the plans in turn, `rounds` times: a drift of the GPU hits every plan alike
+            for spec in plans:
+                _measure(spec, rnd, bench, args, device, profile if rnd == 0 else [], log, res)
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+                _save(Path(args.out), res)
         bench.floor()
     res["floor"] = report.data.get("floor", {})
     _save(Path(args.out), res)
     return res
+
+
+def _measure(spec: str, rnd: int, bench, args, device, profile: list[int], log, res: dict) -> None:
+    """One round of plan SPEC: put it in force, capture the buckets, time each batch (its `graph_ms`: the median over
+    the rounds so far); in round 0 also row 0's greedy tokens and the `profile` batches under the profiler."""
+    plan = fp8_variants.apply(spec)
+    row = res["plans"].setdefault(spec, {"plan": fp8_variants.to_json(plan), "decode": {}, "profile": {},
+                                         "step_plan": step_plan.to_json(step_plan.step_plan())})
+    graph = BucketedGraph(bench.step, tp_bench._decode_specs(max(args.batches)), args.batches, device=device,
+                          enforce_eager=not args.graphs)
+    t = time.perf_counter()
+    graph.capture()
+    row.setdefault("capture_s", round(time.perf_counter() - t, 1))
+    for batch in args.batches:
+        ms = tp_bench._time_decode(graph.step, batch, args, device, args.steps)
+        d = row["decode"].setdefault(batch, {"rounds_ms": [], "paths": plan.path(batch)})
+        d["rounds_ms"].append(ms)
+        d["graph_ms"] = tp_bench._median(d["rounds_ms"])
+        d.update(tok_s_per_stream=1e3 / d["graph_ms"], tok_s_aggregate=batch * 1e3 / d["graph_ms"])
+        log(f"{spec} round {rnd} B={batch}: {ms:.3f} ms a step ({plan.path(batch)}), {1e3 / ms:.1f} tok/s per stream")
+    if rnd == 0:
+        row["greedy_b1"] = _greedy(graph.step, 1, args, device)
+    graph.release()
+    for batch in profile:
+        one = BucketedGraph(bench.step, tp_bench._decode_specs(batch), (batch,), device=device,
+                            enforce_eager=not args.graphs)
+        one.capture()
+        slots = torch.arange(batch, device=device)
+        pos = (args.prompt_tokens + args.audio_tokens + tp_bench.ROW_STRIDE * slots)[:, None]
+        tok = torch.randint(0, 1000, (batch, 1), device=device)
+        row["profile"][batch] = step_profile.kernel_profile(lambda: one.step(tok=tok, pos=pos, slots=slots))
+        log(f"{spec} profile B={batch}: " + step_profile.markdown(row["profile"][batch])[0])
+        one.release()
+        if device.type == "cuda" and not row["profile"][batch]["launches_per_step"]:
+            # no kernel recorded inside the graph replays (a profiler without graph-kernel tracing): the same step
+            # eager, where every launch is recorded (its wall time includes the host's launches)
+            row["profile"][f"{batch} eager"] = step_profile.kernel_profile(lambda: bench.step(tok, pos, slots))
+            log(f"{spec} profile B={batch} eager: " + step_profile.markdown(row["profile"][f"{batch} eager"])[0])
 
 
 def _name(spec: str) -> str:
@@ -112,14 +123,15 @@ def _name(spec: str) -> str:
 
 def markdown(res: dict) -> str:
     base = next(iter(res["plans"].values()), {}).get("decode", {})
-    lines = ["| plan | B | path | graph ms | tok/s per stream | tok/s aggregate | vs first plan | bytes floor ms |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| plan | B | path | graph ms (median) | rounds ms | tok/s per stream | tok/s aggregate | vs first plan "
+             "| bytes floor ms |", "|---|---|---|---|---|---|---|---|---|"]
     for spec, row in res["plans"].items():
         for b, d in row["decode"].items():
             floor = (res["floor"].get(b) or res["floor"].get(str(b)) or {}).get("floor_ms")
             ref = (base.get(b) or {}).get("graph_ms")
-            lines.append(f"| {_name(spec)} | {b} | {d['paths']} | {d['graph_ms']:.3f} | {d['tok_s_per_stream']:.1f} | "
-                         f"{d['tok_s_aggregate']:.0f} | {ref / d['graph_ms']:.2f}x | "
+            rounds = " ".join(f"{ms:.3f}" for ms in d.get("rounds_ms", ()))
+            lines.append(f"| {_name(spec)} | {b} | {d['paths']} | {d['graph_ms']:.3f} | {rounds} | "
+                         f"{d['tok_s_per_stream']:.1f} | {d['tok_s_aggregate']:.0f} | {ref / d['graph_ms']:.2f}x | "
                          f"{'—' if floor is None else f'{floor:.2f}'} |")
     lines += ["", "Row 0's first 8 greedy tokens at B=1 per plan: "
               + "; ".join(f"{_name(s)} {r.get('greedy_b1')}" for s, r in res["plans"].items())]
@@ -139,6 +151,8 @@ def main(argv=None) -> None:
     ap.add_argument("--kv-len", type=int, default=4096)
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=1, help="times each plan is captured and timed, the plans in turn "
+                    "(graph ms: the median over the rounds)")
     ap.add_argument("--dry-run", action="store_true", help="CPU, tiny preset, eager: plumbing only")
     a = ap.parse_args(argv)
     plans = [p for p in a.plans.split(",") if p]
@@ -149,6 +163,7 @@ def main(argv=None) -> None:
     if a.dry_run:
         targs += ["--device", "cpu", "--preset", "tiny"]
     args = tp_bench._parse(targs)
+    args.rounds = max(1, a.rounds)
     profile = [int(b) for b in a.profile.split(",") if b]
     t0 = time.time()
 

@@ -5,12 +5,15 @@ the bf16 GEMVs' tiles, the a8 activations quantised by PyTorch's ops), `shipped`
 model/kernels/moe_fp8.py), or the path of a JSON plan (`bench/fp8_decode_bench.py` writes the one its measurements
 pick: DIR/fp8_plan.json). `SPEC+step=PATH` also puts a step plan in force (model/kernels/step_plan.py: the dense
 GEMV's tiles, the rotary's and router's launch shapes; bench/decode_step_bench.py writes the one it picks); without
-it the shipped step plan. Benchmarks only: the engine has no setting for either.
+it the shipped step plan. A trailing `+pdl` turns the step plan's `pdl` on (the decode kernels launched with
+programmatic dependent launch: model/kernels/pdl.py), e.g. `shipped+pdl`, `shipped+step=PATH+pdl`. Benchmarks only:
+the engine has no setting for either.
 """
 
 from __future__ import annotations
 
 import json
+import dataclasses
 from pathlib import Path
 
 from realtime_ming.model.kernels import moe_fp8, step_plan
@@ -37,20 +40,27 @@ def from_json(data: dict) -> moe_fp8.DecodePlan:
                               grouped=dict(data.get("grouped") or {}))
 
 
+_PDL = "+pdl"
+
+
 def load_step(spec: str) -> step_plan.StepPlan:
-    """The step plan SPEC names: its `+step=PATH` JSON file, else the shipped one."""
+    """The step plan SPEC names: its `+step=PATH` JSON file, else the shipped one; `pdl` on with a trailing `+pdl`."""
+    pdl = spec.endswith(_PDL)
+    spec = spec.removesuffix(_PDL)
     if "+step=" not in spec:
-        return SHIPPED_STEP
-    path = Path(spec.split("+step=", 1)[1])
-    if not path.is_file():
-        raise ValueError(f"step plan {str(path)!r}: not a JSON file")
-    return step_plan.from_json(json.loads(path.read_text()))
+        plan = SHIPPED_STEP
+    else:
+        path = Path(spec.split("+step=", 1)[1])
+        if not path.is_file():
+            raise ValueError(f"step plan {str(path)!r}: not a JSON file")
+        plan = step_plan.from_json(json.loads(path.read_text()))
+    return dataclasses.replace(plan, pdl=True) if pdl else plan
 
 
 def load(spec: str) -> moe_fp8.DecodePlan:
-    """The FP8 plan SPEC names (see the module docstring; its `+step=` part checked too)."""
+    """The FP8 plan SPEC names (see the module docstring; its `+step=` and `+pdl` parts checked too)."""
     load_step(spec)
-    spec = spec.split("+step=", 1)[0]
+    spec = spec.removesuffix(_PDL).split("+step=", 1)[0]
     if spec == "base":
         return BASE
     if spec == "shipped":

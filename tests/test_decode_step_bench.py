@@ -4,6 +4,7 @@ tier) the whole kit's dry run: Triton's interpreter, tiny shapes, every step wri
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -62,7 +63,8 @@ def test_fp8_plan_takes_a_down_tile_only_where_it_wins():
 
 
 def test_plan_specs_with_a_step_plan(tmp_path):
-    """`SPEC+step=PATH` puts both plans in force; without it the shipped step plan; a missing file is refused."""
+    """`SPEC+step=PATH` puts both plans in force; without it the shipped step plan; a missing file is refused; a
+    trailing `+pdl` turns the step plan's PDL on."""
     path = tmp_path / "step_plan.json"
     mine = StepPlan(gemv=((1, {"*": TILE}),), rotary_heads=4, select_warps=1)
     path.write_text(json.dumps(step_plan.to_json(mine)))
@@ -73,6 +75,13 @@ def test_plan_specs_with_a_step_plan(tmp_path):
         assert step_plan.STEP_PLAN is fp8_variants.SHIPPED_STEP
         with pytest.raises(ValueError, match="not a JSON file"):
             fp8_variants.load(f"shipped+step={tmp_path / 'nope.json'}")
+        # a trailing +pdl: the same plans with the step plan's PDL on
+        assert fp8_variants.apply("shipped+pdl") is fp8_variants.SHIPPED
+        assert step_plan.STEP_PLAN == dataclasses.replace(fp8_variants.SHIPPED_STEP, pdl=True)
+        fp8_variants.apply(f"base+step={path}+pdl")
+        assert step_plan.STEP_PLAN == dataclasses.replace(mine, pdl=True) and not fp8_variants.SHIPPED_STEP.pdl
+        with pytest.raises(ValueError, match="not base, shipped"):
+            fp8_variants.load("shipped+pdl+pdl")
     finally:
         moe_fp8.DECODE_PLAN, step_plan.STEP_PLAN = before
     assert step_profile.categorize("_gemv_kernel") == "dense gemv (triton)"

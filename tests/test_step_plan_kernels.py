@@ -80,10 +80,13 @@ def test_step_plan_round_trips_and_refuses_nonsense():
                           (8, {"*": {"n": 16, "k": 256, "warps": 4, "dot": True}})),
                     rotary_heads=4, router_splits=32, router_block_e=16, select_warps=1)
     assert step_plan.from_json(json.loads(json.dumps(step_plan.to_json(plan)))) == plan
+    with_pdl = StepPlan(pdl=True)
+    assert step_plan.from_json(json.loads(json.dumps(step_plan.to_json(with_pdl)))) == with_pdl
+    assert step_plan.from_json({}).pdl is False and step_plan.STEP_PLAN.pdl is False
     assert plan.gemv_tile(1, 9, 9) is None and plan.gemv_tile(1, 5, 5)["n"] == 4 and plan.gemv_tile(9, 5, 5) is None
     for bad in (dict(gemv=((4, {}), (2, {}))), dict(gemv=((1, {"*": {"n": 4}}),)),
                 dict(gemv=((1, {"*": {"n": 4, "k": 8, "warps": 1, "blocks": 2}}),)), dict(rotary_heads=3),
-                dict(select_warps=0), dict(router_block_e=24)):
+                dict(select_warps=0), dict(router_block_e=24), dict(pdl=1), dict(pdl="yes")):
         with pytest.raises(ValueError):
             StepPlan(**bad)
     with pytest.raises(ValueError, match="unknown"):
