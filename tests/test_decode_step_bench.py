@@ -109,3 +109,22 @@ def test_decode_step_gpu_script_dry_run_writes_every_table(tmp_path):
                                  f"{k}/fp8_plan.json", f"shipped+step={k}/step_plan_gemv.json"]
     assert all(set(r["decode"]) == {"1", "2"} for r in ab["plans"].values())
     assert "| fp8_plan.json+step=step_plan.json | 1 |" in summary
+
+
+@pytest.mark.slow  # the PDL kit's CPU selection and its A/B in Triton's interpreter (~1.5 min CPU)
+def test_pdl_gpu_script_dry_run_runs_the_three_plans_in_turn(tmp_path):
+    """DRY_RUN=1 of bench/pdl_gpu.sh: the PDL tests' CPU selection, then shipped, shipped+pdl and the QKV-through-
+    the-GEMV plan with PDL, each timed in two rounds, their step plans as named."""
+    env = {**os.environ, "DRY_RUN": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.run(["bash", str(ROOT / "bench" / "pdl_gpu.sh"), str(tmp_path)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=1200, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "tests rc=0" in proc.stdout and "fp8_step_ab rc=0" in proc.stdout
+    qkv = tmp_path / "step_plan_qkv_gemv.json"
+    mine = step_plan.from_json(json.loads(qkv.read_text()))
+    assert all(tiles["5120x4096"] == tiles["4096x4096"] for _, tiles in mine.gemv) and not mine.pdl
+    ab = json.loads((tmp_path / "step" / "fp8_step_ab.json").read_text())
+    assert list(ab["plans"]) == ["shipped", "shipped+pdl", f"shipped+step={qkv}+pdl"]
+    assert [r["step_plan"]["pdl"] for r in ab["plans"].values()] == [False, True, True]
+    assert all(len(d["rounds_ms"]) == 2 for r in ab["plans"].values() for d in r["decode"].values())
+    assert "| shipped+pdl | 1 |" in (tmp_path / "summary.md").read_text()
