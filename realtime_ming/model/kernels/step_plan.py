@@ -15,8 +15,8 @@
 
 Every choice changes only how the work is split, never what is computed: the rotary and the selection give the
 same bits whatever the plan (the selection's renormalising sum over the top-k may differ in its last bit); the
-GEMV sums K in another order than cuBLAS (fp32 accumulation, one rounding to the model dtype, as cuBLAS).
-The shipped plan is what `bench/decode_step_bench.py` measured on one H200; benchmarks A/B others by replacing
+GEMV sums K in another order than cuBLAS (fp32 accumulation, one rounding to the model dtype, as cuBLAS); `pdl`
+changes when a kernel starts, not what it computes (the same bits: tests/test_pdl_kernels.py). The shipped plan is what `bench/decode_step_bench.py` measured on one H200; benchmarks A/B others by replacing
 `STEP_PLAN` before graphs are captured (bench/fp8_variants.py).
 """
 
