@@ -166,22 +166,24 @@ if triton is not None:
         pair = tl.program_id(0).to(tl.int64)
         tok = pair // (TOPK + 1)
         slot = pair % (TOPK + 1)
-        n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-        nok = n < I
-        rows = n[:, None].to(tl.int64) * stride_s
         g0 = None
         u0 = None
         if PDL:
+            n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
             k = tl.arange(0, BLOCK_K)
-            wm = (nok & (slot == TOPK))[:, None] & (k < D)[None, :]
+            rows = n[:, None].to(tl.int64) * stride_s
+            wm = ((n < I) & (slot == TOPK))[:, None] & (k < D)[None, :]
             g0 = tl.load(sg_ptr + rows + k[None, :], mask=wm, other=0.0)
             u0 = tl.load(su_ptr + rows + k[None, :], mask=wm, other=0.0)
         wait(PDL)
         if HAS_LIVE:
             if tl.load(live_ptr + tok) == 0:
                 return
+        n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        nok = n < I
         x_row = x_ptr + tok * stride_x
         if slot == TOPK:
+            rows = n[:, None].to(tl.int64) * stride_s
             g, u = _rows_dot(x_row, sg_ptr + rows, su_ptr + rows, nok, D, BLOCK_N, BLOCK_K, STAGES, g0, u0, PDL)
         else:
             e = tl.load(ids_ptr + tok * TOPK + slot).to(tl.int64)
@@ -198,12 +200,15 @@ if triton is not None:
         tl.store(act_ptr + pair * I + n, a.to(ty), mask=nok)
 
     @triton.jit
-    def _down_reads(live_ptr, tok, I, HAS_LIVE: tl.constexpr):
-        """The act columns a down GEMV program reads: none for a padding token (live 0: its output is 0)."""
+    def _down_program(live_ptr, D, I, BLOCK_D: tl.constexpr, HAS_LIVE: tl.constexpr):
+        """A down GEMV program's token, its BLOCK_D output rows (and which exist), and the act columns it reads:
+        none for a padding token (live 0: its output is 0)."""
+        tok = tl.program_id(0).to(tl.int64)
+        n = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
         reads = I
         if HAS_LIVE:
             reads = tl.where(tl.load(live_ptr + tok) != 0, I, 0)
-        return reads
+        return tok, n, n < D, reads
 
     @triton.jit
     def _decode_down_kernel(act_ptr, ids_ptr, wts_ptr, w_ptr, ws_ptr, sd_ptr, out_ptr, live_ptr, D, I, stride_we,
@@ -213,10 +218,7 @@ if triton is not None:
         a token with live[token] == 0 (nothing read). PDL (pdl.py): waits first."""
         release(PDL)
         wait(PDL)
-        tok = tl.program_id(0).to(tl.int64)
-        n = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-        nok = n < D
-        reads = _down_reads(live_ptr, tok, I, HAS_LIVE)
+        tok, n, nok, reads = _down_program(live_ptr, D, I, BLOCK_D, HAS_LIVE)
         ty = out_ptr.dtype.element_ty
         rows = n[:, None].to(tl.int64)
         routed = tl.zeros((BLOCK_D,), tl.float32)
@@ -245,16 +247,15 @@ if triton is not None:
         PDL (pdl.py): the shared expert's first K chunk is read before waiting for the kernel before, and its dot
         done first (the same bits: the two sums are independent until added)."""
         release(PDL)
-        tok = tl.program_id(0).to(tl.int64)
-        n = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-        nok = n < D
-        k = tl.arange(0, BLOCK_K)
-        s_rows = sd_ptr + n[:, None].to(tl.int64) * stride_s
-        s_act = act_ptr + (tok * (TOPK + 1) + TOPK) * I
         if PDL:
-            s0 = tl.load(s_rows + k[None, :], mask=nok[:, None] & (k < I)[None, :], other=0.0)
+            n = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+            k = tl.arange(0, BLOCK_K)
+            s0 = tl.load(sd_ptr + n[:, None].to(tl.int64) * stride_s + k[None, :],
+                         mask=(n < D)[:, None] & (k < I)[None, :], other=0.0)
         wait(PDL)
-        reads = _down_reads(live_ptr, tok, I, HAS_LIVE)
+        tok, n, nok, reads = _down_program(live_ptr, D, I, BLOCK_D, HAS_LIVE)
+        s_act = act_ptr + (tok * (TOPK + 1) + TOPK) * I
+        s_rows = sd_ptr + n[:, None].to(tl.int64) * stride_s
         if PDL:
             shared = _row_dot(s_act, s_rows, nok, reads, I, BLOCK_D, BLOCK_K, STAGES, s0, True)
         ty = out_ptr.dtype.element_ty
@@ -264,6 +265,7 @@ if triton is not None:
         w_rows = w_ptr + e[:, None, None] * stride_we + n[None, :, None].to(tl.int64) * stride_wn
         a_rows = act_ptr + (tok * (TOPK + 1) + slot[:, None]) * I
         wm = sok[:, None, None] & nok[None, :, None]
+        k = tl.arange(0, BLOCK_K)
         acc = tl.zeros((TOPK_P, BLOCK_D, BLOCK_K), tl.float32)
         for k0 in tl.range(0, reads, BLOCK_K, num_stages=STAGES):
             kk = k0 + k
@@ -277,7 +279,8 @@ if triton is not None:
         y = (tl.sum(acc, axis=2) * ws).to(ty).to(tl.float32)
         routed = tl.sum(y * tl.load(wts_ptr + tok * TOPK + slot, mask=sok, other=0.0)[:, None], axis=0)
         if not PDL:
-            shared = _row_dot(s_act, s_rows, nok, reads, I, BLOCK_D, BLOCK_K, STAGES, None, False)
+            shared = _row_dot(act_ptr + (tok * (TOPK + 1) + TOPK) * I, sd_ptr + n[:, None].to(tl.int64) * stride_s, nok,
+                              reads, I, BLOCK_D, BLOCK_K, STAGES, None, False)
         out = routed.to(ty).to(tl.float32) + shared.to(ty).to(tl.float32)
         tl.store(out_ptr + tok * stride_o + n, out.to(ty), mask=nok)
 
