@@ -17,6 +17,11 @@ chain, and a kernel launched without PDL (cuBLAS, PyTorch ops) waits for everyth
 capture records a PDL launch as a programmatic edge (CUDA >= 12.3), so a captured CUDA graph keeps the overlap
 (Triton's PDL tutorial times it with `do_bench_cudagraph`: triton-lang/triton#6394).
 
+The kernels with a `PDL` switch: the dense GEMV (`dense_gemv`), the FP8 decode GEMVs (`moe_fp8`: gate|up, down,
+down with a token's experts in one tile), the router's logits and selection (`moe_decode.route`), RMSNorm (`norm`),
+the fused rotary (`rotary`) and the decode attention (`slot_attention`); the rest (cuBLAS, PyTorch ops, the prefill
+and model-dtype expert kernels) launch as before.
+
 `launch(t)` gives a kernel launch's PDL arguments: `{"PDL": True, "launch_pdl": True}` where `step_plan().pdl` is
 on, t is a CUDA tensor on a device of compute capability >= 9 and this Triton has the grid dependency controls;
 else `{"PDL": False}`: the kernel compiles without any of it (Triton's CPU interpreter never sees a gdc call).
