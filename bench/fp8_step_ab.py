@@ -142,6 +142,22 @@ def markdown(res: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def key_lines(res: dict) -> list[str]:
+    """One line a plan and batch (median ms, tok/s per stream, against the first plan) and one a profile's headline:
+    the numbers a run is read for, printed last."""
+    first = next(iter(res["plans"].values()), {}).get("decode", {})
+    lines = []
+    for spec, row in res["plans"].items():
+        for b, d in row["decode"].items():
+            ref = (first.get(b) or {}).get("graph_ms")
+            lines.append(f"key: {_name(spec)} B={b}: {d['graph_ms']:.3f} ms a step ({d['tok_s_per_stream']:.1f} tok/s "
+                         f"per stream), {ref / d['graph_ms']:.3f}x the first plan, rounds "
+                         + " ".join(f"{ms:.3f}" for ms in d.get("rounds_ms", ())))
+        for b, prof in row["profile"].items():
+            lines.append(f"key: {_name(spec)} profile B={b}: " + step_profile.markdown(prof)[0])
+    return lines
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -174,6 +190,7 @@ def main(argv=None) -> None:
            "date": datetime.date.today().isoformat(), "torch": torch.__version__, "command": " ".join(sys.argv)}
     run_plans(args, plans, profile, log, res)
     print(markdown(res))
+    print("\n".join(key_lines(res)))
 
 
 if __name__ == "__main__":

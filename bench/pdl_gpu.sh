@@ -15,7 +15,7 @@
 #   bash bench/pdl_gpu.sh OUT_DIR           (after `source bench/gpu_setup.sh`; device tool: carry [".whl"])
 #   DRY_RUN=1 bash bench/pdl_gpu.sh OUT_DIR (no GPU: Triton's interpreter, tiny shapes, eager: plumbing only)
 # Env: STEPS (default "tests probe step"), BATCHES (default 1,16,64), ROUNDS (default 3), PLANS (default the three
-# above), PROFILE (profiled buckets, default 1). Writes OUT_DIR/summary.md and prints it at the end.
+# above), PROFILE (profiled buckets, default 1). Writes OUT_DIR/summary.md; prints it, then the key numbers.
 set -uo pipefail
 source "$(dirname "$0")/gpu_kit.sh"
 STEPS=${STEPS:-tests probe step}
@@ -25,13 +25,15 @@ if [[ $dry == 1 ]]; then
   export TRITON_INTERPRET=1
   step_args=(--dry-run --batches "${BATCHES:-1,2}" --steps 2 --reps 1 --rounds "${ROUNDS:-2}")
   test_sel=(-m "not slow")
-  echo "# PDL of the decode step, DRY RUN on CPU ($(git rev-parse --short HEAD 2>/dev/null)): plumbing only, no timing" >> "$summary"
+  echo "# PDL of the decode step, DRY RUN on CPU ($(git rev-parse --short HEAD 2>/dev/null)): plumbing" >> "$summary"
 else
   step_args=(--batches "${BATCHES:-1,16,64}" --rounds "${ROUNDS:-3}")
   test_sel=(-m "")
   tests+=(tests/test_step_plan_kernels.py tests/test_fp8_kernels.py tests/test_gpu_fp8.py)
   nvidia-smi > "$out/nvidia_smi.txt" 2>&1 || true
-  echo "# PDL of the decode step on $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) ($(git rev-parse --short HEAD 2>/dev/null)), torch $(python3 -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda)'), triton $(python3 -c 'import triton; print(triton.__version__)')" >> "$summary"
+  versions=$(python3 -c 'import torch, triton as t; print("torch", torch.__version__, torch.version.cuda, "triton", t.__version__)')
+  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+  echo "# PDL of the decode step on $gpu ($(git rev-parse --short HEAD 2>/dev/null)), $versions" >> "$summary"
 fi
 if [[ $steps == *" tests "* ]]; then
   kit_tests "${TEST_TIMEOUT_S:-150}" "${test_sel[@]}" "${tests[@]}"
@@ -56,3 +58,7 @@ fi
 echo "total $((SECONDS - t0)) s" >> "$summary"
 echo "===== $summary"
 cat "$summary"
+echo "===== key numbers"
+grep -h "^pdl probe" "$out/probe.log" 2>/dev/null
+grep -h "^key: " "$out/step.log" 2>/dev/null
+grep -h -E "passed|failed" "$out/tests.log" 2>/dev/null | tail -1
