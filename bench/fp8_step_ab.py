@@ -2,7 +2,7 @@
 
     python -m bench.fp8_step_ab --out DIR --plans base,shipped,DIR/fp8_plan.json [--batches 1,16,64] [--profile 1]
     python -m bench.fp8_step_ab --out DIR --plans shipped,shipped+step=DIR/step_plan.json   # + a step plan
-    python -m bench.fp8_step_ab --out DIR --plans shipped,shipped+pdl --rounds 3     # PDL off / on, in turn x 3
+    python -m bench.fp8_step_ab --out DIR --plans shipped+nopdl,shipped --rounds 3   # PDL off / on, in turn x 3
     python -m bench.fp8_step_ab --out DIR --plans base,shipped --dry-run      # CPU, tiny preset: plumbing only
 
 tp_bench.py's method (its builder, step, timing and bytes floor: `tp_bench.py --tp 1 --expert-dtype fp8

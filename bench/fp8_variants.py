@@ -5,8 +5,9 @@ the bf16 GEMVs' tiles, the a8 activations quantised by PyTorch's ops), `shipped`
 model/kernels/moe_fp8.py), or the path of a JSON plan (`bench/fp8_decode_bench.py` writes the one its measurements
 pick: DIR/fp8_plan.json). `SPEC+step=PATH` also puts a step plan in force (model/kernels/step_plan.py: the dense
 GEMV's tiles, the rotary's and router's launch shapes; bench/decode_step_bench.py writes the one it picks); without
-it the shipped step plan. A trailing `+pdl` turns the step plan's `pdl` on (the decode kernels launched with
-programmatic dependent launch: model/kernels/pdl.py), e.g. `shipped+pdl`, `shipped+step=PATH+pdl`. Benchmarks only:
+it the shipped step plan. A trailing `+pdl` turns the step plan's `pdl` on, `+nopdl` off (the decode kernels launched
+with programmatic dependent launch: model/kernels/pdl.py; the shipped plan has it on), e.g. `shipped+nopdl`,
+`shipped+step=PATH+pdl`. Benchmarks only:
 the engine has no setting for either.
 """
 
@@ -40,13 +41,21 @@ def from_json(data: dict) -> moe_fp8.DecodePlan:
                               grouped=dict(data.get("grouped") or {}))
 
 
-_PDL = "+pdl"
+_PDL = {"+pdl": True, "+nopdl": False}
+
+
+def _pdl_suffix(spec: str) -> tuple[str, bool | None]:
+    """(SPEC without its trailing `+pdl` / `+nopdl`, the PDL it asks for or None)."""
+    for suffix, on in _PDL.items():
+        if spec.endswith(suffix):
+            return spec.removesuffix(suffix), on
+    return spec, None
 
 
 def load_step(spec: str) -> step_plan.StepPlan:
-    """The step plan SPEC names: its `+step=PATH` JSON file, else the shipped one; `pdl` on with a trailing `+pdl`."""
-    pdl = spec.endswith(_PDL)
-    spec = spec.removesuffix(_PDL)
+    """The step plan SPEC names: its `+step=PATH` JSON file, else the shipped one; `pdl` on with a trailing `+pdl`,
+    off with `+nopdl`, else as that plan has it."""
+    spec, pdl = _pdl_suffix(spec)
     if "+step=" not in spec:
         plan = SHIPPED_STEP
     else:
@@ -54,13 +63,13 @@ def load_step(spec: str) -> step_plan.StepPlan:
         if not path.is_file():
             raise ValueError(f"step plan {str(path)!r}: not a JSON file")
         plan = step_plan.from_json(json.loads(path.read_text()))
-    return dataclasses.replace(plan, pdl=True) if pdl else plan
+    return plan if pdl is None else dataclasses.replace(plan, pdl=pdl)
 
 
 def load(spec: str) -> moe_fp8.DecodePlan:
     """The FP8 plan SPEC names (see the module docstring; its `+step=` and `+pdl` parts checked too)."""
     load_step(spec)
-    spec = spec.removesuffix(_PDL).split("+step=", 1)[0]
+    spec = _pdl_suffix(spec)[0].split("+step=", 1)[0]
     if spec == "base":
         return BASE
     if spec == "shipped":

@@ -8,7 +8,7 @@
 #   probe  bench/pdl_probe.py: chains of 200 norm / GEMV launches captured in a CUDA graph, PDL off vs on: us a
 #          kernel, same bits, programmatic edges in the graph's DOT dump (does PDL survive capture here)  ~0.3 min
 #   step   bench/fp8_step_ab.py: the whole thinker (TP=1, FP8 experts, dummy weights) built once, graphed decode at
-#          bs=1/16/64 for `shipped`, `shipped+pdl` and, with PDL, the shipped plan with the QKV projection through the
+#          bs=1/16/64 for `shipped+nopdl`, `shipped` (PDL on) and, with PDL, the shipped plan with the QKV projection through the
 #          GEMV too (OUT_DIR/step_plan_qkv_gemv.json: cuBLAS's QKV is the one launch a layer PDL does not connect), in
 #          turn ROUNDS times (each batch's median), bs=1 of each under torch.profiler (wall, GPU busy, idle between
 #          kernels; with PDL a kernel's time includes its wait)                                          ~4 min
@@ -53,7 +53,7 @@ for _, tiles in plan["gemv"]:  # QKV (5120 x 4096 at TP=1) with the O projection
     tiles["5120x4096"] = tiles.get("4096x4096")
 open(sys.argv[1], "w").write(json.dumps(plan))
 PY
-  kit_step_ab "${PLANS:-shipped,shipped+pdl,shipped+step=$qkv+pdl}" "${STEP_TIMEOUT_S:-270}"
+  kit_step_ab "${PLANS:-shipped+nopdl,shipped,shipped+step=$qkv}" "${STEP_TIMEOUT_S:-270}"
 fi
 echo "total $((SECONDS - t0)) s" >> "$summary"
 echo "===== $summary"

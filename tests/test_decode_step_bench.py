@@ -64,7 +64,7 @@ def test_fp8_plan_takes_a_down_tile_only_where_it_wins():
 
 def test_plan_specs_with_a_step_plan(tmp_path):
     """`SPEC+step=PATH` puts both plans in force; without it the shipped step plan; a missing file is refused; a
-    trailing `+pdl` turns the step plan's PDL on."""
+    trailing `+pdl` turns the step plan's PDL on, `+nopdl` off."""
     path = tmp_path / "step_plan.json"
     mine = StepPlan(gemv=((1, {"*": TILE}),), rotary_heads=4, select_warps=1)
     path.write_text(json.dumps(step_plan.to_json(mine)))
@@ -79,7 +79,9 @@ def test_plan_specs_with_a_step_plan(tmp_path):
         assert fp8_variants.apply("shipped+pdl") is fp8_variants.SHIPPED
         assert step_plan.STEP_PLAN == dataclasses.replace(fp8_variants.SHIPPED_STEP, pdl=True)
         fp8_variants.apply(f"base+step={path}+pdl")
-        assert step_plan.STEP_PLAN == dataclasses.replace(mine, pdl=True) and not fp8_variants.SHIPPED_STEP.pdl
+        assert step_plan.STEP_PLAN == dataclasses.replace(mine, pdl=True) and fp8_variants.SHIPPED_STEP.pdl
+        assert fp8_variants.apply("shipped+nopdl") is fp8_variants.SHIPPED
+        assert step_plan.STEP_PLAN == dataclasses.replace(fp8_variants.SHIPPED_STEP, pdl=False)
         with pytest.raises(ValueError, match="not base, shipped"):
             fp8_variants.load("shipped+pdl+pdl")
     finally:
@@ -113,8 +115,8 @@ def test_decode_step_gpu_script_dry_run_writes_every_table(tmp_path):
 
 @pytest.mark.slow  # the PDL kit's CPU selection and its A/B in Triton's interpreter (~1.5 min CPU)
 def test_pdl_gpu_script_dry_run_runs_the_three_plans_in_turn(tmp_path):
-    """DRY_RUN=1 of bench/pdl_gpu.sh: the PDL tests' CPU selection, then shipped, shipped+pdl and the QKV-through-
-    the-GEMV plan with PDL, each timed in two rounds, their step plans as named."""
+    """DRY_RUN=1 of bench/pdl_gpu.sh: the PDL tests' CPU selection, then shipped+nopdl, shipped (PDL on) and the
+    QKV-through-the-GEMV plan with PDL, each timed in two rounds, their step plans as named."""
     env = {**os.environ, "DRY_RUN": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     proc = subprocess.run(["bash", str(ROOT / "bench" / "pdl_gpu.sh"), str(tmp_path)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=1200, check=False)
@@ -122,9 +124,9 @@ def test_pdl_gpu_script_dry_run_runs_the_three_plans_in_turn(tmp_path):
     assert "tests rc=0" in proc.stdout and "fp8_step_ab rc=0" in proc.stdout
     qkv = tmp_path / "step_plan_qkv_gemv.json"
     mine = step_plan.from_json(json.loads(qkv.read_text()))
-    assert all(tiles["5120x4096"] == tiles["4096x4096"] for _, tiles in mine.gemv) and not mine.pdl
+    assert all(tiles["5120x4096"] == tiles["4096x4096"] for _, tiles in mine.gemv) and mine.pdl
     ab = json.loads((tmp_path / "step" / "fp8_step_ab.json").read_text())
-    assert list(ab["plans"]) == ["shipped", "shipped+pdl", f"shipped+step={qkv}+pdl"]
+    assert list(ab["plans"]) == ["shipped+nopdl", "shipped", f"shipped+step={qkv}"]
     assert [r["step_plan"]["pdl"] for r in ab["plans"].values()] == [False, True, True]
     assert all(len(d["rounds_ms"]) == 2 for r in ab["plans"].values() for d in r["decode"].values())
-    assert "| shipped+pdl | 1 |" in (tmp_path / "summary.md").read_text()
+    assert "| shipped+nopdl | 1 |" in (tmp_path / "summary.md").read_text()

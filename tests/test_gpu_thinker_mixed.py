@@ -86,7 +86,8 @@ def test_graphed_engine_that_mixes_generates_the_plain_engines_tokens(fixture_ro
             runner, calls = engine._thinker, []
             if mixed:
                 original = runner._mixed
-                runner._mixed = lambda decoding: calls.append(len(decoding)) or original(decoding)
+                runner._mixed = lambda decoding, fresh_only=False: (calls.append(len(decoding))
+                                                                    or original(decoding, fresh_only))
             results[mixed] = _staggered(engine)
             if mixed:
                 assert runner.mixer.graphed and calls  # mixed steps ran, from the captured graphs

@@ -66,7 +66,8 @@ class StepPlan:
 _DOT = dict(dot=True, k=256, n=32, stages=4, warps=4)
 _NARROW = dict(k=512, n=4, stages=3, warps=2)
 # Picked by bench/decode_step_bench.py at the real shapes on one H200 (TP=1; other shapes keep cuBLAS), with the
-# kernels' compiled tests green: bench/results/gpu-h200-decode-step-2026-11-29.
+# kernels' compiled tests green: bench/results/gpu-h200-decode-step-2026-11-29. PDL on after its compiled tests
+# (same bits, graphed = eager): bs=1 3.155 -> 2.915 ms a step, bench/results/gpu-h200-pdl-2026-11-29.
 STEP_PLAN = StepPlan(
     gemv=(
         (1, {
@@ -98,7 +99,7 @@ STEP_PLAN = StepPlan(
             "157184x4096": _DOT,
         }),
     ),
-    rotary_heads=8, router_splits=8, router_block_e=32, select_warps=1,
+    rotary_heads=8, router_splits=8, router_block_e=32, select_warps=1, pdl=True,
 )
 
 
