@@ -40,16 +40,24 @@ class TalkerRows:
         with self._gpu.vae():
             self.vae_state.reset(upload(rows, torch.int64, self.vae_device))
 
-    def talker_views(self, row: int) -> list[torch.Tensor]:
-        """Views of the talker's per-stream state at `row` (LM cache, history, h, aggregator output)."""
+    def _talker_state(self) -> list[tuple[torch.Tensor, int]]:
+        """The talker's per-stream state tensors, each with its row dim (LM cache, history, h, aggregator output)."""
         c = self.cache
-        return [c.k[:, row], c.v[:, row], c.slot_pos[row]] + [t[row] for t in (self.his, self.h, self.next_embed)]
+        return [(c.k, 1), (c.v, 1), (c.slot_pos, 0), (self.his, 0), (self.h, 0), (self.next_embed, 0)]
+
+    def _vae_state(self) -> list[tuple[torch.Tensor, int]]:
+        """The VAE's per-stream state tensors, each with its row dim (written on the VAE's stream only)."""
+        st = self.vae_state
+        return [(st.cache.k, 1), (st.cache.v, 1), (st.cache.slot_pos, 0)] + [
+            (t, 0) for t in (st.held, st.left_ctx, st.has_held, st.frame_pos, st.audio_buf, st.env_buf)]
+
+    def talker_views(self, row: int) -> list[torch.Tensor]:
+        """Views of the talker's per-stream state at `row`."""
+        return [t.select(dim, row) for t, dim in self._talker_state()]
 
     def vae_views(self, row: int) -> list[torch.Tensor]:
-        """Views of the VAE's per-stream state at `row` (written on the VAE's stream only)."""
-        st = self.vae_state
-        return [st.cache.k[:, row], st.cache.v[:, row], st.cache.slot_pos[row]] + [
-            t[row] for t in (st.held, st.left_ctx, st.has_held, st.frame_pos, st.audio_buf, st.env_buf)]
+        """Views of the VAE's per-stream state at `row`."""
+        return [t.select(dim, row) for t, dim in self._vae_state()]
 
     def copy(self, row: int) -> RowState:
         """A copy of every per-stream state tensor at `row`: (the talker's, the VAE's)."""
@@ -66,9 +74,28 @@ class TalkerRows:
                 d.copy_(s)
 
     def move(self, src: int, dst: int) -> None:
-        self.put(dst, (self.talker_views(src), self.vae_views(src)))
+        self.moves([(src, dst)])
 
     def swap(self, a: int, b: int) -> None:
-        kept = self.copy(a)
-        self.move(b, a)
-        self.put(b, kept)
+        self.moves([(a, b), (b, a)])
+
+    def moves(self, pairs: list[tuple[int, int]]) -> None:
+        """Row `dst` of each (src, dst) takes what row `src` held before any of these moves (chains and swaps
+        included; each dst once). One move copies row to row; more run one gather and one scatter per state
+        tensor, whatever their number, from one index upload per device."""
+        if len(pairs) == 1:
+            src, dst = pairs[0]
+            self.put(dst, (self.talker_views(src), self.vae_views(src)))
+        elif pairs:
+            if len({dst for _, dst in pairs}) != len(pairs):
+                raise ValueError(f"row moves {pairs} write a row twice")
+            order = [[src for src, _ in pairs], [dst for _, dst in pairs]]
+            _gather_scatter(self._talker_state(), upload(order, torch.int64, self.cache.k.device))
+            with self._gpu.vae():
+                _gather_scatter(self._vae_state(), upload(order, torch.int64, self.vae_device))
+
+
+def _gather_scatter(state: list[tuple[torch.Tensor, int]], order: torch.Tensor) -> None:
+    """Rows order[0] of each tensor into rows order[1] (the gather copies first, so sources may be overwritten)."""
+    for t, dim in state:
+        t.index_copy_(dim, order[1], t.index_select(dim, order[0]))

@@ -207,7 +207,7 @@ class TalkerRunner:
         if i is not None:
             with self._gpu.talker():
                 self._parked[turn_id] = (self.streams[i], self.rows.copy(i))
-                self._remove([i], reset=True)
+                self._remove([i])
 
     def resume(self, turn_id: str) -> None:
         """Step `turn_id` again from the next step on (its parked stream first, when a row is free)."""
@@ -225,7 +225,7 @@ class TalkerRunner:
         gone = [i for i, s in enumerate(self.streams) if s.job.turn_id == turn_id]
         if gone:
             with self._gpu.talker():
-                self._remove(gone, reset=True)
+                self._remove(gone)
 
     def capture(self, progress: Progress | None = None) -> None:
         """Capture the per-bucket step and VAE graphs now (startup); no-op when eager. Else the first step does."""
@@ -407,7 +407,7 @@ class TalkerRunner:
                    for s, p in pcm.values()]
         ending = [i for i, s in enumerate(self.streams) if id(s) in ended]
         if ending:  # their VAE rows were flushed (and, graphed, reset) by the step that ended them
-            self._remove(ending, reset=False)
+            self._remove(ending)
         return outputs
 
     def _collect(self, step: QueuedStep, ended: set[int]) -> list[tuple[_Stream, torch.Tensor]]:
@@ -460,17 +460,22 @@ class TalkerRunner:
                                        dtype=self.dtype))
         return torch.cat(y0), torch.cat(sde_rnd, dim=1)
 
-    def _remove(self, indices: list[int], reset: bool) -> None:
-        """Drop streams at `indices`, refilling each hole from the last row (descending order keeps it valid)."""
-        for i in sorted(indices, reverse=True):
+    def _remove(self, indices: list[int]) -> None:
+        """Drop streams at `indices`, refilling each hole from the last row (descending order), the rows' state moved
+        in one batch (`TalkerRows.moves`); the rows left empty start their VAE state afresh. Whatever a removed row
+        held (flushed, reset or not) is overwritten by a move or reset."""
+        n = len(self.streams)
+        if not indices:
+            return
+        where = list(range(n))  # the row each row's content comes from
+        for i in sorted(set(indices), reverse=True):
             last = len(self.streams) - 1
-            if reset:
-                self.rows.reset_vae([i])
             if i != last:
-                self.rows.move(last, i)
+                where[i] = where[last]
                 self.streams[i] = self.streams[last]
             self.streams.pop()
-            self.rows.reset_vae([last])
+        self.rows.moves([(src, dst) for dst, src in enumerate(where[:len(self.streams)]) if src != dst])
+        self.rows.reset_vae(list(range(len(self.streams), n)))
 
     def _swap_rows(self, a: int, b: int) -> None:
         """Exchange two streams' rows (state and bookkeeping)."""
