@@ -143,16 +143,16 @@ def _speak(runner, plan: dict[int, list[tuple[str, str, int]]], steps: int = 1) 
 def test_a_turns_first_job_speaks_in_the_step_that_starts_it_with_unchanged_audio(tiny_bundle):
     """A turn's first talker job runs two talker steps in its first engine step (the VAE holds each chunk until the
     next one: one step would give no audio), so its first PCM leaves in that step; later jobs run one step per
-    engine step. Turns joining beside running streams (their rows swapped to the front) speak exactly as alone."""
+    engine step. Turns joining beside running streams (their rows taken from them, at the front) speak exactly as alone."""
     cfg = EngineConfig(talker=TalkerRunnerConfig(max_streams=4, silence_holder=False))
     runner = TalkerRunner(tiny_bundle.with_hooks(EngineHooks(steps_per_word=2)), cfg)
     texts = {"a": ("Hello there, how are you? Fine, thanks.", 7), "b": ("The sea is calm.", 11), "c": ("Ok then.", 3)}
     assert len(talker_job_texts(texts["a"][0])) >= 2  # a second job of "a" runs while "b" and "c" join
     alone = {t: _speak(runner, {0: [(t, text, seed)]})[0][t] for t, (text, seed) in texts.items()}
-    swaps, swap = [], runner._swap_rows
-    runner._swap_rows = lambda a, b: (swaps.append((a, b)), swap(a, b))
+    moves, move = [], runner.rows.move
+    runner.rows.move = lambda src, dst: (moves.append((src, dst)), move(src, dst))
     together, outs = _speak(runner, {0: [("a", *texts["a"])], 3: [("b", *texts["b"]), ("c", *texts["c"])]})
-    assert swaps  # a lead took the row of a stream already running
+    assert moves  # a lead took the row of a stream already running (moved to the next free row)
     for turn_id, pcm in alone.items():
         assert together[turn_id].shape == pcm.shape
         np.testing.assert_allclose(together[turn_id], pcm, rtol=0, atol=1e-4)

@@ -39,7 +39,7 @@ def _randomize(rows: TalkerRows, gen: torch.Generator) -> None:
 
 
 def _state(rows: TalkerRows) -> list[list[torch.Tensor]]:
-    return [[v.clone() for v in rows.talker_views(r) + rows.vae_views(r)] for r in range(ROWS)]
+    return [[v.clone() for v in rows.talker_views(r) + rows.vae_views(r)] for r in range(rows.h.shape[0])]
 
 
 def _assert_rows(got: list[list[torch.Tensor]], want: list[list[torch.Tensor]]) -> None:
@@ -74,14 +74,13 @@ def test_batched_moves_give_the_per_row_result(tiny_bundle):
         rows.moves([(0, 1), (2, 1)])
 
 
-def test_swap_and_move_keep_their_meaning(tiny_bundle):
+def test_a_single_move_copies_one_row(tiny_bundle):
     rows, gen = _rows(tiny_bundle), torch.Generator().manual_seed(1)
     _randomize(rows, gen)
     before = _state(rows)
-    rows.swap(2, 6)
     rows.move(0, 3)
     want = list(before)
-    want[2], want[6], want[3] = before[6], before[2], before[0]
+    want[3] = before[0]
     _assert_rows(_state(rows), want)
 
 
@@ -140,3 +139,25 @@ def test_removing_streams_keeps_each_survivors_state(tiny_bundle):
         assert bool((vae.cache.slot_pos[freed] == -1).all()) and not bool(vae.has_held[freed].any())
         assert bool((vae.frame_pos[freed] == 0).all()) and not bool(vae.audio_buf[freed].any())
     runner.streams = []
+
+
+def test_a_lead_whose_start_fails_leaves_the_running_streams_as_they_were(tiny_bundle):
+    """A turn's first job takes the row after the leads (its stream moved to the next free row first); when its
+    prefill fails the moved stream goes back to its row, state and all, and the turn gets an error."""
+    runner = TalkerRunner(tiny_bundle, EngineConfig(talker=TalkerRunnerConfig(max_streams=4)))
+    runner.enqueue("a", 0, "Hello there, how are you? Fine, thanks.", None, seed=1)
+    runner.finish(runner.launch())  # "a" runs in row 0, no longer a lead
+    streams, before = list(runner.streams), _state(runner.rows)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("prefill failed")
+
+    runner.prefiller = broken
+    moves, move = [], runner.rows.move
+    runner.rows.move = lambda src, dst: (moves.append((src, dst)), move(src, dst))
+    runner.enqueue("b", 0, "The sea is calm.", None, seed=2)
+    (out,) = runner._admit()
+    assert out.turn_id == "b" and "prefill failed" in out.error
+    assert runner.streams == streams and moves == [(0, 1), (1, 0)]  # out of row 0 for the lead, and back
+    _assert_rows(_state(runner.rows)[:1], before[:1])
+    runner.cancel("a")

@@ -76,9 +76,6 @@ class TalkerRows:
     def move(self, src: int, dst: int) -> None:
         self.moves([(src, dst)])
 
-    def swap(self, a: int, b: int) -> None:
-        self.moves([(a, b), (b, a)])
-
     def moves(self, pairs: list[tuple[int, int]]) -> None:
         """Row `dst` of each (src, dst) takes what row `src` held before any of these moves (chains and swaps
         included; each dst once). One move copies row to row; more run one gather and one scatter per state

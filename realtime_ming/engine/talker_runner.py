@@ -320,29 +320,46 @@ class TalkerRunner:
         t = embeds.shape[1]
         if t >= self.cfg.max_prompt_len - 2:
             raise ValueError(f"talker prompt of {t} tokens exceeds engine.talker.max_prompt_len")
-        r = len(self.streams)
-        row = self.cache.rows(r, r + 1)
-        head = self.heads.get(voice, prompt_text)
-        start = 0 if head is None else min(head.shared(prompt.input_ids), t - 1)
-        self.h[r] = self.prefiller(embeds, row, head if start else None, start)[0]
-        if head is None:
-            self._keep_head(voice, prompt_text, prompt, row)
-        self.his[r] = initial_history(voice.prompt_lat, self.his.shape[1], self.his.shape[2],
-                                      device=self.device, dtype=self.dtype)[0]
-        self.rows.reset_vae([r])
         if self.steps_per_word > 0:  # benchmarks: fixed length, stop head ignored
             max_steps = max(1, len(job.text.split()) * self.steps_per_word)
         else:
             max_steps = duration_step_cap(len(job.text), _SECONDS_PER_STEP)
         max_steps = min(max_steps, self.cfg.max_prompt_len - t - 1)
-        silence = SilenceHolder(self.vae.cfg.sample_rate) if self.cfg.silence_holder else None
-        generator = torch.Generator(device=self.device).manual_seed(job.seed)
         # a lead's second step must be one the stop head cannot end (step 0 of at least two)
         lead = self.catch_up and job.first and max_steps >= 2
-        self.streams.append(_Stream(job, t, max_steps, silence=silence, generator=generator, lead=lead))
-        leads = sum(s.lead for s in self.streams[:-1])  # the leads occupy rows 0..leads-1 (one graph batch)
-        if lead and leads < r:
-            self._swap_rows(leads, r)
+        r = self._make_room(lead)
+        try:
+            row = self.cache.rows(r, r + 1)
+            head = self.heads.get(voice, prompt_text)
+            start = 0 if head is None else min(head.shared(prompt.input_ids), t - 1)
+            self.h[r] = self.prefiller(embeds, row, head if start else None, start)[0]
+            if head is None:
+                self._keep_head(voice, prompt_text, prompt, row)
+            self.his[r] = initial_history(voice.prompt_lat, self.his.shape[1], self.his.shape[2],
+                                          device=self.device, dtype=self.dtype)[0]
+            self.rows.reset_vae([r])
+        except BaseException:
+            if r < len(self.streams) - 1:  # the stream moved out of row r goes back
+                self.rows.move(len(self.streams) - 1, r)
+                self.streams.pop()
+            raise
+        silence = SilenceHolder(self.vae.cfg.sample_rate) if self.cfg.silence_holder else None
+        generator = torch.Generator(device=self.device).manual_seed(job.seed)
+        stream = _Stream(job, t, max_steps, silence=silence, generator=generator, lead=lead)
+        if r == len(self.streams):
+            self.streams.append(stream)
+        else:
+            self.streams[r] = stream
+
+    def _make_room(self, lead: bool) -> int:
+        """The row a new stream starts in: the next free one, or for a lead the row after the leads (rows
+        0..leads-1, one graph batch), whose stream moves to the next free row first (one row move, no swap)."""
+        r, leads = len(self.streams), sum(s.lead for s in self.streams)
+        if not lead or leads == r:
+            return r
+        self.rows.move(leads, r)
+        self.streams.append(self.streams[leads])
+        return leads
 
     def _keep_head(self, voice, prompt_text: str, prompt, row) -> None:
         """Cache the K/V of `voice`'s prompt head (every token before the reply text) from `row`, just
@@ -476,8 +493,3 @@ class TalkerRunner:
             self.streams.pop()
         self.rows.moves([(src, dst) for dst, src in enumerate(where[:len(self.streams)]) if src != dst])
         self.rows.reset_vae(list(range(len(self.streams), n)))
-
-    def _swap_rows(self, a: int, b: int) -> None:
-        """Exchange two streams' rows (state and bookkeeping)."""
-        self.rows.swap(a, b)
-        self.streams[a], self.streams[b] = self.streams[b], self.streams[a]
