@@ -19,7 +19,6 @@ import threading
 from collections import Counter
 from pathlib import Path
 
-import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from realtime_ming.engine import Engine, graphs
@@ -32,7 +31,8 @@ REPLY = "The sea is wide and deep, and the waves roll in, one after another, und
 ENGINE_DIR = str(Path(__file__).resolve().parent.parent / "realtime_ming" / "engine")
 MODEL_DIR = str(Path(ENGINE_DIR).parent / "model")
 # step functions a GPU runs as one CUDA graph replay (eager on CPU), by qualified name
-GRAPHED = {"BucketedGraph.step", "talker_step", "VAEStepper._eager", "Talker.prefill", "ThinkerDecoder._fn.<locals>.step"}
+GRAPHED = {"BucketedGraph.step", "talker_step", "VAEStepper._eager", "Talker.prefill",
+           "ThinkerDecoder._fn.<locals>.step"}
 GRAPHED_CALLERS = {"ThinkerRunner._prefill"}  # the model's forward under these is graphed on a GPU
 # metadata-only ops (no kernel, no copy) are not counted
 SKIP = {"detach", "alias", "view", "_unsafe_view", "as_strided", "slice", "select", "unsqueeze", "squeeze", "expand",
@@ -94,8 +94,8 @@ def run(turns: int, streams: int, stagger: int) -> tuple[int, OpCounter]:
             stepped.notify_all()
 
     engine._step = counted
-    for module in list(sys.modules.values()):
-        if getattr(module, "__name__", "").startswith("realtime_ming.engine.") and getattr(module, "upload", None) is _UPLOAD:
+    for name, module in list(sys.modules.items()):
+        if name.startswith("realtime_ming.engine.") and getattr(module, "upload", None) is _UPLOAD:
             module.upload = counter.upload
 
     def sink(event) -> None:
@@ -138,9 +138,8 @@ def main() -> None:
         detail = ", ".join(f"{op} {v / steps:.2f}" for op, v in ops.most_common(4))
         print(f"{k / steps:8.2f}  {site}  ({detail})")
     if args.json:
-        args.json.write_text(json.dumps({"steps": steps, "eager": {f"{s} {o}": k for (s, o), k in counter.eager.items()},
-                                         "graphed": {f"{s} {o}": k for (s, o), k in counter.graphed.items()}},
-                                        indent=1))
+        flat = {kind: {f"{s} {o}": k for (s, o), k in getattr(counter, kind).items()} for kind in ("eager", "graphed")}
+        args.json.write_text(json.dumps({"steps": steps, **flat}, indent=1))
 
 
 if __name__ == "__main__":

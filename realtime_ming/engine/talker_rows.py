@@ -35,10 +35,11 @@ class TalkerRows:
         self.next_embed = torch.zeros(rows, 1, hid, device=device, dtype=dtype)  # aggregator output
         self.vae_state = VAEStreamState.allocate(vae, rows, chunk_latents=tcfg.patch_size)
 
-    def reset_vae(self, rows: list[int]) -> None:
-        """Start the VAE state of `rows` afresh (a new stream, or a row left empty), on the VAE's stream."""
-        with self._gpu.vae():
-            self.vae_state.reset(upload(rows, torch.int64, self.vae_device))
+    def reset_vae(self, start: int, stop: int) -> None:
+        """Start the VAE state of rows [start, stop) afresh (a new stream, or rows left empty), on the VAE's stream."""
+        if start < stop:
+            with self._gpu.vae():
+                self.vae_state.reset_range(start, stop)
 
     def _talker_state(self) -> list[tuple[torch.Tensor, int]]:
         """The talker's per-stream state tensors, each with its row dim (LM cache, history, h, aggregator output)."""

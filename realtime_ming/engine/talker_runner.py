@@ -337,7 +337,7 @@ class TalkerRunner:
                 self._keep_head(voice, prompt_text, prompt, row)
             self.his[r] = initial_history(voice.prompt_lat, self.his.shape[1], self.his.shape[2],
                                           device=self.device, dtype=self.dtype)[0]
-            self.rows.reset_vae([r])
+            self.rows.reset_vae(r, r + 1)
         except BaseException:
             if r < len(self.streams) - 1:  # the stream moved out of row r goes back
                 self.rows.move(len(self.streams) - 1, r)
@@ -460,8 +460,8 @@ class TalkerRunner:
                 pcm_rows = self.vae_step(gen_lat, last)  # the rows as launched (no pipelining): host float32 per row
             else:  # each latent to its stream's row now; the other rows' VAE state is left alone
                 lat = gen_lat.new_zeros((n, *gen_lat.shape[1:]))
-                src = upload([j for j, _, _ in taken], torch.int64, gen_lat.device)
-                lat.index_copy_(0, upload([now for _, now, _ in taken], torch.int64, gen_lat.device), gen_lat[src])
+                src, dst = upload([[j for j, _, _ in taken], [now for _, now, _ in taken]], torch.int64, gen_lat.device)
+                lat.index_copy_(0, dst, gen_lat[src])
                 pcm_rows = self.vae_step(lat, last, active)
         return [(s, s.silence.push(pcm_rows[now], last[now]) if s.silence is not None else pcm_rows[now])
                 for _, now, s in taken]
@@ -492,4 +492,4 @@ class TalkerRunner:
                 self.streams[i] = self.streams[last]
             self.streams.pop()
         self.rows.moves([(src, dst) for dst, src in enumerate(where[:len(self.streams)]) if src != dst])
-        self.rows.reset_vae(list(range(len(self.streams), n)))
+        self.rows.reset_vae(len(self.streams), n)

@@ -83,13 +83,20 @@ class VAEStreamState:
             rows = torch.zeros(self.batch, dtype=torch.bool, device=self.has_held.device).index_fill_(0, rows, True)
         self._reset_mask(rows)
 
+    def reset_range(self, start: int, stop: int) -> None:
+        """Start fresh streams in rows [start, stop) (slices: no row index to upload)."""
+        for t, value in self._fresh():
+            t[start:stop].fill_(value)
+
+    def _fresh(self) -> tuple:
+        """(tensor, value) of every per-row field a fresh stream starts from."""
+        return ((self.cache.slot_pos, -1), (self.has_held, False), (self.frame_pos, 0), (self.audio_buf, 0.0),
+                (self.env_buf, 0.0))
+
     def _reset_mask(self, rows: torch.Tensor) -> None:
         # masked in-place writes (no boolean indexing): no host sync, graph-capturable
-        self.cache.slot_pos.masked_fill_(rows[:, None], -1)
-        self.has_held.masked_fill_(rows, False)
-        self.frame_pos.masked_fill_(rows, 0)
-        self.audio_buf.masked_fill_(rows[:, None], 0.0)
-        self.env_buf.masked_fill_(rows[:, None], 0.0)
+        for t, value in self._fresh():
+            t.masked_fill_(rows.view(-1, *[1] * (t.dim() - 1)), value)
 
 
 @dataclass
