@@ -62,6 +62,7 @@ class VAEStepper:
         self._flush = BucketedGraph(self._flush_fn, {"lat": lat, "last": inactive, "active": inactive}, buckets,
                                     device=self.device, enforce_eager=enforce_eager)
         self.eager = self._hold.eager
+        self._all_rows = torch.ones(top, dtype=torch.bool, device=self.device)  # `active` when every row takes part
 
     def _hold_fn(self, lat, active):
         out = decode_chunk(self.vae, lat, state_rows(self.state, lat.shape[0]), False, active)
@@ -99,8 +100,8 @@ class VAEStepper:
         last = [end and on for end, on in zip(last, active)]
         if self.eager or pick_bucket(self._hold.buckets, n) is None:
             return self._eager(latents, last, active)
-        on = torch.ones(n, dtype=torch.bool, device=self.device) if all(active) else \
-            upload(active, torch.bool, self.device)  # all rows (no upload) unless a pipelined step left some out
+        # all rows (no upload, no fill) unless a pipelined step left some out
+        on = self._all_rows[:n] if all(active) else upload(active, torch.bool, self.device)
         if any(last):
             audio, num = self._flush.step(lat=latents, last=upload(last, torch.bool, self.device), active=on)
         else:
