@@ -113,6 +113,29 @@ def test_vae_stream_is_causal(vae, load_case, talker_patch):
     assert not torch.equal(outs[2].audio[0], outs[2].audio[1])
 
 
+def test_vae_stream_reset_range_equals_the_masked_reset(vae, talker_patch):
+    """Resetting rows [a, b) by slices (the talker's compaction) writes what the masked reset of those rows writes,
+    and leaves the other rows alone."""
+    gen = torch.Generator().manual_seed(0)
+    for start, stop in ((0, 1), (2, 5), (5, 6), (3, 3)):
+        states = [VAEStreamState.allocate(vae, 6, talker_patch) for _ in range(2)]
+        a, b = states
+        for x, y in ((a.cache.slot_pos, b.cache.slot_pos), (a.frame_pos, b.frame_pos)):
+            x.copy_(torch.randint(0, 99, x.shape, generator=gen))
+            y.copy_(x)
+        for x, y in ((a.audio_buf, b.audio_buf), (a.env_buf, b.env_buf)):
+            x.copy_(torch.randn(x.shape, generator=gen))
+            y.copy_(x)
+        a.has_held.fill_(True)
+        b.has_held.fill_(True)
+        a.reset_range(start, stop)
+        b.reset(torch.arange(start, stop))
+        for x, y in ((a.cache.slot_pos, b.cache.slot_pos), (a.has_held, b.has_held), (a.frame_pos, b.frame_pos),
+                     (a.audio_buf, b.audio_buf), (a.env_buf, b.env_buf)):
+            assert torch.equal(x, y)
+        assert bool((a.cache.slot_pos[start:stop] == -1).all()) and bool(a.has_held[:start].all())
+
+
 def test_fixture_vae_encode_posterior(vae, load_case):
     """Encoding the fixture waveform gives the reference posterior mean/std/sample and frame count."""
     t, _ = load_case("vae_decode")
