@@ -27,13 +27,15 @@ class SamplingBatch:
 
 
 def _exponential_noise(batch: SamplingBatch, shape, device) -> torch.Tensor:
-    rows = []
-    for gen in batch.generators:
+    """Exp(1) noise [B, V], row i drawn from row i's generator (ones for a greedy row), each row drawn in place:
+    a contiguous row takes the same draws as a fresh tensor of its size, without B allocations and a stack."""
+    noise = torch.empty(shape, device=device)
+    for row, gen in zip(noise, batch.generators):
         if gen is None:
-            rows.append(torch.ones(shape[1:], device=device))
+            row.fill_(1.0)
         else:
-            rows.append(torch.empty(shape[1:], device=device).exponential_(generator=gen))
-    return torch.stack(rows)
+            row.exponential_(generator=gen)
+    return noise
 
 
 def mask_to_allowed(logits: torch.Tensor, allowed: list[tuple[int, ...] | None]) -> torch.Tensor:
