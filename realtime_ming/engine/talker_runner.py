@@ -481,9 +481,9 @@ class TalkerRunner:
         """Drop streams at `indices`, refilling each hole from the last row (descending order), the rows' state moved
         in one batch (`TalkerRows.moves`); the rows left empty start their VAE state afresh. Whatever a removed row
         held (flushed, reset or not) is overwritten by a move or reset."""
-        n = len(self.streams)
         if not indices:
             return
+        n = len(self.streams)
         where = list(range(n))  # the row each row's content comes from
         for i in sorted(set(indices), reverse=True):
             last = len(self.streams) - 1

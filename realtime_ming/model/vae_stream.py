@@ -75,14 +75,6 @@ class VAEStreamState:
     def batch(self) -> int:
         return self.has_held.shape[0]
 
-    def reset(self, rows: torch.Tensor | None = None) -> None:
-        """Start fresh streams in `rows` ([B] bool mask or index tensor; all when None)."""
-        if rows is None:
-            rows = torch.ones(self.batch, dtype=torch.bool, device=self.has_held.device)
-        elif rows.dtype != torch.bool:
-            rows = torch.zeros(self.batch, dtype=torch.bool, device=self.has_held.device).index_fill_(0, rows, True)
-        self._reset_mask(rows)
-
     def reset_range(self, start: int, stop: int) -> None:
         """Start fresh streams in rows [start, stop) (slices: no row index to upload)."""
         for t, value in self._fresh():
@@ -93,8 +85,9 @@ class VAEStreamState:
         return ((self.cache.slot_pos, -1), (self.has_held, False), (self.frame_pos, 0), (self.audio_buf, 0.0),
                 (self.env_buf, 0.0))
 
-    def _reset_mask(self, rows: torch.Tensor) -> None:
-        # masked in-place writes (no boolean indexing): no host sync, graph-capturable
+    def reset_rows(self, rows: torch.Tensor) -> None:
+        """Start fresh streams in the rows of the [B] bool mask `rows`: masked in-place writes (no boolean
+        indexing), no host sync, graph-capturable."""
         for t, value in self._fresh():
             t.masked_fill_(rows.view(-1, *[1] * (t.dim() - 1)), value)
 
@@ -210,7 +203,7 @@ def decode_chunk(vae: AudioVAE, latents: torch.Tensor, state: VAEStreamState, is
     state.left_ctx.copy_(torch.where(active[:, None, None], left_cur, state.left_ctx))
     state.held.copy_(torch.where(active[:, None, None], x, state.held))
     state.has_held.logical_or_(active)
-    state._reset_mask(last)
+    state.reset_rows(last)
     return out
 
 class SilenceHolder:

@@ -32,7 +32,7 @@ MAX_DECODE_TOKENS = 16  # tokens per call these kernels are made for (the larges
 
 
 if triton is not None:
-    from .pdl import release, wait
+    from .pdl import begin, release, wait
 
     @triton.jit(do_not_specialize=['N'])
     def _router_logits_kernel(x_ptr, w_ptr, part_ptr, N, D, E, stride_x, stride_w,
@@ -70,8 +70,7 @@ if triton is not None:
         """`moe.select_experts` for one token (after summing the split-K logits): sigmoid, +bias, top-2-sum
         group scores, the top groups, then top-k among their experts (first index on ties). The token's bias
         row starts at bias_ptr + tok * bias_stride (0: one bias for all). PDL (pdl.py): waits first."""
-        release(PDL)
-        wait(PDL)
+        begin(PDL)
         tok = tl.program_id(0).to(tl.int64)
         per: tl.constexpr = E // GROUPS
         grp = tl.arange(0, GROUPS)

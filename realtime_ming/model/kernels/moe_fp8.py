@@ -111,7 +111,7 @@ def decode_plan() -> DecodePlan:
 
 if triton is not None:
     from .moe_experts import block_of_program
-    from .pdl import release, wait
+    from .pdl import begin, release, wait
 
     _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
@@ -216,8 +216,7 @@ if triton is not None:
                             BLOCK_K: tl.constexpr, HAS_LIVE: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr):
         """out[token, n] = round(round(sum_k w_k round(s_e[n] act_k . Wd_e[n])) + round(act_s . Wd_shared[n])); 0 for
         a token with live[token] == 0 (nothing read). PDL (pdl.py): waits first."""
-        release(PDL)
-        wait(PDL)
+        begin(PDL)
         tok, n, nok, reads = _down_program(live_ptr, D, I, BLOCK_D, HAS_LIVE)
         ty = out_ptr.dtype.element_ty
         rows = n[:, None].to(tl.int64)
@@ -279,8 +278,7 @@ if triton is not None:
         y = (tl.sum(acc, axis=2) * ws).to(ty).to(tl.float32)
         routed = tl.sum(y * tl.load(wts_ptr + tok * TOPK + slot, mask=sok, other=0.0)[:, None], axis=0)
         if not PDL:
-            shared = _row_dot(act_ptr + (tok * (TOPK + 1) + TOPK) * I, sd_ptr + n[:, None].to(tl.int64) * stride_s, nok,
-                              reads, I, BLOCK_D, BLOCK_K, STAGES, None, False)
+            shared = _row_dot(s_act, s_rows, nok, reads, I, BLOCK_D, BLOCK_K, STAGES, None, False)
         out = routed.to(ty).to(tl.float32) + shared.to(ty).to(tl.float32)
         tl.store(out_ptr + tok * stride_o + n, out.to(ty), mask=nok)
 

@@ -30,15 +30,14 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tor
 
 
 if triton is not None:
-    from .pdl import release, wait
+    from .pdl import begin
 
     @triton.jit(do_not_specialize=['m'])
     def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, m, n, eps, stride_x, stride_r, stride_y, stride_s,
                          HAS_RES: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
         """y = w * round(s * rsqrt(mean(s^2) + eps)) with s = round(x + r) (or x) for ROWS rows; s stored
         when HAS_RES. PDL (pdl.py): waits first."""
-        release(PDL)
-        wait(PDL)
+        begin(PDL)
         row = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)[:, None]
         offs = tl.arange(0, BLOCK)[None, :]
         ok = (row < m) & (offs < n)

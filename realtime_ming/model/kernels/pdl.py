@@ -37,7 +37,7 @@ from .selection import interpreting
 from .step_plan import step_plan
 from .triton_import import tl, triton
 
-__all__ = ["launch", "release", "supported", "wait"]
+__all__ = ["begin", "launch", "release", "supported", "wait"]
 
 try:  # Triton >= 3.4
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -76,5 +76,11 @@ if triton is not None:
         """With PDL: let the next kernel launch (once every program of this one has called this, or ended)."""
         if PDL:
             gdc_launch_dependents()
+
+    @triton.jit
+    def begin(PDL: tl.constexpr):
+        """`release` then `wait`: a kernel that reads nothing before the kernel before has completed."""
+        release(PDL)
+        wait(PDL)
 else:  # pragma: no cover - CPU-only installs
-    wait = release = None
+    begin = release = wait = None

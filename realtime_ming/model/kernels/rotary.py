@@ -50,7 +50,7 @@ class RotaryStyle:
 
 
 if triton is not None:
-    from .pdl import release, wait
+    from .pdl import begin
 
     @triton.jit(do_not_specialize=['T'])
     def _head_rotary_kernel(qkv_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, q_ptr, k_ptr, v_ptr, rows_ptr, idx_ptr,
@@ -63,8 +63,7 @@ if triton is not None:
         """One token's HEADS heads from head HEADS * program_id(1) on: norm (optional) and rotate the first RD dims
         of query and key heads, copy the value heads of its key heads. Head j < H is a query head, H <= j < H + KV
         a key head (the rows of the [HEADS, BLOCK] tile). PDL (pdl.py): waits first."""
-        release(PDL)
-        wait(PDL)
+        begin(PDL)
         tok = tl.program_id(0).to(tl.int64)
         b = tok // T
         t = tok % T

@@ -28,7 +28,7 @@ _SPLITS = 16  # sequence splits of decode attention (programs = rows x kv heads 
 
 
 if triton is not None:
-    from .pdl import release, wait
+    from .pdl import begin
 
     @triton.jit
     def _attend_keys(q, m, l, acc, k_ptr, v_ptr, base, n, ok, visible, sk_s, d, scale,
@@ -59,8 +59,7 @@ if triton is not None:
         """Partial attention of the G query heads of kv head `kvh` over one split of the row's keys.
 
         UPCAST: dot in fp32 (Triton's CPU interpreter mis-multiplies bf16 operands). PDL (pdl.py): waits first."""
-        release(PDL)
-        wait(PDL)
+        begin(PDL)
         b = tl.program_id(0)
         kvh = tl.program_id(1)
         split = tl.program_id(2)
@@ -95,8 +94,7 @@ if triton is not None:
                              PDL: tl.constexpr):
         """out[b, h] = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s over the splits of one head. PDL: waits
         first."""
-        release(PDL)
-        wait(PDL)
+        begin(PDL)
         b = tl.program_id(0)
         h = tl.program_id(1)
         n_kv = tl.num_programs(1) // G
