@@ -161,10 +161,11 @@ def test_the_driver_setting_and_the_process_driver_options():
     assert TalkerRunnerConfig().driver == "inline"
     with pytest.raises(ValueError, match="driver must be one of"):
         TalkerRunnerConfig(driver="thread")
-    for options in ({"steps_per_launch": 2}, {"pipeline": True}):
-        with pytest.raises(ValueError, match="need engine.talker.driver: process"):
-            TalkerRunnerConfig(**options)
-        TalkerRunnerConfig(driver="process", **options)
+    with pytest.raises(ValueError, match="needs engine.talker.driver: process"):
+        TalkerRunnerConfig(steps_per_launch=2)
+    TalkerRunnerConfig(driver="process", steps_per_launch=2)
+    for driver in ("inline", "process"):  # pipelined either way (inline: tests/test_talker_inline_pipeline.py)
+        assert TalkerRunnerConfig(driver=driver, pipeline=True).pipeline
     for bad in (0, 9):
         with pytest.raises(ValueError, match="steps_per_launch"):
             TalkerRunnerConfig(driver="process", steps_per_launch=bad)

@@ -165,10 +165,11 @@ class TalkerRunnerConfig:
     # driver "process": talker steps queued back to back per launch (new jobs start and stop decisions are taken once
     # per launch; a stream that ends early keeps nothing of the steps after its end: the audio is the same)
     steps_per_launch: int = 1
-    # driver "process": the next launch is queued on the GPU before the last one's outputs are read (stop decisions,
-    # VAE chunks, PCM), so the talker's GPU does not wait for that host work (the VAE runs on a stream of its own:
+    # the next launch is queued on the GPU before the last one's outputs are read (stop decisions, VAE chunks, PCM),
+    # so the talker's GPU does not wait for that host work (the VAE runs on a stream of its own:
     # engine/talker_sync.py). A stream is stepped once more after its last step (the audio is the same); a job's
-    # next segment starts one launch later
+    # next segment starts one launch later. Inline, the talker's output (a turn's first audio too) comes one
+    # engine step later and the engine thread's host work overlaps the GPU's next step
     pipeline: bool = False
 
     def __post_init__(self):
@@ -184,9 +185,9 @@ class TalkerRunnerConfig:
             raise ValueError(f"engine.talker.driver must be one of {TALKER_DRIVERS}, got {self.driver!r}")
         if not 1 <= self.steps_per_launch <= 8:
             raise ValueError(f"engine.talker.steps_per_launch must be in [1, 8], got {self.steps_per_launch!r}")
-        if (self.steps_per_launch > 1 or self.pipeline) and self.driver != "process":
-            raise ValueError("engine.talker.steps_per_launch > 1 and engine.talker.pipeline need "
-                             "engine.talker.driver: process (the inline talker steps once per engine step)")
+        if self.steps_per_launch > 1 and self.driver != "process":
+            raise ValueError("engine.talker.steps_per_launch > 1 needs engine.talker.driver: process (the inline "
+                             "talker steps once per engine step)")
         if not 0 <= self.min_text_tokens < self.max_prompt_len // 2:
             raise ValueError("engine.talker.min_text_tokens must be in [0, max_prompt_len // 2)")
 

@@ -4,6 +4,14 @@ Once per engine step the engine `launch`es the talker's step right after queuing
 CUDA streams, so both run side by side) and waits for it in `outputs` (stop decisions, VAE, PCM): text routed to
 the talker in one engine step is spoken from that same step. Ops are applied to the runner at once (the engine
 thread is between steps whenever it sends one); PCM is delivered by the engine thread, so `drop` has nothing to do.
+
+Pipelined (`engine.talker.pipeline`), `launch` queues this engine step's talker step before the last one is
+finished and `outputs` finishes that last one: the GPU runs the new talker step (and the thinker's) while the host
+reads the last one's stop decisions, VAE chunks and PCM, so the engine thread's host work no longer leaves the GPU
+idle. The talker's output is then one engine step later (a turn's first audio included), and a stream is stepped
+once more after its last step (the audio is the same, `TalkerRunner.launch(keep=True)`). As in a talker process's
+loop (`engine/talker_loop.py`) only a launch may come between a launch and its finish: a pause, or a forget of a
+turn with a stream in the rows, finishes the launch in flight first and its outputs wait for the next `outputs`.
 """
 
 from __future__ import annotations
@@ -18,9 +26,12 @@ __all__ = ["InlineTalker"]
 class InlineTalker:
     """A `TalkerDriver` over one replica's `TalkerRunner`, stepped by the engine thread (engine thread only)."""
 
-    def __init__(self, runner: TalkerRunner):
+    def __init__(self, runner: TalkerRunner, pipeline: bool = False):
         self.runner = runner
+        self.pipeline = pipeline
         self._launched = None  # the step `launch` queued, collected by `outputs`
+        self._inflight = None  # pipelined: the launch queued by the last engine step, finished by this one's `outputs`
+        self._ready: list[TalkerOutput] = []  # pipelined: outputs of a launch an op finished, for the next `outputs`
 
     @property
     def replica(self):
@@ -33,12 +44,15 @@ class InlineTalker:
         self._apply(op)
 
     def pause(self, turn_id: str) -> None:
+        self._settle()  # parking a stream copies its row state: no step of it may be left uncollected
         self._apply(Pause(turn_id))
 
     def resume(self, turn_id: str) -> None:
         self._apply(Resume(turn_id))
 
     def forget(self, turn_id: str) -> None:
+        if self.runner.running(turn_id):  # its rows leave: their steps in flight are collected first
+            self._settle()
         self._apply(Forget(turn_id))
 
     def drop(self, turn_id: str) -> None:
@@ -48,14 +62,29 @@ class InlineTalker:
         return self.runner.pending(turn_id)
 
     def has_work(self) -> bool:
-        return self.runner.has_work()
+        return self.runner.has_work() or self._inflight is not None or bool(self._ready)
 
     def launch(self) -> None:
-        self._launched = self.runner.launch()
+        if not self.pipeline:
+            self._launched = self.runner.launch()
+            return
+        # the step queued now runs while `outputs` finishes the one the last engine step queued
+        self._launched = self._inflight
+        self._inflight = self.runner.launch(keep=True) if self.runner.has_work() else None
 
     def outputs(self) -> list[TalkerOutput]:
         launched, self._launched = self._launched, None
-        return [] if launched is None else self.runner.finish(launched)
+        ready, self._ready = self._ready, []
+        return ready + ([] if launched is None else self.runner.finish(launched))
+
+    def _settle(self) -> None:
+        """Pipelined: finish what is in flight now (an op that moves rows comes next); its outputs wait for
+        `outputs`."""
+        for name in ("_launched", "_inflight"):  # in launch order
+            launched = getattr(self, name)
+            if launched is not None:
+                setattr(self, name, None)
+                self._ready += self.runner.finish(launched)
 
     def num_streams(self) -> int:
         return self.runner.num_streams()

@@ -48,7 +48,7 @@ def make_talker(bundle: ModelBundle, cfg: EngineConfig, deliver: Callable[[list[
         warn_shared_gpus(bundle, cfg)
         member = lambda replica: ProcessTalker(bundle, cfg, replica, deliver, wake, die)  # noqa: E731
     else:
-        member = lambda replica: InlineTalker(TalkerRunner(bundle, cfg, replica))  # noqa: E731
+        member = lambda replica: InlineTalker(TalkerRunner(bundle, cfg, replica), cfg.talker.pipeline)  # noqa: E731
     if len(bundle.talker_replicas) <= 1:
         return member(first_replica(bundle))
     members = []

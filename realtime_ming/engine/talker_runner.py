@@ -196,6 +196,10 @@ class TalkerRunner:
         return (bool(self.queues.get(turn_id)) or turn_id in self._parked
                 or any(s.job.turn_id == turn_id for s in self.streams))
 
+    def running(self, turn_id: str) -> bool:
+        """Whether a stream of the turn is in the rows (stepped, maybe queued on the GPU)."""
+        return any(s.job.turn_id == turn_id for s in self.streams)
+
     def num_streams(self) -> int:
         """Streams started and not ended: in the rows, or parked by `pause`."""
         return len(self.streams) + len(self._parked)
