@@ -184,3 +184,31 @@ def test_graphed_runner_several_steps_per_launch_equals_one(gpu_bundle):
     got, rows = _drive(_runner(gpu_bundle, graphs=True), 5, steps=3)
     assert max(rows) >= 2
     _assert_pcm_close(got, want)
+
+
+@cuda
+def test_graphed_pipelined_inline_talker_equals_one_launch_at_a_time(gpu_bundle):
+    """`engine.talker.pipeline` inline: each launch replays the graphs before the last one is finished (its outputs
+    copied out of graph memory, its VAE chunk on the VAE's stream beside the next step), streams ending and rows
+    compacting between launch and finish, one turn paused with a launch in flight and resumed later: the same PCM
+    as one launch finished at a time."""
+    from realtime_ming.engine.talker_driver import Enqueue
+    from realtime_ming.engine.talker_inline import InlineTalker
+
+    want, _ = _drive(_runner(gpu_bundle, graphs=True), 5)
+    talker = InlineTalker(_runner(gpu_bundle, graphs=True), pipeline=True)
+    pcm, launches = defaultdict(list), 0
+    while launches < 5 or talker.has_work():
+        if launches < 5:
+            talker.enqueue(Enqueue(f"t{launches}", 0, " ".join(["word"] * WORDS[launches]), None, seed=100 + launches))
+        talker.launch()
+        if launches == 3:
+            talker.pause("t1")  # t1 holds a row and a step in flight: finished first, then parked
+        if launches == 6:
+            talker.resume("t1")
+        for out in talker.outputs():
+            assert out.error is None, out.error
+            if out.pcm is not None:
+                pcm[out.turn_id].append(out.pcm)
+        launches += 1
+    _assert_pcm_close({t: np.concatenate(c) for t, c in pcm.items()}, want)
