@@ -162,3 +162,58 @@ def test_ops_with_a_launch_in_flight_finish_it_first_and_lose_nothing(fixture_ro
         got, want = (sum(len(x) for x in p[turn]) for p in (pcm, reference))
         assert got == want > 0
         np.testing.assert_allclose(np.concatenate(pcm[turn]), np.concatenate(reference[turn]), rtol=0, atol=1e-4)
+
+
+def test_a_turn_whose_last_outputs_an_op_finished_early_is_pending_until_they_are_handed_over(fixture_root, bundle):
+    """A pause of one turn finishes the launches in flight; another turn's stream may end in them. That turn stays
+    `pending` (the engine does not end it) until `outputs` hands its last PCM over, and it gets all of it."""
+    reference: dict = {}
+    plain = InlineTalker(TalkerRunner(bundle, _config(fixture_root)))
+    plain.enqueue(Enqueue("short", 0, "Hi there", None, seed=3))
+    _drain(plain, reference)
+
+    talker = InlineTalker(TalkerRunner(bundle, _config(fixture_root)), pipeline=True)
+    talker.enqueue(Enqueue("long", 0, "Hello there, how are you doing on this fine day, my friend", None, seed=7))
+    talker.enqueue(Enqueue("short", 0, "Hi there", None, seed=3))
+    pcm: dict = {}
+    held_back = 0
+    while talker.pending("short"):
+        talker.launch()
+        talker.pause("long")  # finishes what is in flight: "short" may end in it
+        talker.resume("long")
+        if any(o.turn_id == "short" for o in talker._ready):
+            held_back += 1
+            assert talker.pending("short")  # its last PCM is not handed over yet
+        _take(talker.outputs(), pcm)
+    assert held_back and not talker.pending("short")
+    assert sum(map(len, pcm["short"])) == sum(map(len, reference["short"])) > 0
+    np.testing.assert_allclose(np.concatenate(pcm["short"]), np.concatenate(reference["short"]), rtol=0, atol=1e-4)
+
+
+def test_a_failing_talker_finish_fails_the_turns_in_flight_and_the_engine_goes_on(fixture_root, bundle, engines):
+    """The talker's finish raises, with launches in flight, until the turns in flight have ended (a fault that
+    outlives one call): those spoken turns end ENGINE_ERROR, no talker stream is left behind, and the next turn
+    speaks exactly what it speaks on a fresh engine."""
+    from realtime_ming.engine.api import FailureCode, TurnFailed
+
+    engine = Engine(_pipelined(fixture_root), bundle)
+    engines.append(engine)
+    reference = _run(engine, _request("ref", PROMPT_B, seed=2))
+    runner = engine._talker.runner
+    finish, armed, fired = runner.finish, [False], []
+
+    def failing_finish(launched):
+        if armed[0] and not all(rec.finished.is_set() for rec in recs):
+            fired.append(True)
+            raise RuntimeError("injected talker fault")
+        return finish(launched)
+
+    runner.finish = failing_finish
+    recs = []
+    for i in range(3):
+        recs.append(Recorder(on_event=lambda e: armed.__setitem__(0, armed[0] or isinstance(e, AudioChunk))))
+        engine.submit(_request(f"f{i}", PROMPT_A, seed=i, max_tokens=30), recs[-1])
+    ends = [rec.wait() for rec in recs]
+    assert fired and any(isinstance(e, TurnFailed) and e.code is FailureCode.ENGINE_ERROR for e in ends), ends
+    _wait_stats(engine, lambda s: (s.turns, s.thinker_rows, s.talker_streams) == (0, 0, 0))
+    _assert_same_output(reference, _run(engine, _request("after", PROMPT_B, seed=2)))

@@ -51,15 +51,18 @@ class InlineTalker:
         self._apply(Resume(turn_id))
 
     def forget(self, turn_id: str) -> None:
-        if self.runner.running(turn_id):  # its rows leave: their steps in flight are collected first
-            self._settle()
-        self._apply(Forget(turn_id))
+        try:
+            if self.runner.running(turn_id):  # its rows leave: their steps in flight are collected first
+                self._settle()
+        finally:  # a turn ends even when collecting what was in flight failed (`_settle` then dropped it)
+            self._apply(Forget(turn_id))
 
     def drop(self, turn_id: str) -> None:
         """Nothing to do: only the engine thread delivers this talker's output, after applying the cancel."""
 
     def pending(self, turn_id: str) -> bool:
-        return self.runner.pending(turn_id)
+        # outputs an op finished early are the turn's too: it is not done before `outputs` hands them over
+        return self.runner.pending(turn_id) or any(o.turn_id == turn_id for o in self._ready)
 
     def has_work(self) -> bool:
         return self.runner.has_work() or self._inflight is not None or bool(self._ready)
@@ -69,22 +72,25 @@ class InlineTalker:
             self._launched = self.runner.launch()
             return
         # the step queued now runs while `outputs` finishes the one the last engine step queued
-        self._launched = self._inflight
+        self._launched, self._inflight = self._inflight, None
         self._inflight = self.runner.launch(keep=True) if self.runner.has_work() else None
 
     def outputs(self) -> list[TalkerOutput]:
         launched, self._launched = self._launched, None
         ready, self._ready = self._ready, []
-        return ready + ([] if launched is None else self.runner.finish(launched))
+        try:
+            return ready + ([] if launched is None else self.runner.finish(launched))
+        except BaseException:
+            self._inflight = None  # queued on top of the failed launch: the engine fails the turns in both
+            raise
 
     def _settle(self) -> None:
         """Pipelined: finish what is in flight now (an op that moves rows comes next); its outputs wait for
-        `outputs`."""
-        for name in ("_launched", "_inflight"):  # in launch order
-            launched = getattr(self, name)
-            if launched is not None:
-                setattr(self, name, None)
-                self._ready += self.runner.finish(launched)
+        `outputs`. A finish that raises drops what is left in flight (the engine fails those turns)."""
+        launches = [x for x in (self._launched, self._inflight) if x is not None]  # in launch order
+        self._launched = self._inflight = None
+        for launched in launches:
+            self._ready += self.runner.finish(launched)
 
     def num_streams(self) -> int:
         return self.runner.num_streams()
