@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# GPU replicas behind the Ray Serve ingress (issue 45), one GPU per replica, dummy weights at full shapes:
+#   overhead  (2+ GPUs): the ingress's TTFA_server overhead against a direct connection: one replica on cuda:0 behind
+#             the ingress vs a plain `realtime-ming serve` on the last GPU, same config, interleaved rounds at LEVELS
+#             (default 16,64; `python -m bench --compare-url`), then bench/ray_rounds.py's per-round differences;
+#   scale     (every GPU): REPLICAS replicas (default: one per GPU) behind the ingress, the sessions spread by load,
+#             aggregate TTFA and playback stalls at SCALE_C (default 32 per replica);
+#   kill      (after scale, same cluster): bench/ray_kill.py: KILL_SESSIONS sessions mid-reply, the fullest replica's
+#             actor killed: its sessions end replica_lost / 1012, the others' replies go on without a stall, new
+#             sessions go to the survivors.
+#   bash bench/ray_gpu.sh OUT          # device tool: carry [".whl", ".turns", ".raypack"]; STAGES="overhead" or
+#                                      # "scale kill" (default: all three; ~10 min on 4x H200, so two calls)
+# Env: CONFIG (configs/ming-flash-omni-2.0-1gpu.yaml), MODEL_SET (server overrides, default "engine.preset=
+# ming-flash-omni-2.0 engine.weights=dummy"), TURNS (2), MAX_TOKENS (48), VAD_MS (200), GPUS (nvidia-smi's count;
+# 0 = CPU only: how this script is checked without a GPU, e.g. CONFIG=configs/tiny-cpu.yaml MODEL_SET= GPUS=0
+# REPLICAS=2 SETUP=0), READY_S (600), SETUP (1: gpu_setup + ray_unpack). Both targets serve their sessions in the
+# engine's process (server.frontend_processes=1), as a replica does, so the ingress is the only difference.
+# Writes OUT/<stage>/ (server and cluster logs, the bench's summary.md and results.json, ray_kill.md) and
+# OUT/summary.md.
+# Each stage ends with `ray stop --force`: every Ray instance on the machine stops (run it on a machine of its own).
+set -uo pipefail
+out=${1:?usage: bash bench/ray_gpu.sh OUT}
+mkdir -p "$out"; out=$(cd "$out" && pwd)
+config=${CONFIG:-configs/ming-flash-omni-2.0-1gpu.yaml}
+export PYTHONUNBUFFERED=1 RAY_USAGE_STATS_ENABLED=0 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+if [ "${SETUP:-1}" = 1 ]; then
+  # shellcheck source=bench/gpu_setup.sh
+  GPU_SETUP_CHECK=0 source bench/gpu_setup.sh > "$out/setup.log" 2>&1 || { echo "gpu_setup failed"; exit 1; }
+  # shellcheck source=bench/ray_unpack.sh
+  source bench/ray_unpack.sh > /dev/null || { echo "ray_unpack failed"; exit 1; }
+fi
+gpus=${GPUS:-$(nvidia-smi -L 2> /dev/null | wc -l)}
+reply="Sure. The weather today looks sunny, with a light breeze from the west and a high of twenty degrees. "
+model=(--set server.frontend_processes=1 --hook "forced_reply=$reply")  # the replica's sessions in its actor; plain alike
+for kv in ${MODEL_SET-engine.preset=ming-flash-omni-2.0 engine.weights=dummy}; do model+=(--set "$kv"); done
+bench_args=(--turns "${TURNS:-2}" --warmup 1 --vad-silence-ms "${VAD_MS:-200}" --max-output-tokens "${MAX_TOKENS:-48}"
+            --turns-cache .turns --no-progress)
+pids=()
+stop_all() {
+  for pid in "${pids[@]}"; do kill -INT "$pid" 2> /dev/null; done
+  for pid in "${pids[@]}"; do timeout 60 tail --pid="$pid" -f /dev/null; kill -9 "$pid" 2> /dev/null; done
+  pids=()
+  timeout 60 python3 -m ray.scripts.scripts stop --force > /dev/null 2>&1
+}
+trap stop_all EXIT
+wait_ready() {  # URL LOG PID: poll /health/ready (or /health) until 200, bounded
+  for _ in $(seq "${READY_S:-600}"); do
+    python3 -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)' "$1" 2> /dev/null && return 0
+    kill -0 "$3" 2> /dev/null || { echo "died before ready: $2"; tail -30 "$2"; return 1; }
+    sleep 1
+  done
+  echo "not ready after ${READY_S:-600} s: $1"; tail -30 "$2"; return 1
+}
+cluster() {  # DIR REPLICAS VISIBLE_GPUS: the ingress on :8700, one replica per GPU
+  local per=1; [ "$gpus" = 0 ] && per=0
+  CUDA_VISIBLE_DEVICES=$3 python3 -m realtime_ming.cli serve-cluster --config "$config" --replicas "$2" \
+    --num-gpus "$per" --num-cpus "${CPUS_PER_REPLICA:-4}" --port 8700 "${model[@]}" > "$1/cluster.log" 2>&1 &
+  pids+=($!)
+  wait_ready http://127.0.0.1:8700/health/ready "$1/cluster.log" "$!"
+}
+all_gpus=$(seq -s, 0 $((gpus > 0 ? gpus - 1 : 0))); [ "$gpus" = 0 ] && all_gpus=""
+stages=" ${STAGES:-overhead scale kill} "
+: > "$out/summary.md"
+
+if [[ $stages == *" overhead "* ]]; then
+  d="$out/overhead"; mkdir -p "$d"
+  if [ "$gpus" = 1 ]; then echo "overhead: needs 2 GPUs (one replica, one plain server)"; else
+    plain_gpu=$((gpus > 0 ? gpus - 1 : 0)); [ "$gpus" = 0 ] && plain_gpu=""
+    CUDA_VISIBLE_DEVICES=$plain_gpu python3 -m realtime_ming.cli serve --config "$config" --port 8701 \
+      "${model[@]}" > "$d/plain.log" 2>&1 &
+    pids+=($!)
+    plain=$!
+    replica_gpu=0; [ "$gpus" = 0 ] && replica_gpu=""
+    if cluster "$d" 1 "$replica_gpu" && wait_ready http://127.0.0.1:8701/health "$d/plain.log" "$plain"; then
+      timeout "${OVERHEAD_TIMEOUT_S:-420}" python3 -m bench --url ws://127.0.0.1:8700/v1/realtime --name ray \
+        --compare-url ws://127.0.0.1:8701/v1/realtime --compare-name plain -c "${LEVELS:-16,64}" \
+        --rounds "${ROUNDS:-2}" "${bench_args[@]}" --out "$d/bench" > "$d/bench.log" 2>&1
+      echo "overhead bench rc=$?"
+      python3 bench/ray_rounds.py "$d/bench/results.json" | tee "$d/rounds.txt"
+      { echo "## overhead (one replica behind the ingress vs a plain server, one GPU each)"; echo
+        grep -E "^\| (target|---|ray|plain) " "$d/bench/summary.md" | head -12; echo; cat "$d/rounds.txt"; echo; } \
+        >> "$out/summary.md"
+    fi
+    stop_all
+  fi
+fi
+
+if [[ $stages == *" scale "* || $stages == *" kill "* ]]; then
+  d="$out/scale"; mkdir -p "$d"
+  replicas=${REPLICAS:-$((gpus > 0 ? gpus : 2))}
+  if cluster "$d" "$replicas" "$all_gpus"; then
+    python3 -c 'import json, sys, urllib.request; print(urllib.request.urlopen(sys.argv[1]).read().decode())' \
+      http://127.0.0.1:8700/health > "$d/health.json"
+    if [[ $stages == *" scale "* ]]; then
+      c=${SCALE_C:-$((32 * replicas))}
+      timeout "${SCALE_TIMEOUT_S:-300}" python3 -m bench --url ws://127.0.0.1:8700/v1/realtime --name ray \
+        -c "$c" "${bench_args[@]}" --out "$d/bench" > "$d/bench.log" 2>&1
+      echo "scale bench c=$c rc=$?"
+      { echo "## scale ($replicas replicas, c=$c through the ingress)"; echo
+        grep -E "^\| (target|---|ray) " "$d/bench/summary.md" | head -6; echo; } >> "$out/summary.md"
+    fi
+    if [[ $stages == *" kill "* ]]; then
+      timeout "${KILL_TIMEOUT_S:-300}" python3 -m bench.ray_kill --url ws://127.0.0.1:8700/v1/realtime \
+        --sessions "${KILL_SESSIONS:-$((8 * replicas))}" --stall-ms "${KILL_STALL_MS:-200}" --out "$d/kill" \
+        > "$d/kill.log" 2>&1
+      echo "kill rc=$?"
+      { echo "## kill"; echo; sed 1d "$d/kill/ray_kill.md" 2> /dev/null || tail -20 "$d/kill.log"; echo; } \
+        >> "$out/summary.md"
+    fi
+  fi
+  stop_all
+fi
+cat "$out/summary.md"
