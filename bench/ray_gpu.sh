@@ -93,11 +93,26 @@ if [[ $stages == *" scale "* || $stages == *" kill "* ]]; then
       http://127.0.0.1:8700/health > "$d/health.json"
     if [[ $stages == *" scale "* ]]; then
       c=${SCALE_C:-$((32 * replicas))}
+      # how the sessions spread: each replica's open sessions, sampled every second while the bench runs
+      python3 - http://127.0.0.1:8700/health > "$d/spread.jsonl" 2> /dev/null <<'PY' &
+import json, sys, time, urllib.request
+while True:
+    health = json.loads(urllib.request.urlopen(sys.argv[1], timeout=5).read())
+    print(json.dumps({r["replica"]: r["sessions"] for r in health["replicas"]}), flush=True)
+    time.sleep(1)
+PY
+      poller=$!
       timeout "${SCALE_TIMEOUT_S:-300}" python3 -m bench --url ws://127.0.0.1:8700/v1/realtime --name ray \
         -c "$c" "${bench_args[@]}" --out "$d/bench" > "$d/bench.log" 2>&1
       echo "scale bench c=$c rc=$?"
+      kill "$poller" 2> /dev/null
+      spread=$(python3 -c 'import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
+peak = max(rows, key=lambda r: sum(v or 0 for v in r.values()), default={})
+print("sessions per replica at the busiest sample:", dict(sorted(peak.items())))' "$d/spread.jsonl")
+      echo "$spread"
       { echo "## scale ($replicas replicas, c=$c through the ingress)"; echo
-        grep -E "^\| (target|---|ray) " "$d/bench/summary.md" | head -6; echo; } >> "$out/summary.md"
+        grep -E "^\| (target|---|ray) " "$d/bench/summary.md" | head -6; echo; echo "$spread"; echo; } >> "$out/summary.md"
     fi
     if [[ $stages == *" kill "* ]]; then
       timeout "${KILL_TIMEOUT_S:-300}" python3 -m bench.ray_kill --url ws://127.0.0.1:8700/v1/realtime \

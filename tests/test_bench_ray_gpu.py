@@ -58,4 +58,5 @@ def test_the_gpu_replica_script_runs_its_scale_and_kill_stages_on_cpu(tmp_path):
     lost = [s for s in kill["sessions"] if s["replica"] == kill["victim"] and s["index"] < 4]
     assert all(s["error_code"] == "replica_lost" and s["close_code"] == 1012 for s in lost)
     assert (tmp_path / "scale" / "bench" / "results.json").exists()
-    assert "## kill" in (tmp_path / "summary.md").read_text()
+    summary = (tmp_path / "summary.md").read_text()
+    assert "## kill" in summary and "sessions per replica at the busiest sample: {" in summary
