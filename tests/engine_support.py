@@ -128,6 +128,25 @@ class _CancelAt:
         self.num_events += 1
 
 
+def _cancel_waves(engine: Engine, events: int, waves: int = 3, per_wave: int = 10) -> list[_CancelAt]:
+    """`waves` x `per_wave` turns, each cancelled at its own event (index·7 mod `events - 1`: every stage of a turn
+    with `events` events), a wave at a time; every turn ended with exactly one terminal event, the last, and a
+    cancelled turn's text is what it delivered. -> the hooks (what arrived after each cancel call)."""
+    hooks, recorders = [], []
+    for wave in range(waves):
+        for index in range(wave * per_wave, (wave + 1) * per_wave):
+            hooks.append(_CancelAt(engine, f"c{index}", (index * 7) % (events - 1)))
+            recorders.append(Recorder(hooks[-1]))
+            engine.submit(_request(f"c{index}", PROMPT_A, seed=4), recorders[-1])
+        for rec in recorders[-per_wave:]:
+            rec.wait()
+    for rec in recorders:
+        assert sum(isinstance(e, _TERMINAL) for e in rec.events) == 1 and isinstance(rec.events[-1], _TERMINAL)
+        if isinstance(rec.events[-1], TurnCancelled):
+            assert rec.events[-1].text == rec.text()
+    return hooks
+
+
 def _assert_same_output(a: Recorder, b: Recorder) -> None:
     """What the client gets is the same: text, bit-identical audio of every segment, usage (a confirmed speculative
     turn's held events are released coalesced: fewer, longer deltas)."""

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from realtime_ming.engine import Engine
-from realtime_ming.engine.api import AudioChunk, FailureCode, TurnCancelled, TurnDone, TurnFailed
+from realtime_ming.engine.api import AudioChunk, FailureCode, TurnDone, TurnFailed
 from realtime_ming.engine.config import PlacementConfig, TalkerRunnerConfig
 from realtime_ming.engine.models import ModelBundle
 from realtime_ming.engine.talker_driver import Enqueue
@@ -27,8 +27,8 @@ from realtime_ming.engine.talker_process import ProcessTalker
 from realtime_ming.engine.talker_runner import TalkerRunner
 from realtime_ming.engine.voice_store import CustomVoice
 from engine_support import (  # noqa: F401 - bundle, engines: shared fixtures
-    _assert_same_output, bundle, _CancelAt, _config, _done_fields, engines, _pcm_by_segment, PROMPT_A, PROMPT_B,
-    Recorder, _request, _run, _TERMINAL, _wait_stats,
+    _assert_same_output, bundle, _cancel_waves, _config, _done_fields, engines, _pcm_by_segment, PROMPT_A,
+    PROMPT_B, Recorder, _request, _run, _wait_stats,
 )
 
 pytestmark = pytest.mark.timeout(300)
@@ -179,19 +179,7 @@ def test_talker_process_cancel_ends_every_turn_cleanly_and_leaks_nothing(fixture
     engine = Engine(_in_process(fixture_root, pipeline=pipeline), bundle)
     engines.append(engine)
     reference = _run(engine, _request("ref", PROMPT_A, seed=4))
-    events = len(reference.events)
-    hooks, recorders = [], []
-    for wave in range(3):
-        for index in range(wave * 10, wave * 10 + 10):
-            hooks.append(_CancelAt(engine, f"c{index}", (index * 7) % (events - 1)))
-            recorders.append(Recorder(hooks[-1]))
-            engine.submit(_request(f"c{index}", PROMPT_A, seed=4), recorders[-1])
-        for rec in recorders[-10:]:
-            rec.wait()
-    for rec in recorders:
-        assert sum(isinstance(e, _TERMINAL) for e in rec.events) == 1 and isinstance(rec.events[-1], _TERMINAL)
-        if isinstance(rec.events[-1], TurnCancelled):
-            assert rec.events[-1].text == rec.text()
+    hooks = _cancel_waves(engine, len(reference.events))
     for hook in hooks:  # the talker process's PCM stops at the cancel call, not at the engine's next step
         assert sum(isinstance(e, AudioChunk) for e in hook.late[:-1]) <= 1
     _wait_stats(engine, lambda s: (s.turns, s.thinker_rows, s.talker_streams) == (0, 0, 0))

@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 
 from realtime_ming.engine import Engine
-from realtime_ming.engine.api import AudioChunk, StageMark, TurnCancelled
+from realtime_ming.engine.api import AudioChunk, StageMark
 from realtime_ming.engine.talker_driver import Enqueue
 from realtime_ming.engine.talker_inline import InlineTalker
 from realtime_ming.engine.talker_runner import TalkerRunner
 from engine_support import (  # noqa: F401 - bundle, engines: shared fixtures
-    _assert_same_output, bundle, _CancelAt, _config, engines, PROMPT_A, PROMPT_B, Recorder, _request, _run,
-    _TERMINAL, _wait_stats,
+    _assert_same_output, bundle, _cancel_waves, _config, engines, PROMPT_A, PROMPT_B, Recorder, _request, _run,
+    _wait_stats,
 )
 from test_engine_talker_process import _assert_same_speech, _speak
 
@@ -80,18 +80,7 @@ def test_pipelined_inline_cancel_ends_every_turn_cleanly_and_leaks_nothing(fixtu
     engine = Engine(_pipelined(fixture_root), bundle)
     engines.append(engine)
     reference = _run(engine, _request("ref", PROMPT_A, seed=4))
-    events = len(reference.events)
-    recorders = []
-    for wave in range(3):
-        for index in range(wave * 10, wave * 10 + 10):
-            recorders.append(Recorder(_CancelAt(engine, f"c{index}", (index * 7) % (events - 1))))
-            engine.submit(_request(f"c{index}", PROMPT_A, seed=4), recorders[-1])
-        for rec in recorders[-10:]:
-            rec.wait()
-    for rec in recorders:
-        assert sum(isinstance(e, _TERMINAL) for e in rec.events) == 1 and isinstance(rec.events[-1], _TERMINAL)
-        if isinstance(rec.events[-1], TurnCancelled):
-            assert rec.events[-1].text == rec.text()
+    _cancel_waves(engine, len(reference.events))
     _wait_stats(engine, lambda s: (s.turns, s.thinker_rows, s.talker_streams) == (0, 0, 0))
     _assert_same_output(reference, _run(engine, _request("after", PROMPT_A, seed=4)))
 
