@@ -3,7 +3,8 @@
 The engine drives its talker through `TalkerDriver` alone (`engine.talker.driver` picks the implementation):
 
 * `inline` (`engine/talker_inline.py`): the engine thread steps the talker once per engine step, beside the
-  thinker's step (`launch`, then `outputs`);
+  thinker's step (`launch`, then `outputs`; pipelined with `engine.talker.pipeline`: `outputs` reads the step the
+  last engine step queued);
 * `process` (`engine/talker_process.py`): each talker replica steps at its own pace in a process of its own; the
   engine thread only sends it ops, `outputs` returns what it reported, and its PCM reaches the turns from the
   driver's reader thread (`deliver`).
