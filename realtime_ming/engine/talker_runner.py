@@ -193,8 +193,7 @@ class TalkerRunner:
                 or any(t not in self._paused for t in self._parked))
 
     def pending(self, turn_id: str) -> bool:
-        return (bool(self.queues.get(turn_id)) or turn_id in self._parked
-                or any(s.job.turn_id == turn_id for s in self.streams))
+        return bool(self.queues.get(turn_id)) or turn_id in self._parked or self.running(turn_id)
 
     def running(self, turn_id: str) -> bool:
         """Whether a stream of the turn is in the rows (stepped, maybe queued on the GPU)."""
