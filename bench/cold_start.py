@@ -5,7 +5,8 @@
 Starts `realtime-ming serve --config CONFIG --model-path DIR` (its log in OUT_DIR/server.log) and samples every
 0.25 s until GET /health/ready answers 200: the resident memory of the server's whole process tree (TP ranks and
 front-end processes included; the sum's peak) and the bytes the tree read from storage (/proc/PID/io read_bytes,
-the page cache's hits not counted). Then records nvidia-smi's memory per GPU, stops the server (SIGINT) and writes
+the page cache's hits not counted), with when those reads began and last grew (the load's read phase; what follows
+is the rest of start-up: quantisation left over, graph capture, warm-up). Then records nvidia-smi's memory per GPU, stops the server (SIGINT) and writes
 OUT_DIR/cold_start.json: seconds to ready, checkpoint GB, GB read from storage, checkpoint GB / seconds, peak RSS.
 `--drop-caches` first empties the page cache (needs root; whether it did is recorded): without it a checkpoint
 written or read just before is served from memory, not from the disk.
@@ -113,12 +114,17 @@ def main() -> None:
     t0 = time.perf_counter()
     server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     peak_rss, reads, ready_s = 0, {}, None
+    read_seen, read_first_s, read_last_s = 0, None, None  # when the tree's storage reads began and last grew
     try:
         while time.perf_counter() - t0 < args.timeout_s:
             pids = _tree(server.pid)
             peak_rss = max(peak_rss, sum(_rss_bytes(p) for p in pids))
             for p in pids:
                 reads[p] = max(reads.get(p, 0), _read_bytes(p))
+            if sum(reads.values()) > read_seen + (64 << 20):  # past imports' and configs' small reads
+                read_seen = sum(reads.values())
+                read_last_s = time.perf_counter() - t0
+                read_first_s = read_first_s if read_first_s is not None else read_last_s
             if server.poll() is not None:
                 break
             if _ready(args.port):
@@ -142,6 +148,10 @@ def main() -> None:
            "seconds_to_ready": ready_s and round(ready_s, 1), "checkpoint_GB": round(ckpt_bytes / 1e9, 2),
            "read_from_storage_GB": round(read / 1e9, 2),
            "checkpoint_GBps_to_ready": ready_s and round(ckpt_bytes / 1e9 / ready_s, 2),
+           "reads_began_s": read_first_s and round(read_first_s, 1),
+           "reads_ended_s": read_last_s and round(read_last_s, 1),
+           "read_GBps_while_reading": (read_last_s and read_last_s > read_first_s
+                                       and round(read / 1e9 / (read_last_s - read_first_s), 2)) or None,
            "peak_host_rss_GB": round(peak_rss / 1e9, 2), "host_rss_at_ready_GB": round(rss_ready / 1e9, 2),
            "gpu_memory_after_load": gpus}
     (args.out / "cold_start.json").write_text(json.dumps(res, indent=1))

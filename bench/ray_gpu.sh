@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # GPU replicas behind the Ray Serve ingress (issue 45), one GPU per replica, dummy weights at full shapes:
-#   overhead  (2+ GPUs): the ingress's TTFA_server overhead against a direct connection: one replica on cuda:0 behind
-#             the ingress vs a plain `realtime-ming serve` on the last GPU, same config, interleaved rounds at LEVELS
-#             (default 16,64; `python -m bench --compare-url`), then bench/ray_rounds.py's per-round differences;
+#   overhead  the ingress's TTFA_server overhead against a direct connection: one replica on cuda:0 behind the
+#             ingress vs a plain `realtime-ming serve` on the last GPU, same config, interleaved rounds at LEVELS
+#             (default 16,64; `python -m bench --compare-url`), then bench/ray_rounds.py's per-round differences.
+#             On one GPU the two take turns on it instead: ROUNDS rounds (2), each starting both afresh, one after
+#             the other, the first alternating (FIRST=ray or plain: round 1's);
 #   scale     (every GPU): REPLICAS replicas (default: one per GPU) behind the ingress, the sessions spread by load,
 #             aggregate TTFA and playback stalls at SCALE_C (default 32 per replica);
 #   kill      (after scale, same cluster): bench/ray_kill.py: KILL_SESSIONS sessions mid-reply, the fullest replica's
@@ -16,8 +18,9 @@
 # Env: CONFIG (configs/ming-flash-omni-2.0-1gpu.yaml), MODEL_SET (server overrides, default "engine.preset=
 # ming-flash-omni-2.0 engine.weights=dummy"), TURNS (2), MAX_TOKENS (48), VAD_MS (200), GPUS (nvidia-smi's count;
 # 0 = CPU only: how this script is checked without a GPU, e.g. CONFIG=configs/tiny-cpu.yaml MODEL_SET= GPUS=0
-# REPLICAS=2 SETUP=0), READY_S (600), SETUP (1: gpu_setup + ray_unpack). Both targets serve their sessions in the
-# engine's process (server.frontend_processes=1), as a replica does, so the ingress is the only difference.
+# REPLICAS=2 SETUP=0; the one-GPU overhead branch with GPUS=1 GPUS_PER_REPLICA=0 STAGES=overhead), READY_S (600),
+# SETUP (1: gpu_setup + ray_unpack). Both targets serve their sessions in the engine's process
+# (server.frontend_processes=1), as a replica does, so the ingress is the only difference.
 # Writes OUT/<stage>/ (server and cluster logs, the bench's summary.md and results.json, ray_kill.md) and
 # OUT/summary.md.
 # Each stage ends with `ray stop --force`: every Ray instance on the machine stops (run it on a machine of its own).
@@ -28,9 +31,10 @@ config=${CONFIG:-configs/ming-flash-omni-2.0-1gpu.yaml}
 export PYTHONUNBUFFERED=1 RAY_USAGE_STATS_ENABLED=0 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 if [ "${SETUP:-1}" = 1 ]; then
   # shellcheck source=bench/gpu_setup.sh
-  GPU_SETUP_CHECK=0 source bench/gpu_setup.sh > "$out/setup.log" 2>&1 || { echo "gpu_setup failed"; exit 1; }
+  # (a sourced script without arguments would see this script's own: OUT as its folder)
+  GPU_SETUP_CHECK=0 source bench/gpu_setup.sh /tmp/site > "$out/setup.log" 2>&1 || { echo "gpu_setup failed"; exit 1; }
   # shellcheck source=bench/ray_unpack.sh
-  source bench/ray_unpack.sh > /dev/null || { echo "ray_unpack failed"; exit 1; }
+  source bench/ray_unpack.sh /tmp/raysite > /dev/null || { echo "ray_unpack failed"; exit 1; }
 fi
 gpus=${GPUS:-$(nvidia-smi -L 2> /dev/null | wc -l)}
 reply="Sure. The weather today looks sunny, with a light breeze from the west and a high of twenty degrees. "
@@ -55,7 +59,7 @@ wait_ready() {  # URL LOG PID: poll /health/ready (or /health) until 200, bounde
   echo "not ready after ${READY_S:-600} s: $1"; tail -30 "$2"; return 1
 }
 cluster() {  # DIR REPLICAS VISIBLE_GPUS: the ingress on :8700, one replica per GPU
-  local per=1; [ "$gpus" = 0 ] && per=0
+  local per=${GPUS_PER_REPLICA:-1}; [ "$gpus" = 0 ] && per=0
   CUDA_VISIBLE_DEVICES=$3 python3 -m realtime_ming.cli serve-cluster --config "$config" --replicas "$2" \
     --num-gpus "$per" --num-cpus "${CPUS_PER_REPLICA:-4}" --port 8700 "${model[@]}" > "$1/cluster.log" 2>&1 &
   pids+=($!)
@@ -67,7 +71,33 @@ stages=" ${STAGES:-overhead scale kill} "
 
 if [[ $stages == *" overhead "* ]]; then
   d="$out/overhead"; mkdir -p "$d"
-  if [ "$gpus" = 1 ]; then echo "overhead: needs 2 GPUs (one replica, one plain server)"; else
+  if [ "$gpus" = 1 ]; then
+    # one GPU: the two targets take turns on it, a fresh start each round, the first in each round alternating
+    for r in $(seq "${ROUNDS:-2}"); do
+      order="ray plain"; [ "${FIRST:-ray}" = plain ] && order="plain ray"
+      [ $((r % 2)) = 0 ] && order=$(echo "$order" | awk '{print $2, $1}')
+      for target in $order; do
+        t="$d/$target-r$r"; mkdir -p "$t"
+        if [ "$target" = plain ]; then
+          python3 -m realtime_ming.cli serve --config "$config" --port 8701 "${model[@]}" > "$t/server.log" 2>&1 &
+          pids+=($!)
+          wait_ready http://127.0.0.1:8701/health/ready "$t/server.log" "$!" || { stop_all; continue; }
+          url=ws://127.0.0.1:8701/v1/realtime
+        else
+          cluster "$t" 1 0 || { stop_all; continue; }
+          url=ws://127.0.0.1:8700/v1/realtime
+        fi
+        timeout "${OVERHEAD_TIMEOUT_S:-420}" python3 -m bench --url "$url" --name "$target" -c "${LEVELS:-16,64}" \
+          "${bench_args[@]}" --out "$t/bench" > "$t/bench.log" 2>&1
+        echo "overhead round $r $target rc=$?"
+        stop_all
+      done
+    done
+    python3 bench/ray_rounds.py "$d"/ray-r*/bench/results.json "$d"/plain-r*/bench/results.json | tee "$d/rounds.txt"
+    { echo "## overhead (one replica behind the ingress vs a plain server, taking turns on one GPU)"; echo
+      for f in "$d"/*-r*/bench/summary.md; do grep -E "^\| (ray|plain) .*%" "$f" | head -4; done; echo
+      cat "$d/rounds.txt"; echo; } >> "$out/summary.md"
+  else
     plain_gpu=$((gpus > 0 ? gpus - 1 : 0)); [ "$gpus" = 0 ] && plain_gpu=""
     CUDA_VISIBLE_DEVICES=$plain_gpu python3 -m realtime_ming.cli serve --config "$config" --port 8701 \
       "${model[@]}" > "$d/plain.log" 2>&1 &

@@ -1,6 +1,6 @@
 """Write a full-size Ming-flash-omni-2.0 checkpoint of random bf16 weights in the release's layout (cold-start tests).
 
-    python -m bench.write_checkpoint OUT_DIR [--shards 42] [--threads 8]
+    python -m bench.write_checkpoint OUT_DIR [--shards 42] [--threads 8] [--layers K]
 
 Root: every key and shape of the manifest (tests/fixtures/ming_flash_omni_2_0_manifest.json; 25131 tensors, 104.25 B
 parameters, 208.5 GB in bf16) in `--shards` files model-000NN-of-000MM.safetensors (the release has 42; which key is
@@ -9,12 +9,17 @@ in which of its files is not known, so consecutive manifest keys fill files of e
 configs, stand-in tokenizers on the real special ids (engine/models.standin_tokenizers) and voice list. Values: a
 128 MiB pool of N(0, 0.02²) bf16 read at a moving offset (weights need not be distinct to time a load). Files are
 written by `--threads` writers in parallel; prints GB written and GB/s. Needs ~211 GB of free disk.
+
+`--layers K` keeps only the thinker's first K of its 32 decoder layers (config.json says K; every other tensor whole,
+every tensor at its full shape, shards of the full checkpoint's size): a cold start that fits a smaller disk, whose
+per-layer cost scales to the whole model (bench/cold_start.sh's LAYERS). A K-layer checkpoint is not the model.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import struct
 import sys
@@ -99,13 +104,31 @@ def talker_tensors(manifest: Path = MANIFEST) -> list[tuple[str, tuple[int, ...]
     return [(key, tuple(shape)) for key, shape, *_ in files["talker/model.safetensors"]["tensors"]]
 
 
-def write_configs(out: Path) -> None:
-    """The preset's configs and voice list, and stand-in tokenizers on its special ids."""
+_LAYER = re.compile(r"model\.model\.layers\.(\d+)\.")
+
+
+def keep_layers(tensors: list[tuple[str, tuple[int, ...]]], layers: int | None) -> list[tuple[str, tuple[int, ...]]]:
+    """The root tensors without the thinker's decoder layers from `layers` on (all of them when None)."""
+    if layers is None:
+        return tensors
+    return [(key, shape) for key, shape in tensors
+            if (m := _LAYER.match(key)) is None or int(m.group(1)) < layers]
+
+
+def write_configs(out: Path, layers: int | None = None) -> None:
+    """The preset's configs and voice list (the thinker's layer count set to `layers` when given), and stand-in
+    tokenizers on its special ids."""
     src = preset_dir(PRESET)
     for rel in ("config.json", "preprocessor_config.json", "talker/config.json", "talker/llm/config.json",
                 "talker/vae/config.json", "talker/data/voice_name.json"):
         (out / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(src / rel, out / rel)
+    if layers is not None:
+        config = json.loads((out / "config.json").read_text())
+        if not 0 < layers <= config["llm_config"]["num_hidden_layers"]:
+            raise SystemExit(f"--layers {layers}: the thinker has {config['llm_config']['num_hidden_layers']}")
+        config["llm_config"]["num_hidden_layers"] = layers
+        (out / "config.json").write_text(json.dumps(config, indent=2))
     thinker, talker = standin_tokenizers(preset_config(PRESET), [])
     thinker.tokenizer.save(str(out / "tokenizer.json"))
     talker.save(str(out / "talker" / "llm" / "tokenizer.json"))
@@ -114,14 +137,19 @@ def write_configs(out: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", type=Path)
-    ap.add_argument("--shards", type=int, default=42)
+    ap.add_argument("--shards", type=int, default=None, help="root files (default 42, the release's; with --layers "
+                    "as many as keep the full checkpoint's file size)")
     ap.add_argument("--threads", type=int, default=8)
+    ap.add_argument("--layers", type=int, default=None, help="keep the thinker's first K decoder layers only")
     args = ap.parse_args()
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
-    write_configs(out)
+    write_configs(out, args.layers)
     pool = Pool()
-    parts = split_shards(root_tensors(), args.shards)
+    full = root_tensors()
+    tensors = keep_layers(full, args.layers)
+    shards = args.shards or max(1, round(42 * sum(_numel(s) for _, s in tensors) / sum(_numel(s) for _, s in full)))
+    parts = split_shards(tensors, shards)
     names = [f"model-{i + 1:05d}-of-{len(parts):05d}.safetensors" for i in range(len(parts))]
     with torch.device("meta"):
         vae_keys = sorted(checkpoint_keys(AudioVAE(preset_config(PRESET).vae)).items())

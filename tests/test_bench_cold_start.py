@@ -17,6 +17,8 @@ from safetensors import safe_open
 from bench import write_checkpoint as wc
 from conftest import fixture_tokenizers
 from realtime_ming.model.config import load_checkpoint_config
+from realtime_ming.model.loader import checkpoint_keys
+from realtime_ming.model.ming import build_ming
 from realtime_ming.model.tokenizer import resolve_tokenizer
 
 REPO = Path(__file__).resolve().parent.parent
@@ -28,6 +30,28 @@ def test_root_keys_split_into_equal_shards_in_manifest_order():
     assert len(parts) == 42 and [t for part in parts for t in part] == tensors
     sizes = [sum(wc._numel(s) for _, s in part) * 2 for part in parts]
     assert sum(sizes) == 208_502_893_536 and max(sizes) < 1.3 * sum(sizes) / 42
+
+
+def test_layers_keep_the_first_decoder_layers_whole_and_every_other_tensor():
+    """`--layers K`: the thinker's layers 0..K-1 with all their tensors, none from K on, nothing else dropped."""
+    full = wc.root_tensors()
+    kept = wc.keep_layers(full, 6)
+    layer = lambda key: int(key.split(".")[3]) if key.startswith("model.model.layers.") else None  # noqa: E731
+    assert {layer(k) for k, _ in kept} - {None} == set(range(6))
+    assert [t for t in full if layer(t[0]) is None or layer(t[0]) < 6] == kept
+    assert sum(layer(k) == 5 for k, _ in kept) == sum(layer(k) == 5 for k, _ in full) > 700  # a MoE layer, whole
+    assert wc.keep_layers(full, None) is full
+
+
+def test_layer_count_written_into_the_config_builds_a_model_of_exactly_the_kept_keys(tmp_path):
+    """The K-layer config's model (built on meta) wants exactly the K-layer checkpoint's keys and shapes."""
+    wc.write_configs(tmp_path, 6)
+    ck = load_checkpoint_config(tmp_path)
+    assert ck.thinker.num_hidden_layers == 6 and ck.thinker.num_experts == 256
+    wanted = {key: tuple(shape) for key, shape in checkpoint_keys(build_ming(ck.ming, weights="meta")).items()}
+    assert wanted == dict(wc.keep_layers(wc.root_tensors(), 6))
+    with pytest.raises(SystemExit):
+        wc.write_configs(tmp_path / "bad", 33)
 
 
 def test_written_file_is_valid_safetensors(tmp_path):

@@ -29,6 +29,35 @@ def test_a_real_time_players_longest_stall():
     assert abs(s.underrun_s - 0.3) < 1e-9 and s.first_audio == 10.0
 
 
+def _one_target_run(path: Path, target: str, ms_by_c: dict[int, list[float]]) -> str:
+    levels = [{"target": target, "concurrency": c, "round": 0,
+               "samples": [{"is_warmup": True, "ok": True, "ttfa_server_s": 9.0}]
+               + [{"is_warmup": False, "ok": True, "ttfa_server_s": v / 1000} for v in values]
+               + [{"is_warmup": False, "ok": False, "ttfa_server_s": 9.0}]}
+              for c, values in ms_by_c.items()]
+    path.write_text(json.dumps({"targets": {target: {}}, "levels": levels}))
+    return str(path)
+
+
+def test_rounds_pair_one_target_runs_taking_turns(tmp_path, capsys):
+    """The one-GPU overhead stage's runs (one target per file): a target's k-th file is round k, warm-up and failed
+    turns left out, the difference first - second per round and its median; a level one target lacks is named."""
+    from bench.ray_rounds import main
+    files = [_one_target_run(tmp_path / "r1.json", "ray", {16: [9, 10, 11], 64: [30]}),
+             _one_target_run(tmp_path / "r2.json", "ray", {16: [20, 23, 30]}),
+             _one_target_run(tmp_path / "p1.json", "plain", {16: [10], 64: [28]}),
+             _one_target_run(tmp_path / "p2.json", "plain", {16: [38, 40, 41]})]
+    main(files)
+    out = capsys.readouterr().out.splitlines()
+    assert "c=16 round 1: ray 10  plain 10  difference +0 ms" in out
+    assert "c=16 round 2: ray 23  plain 40  difference -17 ms" in out
+    assert "c=16: median of the per-round differences -8 ms" in out  # -8.5, to even
+    assert "c=64 round 1: ray 30  plain 28  difference +2 ms" in out
+    assert "c=64: median of the per-round differences +2 ms" in out
+    with pytest.raises(SystemExit):
+        main(files[:2])
+
+
 def test_the_verdict_names_each_check_and_a_failed_one_stands_out():
     result = {"url": "ws://x/v1/realtime", "sessions_per_replica": {"a": 3}, "victim": "a", "lost": 3, "kept": 0,
               "lost_close_s": {"min": 1.0, "max": 2.0}, "kept_worst_underrun_ms": 0.0, "fresh_replicas": ["b"],
