@@ -12,9 +12,10 @@
 #             sessions go to the survivors.
 #   bash bench/ray_gpu.sh OUT          # device tool: carry [".whl", ".turns", ".raypack"]; STAGES="overhead" or
 #                                      # "scale kill" (default: all three; ~10 min on 4x H200, so two calls)
-# The tree, .whl (21 MB) and .raypack (25 MB, `bash bench/ray_pack.sh` here) pass the tool's 64 MiB together: carry
-# [".raypack", ".turns"] in a first call (`true` will do) and [".whl", ".turns"] in the next one within 30 s, while
-# the machine is warm: a carried path not named again stays there (bench/ray_unpack.sh finds the pack).
+# The tree, .whl (21 MB) and .raypack (25 MB, `bash bench/ray_pack.sh` here) pass the tool's 64 MiB together, and a
+# carried path not named again is gone in the next call: carry [".raypack"] in a first call that copies it out of
+# the tree (`mkdir -p /tmp/raypack_keep && cp .raypack/* /tmp/raypack_keep/`), then, within 30 s while the machine is
+# warm, carry [".whl", ".turns"] with RAYPACK_DIR=/tmp/raypack_keep (bench/ray_unpack.sh reads it).
 # Env: CONFIG (configs/ming-flash-omni-2.0-1gpu.yaml), MODEL_SET (server overrides, default "engine.preset=
 # ming-flash-omni-2.0 engine.weights=dummy"), TURNS (2), MAX_TOKENS (48), VAD_MS (200), GPUS (nvidia-smi's count;
 # 0 = CPU only: how this script is checked without a GPU, e.g. CONFIG=configs/tiny-cpu.yaml MODEL_SET= GPUS=0

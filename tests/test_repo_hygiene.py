@@ -80,3 +80,24 @@ def test_relative_markdown_links_resolve(doc: Path):
 def test_link_parser_finds_relative_links():
     text = "[a](docs/model.md) ![b](docs/screenshot.png \"t\") [c](https://x.y/z) [d](#top)\n[e]: bench/README.md\n"
     assert _relative_links(text) == ["docs/model.md", "docs/screenshot.png", "bench/README.md"]
+
+
+MAX_TRACKED_BYTES = 10 << 20  # the largest source asset, the smart-turn ONNX model, is 8.7 MB
+
+
+def test_no_build_output_or_large_binary_is_tracked():
+    """Build outputs carried to GPU machines (.whl, .raypack, .turns, bench/out) and bench results' raw files stay
+    out of git: nothing tracked is ignored by .gitignore or larger than MAX_TRACKED_BYTES (a clone pays for every
+    tracked byte forever)."""
+    try:
+        listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True, timeout=60)
+        ignored = subprocess.run(["git", "ls-files", "-z", "--cached", "--ignored", "--exclude-standard"], cwd=ROOT,
+                                 capture_output=True, check=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as exc:
+        pytest.skip(f"not a git checkout: {exc}")
+    tracked = [p for p in listed.stdout.decode().split("\0") if p]
+    assert tracked, "git lists no tracked file"
+    assert [p for p in ignored.stdout.decode().split("\0") if p] == []
+    large = [(p, (ROOT / p).stat().st_size) for p in tracked
+             if (ROOT / p).is_file() and (ROOT / p).stat().st_size > MAX_TRACKED_BYTES]
+    assert large == []
