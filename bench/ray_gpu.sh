@@ -2,7 +2,9 @@
 # GPU replicas behind the Ray Serve ingress (issue 45), one GPU per replica, dummy weights at full shapes:
 #   overhead  the ingress's TTFA_server overhead against a direct connection: one replica on cuda:0 behind the
 #             ingress vs a plain `realtime-ming serve` on the last GPU, same config, interleaved rounds at LEVELS
-#             (default 16,64; `python -m bench --compare-url`), then bench/ray_rounds.py's per-round differences.
+#             (default 16,32,64: c=32 is what the scale stage asks of each replica; `python -m bench
+#             --compare-url`), then bench/ray_rounds.py's per-round differences. Both serve their sessions in one
+#             process, which did not carry c=64 on one H200 (bench/results/gpu-h200-ray-overhead-2026-11-29/).
 #             On one GPU the two take turns on it instead: ROUNDS rounds (2), each starting both afresh, one after
 #             the other, the first alternating (FIRST=ray or plain: round 1's);
 #   scale     (every GPU): REPLICAS replicas (default: one per GPU) behind the ingress, the sessions spread by load,
@@ -88,7 +90,7 @@ if [[ $stages == *" overhead "* ]]; then
           cluster "$t" 1 0 || { stop_all; continue; }
           url=ws://127.0.0.1:8700/v1/realtime
         fi
-        timeout "${OVERHEAD_TIMEOUT_S:-420}" python3 -m bench --url "$url" --name "$target" -c "${LEVELS:-16,64}" \
+        timeout "${OVERHEAD_TIMEOUT_S:-420}" python3 -m bench --url "$url" --name "$target" -c "${LEVELS:-16,32,64}" \
           "${bench_args[@]}" --out "$t/bench" > "$t/bench.log" 2>&1
         echo "overhead round $r $target rc=$?"
         stop_all
@@ -107,7 +109,7 @@ if [[ $stages == *" overhead "* ]]; then
     replica_gpu=0; [ "$gpus" = 0 ] && replica_gpu=""
     if cluster "$d" 1 "$replica_gpu" && wait_ready http://127.0.0.1:8701/health "$d/plain.log" "$plain"; then
       timeout "${OVERHEAD_TIMEOUT_S:-420}" python3 -m bench --url ws://127.0.0.1:8700/v1/realtime --name ray \
-        --compare-url ws://127.0.0.1:8701/v1/realtime --compare-name plain -c "${LEVELS:-16,64}" \
+        --compare-url ws://127.0.0.1:8701/v1/realtime --compare-name plain -c "${LEVELS:-16,32,64}" \
         --rounds "${ROUNDS:-2}" "${bench_args[@]}" --out "$d/bench" > "$d/bench.log" 2>&1
       echo "overhead bench rc=$?"
       python3 bench/ray_rounds.py "$d/bench/results.json" | tee "$d/rounds.txt"
