@@ -159,6 +159,26 @@ def test_cluster_config_data_path_keys():
             load_cluster_config(None, **bad)
 
 
+def test_a_replica_admitting_more_sessions_than_one_process_carries_is_warned_of(caplog):
+    """A replica serves its sessions in one process: a capacity above ONE_PROCESS_SESSIONS is said at build time
+    (naming the override that fixes it), one within it is not."""
+    from realtime_ming.cluster.app import deployment_options
+    from realtime_ming.cluster.replica import ONE_PROCESS_SESSIONS
+
+    big = load_cluster_config(None, overrides=["server.frontend_processes=1", "server.limits.max_sessions=64",
+                                               "engine.thinker.max_slots=64"])
+    with caplog.at_level("WARNING", logger="realtime_ming.cluster.app"):
+        assert deployment_options(big)["max_ongoing_requests"] == 64
+    assert f"server.limits.max_sessions={ONE_PROCESS_SESSIONS}" in caplog.text and "admits 64 sessions" in caplog.text
+    caplog.clear()
+    fits = load_cluster_config(None, overrides=["server.frontend_processes=1",
+                                                f"server.limits.max_sessions={ONE_PROCESS_SESSIONS}",
+                                                "engine.thinker.max_slots=64"])
+    with caplog.at_level("WARNING", logger="realtime_ming.cluster.app"):
+        assert deployment_options(fits)["max_ongoing_requests"] == ONE_PROCESS_SESSIONS
+    assert "admits" not in caplog.text
+
+
 def test_a_replica_config_with_front_end_processes_is_refused_at_load(tmp_path):
     """A replica never starts `server.frontend_processes`: any value but 1 is a config error, not a silent no-op."""
     import subprocess

@@ -43,10 +43,15 @@ def _server_config(cluster: ClusterConfig):
 
 def deployment_options(cluster: ClusterConfig) -> dict[str, Any]:
     """Serve options of the replica deployment derived from the cluster and server configs."""
-    from .replica import replica_capacity
+    from .replica import ONE_PROCESS_SESSIONS, replica_capacity
 
     cfg = _server_config(cluster)
     capacity = replica_capacity(cfg)
+    if capacity > ONE_PROCESS_SESSIONS:
+        log.warning("each replica admits %d sessions (min of server.limits.max_sessions and engine.thinker.max_slots) "
+                    "and serves them in its one process, which carries about %d real-time sessions: set "
+                    "server.limits.max_sessions=%d in the overrides for sessions that stay on time (docs/cluster.md)",
+                    capacity, ONE_PROCESS_SESSIONS, ONE_PROCESS_SESSIONS)
     grace = cluster.graceful_shutdown_timeout_s
     if grace is None:
         grace = cfg.server.limits.drain_timeout_s + 15.0
