@@ -8,7 +8,8 @@
 #             On one GPU the two take turns on it instead: ROUNDS rounds (2), each starting both afresh, one after
 #             the other, the first alternating (FIRST=ray or plain: round 1's);
 #   scale     (every GPU): REPLICAS replicas (default: one per GPU) behind the ingress, the sessions spread by load,
-#             aggregate TTFA and playback stalls at SCALE_C (default 32 per replica);
+#             aggregate TTFA and playback stalls at SCALE_C (default 32 per replica), each replica admitting
+#             REPLICA_SESSIONS (32);
 #   kill      (after scale, same cluster): bench/ray_kill.py: KILL_SESSIONS sessions mid-reply, the fullest replica's
 #             actor killed: its sessions end replica_lost / 1012, the others' replies go on without a stall, new
 #             sessions go to the survivors.
@@ -61,10 +62,10 @@ wait_ready() {  # URL LOG PID: poll /health/ready (or /health) until 200, bounde
   done
   echo "not ready after ${READY_S:-600} s: $1"; tail -30 "$2"; return 1
 }
-cluster() {  # DIR REPLICAS VISIBLE_GPUS: the ingress on :8700, one replica per GPU
+cluster() {  # DIR REPLICAS VISIBLE_GPUS [ARGS...]: the ingress on :8700, one replica per GPU
   local per=${GPUS_PER_REPLICA:-1}; [ "$gpus" = 0 ] && per=0
   CUDA_VISIBLE_DEVICES=$3 python3 -m realtime_ming.cli serve-cluster --config "$config" --replicas "$2" \
-    --num-gpus "$per" --num-cpus "${CPUS_PER_REPLICA:-4}" --port 8700 "${model[@]}" > "$1/cluster.log" 2>&1 &
+    --num-gpus "$per" --num-cpus "${CPUS_PER_REPLICA:-4}" --port 8700 "${model[@]}" "${@:4}" > "$1/cluster.log" 2>&1 &
   pids+=($!)
   wait_ready http://127.0.0.1:8700/health/ready "$1/cluster.log" "$!"
 }
@@ -124,7 +125,9 @@ fi
 if [[ $stages == *" scale "* || $stages == *" kill "* ]]; then
   d="$out/scale"; mkdir -p "$d"
   replicas=${REPLICAS:-$((gpus > 0 ? gpus : 2))}
-  if cluster "$d" "$replicas" "$all_gpus"; then
+  # each replica admits what its one process carries (cluster/config.py ONE_PROCESS_SESSIONS), so a burst that
+  # Serve's router spreads unevenly fills the others instead of overloading one
+  if cluster "$d" "$replicas" "$all_gpus" --set "server.limits.max_sessions=${REPLICA_SESSIONS:-32}"; then
     python3 -c 'import json, sys, urllib.request; print(urllib.request.urlopen(sys.argv[1]).read().decode())' \
       http://127.0.0.1:8700/health > "$d/health.json"
     if [[ $stages == *" scale "* ]]; then

@@ -163,7 +163,7 @@ def test_a_replica_admitting_more_sessions_than_one_process_carries_is_warned_of
     """A replica serves its sessions in one process: a capacity above ONE_PROCESS_SESSIONS is said at build time
     (naming the override that fixes it), one within it is not."""
     from realtime_ming.cluster.app import deployment_options
-    from realtime_ming.cluster.replica import ONE_PROCESS_SESSIONS
+    from realtime_ming.cluster.config import ONE_PROCESS_SESSIONS
 
     big = load_cluster_config(None, overrides=["server.frontend_processes=1", "server.limits.max_sessions=64",
                                                "engine.thinker.max_slots=64"])

@@ -20,6 +20,7 @@ from typing import Any
 
 from ..engine.hooks import EngineHooks
 from .config import (
+    ONE_PROCESS_SESSIONS,
     REPLICA_DEPLOYMENT,
     ClusterConfig,
     load_cluster_config,
@@ -43,7 +44,7 @@ def _server_config(cluster: ClusterConfig):
 
 def deployment_options(cluster: ClusterConfig) -> dict[str, Any]:
     """Serve options of the replica deployment derived from the cluster and server configs."""
-    from .replica import ONE_PROCESS_SESSIONS, replica_capacity
+    from .replica import replica_capacity
 
     cfg = _server_config(cluster)
     capacity = replica_capacity(cfg)

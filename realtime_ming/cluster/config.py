@@ -22,11 +22,17 @@ from typing import Any
 
 import yaml
 
-__all__ = ["DATA_PATHS", "REPLICA_DEPLOYMENT", "AutoscalingConfig", "ClusterConfig", "ClusterConfigError", "check_replica_config",
-           "load_cluster_config", "load_replica_config"]
+__all__ = [
+    "DATA_PATHS", "ONE_PROCESS_SESSIONS", "REPLICA_DEPLOYMENT", "AutoscalingConfig",
+    "ClusterConfig", "ClusterConfigError", "check_replica_config", "load_cluster_config", "load_replica_config",
+]
 
 DATA_PATHS = ("direct", "serve")
 REPLICA_DEPLOYMENT = "RealtimeReplica"  # the Serve deployment of the replicas (the proxy's lease calls name it)
+# Real-time spoken sessions one interpreter carries: each costs its process ~22-37 ms of GIL a second
+# (server/frontends.py), and a replica serves its sessions in its actor's process. On one H200, 16 sessions so
+# served kept TTFA_server within the plain server's, 64 did not finish (bench/results/gpu-h200-ray-overhead-2026-11-29).
+ONE_PROCESS_SESSIONS = 32
 
 
 class ClusterConfigError(ValueError):

@@ -45,17 +45,11 @@ from websockets.frames import CloseCode
 from ..engine.hooks import EngineHooks
 from .lease import REPLICA_HEADER
 
-__all__ = ["ONE_PROCESS_SESSIONS", "REPLICA_HEADER", "RealtimeReplica", "replica_capacity"]
+__all__ = ["REPLICA_HEADER", "RealtimeReplica", "replica_capacity"]
 
 log = logging.getLogger(__name__)
 
 _WATCH_S = 0.1  # how often the replica looks for "Serve is stopping me" and a dead engine
-
-
-# Real-time spoken sessions one interpreter carries: each costs its process ~22-37 ms of GIL a second
-# (server/frontends.py), and a replica serves its sessions in its actor's process. On one H200, 16 sessions so
-# served kept TTFA_server within the plain server's, 64 did not finish (bench/results/gpu-h200-ray-overhead-2026-11-29).
-ONE_PROCESS_SESSIONS = 32
 
 
 def replica_capacity(cfg) -> int:
