@@ -13,7 +13,7 @@
 #   kill      (after scale, same cluster): bench/ray_kill.py: KILL_SESSIONS sessions mid-reply, the fullest replica's
 #             actor killed: its sessions end replica_lost / 1012, the others' replies go on without a stall, new
 #             sessions go to the survivors.
-#   bash bench/ray_gpu.sh OUT          # device tool: carry [".whl", ".turns", ".raypack"]; STAGES="overhead" or
+#   bash bench/ray_gpu.sh OUT          # device tool: carry .whl, .turns, .raypack as below; STAGES="overhead" or
 #                                      # "scale kill" (default: all three; ~10 min on 4x H200, so two calls)
 # The tree, .whl (21 MB) and .raypack (25 MB, `bash bench/ray_pack.sh` here) pass the tool's 64 MiB together, and a
 # carried path not named again is gone in the next call: carry [".raypack"] in a first call that copies it out of
