@@ -6,8 +6,9 @@ Starts `realtime-ming serve --config CONFIG --model-path DIR` (its log in OUT_DI
 0.25 s until GET /health/ready answers 200: the resident memory of the server's whole process tree (TP ranks and
 front-end processes included; the sum's peak) and the bytes the tree read from storage (/proc/PID/io read_bytes,
 the page cache's hits not counted), with when those reads began and last grew (the load's read phase; what follows
-is the rest of start-up: quantisation left over, graph capture, warm-up). Then records nvidia-smi's memory per GPU, stops the server (SIGINT) and writes
-OUT_DIR/cold_start.json: seconds to ready, checkpoint GB, GB read from storage, checkpoint GB / seconds, peak RSS.
+is the rest of start-up: quantisation left over, graph capture, warm-up). Then records nvidia-smi's memory per
+GPU, stops the server (SIGINT) and writes OUT_DIR/cold_start.json: seconds to ready, checkpoint GB, GB read from
+storage, checkpoint GB / seconds, peak RSS.
 `--drop-caches` first empties the page cache (needs root; whether it did is recorded): without it a checkpoint
 written or read just before is served from memory, not from the disk.
 """
