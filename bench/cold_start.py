@@ -122,8 +122,9 @@ def main() -> None:
             peak_rss = max(peak_rss, sum(_rss_bytes(p) for p in pids))
             for p in pids:
                 reads[p] = max(reads.get(p, 0), _read_bytes(p))
-            if sum(reads.values()) > read_seen + (64 << 20):  # past imports' and configs' small reads
-                read_seen = sum(reads.values())
+            read_now = sum(reads.values())
+            if read_now > read_seen + (64 << 20):  # past imports' and configs' small reads
+                read_seen = read_now
                 read_last_s = time.perf_counter() - t0
                 read_first_s = read_first_s if read_first_s is not None else read_last_s
             if server.poll() is not None:

@@ -69,6 +69,11 @@ cluster() {  # DIR REPLICAS VISIBLE_GPUS [ARGS...]: the ingress on :8700, one re
   pids+=($!)
   wait_ready http://127.0.0.1:8700/health/ready "$1/cluster.log" "$!"
 }
+plain_server() {  # LOG VISIBLE_GPUS: a plain `realtime-ming serve` on :8701 in the background (its pid: $plain)
+  CUDA_VISIBLE_DEVICES=$2 python3 -m realtime_ming.cli serve --config "$config" --port 8701 "${model[@]}" > "$1" 2>&1 &
+  plain=$!
+  pids+=("$plain")
+}
 all_gpus=$(seq -s, 0 $((gpus > 0 ? gpus - 1 : 0))); [ "$gpus" = 0 ] && all_gpus=""
 stages=" ${STAGES:-overhead scale kill} "
 : > "$out/summary.md"
@@ -83,9 +88,8 @@ if [[ $stages == *" overhead "* ]]; then
       for target in $order; do
         t="$d/$target-r$r"; mkdir -p "$t"
         if [ "$target" = plain ]; then
-          python3 -m realtime_ming.cli serve --config "$config" --port 8701 "${model[@]}" > "$t/server.log" 2>&1 &
-          pids+=($!)
-          wait_ready http://127.0.0.1:8701/health/ready "$t/server.log" "$!" || { stop_all; continue; }
+          plain_server "$t/server.log" 0
+          wait_ready http://127.0.0.1:8701/health/ready "$t/server.log" "$plain" || { stop_all; continue; }
           url=ws://127.0.0.1:8701/v1/realtime
         else
           cluster "$t" 1 0 || { stop_all; continue; }
@@ -103,10 +107,7 @@ if [[ $stages == *" overhead "* ]]; then
       cat "$d/rounds.txt"; echo; } >> "$out/summary.md"
   else
     plain_gpu=$((gpus > 0 ? gpus - 1 : 0)); [ "$gpus" = 0 ] && plain_gpu=""
-    CUDA_VISIBLE_DEVICES=$plain_gpu python3 -m realtime_ming.cli serve --config "$config" --port 8701 \
-      "${model[@]}" > "$d/plain.log" 2>&1 &
-    pids+=($!)
-    plain=$!
+    plain_server "$d/plain.log" "$plain_gpu"
     replica_gpu=0; [ "$gpus" = 0 ] && replica_gpu=""
     if cluster "$d" 1 "$replica_gpu" && wait_ready http://127.0.0.1:8701/health "$d/plain.log" "$plain"; then
       timeout "${OVERHEAD_TIMEOUT_S:-420}" python3 -m bench --url ws://127.0.0.1:8700/v1/realtime --name ray \
