@@ -3,8 +3,8 @@
 #   overhead  the ingress's TTFA_server overhead against a direct connection: one replica on cuda:0 behind the
 #             ingress vs a plain `realtime-ming serve` on the last GPU, same config, interleaved rounds at LEVELS
 #             (default 16,32,64: c=32 is what the scale stage asks of each replica; `python -m bench
-#             --compare-url`), then bench/ray_rounds.py's per-round differences. Both serve their sessions in one
-#             process, which did not carry c=64 on one H200 (bench/results/gpu-h200-ray-overhead-2026-11-29/).
+#             --compare-url`), then bench/ray_rounds.py's per-round differences. Sessions served in one process
+#             (FRONTENDS=1) did not carry c=32 on one H200 (bench/results/gpu-h200x2-ray-replicas-2026-11-29/).
 #             On one GPU the two take turns on it instead: ROUNDS rounds (2), each starting both afresh, one after
 #             the other, the first alternating (FIRST=ray or plain: round 1's);
 #   scale     (every GPU): REPLICAS replicas (default: one per GPU) behind the ingress, the sessions spread by load,
@@ -23,8 +23,9 @@
 # ming-flash-omni-2.0 engine.weights=dummy"), TURNS (2), MAX_TOKENS (48), VAD_MS (200), GPUS (nvidia-smi's count;
 # 0 = CPU only: how this script is checked without a GPU, e.g. CONFIG=configs/tiny-cpu.yaml MODEL_SET= GPUS=0
 # REPLICAS=2 SETUP=0; the one-GPU overhead branch with GPUS=1 GPUS_PER_REPLICA=0 STAGES=overhead), READY_S (600),
-# SETUP (1: gpu_setup + ray_unpack). Both targets serve their sessions in the engine's process
-# (server.frontend_processes=1), as a replica does, so the ingress is the only difference.
+# SETUP (1: gpu_setup + ray_unpack), FRONTENDS (server.frontend_processes of both targets; default the config's:
+# a replica on the direct data path runs its front-end processes as the plain server does), so the ingress is the
+# only difference.
 # Writes OUT/<stage>/ (server and cluster logs, the bench's summary.md and results.json, ray_kill.md) and
 # OUT/summary.md.
 # Each stage ends with `ray stop --force`: every Ray instance on the machine stops (run it on a machine of its own).
@@ -42,7 +43,10 @@ if [ "${SETUP:-1}" = 1 ]; then
 fi
 gpus=${GPUS:-$(nvidia-smi -L 2> /dev/null | wc -l)}
 reply="Sure. The weather today looks sunny, with a light breeze from the west and a high of twenty degrees. "
-model=(--set server.frontend_processes=1 --hook "forced_reply=$reply")  # the replica's sessions in its actor; plain alike
+model=(--hook "forced_reply=$reply")
+# FRONTENDS: server.frontend_processes of the replicas and the plain server alike (default: the config's; 1 = the
+# sessions in the engine's process, a replica's actor)
+[ -z "${FRONTENDS:-}" ] || model+=(--set "server.frontend_processes=$FRONTENDS")
 for kv in ${MODEL_SET-engine.preset=ming-flash-omni-2.0 engine.weights=dummy}; do model+=(--set "$kv"); done
 bench_args=(--turns "${TURNS:-2}" --warmup 1 --vad-silence-ms "${VAD_MS:-200}" --max-output-tokens "${MAX_TOKENS:-48}"
             --turns-cache .turns --no-progress)
@@ -126,8 +130,8 @@ fi
 if [[ $stages == *" scale "* || $stages == *" kill "* ]]; then
   d="$out/scale"; mkdir -p "$d"
   replicas=${REPLICAS:-$((gpus > 0 ? gpus : 2))}
-  # each replica admits what its one process carries (cluster/config.py ONE_PROCESS_SESSIONS), so a burst that
-  # Serve's router spreads unevenly fills the others instead of overloading one
+  # each replica admits REPLICA_SESSIONS (32: c=128 over 4 replicas), so a burst that Serve's router spreads
+  # unevenly fills the others instead of overloading one
   if cluster "$d" "$replicas" "$all_gpus" --set "server.limits.max_sessions=${REPLICA_SESSIONS:-32}"; then
     python3 -c 'import json, sys, urllib.request; print(urllib.request.urlopen(sys.argv[1]).read().decode())' \
       http://127.0.0.1:8700/health > "$d/health.json"

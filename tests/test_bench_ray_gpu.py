@@ -1,7 +1,8 @@
 """bench/ray_gpu.sh and bench/ray_kill.py (issue 45's GPU replicas behind Ray Serve), checked on CPU: a real-time
 player's stall as `ray_kill` measures it, the verdict's checks (a kill that found every session on one replica
 proves nothing and fails), and — marked `ray` — the script's scale and kill stages end to end with two tiny CPU
-replicas: the killed replica's sessions end replica_lost / 1012, the others finish, new sessions go elsewhere."""
+replicas, each with two front-end processes: the killed replica's sessions end replica_lost / 1012, the others
+finish, new sessions go elsewhere."""
 
 from __future__ import annotations
 
@@ -74,7 +75,7 @@ def test_the_verdict_names_each_check_and_a_failed_one_stands_out():
 @pytest.mark.timeout(900)
 def test_the_gpu_replica_script_runs_its_scale_and_kill_stages_on_cpu(tmp_path):
     pytest.importorskip("ray", reason="the cluster extra is not installed (pip install 'realtime-ming[cluster]')")
-    env = dict(os.environ, CONFIG="configs/tiny-cpu.yaml", MODEL_SET="", GPUS="0", SETUP="0", REPLICAS="2",
+    env = dict(os.environ, CONFIG="configs/tiny-cpu.yaml", MODEL_SET="", GPUS="0", SETUP="0", REPLICAS="2", FRONTENDS="2",
                CPUS_PER_REPLICA="1", STAGES="scale kill", SCALE_C="2", TURNS="1", KILL_SESSIONS="4",
                KILL_STALL_MS="2000", READY_S="420")  # a busy 2-core box: the stall bound is the GPU run's business
     proc = subprocess.run(["bash", str(ROOT / "bench" / "ray_gpu.sh"), str(tmp_path)], cwd=ROOT, env=env,
@@ -87,5 +88,7 @@ def test_the_gpu_replica_script_runs_its_scale_and_kill_stages_on_cpu(tmp_path):
     lost = [s for s in kill["sessions"] if s["replica"] == kill["victim"] and s["index"] < 4]
     assert all(s["error_code"] == "replica_lost" and s["close_code"] == 1012 for s in lost)
     assert (tmp_path / "scale" / "bench" / "results.json").exists()
+    health = json.loads((tmp_path / "scale" / "health.json").read_text())
+    assert [r["processes"] for r in health["replicas"]] == [2, 2]  # the sessions ran in front-end processes
     summary = (tmp_path / "summary.md").read_text()
     assert "## kill" in summary and "sessions per replica at the busiest sample: {" in summary

@@ -179,27 +179,37 @@ def test_a_replica_admitting_more_sessions_than_one_process_carries_is_warned_of
     assert "admits" not in caplog.text
 
 
-def test_a_replica_config_with_front_end_processes_is_refused_at_load(tmp_path):
-    """A replica never starts `server.frontend_processes`: any value but 1 is a config error, not a silent no-op."""
+def test_front_end_processes_are_a_replicas_on_the_direct_data_path_and_refused_on_serve(tmp_path, caplog):
+    """On the direct data path a replica runs `server.frontend_processes` (cluster/replica_frontends.py) and carries
+    ONE_PROCESS_SESSIONS per process before the warning; on `serve` (every session handed to the actor) any value
+    but 1 is a config error, not a silent no-op, refused before Ray starts."""
     import subprocess
     import sys
     from pathlib import Path
 
     from realtime_ming.cluster.app import deployment_options
-    from realtime_ming.cluster.config import load_replica_config
+    from realtime_ming.cluster.config import ONE_PROCESS_SESSIONS, load_replica_config
 
-    assert load_replica_config(None, ["server.frontend_processes=1"]).server.frontend_processes == 1
     served = tmp_path / "serve.yaml"
-    served.write_text("server:\n  frontend_processes: 4\n")
-    for cluster in (load_cluster_config(None, overrides=["server.frontend_processes=2"]),
-                    load_cluster_config(None, server_config=str(served))):
-        with pytest.raises(ClusterConfigError, match=r"server\.frontend_processes=\d: a cluster replica"):
-            load_replica_config(cluster.server_config, cluster.overrides)
+    served.write_text("server:\n  frontend_processes: 4\n  limits:\n    max_sessions: 64\n"
+                      "engine:\n  thinker:\n    max_slots: 64\n")
+    direct = load_cluster_config(None, server_config=str(served))
+    assert load_replica_config(direct.server_config, direct.overrides).server.frontend_processes == 4
+    with caplog.at_level("WARNING", logger="realtime_ming.cluster.app"):
+        assert deployment_options(direct)["max_ongoing_requests"] == 64 <= ONE_PROCESS_SESSIONS * 4
+    assert "admits" not in caplog.text  # 4 processes carry 64
+    for cluster in (load_cluster_config(None, overrides=["server.frontend_processes=2"], data_path="serve"),
+                    load_cluster_config(None, server_config=str(served), data_path="serve")):
+        with pytest.raises(ClusterConfigError, match=r"server\.frontend_processes=\d with data_path: serve"):
+            load_replica_config(cluster.server_config, cluster.overrides, cluster.data_path)
         with pytest.raises(ClusterConfigError, match="frontend_processes"):
             deployment_options(cluster)  # what `run_cluster` / a `serve deploy` build calls first
     root = Path(__file__).resolve().parents[1]
-    done = subprocess.run([sys.executable, "-m", "realtime_ming.cli", "serve-cluster", "--set",
-                           "server.frontend_processes=2"], check=False, cwd=root, capture_output=True, text=True, timeout=60)
+    cluster_file = tmp_path / "cluster.yaml"
+    cluster_file.write_text("data_path: serve\n")
+    done = subprocess.run([sys.executable, "-m", "realtime_ming.cli", "serve-cluster", "--cluster-config",
+                           str(cluster_file), "--set", "server.frontend_processes=2"], check=False, cwd=root,
+                          capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stderr
-    assert "cluster config error: server.frontend_processes=2" in done.stderr
+    assert "cluster config error: server.frontend_processes=2 with data_path: serve" in done.stderr
     assert "Ray" not in done.stderr.split("cluster config error")[0]  # refused before any Ray start

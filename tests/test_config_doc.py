@@ -153,6 +153,6 @@ def test_every_shipped_config_loads(path):
 
     if path.name.startswith("cluster-"):
         cluster = load_cluster_config(path)
-        assert load_replica_config(ROOT / cluster.server_config, cluster.overrides).server.frontend_processes == 1
+        load_replica_config(ROOT / cluster.server_config, cluster.overrides, cluster.data_path)
     else:
         load_config(path)

@@ -25,6 +25,7 @@ from .config import (
     ClusterConfig,
     load_cluster_config,
     load_replica_config,
+    one_process_capacity,
 )
 
 __all__ = ["REPLICA_DEPLOYMENT", "app_builder", "build_apps", "deployment_options", "front_builder", "run_cluster"]
@@ -39,7 +40,7 @@ WORKER_NICENESS_ENV = "RAY_worker_niceness"
 
 
 def _server_config(cluster: ClusterConfig):
-    return load_replica_config(cluster.server_config, cluster.overrides)
+    return load_replica_config(cluster.server_config, cluster.overrides, cluster.data_path)
 
 
 def deployment_options(cluster: ClusterConfig) -> dict[str, Any]:
@@ -48,11 +49,13 @@ def deployment_options(cluster: ClusterConfig) -> dict[str, Any]:
 
     cfg = _server_config(cluster)
     capacity = replica_capacity(cfg)
-    if capacity > ONE_PROCESS_SESSIONS:
+    carried = one_process_capacity(cfg, cluster.data_path)
+    if capacity > carried:
         log.warning("each replica admits %d sessions (min of server.limits.max_sessions and engine.thinker.max_slots) "
-                    "and serves them in its one process, which carries about %d real-time sessions: set "
-                    "server.limits.max_sessions=%d in the overrides for sessions that stay on time (docs/cluster.md)",
-                    capacity, ONE_PROCESS_SESSIONS, ONE_PROCESS_SESSIONS)
+                    "and serves them in %d process(es), which carry about %d real-time sessions each: set "
+                    "server.limits.max_sessions=%d, or more server.frontend_processes (direct data path), in the "
+                    "overrides for sessions that stay on time (docs/cluster.md)", capacity,
+                    carried // ONE_PROCESS_SESSIONS, ONE_PROCESS_SESSIONS, carried)
     grace = cluster.graceful_shutdown_timeout_s
     if grace is None:
         grace = cfg.server.limits.drain_timeout_s + 15.0

@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     from .config import load_replica_config
 
     try:  # the replicas' config is checked here first: a bad one fails in a moment, not per replica
-        prepare(load_replica_config(cluster.server_config, cluster.overrides))
+        prepare(load_replica_config(cluster.server_config, cluster.overrides, cluster.data_path))
     except ClusterConfigError as exc:
         return _fail(f"cluster config error: {exc}")
     except (ConfigError, StartupError) as exc:

@@ -25,13 +25,15 @@ import yaml
 __all__ = [
     "DATA_PATHS", "ONE_PROCESS_SESSIONS", "REPLICA_DEPLOYMENT", "AutoscalingConfig",
     "ClusterConfig", "ClusterConfigError", "check_replica_config", "load_cluster_config", "load_replica_config",
+    "one_process_capacity",
 ]
 
 DATA_PATHS = ("direct", "serve")
 REPLICA_DEPLOYMENT = "RealtimeReplica"  # the Serve deployment of the replicas (the proxy's lease calls name it)
 # Real-time spoken sessions one interpreter carries: each costs its process ~22-37 ms of GIL a second
-# (server/frontends.py), and a replica serves its sessions in its actor's process. On one H200, 16 sessions so
-# served kept TTFA_server within the plain server's, 64 did not finish (bench/results/gpu-h200-ray-overhead-2026-11-29).
+# (server/frontends.py). On one H200, a replica serving them in its actor's process kept TTFA_server within the
+# plain server's at 16, not at 32 (1.5 s p50), and 64 did not finish (bench/results/gpu-h200-ray-overhead-2026-11-29,
+# gpu-h200x2-ray-replicas-2026-11-29).
 ONE_PROCESS_SESSIONS = 32
 
 
@@ -146,27 +148,33 @@ def load_cluster_config(path: str | Path | None = None, **changes: Any) -> Clust
     return _build(ClusterConfig, data, "")
 
 
-def load_replica_config(server_config: str | Path | None, overrides: list[str] | tuple[str, ...]):
+def load_replica_config(server_config: str | Path | None, overrides: list[str] | tuple[str, ...],
+                        data_path: str = "direct"):
     """The `realtime-ming serve` config every replica loads (`server_config` plus `overrides`), checked by
     `check_replica_config`; raises `server.config.ConfigError` for a bad file or key, ClusterConfigError for
     a setting a replica cannot honour."""
     from ..server.config import load_serve_config
 
     cfg = load_serve_config(server_config, list(overrides))
-    check_replica_config(cfg)
+    check_replica_config(cfg, data_path)
     return cfg
 
 
-def check_replica_config(cfg: Any) -> None:
+def check_replica_config(cfg: Any, data_path: str = "direct") -> None:
     """Refuse (ClusterConfigError) a server config a replica would otherwise ignore in part.
 
-    A replica serves its sessions in its Ray actor (`cluster/replica.py`): it never starts the front-end
-    processes of `server.frontend_processes`, so any value but 1 is an error here, not a silent no-op
-    (scale a node with more replicas, or run `realtime-ming serve` with the field instead).
+    On the `direct` data path a replica runs the front-end processes of `server.frontend_processes`
+    (cluster/replica_frontends.py); on `serve` every session is a request Serve hands the actor, so
+    there it serves them in its own process and any value but 1 is an error, not a silent no-op.
     """
     n = cfg.server.frontend_processes
-    if n != 1:
+    if n != 1 and data_path != "direct":
         raise ClusterConfigError(
-            f"server.frontend_processes={n}: a cluster replica serves its sessions in its own Ray actor and "
-            "cannot run front-end processes; set it to 1 (add replicas to use more cores of a node, or run "
-            "`realtime-ming serve` with server.frontend_processes instead)")
+            f"server.frontend_processes={n} with data_path: {data_path}: Serve hands every session to the replica's "
+            "actor, which cannot pass it to front-end processes; set it to 1 (and add replicas), or use "
+            "data_path: direct")
+
+
+def one_process_capacity(cfg: Any, data_path: str = "direct") -> int:
+    """Real-time sessions a replica's processes carry: `ONE_PROCESS_SESSIONS` per front end (direct data path)."""
+    return ONE_PROCESS_SESSIONS * (cfg.server.frontend_processes if data_path == "direct" else 1)

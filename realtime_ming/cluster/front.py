@@ -137,7 +137,8 @@ class ClusterFront:
         free = sum(max(0, r["capacity"] - r["sessions"]) for r in healthy)
         replicas = [{"replica": rid, "state": states[rid], "sessions": rep.get("sessions"),
                      "capacity": rep.get("capacity"), "age_s": round(rep.get("age_s", 0.0), 2),
-                     "actor_name": rep.get("actor_name"), "engine": rep.get("health", {}).get("engine")}
+                     "actor_name": rep.get("actor_name"), "engine": rep.get("health", {}).get("engine"),
+                     "processes": rep.get("health", {}).get("frontend_processes", 1)}
                     for rid, rep in sorted(self.reports.items())]
         if probe == "live":
             ok = any(s != "down" for s in states.values())

@@ -6,7 +6,9 @@ the token in the `x-realtime-ming-lease` header. A token is secret (`secrets.tok
 bits), single use, and valid for `ttl_s` after it was issued; any request on the direct port without
 a live token is refused with 403 before the upgrade (HTTP routes included). `LeaseGate.process_request`
 is the `websockets` hook that checks it; the lease ends when the connection that claimed it closes (or
-when it expires unclaimed), which ends the streaming call and frees the Serve slot.
+when it expires unclaimed), which ends the streaming call and frees the Serve slot. A replica with
+front-end processes checks in each of them with `FrontendGate`, which asks the actor's book over the
+engine host (cluster/replica_frontends.py).
 
 Plain Python (no Ray), so it is testable alone.
 """
@@ -19,6 +21,7 @@ import http
 import logging
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from websockets.asyncio.server import ServerConnection
@@ -26,7 +29,8 @@ from websockets.http11 import Request, Response
 
 from ..server.http import text_response
 
-__all__ = ["LEASE_HEADER", "REPLICA_HEADER", "Lease", "LeaseBook", "LeaseGate"]
+__all__ = ["CLAIM_CALL", "END_CALL", "LEASE_HEADER", "REPLICA_HEADER", "REPORT_CALL", "FrontendGate", "Lease",
+           "LeaseBook", "LeaseGate"]
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +113,7 @@ class LeaseGate:
 
     def __init__(self, book: LeaseBook) -> None:
         self.book = book
-        self._watchers: set[asyncio.Task] = set()
+        self._watchers = _Watchers()
         self.refused = 0
 
     def process_request(self, connection: ServerConnection, request: Request) -> Response | None:
@@ -117,17 +121,76 @@ class LeaseGate:
         lease = self.book.claim(tokens[0]) if len(tokens) == 1 else None
         if lease is None:
             self.refused += 1
-            log.warning("direct port: refused a request without a valid lease token from %s",
-                        connection.remote_address)
-            return text_response(http.HTTPStatus.FORBIDDEN, _REFUSED)
-        task = asyncio.ensure_future(self._end_on_close(connection, lease))
-        self._watchers.add(task)
-        task.add_done_callback(self._watchers.discard)
+            return _refusal(connection)
+        self._watchers.watch(connection, lease.ended.set)
         return None
 
+
+def _refusal(connection: ServerConnection) -> Response:
+    log.warning("direct port: refused a request without a valid lease token from %s", connection.remote_address)
+    return text_response(http.HTTPStatus.FORBIDDEN, _REFUSED)
+
+
+class _Watchers:
+    """Runs `ended()` once each claimed connection has closed (the tasks kept until then)."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task] = set()
+
+    def watch(self, connection: ServerConnection, ended: Callable[[], object]) -> None:
+        task = asyncio.ensure_future(self._end_on_close(connection, ended))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
     @staticmethod
-    async def _end_on_close(connection: ServerConnection, lease: Lease) -> None:
+    async def _end_on_close(connection: ServerConnection, ended: Callable[[], object]) -> None:
         try:
             await connection.wait_closed()
         finally:
-            lease.ended.set()
+            ended()
+
+
+# The engine-host calls of a replica's front ends (cluster/replica_frontends.py answers them in the actor)
+CLAIM_CALL = "replica_lease_claim"  # (token) -> a lease key, or None
+END_CALL = "replica_lease_end"  # (key): the connection that claimed it closed
+REPORT_CALL = "replica_frontend_report"  # (index, metrics text)
+_CLAIM_TIMEOUT_S = 10.0
+
+
+class FrontendGate:
+    """A replica's front-end process (`server.frontend_processes` >= 2 in a cluster replica): its direct-port
+    connections arrive handed over by the actor, and the actor's `LeaseBook` judges their tokens. The same
+    check as `LeaseGate` (one valid token or 403 before anything else), made over the engine host's calls;
+    `serving(server)` then sends the actor this process's metrics every `report_interval_s`."""
+
+    def __init__(self, engine, index: int, report_interval_s: float = 1.0) -> None:
+        self.engine, self.index, self.report_interval_s = engine, index, report_interval_s
+        self._watchers = _Watchers()
+        self._reporter: asyncio.Task | None = None
+        self.refused = 0
+
+    async def process_request(self, connection: ServerConnection, request: Request) -> Response | None:
+        tokens = request.headers.get_all(LEASE_HEADER)
+        key = None
+        if len(tokens) == 1 and tokens[0]:
+            try:
+                future = self.engine.call_future(CLAIM_CALL, tokens[0])
+                key = await asyncio.wait_for(asyncio.wrap_future(future), _CLAIM_TIMEOUT_S)
+            except (RuntimeError, TimeoutError) as exc:  # the actor could not answer: no admission
+                log.warning("direct port: lease check failed: %s", exc)
+        if key is None:
+            self.refused += 1
+            return _refusal(connection)
+        self._watchers.watch(connection, lambda: self.engine.call_future(END_CALL, key))
+        return None
+
+    def serving(self, server) -> None:
+        self._reporter = asyncio.ensure_future(self._report(server))
+
+    async def _report(self, server) -> None:
+        while True:
+            try:
+                self.engine.call_future(REPORT_CALL, self.index, server.metrics.render().decode())
+            except Exception as exc:  # noqa: BLE001 - a lost report is replaced by the next one
+                log.debug("front-end report failed: %s", exc)
+            await asyncio.sleep(self.report_interval_s)

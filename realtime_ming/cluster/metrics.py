@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-__all__ = ["render_cluster_metrics"]
+__all__ = ["render_cluster_metrics", "sum_expositions"]
 
 _PREFIX = "realtime_ming_"
 _CLUSTER = "realtime_ming_cluster_"
@@ -31,6 +31,25 @@ class _Snapshot:
 
     def collect(self) -> list[Metric]:
         return self._families
+
+
+def sum_expositions(texts: list[str]) -> str:
+    """One exposition of several processes' (a replica's front ends): the samples of the same name and labels
+    added up (counters, gauges and histogram buckets of one process each), `_created` samples left out."""
+    families: dict[str, Metric] = {}
+    sums: dict[str, dict[tuple, float]] = defaultdict(lambda: defaultdict(float))
+    for text in texts:
+        for family in text_string_to_metric_families(text):
+            families.setdefault(family.name, Metric(family.name, family.documentation, family.type))
+            for sample in family.samples:
+                if not sample.name.endswith("_created"):
+                    sums[family.name][(sample.name, tuple(sorted(sample.labels.items())))] += sample.value
+    for name, metric in families.items():
+        for (sample_name, labels), value in sums[name].items():
+            metric.add_sample(sample_name, dict(labels), value)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Snapshot(list(families.values())))
+    return generate_latest(registry).decode()
 
 
 def render_cluster_metrics(replicas: list[dict[str, Any]], states: dict[str, str]) -> bytes:

@@ -18,9 +18,11 @@ Data path (cluster config `data_path`): with `direct` (default) the replica also
 its own `websockets` port (cluster/direct.py): the proxy middleware takes a lease through the
 streaming `lease` call (one Serve request for the session's life, so admission is unchanged), then
 relays the client's frames over one TCP connection to that port, with Ray off the per-frame path;
-requests without a live one-time lease token are refused 403. With `serve` the session is the
-WebSocket Serve's proxy hands the replica as ASGI, every frame crossing Ray. Both run the same
-`RealtimeServer.serve_session`.
+requests without a live one-time lease token are refused 403. With `server.frontend_processes` >= 2
+the direct port's sessions run in that many front-end processes, as in `realtime-ming serve`, the actor
+keeping the engine and the leases (cluster/replica_frontends.py): one process carries only about 32
+real-time sessions. With `serve` the session is the WebSocket Serve's proxy hands the replica as ASGI,
+every frame crossing Ray, in the actor's process. All run the same `RealtimeServer.serve_session`.
 
 The upgrade response names the replica (`x-realtime-ming-replica`, its Serve replica id, as in
 /health and /metrics), so a client or an operator can tell which replica serves a session.
@@ -84,8 +86,9 @@ class RealtimeReplica:
         from .config import load_replica_config
         from .direct import DirectPort
         from .registry import registry_actor
+        from .replica_frontends import ReplicaFrontEnds
 
-        cfg = prepare(load_replica_config(server_config, overrides))
+        cfg = prepare(load_replica_config(server_config, overrides, "serve" if direct is None else "direct"))
         # TLS ends at Serve's proxy; the direct hop proxy -> replica is plain TCP inside the cluster
         cfg = dataclasses.replace(cfg, server=dataclasses.replace(cfg.server, tls=TlsConfig()))
         context = serve.get_replica_context()
@@ -93,13 +96,21 @@ class RealtimeReplica:
         self.actor_name = context.replica_id.to_full_id_str()
         self.direct = DirectPort(**direct) if direct is not None else None
         self.engine = await asyncio.to_thread(load_engine, cfg, hooks)
-        self.server = RealtimeServer(cfg, self.engine, sock=self.direct and self.direct.sock,
-                                     admit=self.direct and self.direct.gate.process_request)
+        # with front-end processes they serve the direct port; else this process does
+        here = self.direct is not None and cfg.server.frontend_processes == 1
+        self.server = RealtimeServer(cfg, self.engine, sock=self.direct.sock if here else None,
+                                     admit=self.direct.gate.process_request if here else None)
         self.asgi = RealtimeAsgiApp(self.server, accept_headers=[(REPLICA_HEADER, self.replica_id)])
         await self.asgi.ensure_prepared()
-        if self.direct is not None:
+        self.frontends: ReplicaFrontEnds | None = None
+        if here:
             await self.server.start()
-            log.info("replica %s: direct data path on %s", self.replica_id, self.direct.address)
+        elif self.direct is not None:
+            self.frontends = ReplicaFrontEnds(cfg, self.engine, self.direct, report_interval_s)
+            await self.frontends.start()
+        if self.direct is not None:
+            log.info("replica %s: direct data path on %s (%d process(es))", self.replica_id, self.direct.address,
+                     cfg.server.frontend_processes)
         self.capacity = replica_capacity(cfg)
         self._registry = registry_actor(app_name)
         self._report_interval_s = report_interval_s
@@ -140,20 +151,31 @@ class RealtimeReplica:
     # ---- state ---------------------------------------------------------------------------------
     def report(self) -> dict[str, Any]:
         """What the front shows for this replica (/health, /v1/models, /metrics)."""
-        server = self.server
+        server, frontends = self.server, self.frontends
         _, health = server._health("health")
+        sessions = server.num_sessions if frontends is None else frontends.sessions
+        health["sessions"] = sessions
+        if frontends is not None:
+            health["frontend_processes"] = frontends.frontends.n
         return {
             "replica": self.replica_id,
             "actor_name": self.actor_name,
             "health": health,
-            "alive": server.engine_failure() is None,
+            "alive": self._failure() is None,
             "draining": server.draining,
-            "sessions": server.num_sessions,
+            "sessions": sessions,
             "capacity": self.capacity,
             "models": server._models(),
-            "metrics": server.metrics.render().decode(),
+            "metrics": server.metrics.render().decode() if frontends is None else frontends.metrics(),
             "reported_at": time.time(),
         }
+
+    def _failure(self) -> str | None:
+        """Why this replica cannot serve: its engine died, or its front ends stopped (kept dying)."""
+        reason = self.server.engine_failure()
+        if reason is None and self.frontends is not None and self.frontends.ended:
+            reason = "the front-end processes stopped"
+        return reason
 
     async def _report_loop(self) -> None:
         while True:
@@ -172,13 +194,15 @@ class RealtimeReplica:
                 log.info("replica %s: Serve is stopping it: draining", self.replica_id)
                 await self.drain()
                 return
-            reason = server.engine_failure()
+            reason = self._failure()
             if reason is not None:
                 log.critical("replica %s: engine dead (%s): closing its sessions", self.replica_id, reason)
                 server.begin_drain()
                 await server.wait_responses_done(1.0)  # the engine failed them: let response.done go out
                 await self.asgi.close_sessions(CloseCode.INTERNAL_ERROR, "model engine unavailable")
                 await server.close(CloseCode.INTERNAL_ERROR, "model engine unavailable")  # the direct sessions
+                if self.frontends is not None:  # they saw the engine die and closed theirs (1011) themselves
+                    await self.frontends.stop()
                 return
 
     async def drain(self) -> bool:
@@ -188,7 +212,10 @@ class RealtimeReplica:
         self._drained = True
         self.server.begin_drain()
         await self._report_now()  # /health shows `draining` from the start of the drain, not a report later
-        done = await self.asgi.drain(self.server.cfg.server.limits.drain_timeout_s)
+        if self.frontends is not None:
+            done = await self.frontends.stop() == 0  # each front end drains as a single server does
+        else:
+            done = await self.asgi.drain(self.server.cfg.server.limits.drain_timeout_s)
         await self.server.close()  # the direct sessions: 1001 (their responses finished above)
         await self._report_now()
         return done
@@ -201,9 +228,9 @@ class RealtimeReplica:
 
     async def check_health(self) -> None:
         """Serve's health check: a dead engine makes the replica unhealthy (Serve replaces it)."""
-        reason = self.server.engine_failure()
+        reason = self._failure()
         if reason is not None:
-            raise RuntimeError(f"engine dead: {reason}")
+            raise RuntimeError(f"replica unavailable: {reason}")
 
     async def __del__(self) -> None:
         if not hasattr(self, "_tasks"):  # the constructor failed: nothing was started

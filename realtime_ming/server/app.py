@@ -20,12 +20,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import http
+import inspect
 import logging
 import os
 import socket
 import time
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from websockets.asyncio.server import Server, ServerConnection, serve
@@ -84,13 +85,14 @@ class RealtimeServer:
     The engine's lifetime belongs to the caller (`close()` does not stop it). `sock` is an already
     bound, listening socket to serve on (`startup.open_listener`); None = bind `server.host:port`.
     A non-loopback host without API keys refuses to start unless `server.auth.allow_unauthenticated`.
-    `admit` (a `websockets` process_request hook) answers every request first and refuses what it
-    returns a response for; a server started with one skips that exposure check, the hook deciding
+    `admit` (a `websockets` process_request hook, plain or async) answers every request first and refuses
+    what it returns a response for; a server started with one skips that exposure check, the hook deciding
     who may connect (a cluster replica's one-time lease tokens, realtime_ming/cluster/lease.py).
     """
 
     def __init__(self, cfg: ServerConfig, engine: ServingEngine, *, sock: socket.socket | None = None,
-                 admit: Callable[[ServerConnection, Request], Response | None] | None = None,
+                 admit: Callable[[ServerConnection, Request], Response | None | Awaitable[Response | None]]
+                 | None = None,
                  tickets: SessionTickets | None = None, frontend: int | None = None,
                  handoff: socket.socket | None = None) -> None:
         self.cfg = cfg = resolve_api_keys(cfg)
@@ -309,8 +311,12 @@ class RealtimeServer:
         await self.close()
 
     async def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
-        if self._admit is not None and (refusal := self._admit(connection, request)) is not None:
-            return refusal
+        if self._admit is not None:
+            refusal = self._admit(connection, request)
+            if inspect.isawaitable(refusal):
+                refusal = await refusal
+            if refusal is not None:
+                return refusal
         path = request_path(request.path)
         if VoiceRoutes.matches(path):
             return await self.voice_routes.respond(connection, request)

@@ -240,7 +240,8 @@ class ListenConfig:
     web_dir: str | None = None  # static demo folder (None = the demo inside the package, realtime_ming/web/)
     # processes serving the WebSockets (1 = the engine's own process). N >= 2: the engine runs alone in the main
     # process and N front-end processes share the port (server/frontends.py); raise it when one process's CPU
-    # (its GIL) is the limit, about 30-45 real-time spoken sessions per front end
+    # (its GIL) is the limit, about 30-45 real-time spoken sessions per front end; a cluster replica on the direct
+    # data path runs them too (docs/cluster.md)
     frontend_processes: int = 1
     auth: AuthConfig = field(default_factory=AuthConfig)
     tls: TlsConfig = field(default_factory=TlsConfig)

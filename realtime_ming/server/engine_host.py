@@ -22,8 +22,10 @@ import secrets
 import socket
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection, Listener
+from typing import Any
 
 
 from ..engine.api import FailureCode, TurnFailed, engine_health, engine_prompt_meter
@@ -232,6 +234,10 @@ class _Peer:
 
     def _answer(self, call: Call) -> None:
         try:
+            extra = self.host.peer_calls.get(call.method)
+            if extra is not None:  # a call the host's owner added (a cluster replica's leases, front-end reports)
+                self.post(Reply(call.call_id, True, extra(self.name, *call.args)))
+                return
             if call.method in PROMPT_CALLS and self.host.meter is not None:  # a session's prompt measurement
                 self.post(Reply(call.call_id, True, getattr(self.host.meter, call.method)(*call.args)))
                 return
@@ -264,6 +270,11 @@ class _Peer:
         self._conversations = set()
         self.close()
         self.host.forget(self)  # and its session tickets
+        for hook in self.host.hang_up_hooks:
+            try:
+                hook(self.name)
+            except Exception:
+                log.exception("%s: hang-up hook failed", self.name)
 
 
 class EngineHost:
@@ -290,6 +301,11 @@ class EngineHost:
         self._count = 0
         self._closed = False
         self._acceptor = threading.Thread(target=self._accept, name="engine-host-accept", daemon=True)
+        # The owner's extensions (a cluster replica's, cluster/replica_frontends.py), set before `start`:
+        # calls a front end may make, answered on the call threads as `fn(peer_name, *args)`, and what runs
+        # (on the peer's reader thread) once a front end hung up or died, with its name.
+        self.peer_calls: dict[str, Callable[..., Any]] = {}
+        self.hang_up_hooks: list[Callable[[str], None]] = []
 
     def start(self) -> None:
         self._acceptor.start()

@@ -41,7 +41,9 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection
+from typing import Any
 
 from ..engine.hooks import EngineHooks
 from .loading import ServingEngine
@@ -84,8 +86,10 @@ def serve_frontends(cfg: ServerConfig, engine: ServingEngine, sock: socket.socke
 class FrontEnds:
     """Starts, watches, restarts and stops the front-end processes (this process's main thread)."""
 
-    def __init__(self, cfg: ServerConfig, sock: socket.socket, host: EngineHost) -> None:
-        self.cfg, self.sock, self.host = cfg, sock, host
+    def __init__(self, cfg: ServerConfig, sock: socket.socket, host: EngineHost,
+                 gate: Callable[..., Any] | None = None) -> None:
+        """`gate`: what each front end admits requests through (`frontend_process.frontend_main`'s), picklable."""
+        self.cfg, self.sock, self.host, self.gate = cfg, sock, host, gate
         self.n = cfg.server.frontend_processes
         self.ctx = multiprocessing.get_context("spawn")
         self.procs: list = [None] * self.n
@@ -100,17 +104,26 @@ class FrontEnds:
             signal.signal(sig, lambda signum, _frame: self.signals.put(signum))
         try:
             self.start()
-            return self._serve()
-        finally:
+        except BaseException:
             self.dispatcher.close()
-
-    def _serve(self) -> int:
+            raise
         host, port = self.sock.getsockname()[:2]
         scheme = "wss" if self.cfg.server.tls.enabled else "ws"
         host = f"[{host}]" if ":" in host else host
         print(f"realtime-ming: {self.n} front-end processes; serving {self.model_id()} on "
               f"{scheme}://{host}:{port}/v1/realtime", file=sys.stderr, flush=True)
-        return self._supervise()
+        return self.supervise()
+
+    def supervise(self) -> int:
+        """After `start`: hand out connections, restart dead front ends, until the end (blocks); the exit code.
+        `request_stop` (any thread) drains as SIGTERM does; a second one closes the sessions at once."""
+        try:
+            return self._supervise()
+        finally:
+            self.dispatcher.close()
+
+    def request_stop(self) -> None:
+        self.signals.put(signal.SIGTERM)
 
     def model_id(self) -> str:
         return self.cfg.server.model_id or str(self.host.engine.info().get("model") or "")
@@ -140,7 +153,7 @@ class FrontEnds:
         level = logging.getLogger().getEffectiveLevel()
         proc = self.ctx.Process(target=frontend_main, name=f"realtime-ming-frontend-{i}", daemon=False,
                                 args=(self.cfg, i, self.sock, channel, self.host.address, self.host.authkey,
-                                      child_status, level))
+                                      child_status, level, self.gate))
         proc.start()
         child_status.close()
         channel.close()  # the front end has its own copy: the channel ends when it does

@@ -23,6 +23,7 @@ import itertools
 import logging
 import socket
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from multiprocessing.connection import Client, Connection
@@ -140,8 +141,12 @@ def hang_up(conn: Connection) -> None:
 class RemoteEngine:
     """An `EngineHandle` (+ `info`, `voices`, `voice_encoder`, `voice_store`) over one connection to the host."""
 
-    def __init__(self, conn: Connection, name: str = "frontend") -> None:
+    def __init__(self, conn: Connection, name: str = "frontend",
+                 on_lost: Callable[[str], None] | None = None) -> None:
+        """`on_lost(reason)`: called (on the reader thread) when the connection to the host is lost, before the
+        turns in flight are failed: a cluster replica's front end exits there, as its actor is gone."""
         self._conn = conn
+        self._on_lost = on_lost
         hello = conn.recv()
         if not isinstance(hello, Hello):
             raise TypeError(f"engine host sent {type(hello).__name__} first, expected Hello")
@@ -158,8 +163,9 @@ class RemoteEngine:
         self._reader.start()
 
     @classmethod
-    def connect(cls, address: str, authkey: bytes, name: str = "frontend") -> RemoteEngine:
-        return cls(Client(address, family="AF_UNIX", authkey=authkey), name)
+    def connect(cls, address: str, authkey: bytes, name: str = "frontend",
+                on_lost: Callable[[str], None] | None = None) -> RemoteEngine:
+        return cls(Client(address, family="AF_UNIX", authkey=authkey), name, on_lost)
 
     # ---- EngineHandle ---------------------------------------------------------------------------------
     def submit(self, request: TurnRequest, sink) -> None:
@@ -261,6 +267,8 @@ class RemoteEngine:
         except BaseException as exc:  # a message that does not unpickle: the stream can no longer be trusted
             log.exception("engine connection: bad message")
             reason = f"engine connection broken: {exc!r}"
+        if not self._closing and self._on_lost is not None:
+            self._on_lost(reason)
         self._fail_all("front end closed" if self._closing else reason)
 
     def _dispatch(self, item: object) -> None:
