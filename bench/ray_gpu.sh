@@ -66,12 +66,20 @@ wait_ready() {  # URL LOG PID: poll /health/ready (or /health) until 200, bounde
   done
   echo "not ready after ${READY_S:-600} s: $1"; tail -30 "$2"; return 1
 }
-cluster() {  # DIR REPLICAS VISIBLE_GPUS [ARGS...]: the ingress on :8700, one replica per GPU
+cluster() {  # DIR REPLICAS VISIBLE_GPUS [ARGS...]: the ingress on :8700, one replica per GPU, every replica healthy
   local per=${GPUS_PER_REPLICA:-1}; [ "$gpus" = 0 ] && per=0
   CUDA_VISIBLE_DEVICES=$3 python3 -m realtime_ming.cli serve-cluster --config "$config" --replicas "$2" \
     --num-gpus "$per" --num-cpus "${CPUS_PER_REPLICA:-4}" --port 8700 "${model[@]}" "${@:4}" > "$1/cluster.log" 2>&1 &
   pids+=($!)
-  wait_ready http://127.0.0.1:8700/health/ready "$1/cluster.log" "$!"
+  wait_ready http://127.0.0.1:8700/health/ready "$1/cluster.log" "$!" || return 1
+  # /health/ready answers 200 once one replica is up: wait for all of them (bounded), or a burst finds one
+  for _ in $(seq "${READY_S:-600}"); do
+    python3 -c 'import json, sys, urllib.request
+health = json.loads(urllib.request.urlopen(sys.argv[1], timeout=5).read())
+sys.exit(health.get("healthy_replicas", 0) < int(sys.argv[2]))' http://127.0.0.1:8700/health "$2" 2> /dev/null && return 0
+    sleep 1
+  done
+  echo "fewer than $2 healthy replicas after ${READY_S:-600} s"; tail -30 "$1/cluster.log"; return 1
 }
 plain_server() {  # LOG VISIBLE_GPUS: a plain `realtime-ming serve` on :8701 in the background (its pid: $plain)
   CUDA_VISIBLE_DEVICES=$2 python3 -m realtime_ming.cli serve --config "$config" --port 8701 "${model[@]}" > "$1" 2>&1 &
