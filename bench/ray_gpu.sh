@@ -69,7 +69,7 @@ wait_ready() {  # URL LOG PID: poll /health/ready (or /health) until 200, bounde
 cluster() {  # DIR REPLICAS VISIBLE_GPUS [ARGS...]: the ingress on :8700, one replica per GPU, every replica healthy
   local per=${GPUS_PER_REPLICA:-1}; [ "$gpus" = 0 ] && per=0
   CUDA_VISIBLE_DEVICES=$3 python3 -m realtime_ming.cli serve-cluster --config "$config" --replicas "$2" \
-    --num-gpus "$per" --num-cpus "${CPUS_PER_REPLICA:-4}" --port 8700 "${model[@]}" "${@:4}" > "$1/cluster.log" 2>&1 &
+    --num-gpus "$per" --num-cpus "${CPUS_PER_REPLICA:-5}" --port 8700 "${model[@]}" "${@:4}" > "$1/cluster.log" 2>&1 &
   pids+=($!)
   wait_ready http://127.0.0.1:8700/health/ready "$1/cluster.log" "$!" || return 1
   # /health/ready answers 200 once one replica is up: wait for all of them (bounded), or a burst finds one

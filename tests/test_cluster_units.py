@@ -4,6 +4,7 @@ the metrics aggregation, replica states and the cluster config."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 
 import pytest
@@ -88,6 +89,23 @@ def test_cluster_metrics_keep_each_replica_and_sum_them():
     assert samples[("realtime_ming_cluster_capacity", ())] == 8
     down = render_cluster_metrics(reports, {"a": "healthy", "b": "down"}).decode()
     assert 'realtime_ming_sessions{replica="b"}' not in down and "realtime_ming_cluster_sessions 3.0" in down
+
+
+def test_a_replicas_front_end_metrics_sum_into_one_exposition_of_the_same_names():
+    """A replica with front-end processes reports their metrics summed (cluster/replica_frontends.py), under the
+    single server's names, so the cluster's per-replica and total series mean what they mean without them."""
+    from realtime_ming.cluster.metrics import sum_expositions
+
+    text = sum_expositions([_report("a", 3, [0.1, 0.2])["metrics"], _report("a", 1, [0.3])["metrics"]])
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in text_string_to_metric_families(text) for s in f.samples}
+    assert samples[("realtime_ming_sessions", ())] == 4
+    assert samples[("realtime_ming_ttfa_seconds_count", ())] == 3
+    assert abs(samples[("realtime_ming_ttfa_seconds_sum", ())] - 0.6) < 1e-9
+    assert not any(name.endswith("_created") for name, _ in samples)
+    summed = render_cluster_metrics([{**_report("a", 0, []), "metrics": text}], {"a": "healthy"}).decode()
+    assert "realtime_ming_cluster_sessions 4.0" in summed
+    assert sum_expositions([]) == ""
 
 
 def test_replica_states_from_reports():
@@ -198,6 +216,11 @@ def test_front_end_processes_are_a_replicas_on_the_direct_data_path_and_refused_
     with caplog.at_level("WARNING", logger="realtime_ming.cluster.app"):
         assert deployment_options(direct)["max_ongoing_requests"] == 64 <= ONE_PROCESS_SESSIONS * 4
     assert "admits" not in caplog.text  # 4 processes carry 64
+    assert "runs 5 busy processes" in caplog.text and "set num_cpus: 5" in caplog.text  # num_cpus 1 by default
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="realtime_ming.cluster.app"):
+        deployment_options(dataclasses.replace(direct, num_cpus=5))
+    assert "busy processes" not in caplog.text
     for cluster in (load_cluster_config(None, overrides=["server.frontend_processes=2"], data_path="serve"),
                     load_cluster_config(None, server_config=str(served), data_path="serve")):
         with pytest.raises(ClusterConfigError, match=r"server\.frontend_processes=\d with data_path: serve"):

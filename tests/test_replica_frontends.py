@@ -140,3 +140,23 @@ async def test_front_ends_that_lose_the_actor_drop_their_connections_without_a_c
             await client.recv()
     assert closed.value.rcvd is None  # no close frame
     await _until(lambda: not proc.is_alive())
+
+
+async def test_a_stop_lets_responses_in_progress_finish_then_closes_the_sessions_1001(replica):
+    """What the replica's drain does (Serve stopping it): each front end drains as a single server on SIGTERM."""
+    fronts, direct = replica
+    token, ended = await _grant(direct)
+    client, _ = await _open(direct.port, token)
+    await client.send(type="conversation.item.create", item={
+        "type": "message", "role": "user", "content": [{"type": "input_text", "text": "hello"}]})
+    await client.send(type="response.create", response={"max_output_tokens": 40})
+    await client.recv_until("response.created", timeout=60)
+    stop = asyncio.ensure_future(fronts.stop())
+    done = (await client.recv_until("response.done", timeout=60))[-1]["response"]
+    assert done["status"] in ("completed", "incomplete")  # finished, not cancelled
+    with pytest.raises(ConnectionClosed) as closed:
+        while True:
+            await client.recv()
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1001
+    assert await asyncio.wait_for(stop, 60) == 0
+    assert await asyncio.wait_for(ended, 10) == "ended"

@@ -56,6 +56,12 @@ def deployment_options(cluster: ClusterConfig) -> dict[str, Any]:
                     "server.limits.max_sessions=%d, or more server.frontend_processes (direct data path), in the "
                     "overrides for sessions that stay on time (docs/cluster.md)", capacity,
                     carried // ONE_PROCESS_SESSIONS, ONE_PROCESS_SESSIONS, carried)
+    processes = cfg.server.frontend_processes + 1 if cluster.data_path == "direct" and cfg.server.frontend_processes > 1 \
+        else 1
+    if cluster.num_cpus < processes:
+        log.warning("each replica runs %d busy processes (the engine and %d front ends) but reserves num_cpus=%g from "
+                    "Ray: set num_cpus: %d in the cluster config so Ray does not place more replicas on a node than its "
+                    "cores carry", processes, processes - 1, cluster.num_cpus, processes)
     grace = cluster.graceful_shutdown_timeout_s
     if grace is None:
         grace = cfg.server.limits.drain_timeout_s + 15.0

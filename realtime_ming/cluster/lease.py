@@ -173,16 +173,24 @@ class FrontendGate:
         tokens = request.headers.get_all(LEASE_HEADER)
         key = None
         if len(tokens) == 1 and tokens[0]:
+            future = self.engine.call_future(CLAIM_CALL, tokens[0])
             try:
-                future = self.engine.call_future(CLAIM_CALL, tokens[0])
-                key = await asyncio.wait_for(asyncio.wrap_future(future), _CLAIM_TIMEOUT_S)
-            except (RuntimeError, TimeoutError) as exc:  # the actor could not answer: no admission
-                log.warning("direct port: lease check failed: %s", exc)
+                key = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), _CLAIM_TIMEOUT_S)
+            except (RuntimeError, TimeoutError, asyncio.CancelledError) as exc:  # no admission
+                # a claim the actor grants after all is ended at once: its Serve slot must not stay taken
+                future.add_done_callback(self._end_late)
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+                log.warning("direct port: lease check failed: %r", exc)
         if key is None:
             self.refused += 1
             return _refusal(connection)
         self._watchers.watch(connection, lambda: self.engine.call_future(END_CALL, key))
         return None
+
+    def _end_late(self, future) -> None:
+        if not future.cancelled() and future.exception() is None and future.result() is not None:
+            self.engine.call_future(END_CALL, future.result())
 
     def serving(self, server) -> None:
         self._reporter = asyncio.ensure_future(self._report(server))

@@ -212,13 +212,16 @@ class RealtimeReplica:
         self._drained = True
         self.server.begin_drain()
         await self._report_now()  # /health shows `draining` from the start of the drain, not a report later
-        if self.frontends is not None:
-            done = await self.frontends.stop() == 0  # each front end drains as a single server does
-        else:
-            done = await self.asgi.drain(self.server.cfg.server.limits.drain_timeout_s)
+        drains = [self.asgi.drain(self.server.cfg.server.limits.drain_timeout_s)]  # sessions through Serve
+        if self.frontends is not None:  # each front end drains as a single server does (exit code 0)
+            drains.append(self._stop_frontends())
+        done = all(await asyncio.gather(*drains))
         await self.server.close()  # the direct sessions: 1001 (their responses finished above)
         await self._report_now()
         return done
+
+    async def _stop_frontends(self) -> bool:
+        return await self.frontends.stop() == 0
 
     async def _report_now(self) -> None:
         try:

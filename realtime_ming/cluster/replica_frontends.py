@@ -51,13 +51,14 @@ class ReplicaFrontEnds:
                                voice_owners=len(cfg.server.auth.api_keys))
         self.host.peer_calls.update({CLAIM_CALL: self._claim, END_CALL: self._end, REPORT_CALL: self._report})
         self.host.hang_up_hooks.append(self._hung_up)
-        gate = functools.partial(FrontendGate, report_interval_s=max(0.5, report_interval_s))
+        gate = functools.partial(FrontendGate, report_interval_s=max(1.0, report_interval_s))
         self.frontends = FrontEnds(cfg, direct.sock, self.host, gate=gate)
         self.book = direct.book
         self._lock = threading.Lock()
         self._keys = itertools.count(1)
         self._claimed: dict[int, tuple[str, Lease]] = {}  # key -> (front end's peer name, lease)
         self._metrics: dict[str, str] = {}  # peer name -> its last metrics text
+        self._merged: str | None = None  # their sum, None once one changed
         self._loop: asyncio.AbstractEventLoop | None = None
         self._supervisor: asyncio.Future | None = None
 
@@ -83,9 +84,12 @@ class ReplicaFrontEnds:
         return self.host.status().sessions
 
     def metrics(self) -> str:
+        """The front ends' metrics summed (parsed again only after a front end reported: this process runs the
+        engine thread)."""
         with self._lock:
-            texts = list(self._metrics.values())
-        return sum_expositions(texts)
+            if self._merged is None:
+                self._merged = sum_expositions(list(self._metrics.values()))
+            return self._merged
 
     async def stop(self) -> int | None:
         """Drain the front ends (responses in progress finish within the drain timeout, sessions close 1001)
@@ -126,7 +130,9 @@ class ReplicaFrontEnds:
 
     def _report(self, peer: str, index: int, text: str) -> bool:
         with self._lock:
-            self._metrics[peer] = text
+            if self._metrics.get(peer) != text:
+                self._metrics[peer] = text
+                self._merged = None
         return True
 
     def _hung_up(self, peer: str) -> None:
@@ -134,7 +140,8 @@ class ReplicaFrontEnds:
         with self._lock:
             keys = [key for key, (owner, _) in self._claimed.items() if owner == peer]
             leases = [self._claimed.pop(key)[1] for key in keys]
-            self._metrics.pop(peer, None)
+            if self._metrics.pop(peer, None) is not None:
+                self._merged = None
         for lease in leases:
             self._loop.call_soon_threadsafe(lease.ended.set)
         if leases:
