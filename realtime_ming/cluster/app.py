@@ -25,7 +25,7 @@ from .config import (
     ClusterConfig,
     load_cluster_config,
     load_replica_config,
-    one_process_capacity,
+    serving_processes,
 )
 
 __all__ = ["REPLICA_DEPLOYMENT", "app_builder", "build_apps", "deployment_options", "front_builder", "run_cluster"]
@@ -49,19 +49,17 @@ def deployment_options(cluster: ClusterConfig) -> dict[str, Any]:
 
     cfg = _server_config(cluster)
     capacity = replica_capacity(cfg)
-    carried = one_process_capacity(cfg, cluster.data_path)
-    if capacity > carried:
+    serving = serving_processes(cfg, cluster.data_path)
+    if capacity > serving * ONE_PROCESS_SESSIONS:
         log.warning("each replica admits %d sessions (min of server.limits.max_sessions and engine.thinker.max_slots) "
                     "and serves them in %d process(es), which carry about %d real-time sessions each: set "
                     "server.limits.max_sessions=%d, or more server.frontend_processes (direct data path), in the "
-                    "overrides for sessions that stay on time (docs/cluster.md)", capacity,
-                    carried // ONE_PROCESS_SESSIONS, ONE_PROCESS_SESSIONS, carried)
-    processes = cfg.server.frontend_processes + 1 if cluster.data_path == "direct" and cfg.server.frontend_processes > 1 \
-        else 1
-    if cluster.num_cpus < processes:
+                    "overrides for sessions that stay on time (docs/cluster.md)", capacity, serving,
+                    ONE_PROCESS_SESSIONS, serving * ONE_PROCESS_SESSIONS)
+    if serving > 1 and cluster.num_cpus < serving + 1:
         log.warning("each replica runs %d busy processes (the engine and %d front ends) but reserves num_cpus=%g from "
                     "Ray: set num_cpus: %d in the cluster config so Ray does not place more replicas on a node than its "
-                    "cores carry", processes, processes - 1, cluster.num_cpus, processes)
+                    "cores carry", serving + 1, serving, cluster.num_cpus, serving + 1)
     grace = cluster.graceful_shutdown_timeout_s
     if grace is None:
         grace = cfg.server.limits.drain_timeout_s + 15.0

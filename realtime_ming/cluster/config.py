@@ -25,7 +25,7 @@ import yaml
 __all__ = [
     "DATA_PATHS", "ONE_PROCESS_SESSIONS", "REPLICA_DEPLOYMENT", "AutoscalingConfig",
     "ClusterConfig", "ClusterConfigError", "check_replica_config", "load_cluster_config", "load_replica_config",
-    "one_process_capacity",
+    "serving_processes",
 ]
 
 DATA_PATHS = ("direct", "serve")
@@ -175,6 +175,6 @@ def check_replica_config(cfg: Any, data_path: str = "direct") -> None:
             "data_path: direct")
 
 
-def one_process_capacity(cfg: Any, data_path: str = "direct") -> int:
-    """Real-time sessions a replica's processes carry: `ONE_PROCESS_SESSIONS` per front end (direct data path)."""
-    return ONE_PROCESS_SESSIONS * (cfg.server.frontend_processes if data_path == "direct" else 1)
+def serving_processes(cfg: Any, data_path: str = "direct") -> int:
+    """The processes that serve a replica's sessions: its front ends on the direct data path, else the actor."""
+    return cfg.server.frontend_processes if data_path == "direct" else 1

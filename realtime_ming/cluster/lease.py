@@ -166,8 +166,7 @@ class FrontendGate:
     def __init__(self, engine, index: int, report_interval_s: float = 1.0) -> None:
         self.engine, self.index, self.report_interval_s = engine, index, report_interval_s
         self._watchers = _Watchers()
-        self._reporter: asyncio.Task | None = None
-        self.refused = 0
+        self._reporter: asyncio.Task | None = None  # held: the loop keeps only a weak reference
 
     async def process_request(self, connection: ServerConnection, request: Request) -> Response | None:
         tokens = request.headers.get_all(LEASE_HEADER)
@@ -183,7 +182,6 @@ class FrontendGate:
                     raise
                 log.warning("direct port: lease check failed: %r", exc)
         if key is None:
-            self.refused += 1
             return _refusal(connection)
         self._watchers.watch(connection, lambda: self.engine.call_future(END_CALL, key))
         return None

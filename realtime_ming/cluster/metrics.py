@@ -33,45 +33,58 @@ class _Snapshot:
         return self._families
 
 
+class _Sums:
+    """Families seen in several expositions, the samples of one name and labels added up (counters, gauges and
+    histogram buckets of one process or replica each), `_created` samples left out."""
+
+    def __init__(self) -> None:
+        self._families: dict[str, Metric] = {}
+        self._values: dict[str, dict[tuple, float]] = defaultdict(lambda: defaultdict(float))
+
+    def add(self, family: Metric) -> None:
+        self._families.setdefault(family.name, family)
+        for sample in family.samples:
+            if not sample.name.endswith("_created"):
+                self._values[family.name][(sample.name, tuple(sorted(sample.labels.items())))] += sample.value
+
+    def metrics(self, rename=lambda name: name, documented: str = "") -> list[Metric]:
+        out = []
+        for name, family in self._families.items():
+            metric = Metric(rename(name), family.documentation + documented, family.type)
+            for (sample_name, labels), value in self._values[name].items():
+                metric.add_sample(rename(sample_name), dict(labels), value)
+            out.append(metric)
+        return out
+
+
+def _render(metrics: list[Metric]) -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Snapshot(metrics))
+    return generate_latest(registry)
+
+
 def sum_expositions(texts: list[str]) -> str:
-    """One exposition of several processes' (a replica's front ends): the samples of the same name and labels
-    added up (counters, gauges and histogram buckets of one process each), `_created` samples left out."""
-    families: dict[str, Metric] = {}
-    sums: dict[str, dict[tuple, float]] = defaultdict(lambda: defaultdict(float))
+    """One exposition of several processes' (a replica's front ends), under the same names, the samples added up."""
+    sums = _Sums()
     for text in texts:
         for family in text_string_to_metric_families(text):
-            families.setdefault(family.name, Metric(family.name, family.documentation, family.type))
-            for sample in family.samples:
-                if not sample.name.endswith("_created"):
-                    sums[family.name][(sample.name, tuple(sorted(sample.labels.items())))] += sample.value
-    for name, metric in families.items():
-        for (sample_name, labels), value in sums[name].items():
-            metric.add_sample(sample_name, dict(labels), value)
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Snapshot(list(families.values())))
-    return generate_latest(registry).decode()
+            sums.add(family)
+    return _render(sums.metrics()).decode()
 
 
 def render_cluster_metrics(replicas: list[dict[str, Any]], states: dict[str, str]) -> bytes:
     """Exposition of `replicas` (reports with `replica` and `metrics` text) and their `states`
     (replica id -> healthy / draining / down)."""
     per: dict[str, Metric] = {}
-    total: dict[str, Metric] = {}
-    sums: dict[str, dict[tuple, float]] = defaultdict(lambda: defaultdict(float))
+    total = _Sums()
     for report in replicas:
         if states.get(report["replica"]) == "down":
             continue  # a dead replica's last numbers are not current
         for family in text_string_to_metric_families(report.get("metrics") or ""):
             mine = per.setdefault(family.name, Metric(family.name, family.documentation, family.type))
-            total.setdefault(family.name, Metric(_cluster_name(family.name),
-                                                 f"{family.documentation} (all replicas)", family.type))
             for sample in family.samples:
                 mine.add_sample(sample.name, {**sample.labels, "replica": report["replica"]}, sample.value)
-                if not sample.name.endswith("_created"):
-                    sums[family.name][(sample.name, tuple(sorted(sample.labels.items())))] += sample.value
-    for name, metric in total.items():
-        for (sample_name, labels), value in sums[name].items():
-            metric.add_sample(_cluster_name(sample_name), dict(labels), value)
+            total.add(family)
     replicas_metric = Metric(_CLUSTER + "replicas", "Replicas by state (healthy, draining, down).", "gauge")
     counts = {"healthy": 0, "draining": 0, "down": 0}
     for state in states.values():
@@ -81,6 +94,4 @@ def render_cluster_metrics(replicas: list[dict[str, Any]], states: dict[str, str
     capacity = Metric(_CLUSTER + "capacity", "Sessions the healthy replicas can hold.", "gauge")
     capacity.add_sample(_CLUSTER + "capacity", {}, sum(r.get("capacity", 0) for r in replicas
                                                        if states.get(r["replica"]) == "healthy"))
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Snapshot([*per.values(), *total.values(), replicas_metric, capacity]))
-    return generate_latest(registry)
+    return _render([*per.values(), *total.metrics(_cluster_name, " (all replicas)"), replicas_metric, capacity])

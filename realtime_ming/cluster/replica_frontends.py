@@ -21,15 +21,11 @@ import asyncio
 import functools
 import itertools
 import logging
-import os
-import secrets
 import shutil
-import tempfile
 import threading
 
 from ..server.config import ServerConfig
-from ..server.engine_host import EngineHost
-from ..server.frontends import FrontEnds
+from ..server.frontends import FrontEnds, new_engine_host
 from .direct import DirectPort
 from .lease import CLAIM_CALL, END_CALL, REPORT_CALL, FrontendGate, Lease
 from .metrics import sum_expositions
@@ -45,10 +41,7 @@ class ReplicaFrontEnds:
     """Hosts the replica's engine for its front ends and supervises them (create, then `await start()`)."""
 
     def __init__(self, cfg: ServerConfig, engine, direct: DirectPort, report_interval_s: float) -> None:
-        self._folder = tempfile.mkdtemp(prefix="realtime-ming-replica-")
-        self.host = EngineHost(engine, os.path.join(self._folder, "engine.sock"), secrets.token_bytes(32),
-                               cfg.server.voices, cfg.server.limits.max_sessions, cfg.server.client_secrets,
-                               voice_owners=len(cfg.server.auth.api_keys))
+        self.host, self._folder = new_engine_host(cfg, engine)
         self.host.peer_calls.update({CLAIM_CALL: self._claim, END_CALL: self._end, REPORT_CALL: self._report})
         self.host.hang_up_hooks.append(self._hung_up)
         gate = functools.partial(FrontendGate, report_interval_s=max(1.0, report_interval_s))

@@ -54,7 +54,7 @@ from .frontend_process import frontend_main
 from .handoff import Dispatcher
 from .startup import StartupError
 
-__all__ = ["FrontEnds", "run_frontends", "serve_frontends"]
+__all__ = ["FrontEnds", "new_engine_host", "run_frontends", "serve_frontends"]
 
 log = logging.getLogger(__name__)
 
@@ -71,16 +71,23 @@ def run_frontends(cfg: ServerConfig, hooks: EngineHooks | None = None) -> int:
 
 def serve_frontends(cfg: ServerConfig, engine: ServingEngine, sock: socket.socket) -> int:
     """Host `engine`, serve `sock` from `cfg.server.frontend_processes` front ends until the end; exit code."""
-    folder = tempfile.mkdtemp(prefix="realtime-ming-")
-    host = EngineHost(engine, os.path.join(folder, "engine.sock"), secrets.token_bytes(32), cfg.server.voices,
-                      cfg.server.limits.max_sessions, cfg.server.client_secrets,
-                      voice_owners=len(cfg.server.auth.api_keys))
+    host, folder = new_engine_host(cfg, engine)
     host.start()
     try:
         return FrontEnds(cfg, sock, host).run()
     finally:
         host.close()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def new_engine_host(cfg: ServerConfig, engine: ServingEngine) -> tuple[EngineHost, str]:
+    """The engine host of `cfg`'s front ends, on a unix socket with a random auth key in a new private folder
+    (returned: remove it once the host is closed)."""
+    folder = tempfile.mkdtemp(prefix="realtime-ming-")
+    host = EngineHost(engine, os.path.join(folder, "engine.sock"), secrets.token_bytes(32), cfg.server.voices,
+                      cfg.server.limits.max_sessions, cfg.server.client_secrets,
+                      voice_owners=len(cfg.server.auth.api_keys))
+    return host, folder
 
 
 class FrontEnds:
