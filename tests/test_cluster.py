@@ -57,6 +57,18 @@ def _text(url: str) -> str:
         return reply.read().decode()
 
 
+async def _ready_within(base: str, status: int, timeout_s: float = 3.0) -> dict:
+    """/health/ready's payload once it answers `status`; AssertionError if it has not within `timeout_s`
+    (a replica reports within 0.1 s of a session opening or ending, and /health re-reads the reports)."""
+    deadline = time.monotonic() + seconds(timeout_s)
+    while True:
+        got, payload = await asyncio.to_thread(_get, f"{base}/health/ready")
+        if got == status:
+            return payload
+        assert time.monotonic() < deadline, f"/health/ready still {got} after {timeout_s} s: {payload}"
+        await asyncio.sleep(0.05)
+
+
 def _wait_healthy(base: str, replicas: int, timeout_s: float = 420) -> dict:
     """Poll /health until `replicas` replicas are healthy (bounded: a replica loads in ~20-60 s on a busy 2-core box)."""
     deadline = time.monotonic() + seconds(timeout_s)
@@ -193,6 +205,44 @@ async def _still_serving(client: WsClient) -> dict:
     return done
 
 
+class _Remote:
+    """`actor.method.remote(...)` of a fake actor: records the calls, returns an awaitable."""
+
+    def __init__(self, answer=None):
+        self.calls: list[tuple] = []
+        self._answer = answer
+
+    async def _call(self, *args):
+        self.calls.append(args)
+        return self._answer() if callable(self._answer) else self._answer
+
+    def remote(self, *args):
+        return self._call(*args)
+
+
+async def test_a_replica_reports_a_session_opening_or_ending_at_once():
+    """Not only every `report_interval_s`: within the replica's watch step of the count changing (no Ray)."""
+    from types import SimpleNamespace
+
+    from realtime_ming.cluster.replica import RealtimeReplica
+
+    replica = object.__new__(RealtimeReplica)
+    replica.replica_id, replica.frontends, replica._report_interval_s = "r", None, 3600.0
+    replica.server = SimpleNamespace(num_sessions=0)
+    replica._registry = SimpleNamespace(report=_Remote())
+    replica.report = lambda: {"sessions": replica._sessions()}
+    task = asyncio.create_task(replica._report_loop())
+    try:
+        await asyncio.sleep(0.3)
+        replica.server.num_sessions = 1
+        await asyncio.sleep(0.3)
+        replica.server.num_sessions = 0
+        await asyncio.sleep(0.3)
+    finally:
+        task.cancel()
+    assert [report["sessions"] for _, report in replica._registry.report.calls] == [0, 1, 0]
+
+
 async def test_health_models_metrics_and_voices_over_both_replicas(cluster):
     from realtime_ming.cluster.proxy import VOICES_UNSUPPORTED
 
@@ -227,14 +277,15 @@ async def test_eight_spoken_sessions_complete_and_a_ninth_is_refused(cluster, sp
         with pytest.raises(ConnectionClosed):
             await asyncio.wait_for(ninth.recv(), seconds(30))
         assert (ninth.close_code, ninth.close_reason) == (1013, FULL_REASON)
-        status, ready = _get(f"{cluster['base']}/health/ready")
-        assert status == 503 and ready["reason"] == "every replica is full"
+        ready = await _ready_within(cluster["base"], 503)
+        assert ready["reason"] == "every replica is full" and ready["free_sessions"] == 0
         dones = await asyncio.gather(*(_spoken_turn(c, speech) for c in clients))
         for done in dones:
             assert done["response"]["status"] in ("completed", "incomplete"), done["response"]
             assert done["_audio_deltas"] > 0
     finally:
         await asyncio.gather(*(c.ws.close() for c in clients))
+    assert (await _ready_within(cluster["base"], 200))["free_sessions"] > 0  # ready again as sessions end
 
 
 async def test_killed_replica_ends_its_sessions_cleanly_and_the_other_serves(cluster, speech):

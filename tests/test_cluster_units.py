@@ -236,3 +236,91 @@ def test_front_end_processes_are_a_replicas_on_the_direct_data_path_and_refused_
     assert done.returncode == 2, done.stderr
     assert "cluster config error: server.frontend_processes=2 with data_path: serve" in done.stderr
     assert "Ray" not in done.stderr.split("cluster config error")[0]  # refused before any Ray start
+
+
+class _Registry:
+    """A fake registry actor: `snapshot` answers the current table (or raises `down`), `prune` does nothing."""
+
+    def __init__(self, reports: dict) -> None:
+        self.reports, self.down, self.snapshots = reports, False, 0
+        registry = self
+
+        class _Call:
+            def __init__(self, fn):
+                self._fn = fn
+
+            def remote(self, *args):
+                async def call():
+                    return self._fn(*args)
+                return call()
+
+        def snapshot():
+            if registry.down:
+                raise ConnectionError("registry restarting")
+            registry.snapshots += 1
+            return {rid: dict(rep) for rid, rep in registry.reports.items()}
+
+        self.snapshot, self.prune = _Call(snapshot), _Call(lambda *_: None)
+
+
+def _front_report(sessions: int, capacity: int = 4) -> dict:
+    return {"alive": True, "draining": False, "sessions": sessions, "capacity": capacity, "age_s": 0.0,
+            "health": {}, "models": None, "metrics": ""}
+
+
+async def _front(monkeypatch, registry: _Registry, stale_s: float = 5.0):
+    """A ClusterFront on a fake registry whose periodic refresh never comes (an hour apart)."""
+    from realtime_ming.cluster import front as front_module
+    from realtime_ming.cluster import registry as registry_module
+
+    monkeypatch.setattr(registry_module, "registry_actor", lambda app_name: registry)
+    monkeypatch.setattr(front_module.ClusterFront, "_serve_status", lambda self: {"status": "HEALTHY"})
+    front = object.__new__(front_module.ClusterFront)
+    await front.__init__("app", "replica", 3600.0, stale_s)
+    return front
+
+
+async def _get(front, path: str) -> tuple[int, dict]:
+    app = front.__serve_build_asgi_app__()
+    sent: list[dict] = []
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": "GET", "path": path, "query_string": b"", "headers": []}
+    await app(scope, None, send)
+    return sent[0]["status"], json.loads(sent[1]["body"])
+
+
+async def test_health_ready_reads_the_replicas_reports_afresh(monkeypatch):
+    """A replica that just filled turns /health/ready 503 on the next probe, not a refresh interval later."""
+    registry = _Registry({"a": _front_report(3)})
+    front = await _front(monkeypatch, registry)
+    try:
+        assert (await _get(front, "/health/ready"))[0] == 200
+        registry.reports["a"] = _front_report(4)
+        await asyncio.sleep(0.06)  # past the front's freshness window
+        status, ready = await _get(front, "/health/ready")
+        assert (status, ready["reason"], ready["free_sessions"]) == (503, "every replica is full", 0)
+        before = registry.snapshots
+        await asyncio.gather(*(_get(front, "/health") for _ in range(5)))
+        assert registry.snapshots - before <= 1  # probes at once share one read
+    finally:
+        front._task.cancel()
+
+
+async def test_reports_keep_ageing_while_the_registry_cannot_be_read(monkeypatch):
+    """A front that loses the registry does not keep showing its last view as healthy: the replicas go down."""
+    registry = _Registry({"a": _front_report(0)})
+    front = await _front(monkeypatch, registry, stale_s=0.3)
+    try:
+        assert (await _get(front, "/health"))[1]["status"] == "ok"
+        registry.down = True
+        await asyncio.sleep(0.4)
+        status, health = await _get(front, "/health")
+        assert (status, health["status"], health["replicas"][0]["state"]) == (503, "unavailable", "down")
+        assert (await _get(front, "/health/ready"))[1]["reason"] == "no healthy replica"
+        registry.down = False
+        assert (await _get(front, "/health"))[1]["status"] == "ok"  # back with the registry
+    finally:
+        front._task.cancel()

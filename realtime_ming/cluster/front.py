@@ -9,10 +9,14 @@ or `down` (engine dead, or silent: the process or its node died).
 else 503; `/health/ready` is 200 while a healthy replica has a free session slot; `/health/live`
 is 200 while any replica is alive.
 
-The replicas' reports are read every `report_interval_s`; Serve's own view of the deployment
-(`serve.status()`, a controller call that costs the front and the controller CPU) and the pruning of
-old reports every `_SLOW_EVERY` refreshes (5 s at the default 0.5 s): Serve's replica states change
-on the scale of replica starts and stops, and on a small node that CPU is the models'.
+The replicas' reports are read every `report_interval_s`, and afresh for a `/health` request when
+the last read is older than `_FRESH_S` (a replica reports within 0.1 s of a session opening or
+ending, so `/health/ready` follows admission closely). While the registry cannot be read the reports
+keep ageing, so a replica is called down `replica_stale_s` after its last report. Serve's own view
+of the deployment (`serve.status()`, a controller call that costs the front and the controller CPU)
+is read, and old reports pruned, every `_SLOW_EVERY` refreshes (5 s at the default 0.5 s): Serve's
+replica states change on the scale of replica starts and stops, and on a small node that CPU is the
+models'.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import http
 import logging
+import time
 from typing import Any
 
 __all__ = ["ClusterFront", "replica_states"]
@@ -27,6 +32,8 @@ __all__ = ["ClusterFront", "replica_states"]
 log = logging.getLogger(__name__)
 
 _SLOW_EVERY = 10  # refreshes between two reads of Serve's status (and two prunes of the registry)
+_FRESH_S = 0.05  # a /health request re-reads reports older than this
+_FRESH_WAIT_S = 1.0  # ... waiting this long for the registry before answering from what it has
 
 
 def replica_states(reports: dict[str, dict[str, Any]], stale_s: float) -> dict[str, str]:
@@ -51,7 +58,7 @@ class _ClusterMetrics:
     def render(self) -> bytes:
         from .metrics import render_cluster_metrics
 
-        reports = self._front.reports
+        reports = self._front.current_reports()
         return render_cluster_metrics(list(reports.values()), replica_states(reports, self._front.stale_s))
 
 
@@ -70,6 +77,8 @@ class ClusterFront:
         self._interval_s = report_interval_s
         self._registry = registry_actor(app_name)
         self.reports: dict[str, dict[str, Any]] = {}
+        self._read_at = time.monotonic()  # when `reports` came from the registry
+        self._reading: asyncio.Future | None = None
         self.serve_view: dict[str, Any] = {}
         self.routes = HttpRoutes(metrics=_ClusterMetrics(self), health=self.health, models=self.models,
                                  web_roots=default_web_roots(web_dir))
@@ -89,7 +98,10 @@ class ClusterFront:
             if scope["type"] != "http":  # a WebSocket to any path but /v1/realtime
                 await send({"type": "websocket.close", "code": 1008, "reason": ""})
                 return
-            response = await self.routes.respond(asgi_request(scope))
+            request = asgi_request(scope)
+            if request.path.startswith("/health"):
+                await self._fresh_reports()
+            response = await self.routes.respond(request)
             if response is None:
                 response = text_response(http.HTTPStatus.NOT_FOUND, "Not found.\n")
             headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in response.headers.raw_items()]
@@ -101,6 +113,7 @@ class ClusterFront:
     async def _refresh(self, slow: bool = True) -> None:
         try:
             self.reports = await self._registry.snapshot.remote()
+            self._read_at = time.monotonic()
             if slow:
                 await self._registry.prune.remote(max(60.0, 10 * self.stale_s))
         except Exception as exc:
@@ -124,6 +137,22 @@ class ClusterFront:
         states = {str(getattr(k, "value", k)): v for k, v in (deployment.replica_states or {}).items()}
         return {"status": str(getattr(deployment.status, "value", deployment.status)), "replica_states": states}
 
+    async def _fresh_reports(self) -> None:
+        """Re-read the reports unless they are fresh (concurrent requests share one read)."""
+        if time.monotonic() - self._read_at < _FRESH_S:
+            return
+        if self._reading is None or self._reading.done():
+            self._reading = asyncio.ensure_future(self._refresh(slow=False))
+        try:
+            await asyncio.wait_for(asyncio.shield(self._reading), _FRESH_WAIT_S)
+        except TimeoutError:
+            pass
+
+    def current_reports(self) -> dict[str, dict[str, Any]]:
+        """The reports with `age_s` counted to now (they keep ageing while the registry cannot be read)."""
+        lag = time.monotonic() - self._read_at
+        return {rid: {**rep, "age_s": rep.get("age_s", 0.0) + lag} for rid, rep in self.reports.items()}
+
     async def _refresh_loop(self) -> None:
         count = 0
         while True:
@@ -132,14 +161,15 @@ class ClusterFront:
             await self._refresh(slow=count % _SLOW_EVERY == 0)
 
     def health(self, probe: str = "health") -> tuple[http.HTTPStatus, dict]:
-        states = replica_states(self.reports, self.stale_s)
-        healthy = [self.reports[r] for r, s in states.items() if s == "healthy"]
+        reports = self.current_reports()
+        states = replica_states(reports, self.stale_s)
+        healthy = [reports[r] for r, s in states.items() if s == "healthy"]
         free = sum(max(0, r["capacity"] - r["sessions"]) for r in healthy)
         replicas = [{"replica": rid, "state": states[rid], "sessions": rep.get("sessions"),
                      "capacity": rep.get("capacity"), "age_s": round(rep.get("age_s", 0.0), 2),
                      "actor_name": rep.get("actor_name"), "engine": rep.get("health", {}).get("engine"),
                      "processes": rep.get("health", {}).get("frontend_processes", 1)}
-                    for rid, rep in sorted(self.reports.items())]
+                    for rid, rep in sorted(reports.items())]
         if probe == "live":
             ok = any(s != "down" for s in states.values())
             payload = {"status": "ok" if ok else "dead", "replicas": replicas}

@@ -153,7 +153,7 @@ class RealtimeReplica:
         """What the front shows for this replica (/health, /v1/models, /metrics)."""
         server, frontends = self.server, self.frontends
         _, health = server._health("health")
-        sessions = server.num_sessions if frontends is None else frontends.sessions
+        sessions = self._sessions()
         health["sessions"] = sessions
         if frontends is not None:
             health["frontend_processes"] = frontends.frontends.n
@@ -170,6 +170,9 @@ class RealtimeReplica:
             "reported_at": time.time(),
         }
 
+    def _sessions(self) -> int:
+        return self.server.num_sessions if self.frontends is None else self.frontends.sessions
+
     def _failure(self) -> str | None:
         """Why this replica cannot serve: its engine died, or its front ends stopped (kept dying)."""
         reason = self.server.engine_failure()
@@ -178,12 +181,18 @@ class RealtimeReplica:
         return reason
 
     async def _report_loop(self) -> None:
+        """A report every `report_interval_s`, and one within `_WATCH_S` of a session opening or ending, so
+        /health/ready turns 503 (and back) as the replica fills and frees, not an interval later."""
+        reported, due = None, 0.0
         while True:
-            try:
-                await self._registry.report.remote(self.replica_id, self.report())
-            except Exception as exc:  # the registry restarts (max_restarts=-1): report again next time
-                log.warning("replica %s: report failed: %s", self.replica_id, exc)
-            await asyncio.sleep(self._report_interval_s)
+            if self._sessions() != reported or time.monotonic() >= due:
+                report = self.report()
+                reported, due = report["sessions"], time.monotonic() + self._report_interval_s
+                try:
+                    await self._registry.report.remote(self.replica_id, report)
+                except Exception as exc:  # the registry restarts (max_restarts=-1): report again next time
+                    log.warning("replica %s: report failed: %s", self.replica_id, exc)
+            await asyncio.sleep(_WATCH_S)
 
     async def _watch(self) -> None:
         """Drain when Serve starts stopping this replica; close the sessions when the engine dies."""

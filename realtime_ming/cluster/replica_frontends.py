@@ -74,7 +74,7 @@ class ReplicaFrontEnds:
 
     @property
     def sessions(self) -> int:
-        return self.host.status().sessions
+        return self.host.sessions
 
     def metrics(self) -> str:
         """The front ends' metrics summed (parsed again only after a front end reported: this process runs the

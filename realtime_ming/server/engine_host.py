@@ -339,6 +339,11 @@ class EngineHost:
     def status(self) -> Status:
         return Status(engine_health(self.engine), self._sessions)
 
+    @property
+    def sessions(self) -> int:
+        """Sessions open in all the front ends together."""
+        return self._sessions
+
     def close(self) -> None:
         self._closed = True
         sock = getattr(getattr(self._listener, "_listener", None), "_socket", None)  # wake the blocked accept
