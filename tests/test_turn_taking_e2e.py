@@ -75,8 +75,14 @@ async def test_mid_sentence_pause_gets_one_response_after_the_end(server):
 
 async def test_complete_question_ends_the_turn_quickly(server):
     """semantic_vad high: a finished question is judged complete at the first decision point
-    (~200 ms of silence), long before the 2 s fallback; a response follows."""
-    speech = espeak("What time is it?", "en-us")
+    (~200 ms of silence), long before the 2 s fallback; a response follows.
+
+    The question is one Smart Turn calls complete with margin wherever its call falls (P 0.69-0.98 over 60-260 ms
+    of silence, features perturbed by 1e-3, against `high`'s 0.3): the int8 model's answer for a question near its
+    threshold there depends on the CPU's kernels ("What time is it?" at the call's 128 ms: P 0.06 on an AVX-512 host,
+    complete on others; P 0.90 at 200 ms), and this test is about the server's decision, not the model's
+    (docs/turn_detection.md)."""
+    speech = espeak("Can you help me with my homework?", "en-us")
     client = await _client(server, {"type": "semantic_vad", "eagerness": "high"})
     await client.append_audio(np.concatenate([silence(0.3), speech, silence(2.5)]))
     frames = await client.recv_until("response.created", timeout=120)
