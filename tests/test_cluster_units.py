@@ -299,7 +299,7 @@ async def test_health_ready_reads_the_replicas_reports_afresh(monkeypatch):
     try:
         assert (await _get(front, "/health/ready"))[0] == 200
         registry.reports["a"] = _front_report(4)
-        await asyncio.sleep(0.06)  # past the front's freshness window
+        await asyncio.sleep(0.12)  # past the front's freshness window
         status, ready = await _get(front, "/health/ready")
         assert (status, ready["reason"], ready["free_sessions"]) == (503, "every replica is full", 0)
         before = registry.snapshots

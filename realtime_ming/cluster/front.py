@@ -10,13 +10,13 @@ else 503; `/health/ready` is 200 while a healthy replica has a free session slot
 is 200 while any replica is alive.
 
 The replicas' reports are read every `report_interval_s`, and afresh for a `/health` request when
-the last read is older than `_FRESH_S` (a replica reports within 0.1 s of a session opening or
-ending, so `/health/ready` follows admission closely). While the registry cannot be read the reports
-keep ageing, so a replica is called down `replica_stale_s` after its last report. Serve's own view
-of the deployment (`serve.status()`, a controller call that costs the front and the controller CPU)
-is read, and old reports pruned, every `_SLOW_EVERY` refreshes (5 s at the default 0.5 s): Serve's
-replica states change on the scale of replica starts and stops, and on a small node that CPU is the
-models'.
+the last read is older than `_FRESH_S` (0.1 s, so a probe flood costs the registry at most ten reads
+a second). A replica reports within 0.1 s of a session opening or ending, so `/health/ready` follows
+admission closely. While the registry cannot be read the reports keep ageing, so a replica is called
+down `replica_stale_s` after its last report. Serve's own view of the deployment (`serve.status()`,
+a controller call that costs the front and the controller CPU) is read, and old reports pruned,
+every `_SLOW_EVERY` refreshes (5 s at the default 0.5 s): Serve's replica states change on the scale
+of replica starts and stops, and on a small node that CPU is the models'.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ __all__ = ["ClusterFront", "replica_states"]
 log = logging.getLogger(__name__)
 
 _SLOW_EVERY = 10  # refreshes between two reads of Serve's status (and two prunes of the registry)
-_FRESH_S = 0.05  # a /health request re-reads reports older than this
+_FRESH_S = 0.1  # a /health request re-reads reports older than this
 _FRESH_WAIT_S = 1.0  # ... waiting this long for the registry before answering from what it has
 
 
