@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from actor_fake_support import ActorMethod
 from server_support import WsClient, espeak, pcm16_b64, seconds
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
@@ -205,21 +206,6 @@ async def _still_serving(client: WsClient) -> dict:
     return done
 
 
-class _Remote:
-    """`actor.method.remote(...)` of a fake actor: records the calls, returns an awaitable."""
-
-    def __init__(self, answer=None):
-        self.calls: list[tuple] = []
-        self._answer = answer
-
-    async def _call(self, *args):
-        self.calls.append(args)
-        return self._answer() if callable(self._answer) else self._answer
-
-    def remote(self, *args):
-        return self._call(*args)
-
-
 async def test_a_replica_reports_a_session_opening_or_ending_at_once():
     """Not only every `report_interval_s`: within the replica's watch step of the count changing (no Ray)."""
     from types import SimpleNamespace
@@ -229,7 +215,7 @@ async def test_a_replica_reports_a_session_opening_or_ending_at_once():
     replica = object.__new__(RealtimeReplica)
     replica.replica_id, replica.frontends, replica._report_interval_s = "r", None, 3600.0
     replica.server = SimpleNamespace(num_sessions=0)
-    replica._registry = SimpleNamespace(report=_Remote())
+    replica._registry = SimpleNamespace(report=ActorMethod())
     replica.report = lambda: {"sessions": replica._sessions()}
     task = asyncio.create_task(replica._report_loop())
     try:

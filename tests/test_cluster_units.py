@@ -8,6 +8,7 @@ import dataclasses
 import json
 
 import pytest
+from actor_fake_support import ActorMethod
 from prometheus_client.parser import text_string_to_metric_families
 
 from realtime_ming.cluster.config import ClusterConfigError, load_cluster_config
@@ -239,28 +240,16 @@ def test_front_end_processes_are_a_replicas_on_the_direct_data_path_and_refused_
 
 
 class _Registry:
-    """A fake registry actor: `snapshot` answers the current table (or raises `down`), `prune` does nothing."""
+    """A fake registry actor: `snapshot` answers the current table (or raises while `down`), `prune` does nothing."""
 
     def __init__(self, reports: dict) -> None:
-        self.reports, self.down, self.snapshots = reports, False, 0
-        registry = self
+        self.reports, self.down = reports, False
+        self.snapshot, self.prune = ActorMethod(self._snapshot), ActorMethod()
 
-        class _Call:
-            def __init__(self, fn):
-                self._fn = fn
-
-            def remote(self, *args):
-                async def call():
-                    return self._fn(*args)
-                return call()
-
-        def snapshot():
-            if registry.down:
-                raise ConnectionError("registry restarting")
-            registry.snapshots += 1
-            return {rid: dict(rep) for rid, rep in registry.reports.items()}
-
-        self.snapshot, self.prune = _Call(snapshot), _Call(lambda *_: None)
+    def _snapshot(self) -> dict:
+        if self.down:
+            raise ConnectionError("registry restarting")
+        return {rid: dict(rep) for rid, rep in self.reports.items()}
 
 
 def _front_report(sessions: int, capacity: int = 4) -> dict:
@@ -302,9 +291,9 @@ async def test_health_ready_reads_the_replicas_reports_afresh(monkeypatch):
         await asyncio.sleep(0.12)  # past the front's freshness window
         status, ready = await _get(front, "/health/ready")
         assert (status, ready["reason"], ready["free_sessions"]) == (503, "every replica is full", 0)
-        before = registry.snapshots
+        before = len(registry.snapshot.calls)
         await asyncio.gather(*(_get(front, "/health") for _ in range(5)))
-        assert registry.snapshots - before <= 1  # probes at once share one read
+        assert len(registry.snapshot.calls) - before <= 1  # probes at once share one read
     finally:
         front._task.cancel()
 

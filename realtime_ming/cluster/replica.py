@@ -186,12 +186,7 @@ class RealtimeReplica:
         reported, due = None, 0.0
         while True:
             if self._sessions() != reported or time.monotonic() >= due:
-                report = self.report()
-                reported, due = report["sessions"], time.monotonic() + self._report_interval_s
-                try:
-                    await self._registry.report.remote(self.replica_id, report)
-                except Exception as exc:  # the registry restarts (max_restarts=-1): report again next time
-                    log.warning("replica %s: report failed: %s", self.replica_id, exc)
+                reported, due = await self._report_now(), time.monotonic() + self._report_interval_s
             await asyncio.sleep(_WATCH_S)
 
     async def _watch(self) -> None:
@@ -232,11 +227,14 @@ class RealtimeReplica:
     async def _stop_frontends(self) -> bool:
         return await self.frontends.stop() == 0
 
-    async def _report_now(self) -> None:
+    async def _report_now(self) -> int:
+        """Report to the registry now; the sessions reported."""
+        report = self.report()
         try:
-            await self._registry.report.remote(self.replica_id, self.report())
-        except Exception as exc:
+            await self._registry.report.remote(self.replica_id, report)
+        except Exception as exc:  # the registry restarts (max_restarts=-1): the next report goes again
             log.warning("replica %s: report failed: %s", self.replica_id, exc)
+        return report["sessions"]
 
     async def check_health(self) -> None:
         """Serve's health check: a dead engine makes the replica unhealthy (Serve replaces it)."""
