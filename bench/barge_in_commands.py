@@ -1,7 +1,8 @@
 """Short barge-in candidates over a playing reply: the guarded `TurnDetector` with and without its command reader, with
 other `barge_in_word_gap_ms` and `barge_in_max_pause_ms`, and the pause each one makes the listener hear.
 
-`python3 -m bench.barge_in_commands [--voices all] [--alignments 8] [--word-gap-ms 64,96] [--max-pause-ms none,650]`:
+`python3 -m bench.barge_in_commands [--voices all] [--alignments 8] [--word-gap-ms 64,96] [--gap-db 0,25]
+[--max-pause-ms none,650] [--noise-dbfs -60]`:
 every clip (espeak-ng,
 each voice) goes through the server's input path — 24 kHz PCM16 in 20 ms appends, the session's streaming resampler
 to 16 kHz, the guarded detector — after `--silence-ms` (320) of silence plus k × 20 ms for each of `--alignments` values of k (a
@@ -22,6 +23,7 @@ hold's start plus the lead, or the confirmation after such a resume) p50 / max.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import subprocess
 from collections import Counter
@@ -115,16 +117,20 @@ class Served:
         return min(self.started_ms, self.held_ms + self.lead_ms)
 
 
-def served(clip24: np.ndarray, silence_ms: int, cfg: TurnDetectorConfig, vad, reader=None, lead_ms: int = 150) -> Served:
+def served(clip24: np.ndarray, silence_ms: int, cfg: TurnDetectorConfig, vad, reader=None, lead_ms: int = 150,
+           noise_dbfs: float | None = None) -> Served:
     """`clip24` (float32 24 kHz) after `silence_ms` of silence over a playing reply, through the server's input path
     (PCM16 appends of 20 ms, the session's low-latency resampler to 16 kHz, the guarded detector) and its output hold
     (the session's `OutputGate`, fed after every append; the client holds `lead_ms` of the reply when the hold begins,
-    the reply plays again from its release)."""
+    the reply plays again from its release). `noise_dbfs`: white noise at that level under the whole input (a
+    microphone's floor; the same noise for the same `silence_ms`), else digital silence around the clip."""
     detector = TurnDetector(cfg, vad, reader)
     detector.guard_barge_in(True)
     gate = OutputGate(max_hold_s(cfg), max_pause_s(cfg))
     resampler = StreamResampler(WIRE_HZ, 16000, LOW_LATENCY)
     audio = np.concatenate([np.zeros(WIRE_HZ * silence_ms // 1000, np.float32), clip24, np.zeros(WIRE_HZ, np.float32)])
+    if noise_dbfs is not None:
+        audio += np.random.default_rng(silence_ms).standard_normal(audio.size).astype(np.float32) * 10 ** (noise_dbfs / 20)
     pcm = np.clip(np.rint(audio * 32767), -32768, 32767).astype(np.float32) / 32768.0
     held = released = silent_since = None
     for i in range(0, pcm.size, _APPEND):
@@ -155,6 +161,10 @@ def main(argv: list[str] | None = None) -> None:
                         "x every alignment; Silero's state after a longer silence differs)")
     parser.add_argument("--word-gap-ms", default=str(TurnDetectorConfig().barge_in_word_gap_ms),
                         help="barge_in_word_gap_ms values to compare (comma-separated)")
+    parser.add_argument("--gap-db", default=str(TurnDetectorConfig().barge_in_gap_db),
+                        help="barge_in_gap_db values to compare (comma-separated)")
+    parser.add_argument("--noise-dbfs", type=float, default=None, help="white noise at this level under every input "
+                        "(default: digital silence around the clips)")
     parser.add_argument("--readers", default="none,pocketsphinx", help="none and/or pocketsphinx")
     parser.add_argument("--max-pause-ms", default=str(TurnDetectorConfig().barge_in_max_pause_ms),
                         help="barge_in_max_pause_ms values to compare (comma-separated; 'none': no pause bound)")
@@ -177,14 +187,15 @@ def main(argv: list[str] | None = None) -> None:
     if args.sets:
         clips = {name: items for name, items in clips.items() if name in args.sets.split(",")}
     readers = {"none": None, "pocketsphinx": Readings(CommandSpotter())}
-    for gap in (int(x) for x in args.word_gap_ms.split(",")):
-        for pause in args.max_pause_ms.split(","):
-            # no pause bound: longer than any hold (`max_hold_s` ends it first)
-            cfg = TurnDetectorConfig(barge_in_word_gap_ms=gap, barge_in_max_pause_ms=60000 if pause == "none" else int(pause))
-            for reader_name in args.readers.split(","):
-                for name, items in clips.items():
-                    print(json.dumps({"word_gap_ms": gap, "max_pause_ms": pause, "reader": reader_name, "set": name,
-                                      **_judge(name, items, cfg, vad, readers[reader_name], args)}), flush=True)
+    for gap, gap_db, pause in itertools.product((int(x) for x in args.word_gap_ms.split(",")),
+                                                (float(x) for x in args.gap_db.split(",")), args.max_pause_ms.split(",")):
+        # no pause bound: longer than any hold (`max_hold_s` ends it first)
+        cfg = TurnDetectorConfig(barge_in_word_gap_ms=gap, barge_in_gap_db=gap_db,
+                                 barge_in_max_pause_ms=60000 if pause == "none" else int(pause))
+        for reader_name in args.readers.split(","):
+            for name, items in clips.items():
+                print(json.dumps({"word_gap_ms": gap, "gap_db": gap_db, "max_pause_ms": pause, "reader": reader_name,
+                                  "set": name, **_judge(name, items, cfg, vad, readers[reader_name], args)}), flush=True)
 
 
 def _judge(name: str, items: list, cfg: TurnDetectorConfig, vad: CachedVad, reader, args) -> dict:
@@ -202,7 +213,7 @@ def _judge(name: str, items: list, cfg: TurnDetectorConfig, vad: CachedVad, read
                 vad.key = (label, silence, k)
                 if reader is not None:
                     reader.heard.clear()
-                r = served(x, silence + 20 * k, cfg, vad, reader, args.lead_ms)
+                r = served(x, silence + 20 * k, cfg, vad, reader, args.lead_ms, args.noise_dbfs)
                 if reader is not None:
                     readings.setdefault(label, Counter()).update(reader.heard or ["(not read)"])
                 stopped[label] += r.interrupted

@@ -303,9 +303,10 @@ def test_turn_detector_does_not_date_back_over_sound():
 
 
 def _guarded_scripted(probs: list[float]) -> list:
+    """Speech windows at -20 dBFS, the others at -80."""
     detector = TurnDetector(TurnDetectorConfig(), ScriptedVad(probs))
     detector.guard_barge_in(True)
-    return detector.feed(np.zeros(160 * len(probs), dtype=np.float32))
+    return detector.feed(np.repeat([0.1 if p >= 0.5 else 1e-4 for p in probs], 160).astype(np.float32))
 
 
 def test_guarded_a_dip_inside_a_word_is_not_a_second_word():

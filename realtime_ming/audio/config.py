@@ -37,6 +37,11 @@ class TurnDetectorConfig:
     # turn (5 alignments), 64 ms 5 of 216, 96 ms none, every longer interruption still interrupting
     # (bench/barge_in_commands.py, docs/barge_in.md).
     barge_in_word_gap_ms: int = 96
+    # That gap is a pause in the sound: windows this far below the candidate's loudest (whatever Silero says of them).
+    # Silero's state drifts over digital silence, and after some histories it read the loud middle of "uh-huh"
+    # [en-us+m3] as three non-speech windows (-14, -23 and -35 dBFS, its vowels -13): a second word, 15 of 256 clips
+    # over a reply started a turn (bench/barge_in_commands.py --gap-db, docs/barge_in.md).
+    barge_in_gap_db: float = 25.0
     # A lone stop command ("Stop.", "Wait.", "Hold on.") is one short burst like a backchannel: when a
     # guarded candidate of one burst ends, its words are read (`audio/commands.py`, a closed-vocabulary
     # recogniser) and a stop command interrupts the reply. False: a lone stop word is a backchannel too.
@@ -70,6 +75,8 @@ class TurnDetectorConfig:
             raise ValueError(f"threshold: must be in [0, 1], got {self.threshold}")
         if not 0.0 <= self.hysteresis < 1.0:
             raise ValueError(f"hysteresis: must be in [0, 1), got {self.hysteresis}")
+        if self.barge_in_gap_db < 0:
+            raise ValueError(f"barge_in_gap_db: must be >= 0, got {self.barge_in_gap_db}")
         if self.quiet_db < 0:
             raise ValueError(f"quiet_db: must be >= 0, got {self.quiet_db}")
         for name in ("prefix_padding_ms", "speculative_pause_ms", "min_speech_ms", "max_backdate_ms",

@@ -102,6 +102,7 @@ class TurnDetector:
         self._window = np.zeros(vad.window_num_samples, dtype=np.float32)  # [window] pending input
         self._num_buffered = 0
         self._num_samples = 0  # samples fed since construction (the stream clock)
+        self._rms = 0.0  # the RMS of the window being stepped
         self.reset()
 
     @property
@@ -123,6 +124,8 @@ class TurnDetector:
         self._num_pending_speech = 0  # speech samples counted while PENDING
         self._pending_gap = 0  # silent samples since the last speech window while PENDING (guarded)
         self._pending_resumed = False  # guarded candidate: speech came back after a gap
+        self._quiet_gap = 0  # guarded candidate: samples of the current gap `barge_in_gap_db` below its loudest window
+        self._candidate_peak = 0.0  # guarded candidate: its loudest window (RMS)
         self._word_over = False  # guarded candidate of one burst in a gap of `barge_in_word_gap_ms` (read once)
         self._silence_start: int | None = None  # sample index where the current silence began
         self._peak_rms = 0.0  # loudest window of the turn so far
@@ -151,6 +154,7 @@ class TurnDetector:
                 rms = float(np.sqrt(np.mean(self._window**2)))
                 self._track_quiet(rms, end - size)
                 self._track_onset(rms, size)
+                self._rms = rms
                 self._step(self._vad.speech_prob(self._window), end - size, end, events)
                 if self._command is not None:
                     self._recent.append(self._window.copy())
@@ -185,9 +189,17 @@ class TurnDetector:
                 self._num_pending_speech += size
             return self._num_pending_speech >= cfg.min_speech_ms * _SAMPLES_PER_MS or None
         word_gap = max(size, cfg.barge_in_word_gap_ms * _SAMPLES_PER_MS)
+        self._candidate_peak = max(self._candidate_peak, self._rms)
+        # The gap between two words is a pause in the sound: windows `barge_in_gap_db` below the candidate's loudest,
+        # whatever Silero says of them (its probability lags the sound by a window or two after a word, and between the
+        # syllables of "uh-huh" it can read windows as loud as the vowels as non-speech for 96 ms).
+        quiet = self._rms < self._candidate_peak * 10.0 ** (-cfg.barge_in_gap_db / 20.0)
+        self._quiet_gap += size if quiet else 0
         if is_speech:
-            # a second word: speech after a gap of at least one window and `barge_in_word_gap_ms`
-            self._pending_resumed |= self._pending_gap >= word_gap
+            if not quiet:
+                # a second word: sound and speech again after `barge_in_word_gap_ms` (and at least a window) of quiet
+                self._pending_resumed |= self._quiet_gap >= word_gap
+                self._quiet_gap = 0
             self._pending_gap = 0
             self._num_pending_speech += size
         else:
@@ -276,6 +288,8 @@ class TurnDetector:
             self._num_pending_speech = 0
             self._pending_gap = 0
             self._pending_resumed = False
+            self._quiet_gap = 0
+            self._candidate_peak = 0.0
             self._word_over = False
             self._candidate = list(self._recent) if self._guard and self._command is not None else None
         if self._state is TurnState.PENDING:
