@@ -50,6 +50,7 @@ MORE_VOICES = ("en-gb-scotland", "en-029", "en-us-nyc", "en+f2", "en-gb-x-rp", "
                "en-us+m1", "en+klatt2")
 WIRE_HZ = 24000
 _APPEND = WIRE_HZ // 50  # 20 ms
+REPEAT_FRAMES = 101  # `repeated`: 2.02 s from clip to clip, an odd number of frames (every phase in 8 clips)
 
 
 class CachedVad:
@@ -147,6 +148,30 @@ def served(clip24: np.ndarray, silence_ms: int, cfg: TurnDetectorConfig, vad, re
     return Served(held, released, None, lead_ms)
 
 
+def repeated(clip24: np.ndarray, silence_ms: int, cfg: TurnDetectorConfig, vad, reader=None, times: int = 8,
+             noise_dbfs: float | None = None) -> int:
+    """How many of `times` copies of `clip24` interrupt a playing reply when they come one input stream, after
+    `silence_ms` of silence and then every `REPEAT_FRAMES` 20 ms frames (a phase of Silero's windows each when
+    `times` <= 8), with Silero's state carried from clip to clip: it drifts over digital silence, so a clip is read
+    differently after the ones before it. After an interruption the detector starts over, still guarded."""
+    detector = TurnDetector(cfg, vad, reader)
+    detector.guard_barge_in(True)
+    resampler = StreamResampler(WIRE_HZ, 16000, LOW_LATENCY)
+    audio = np.zeros(WIRE_HZ * silence_ms // 1000 + _APPEND * (REPEAT_FRAMES * times + 50), np.float32)
+    for i in range(times):
+        start = WIRE_HZ * silence_ms // 1000 + _APPEND * REPEAT_FRAMES * i
+        audio[start: start + clip24.size] += clip24
+    if noise_dbfs is not None:
+        audio += np.random.default_rng(silence_ms).standard_normal(audio.size).astype(np.float32) * 10 ** (noise_dbfs / 20)
+    pcm = np.clip(np.rint(audio * 32767), -32768, 32767).astype(np.float32) / 32768.0
+    count = 0
+    for i in range(0, pcm.size, _APPEND):
+        if any(isinstance(e, SpeechStarted) for e in detector.feed(resampler.process(pcm[i: i + _APPEND]))):
+            count += 1
+            detector.reset()
+    return count
+
+
 def _p(values: list[int], q: float) -> int | None:
     values = sorted(values)
     return values[round(q * (len(values) - 1))] if values else None
@@ -165,6 +190,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="barge_in_gap_db values to compare (comma-separated)")
     parser.add_argument("--noise-dbfs", type=float, default=None, help="white noise at this level under every input "
                         "(default: digital silence around the clips)")
+    parser.add_argument("--repeat", type=int, default=1, help="each clip this many times in one input stream, "
+                        "2.02 s apart (Silero's state carried over; `repeated`): only the interruptions are counted")
     parser.add_argument("--readers", default="none,pocketsphinx", help="none and/or pocketsphinx")
     parser.add_argument("--max-pause-ms", default=str(TurnDetectorConfig().barge_in_max_pause_ms),
                         help="barge_in_max_pause_ms values to compare (comma-separated; 'none': no pause bound)")
@@ -213,6 +240,9 @@ def _judge(name: str, items: list, cfg: TurnDetectorConfig, vad: CachedVad, read
                 vad.key = (label, silence, k)
                 if reader is not None:
                     reader.heard.clear()
+                if args.repeat > 1:
+                    stopped[label] += repeated(x, silence + 20 * k, cfg, vad, reader, args.repeat, args.noise_dbfs)
+                    continue
                 r = served(x, silence + 20 * k, cfg, vad, reader, args.lead_ms, args.noise_dbfs)
                 if reader is not None:
                     readings.setdefault(label, Counter()).update(reader.heard or ["(not read)"])
@@ -223,7 +253,7 @@ def _judge(name: str, items: list, cfg: TurnDetectorConfig, vad: CachedVad, read
                 if not r.interrupted:
                     pauses.append(r.pause_ms)
                     over[label] += r.pause_ms > args.pause_over_ms
-    per_clip = args.alignments * len(silences)
+    per_clip = args.alignments * len(silences) * args.repeat
     interruptions = name in ("lone_commands", "interruptions")
     if interruptions:
         wrong = {label: per_clip - stopped[label] for label, _ in items if stopped[label] < per_clip}

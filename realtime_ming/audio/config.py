@@ -42,6 +42,9 @@ class TurnDetectorConfig:
     # [en-us+m3] as three non-speech windows (-14, -23 and -35 dBFS, its vowels -13): a second word, 15 of 256 clips
     # over a reply started a turn (bench/barge_in_commands.py --gap-db, docs/barge_in.md).
     barge_in_gap_db: float = 25.0
+    # ... and the second word is speech this close to the candidate's loudest window: the soft release of a final
+    # plosive after its closure ("perfec-t", -23 dB) is not one. 10-20 measured (docs/barge_in.md).
+    barge_in_word_db: float = 15.0
     # A lone stop command ("Stop.", "Wait.", "Hold on.") is one short burst like a backchannel: when a
     # guarded candidate of one burst ends, its words are read (`audio/commands.py`, a closed-vocabulary
     # recogniser) and a stop command interrupts the reply. False: a lone stop word is a backchannel too.
@@ -75,8 +78,9 @@ class TurnDetectorConfig:
             raise ValueError(f"threshold: must be in [0, 1], got {self.threshold}")
         if not 0.0 <= self.hysteresis < 1.0:
             raise ValueError(f"hysteresis: must be in [0, 1), got {self.hysteresis}")
-        if self.barge_in_gap_db < 0:
-            raise ValueError(f"barge_in_gap_db: must be >= 0, got {self.barge_in_gap_db}")
+        for name in ("barge_in_gap_db", "barge_in_word_db"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
         if self.quiet_db < 0:
             raise ValueError(f"quiet_db: must be >= 0, got {self.quiet_db}")
         for name in ("prefix_padding_ms", "speculative_pause_ms", "min_speech_ms", "max_backdate_ms",

@@ -192,12 +192,12 @@ class TurnDetector:
         self._candidate_peak = max(self._candidate_peak, self._rms)
         # The gap between two words is a pause in the sound: windows `barge_in_gap_db` below the candidate's loudest,
         # whatever Silero says of them (its probability lags the sound by a window or two after a word, and between the
-        # syllables of "uh-huh" it can read windows as loud as the vowels as non-speech for 96 ms).
-        quiet = self._rms < self._candidate_peak * 10.0 ** (-cfg.barge_in_gap_db / 20.0)
-        self._quiet_gap += size if quiet else 0
+        # syllables of "uh-huh" it can read windows as loud as the vowels as non-speech for 96 ms). The word after it
+        # is speech within `barge_in_word_db` of that level (not the soft release of a final plosive: "perfec-t").
+        self._quiet_gap += size if self._rms < self._candidate_peak * 10.0 ** (-cfg.barge_in_gap_db / 20.0) else 0
         if is_speech:
-            if not quiet:
-                # a second word: sound and speech again after `barge_in_word_gap_ms` (and at least a window) of quiet
+            if self._rms >= self._candidate_peak * 10.0 ** (-cfg.barge_in_word_db / 20.0):
+                # a second word: loud speech again after `barge_in_word_gap_ms` (and at least a window) of quiet
                 self._pending_resumed |= self._quiet_gap >= word_gap
                 self._quiet_gap = 0
             self._pending_gap = 0
