@@ -37,13 +37,12 @@ class TurnDetectorConfig:
     # turn (5 alignments), 64 ms 5 of 216, 96 ms none, every longer interruption still interrupting
     # (bench/barge_in_commands.py, docs/barge_in.md).
     barge_in_word_gap_ms: int = 96
-    # That gap is a pause in the sound: windows this far below the candidate's loudest (whatever Silero says of them).
-    # Silero's state drifts over digital silence, and after some histories it read the loud middle of "uh-huh"
-    # [en-us+m3] as three non-speech windows (-14, -23 and -35 dBFS, its vowels -13): a second word, 15 of 256 clips
-    # over a reply started a turn (bench/barge_in_commands.py --gap-db, docs/barge_in.md).
+    # The word gap is a pause in the sound: it counts the windows this far below the candidate's loudest, whatever
+    # Silero says of them (its state drifts over digital silence: after some histories it read the loud middle of
+    # "uh-huh" [en-us+m3], -14 to -35 dBFS against -13 for its vowels, as a 96 ms gap, and the reply was cancelled).
     barge_in_gap_db: float = 25.0
-    # ... and the second word is speech this close to the candidate's loudest window: the soft release of a final
-    # plosive after its closure ("perfec-t", -23 dB) is not one. 10-20 measured (docs/barge_in.md).
+    # A second word is speech this close to the candidate's loudest window after the word gap: the soft release of a
+    # final plosive after its silent closure ("perfec-t", 23 dB down) is not one (docs/barge_in.md).
     barge_in_word_db: float = 15.0
     # A lone stop command ("Stop.", "Wait.", "Hold on.") is one short burst like a backchannel: when a
     # guarded candidate of one burst ends, its words are read (`audio/commands.py`, a closed-vocabulary
