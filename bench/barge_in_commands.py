@@ -2,7 +2,7 @@
 other `barge_in_word_gap_ms` and `barge_in_max_pause_ms`, and the pause each one makes the listener hear.
 
 `python3 -m bench.barge_in_commands [--voices all] [--alignments 8] [--word-gap-ms 64,96] [--gap-db 0,25]
-[--max-pause-ms none,650] [--noise-dbfs -60]`:
+[--word-db 10,15] [--max-pause-ms none,650] [--noise-dbfs -60] [--repeat 8]`:
 every clip (espeak-ng,
 each voice) goes through the server's input path — 24 kHz PCM16 in 20 ms appends, the session's streaming resampler
 to 16 kHz, the guarded detector — after `--silence-ms` (320) of silence plus k × 20 ms for each of `--alignments` values of k (a
@@ -118,6 +118,20 @@ class Served:
         return min(self.started_ms, self.held_ms + self.lead_ms)
 
 
+def _input_path(cfg: TurnDetectorConfig, vad, reader) -> tuple[TurnDetector, StreamResampler]:
+    """The session's input path over a playing reply: the guarded detector and the 24 -> 16 kHz resampler."""
+    detector = TurnDetector(cfg, vad, reader)
+    detector.guard_barge_in(True)
+    return detector, StreamResampler(WIRE_HZ, 16000, LOW_LATENCY)
+
+
+def _wire(audio: np.ndarray, noise_dbfs: float | None, seed: int) -> np.ndarray:
+    """`audio` as the wire carries it (PCM16 values), under white noise at `noise_dbfs` (seeded) if given."""
+    if noise_dbfs is not None:
+        audio = audio + np.random.default_rng(seed).standard_normal(audio.size).astype(np.float32) * 10 ** (noise_dbfs / 20)
+    return np.clip(np.rint(audio * 32767), -32768, 32767).astype(np.float32) / 32768.0
+
+
 def served(clip24: np.ndarray, silence_ms: int, cfg: TurnDetectorConfig, vad, reader=None, lead_ms: int = 150,
            noise_dbfs: float | None = None) -> Served:
     """`clip24` (float32 24 kHz) after `silence_ms` of silence over a playing reply, through the server's input path
@@ -125,14 +139,10 @@ def served(clip24: np.ndarray, silence_ms: int, cfg: TurnDetectorConfig, vad, re
     (the session's `OutputGate`, fed after every append; the client holds `lead_ms` of the reply when the hold begins,
     the reply plays again from its release). `noise_dbfs`: white noise at that level under the whole input (a
     microphone's floor; the same noise for the same `silence_ms`), else digital silence around the clip."""
-    detector = TurnDetector(cfg, vad, reader)
-    detector.guard_barge_in(True)
+    detector, resampler = _input_path(cfg, vad, reader)
     gate = OutputGate(max_hold_s(cfg), max_pause_s(cfg))
-    resampler = StreamResampler(WIRE_HZ, 16000, LOW_LATENCY)
     audio = np.concatenate([np.zeros(WIRE_HZ * silence_ms // 1000, np.float32), clip24, np.zeros(WIRE_HZ, np.float32)])
-    if noise_dbfs is not None:
-        audio += np.random.default_rng(silence_ms).standard_normal(audio.size).astype(np.float32) * 10 ** (noise_dbfs / 20)
-    pcm = np.clip(np.rint(audio * 32767), -32768, 32767).astype(np.float32) / 32768.0
+    pcm = _wire(audio, noise_dbfs, silence_ms)
     held = released = silent_since = None
     for i in range(0, pcm.size, _APPEND):
         started = any(isinstance(e, SpeechStarted) for e in detector.feed(resampler.process(pcm[i: i + _APPEND])))
@@ -154,16 +164,12 @@ def repeated(clip24: np.ndarray, silence_ms: int, cfg: TurnDetectorConfig, vad, 
     `silence_ms` of silence and then every `REPEAT_FRAMES` 20 ms frames (a phase of Silero's windows each when
     `times` <= 8), with Silero's state carried from clip to clip: it drifts over digital silence, so a clip is read
     differently after the ones before it. After an interruption the detector starts over, still guarded."""
-    detector = TurnDetector(cfg, vad, reader)
-    detector.guard_barge_in(True)
-    resampler = StreamResampler(WIRE_HZ, 16000, LOW_LATENCY)
+    detector, resampler = _input_path(cfg, vad, reader)
     audio = np.zeros(WIRE_HZ * silence_ms // 1000 + _APPEND * (REPEAT_FRAMES * times + 50), np.float32)
     for i in range(times):
         start = WIRE_HZ * silence_ms // 1000 + _APPEND * REPEAT_FRAMES * i
         audio[start: start + clip24.size] += clip24
-    if noise_dbfs is not None:
-        audio += np.random.default_rng(silence_ms).standard_normal(audio.size).astype(np.float32) * 10 ** (noise_dbfs / 20)
-    pcm = np.clip(np.rint(audio * 32767), -32768, 32767).astype(np.float32) / 32768.0
+    pcm = _wire(audio, noise_dbfs, silence_ms)
     count = 0
     for i in range(0, pcm.size, _APPEND):
         if any(isinstance(e, SpeechStarted) for e in detector.feed(resampler.process(pcm[i: i + _APPEND]))):
@@ -188,6 +194,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="barge_in_word_gap_ms values to compare (comma-separated)")
     parser.add_argument("--gap-db", default=str(TurnDetectorConfig().barge_in_gap_db),
                         help="barge_in_gap_db values to compare (comma-separated)")
+    parser.add_argument("--word-db", default=str(TurnDetectorConfig().barge_in_word_db),
+                        help="barge_in_word_db values to compare (comma-separated)")
     parser.add_argument("--noise-dbfs", type=float, default=None, help="white noise at this level under every input "
                         "(default: digital silence around the clips)")
     parser.add_argument("--repeat", type=int, default=1, help="each clip this many times in one input stream, "
@@ -214,15 +222,17 @@ def main(argv: list[str] | None = None) -> None:
     if args.sets:
         clips = {name: items for name, items in clips.items() if name in args.sets.split(",")}
     readers = {"none": None, "pocketsphinx": Readings(CommandSpotter())}
-    for gap, gap_db, pause in itertools.product((int(x) for x in args.word_gap_ms.split(",")),
-                                                (float(x) for x in args.gap_db.split(",")), args.max_pause_ms.split(",")):
+    for gap, gap_db, word_db, pause in itertools.product(
+            (int(x) for x in args.word_gap_ms.split(",")), (float(x) for x in args.gap_db.split(",")),
+            (float(x) for x in args.word_db.split(",")), args.max_pause_ms.split(",")):
         # no pause bound: longer than any hold (`max_hold_s` ends it first)
-        cfg = TurnDetectorConfig(barge_in_word_gap_ms=gap, barge_in_gap_db=gap_db,
+        cfg = TurnDetectorConfig(barge_in_word_gap_ms=gap, barge_in_gap_db=gap_db, barge_in_word_db=word_db,
                                  barge_in_max_pause_ms=60000 if pause == "none" else int(pause))
         for reader_name in args.readers.split(","):
             for name, items in clips.items():
-                print(json.dumps({"word_gap_ms": gap, "gap_db": gap_db, "max_pause_ms": pause, "reader": reader_name,
-                                  "set": name, **_judge(name, items, cfg, vad, readers[reader_name], args)}), flush=True)
+                print(json.dumps({"word_gap_ms": gap, "gap_db": gap_db, "word_db": word_db, "max_pause_ms": pause,
+                                  "reader": reader_name, "set": name,
+                                  **_judge(name, items, cfg, vad, readers[reader_name], args)}), flush=True)
 
 
 def _judge(name: str, items: list, cfg: TurnDetectorConfig, vad: CachedVad, reader, args) -> dict:
